@@ -1,0 +1,27 @@
+"""The typed schema of a stack's config: the only place config is parsed.
+
+A stack file (stacks/Pulumi.<stack>.yaml) holds `config:` with keys in namespaces. Everything under `ml-cluster:` is
+ours and strict (unknown keys are errors); `aws:region` is read; other namespaces belong to their providers.
+Secrets (`ml-cluster:kubeconfig`, `ml-cluster:cosHmacAccessKeyId`, `ml-cluster:cosHmacSecretAccessKey`) must be
+Pulumi secrets (`pulumi config set --secret`): a plaintext value in the stack file is an error.
+"""
+
+from __future__ import annotations
+
+from infra.config.schema import (
+    ClusterConfig,
+    ConfigError,
+    NetworkConfig,
+    OnpremConfig,
+    StackConfig,
+    parse_stack_config,
+)
+
+__all__ = [
+    "ClusterConfig",
+    "ConfigError",
+    "NetworkConfig",
+    "OnpremConfig",
+    "StackConfig",
+    "parse_stack_config",
+]

@@ -1,0 +1,35 @@
+"""What a Job renderer needs to know about the cluster it targets, as plain data.
+
+Built by infra (from the stack config, the node pools' instance shapes and the storage it created) and consumed by
+workloads.jobspec. Plain frozen dataclasses: no Pulumi types, so workloads stays importable inside the cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PoolFacts:
+    """One node pool as the scheduler will see it."""
+
+    name: str
+    gpu_type: str | None  # "h100", "a10g", ...; None for CPU pools
+    gpus_per_node: int  # 0 for CPU pools
+    nvme_gib: int  # total local NVMe instance store per node; 0 when none
+    # Per-GPU defaults ("T-shirt sizes") after system reservations; None for CPU pools.
+    cpu_per_gpu_millicores: int | None = None
+    memory_per_gpu_bytes: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # node labels the pool's nodes carry
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    stack: str
+    label_prefix: str  # e.g. "ml-cluster.io": labels are <prefix>/gpu-type, <prefix>/disktype, <prefix>/nvme-gib
+    pools: tuple[PoolFacts, ...]
+    namespace: str = "training"
+    job_service_account: str = "training"  # bound to object-store read access (Pod Identity on EKS)
+    object_store_endpoint: str | None = None  # S3-compatible endpoint (COS); None means AWS S3
+    object_store_secret: str | None = None  # Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (COS HMAC)
+    region: str | None = None

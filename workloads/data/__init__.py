@@ -1,0 +1,7 @@
+"""Dataset tools: pack image folders into HDF5 shards, verify them, upload to S3/COS, stage onto local disk.
+
+CLI: `python -m workloads.data pack|verify|upload|stage` (see docs/data-tools.md). The on-disk contract lives in
+workloads/data/format.py; the rolling-window reader helper in workloads/data/window.py.
+"""
+
+TOOL_VERSION = "ml-cluster-data 0.1.0"

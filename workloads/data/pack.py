@@ -1,0 +1,258 @@
+"""Pack an image folder (one sub-folder per class, as torchvision's ImageFolder) into HDF5 shards + a manifest.
+
+Images are decoded in a process pool (results consumed in input order, so output does not depend on scheduling)
+and written shard by shard to hidden temporary files; only when every shard is complete are they renamed into
+place, the manifest last. An interrupted pack therefore leaves nothing that looks like a dataset.
+
+Same input, same Pillow/h5py versions -> byte-identical shards: sorted input, fixed attributes, no timestamps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+from PIL import Image, ImageOps
+from tqdm import tqdm
+
+from workloads.data import TOOL_VERSION
+from workloads.data.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    Layout,
+    Manifest,
+    ShardInfo,
+    atomic_write_bytes,
+    shard_name,
+    write_manifest,
+)
+from workloads.data.s3 import DataToolError
+
+REPORT_NAME = "pack-report.json"
+TEMP_SUFFIX = ".partial"
+# Pillow refuses images above ~179 Mpx as decompression bombs; keep that guard (it raises, and we skip the file).
+Image.MAX_IMAGE_PIXELS = 179_000_000
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    layout: Layout = "decoded"
+    image_size: int = 256
+    shard_bytes: int = 1 << 30
+    workers: int = max(1, (os.cpu_count() or 1))
+    strict: bool = False
+    force: bool = False
+    progress: bool = True
+
+
+@dataclass
+class PackResult:
+    manifest: Manifest
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Sample:
+    relpath: str
+    label: int
+    payload: bytes | None  # encoded bytes or raw pixels; None when skipped
+    reason: str = ""
+
+
+def list_images(source: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """Classes (sorted sub-folder names) and every regular file below them as (relative path, label)."""
+    if not source.is_dir():
+        raise DataToolError(str(source), "not a readable directory")
+    try:
+        classes = sorted(entry.name for entry in source.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    except OSError as exc:
+        raise DataToolError(str(source), f"cannot list: {exc.strerror}") from exc
+    if not classes:
+        raise DataToolError(str(source), "no class sub-folders (expected SRC/<class>/<image files>)")
+    files: list[tuple[str, int]] = []
+    for label, name in enumerate(classes):
+        for root, dirs, names in os.walk(source / name):
+            dirs.sort()
+            for filename in sorted(names):
+                if not filename.startswith("."):
+                    files.append(((Path(root) / filename).relative_to(source).as_posix(), label))
+    return classes, sorted(files, key=lambda item: (item[1], item[0]))
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    image = ImageOps.exif_transpose(image)
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("P", "PA", "LA", "RGBA", "La") or "transparency" in image.info:
+        # Composite transparency onto white rather than letting convert() expose arbitrary hidden pixels.
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")  # L, I, F, CMYK, YCbCr, ...
+
+
+def resize_center_crop(image: Image.Image, size: int) -> Image.Image:
+    """Scale the shorter side to `size`, then cut the central size x size square."""
+    width, height = image.size
+    scale = size / min(width, height)
+    new_w, new_h = max(size, round(width * scale)), max(size, round(height * scale))
+    image = image.resize((new_w, new_h), Image.Resampling.BILINEAR, reducing_gap=None)
+    left, top = (new_w - size) // 2, (new_h - size) // 2
+    return image.crop((left, top, left + size, top + size))
+
+
+def _decode(task: tuple[str, str, int, Layout, int]) -> _Sample:
+    source, relpath, label, layout, size = task
+    try:
+        raw = (Path(source) / relpath).read_bytes()
+    except OSError as exc:
+        return _Sample(relpath, label, None, f"unreadable: {exc.strerror}")
+    if not raw:
+        return _Sample(relpath, label, None, "empty file")
+    try:
+        with Image.open(io.BytesIO(raw)) as image:
+            image.load()  # full decode: truncated files fail here, not in the training loop
+            rgb = _to_rgb(image)
+            if layout == "decoded":
+                pixels = np.asarray(resize_center_crop(rgb, size), dtype=np.uint8)
+                return _Sample(relpath, label, pixels.tobytes())
+            untouched = (image.format == "JPEG" and image.mode == "RGB"
+                         and image.getexif().get(0x0112, 1) == 1)
+            if untouched:
+                return _Sample(relpath, label, raw)
+            # Store what a reader can decode straight to RGB: converted, upright, re-encoded losslessly enough.
+            buffer = io.BytesIO()
+            rgb.save(buffer, format="JPEG", quality=95, subsampling=0)
+            return _Sample(relpath, label, buffer.getvalue())
+    except Image.DecompressionBombError:
+        return _Sample(relpath, label, None, "image too large (decompression bomb guard)")
+    except (OSError, SyntaxError, ValueError) as exc:
+        reason = "not an image" if "cannot identify image file" in str(exc) else f"corrupt image: {exc}"
+        return _Sample(relpath, label, None, reason)
+
+
+def _hash_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_shard(path: Path, layout: Layout, size: int, payloads: list[bytes], labels: list[int]) -> None:
+    with h5py.File(path, "w", libver=("v110", "v110"), track_order=False) as handle:
+        handle.attrs["format"] = FORMAT_NAME
+        handle.attrs["format_version"] = FORMAT_VERSION
+        handle.attrs["layout"] = layout
+        if layout == "decoded":
+            images = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(payloads), size, size, 3)
+            handle.create_dataset("images", data=images, track_times=False)
+        else:
+            offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
+            np.cumsum([len(p) for p in payloads], out=offsets[1:])
+            handle.create_dataset("data", data=np.frombuffer(b"".join(payloads), dtype=np.uint8), track_times=False)
+            handle.create_dataset("offsets", data=offsets, track_times=False)
+        handle.create_dataset("labels", data=np.asarray(labels, dtype=np.int64), track_times=False)
+    with open(path, "rb+") as written:
+        os.fsync(written.fileno())
+
+
+def _samples(source: Path, files: list[tuple[str, int]], options: PackOptions) -> Iterator[_Sample]:
+    tasks = [(str(source), rel, label, options.layout, options.image_size) for rel, label in files]
+    if options.workers <= 1:
+        yield from map(_decode, tasks)
+        return
+    with ProcessPoolExecutor(max_workers=options.workers) as pool:
+        yield from pool.map(_decode, tasks, chunksize=max(1, min(64, len(tasks) // (options.workers * 8) or 1)))
+
+
+def _prepare_output(out: Path, force: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = out / MANIFEST_NAME
+    if manifest.exists():
+        if not force:
+            raise DataToolError(str(out), "already holds a packed dataset (manifest.json); pass --force to replace")
+        manifest.unlink()  # first, so the old manifest never describes the new shards
+    for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):
+        stale.unlink()
+
+
+def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
+    if options.image_size < 1:
+        raise DataToolError("--size", "must be a positive number of pixels")
+    if options.shard_bytes < 1:
+        raise DataToolError("--shard-size", "must be positive")
+    classes, files = list_images(source)
+    _prepare_output(out, options.force)
+
+    shards: list[ShardInfo] = []
+    temp_paths: list[Path] = []
+    skipped: list[dict[str, str]] = []
+    payloads: list[bytes] = []
+    labels: list[int] = []
+    pending_bytes = 0
+    first_index = 0
+
+    def flush() -> None:
+        nonlocal payloads, labels, pending_bytes, first_index
+        name = shard_name(len(shards))
+        temp = out / f".{name}{TEMP_SUFFIX}"
+        temp_paths.append(temp)
+        _write_shard(temp, options.layout, options.image_size, payloads, labels)
+        shards.append(ShardInfo(path=name, num_samples=len(labels), first_index=first_index,
+                                bytes=temp.stat().st_size, sha256=_hash_file(temp)))
+        first_index += len(labels)
+        payloads, labels, pending_bytes = [], [], 0
+
+    try:
+        with tqdm(total=len(files), unit="img", desc="pack", disable=not options.progress) as bar:
+            for sample in _samples(source, files, options):
+                bar.update(1)
+                if sample.payload is None:
+                    if options.strict:
+                        raise DataToolError(str(source / sample.relpath), sample.reason)
+                    skipped.append({"path": sample.relpath, "reason": sample.reason})
+                    continue
+                if payloads and pending_bytes + len(sample.payload) > options.shard_bytes:
+                    flush()
+                payloads.append(sample.payload)
+                labels.append(sample.label)
+                pending_bytes += len(sample.payload)
+            if payloads:
+                flush()
+        if not shards:
+            raise DataToolError(str(source), f"no usable images ({len(skipped)} skipped)")
+        for temp, info in zip(temp_paths, shards, strict=True):
+            os.replace(temp, out / info.path)
+        names = {info.path for info in shards}
+        for leftover in out.glob("shard-*.h5"):  # from a larger dataset replaced with --force
+            if leftover.name not in names:
+                leftover.unlink()
+        manifest = Manifest(tool_version=TOOL_VERSION, layout=options.layout,
+                            image_size=options.image_size if options.layout == "decoded" else None,
+                            classes=classes, num_samples=first_index, shards=shards, skipped=len(skipped))
+        atomic_write_bytes(out / REPORT_NAME, (json.dumps({"skipped": skipped}, indent=2) + "\n").encode())
+        write_manifest(out, manifest)
+        _fsync_dir(out)
+    except BaseException:
+        for temp in temp_paths:
+            temp.unlink(missing_ok=True)
+        raise
+    return PackResult(manifest=manifest, skipped=skipped)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

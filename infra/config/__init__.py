@@ -14,7 +14,9 @@ from infra.config.schema import (
     NetworkConfig,
     OnpremConfig,
     StackConfig,
+    load_pulumi_config,
     parse_stack_config,
+    read_stack_file,
 )
 
 __all__ = [
@@ -23,5 +25,7 @@ __all__ = [
     "NetworkConfig",
     "OnpremConfig",
     "StackConfig",
+    "load_pulumi_config",
     "parse_stack_config",
+    "read_stack_file",
 ]

@@ -1,0 +1,315 @@
+"""StackConfig: every key of a stack file, validated in one pass before any resource is registered."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+
+from infra.config.base import DnsLabel, StrictModel
+from infra.config.nodepools import GpuConfig, NodePoolConfig
+from infra.config.storage import StorageConfig
+from workloads.jobspec import TrainingJobSpec
+
+PROJECT = "ml-cluster"
+NAMESPACE = f"{PROJECT}:"
+# Config keys (without the namespace) whose values must be Pulumi secrets.
+SECRET_KEYS = ("kubeconfig", "cosHmacAccessKeyId", "cosHmacSecretAccessKey")
+# Kubernetes minor versions this project is tested against (kubernetes-validate schemas exist for them).
+SUPPORTED_KUBERNETES = ("1.30", "1.31", "1.32", "1.33", "1.34")
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+
+
+class ConfigError(ValueError):
+    """A stack config (or a Job spec in it) that cannot be deployed; one `path: why` per problem."""
+
+    def __init__(self, problems: Iterable[tuple[str, str]]):
+        self.problems = list(problems)
+        super().__init__("\n".join(f"{path}: {why}" for path, why in self.problems))
+
+    def lines(self) -> list[str]:
+        return [f"error: {path}: {why}" for path, why in self.problems]
+
+
+class NewVpcConfig(StrictModel):
+    cidr: str = "10.0.0.0/16"
+    availability_zones: list[str] = Field(min_length=2, max_length=4, description="EKS needs two AZs; the VPC is split in 8 blocks")
+    nat_gateways: Literal["single", "perAz"] = "single"
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        network = ipaddress.IPv4Network(value, strict=True)
+        if network.prefixlen > 20:
+            raise ValueError(f"{value} is too small: use /20 or larger so every AZ gets a private and public /24+")
+        return value
+
+    @field_validator("availability_zones")
+    @classmethod
+    def _zones(cls, zones: list[str]) -> list[str]:
+        for zone in zones:
+            if not _AZ.match(zone):
+                raise ValueError(f"{zone!r} is not an availability zone name like us-west-2a")
+        if len(set(zones)) != len(zones):
+            raise ValueError("availability zones must be distinct")
+        return zones
+
+
+class ExistingVpcConfig(StrictModel):
+    vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]{8,17}$")
+    private_subnet_ids: list[str] = Field(min_length=1)
+    public_subnet_ids: list[str] = []
+
+    @field_validator("private_subnet_ids", "public_subnet_ids")
+    @classmethod
+    def _subnets(cls, ids: list[str]) -> list[str]:
+        for subnet_id in ids:
+            if not re.match(r"^subnet-[0-9a-f]{8,17}$", subnet_id):
+                raise ValueError(f"{subnet_id!r} is not a subnet id like subnet-0abc12345")
+        if len(set(ids)) != len(ids):
+            raise ValueError("subnet ids must be distinct")
+        return ids
+
+
+class NetworkConfig(StrictModel):
+    """Either `create` a VPC or adopt an `existing` one: exactly one of the two."""
+
+    create: NewVpcConfig | None = None
+    existing: ExistingVpcConfig | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> NetworkConfig:
+        if (self.create is None) == (self.existing is None):
+            raise ValueError("set exactly one of network.create and network.existing")
+        return self
+
+
+class AccessEntryConfig(StrictModel):
+    principal_arn: str = Field(pattern=r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/.+$")
+    policy: Literal["cluster-admin", "admin", "edit", "view"] = "cluster-admin"
+    namespaces: list[DnsLabel] = Field(default=[], description="empty: the access applies cluster-wide")
+
+
+ClusterLogType = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
+
+
+class ClusterConfig(StrictModel):
+    name: DnsLabel
+    kubernetes_version: str
+    endpoint_public_access: bool = True
+    endpoint_private_access: bool = True
+    public_access_cidrs: list[str] = ["0.0.0.0/0"]
+    log_types: list[ClusterLogType] = ["api", "audit", "authenticator"]
+    log_retention_days: int = Field(default=30, ge=1, le=3653)
+    access_entries: list[AccessEntryConfig] = []
+    secrets_encryption: bool = True
+    kms_key_arn: str | None = Field(default=None, pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/.+$")
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        return _check_kubernetes_version(value)
+
+    @field_validator("public_access_cidrs")
+    @classmethod
+    def _cidrs(cls, cidrs: list[str]) -> list[str]:
+        for cidr in cidrs:
+            ipaddress.IPv4Network(cidr, strict=True)
+        return cidrs
+
+    @model_validator(mode="after")
+    def _reachable(self) -> ClusterConfig:
+        if not (self.endpoint_public_access or self.endpoint_private_access):
+            raise ValueError("endpointPublicAccess and endpointPrivateAccess cannot both be false")
+        return self
+
+
+class OnpremConfig(StrictModel):
+    """An existing Kubernetes cluster reached with the `ml-cluster:kubeconfig` secret."""
+
+    cluster_name: DnsLabel
+    kubernetes_version: str
+    context: str | None = Field(default=None, description="kubeconfig context; default: current-context")
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        return _check_kubernetes_version(value)
+
+
+def _check_kubernetes_version(value: str) -> str:
+    if value not in SUPPORTED_KUBERNETES:
+        raise ValueError(f"{value!r} is not a supported Kubernetes version ({', '.join(SUPPORTED_KUBERNETES)})")
+    return value
+
+
+class StackConfig(StrictModel):
+    platform: Literal["eks", "onprem"]
+    region: str | None = Field(default=None, description="from aws:region")
+    protected: bool = Field(default=False, description="prod: stateful resources protected and retained")
+    label_prefix: str = "ml-cluster.io"
+    tags: dict[str, str] = {}
+    network: NetworkConfig | None = None
+    cluster: ClusterConfig | None = None
+    onprem: OnpremConfig | None = None
+    node_pools: list[NodePoolConfig] = []
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    jobs: list[TrainingJobSpec] = []
+    kubeconfig: SecretStr | None = None
+    cos_hmac_access_key_id: SecretStr | None = None
+    cos_hmac_secret_access_key: SecretStr | None = None
+
+    @field_validator("label_prefix")
+    @classmethod
+    def _label_prefix(cls, value: str) -> str:
+        if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+            raise ValueError(f"{value!r} is not a DNS subdomain (e.g. ml-cluster.io)")
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
+        for key in tags:
+            if key.lower().startswith("aws:"):
+                raise ValueError(f"tag key {key!r}: the aws: prefix is reserved by AWS")
+        return tags
+
+    @model_validator(mode="after")
+    def _platform(self) -> StackConfig:
+        if self.platform == "eks":
+            missing = [key for key, value in (("aws:region", self.region), ("ml-cluster:network", self.network),
+                                               ("ml-cluster:cluster", self.cluster)) if value is None]
+            if missing:
+                raise ValueError(f"platform eks needs {', '.join(missing)}")
+            if self.onprem is not None or self.kubeconfig is not None:
+                raise ValueError("platform eks: onprem and kubeconfig belong to platform onprem")
+        else:
+            if self.onprem is None or self.kubeconfig is None:
+                raise ValueError("platform onprem needs ml-cluster:onprem and the secret ml-cluster:kubeconfig")
+            if self.network is not None or self.cluster is not None:
+                raise ValueError("platform onprem creates no AWS network or cluster: remove network and cluster")
+        names = [pool.name for pool in self.node_pools]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"node pool names must be unique: {', '.join(duplicates)}")
+        job_names = [job.name for job in self.jobs]
+        duplicate_jobs = sorted({name for name in job_names if job_names.count(name) > 1})
+        if duplicate_jobs:
+            raise ValueError(f"job names must be unique: {', '.join(duplicate_jobs)}")
+        return self
+
+    @property
+    def kubernetes_version(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.kubernetes_version
+        assert self.onprem is not None
+        return self.onprem.kubernetes_version
+
+    @property
+    def cluster_name(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.name
+        assert self.onprem is not None
+        return self.onprem.cluster_name
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "config"
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind, text = error["type"], str(error["msg"])
+    if kind == "extra_forbidden":
+        return "unknown key (check the spelling; see infra/config for the schema)"
+    if kind == "missing":
+        return "required key is missing"
+    return text.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) -> StackConfig:
+    """Validate a stack's config (keys as in the stack file: `ml-cluster:x`, `aws:region`, ...).
+
+    `raw` values are already-parsed YAML/JSON values. Keys listed in `secret_keys` are Pulumi secrets; a value for
+    one of SECRET_KEYS that is not a secret is rejected, so no credential can sit in a stack file in plaintext.
+    Raises ConfigError listing every problem found.
+    """
+    secret = set(secret_keys)
+    problems: list[tuple[str, str]] = []
+    ours: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "aws:region":
+            ours["region"] = value
+        elif key.startswith(NAMESPACE):
+            name = key[len(NAMESPACE):]
+            if name in SECRET_KEYS and key not in secret:
+                problems.append((key, "must be a secret: pulumi config set --secret " + key))
+                continue
+            ours[name] = value
+        elif ":" not in key:
+            problems.append((key, f"config keys need a namespace, e.g. {NAMESPACE}{key}"))
+    try:
+        config = StackConfig.model_validate(ours)
+    except ValidationError as exc:
+        problems.extend((_location(err["loc"]), _message(err)) for err in exc.errors())
+        raise ConfigError(problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def decode_config_value(value: Any) -> Any:
+    """A config value as Pulumi hands it to the program: objects and lists arrive as JSON text."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def read_stack_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """Read `config:` from a Pulumi.<stack>.yaml: (values, keys holding `secure:` ciphertext).
+
+    Secure values are returned as their ciphertext; they can only be decrypted by the Pulumi CLI.
+    Raises ConfigError (with the file as the path) for unreadable or malformed files.
+    """
+    where = str(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError([(where, f"cannot read: {exc.strerror}")]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed"
+        raise ConfigError([(where, f"invalid YAML{at}: {problem}")]) from None
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        raise ConfigError([(where, "a stack file must be a mapping with a `config:` key")])
+    unknown = sorted(set(document) - {"config", "secretsprovider", "encryptedkey", "encryptionsalt", "environment"})
+    if unknown:
+        raise ConfigError([(where, f"unknown top-level key(s): {', '.join(map(str, unknown))}")])
+    values = document.get("config") or {}
+    if not isinstance(values, dict):
+        raise ConfigError([(f"{where}: config", "must be a mapping of config keys")])
+    secure = [key for key, value in values.items() if isinstance(value, dict) and set(value) == {"secure"}]
+    return {str(key): value for key, value in values.items()}, secure
+
+
+def load_pulumi_config() -> StackConfig:
+    """The running program's stack config (as the Pulumi CLI, or the offline engine, hands it over)."""
+    from pulumi.runtime import config as runtime_config
+
+    raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    secret = set(runtime_config.get_config_secret_keys_env()) | set(runtime_config._SECRET_KEYS.get())
+    return parse_stack_config({key: decode_config_value(value) for key, value in raw.items()}, secret)

@@ -1,0 +1,366 @@
+"""The offline plan engine: the real __main__.py under the Pulumi SDK mock engine, data sources from fixtures.
+
+Nothing here reaches AWS or Kubernetes. What the engine would receive is recorded straight from each
+RegisterResource request (inputs with secrets still marked, parent, provider, and the resource options), so the
+plan shows exactly what `pulumi up` would send, with secrets replaced by "[secret]".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import runpy
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from infra.config import ConfigError, parse_stack_config, read_stack_file
+from infra.config.schema import PROJECT
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STACKS_DIR = REPO_ROOT / "stacks"
+FIXTURES_DIR = STACKS_DIR / "fixtures"
+SECRET_MARK = "[secret]"
+OFFLINE_SECRET = "offline-placeholder-secret"  # what the program sees for a secret it cannot decrypt offline
+
+_SIG = "4dabf18193072939515e22adb298388d"
+_SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+_RESOURCE_SIG = "5cf8f73096256a8f31e491e813e4eb8e"
+_ASSET_SIGS = {"c44067f5952c0a294b673a41bacd8c17": "[asset]", "0def7320c3a5731c473e5ecbe6d01bc7": "[archive]"}
+_UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+
+
+class FixtureError(Exception):
+    """A data-source question the offline fixtures cannot answer."""
+
+    def __init__(self, fixture: str, why: str):
+        self.fixture, self.why = fixture, why
+        super().__init__(f"{fixture}: {why}")
+
+
+class Fixtures:
+    """Answers to data sources, from stacks/fixtures/*.json."""
+
+    def __init__(self, directory: Path = FIXTURES_DIR):
+        self.directory = directory
+        self._cache: dict[str, Any] = {}
+
+    def _load(self, name: str) -> Any:
+        if name not in self._cache:
+            path = self.directory / name
+            try:
+                self._cache[name] = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise FixtureError(self._where(name), f"unreadable fixture: {exc}") from None
+        return self._cache[name]
+
+    def _where(self, name: str) -> str:
+        try:
+            return str((self.directory / name).relative_to(REPO_ROOT))
+        except ValueError:
+            return str(self.directory / name)
+
+    def lookup(self, name: str, key: str, what: str) -> Any:
+        table = self._load(name)
+        if key not in table:
+            raise FixtureError(self._where(name), f"no entry for {what} {key!r}; add it to answer this offline")
+        return table[key]
+
+    def answer(self, token: str, args: dict[str, Any], region: str | None) -> dict[str, Any]:
+        if token == "aws:ec2/getInstanceType:getInstanceType":
+            return self.lookup("instance_types.json", args["instanceType"], "instance type")
+        if token == "aws:ec2/getSubnet:getSubnet":
+            subnet_id = args.get("id") or ""
+            return self.lookup("subnets.json", subnet_id, "subnet")
+        if token == "aws:index/getAvailabilityZones:getAvailabilityZones":
+            zones = self.lookup("availability_zones.json", region or "", "region")
+            return {"names": zones, "id": region, "zoneIds": [f"{region}-az{i + 1}" for i in range(len(zones))]}
+        if token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return self._load("caller_identity.json")
+        if token == "aws:index/getRegion:getRegion":
+            return {"name": region, "region": region, "id": region}
+        if token == "aws:index/getPartition:getPartition":
+            return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}
+        raise FixtureError(self._where(""), f"no offline answer for data source {token}; add a fixture for it")
+
+
+@dataclass
+class RecordedResource:
+    type: str
+    name: str
+    urn: str
+    parent_urn: str
+    provider_ref: str
+    inputs: dict[str, Any]
+    options: dict[str, Any]
+
+
+def _restore(value: Any) -> Any:
+    """Engine wire values -> plan values: ints restored, secrets masked, unknowns None, references by URN."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, list):
+        return [_restore(item) for item in value]
+    if isinstance(value, dict):
+        sig = value.get(_SIG)
+        if sig == _SECRET_SIG:
+            return SECRET_MARK
+        if sig == _RESOURCE_SIG:
+            return value.get("urn")
+        if sig in _ASSET_SIGS:
+            return _ASSET_SIGS[sig]
+        return {key: _restore(item) for key, item in value.items()}
+    if value == _UNKNOWN:
+        return None
+    return value
+
+
+def _name_of(urn: str) -> str | None:
+    return urn.split("::")[-1] if urn else None
+
+
+def _fake_id(type_token: str, name: str) -> str:
+    digest = hashlib.sha256(f"{type_token}/{name}".encode()).hexdigest()[:17]
+    prefixes = {"aws:ec2/vpc:Vpc": "vpc-", "aws:ec2/subnet:Subnet": "subnet-", "aws:ec2/securityGroup:SecurityGroup":
+                "sg-", "aws:efs/fileSystem:FileSystem": "fs-", "aws:ec2/natGateway:NatGateway": "nat-",
+                "aws:ec2/internetGateway:InternetGateway": "igw-", "aws:ec2/routeTable:RouteTable": "rtb-",
+                "aws:ec2/eip:Eip": "eipalloc-", "aws:ec2/launchTemplate:LaunchTemplate": "lt-",
+                "aws:efs/mountTarget:MountTarget": "fsmt-", "aws:efs/accessPoint:AccessPoint": "fsap-"}
+    prefix = prefixes.get(type_token)
+    return f"{prefix}{digest}" if prefix else f"{name}-offline-id"
+
+
+class OfflineMocks:
+    """pulumi.runtime.Mocks: resources echo their inputs plus the computed outputs the program reads."""
+
+    def __init__(self, fixtures: Fixtures, region: str | None, account: str):
+        self.fixtures, self.region, self.account = fixtures, region, account
+        self.errors: list[FixtureError] = []
+
+    def call(self, args: Any) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        try:
+            return self.fixtures.answer(args.token, args.args, self.region), None
+        except FixtureError as exc:
+            self.errors.append(exc)
+            raise
+
+    def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
+        token, name, inputs = args.typ, args.name, dict(args.inputs)
+        resource_id = _fake_id(token, name)
+        state = dict(inputs)
+        if token.startswith("aws:"):
+            physical = inputs.get("name") or inputs.get("bucket") or name
+            service, _, kind = token.removeprefix("aws:").partition("/")
+            kind = kind.split(":")[0].lower()
+            state.setdefault("name", physical)
+            state.setdefault("arn", f"arn:aws:{service}:{self.region}:{self.account}:{kind}/{physical}")
+            state.setdefault("tagsAll", inputs.get("tags") or {})
+            state.update(self._computed(token, physical, resource_id, inputs))
+        return resource_id, state
+
+    def _computed(self, token: str, physical: str, resource_id: str, inputs: dict[str, Any]) -> dict[str, Any]:
+        region, account = self.region, self.account
+        if token == "aws:eks/cluster:Cluster":
+            vpc_config = dict(inputs.get("vpcConfig") or {})
+            vpc_config["clusterSecurityGroupId"] = _fake_id("aws:ec2/securityGroup:SecurityGroup", physical)
+            return {
+                "endpoint": f"https://{hashlib.sha256(physical.encode()).hexdigest()[:32].upper()}"
+                            f".gr7.{region}.eks.amazonaws.com",
+                "certificateAuthority": {"data": "T0ZGTElORS1DQQ=="},
+                "vpcConfig": vpc_config,
+                "arn": f"arn:aws:eks:{region}:{account}:cluster/{physical}",
+                "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.{region}.amazonaws.com/id/OFFLINE"}]}],
+                "status": "ACTIVE",
+            }
+        if token == "aws:eks/nodeGroup:NodeGroup":
+            return {"resources": [{"autoscalingGroups": [{"name": f"eks-{physical}-offline-asg"}]}],
+                    "status": "ACTIVE"}
+        if token == "aws:iam/role:Role":
+            return {"arn": f"arn:aws:iam::{account}:role/{physical}", "uniqueId": f"AROA{resource_id[:16].upper()}"}
+        if token == "aws:iam/policy:Policy":
+            return {"arn": f"arn:aws:iam::{account}:policy/{physical}"}
+        if token == "aws:s3/bucket:Bucket":
+            return {"bucket": physical, "arn": f"arn:aws:s3:::{physical}",
+                    "bucketRegionalDomainName": f"{physical}.s3.{region}.amazonaws.com", "region": region}
+        if token == "aws:efs/fileSystem:FileSystem":
+            return {"arn": f"arn:aws:elasticfilesystem:{region}:{account}:file-system/{resource_id}",
+                    "dnsName": f"{resource_id}.efs.{region}.amazonaws.com"}
+        if token == "aws:kms/key:Key":
+            return {"arn": f"arn:aws:kms:{region}:{account}:key/{resource_id}", "keyId": resource_id}
+        return {}
+
+
+def _make_monitor(mocks: OfflineMocks, recorded: list[RecordedResource]) -> Any:
+    from pulumi.runtime.mocks import MockMonitor
+
+    class RecordingMonitor(MockMonitor):
+        def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+            if request.type != "pulumi:pulumi:Stack":
+                raw = json_format.MessageToDict(request.object, preserving_proto_field_name=True)
+                implicit = {urn for deps in request.propertyDependencies.values() for urn in deps.urns}
+                recorded.append(RecordedResource(
+                    type=request.type,
+                    name=request.name,
+                    urn=self.make_urn(request.parent, request.type, request.name),
+                    parent_urn=request.parent,
+                    provider_ref=request.provider,
+                    inputs=_restore(raw),
+                    options={
+                        "protect": bool(request.protect),
+                        "retainOnDelete": bool(request.retainOnDelete),
+                        "deleteBeforeReplace": bool(request.deleteBeforeReplace),
+                        "dependsOn": sorted(urn for urn in request.dependencies if urn not in implicit),
+                        "ignoreChanges": list(request.ignoreChanges),
+                    },
+                ))
+            return super().RegisterResource(request)
+
+    return RecordingMonitor(mocks)
+
+
+@dataclass
+class StackFile:
+    stack: str
+    path: Path
+    values: dict[str, Any]
+    secure_keys: list[str] = field(default_factory=list)
+
+
+def stack_file_path(stack: str, config_path: str | Path | None = None) -> Path:
+    return Path(config_path) if config_path else STACKS_DIR / f"Pulumi.{stack}.yaml"
+
+
+def load_stack_file(stack: str, config_path: str | Path | None = None) -> StackFile:
+    path = stack_file_path(stack, config_path)
+    values, secure = read_stack_file(path)
+    return StackFile(stack=stack, path=path, values=values, secure_keys=secure)
+
+
+def offline_config(stack_file: StackFile) -> tuple[dict[str, str], list[str]]:
+    """Stack-file values as the Pulumi CLI would hand them to the program; secrets become placeholders."""
+    config: dict[str, str] = {}
+    for key, value in stack_file.values.items():
+        if key in stack_file.secure_keys:
+            config[key] = OFFLINE_SECRET
+        elif isinstance(value, str):
+            config[key] = value
+        else:
+            config[key] = json.dumps(value)
+    return config, list(stack_file.secure_keys)
+
+
+def validate_stack_file(stack_file: StackFile) -> None:
+    """Raise ConfigError (every problem, one line each) if the stack file cannot be deployed."""
+    config, secret_keys = offline_config(stack_file)
+    from infra.config.schema import decode_config_value
+
+    parse_stack_config({key: decode_config_value(value) for key, value in config.items()}, secret_keys)
+
+
+def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixtures | None = None) -> dict[str, Any]:
+    """Run the real program for `stack` offline; return the plan document (see scripts/plan.py --json).
+
+    Raises ConfigError for an invalid stack file (before any resource is registered) and FixtureError for a data
+    source the fixtures cannot answer.
+    """
+    import pulumi
+    from pulumi.runtime import settings as pulumi_settings
+    from pulumi.runtime.config import set_all_config
+    from pulumi.runtime.mocks import set_mocks
+    from pulumi.runtime.stack import run_pulumi_func
+    from pulumi.runtime.sync_await import _sync_await
+
+    stack_file = load_stack_file(stack, config_path)
+    validate_stack_file(stack_file)
+    config, secret_keys = offline_config(stack_file)
+    region = stack_file.values.get("aws:region")
+    fixtures = fixtures or Fixtures()
+    account = str(fixtures.answer("aws:index/getCallerIdentity:getCallerIdentity", {}, None)["accountId"])
+    mocks = OfflineMocks(fixtures, region, account)
+    recorded: list[RecordedResource] = []
+
+    set_all_config(config, secret_keys)
+    pulumi_settings.ROOT.set(None)
+    set_mocks(mocks, project=PROJECT, stack=stack, preview=True,  # type: ignore[arg-type]
+              monitor=_make_monitor(mocks, recorded))
+    root = pulumi_settings.get_root_resource()
+    main = str(REPO_ROOT / "__main__.py")
+    try:
+        _sync_await(run_pulumi_func(lambda: runpy.run_path(main, run_name="__pulumi_main__")))
+    except SystemExit as exc:
+        raise ConfigError([(str(stack_file.path), f"program exited with status {exc.code}")]) from None
+    except Exception:
+        if mocks.errors:
+            raise mocks.errors[0] from None
+        raise
+    if mocks.errors:
+        raise mocks.errors[0]
+    outputs = _resolve_outputs(root, pulumi) if root is not None else {}
+    return _plan_document(stack, recorded, outputs)
+
+
+def _resolve_outputs(root: Any, pulumi: Any) -> dict[str, Any]:
+    from pulumi.runtime.sync_await import _sync_await
+
+    resolved: dict[str, Any] = {}
+    for key, value in getattr(root, "outputs", {}).items():
+        output = pulumi.Output.from_input(value)
+        is_secret = _sync_await(output.is_secret())
+        resolved[key] = SECRET_MARK if is_secret else _restore(_sync_await(output.future()))
+    return resolved
+
+
+def _plan_document(stack: str, recorded: list[RecordedResource], outputs: dict[str, Any]) -> dict[str, Any]:
+    names = {item.urn: item.name for item in recorded}
+    resources = []
+    for item in recorded:
+        provider_urn = item.provider_ref.split("::")
+        provider = "::".join(provider_urn[:-1]) if len(provider_urn) > 1 else ""
+        resources.append({
+            "type": item.type,
+            "name": item.name,
+            "parent": names.get(item.parent_urn) or None,
+            "provider": _name_of(provider) if provider else None,
+            "inputs": item.inputs,
+            "options": {**item.options, "dependsOn": [names.get(urn, urn) for urn in item.options["dependsOn"]]},
+        })
+    return {"project": PROJECT, "stack": stack, "resources": resources, "outputs": outputs}
+
+
+def kubernetes_objects(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every Kubernetes object of a plan (its inputs are the complete manifest). Helm releases are not objects."""
+    for resource in plan["resources"]:
+        token = resource["type"]
+        if token.startswith("kubernetes:") and not token.startswith("kubernetes:helm.sh/"):
+            yield resource
+
+
+def validate_kubernetes_objects(plan: dict[str, Any], kubernetes_version: str) -> list[str]:
+    """kubernetes-validate (strict) on every object; returns one problem line per invalid object."""
+    import kubernetes_validate
+
+    problems = []
+    for resource in kubernetes_objects(plan):
+        manifest = resource["inputs"]
+        try:
+            kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(part) for part in exc.path) or "(root)"
+            problems.append(f"{resource['type']} {resource['name']}: {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            problems.append(f"{resource['type']} {resource['name']}: no schema: {exc}")
+    return problems
+
+
+__all__ = [
+    "ConfigError",
+    "FixtureError",
+    "kubernetes_objects",
+    "load_stack_file",
+    "plan_stack",
+    "validate_kubernetes_objects",
+    "validate_stack_file",
+]

@@ -1,0 +1,511 @@
+"""The stack's policies as pure functions over its resources (no pulumi, no pulumi_policy imports).
+
+Each policy is a `PolicyRule`: per-resource rules name the type tokens they check and return messages for
+one resource; stack-level rules see the whole `Plan` (a bucket's encryption, public access block and TLS
+policy are separate resources). `evaluate` runs them over a plan; the CrossGuard pack
+(infra/policy/pack/__main__.py) wraps the same rules as ResourceValidationPolicy / StackValidationPolicy.
+
+Unknown values (None: an output not yet known during preview) never count as violations; `pulumi up` runs the
+policies again once the values are known.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+from infra.policy.plan import Plan, PlanResource, provider_endpoint
+from workloads.quantity import parse_quantity
+
+Enforcement = Literal["mandatory", "advisory"]
+
+BUCKET_TYPES = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
+PUBLIC_ACCESS_BLOCK_TYPE = "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"
+SSE_CONFIG_TYPES = (
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+    "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
+)
+BUCKET_POLICY_TYPE = "aws:s3/bucketPolicy:BucketPolicy"
+EFS_TYPE = "aws:efs/fileSystem:FileSystem"
+LAUNCH_TEMPLATE_TYPE = "aws:ec2/launchTemplate:LaunchTemplate"
+NODE_GROUP_TYPE = "aws:eks/nodeGroup:NodeGroup"
+JOB_TYPE = "kubernetes:batch/v1:Job"
+# Resources whose deletion loses data: protected and retained in protected stacks.
+STATEFUL_TYPES = (*BUCKET_TYPES, EFS_TYPE, "aws:ebs/volume:Volume")
+
+GPU_RESOURCE = "nvidia.com/gpu"
+SSE_ALGORITHMS = ("AES256", "aws:kms", "aws:kms:dsse")
+PUBLIC_ACCESS_FLAGS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+_GPU_INSTANCE_FAMILY = re.compile(r"^(p|g|gr)\d")  # p4d, p5, g5, g6e, gr6 ...; not c6g/m6g (Graviton CPUs)
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What the rules know about the stack beyond its resources (CrossGuard: the policy config)."""
+
+    stack_protected: bool = False  # the stack file sets `ml-cluster:protected: true` (prod)
+
+
+@dataclass(frozen=True)
+class Violation:
+    policy: str
+    enforcement: Enforcement
+    resource: PlanResource | None  # None for the stack as a whole
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.resource.type} {self.resource.name}" if self.resource else "stack"
+        return f"{self.enforcement}: {self.policy}: {where}: {self.message}"
+
+
+ResourceCheck = Callable[[PlanResource, PolicyContext], Iterable[str]]
+StackCheck = Callable[[Plan, PolicyContext], Iterable[tuple[PlanResource | None, str]]]
+
+
+@dataclass(frozen=True)
+class PolicyRule:
+    name: str
+    description: str
+    enforcement: Enforcement
+    resource_types: tuple[str, ...] = ()  # per-resource rules: the type tokens they check
+    check_resource: ResourceCheck | None = None
+    check_stack: StackCheck | None = None
+    reads_stack_protected: bool = False  # needs PolicyContext.stack_protected (CrossGuard config "protected")
+
+    def run(self, plan: Plan, ctx: PolicyContext) -> list[Violation]:
+        found: list[Violation] = []
+        if self.check_resource is not None:
+            for resource in plan.of_type(*self.resource_types):
+                found += [self._violation(resource, m) for m in self.check_resource(resource, ctx)]
+        if self.check_stack is not None:
+            found += [self._violation(resource, m) for resource, m in self.check_stack(plan, ctx)]
+        return found
+
+    def _violation(self, resource: PlanResource | None, message: str) -> Violation:
+        return Violation(self.name, self.enforcement, resource, message)
+
+
+def evaluate(plan: Plan, ctx: PolicyContext, rules: Iterable[PolicyRule] | None = None) -> list[Violation]:
+    """Every violation of `rules` (default: the whole pack) in the plan, mandatory and advisory."""
+    return [v for rule in (POLICIES if rules is None else rules) for v in rule.run(plan, ctx)]
+
+
+# --- buckets (stack-level: the bucket and the resources that configure it) ---
+
+
+def _is_s3_compatible(bucket: PlanResource) -> bool:
+    """A bucket on an S3-compatible store (IBM COS, MinIO) through a provider with a custom s3 endpoint."""
+    return provider_endpoint(bucket.provider, "s3") is not None
+
+
+def _sse_algorithms(value: Any) -> Iterator[Any]:
+    """Every sseAlgorithm under an applyServerSideEncryptionByDefault, in whatever nesting holds it."""
+    if isinstance(value, Mapping):
+        default = value.get("applyServerSideEncryptionByDefault")
+        if isinstance(default, Mapping):
+            yield default.get("sseAlgorithm")
+        for key, item in value.items():
+            if key != "applyServerSideEncryptionByDefault":
+                yield from _sse_algorithms(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _sse_algorithms(item)
+
+
+def check_buckets_encrypted(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+    for bucket in plan.of_type(*BUCKET_TYPES):
+        if _is_s3_compatible(bucket):
+            continue  # COS encrypts at rest itself and has no PutBucketEncryption
+        configs = [bucket.inputs.get("serverSideEncryptionConfiguration")]
+        configs += [r.inputs.get("rules") for r in plan.referrers(bucket, SSE_CONFIG_TYPES, "bucket")]
+        if any(config is None for config in configs[1:]):
+            continue  # an SSE configuration whose rules are not known yet
+        algorithms = [a for config in configs for a in _sse_algorithms(config)]
+        if not algorithms:
+            yield (
+                bucket,
+                (
+                    "has no server-side encryption: add an aws.s3.BucketServerSideEncryptionConfiguration "
+                    f"for it with sseAlgorithm one of {', '.join(SSE_ALGORITHMS)}"
+                ),
+            )
+        for algorithm in algorithms:
+            if algorithm is not None and algorithm not in SSE_ALGORITHMS:
+                yield bucket, f"sseAlgorithm {algorithm!r} is not one of {', '.join(SSE_ALGORITHMS)}"
+
+
+def check_buckets_public_access_blocked(
+    plan: Plan, ctx: PolicyContext
+) -> Iterator[tuple[PlanResource | None, str]]:
+    for bucket in plan.of_type(*BUCKET_TYPES):
+        if _is_s3_compatible(bucket):
+            continue  # S3-compatible stores have no PutPublicAccessBlock
+        blocks = plan.referrers(bucket, (PUBLIC_ACCESS_BLOCK_TYPE,), "bucket")
+        if not blocks:
+            yield bucket, "has no aws.s3.BucketPublicAccessBlock"
+        for block in blocks:
+            off = [
+                flag
+                for flag in PUBLIC_ACCESS_FLAGS
+                if block.inputs.get(flag) is False or (flag not in block.inputs)
+            ]
+            if off:
+                yield block, f"public access block for {bucket.name} must set {', '.join(off)} to true"
+
+
+def _policy_document(value: Any) -> Mapping[str, Any] | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, Mapping) else None
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _denies_insecure_transport(document: Mapping[str, Any]) -> bool:
+    """A statement that denies every S3 action to everyone when aws:SecureTransport is false."""
+    for statement in _as_list(document.get("Statement")):
+        if not isinstance(statement, Mapping) or statement.get("Effect") != "Deny":
+            continue
+        principal = statement.get("Principal")
+        everyone = principal == "*" or (
+            isinstance(principal, Mapping) and "*" in _as_list(principal.get("AWS"))
+        )
+        all_actions = any(action in ("s3:*", "*") for action in _as_list(statement.get("Action")))
+        condition = statement.get("Condition") or {}
+        secure = (
+            (condition.get("Bool") or {}).get("aws:SecureTransport")
+            if isinstance(condition, Mapping)
+            else None
+        )
+        if everyone and all_actions and str(secure).lower() == "false":
+            return True
+    return False
+
+
+def check_buckets_tls_only(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+    for bucket in plan.of_type(*BUCKET_TYPES):
+        endpoint = provider_endpoint(bucket.provider, "s3")
+        if endpoint is not None:
+            if not endpoint.startswith("https://"):
+                yield bucket, f"S3-compatible endpoint {endpoint!r} is not https"
+            continue
+        policies = [bucket.inputs["policy"]] if bucket.inputs.get("policy") else []
+        policies += [r.inputs.get("policy") for r in plan.referrers(bucket, (BUCKET_POLICY_TYPE,), "bucket")]
+        if any(p is None for p in policies):
+            continue  # a policy document that embeds outputs not known yet
+        documents = [_policy_document(p) for p in policies]
+        if not any(d is not None and _denies_insecure_transport(d) for d in documents):
+            yield (
+                bucket,
+                "has no bucket policy denying s3:* to '*' when aws:SecureTransport is false (TLS-only)",
+            )
+
+
+# --- per-resource AWS rules ---
+
+
+def check_efs_encrypted(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    if resource.inputs.get("encrypted") is not True:
+        yield "file system must set encrypted: true"
+
+
+def check_imdsv2(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    options = resource.inputs.get("metadataOptions") or {}
+    if options.get("httpTokens") != "required":
+        yield "metadataOptions.httpTokens must be 'required' (IMDSv2)"
+
+
+def is_gpu_node_group(resource: PlanResource) -> bool:
+    ami_type = str(resource.inputs.get("amiType") or "")
+    if "NVIDIA" in ami_type or "GPU" in ami_type:
+        return True
+    return any(_GPU_INSTANCE_FAMILY.match(str(t)) for t in resource.inputs.get("instanceTypes") or [])
+
+
+def check_gpu_node_group_tainted(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    if not is_gpu_node_group(resource):
+        return
+    taints = resource.inputs.get("taints") or []
+    if not any(
+        t.get("key") == GPU_RESOURCE and t.get("effect") in ("NO_SCHEDULE", "NO_EXECUTE") for t in taints
+    ):
+        yield f"GPU node group needs the taint {GPU_RESOURCE} with effect NO_SCHEDULE"
+
+
+def check_stateful_protected(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    if not ctx.stack_protected:
+        return
+    if not resource.protect:
+        yield "stateful resource in a protected stack must set protect=True"
+    if resource.retain_on_delete is False:
+        yield "stateful resource in a protected stack must set retain_on_delete=True"
+    if resource.inputs.get("forceDestroy") is True:
+        yield "bucket in a protected stack must not set force_destroy"
+
+
+def check_prod_training_pools_spot(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    if ctx.stack_protected and is_gpu_node_group(resource):
+        capacity = resource.inputs.get("capacityType") or "ON_DEMAND"
+        if capacity != "SPOT":
+            yield (
+                f"GPU training pool uses {capacity} capacity: checkpointed training jobs can run on SPOT "
+                "at a fraction of the price"
+            )
+
+
+# --- Kubernetes Jobs ---
+
+
+def _pod_spec(job: PlanResource) -> Mapping[str, Any]:
+    return ((job.inputs.get("spec") or {}).get("template") or {}).get("spec") or {}
+
+
+def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+
+
+def _quantity(value: Any) -> Decimal | None:
+    if value is None:
+        return None
+    try:
+        return parse_quantity(value)
+    except ValueError:
+        return None
+
+
+def _gpus(container: Mapping[str, Any]) -> Decimal:
+    resources = container.get("resources") or {}
+    counts = [_quantity((resources.get(kind) or {}).get(GPU_RESOURCE)) for kind in ("limits", "requests")]
+    return max((c for c in counts if c is not None), default=Decimal(0))
+
+
+def _is_gpu_job(job: PlanResource) -> bool:
+    return any(_gpus(c) > 0 for c in _containers(_pod_spec(job)))
+
+
+def _volumes(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {v.get("name"): v for v in pod.get("volumes") or []}
+
+
+def _mounted(
+    container: Mapping[str, Any], volumes: Mapping[str, Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    names = [m.get("name") for m in container.get("volumeMounts") or []]
+    return [volumes[n] for n in names if n in volumes]
+
+
+def _is_memory_volume(volume: Mapping[str, Any]) -> bool:
+    return (volume.get("emptyDir") or {}).get("medium") == "Memory"
+
+
+def _is_disk_scratch(volume: Mapping[str, Any]) -> bool:
+    return "emptyDir" in volume and not _is_memory_volume(volume)
+
+
+def check_job_gpu_limits_equal_requests(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    if not _is_gpu_job(resource):
+        return
+    for container in _containers(_pod_spec(resource)):
+        resources = container.get("resources") or {}
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        for name in sorted(set(limits) | set(requests)):
+            limit, request = _quantity(limits.get(name)), _quantity(requests.get(name, limits.get(name)))
+            if name in requests and name not in limits:
+                yield (
+                    f"container {container.get('name')}: requests {name} without a limit "
+                    "(GPU Jobs need limits = requests)"
+                )
+            elif limit is not None and request is not None and limit != request:
+                yield (
+                    f"container {container.get('name')}: {name} limit {limits.get(name)} != request "
+                    f"{requests.get(name)} (GPU Jobs need limits = requests)"
+                )
+
+
+def check_job_gpu_shm(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    pod = _pod_spec(resource)
+    volumes = _volumes(pod)
+    for container in _containers(pod):
+        if _gpus(container) <= 0:
+            continue
+        shm = [
+            m
+            for m in container.get("volumeMounts") or []
+            if m.get("mountPath") == "/dev/shm" and _is_memory_volume(volumes.get(m.get("name"), {}))
+        ]
+        if not shm:
+            yield (
+                f"container {container.get('name')} uses GPUs but mounts no emptyDir medium Memory at "
+                "/dev/shm (the 64Mi default makes DataLoader workers crash)"
+            )
+
+
+def check_job_memory_covers_memory_volumes(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    pod = _pod_spec(resource)
+    volumes = _volumes(pod)
+    for name, volume in volumes.items():
+        if _is_memory_volume(volume) and _quantity(volume["emptyDir"].get("sizeLimit")) is None:
+            yield f"memory-backed volume {name} has no sizeLimit (it could take the node's memory)"
+    for container in _containers(pod):
+        in_memory = [v for v in _mounted(container, volumes) if _is_memory_volume(v)]
+        if not in_memory:
+            continue
+        sizes = [_quantity(v["emptyDir"].get("sizeLimit")) for v in in_memory]
+        total = sum((s for s in sizes if s is not None), Decimal(0))
+        raw_limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        limit = _quantity(raw_limit)
+        if limit is None:
+            yield f"container {container.get('name')} mounts memory-backed volumes but has no memory limit"
+        elif limit <= total:
+            yield (
+                f"container {container.get('name')}: memory limit {raw_limit} does not exceed its "
+                f"memory-backed volumes ({', '.join(str(v.get('name')) for v in in_memory)}: {total} bytes), "
+                "which count against it"
+            )
+
+
+def check_job_ephemeral_storage_limits(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    pod = _pod_spec(resource)
+    volumes = _volumes(pod)
+    for container in _containers(pod):
+        scratch = [v for v in _mounted(container, volumes) if _is_disk_scratch(v)]
+        if not scratch:
+            continue
+        raw_limit = ((container.get("resources") or {}).get("limits") or {}).get("ephemeral-storage")
+        limit = _quantity(raw_limit)
+        if limit is None:
+            yield (
+                f"container {container.get('name')} uses disk scratch "
+                f"({', '.join(str(v.get('name')) for v in scratch)}) but sets no ephemeral-storage limit"
+            )
+            continue
+        sizes = [_quantity(v["emptyDir"].get("sizeLimit")) for v in scratch]
+        if all(s is not None for s in sizes) and limit < sum(s for s in sizes if s is not None):
+            yield (
+                f"container {container.get('name')}: ephemeral-storage limit {raw_limit} is below the "
+                "sizeLimit of the scratch volumes it mounts"
+            )
+
+
+def check_job_no_host_path(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    for name, volume in _volumes(_pod_spec(resource)).items():
+        if "hostPath" in volume:
+            yield f"volume {name} is a hostPath volume"
+
+
+def check_job_not_privileged(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    pod = _pod_spec(resource)
+    for container in [*_containers(pod), *(pod.get("ephemeralContainers") or [])]:
+        if (container.get("securityContext") or {}).get("privileged") is True:
+            yield f"container {container.get('name')} is privileged"
+
+
+POLICIES: tuple[PolicyRule, ...] = (
+    PolicyRule(
+        "s3-bucket-encrypted",
+        "S3 buckets have default server-side encryption.",
+        "mandatory",
+        check_stack=check_buckets_encrypted,
+    ),
+    PolicyRule(
+        "s3-bucket-public-access-blocked",
+        "S3 buckets block all four kinds of public access.",
+        "mandatory",
+        check_stack=check_buckets_public_access_blocked,
+    ),
+    PolicyRule(
+        "s3-bucket-tls-only",
+        "Buckets refuse plain-HTTP requests (S3: bucket policy; COS: https endpoint).",
+        "mandatory",
+        check_stack=check_buckets_tls_only,
+    ),
+    PolicyRule(
+        "efs-encrypted",
+        "EFS file systems are encrypted at rest.",
+        "mandatory",
+        (EFS_TYPE,),
+        check_efs_encrypted,
+    ),
+    PolicyRule(
+        "launch-template-imdsv2",
+        "Launch templates require IMDSv2 (httpTokens required).",
+        "mandatory",
+        (LAUNCH_TEMPLATE_TYPE,),
+        check_imdsv2,
+    ),
+    PolicyRule(
+        "gpu-node-group-tainted",
+        "GPU node groups carry the nvidia.com/gpu NoSchedule taint.",
+        "mandatory",
+        (NODE_GROUP_TYPE,),
+        check_gpu_node_group_tainted,
+    ),
+    PolicyRule(
+        "job-gpu-limits-equal-requests",
+        "GPU Jobs set limits equal to requests in every container.",
+        "mandatory",
+        (JOB_TYPE,),
+        check_job_gpu_limits_equal_requests,
+    ),
+    PolicyRule(
+        "job-gpu-shm",
+        "GPU containers mount a memory-backed emptyDir at /dev/shm.",
+        "mandatory",
+        (JOB_TYPE,),
+        check_job_gpu_shm,
+    ),
+    PolicyRule(
+        "job-memory-covers-memory-volumes",
+        "Memory-backed volumes have a sizeLimit and the memory limit of containers mounting them exceeds it.",
+        "mandatory",
+        (JOB_TYPE,),
+        check_job_memory_covers_memory_volumes,
+    ),
+    PolicyRule(
+        "job-ephemeral-storage-limits",
+        "Containers using disk scratch (emptyDir) set ephemeral-storage limits.",
+        "mandatory",
+        (JOB_TYPE,),
+        check_job_ephemeral_storage_limits,
+    ),
+    PolicyRule(
+        "job-no-host-path",
+        "Jobs mount no hostPath volumes.",
+        "mandatory",
+        (JOB_TYPE,),
+        check_job_no_host_path,
+    ),
+    PolicyRule(
+        "job-not-privileged",
+        "Job containers are not privileged.",
+        "mandatory",
+        (JOB_TYPE,),
+        check_job_not_privileged,
+    ),
+    PolicyRule(
+        "protected-stateful-resources",
+        "In protected stacks, file systems, buckets and volumes are "
+        "protected, retained on delete and never force-destroyed.",
+        "mandatory",
+        STATEFUL_TYPES,
+        check_stateful_protected,
+        reads_stack_protected=True,
+    ),
+    PolicyRule(
+        "prod-training-pools-spot",
+        "Advisory: GPU training pools of protected (prod) stacks use SPOT capacity.",
+        "advisory",
+        (NODE_GROUP_TYPE,),
+        check_prod_training_pools_spot,
+        reads_stack_protected=True,
+    ),
+)

@@ -6,7 +6,8 @@ workloads.jobspec. Plain frozen dataclasses: no Pulumi types, so workloads stays
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -33,3 +34,17 @@ class ClusterFacts:
     object_store_endpoint: str | None = None  # S3-compatible endpoint (COS); None means AWS S3
     object_store_secret: str | None = None  # Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (COS HMAC)
     region: str | None = None
+
+
+def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:
+    """JSON-ready form (snake_case keys), e.g. a stack output that `workloads.submit --facts` reads back."""
+    return asdict(facts)
+
+
+def facts_from_dict(data: dict[str, Any]) -> ClusterFacts:
+    """Inverse of facts_to_dict; raises ValueError naming the unknown or missing key."""
+    try:
+        pools = tuple(PoolFacts(**pool) for pool in data.get("pools", ()))
+        return ClusterFacts(**{**data, "pools": pools})
+    except TypeError as exc:
+        raise ValueError(f"cluster facts: {exc}") from None

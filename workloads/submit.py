@@ -1,0 +1,327 @@
+"""Ad-hoc training runs on a provisioned cluster, outside `pulumi up`: render, submit, status, logs, delete.
+
+    python -m workloads.submit render workloads/jobs/resnet50-s3-copy.yaml --facts facts.json
+    python -m workloads.submit submit workloads/jobs/resnet50-s3-copy.yaml --facts facts.json
+    python -m workloads.submit status resnet50-s3-copy-1a2b3c4d
+    python -m workloads.submit logs resnet50-s3-copy-1a2b3c4d [--container stage] [--index 1] [--follow]
+    python -m workloads.submit delete resnet50-s3-copy-1a2b3c4d
+
+`--facts` is the cluster's ClusterFacts as JSON (`pulumi stack output jobFacts --json > facts.json`).
+The phase of a run is derived by `job_phase` from the Job, its Pods and their (init) container states; it
+is a pure function over API objects in their JSON shape (camelCase keys), tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from workloads.cluster_facts import ClusterFacts, facts_from_dict
+from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, TRAIN_CONTAINER, JobSpecError, load_job_file, render_job
+
+Phase = Literal["Pending", "Staging", "Running", "Succeeded", "Failed"]
+# Waiting reasons that will not resolve by waiting: the run is reported Failed although the Job is not yet.
+_STUCK_WAITING = {
+    "ErrImagePull": "ImagePullBackOff",
+    "ImagePullBackOff": "ImagePullBackOff",
+    "InvalidImageName": "InvalidImageName",
+    "CreateContainerConfigError": "CreateContainerConfigError",
+    "CreateContainerError": "CreateContainerError",
+}
+_GENERIC_JOB_FAILURES = {
+    "BackoffLimitExceeded", "PodFailurePolicy", "FailedIndexes", "MaxFailedIndexesExceeded"}
+
+
+@dataclass(frozen=True)
+class RunPhase:
+    phase: Phase
+    reason: str | None = None  # for Failed: OOMKilled, Evicted, ImagePullBackOff, DeadlineExceeded, ...
+    detail: str = ""
+
+
+def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return condition
+    return None
+
+
+def _created(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def _pod_failure(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, detail) of why a pod failed or cannot start; None while it is healthy."""
+    status = pod.get("status") or {}
+    name = (pod.get("metadata") or {}).get("name", "pod")
+    if status.get("reason") == "Evicted":  # e.g. ephemeral-storage over its limit: the kubelet evicts the pod
+        return "Evicted", f"{name}: {status.get('message', 'evicted')}"
+    statuses = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+    for container in statuses:
+        state = container.get("state") or {}
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in _STUCK_WAITING:
+            where = f"{name}/{container.get('name')}"
+            return _STUCK_WAITING[waiting["reason"]], f"{where}: {waiting.get('message', waiting['reason'])}"
+        terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated") or {}
+        if terminated.get("reason") == "OOMKilled":
+            return "OOMKilled", f"{name}/{container.get('name')}: exceeded its memory limit " \
+                                "(memory-backed /dev/shm and RAM disk count against it)"
+        exit_code = terminated.get("exitCode")
+        if container.get("name") == TRAIN_CONTAINER and exit_code == CONFIG_ERROR_EXIT_CODE:
+            return "ConfigError", f"{name}/{TRAIN_CONTAINER}: exited {exit_code} (configuration error)"
+        if status.get("phase") == "Failed" and exit_code not in (None, 0):
+            why = terminated.get("reason", "Error")
+            return "Error", f"{name}/{container.get('name')}: exited {exit_code} ({why})"
+    if status.get("phase") == "Failed":
+        return status.get("reason") or "Failed", f"{name}: {status.get('message', 'failed')}"
+    return None
+
+
+def _is_staging(pod: dict[str, Any]) -> bool:
+    """A classic (run-to-completion) initContainer is running: the stager is copying the dataset."""
+    init_specs = {c.get("name"): c for c in ((pod.get("spec") or {}).get("initContainers") or [])}
+    for container in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        is_sidecar = (init_specs.get(container.get("name")) or {}).get("restartPolicy") == "Always"
+        if not is_sidecar and "running" in (container.get("state") or {}):
+            return True
+    return False
+
+
+def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]]) -> RunPhase:
+    """The phase of a training run from its Job and Pods (API JSON shapes)."""
+    newest_first = sorted(pods, key=_created, reverse=True)
+    failures = [failure for pod in newest_first if (failure := _pod_failure(pod))]
+    failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
+    if failed:
+        reason = failed.get("reason") or "Failed"
+        detail = failed.get("message", "")
+        if reason in _GENERIC_JOB_FAILURES and failures:  # the pod says more than "backoff limit exceeded"
+            reason, pod_detail = failures[0]
+            detail = pod_detail + (f"; job: {detail}" if detail else "")
+        elif failures:
+            detail = f"{detail}; last pod: {failures[0][1]}"
+        return RunPhase("Failed", reason, detail)
+    if _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet"):
+        succeeded = (job.get("status") or {}).get("succeeded", 0)
+        return RunPhase("Succeeded", None, f"{succeeded} pod(s) succeeded")
+    active = [pod for pod in newest_first if (pod.get("status") or {}).get("phase") in ("Pending", "Running")]
+    for pod in active:
+        failure = _pod_failure(pod)
+        if failure and failure[0] in _STUCK_WAITING.values():
+            return RunPhase("Failed", failure[0], failure[1])
+    retry_note = f" (retrying after {failures[0][0]}: {failures[0][1]})" if failures else ""
+    if (job.get("spec") or {}).get("suspend"):
+        return RunPhase("Pending", None, "suspended: waiting for admission (Kueue)" + retry_note)
+    if not active:
+        return RunPhase("Pending", None, "no pod yet" + retry_note)
+    if any(_is_staging(pod) for pod in active):
+        return RunPhase("Staging", None, "initContainer is staging the dataset onto local NVMe" + retry_note)
+    if any((pod.get("status") or {}).get("phase") == "Running" for pod in active):
+        running = sum((pod.get("status") or {}).get("phase") == "Running" for pod in active)
+        return RunPhase("Running", None, f"{running} pod(s) running" + retry_note)
+    pod_status = active[0].get("status") or {}
+    unscheduled = next((c for c in pod_status.get("conditions") or []
+                        if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+    detail = unscheduled.get("message", "unschedulable") if unscheduled else "pod pending"
+    return RunPhase("Pending", None, detail + retry_note)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLI
+
+
+class UsageError(Exception):
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}")
+
+
+def _load_facts(path: str) -> ClusterFacts:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(path, f"cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(path, f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(path, "expected a JSON object of cluster facts")
+    try:
+        return facts_from_dict(data)
+    except ValueError as exc:
+        raise UsageError(path, str(exc)) from None
+
+
+def _render(job_file: str, facts_file: str) -> list[dict[str, Any]]:
+    facts = _load_facts(facts_file)
+    manifests: list[dict[str, Any]] = []
+    for index, spec in enumerate(load_job_file(job_file)):
+        try:
+            manifests += render_job(spec, facts)
+        except JobSpecError as exc:
+            raise JobSpecError(f"{job_file}: jobs[{index}].{exc.path}", exc.reason) from None
+    return manifests
+
+
+def _apis(context: str | None) -> tuple[Any, Any]:
+    from kubernetes import client, config
+
+    try:
+        config.load_kube_config(context=context)
+    except Exception:  # noqa: BLE001 - inside a pod there is no kubeconfig
+        try:
+            config.load_incluster_config()
+        except Exception as exc:  # noqa: BLE001
+            raise UsageError("kubeconfig", f"no cluster credentials ({exc})") from None
+    return client.BatchV1Api(), client.CoreV1Api()
+
+
+def _to_json(api_object: Any) -> dict[str, Any]:
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(api_object)
+
+
+def _submit(manifests: list[dict[str, Any]], batch: Any, core: Any) -> list[str]:
+    from kubernetes.client.exceptions import ApiException
+
+    lines = []
+    for manifest in manifests:
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        create = batch.create_namespaced_job if manifest["kind"] == "Job" else core.create_namespaced_service
+        try:
+            create(namespace, manifest)
+            lines.append(f"created {manifest['kind'].lower()}/{name} in {namespace}")
+        except ApiException as exc:
+            if exc.status != 409:
+                raise UsageError(f"{manifest['kind'].lower()}/{name}", f"{exc.status} {exc.reason}") from None
+            # Same hash, same content: the run already exists.
+            lines.append(f"unchanged {manifest['kind'].lower()}/{name} (already exists)")
+    return lines
+
+
+def _pods(core: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={name}")
+    return [_to_json(pod) for pod in pods.items]
+
+
+def _read_job(batch: Any, namespace: str, name: str) -> dict[str, Any]:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return _to_json(batch.read_namespaced_job(name, namespace))
+    except ApiException as exc:
+        why = "not found" if exc.status == 404 else f"{exc.status} {exc.reason}"
+        raise UsageError(f"job/{name}", why) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workloads.submit", description=__doc__.splitlines()[0])
+    parser.add_argument("--context", help="kubeconfig context (default: current)")
+    parser.add_argument("--namespace", "-n", default="training")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in ("render", "submit"):
+        sub = commands.add_parser(command, help=f"{command} the Jobs of a spec file")
+        sub.add_argument("job_file", help="YAML spec file, e.g. workloads/jobs/resnet50-s3-copy.yaml")
+        sub.add_argument("--facts", required=True,
+                         help="ClusterFacts JSON (pulumi stack output jobFacts --json)")
+    status = commands.add_parser("status", help="phase of a submitted run")
+    status.add_argument("name")
+    status.add_argument("--json", action="store_true")
+    logs = commands.add_parser("logs", help="logs of a run's pod")
+    logs.add_argument("name")
+    logs.add_argument("--container", default=TRAIN_CONTAINER)
+    logs.add_argument("--index", type=int, default=0, help="completion index (multi-node)")
+    logs.add_argument("--follow", "-f", action="store_true")
+    delete = commands.add_parser("delete", help="delete a run (its pods and Service too)")
+    delete.add_argument("name")
+    return parser
+
+
+def _status(batch: Any, core: Any, namespace: str, name: str, as_json: bool) -> int:
+    phase = job_phase(_read_job(batch, namespace, name), _pods(core, namespace, name))
+    if as_json:
+        print(json.dumps({"name": name, **asdict(phase)}))
+    else:
+        reason = f" ({phase.reason})" if phase.reason else ""
+        print(f"{name}: {phase.phase}{reason} {phase.detail}")
+    return 1 if phase.phase == "Failed" else 0
+
+
+def _logs(batch: Any, core: Any, namespace: str, name: str, container: str, index: int, follow: bool) -> int:
+    _read_job(batch, namespace, name)
+    index_key = "batch.kubernetes.io/job-completion-index"
+    pods = [pod for pod in _pods(core, namespace, name)
+            if (pod["metadata"].get("annotations") or {}).get(index_key, "0") == str(index)]
+    if not pods:
+        raise UsageError(f"job/{name}", f"no pod with completion index {index}")
+    pod_name = max(pods, key=_created)["metadata"]["name"]
+    if follow:
+        stream = core.read_namespaced_pod_log(pod_name, namespace, container=container, follow=True,
+                                              _preload_content=False)
+        for chunk in stream.stream():
+            sys.stdout.write(chunk.decode(errors="replace"))
+    else:
+        sys.stdout.write(core.read_namespaced_pod_log(pod_name, namespace, container=container))
+    return 0
+
+
+def _delete(batch: Any, core: Any, namespace: str, name: str) -> int:
+    from kubernetes.client.exceptions import ApiException
+
+    _read_job(batch, namespace, name)
+    batch.delete_namespaced_job(name, namespace, propagation_policy="Foreground")
+    try:
+        core.delete_namespaced_service(name, namespace)  # multi-node runs only
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    print(f"deleted job/{name}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command in ("render", "submit"):
+        manifests = _render(args.job_file, args.facts)
+        if args.command == "render":
+            sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+            return 0
+        batch, core = _apis(args.context)
+        print("\n".join(_submit(manifests, batch, core)))
+        return 0
+    batch, core = _apis(args.context)
+    if args.command == "status":
+        return _status(batch, core, args.namespace, args.name, args.json)
+    if args.command == "logs":
+        return _logs(batch, core, args.namespace, args.name, args.container, args.index, args.follow)
+    return _delete(batch, core, args.namespace, args.name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (JobSpecError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # API and connection errors: one line, no traceback
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        if isinstance(exc, ApiException):
+            print(f"error: kubernetes API: {exc.status} {exc.reason}", file=sys.stderr)
+        elif isinstance(exc, HTTPError):
+            print(f"error: kubernetes API: unreachable ({type(exc).__name__})", file=sys.stderr)
+        else:
+            raise
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

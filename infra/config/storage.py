@@ -1,12 +1,265 @@
 """Stack config: storage (`ml-cluster:storage`).
 
-STUB by the lead; owned and completed by the storage work (issue 4).
+EFS and its access-point StorageClass, the gp3 block class, S3 buckets (EKS), IBM COS / S3-compatible
+buckets and the onprem object-store driver, an optional NFS class, and shared RWX volumes. Rules that need the
+rest of the stack (platform, secrets) live in `StorageConfig.check_stack`, which StackConfig calls.
 """
 
 from __future__ import annotations
 
-from infra.config.base import StrictModel
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from infra.config.base import DnsLabel, Quantity, StrictModel
+
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_KMS_KEY_ARN = r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/.+$"
+_HTTPS_URL = re.compile(r"^https://[A-Za-z0-9.-]+(:\d+)?/?$")
+
+# EFS lifecycle policy values accepted by the EFS API (TransitionToIA).
+EfsTransitionToIa = Literal[
+    "AFTER_1_DAY",
+    "AFTER_7_DAYS",
+    "AFTER_14_DAYS",
+    "AFTER_30_DAYS",
+    "AFTER_60_DAYS",
+    "AFTER_90_DAYS",
+    "AFTER_180_DAYS",
+    "AFTER_270_DAYS",
+    "AFTER_365_DAYS",
+]
+AddonName = Literal[
+    "aws-efs-csi-driver", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver", "eks-pod-identity-agent"
+]
+
+
+def _bucket_name(value: str) -> str:
+    if not _BUCKET_NAME.match(value) or ".." in value or value.startswith("xn--"):
+        raise ValueError(f"{value!r} is not a valid bucket name (3-63 lower-case letters, digits, '.', '-')")
+    try:
+        ipaddress.IPv4Address(value)
+    except ValueError:
+        return value
+    raise ValueError(f"{value!r}: a bucket name must not look like an IP address")
+
+
+def _object_prefix(value: str) -> str:
+    if not value or value.startswith("/") or not value.endswith("/"):
+        raise ValueError(f"{value!r}: an object prefix is relative and ends with '/', e.g. 'tmp/'")
+    return value
+
+
+BucketName = Annotated[str, AfterValidator(_bucket_name)]
+ObjectPrefix = Annotated[str, AfterValidator(_object_prefix)]
+# Logical bucket names become part of the physical name, so they stay short.
+BucketKey = Annotated[DnsLabel, Field(max_length=24)]
+
+
+class _BucketCommon(StrictModel):
+    name: BucketKey  # logical name other components use: "datasets", "checkpoints", ...
+    bucket_name: BucketName | None = None  # physical name; default derived from the stack (see infra/storage)
+    versioning: bool = False
+    abort_incomplete_multipart_days: int = Field(default=7, ge=1, le=365)
+    scratch_prefixes: list[ObjectPrefix] = []  # objects under these prefixes expire
+    scratch_expiry_days: int = Field(default=7, ge=1, le=3650)
+    noncurrent_version_expiry_days: int | None = Field(default=None, ge=1, le=3650)
+    mount: bool = False  # a read-only PV/PVC of the bucket in the jobs namespace (dataset buckets)
+
+    @model_validator(mode="after")
+    def _noncurrent_needs_versioning(self) -> _BucketCommon:
+        if self.noncurrent_version_expiry_days is not None and not self.versioning:
+            raise ValueError(f"bucket {self.name}: noncurrentVersionExpiryDays needs versioning: true")
+        return self
+
+
+class BucketConfig(_BucketCommon):
+    """An S3 bucket (platform eks)."""
+
+    encryption: Literal["AES256", "aws:kms"] = "AES256"
+    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)
+
+    @model_validator(mode="after")
+    def _kms(self) -> BucketConfig:
+        if self.kms_key_arn is not None and self.encryption != "aws:kms":
+            raise ValueError(
+                f"bucket {self.name}: kmsKeyArn needs encryption: aws:kms (is {self.encryption})"
+            )
+        return self
+
+
+class CosBucketConfig(_BucketCommon):
+    """A bucket on IBM COS or another S3-compatible store (COS always encrypts at rest; no SSE settings)."""
+
+
+class EfsStorageClassConfig(StrictModel):
+    """The dynamic-provisioning class: one EFS access point (and directory) per PVC."""
+
+    name: DnsLabel = "efs-ap"
+    directory_perms: str = Field(default="700", pattern=r"^[0-7]{3,4}$")
+    base_path: str = "/dynamic"
+    uid: int | None = Field(default=1000, ge=0, le=2147483647)
+    gid: int | None = Field(default=1000, ge=0, le=2147483647)
+    sub_path_pattern: str = "${.PVC.namespace}/${.PVC.name}"
+    ensure_unique_directory: bool = True
+    reclaim_policy: Literal["Delete", "Retain"] = "Delete"
+
+    @field_validator("base_path")
+    @classmethod
+    def _base_path(cls, value: str) -> str:
+        # basePath "/" puts every PVC's directory (and its deletion) at the root of the whole file system.
+        if not value.startswith("/") or value.rstrip("/") == "" or ".." in value.split("/"):
+            raise ValueError(f"{value!r}: basePath must be an absolute directory below '/', e.g. /dynamic")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _uid_gid(self) -> EfsStorageClassConfig:
+        if (self.uid is None) != (self.gid is None):
+            raise ValueError("efs.storageClass: set both uid and gid, or neither")
+        return self
+
+
+class EfsConfig(StrictModel):
+    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)  # default: the AWS-managed EFS key
+    throughput_mode: Literal["elastic", "bursting", "provisioned"] = "elastic"
+    provisioned_throughput_mibps: int | None = Field(default=None, ge=1, le=10240)
+    performance_mode: Literal["generalPurpose", "maxIO"] = "generalPurpose"
+    transition_to_ia: EfsTransitionToIa | None = "AFTER_30_DAYS"
+    transition_to_primary_on_access: bool = True
+    backup: bool = True
+    storage_class: EfsStorageClassConfig = EfsStorageClassConfig()
+
+    @model_validator(mode="after")
+    def _throughput(self) -> EfsConfig:
+        if (self.throughput_mode == "provisioned") != (self.provisioned_throughput_mibps is not None):
+            raise ValueError(
+                "efs: provisionedThroughputMibps is set exactly when throughputMode is provisioned"
+            )
+        if self.throughput_mode == "elastic" and self.performance_mode == "maxIO":
+            raise ValueError("efs: throughputMode elastic does not support performanceMode maxIO")
+        return self
+
+
+class Gp3StorageClassConfig(StrictModel):
+    name: DnsLabel = "gp3"
+    default: bool = True  # annotated as the cluster's default StorageClass
+    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)  # default: the account's EBS key
+    iops: int | None = Field(default=None, ge=3000, le=80000)
+    throughput_mibps: int | None = Field(default=None, ge=125, le=2000)
+
+
+class CosConfig(StrictModel):
+    """IBM Cloud Object Storage (or another S3-compatible store), reached with the stack's HMAC keys."""
+
+    endpoint: str  # e.g. https://s3.us-south.cloud-object-storage.appdomain.cloud
+    region: str = Field(default="us-south", pattern=r"^[a-z0-9-]+$")
+    # COS location constraint = <region>-<tier>; also the SigV4 signing region COS expects.
+    tier: Literal["standard", "vault", "cold", "smart"] = "smart"
+    driver: Literal["ibm-flex", "csi-s3"] = "ibm-flex"
+    storage_class_name: DnsLabel = "cos-s3fs"
+    secret_name: DnsLabel = "cos-hmac"
+    buckets: list[CosBucketConfig] = []
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if not _HTTPS_URL.match(value):
+            raise ValueError(f"{value!r} is not an https:// endpoint URL (scheme and host, no path)")
+        return value.rstrip("/")
+
+    @property
+    def location_constraint(self) -> str:
+        return f"{self.region}-{self.tier}"
+
+
+class NfsConfig(StrictModel):
+    server: str = Field(pattern=r"^[A-Za-z0-9.:-]+$")
+    share: str = Field(default="/", pattern=r"^/")
+    storage_class_name: DnsLabel = "nfs"
+    mount_options: list[str] = ["nfsvers=4.1"]
+    reclaim_policy: Literal["Delete", "Retain"] = "Retain"
+
+
+class SharedVolumeConfig(StrictModel):
+    """A ReadWriteMany PVC in the jobs namespace, e.g. for datasets or checkpoints on EFS."""
+
+    name: DnsLabel
+    storage_class: DnsLabel
+    size: Quantity = "1Ti"  # EFS ignores it (elastic), but a PVC must request something
 
 
 class StorageConfig(StrictModel):
-    pass
+    efs: EfsConfig | None = None  # EKS only
+    gp3: Gp3StorageClassConfig | None = None  # EKS only (EBS CSI)
+    buckets: list[BucketConfig] = []  # S3; EKS only
+    cos: CosConfig | None = None
+    nfs: NfsConfig | None = None
+    shared_volumes: list[SharedVolumeConfig] = []
+    addon_versions: dict[
+        AddonName, str
+    ] = {}  # pin EKS add-on versions; default: EKS's default for the cluster
+
+    @model_validator(mode="after")
+    def _references(self) -> StorageConfig:
+        keys = [bucket.name for bucket in self.buckets] + [
+            bucket.name for bucket in (self.cos.buckets if self.cos else [])
+        ]
+        duplicates = sorted({key for key in keys if keys.count(key) > 1})
+        if duplicates:
+            raise ValueError(
+                f"storage bucket names must be unique across buckets and cos.buckets: {duplicates}"
+            )
+        volume_names = [volume.name for volume in self.shared_volumes]
+        duplicate_volumes = sorted({name for name in volume_names if volume_names.count(name) > 1})
+        if duplicate_volumes:
+            raise ValueError(f"storage.sharedVolumes names must be unique: {duplicate_volumes}")
+        rwx_classes = self.rwx_class_names()
+        for index, volume in enumerate(self.shared_volumes):
+            if volume.storage_class not in rwx_classes:
+                known = ", ".join(sorted(rwx_classes)) or "none configured"
+                raise ValueError(
+                    f"storage.sharedVolumes[{index}].storageClass: {volume.storage_class!r} is not a "
+                    "ReadWriteMany "
+                    f"class of this stack (known: {known})"
+                )
+        return self
+
+    def rwx_class_names(self) -> set[str]:
+        """StorageClasses this config creates that can back ReadWriteMany volumes."""
+        names = set()
+        if self.efs is not None:
+            names.add(self.efs.storage_class.name)
+        if self.nfs is not None:
+            names.add(self.nfs.storage_class_name)
+        return names
+
+    def class_names(self) -> set[str]:
+        names = self.rwx_class_names()
+        if self.gp3 is not None:
+            names.add(self.gp3.name)
+        if self.cos is not None:
+            names.add(self.cos.storage_class_name)
+        return names
+
+    def check_stack(self, platform: str, has_cos_keys: bool) -> None:
+        """Rules that need the rest of the stack config; raises ValueError naming the fields."""
+        if platform != "eks":
+            aws_only = [
+                key
+                for key, value in (("efs", self.efs), ("gp3", self.gp3), ("buckets", self.buckets))
+                if value
+            ]
+            if aws_only:
+                raise ValueError(
+                    f"storage.{', storage.'.join(aws_only)}: needs platform eks (is {platform}); "
+                    "onprem object storage goes in storage.cos"
+                )
+        elif self.cos is not None and any(bucket.mount for bucket in self.cos.buckets):
+            raise ValueError("storage.cos.buckets: mount: true needs the onprem COS driver (platform onprem)")
+        if self.cos is not None and not has_cos_keys:
+            raise ValueError(
+                "storage.cos needs the secrets ml-cluster:cosHmacAccessKeyId and "
+                "ml-cluster:cosHmacSecretAccessKey"
+            )

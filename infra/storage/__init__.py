@@ -1,0 +1,254 @@
+"""Storage for training Jobs: EFS, S3 / COS buckets, their drivers, StorageClasses and claims.
+
+`Storage` composes the capability components (efs, buckets, drivers) and creates the Kubernetes objects that
+classes.py builds. Other components read its plain attributes: bucket names/ARNs by logical name, the file
+system, StorageClass and PVC names, the COS Secret for Jobs, and `driver_resources` to depend on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pulumi
+from pydantic import SecretStr
+
+from infra.config.storage import StorageConfig
+from infra.context import ClusterInfo, NetworkInfo, StackContext
+from infra.storage import classes
+from infra.storage.buckets import CosBuckets, CosBucketsArgs, S3Buckets, S3BucketsArgs
+from infra.storage.drivers import (
+    EksStorageDrivers,
+    EksStorageDriversArgs,
+    OnpremStorageDrivers,
+    OnpremStorageDriversArgs,
+)
+from infra.storage.efs import SharedFileSystem, SharedFileSystemArgs
+
+COS_JOB_SECRET = "cos-credentials"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for boto3 in Jobs (COS HMAC)
+
+
+@dataclass(frozen=True)
+class StorageArgs:
+    config: StorageConfig
+    cluster: ClusterInfo
+    network: NetworkInfo | None  # None on onprem
+    namespace: str  # the Jobs' namespace: claims and the COS Secrets live there
+    namespace_resource: pulumi.Resource | None = None  # the Namespace object, when this stack creates it
+    node_pools: Sequence[pulumi.Resource] = ()  # EKS add-ons only become ACTIVE once nodes can run their pods
+    cos_access_key_id: SecretStr | None = None
+    cos_secret_access_key: SecretStr | None = None
+
+
+class Storage(pulumi.ComponentResource):
+    def __init__(self, ctx: StackContext, args: StorageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ml-cluster:infra:Storage", ctx.name("storage", "all"), None, opts)
+        config, cluster, namespace = args.config, args.cluster, args.namespace
+        child = pulumi.ResourceOptions(parent=self)
+        self.bucket_names: dict[str, pulumi.Output[str]] = {}
+        self.bucket_arns: dict[str, pulumi.Output[str]] = {}
+        self.file_system_id: pulumi.Output[str] | None = None
+        self.file_system_arn: pulumi.Output[str] | None = None
+        self.efs_security_group_id: pulumi.Output[str] | None = None
+        self.cos_secret_name: str | None = None
+        self.object_store_endpoint: str | None = config.cos.endpoint if config.cos else None
+        self.driver_resources: list[pulumi.Resource] = []
+        created = classes.CreatedObjects()
+        in_namespace = [args.namespace_resource] if args.namespace_resource is not None else []
+
+        def add(
+            name: str, manifest: classes.Manifest, depends_on: list[pulumi.Resource], protect: bool = False
+        ) -> None:
+            created.resources.append(
+                classes.create(ctx.name("storage", name), manifest, cluster, self, depends_on, protect)
+            )
+
+        # --- cloud resources ---
+        efs = None
+        if config.efs is not None:
+            if args.network is None or cluster.node_security_group_id is None:
+                raise ValueError("storage.efs needs an EKS network and node security group")
+            efs = SharedFileSystem(
+                ctx, SharedFileSystemArgs(config.efs, args.network, cluster.node_security_group_id), child
+            )
+            self.file_system_id, self.file_system_arn = efs.file_system_id, efs.file_system_arn
+            self.efs_security_group_id = efs.security_group_id
+        if config.buckets:
+            s3 = S3Buckets(ctx, S3BucketsArgs(config.buckets), child)
+            self.bucket_names.update(s3.names)
+            self.bucket_arns.update(s3.arns)
+        if config.cos is not None:
+            if args.cos_access_key_id is None or args.cos_secret_access_key is None:
+                raise ValueError("storage.cos needs the COS HMAC secrets")
+            cos = CosBuckets(
+                ctx, CosBucketsArgs(config.cos, args.cos_access_key_id, args.cos_secret_access_key), child
+            )
+            self.bucket_names.update(cos.names)
+
+        # --- drivers ---
+        efs_driver: list[pulumi.Resource] = []
+        ebs_driver: list[pulumi.Resource] = []
+        s3_driver: list[pulumi.Resource] = []
+        cos_driver: list[pulumi.Resource] = []
+        nfs_driver: list[pulumi.Resource] = []
+        mounted_s3 = [bucket for bucket in config.buckets if bucket.mount]
+        if cluster.is_eks:
+            drivers = EksStorageDrivers(
+                ctx,
+                EksStorageDriversArgs(
+                    config=config,
+                    cluster=cluster,
+                    file_system_arn=self.file_system_arn,
+                    dataset_bucket_arns=[self.bucket_arns[bucket.name] for bucket in mounted_s3],
+                    wait_for=args.node_pools,
+                ),
+                child,
+            )
+            self.driver_resources.extend(drivers.addons.values())
+            efs_driver = [drivers.addons["aws-efs-csi-driver"]] if efs is not None else []
+            ebs_driver = [drivers.addons["aws-ebs-csi-driver"]]
+            s3_driver = [drivers.addons["aws-mountpoint-s3-csi-driver"]]
+        else:
+            onprem = OnpremStorageDrivers(
+                ctx, OnpremStorageDriversArgs(config=config, cluster=cluster), child
+            )
+            cos_driver = [onprem.cos_driver] if onprem.cos_driver is not None else []
+            nfs_driver = [onprem.nfs_driver] if onprem.nfs_driver is not None else []
+            self.driver_resources.extend(cos_driver + nfs_driver)
+
+        # --- classes ---
+        class_resources: dict[str, list[pulumi.Resource]] = {}
+
+        def add_class(thing: str, manifest: classes.Manifest, driver: list[pulumi.Resource]) -> None:
+            add(f"class-{thing}", manifest, driver)
+            class_resources[manifest["metadata"]["name"]] = [created.resources[-1], *driver]
+            created.storage_classes.append(manifest["metadata"]["name"])
+
+        if config.gp3 is not None:
+            add_class("gp3", classes.gp3_storage_class(config.gp3), ebs_driver)
+        if config.efs is not None and self.file_system_id is not None:
+            add_class(
+                "efs", classes.efs_storage_class(config.efs.storage_class, self.file_system_id), efs_driver
+            )
+        if config.nfs is not None:
+            add_class("nfs", classes.nfs_storage_class(config.nfs), nfs_driver)
+
+        # --- object-store volumes ---
+        for bucket in mounted_s3:
+            claim = f"s3-{bucket.name}"
+            volume, pvc = classes.mountpoint_volume(
+                claim,
+                namespace,
+                f"{ctx.prefix}-s3-{bucket.name}",
+                self.bucket_names[bucket.name],
+                ctx.region or "",
+            )
+            add(f"pv-{claim}", volume, s3_driver)
+            add(f"pvc-{claim}", pvc, [*s3_driver, created.resources[-1], *in_namespace])
+            created.dataset_claims[bucket.name] = claim
+        if config.cos is not None:
+            assert args.cos_access_key_id is not None and args.cos_secret_access_key is not None
+            access_key = pulumi.Output.secret(args.cos_access_key_id.get_secret_value())
+            secret_key = pulumi.Output.secret(args.cos_secret_access_key.get_secret_value())
+            add(
+                "secret-cos-jobs",
+                classes.secret(
+                    COS_JOB_SECRET,
+                    namespace,
+                    "Opaque",
+                    {
+                        "AWS_ACCESS_KEY_ID": access_key,
+                        "AWS_SECRET_ACCESS_KEY": secret_key,
+                        "AWS_ENDPOINT_URL": config.cos.endpoint,
+                    },
+                ),
+                in_namespace,
+            )
+            self.cos_secret_name = COS_JOB_SECRET
+            if not cluster.is_eks:
+                self._cos_volumes(
+                    ctx, args, add, add_class, created, access_key, secret_key, cos_driver, in_namespace
+                )
+
+        for volume_config in config.shared_volumes:
+            add(
+                f"pvc-{volume_config.name}",
+                classes.shared_claim(volume_config, namespace),
+                [*class_resources[volume_config.storage_class], *in_namespace],
+                protect=ctx.protected,
+            )
+            created.shared_claims.append(volume_config.name)
+
+        self.storage_class_names: list[str] = created.storage_classes
+        self.dataset_claim_names: dict[str, str] = created.dataset_claims
+        self.shared_claim_names: list[str] = created.shared_claims
+        self.kubernetes_objects: list[pulumi.Resource] = created.resources
+        self.register_outputs({"bucketNames": self.bucket_names, "storageClasses": self.storage_class_names})
+
+    def _cos_volumes(
+        self,
+        ctx: StackContext,
+        args: StorageArgs,
+        add: Callable[..., None],
+        add_class: Callable[..., None],
+        created: classes.CreatedObjects,
+        access_key: pulumi.Output[str],
+        secret_key: pulumi.Output[str],
+        cos_driver: list[pulumi.Resource],
+        in_namespace: list[pulumi.Resource],
+    ) -> None:
+        cos, namespace = args.config.cos, args.namespace
+        assert cos is not None
+        if cos.driver == "ibm-flex":
+            data = {"access-key": access_key, "secret-key": secret_key}
+            add(
+                "secret-cos-driver",
+                classes.secret(cos.secret_name, namespace, "ibm/ibmc-s3fs", data),
+                in_namespace,
+            )
+            driver_secret = [created.resources[-1]]
+            add_class("cos", classes.cos_flex_storage_class(cos), cos_driver)
+        else:
+            data = {"accessKeyID": access_key, "secretAccessKey": secret_key, "endpoint": cos.endpoint}
+            add("secret-cos-driver", classes.secret(cos.secret_name, namespace, "Opaque", data), in_namespace)
+            driver_secret = [created.resources[-1]]
+            add_class("cos", classes.csi_s3_storage_class(cos, namespace), cos_driver)
+        cos_class = created.resources[-1]
+        for bucket in cos.buckets:
+            if not bucket.mount:
+                continue
+            claim = f"cos-{bucket.name}"
+            needs = [*cos_driver, cos_class, *driver_secret, *in_namespace]
+            if cos.driver == "ibm-flex":
+                add(
+                    f"pvc-{claim}",
+                    classes.cos_flex_claim(claim, namespace, self.bucket_names[bucket.name], cos),
+                    needs,
+                )
+            else:
+                volume, pvc = classes.csi_s3_volume(claim, namespace, self.bucket_names[bucket.name], cos)
+                add(f"pv-{claim}", volume, needs)
+                add(f"pvc-{claim}", pvc, [*needs, created.resources[-1]])
+            created.dataset_claims[bucket.name] = claim
+
+    def outputs(self, cluster: ClusterInfo, network: NetworkInfo | None) -> dict[str, pulumi.Input[object]]:
+        """The `storage` stack output: what scripts/verify_stack.py checks after `pulumi up`."""
+        efs: dict[str, pulumi.Input[object]] | None = None
+        if self.file_system_id is not None and network is not None:
+            efs = {
+                "fileSystemId": self.file_system_id,
+                "securityGroupId": self.efs_security_group_id,
+                "nodeSecurityGroupId": cluster.node_security_group_id,
+                "subnetIds": [subnet.id for subnet in network.private_subnets],
+            }
+        return {
+            "efs": efs,
+            "buckets": {key: name for key, name in self.bucket_names.items() if key in self.bucket_arns},
+            "cosBuckets": {
+                key: name for key, name in self.bucket_names.items() if key not in self.bucket_arns
+            },
+            "storageClasses": self.storage_class_names,
+            "datasetClaims": self.dataset_claim_names,
+            "sharedClaims": self.shared_claim_names,
+            "cosSecret": self.cos_secret_name,
+        }

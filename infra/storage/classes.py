@@ -1,0 +1,318 @@
+"""Kubernetes storage objects as pure manifest builders (dicts in, dicts out), and how they are created.
+
+StorageClasses: gp3 (default, encrypted, WaitForFirstConsumer), EFS access points, COS (s3fs flex or
+csi-s3), NFS. Static volumes: a read-only Mountpoint-for-S3 PV/PVC per mounted dataset bucket, a COS PVC per
+mounted COS bucket. Shared RWX claims for datasets/checkpoints. PVCs depend on their driver so that
+`pulumi destroy` removes them first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config.storage import (
+    CosConfig,
+    EfsStorageClassConfig,
+    Gp3StorageClassConfig,
+    NfsConfig,
+    SharedVolumeConfig,
+)
+from infra.context import ClusterInfo
+
+MOUNTPOINT_DRIVER = "s3.csi.aws.com"
+EFS_PROVISIONER = "efs.csi.aws.com"
+EBS_PROVISIONER = "ebs.csi.aws.com"
+IBM_FLEX_PROVISIONER = "ibm.io/ibmc-s3fs"
+CSI_S3_DRIVER = "ru.yandex.s3.csi"
+NFS_PROVISIONER = "nfs.csi.k8s.io"
+# Static object-store volumes ignore capacity, but the PV/PVC schema requires one.
+STATIC_VOLUME_CAPACITY = "1Ti"
+GEESEFS_OPTIONS = "--memory-limit 1000 --dir-mode 0777 --file-mode 0666"
+
+Manifest = dict[str, Any]
+
+
+def metadata(
+    name: str, namespace: str | None = None, annotations: Mapping[str, Any] | None = None
+) -> Manifest:
+    meta: Manifest = {
+        "name": name,
+        "labels": {
+            "app.kubernetes.io/name": name,
+            "app.kubernetes.io/component": "storage",
+            "app.kubernetes.io/part-of": "ml-cluster",
+            "app.kubernetes.io/managed-by": "pulumi",
+        },
+    }
+    if namespace is not None:
+        meta["namespace"] = namespace
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def gp3_storage_class(config: Gp3StorageClassConfig) -> Manifest:
+    parameters = {"type": "gp3", "encrypted": "true", "csi.storage.k8s.io/fstype": "ext4"}
+    if config.kms_key_arn is not None:
+        parameters["kmsKeyId"] = config.kms_key_arn
+    if config.iops is not None:
+        parameters["iops"] = str(config.iops)
+    if config.throughput_mibps is not None:
+        parameters["throughput"] = str(config.throughput_mibps)
+    annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if config.default else None
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": metadata(config.name, annotations=annotations),
+        "provisioner": EBS_PROVISIONER,
+        "parameters": parameters,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "allowVolumeExpansion": True,
+    }
+
+
+def efs_storage_class(config: EfsStorageClassConfig, file_system_id: Any) -> Manifest:
+    parameters: dict[str, Any] = {
+        "provisioningMode": "efs-ap",
+        "fileSystemId": file_system_id,
+        "directoryPerms": config.directory_perms,
+        "basePath": config.base_path,
+        "subPathPattern": config.sub_path_pattern,
+        "ensureUniqueDirectory": "true" if config.ensure_unique_directory else "false",
+    }
+    if config.uid is not None and config.gid is not None:
+        parameters["uid"] = str(config.uid)
+        parameters["gid"] = str(config.gid)
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": metadata(config.name),
+        "provisioner": EFS_PROVISIONER,
+        "parameters": parameters,
+        "reclaimPolicy": config.reclaim_policy,
+        "volumeBindingMode": "Immediate",
+    }
+
+
+def static_claim(name: str, namespace: str, volume_name: str, access_mode: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(name, namespace),
+        "spec": {
+            "accessModes": [access_mode],
+            "storageClassName": "",  # static binding: never picked up by the default class
+            "volumeName": volume_name,
+            "resources": {"requests": {"storage": STATIC_VOLUME_CAPACITY}},
+        },
+    }
+
+
+def mountpoint_volume(
+    claim_name: str, namespace: str, volume_handle: str, bucket_name: Any, region: str
+) -> tuple[Manifest, Manifest]:
+    """A read-only Mountpoint-for-S3 PV (static: the driver cannot create buckets) and the PVC bound to it."""
+    volume_name = f"{namespace}-{claim_name}"
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": metadata(volume_name),
+        "spec": {
+            "capacity": {"storage": STATIC_VOLUME_CAPACITY},
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": namespace, "name": claim_name},
+            "mountOptions": ["read-only", f"region {region}"],
+            "csi": {
+                "driver": MOUNTPOINT_DRIVER,
+                "volumeHandle": volume_handle,  # unique per PV in the cluster
+                "volumeAttributes": {"bucketName": bucket_name},
+            },
+        },
+    }
+    return volume, static_claim(claim_name, namespace, volume_name, "ReadOnlyMany")
+
+
+def cos_flex_storage_class(config: CosConfig) -> Manifest:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": metadata(config.storage_class_name),
+        "provisioner": IBM_FLEX_PROVISIONER,
+        "parameters": {
+            "ibm.io/chunk-size-mb": "16",
+            "ibm.io/parallel-count": "2",
+            "ibm.io/multireq-max": "20",
+            "ibm.io/stat-cache-size": "100000",
+            "ibm.io/s3fs-fuse-retry-count": "5",
+            "ibm.io/debug-level": "warn",
+            "ibm.io/curl-debug": "false",
+            "ibm.io/kernel-cache": "true",
+            "ibm.io/object-store-endpoint": config.endpoint,
+            "ibm.io/object-store-storage-class": config.location_constraint,
+        },
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate",
+    }
+
+
+def cos_flex_claim(claim_name: str, namespace: str, bucket_name: Any, config: CosConfig) -> Manifest:
+    """A PVC the IBM flex provisioner binds to an existing bucket; it never creates or deletes buckets."""
+    annotations = {
+        "ibm.io/bucket": bucket_name,
+        "ibm.io/endpoint": config.endpoint,
+        "ibm.io/region": config.location_constraint,
+        "ibm.io/secret-name": config.secret_name,
+        "ibm.io/secret-namespace": namespace,
+        "ibm.io/auto-create-bucket": "false",
+        "ibm.io/auto-delete-bucket": "false",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(claim_name, namespace, annotations),
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": config.storage_class_name,
+            "resources": {"requests": {"storage": STATIC_VOLUME_CAPACITY}},
+        },
+    }
+
+
+def csi_s3_secret_refs(config: CosConfig, namespace: str) -> dict[str, Any]:
+    ref = {"name": config.secret_name, "namespace": namespace}
+    return {"controllerPublishSecretRef": ref, "nodeStageSecretRef": ref, "nodePublishSecretRef": ref}
+
+
+def csi_s3_storage_class(config: CosConfig, namespace: str) -> Manifest:
+    parameters = {"mounter": "geesefs", "options": GEESEFS_OPTIONS}
+    for secret_use in ("provisioner", "controller-publish", "node-stage", "node-publish"):
+        parameters[f"csi.storage.k8s.io/{secret_use}-secret-name"] = config.secret_name
+        parameters[f"csi.storage.k8s.io/{secret_use}-secret-namespace"] = namespace
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": metadata(config.storage_class_name),
+        "provisioner": CSI_S3_DRIVER,
+        "parameters": parameters,
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate",
+    }
+
+
+def csi_s3_volume(
+    claim_name: str, namespace: str, bucket_name: Any, config: CosConfig
+) -> tuple[Manifest, Manifest]:
+    volume_name = f"{namespace}-{claim_name}"
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": metadata(volume_name),
+        "spec": {
+            "capacity": {"storage": STATIC_VOLUME_CAPACITY},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": namespace, "name": claim_name},
+            "csi": {
+                "driver": CSI_S3_DRIVER,
+                "volumeHandle": bucket_name,  # csi-s3 reads the bucket from the handle
+                "volumeAttributes": {
+                    "capacity": STATIC_VOLUME_CAPACITY,
+                    "mounter": "geesefs",
+                    "options": GEESEFS_OPTIONS,
+                },
+                **csi_s3_secret_refs(config, namespace),
+            },
+        },
+    }
+    return volume, static_claim(claim_name, namespace, volume_name, "ReadWriteMany")
+
+
+def nfs_storage_class(config: NfsConfig) -> Manifest:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": metadata(config.storage_class_name),
+        "provisioner": NFS_PROVISIONER,
+        "parameters": {"server": config.server, "share": config.share},
+        "reclaimPolicy": config.reclaim_policy,
+        "volumeBindingMode": "Immediate",
+        "mountOptions": list(config.mount_options),
+    }
+
+
+def shared_claim(config: SharedVolumeConfig, namespace: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(config.name, namespace),
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": config.storage_class,
+            "resources": {"requests": {"storage": config.size}},
+        },
+    }
+
+
+def secret(name: str, namespace: str, secret_type: str, string_data: Mapping[str, Any]) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(name, namespace),
+        "type": secret_type,
+        "stringData": dict(string_data),
+    }
+
+
+def create(
+    name: str,
+    manifest: Manifest,
+    cluster: ClusterInfo,
+    parent: pulumi.Resource,
+    depends_on: Sequence[pulumi.Resource] = (),
+    protect: bool = False,
+) -> pulumi.CustomResource:
+    """Create a manifest as its typed pulumi_kubernetes resource through the cluster's provider."""
+    opts = pulumi.ResourceOptions(
+        parent=parent, provider=cluster.provider, depends_on=list(depends_on), protect=protect
+    )
+    kind, meta = manifest["kind"], manifest["metadata"]
+    if kind == "StorageClass":
+        return k8s.storage.v1.StorageClass(
+            name,
+            metadata=meta,
+            provisioner=manifest["provisioner"],
+            parameters=manifest.get("parameters"),
+            reclaim_policy=manifest.get("reclaimPolicy"),
+            volume_binding_mode=manifest.get("volumeBindingMode"),
+            allow_volume_expansion=manifest.get("allowVolumeExpansion"),
+            mount_options=manifest.get("mountOptions"),
+            opts=opts,
+        )
+    if kind == "PersistentVolume":
+        return k8s.core.v1.PersistentVolume(name, metadata=meta, spec=manifest["spec"], opts=opts)
+    if kind == "PersistentVolumeClaim":
+        return k8s.core.v1.PersistentVolumeClaim(name, metadata=meta, spec=manifest["spec"], opts=opts)
+    if kind == "Secret":
+        return k8s.core.v1.Secret(
+            name, metadata=meta, type=manifest["type"], string_data=manifest["stringData"], opts=opts
+        )
+    raise ValueError(f"no typed resource for kind {kind}")
+
+
+@dataclass
+class CreatedObjects:
+    """What other components read: names, and the resources to depend on."""
+
+    storage_classes: list[str] = field(default_factory=list)
+    dataset_claims: dict[str, str] = field(default_factory=dict)  # bucket key -> PVC name
+    shared_claims: list[str] = field(default_factory=list)
+    resources: list[pulumi.Resource] = field(default_factory=list)

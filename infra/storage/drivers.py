@@ -1,0 +1,328 @@
+"""Storage drivers. EKS: the EBS, EFS and Mountpoint-for-S3 CSI add-ons plus the Pod Identity agent, each
+driver with an IAM role that Pod Identity hands to its service account, scoped to this stack's file system and
+buckets. Other clusters: the chosen COS driver chart (IBM s3fs flex plugin or csi-s3) and csi-driver-nfs,
+pinned."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.config.storage import StorageConfig
+from infra.context import ClusterInfo, StackContext
+
+ADDON_NAMESPACE = "kube-system"
+# Service accounts the EKS add-ons run their AWS-calling pods under (add-on docs; Mountpoint needs driver v2+
+# for Pod Identity).
+EFS_SERVICE_ACCOUNTS = ("efs-csi-controller-sa", "efs-csi-node-sa")
+EBS_SERVICE_ACCOUNTS = ("ebs-csi-controller-sa",)
+MOUNTPOINT_SERVICE_ACCOUNTS = ("s3-csi-driver-sa",)
+EBS_MANAGED_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
+EFS_CLUSTER_TAG = "efs.csi.aws.com/cluster"
+
+
+@dataclass(frozen=True)
+class HelmChart:
+    chart: str
+    version: str
+    repo: str
+    namespace: str
+
+
+IBM_COS_CHART = HelmChart(
+    "ibm-object-storage-plugin",
+    "2.2.24",
+    "https://raw.githubusercontent.com/IBM/charts/master/repo/ibm-helm",
+    "ibm-object-s3fs",
+)
+CSI_S3_CHART = HelmChart("csi-s3", "0.43.2", "https://yandex-cloud.github.io/k8s-csi-s3/charts", "csi-s3")
+NFS_CHART = HelmChart(
+    "csi-driver-nfs",
+    "4.12.1",
+    "https://raw.githubusercontent.com/kubernetes-csi/csi-driver-nfs/master/charts",
+    "kube-system",
+)
+
+
+def pod_identity_trust_policy() -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": "pods.eks.amazonaws.com"},
+                    "Action": ["sts:AssumeRole", "sts:TagSession"],
+                }
+            ],
+        }
+    )
+
+
+def efs_driver_policy(file_system_arn: str) -> str:
+    """What the EFS CSI controller and node need: this file system and the access points the driver tags."""
+    access_points = file_system_arn.split(":file-system/")[0] + ":access-point/*"
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "Describe",
+                    "Effect": "Allow",
+                    "Resource": file_system_arn,
+                    "Action": [
+                        "elasticfilesystem:DescribeAccessPoints",
+                        "elasticfilesystem:DescribeFileSystems",
+                        "elasticfilesystem:DescribeMountTargets",
+                    ],
+                },
+                {
+                    "Sid": "Zones",
+                    "Effect": "Allow",
+                    "Resource": "*",
+                    "Action": ["ec2:DescribeAvailabilityZones"],
+                },
+                {
+                    "Sid": "CreateTaggedAccessPoints",
+                    "Effect": "Allow",
+                    "Resource": file_system_arn,
+                    "Action": ["elasticfilesystem:CreateAccessPoint", "elasticfilesystem:TagResource"],
+                    "Condition": {"StringLike": {f"aws:RequestTag/{EFS_CLUSTER_TAG}": "true"}},
+                },
+                {
+                    "Sid": "DeleteOwnAccessPoints",
+                    "Effect": "Allow",
+                    "Resource": access_points,
+                    "Action": ["elasticfilesystem:DeleteAccessPoint", "elasticfilesystem:TagResource"],
+                    "Condition": {"StringEquals": {f"aws:ResourceTag/{EFS_CLUSTER_TAG}": "true"}},
+                },
+                {
+                    "Sid": "Mount",
+                    "Effect": "Allow",
+                    "Resource": file_system_arn,
+                    "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+                    "Condition": {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}},
+                },
+            ],
+        }
+    )
+
+
+def mountpoint_driver_policy(bucket_arns: Sequence[str], kms_key_arns: Sequence[str] = ()) -> str:
+    """Read-only access to the stack's dataset buckets (the PVs are mounted read-only)."""
+    statements: list[dict] = [
+        {"Sid": "List", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": sorted(bucket_arns)},
+        {
+            "Sid": "Read",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject"],
+            "Resource": [f"{arn}/*" for arn in sorted(bucket_arns)],
+        },
+    ]
+    if kms_key_arns:
+        statements.append(
+            {"Sid": "Decrypt", "Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": sorted(kms_key_arns)}
+        )
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+def ebs_kms_policy(kms_key_arn: str) -> str:
+    """The EBS CSI driver's extra permissions for volumes encrypted with a customer key."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Resource": kms_key_arn,
+                    "Action": ["kms:CreateGrant", "kms:ListGrants", "kms:RevokeGrant"],
+                    "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}},
+                },
+                {
+                    "Effect": "Allow",
+                    "Resource": kms_key_arn,
+                    "Action": [
+                        "kms:Encrypt",
+                        "kms:Decrypt",
+                        "kms:ReEncrypt*",
+                        "kms:GenerateDataKey*",
+                        "kms:DescribeKey",
+                    ],
+                },
+            ],
+        }
+    )
+
+
+@dataclass(frozen=True)
+class EksStorageDriversArgs:
+    config: StorageConfig
+    cluster: ClusterInfo
+    file_system_arn: pulumi.Input[str] | None = None
+    dataset_bucket_arns: Sequence[pulumi.Input[str]] = ()
+    wait_for: Sequence[pulumi.Resource] = ()  # node groups: an add-on is ACTIVE only once its pods run
+
+
+class EksStorageDrivers(pulumi.ComponentResource):
+    """Attributes: addons by add-on name (Kubernetes objects that a driver provisions must depend on it)."""
+
+    def __init__(
+        self, ctx: StackContext, args: EksStorageDriversArgs, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("ml-cluster:infra:EksStorageDrivers", ctx.name("storage", "drivers"), None, opts)
+        self._ctx = ctx
+        self._args = args
+        self.addons: dict[str, aws.eks.Addon] = {}
+        agent = self._addon("eks-pod-identity-agent", [])
+        bucket_kms_keys = sorted({bucket.kms_key_arn for bucket in args.config.buckets if bucket.kms_key_arn})
+
+        ebs_policies: list[pulumi.Input[str]] = []
+        if args.config.gp3 is not None and args.config.gp3.kms_key_arn is not None:
+            ebs_policies.append(ebs_kms_policy(args.config.gp3.kms_key_arn))
+        ebs_role = self._role("ebs", ebs_policies, managed=[EBS_MANAGED_POLICY])
+        self._addon("aws-ebs-csi-driver", self._associate("ebs", ebs_role, EBS_SERVICE_ACCOUNTS), agent)
+
+        if args.file_system_arn is not None:
+            efs_role = self._role(
+                "efs", [pulumi.Output.from_input(args.file_system_arn).apply(efs_driver_policy)]
+            )
+            self._addon("aws-efs-csi-driver", self._associate("efs", efs_role, EFS_SERVICE_ACCOUNTS), agent)
+
+        mountpoint_associations: list[pulumi.Resource] = []
+        if args.dataset_bucket_arns:
+            policy = pulumi.Output.all(*args.dataset_bucket_arns).apply(
+                lambda arns: mountpoint_driver_policy(arns, bucket_kms_keys)
+            )
+            mountpoint_role = self._role("mountpoint-s3", [policy])
+            mountpoint_associations = self._associate(
+                "mountpoint-s3", mountpoint_role, MOUNTPOINT_SERVICE_ACCOUNTS
+            )
+        self._addon("aws-mountpoint-s3-csi-driver", mountpoint_associations, agent)
+        self.register_outputs({"addons": sorted(self.addons)})
+
+    def _role(
+        self, driver: str, inline_policies: list[pulumi.Input[str]], managed: Sequence[str] = ()
+    ) -> aws.iam.Role:
+        ctx = self._ctx
+        role = aws.iam.Role(
+            ctx.name("storage", f"{driver}-csi-role"),
+            assume_role_policy=pod_identity_trust_policy(),
+            description=f"{driver} CSI driver of {ctx.project}/{ctx.stack} (EKS Pod Identity)",
+            tags=ctx.tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        for index, policy in enumerate(inline_policies):
+            aws.iam.RolePolicy(
+                ctx.name("storage", f"{driver}-csi-policy-{index}"),
+                role=role.id,
+                policy=policy,
+                opts=pulumi.ResourceOptions(parent=role),
+            )
+        for policy_arn in managed:
+            aws.iam.RolePolicyAttachment(
+                ctx.name("storage", f"{driver}-csi-{policy_arn.rsplit('/', 1)[-1]}"),
+                role=role.name,
+                policy_arn=policy_arn,
+                opts=pulumi.ResourceOptions(parent=role),
+            )
+        return role
+
+    def _associate(
+        self, driver: str, role: aws.iam.Role, service_accounts: Sequence[str]
+    ) -> list[pulumi.Resource]:
+        return [
+            aws.eks.PodIdentityAssociation(
+                self._ctx.name("storage", f"{driver}-{account}"),
+                cluster_name=self._args.cluster.name,
+                namespace=ADDON_NAMESPACE,
+                service_account=account,
+                role_arn=role.arn,
+                tags=self._ctx.tags,
+                opts=pulumi.ResourceOptions(
+                    parent=self, depends_on=list(self._args.cluster.eks_dependencies)
+                ),
+            )
+            for account in service_accounts
+        ]
+
+    def _addon(
+        self, addon_name: str, depends_on: Sequence[pulumi.Resource], agent: aws.eks.Addon | None = None
+    ) -> aws.eks.Addon:
+        # The driver's pods must find their role association (and the agent) when they first start.
+        needs = [
+            *self._args.cluster.eks_dependencies,
+            *self._args.wait_for,
+            *depends_on,
+            *([agent] if agent else []),
+        ]
+        addon = aws.eks.Addon(
+            self._ctx.name("storage", addon_name),
+            cluster_name=self._args.cluster.name,
+            addon_name=addon_name,
+            addon_version=dict[str, str](self._args.config.addon_versions).get(addon_name),
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="PRESERVE",
+            tags=self._ctx.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=needs),
+        )
+        self.addons[addon_name] = addon
+        return addon
+
+
+def helm_release(
+    ctx: StackContext,
+    chart: HelmChart,
+    values: dict,
+    cluster: ClusterInfo,
+    parent: pulumi.Resource,
+    depends_on: Sequence[pulumi.Resource] = (),
+) -> k8s.helm.v3.Release:
+    return k8s.helm.v3.Release(
+        ctx.name("storage", chart.chart),
+        name=chart.chart,
+        chart=chart.chart,
+        version=chart.version,
+        repository_opts={"repo": chart.repo},
+        namespace=chart.namespace,
+        create_namespace=chart.namespace != "kube-system",
+        values=values,
+        atomic=True,
+        timeout=600,
+        opts=pulumi.ResourceOptions(parent=parent, provider=cluster.provider, depends_on=list(depends_on)),
+    )
+
+
+@dataclass(frozen=True)
+class OnpremStorageDriversArgs:
+    config: StorageConfig
+    cluster: ClusterInfo
+    depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
+
+
+class OnpremStorageDrivers(pulumi.ComponentResource):
+    """Attributes: cos_driver (Release or None), nfs_driver (Release or None)."""
+
+    def __init__(
+        self, ctx: StackContext, args: OnpremStorageDriversArgs, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("ml-cluster:infra:OnpremStorageDrivers", ctx.name("storage", "drivers"), None, opts)
+        config = args.config
+        self.cos_driver: k8s.helm.v3.Release | None = None
+        self.nfs_driver: k8s.helm.v3.Release | None = None
+        if config.cos is not None:
+            if config.cos.driver == "ibm-flex":
+                # The chart's own storage classes are replaced by the one this stack creates (classes.py).
+                self.cos_driver = helm_release(
+                    ctx, IBM_COS_CHART, {"license": True}, args.cluster, self, args.depends_on
+                )
+            else:
+                values = {"secret": {"create": False}, "storageClass": {"create": False}}
+                self.cos_driver = helm_release(ctx, CSI_S3_CHART, values, args.cluster, self, args.depends_on)
+        if config.nfs is not None:
+            self.nfs_driver = helm_release(ctx, NFS_CHART, {}, args.cluster, self, args.depends_on)
+        self.register_outputs({})

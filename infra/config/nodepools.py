@@ -1,26 +1,198 @@
 """Stack config: node pools (`ml-cluster:nodePools`) and GPU plumbing (`ml-cluster:gpu`).
 
-STUB by the lead; owned and completed by the node-pools work (issue 3).
+What the config alone can show is checked here; facts about instance types (GPUs, local NVMe, shape)
+are checked by infra.poolplan against aws.ec2.get_instance_type before any resource is registered.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, model_validator
 
-from infra.config.base import DnsLabel, StrictModel
+from infra.config.base import DnsLabel, Quantity, StrictModel
+
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _instance_type(value: str) -> str:
+    if not _INSTANCE_TYPE.match(value):
+        raise ValueError(f"{value!r} is not an EC2 instance type like g5.xlarge")
+    return value
+
+
+def _label_key(key: str) -> str:
+    prefix, _, name = key.rpartition("/")
+    if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))) or not _LABEL_NAME.match(name):
+        raise ValueError(f"{key!r} is not a Kubernetes label key ([prefix/]name, name at most 63 characters)")
+    return key
+
+
+def _labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        _label_key(key)
+        if not _LABEL_VALUE.match(value):
+            raise ValueError(
+                f"label {key}: {value!r} is not a Kubernetes label value (at most 63 characters)"
+            )
+    return labels
+
+
+def _node_name(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes node name (DNS subdomain)")
+    return value
+
+
+InstanceType = Annotated[str, AfterValidator(_instance_type)]
+LabelKey = Annotated[str, AfterValidator(_label_key)]
+Labels = Annotated[dict[str, str], AfterValidator(_labels)]
+NodeName = Annotated[str, AfterValidator(_node_name)]
+
+
+class TaintConfig(StrictModel):
+    key: LabelKey
+    value: str = Field(default="", max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    effect: Literal["NO_SCHEDULE", "NO_EXECUTE", "PREFER_NO_SCHEDULE"] = "NO_SCHEDULE"
+
+
+class LocalStorageConfig(StrictModel):
+    """Local NVMe instance store. `auto` trusts aws.ec2.get_instance_type; the other two override it.
+
+    raid0: put kubelet/containerd on a RAID0 of the instance store even where detection finds none (then `gib`
+    is required); none: leave the instance store alone (no NodeConfig, no NVMe labels).
+    """
+
+    mode: Literal["auto", "raid0", "none"] = "auto"
+    gib: int | None = Field(default=None, ge=1, description="total NVMe GiB per node; overrides detection")
+
+    @model_validator(mode="after")
+    def _gib_only_with_storage(self) -> LocalStorageConfig:
+        if self.mode == "none" and self.gib is not None:
+            raise ValueError("localStorage.gib has no meaning with mode none")
+        return self
+
+
+class ExistingNodesConfig(StrictModel):
+    """onprem: nodes that already exist, with their shape declared (there is no instance-type lookup)."""
+
+    nodes: list[NodeName] = Field(min_length=1)
+    vcpus: int = Field(ge=1)
+    memory: Quantity
+    gpu_type: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    gpus_per_node: int = Field(default=0, ge=0)
+    gpu_memory_gib: int | None = Field(default=None, ge=1)
+    nvme_gib: int = Field(
+        default=0, ge=0, description="NVMe-backed kubelet root dir (ephemeral storage), GiB"
+    )
+    max_pods: int = Field(default=110, ge=1)
+
+    @model_validator(mode="after")
+    def _gpu_fields_together(self) -> ExistingNodesConfig:
+        if (self.gpu_type is None) != (self.gpus_per_node == 0):
+            raise ValueError("existing.gpuType and existing.gpusPerNode go together (both set, or neither)")
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("existing.nodes must be distinct")
+        return self
 
 
 class NodePoolConfig(StrictModel):
-    name: DnsLabel
-    instance_types: list[str] = Field(min_length=1)
+    """One pool: an EKS managed node group (instanceTypes) or, on onprem, existing nodes (existing)."""
+
+    name: DnsLabel = Field(max_length=40)  # room for "<prefix>-nodepools-<name>-..." logical names
+    gpu: bool = False
+    instance_types: list[InstanceType] = []
+    existing: ExistingNodesConfig | None = None
     capacity_type: Literal["ON_DEMAND", "SPOT"] = "ON_DEMAND"
     min_size: int = Field(default=0, ge=0)
-    desired_size: int = Field(default=0, ge=0)
-    max_size: int = Field(default=1, ge=1)
-    gpu: bool = False
+    desired_size: int | None = Field(default=None, ge=0, description="default: minSize")
+    max_size: int = Field(default=1, ge=1, le=1000)
+    ami_family: Literal["al2023", "bottlerocket"] = "al2023"
+    disk_size_gib: int = Field(
+        default=100, ge=20, le=16384, description="root (AL2023) / data (Bottlerocket) gp3"
+    )
+    labels: Labels = {}
+    taints: list[TaintConfig] = []
+    local_storage: LocalStorageConfig = LocalStorageConfig()
+    max_unavailable: int = Field(default=1, ge=1, le=100)
+    availability_zones: list[str] = Field(default=[], description="restrict to these AZs' private subnets")
+
+    @model_validator(mode="after")
+    def _shape(self) -> NodePoolConfig:
+        if bool(self.instance_types) == (self.existing is not None):
+            raise ValueError(
+                f"node pool {self.name}: set exactly one of instanceTypes (EKS) and existing (onprem)"
+            )
+        if len(set(self.instance_types)) != len(self.instance_types):
+            raise ValueError(f"node pool {self.name}: instanceTypes must be distinct")
+        desired = self.min_size if self.desired_size is None else self.desired_size
+        if not self.min_size <= desired <= self.max_size:
+            raise ValueError(
+                f"node pool {self.name}: sizes must satisfy minSize <= desiredSize <= maxSize "
+                f"(got minSize={self.min_size}, desiredSize={desired}, maxSize={self.max_size})"
+            )
+        if self.existing is not None and self.gpu != (self.existing.gpus_per_node > 0):
+            raise ValueError(
+                f"node pool {self.name}: gpu={str(self.gpu).lower()} but existing.gpusPerNode="
+                f"{self.existing.gpus_per_node}"
+            )
+        if any(taint.key == "nvidia.com/gpu" for taint in self.taints):
+            raise ValueError(
+                f"node pool {self.name}: the nvidia.com/gpu taint is added to GPU pools automatically"
+            )
+        return self
+
+    @property
+    def initial_size(self) -> int:
+        return self.min_size if self.desired_size is None else self.desired_size
+
+
+class HelmChartConfig(StrictModel):
+    enabled: bool = True
+    chart_version: str = Field(pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    namespace: DnsLabel = "kube-system"
+
+
+class DevicePluginConfig(HelmChartConfig):
+    # https://nvidia.github.io/k8s-device-plugin, chart nvidia-device-plugin
+    chart_version: str = Field(default="0.18.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+
+
+class DcgmExporterConfig(HelmChartConfig):
+    # https://nvidia.github.io/dcgm-exporter/helm-charts, chart dcgm-exporter
+    enabled: bool = False
+    chart_version: str = Field(default="4.7.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    service_monitor: bool = Field(
+        default=False, description="needs the Prometheus operator's ServiceMonitor CRD"
+    )
+
+
+class AutoscalerConfig(HelmChartConfig):
+    # https://kubernetes.github.io/autoscaler, chart cluster-autoscaler
+    chart_version: str = Field(default="9.50.1", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    image_tag: str | None = Field(
+        default=None,
+        pattern=r"^v\d+\.\d+\.\d+$",
+        description="default: v<cluster minor>.0, matching the control plane",
+    )
+    expander: Literal["least-waste", "random", "most-pods", "priority", "price"] = "least-waste"
+    scale_down_unneeded_time: str = Field(default="10m", pattern=r"^\d+[smh]$")
+    balance_similar_node_groups: bool = True
+
+
+class SizingConfig(StrictModel):
+    """Per-node CPU and memory held back beyond kubelet's reservations (system daemons, node DaemonSets)."""
+
+    system_reserved_cpu: Quantity = "500m"
+    system_reserved_memory: Quantity = "1Gi"
 
 
 class GpuConfig(StrictModel):
-    pass
+    device_plugin: DevicePluginConfig = DevicePluginConfig()
+    dcgm_exporter: DcgmExporterConfig = DcgmExporterConfig()
+    autoscaler: AutoscalerConfig = AutoscalerConfig()
+    sizing: SizingConfig = SizingConfig()

@@ -1,0 +1,292 @@
+"""GPU plumbing: the NVIDIA device plugin (nvidia.com/gpu becomes schedulable), the optional DCGM exporter,
+the cluster-autoscaler (EKS: scale pools from zero, IAM through Pod Identity) and, on onprem, the labels of
+existing nodes (NodePatch).
+
+Helm values and IAM policies are built by pure functions; the GpuPlumbing component only creates resources.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, GpuConfig
+from infra.context import ClusterInfo, StackContext
+from infra.poolplan import GPU_PRESENT_LABEL, PoolPlan
+
+DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
+DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
+AUTOSCALER_REPO = "https://kubernetes.github.io/autoscaler"
+AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
+
+
+def gpu_tolerations(plans: Sequence[PoolPlan]) -> list[dict[str, str]]:
+    """Tolerate every taint a GPU pool carries (the GPU taint and any configured ones), once each."""
+    seen: dict[tuple[str, str], dict[str, str]] = {}
+    for plan in plans:
+        if plan.is_gpu:
+            for taint in plan.taints:
+                seen.setdefault(
+                    (taint.key, taint.kubernetes_effect),
+                    {"key": taint.key, "operator": "Exists", "effect": taint.kubernetes_effect},
+                )
+    seen.setdefault(
+        ("nvidia.com/gpu", "NoSchedule"),
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    )
+    return list(seen.values())
+
+
+def _required_affinity(key: str, operator: str, values: list[str] | None = None) -> dict[str, Any]:
+    expression: dict[str, Any] = {"key": key, "operator": operator}
+    if values is not None:
+        expression["values"] = values
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [expression]}]
+            }
+        }
+    }
+
+
+def device_plugin_values(plans: Sequence[PoolPlan]) -> dict[str, Any]:
+    """nvidia-device-plugin values: only nodes labelled nvidia.com/gpu.present=true, GPU taints tolerated.
+
+    The chart's default affinity also accepts NFD labels that no node here carries; replacing it with the one
+    label our GPU pools set makes the placement explicit (Bottlerocket runs the plugin on the host instead).
+    """
+    return {
+        "affinity": _required_affinity(GPU_PRESENT_LABEL, "In", ["true"]),
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}, *gpu_tolerations(plans)],
+        "priorityClassName": "system-node-critical",
+        "gfd": {"enabled": False},
+        "nfd": {"enabled": False},
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+    }
+
+
+def dcgm_exporter_values(
+    cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], label_prefix: str
+) -> dict[str, Any]:
+    return {
+        "affinity": _required_affinity(f"{label_prefix}/gpu-type", "Exists"),
+        "tolerations": gpu_tolerations(plans),
+        "serviceMonitor": {"enabled": cfg.service_monitor},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    }
+
+
+def autoscaler_image_tag(cfg: AutoscalerConfig, kubernetes_version: str) -> str:
+    """cluster-autoscaler's minor version must match the control plane's."""
+    return cfg.image_tag or f"v{kubernetes_version}.0"
+
+
+def autoscaler_values(
+    cfg: AutoscalerConfig, cluster_name: str, region: str, kubernetes_version: str
+) -> dict[str, Any]:
+    """cluster-autoscaler values: AWS, auto-discovery by the tags EKS puts on managed node groups' ASGs
+    (k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/<cluster>); credentials: Pod Identity."""
+    return {
+        "cloudProvider": "aws",
+        "awsRegion": region,
+        "autoDiscovery": {"clusterName": cluster_name},
+        "fullnameOverride": "cluster-autoscaler",
+        "image": {"tag": autoscaler_image_tag(cfg, kubernetes_version)},
+        "rbac": {"serviceAccount": {"create": True, "name": AUTOSCALER_SERVICE_ACCOUNT}},
+        "priorityClassName": "system-cluster-critical",
+        "extraArgs": {
+            "expander": cfg.expander,
+            "balance-similar-node-groups": cfg.balance_similar_node_groups,
+            "scale-down-unneeded-time": cfg.scale_down_unneeded_time,
+        },
+        "resources": {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"memory": "600Mi"}},
+    }
+
+
+def autoscaler_policy(cluster_name: str) -> str:
+    """Least privilege for cluster-autoscaler: describe anything, change only this cluster's ASGs."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Sid": "ScaleOwnGroups",
+                    "Effect": "Allow",
+                    "Action": [
+                        "autoscaling:SetDesiredCapacity",
+                        "autoscaling:TerminateInstanceInAutoScalingGroup",
+                    ],
+                    "Resource": "*",
+                    "Condition": {
+                        "StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}
+                    },
+                },
+                {
+                    "Sid": "Describe",
+                    "Effect": "Allow",
+                    "Action": [
+                        "autoscaling:DescribeAutoScalingGroups",
+                        "autoscaling:DescribeAutoScalingInstances",
+                        "autoscaling:DescribeLaunchConfigurations",
+                        "autoscaling:DescribeScalingActivities",
+                        "autoscaling:DescribeTags",
+                        "ec2:DescribeImages",
+                        "ec2:DescribeInstanceTypes",
+                        "ec2:DescribeLaunchTemplateVersions",
+                        "ec2:GetInstanceTypesFromInstanceRequirements",
+                        "eks:DescribeNodegroup",
+                    ],
+                    "Resource": "*",
+                },
+            ],
+        }
+    )
+
+
+def pod_identity_trust_policy() -> str:
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": "pods.eks.amazonaws.com"},
+                    "Action": ["sts:AssumeRole", "sts:TagSession"],
+                }
+            ],
+        }
+    )
+
+
+def node_patch_manifests(plans: Sequence[PoolPlan]) -> list[dict[str, Any]]:
+    """onprem: one Node patch per configured existing node, carrying its pool's labels."""
+    manifests = []
+    for plan in plans:
+        if plan.config.existing is None:
+            continue
+        for node in plan.config.existing.nodes:
+            manifests.append(
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": dict(plan.labels)}}
+            )
+    return manifests
+
+
+@dataclass(frozen=True)
+class GpuPlumbingArgs:
+    ctx: StackContext
+    cluster: ClusterInfo
+    config: GpuConfig
+    pools: tuple[PoolPlan, ...]
+    cluster_name: str  # the configured cluster name (EKS tags ASGs with it)
+    kubernetes_version: str
+    depends_on: tuple[pulumi.Resource, ...] = ()  # node groups, the Pod Identity agent add-on
+
+
+class GpuPlumbing(pulumi.ComponentResource):
+    releases: dict[str, k8s.helm.v3.Release]
+
+    def __init__(self, name: str, args: GpuPlumbingArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ml-cluster:infra:GpuPlumbing", name, None, opts)
+        ctx, cluster, cfg = args.ctx, args.cluster, args.config
+        k8s_opts = pulumi.ResourceOptions(
+            parent=self, provider=cluster.provider, depends_on=list(args.depends_on)
+        )
+        self.releases = {}
+
+        patches = []
+        for manifest in node_patch_manifests(args.pools):
+            node = manifest["metadata"]["name"]
+            patches.append(
+                k8s.core.v1.NodePatch(
+                    ctx.name("gpu", f"node-{node}"),
+                    metadata=manifest["metadata"],
+                    opts=pulumi.ResourceOptions(parent=self, provider=cluster.provider),
+                )
+            )
+
+        if cfg.device_plugin.enabled and any(plan.needs_device_plugin_daemonset for plan in args.pools):
+            self.releases["nvidia-device-plugin"] = self._release(
+                ctx.name("gpu", "device-plugin"),
+                "nvidia-device-plugin",
+                DEVICE_PLUGIN_REPO,
+                cfg.device_plugin.chart_version,
+                cfg.device_plugin.namespace,
+                device_plugin_values(args.pools),
+                k8s_opts.merge(pulumi.ResourceOptions(depends_on=patches)),
+            )
+        if cfg.dcgm_exporter.enabled and any(plan.is_gpu for plan in args.pools):
+            self.releases["dcgm-exporter"] = self._release(
+                ctx.name("gpu", "dcgm-exporter"),
+                "dcgm-exporter",
+                DCGM_EXPORTER_REPO,
+                cfg.dcgm_exporter.chart_version,
+                cfg.dcgm_exporter.namespace,
+                dcgm_exporter_values(cfg.dcgm_exporter, args.pools, ctx.label_prefix),
+                k8s_opts,
+            )
+        if cluster.is_eks and cfg.autoscaler.enabled:
+            self._autoscaler(args, k8s_opts)
+        self.register_outputs({"releases": {name: release.status for name, release in self.releases.items()}})
+
+    def _release(
+        self,
+        logical: str,
+        chart: str,
+        repo: str,
+        version: str,
+        namespace: str,
+        values: Any,
+        opts: pulumi.ResourceOptions,
+    ) -> k8s.helm.v3.Release:
+        return k8s.helm.v3.Release(
+            logical,
+            name=chart,
+            chart=chart,
+            version=version,
+            namespace=namespace,
+            repository_opts={"repo": repo},
+            values=values,
+            opts=opts,
+        )
+
+    def _autoscaler(self, args: GpuPlumbingArgs, k8s_opts: pulumi.ResourceOptions) -> None:
+        ctx, cluster, cfg = args.ctx, args.cluster, args.config.autoscaler
+        assert ctx.region is not None
+        child = pulumi.ResourceOptions(parent=self)
+        role = aws.iam.Role(
+            ctx.name("gpu", "autoscaler-role"),
+            assume_role_policy=pod_identity_trust_policy(),
+            tags=ctx.tags,
+            opts=child,
+        )
+        policy = aws.iam.RolePolicy(
+            ctx.name("gpu", "autoscaler-policy"),
+            role=role.id,
+            policy=autoscaler_policy(args.cluster_name),
+            opts=child,
+        )
+        association = aws.eks.PodIdentityAssociation(
+            ctx.name("gpu", "autoscaler-identity"),
+            cluster_name=cluster.name,
+            namespace=cfg.namespace,
+            service_account=AUTOSCALER_SERVICE_ACCOUNT,
+            role_arn=role.arn,
+            tags=ctx.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(cluster.eks_dependencies)),
+        )
+        self.releases["cluster-autoscaler"] = self._release(
+            ctx.name("gpu", "cluster-autoscaler"),
+            "cluster-autoscaler",
+            AUTOSCALER_REPO,
+            cfg.chart_version,
+            cfg.namespace,
+            autoscaler_values(cfg, args.cluster_name, ctx.region, args.kubernetes_version),
+            k8s_opts.merge(pulumi.ResourceOptions(depends_on=[policy, association])),
+        )

@@ -1,0 +1,240 @@
+"""Node pools: EKS managed node groups with launch templates (IMDSv2, NVMe RAID0 user data), labels, taints
+and the cluster-autoscaler node-template tags that let a pool scale up from zero.
+
+The builders are pure (plan in, dicts/strings out); the NodePools component only turns them into resources.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+from email import encoders
+from email.mime.application import MIMEApplication
+from email.mime.multipart import MIMEMultipart
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import yaml
+
+from infra.context import ClusterInfo, NetworkInfo, StackContext
+from infra.poolplan import PoolPlan
+from workloads.quantity import format_bytes
+
+NODECONFIG_API_VERSION = "node.eks.aws/v1alpha1"
+NODECONFIG_CONTENT_TYPE = "application/node.eks.aws"
+# A fixed boundary keeps the user data, and so the launch template, identical from one run to the next.
+MIME_BOUNDARY = "==ML-CLUSTER-NODECONFIG=="
+# Bottlerocket: RAID0 the instance store and bind-mount what kubelet and containerd write onto it (what
+# Karpenter generates for instanceStorePolicy RAID0).
+BOTTLEROCKET_EPHEMERAL_DIRS = ("/var/lib/containerd", "/var/lib/kubelet", "/var/log/pods")
+CAS_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
+IMDS_HOP_LIMIT = 2  # pods reach IMDS through one extra hop (the container network namespace)
+
+
+def nodeconfig_raid0() -> dict[str, Any]:
+    """The nodeadm NodeConfig that puts kubelet and containerd on a RAID0 of all NVMe instance-store disks.
+
+    Managed node groups merge it with the NodeConfig they generate (endpoint, CA), so it holds only this.
+    """
+    return {
+        "apiVersion": NODECONFIG_API_VERSION,
+        "kind": "NodeConfig",
+        "spec": {"instance": {"localStorage": {"strategy": "RAID0"}}},
+    }
+
+
+def mime_user_data(nodeconfigs: list[dict[str, Any]]) -> str:
+    """MIME multi-part user data with one application/node.eks.aws part per NodeConfig (for nodeadm)."""
+    message = MIMEMultipart("mixed", boundary=MIME_BOUNDARY)
+    for nodeconfig in nodeconfigs:
+        text = "---\n" + yaml.safe_dump(nodeconfig, sort_keys=False)
+        part = MIMEApplication(text, "node.eks.aws", _encoder=encoders.encode_7or8bit)
+        message.attach(part)
+    return message.as_string()
+
+
+def bottlerocket_user_data() -> str:
+    """Bottlerocket settings (TOML) that move kubelet, containerd and pod logs onto the NVMe RAID0."""
+    dirs = ", ".join(f'"{d}"' for d in BOTTLEROCKET_EPHEMERAL_DIRS)
+    return (
+        "[settings.bootstrap-commands.000-mount-instance-storage]\n"
+        "commands = [\n"
+        '  ["apiclient", "ephemeral-storage", "init"],\n'
+        f'  ["apiclient", "ephemeral-storage", "bind", "--dirs", {dirs}],\n'
+        "]\n"
+        "essential = true\n"
+        'mode = "always"\n'
+    )
+
+
+def user_data(plan: PoolPlan) -> str | None:
+    """The launch template's user data (plain text) for a pool; None when the defaults do."""
+    if not plan.nvme_gib:
+        return None
+    if plan.is_bottlerocket:
+        return bottlerocket_user_data()
+    return mime_user_data([nodeconfig_raid0()])
+
+
+def root_device_name(plan: PoolPlan) -> str:
+    # Bottlerocket boots from /dev/xvda and keeps images and pods on its data volume /dev/xvdb.
+    return "/dev/xvdb" if plan.is_bottlerocket else "/dev/xvda"
+
+
+def metadata_options() -> dict[str, Any]:
+    """IMDSv2 only (session tokens required); hop limit 2 so pods that need IMDS still reach it."""
+    return {
+        "http_endpoint": "enabled",
+        "http_tokens": "required",
+        "http_put_response_hop_limit": IMDS_HOP_LIMIT,
+        "instance_metadata_tags": "disabled",
+    }
+
+
+def block_device_mappings(plan: PoolPlan) -> list[dict[str, Any]]:
+    return [
+        {
+            "device_name": root_device_name(plan),
+            "ebs": {
+                "volume_size": plan.config.disk_size_gib,
+                "volume_type": "gp3",
+                "encrypted": "true",
+                "delete_on_termination": "true",
+            },
+        }
+    ]
+
+
+def node_group_taints(plan: PoolPlan) -> list[dict[str, str]]:
+    return [{"key": t.key, "value": t.value, "effect": t.effect} for t in plan.taints]
+
+
+def autoscaler_template_tags(plan: PoolPlan) -> dict[str, str]:
+    """The node-template tags cluster-autoscaler reads from an ASG to model a node of a pool at size 0."""
+    tags = {f"{CAS_TEMPLATE}/label/{key}": value for key, value in plan.labels.items()}
+    tags[f"{CAS_TEMPLATE}/label/eks.amazonaws.com/capacityType"] = plan.config.capacity_type
+    for taint in plan.taints:
+        tags[f"{CAS_TEMPLATE}/taint/{taint.key}"] = f"{taint.value}:{taint.kubernetes_effect}"
+    if plan.gpus_per_node:
+        tags[f"{CAS_TEMPLATE}/resources/nvidia.com/gpu"] = str(plan.gpus_per_node)
+    tags[f"{CAS_TEMPLATE}/resources/ephemeral-storage"] = format_bytes(plan.ephemeral_storage_bytes)
+    return tags
+
+
+def tag_slug(key: str) -> str:
+    """A tag key in a logical name: ".../label/ml-cluster.io/gpu-type" -> "label-ml-cluster-io-gpu-type"."""
+    return re.sub(r"[^a-z0-9]+", "-", key.removeprefix(CAS_TEMPLATE + "/").lower()).strip("-")
+
+
+def pool_subnet_ids(plan: PoolPlan, network: NetworkInfo) -> list[pulumi.Input[str]]:
+    zones = plan.config.availability_zones
+    subnets = [ref for ref in network.private_subnets if not zones or ref.availability_zone in zones]
+    if not subnets:
+        raise ValueError(
+            f"node pool {plan.name}: no private subnet in availabilityZones {', '.join(zones)} "
+            f"(the network has {', '.join(sorted({r.availability_zone for r in network.private_subnets}))})"
+        )
+    return [ref.id for ref in subnets]
+
+
+def _asg_name(resources: Any) -> str | None:
+    """The ASG of a managed node group: resources[0].autoscalingGroups[0].name (unknown in a preview)."""
+    if not resources:
+        return None
+    first = resources[0]
+    groups = (
+        first.get("autoscaling_groups")
+        if isinstance(first, dict)
+        else getattr(first, "autoscaling_groups", None)
+    )
+    if not groups:
+        return None
+    group = groups[0]
+    return group.get("name") if isinstance(group, dict) else getattr(group, "name", None)
+
+
+@dataclass(frozen=True)
+class NodePoolsArgs:
+    ctx: StackContext
+    cluster: ClusterInfo
+    network: NetworkInfo
+    pools: tuple[PoolPlan, ...]  # EKS pools (plans with instance types)
+
+
+class NodePools(pulumi.ComponentResource):
+    """One launch template, one managed node group and its autoscaler tags per pool."""
+
+    node_groups: dict[str, aws.eks.NodeGroup]
+    asg_names: dict[str, pulumi.Output[str | None]]
+
+    def __init__(self, name: str, args: NodePoolsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ml-cluster:infra:NodePools", name, None, opts)
+        ctx, cluster = args.ctx, args.cluster
+        if not cluster.is_eks or cluster.node_role_arn is None:
+            raise ValueError("NodePools needs an EKS cluster (node role, security groups)")
+        security_groups = [
+            sg for sg in (cluster.node_security_group_id, cluster.cluster_security_group_id) if sg
+        ]
+        self.node_groups, self.asg_names = {}, {}
+        for plan in args.pools:
+            subnet_ids = pool_subnet_ids(plan, args.network)
+            child = pulumi.ResourceOptions(parent=self)
+            text = user_data(plan)
+            template = aws.ec2.LaunchTemplate(
+                ctx.name("nodepools", f"{plan.name}-lt"),
+                description=f"{ctx.stack} node pool {plan.name}",
+                metadata_options=metadata_options(),
+                block_device_mappings=block_device_mappings(plan),
+                vpc_security_group_ids=security_groups,
+                user_data=base64.b64encode(text.encode()).decode() if text else None,
+                update_default_version=True,
+                tag_specifications=[
+                    {"resource_type": kind, "tags": {**ctx.tags, "Name": f"{ctx.prefix}-{plan.name}"}}
+                    for kind in ("instance", "volume")
+                ],
+                tags=ctx.tags,
+                opts=child,
+            )
+            group = aws.eks.NodeGroup(
+                ctx.name("nodepools", f"{plan.name}-ng"),
+                cluster_name=cluster.name,
+                node_role_arn=cluster.node_role_arn,
+                subnet_ids=subnet_ids,
+                instance_types=list(plan.config.instance_types),
+                capacity_type=plan.config.capacity_type,
+                ami_type=plan.ami_type,
+                scaling_config={
+                    "min_size": plan.config.min_size,
+                    "desired_size": plan.config.initial_size,
+                    "max_size": plan.config.max_size,
+                },
+                update_config={"max_unavailable": plan.config.max_unavailable},
+                labels=plan.labels,
+                taints=node_group_taints(plan),
+                launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+                tags={**ctx.tags, f"{ctx.label_prefix}/pool": plan.name},
+                # cluster-autoscaler owns the desired size after creation.
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=list(cluster.eks_dependencies),
+                    ignore_changes=["scalingConfig.desiredSize"],
+                ),
+            )
+            asg_name = group.resources.apply(_asg_name)
+            for key, value in autoscaler_template_tags(plan).items():
+                aws.autoscaling.Tag(
+                    ctx.name("nodepools", f"{plan.name}-cas-{tag_slug(key)}"),
+                    autoscaling_group_name=asg_name,
+                    tag={"key": key, "value": value, "propagate_at_launch": False},
+                    opts=child,
+                )
+            self.node_groups[plan.name] = group
+            self.asg_names[plan.name] = asg_name
+        self.register_outputs(
+            {
+                "nodeGroups": {name: group.arn for name, group in self.node_groups.items()},
+                "autoscalingGroups": self.asg_names,
+            }
+        )

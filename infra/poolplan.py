@@ -1,0 +1,356 @@
+"""Resolve the configured node pools against instance-type facts: the checked, complete plan of every pool.
+
+Runs before any resource is registered. Each pool's instance types are looked up once; the rules that need
+those facts (GPU pools need GPUs, one GPU shape and one local-storage size per pool) are enforced here, with
+errors that name the pool and the types. The result is plain data that NodePools, GpuPlumbing and the Jobs
+renderer share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from infra.config.nodepools import GpuConfig, NodePoolConfig
+from infra.config.schema import ConfigError, StackConfig
+from infra.instances import (
+    EVICTION_HARD_NODEFS,
+    GIB,
+    InstanceShape,
+    UnknownInstanceType,
+    lookup_instance_shape,
+    node_allocatable,
+    per_gpu_size,
+)
+from workloads.cluster_facts import PoolFacts
+from workloads.quantity import quantity_bytes, quantity_millicores
+
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"  # what the device plugin chart's node affinity accepts
+
+ShapeLookup = Callable[[str], InstanceShape]
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str  # EKS spelling: NO_SCHEDULE, NO_EXECUTE, PREFER_NO_SCHEDULE
+
+    @property
+    def kubernetes_effect(self) -> str:
+        return {
+            "NO_SCHEDULE": "NoSchedule",
+            "NO_EXECUTE": "NoExecute",
+            "PREFER_NO_SCHEDULE": "PreferNoSchedule",
+        }[self.effect]
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One pool, resolved: what its nodes are, carry and offer."""
+
+    config: NodePoolConfig
+    gpu_type: str | None
+    gpus_per_node: int
+    gpu_memory_gib: int | None
+    nvme_gib: (
+        int  # NVMe set up as RAID0 for kubelet/containerd; 0 when the pool has none (or it is turned off)
+    )
+    ami_type: str | None  # EKS AMI type; None for existing (onprem) nodes
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    ephemeral_storage_bytes: int = 0  # what pods can use of the kubelet's disk (allocatable estimate)
+    cpu_per_gpu_millicores: int | None = None
+    memory_per_gpu_bytes: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+    @property
+    def is_bottlerocket(self) -> bool:
+        return bool(self.ami_type and self.ami_type.startswith("BOTTLEROCKET"))
+
+    @property
+    def needs_device_plugin_daemonset(self) -> bool:
+        # Bottlerocket's NVIDIA variants run the device plugin on the host; a DaemonSet would register twice.
+        return self.is_gpu and not self.is_bottlerocket
+
+    def facts(self) -> PoolFacts:
+        return PoolFacts(
+            name=self.name,
+            gpu_type=self.gpu_type,
+            gpus_per_node=self.gpus_per_node,
+            nvme_gib=self.nvme_gib,
+            cpu_per_gpu_millicores=self.cpu_per_gpu_millicores,
+            memory_per_gpu_bytes=self.memory_per_gpu_bytes,
+            labels=dict(self.labels),
+        )
+
+
+def gpu_type_label(gpu_name: str) -> str:
+    """ "A10G" -> "a10g", "L40S" -> "l40s": a label value that names the GPU model."""
+    return "".join(ch for ch in gpu_name.lower().replace(" ", "-") if ch.isalnum() or ch in "-.")
+
+
+def ami_type(family: str, gpu: bool, architecture: str) -> str:
+    arch = "ARM_64" if architecture == "arm64" else "x86_64"
+    if family == "bottlerocket":
+        return f"BOTTLEROCKET_{arch}_NVIDIA" if gpu else f"BOTTLEROCKET_{arch}"
+    return f"AL2023_{arch}_NVIDIA" if gpu else f"AL2023_{arch}_STANDARD"
+
+
+def _describe_storage(shape: InstanceShape) -> str:
+    return (
+        f"{shape.instance_type} ({shape.local_ssd_gb} GB NVMe)"
+        if shape.local_ssd_gb
+        else f"{shape.instance_type} (no instance store)"
+    )
+
+
+def _describe_gpus(shape: InstanceShape) -> str:
+    if not shape.gpu_count:
+        return f"{shape.instance_type} (no GPU)"
+    return f"{shape.instance_type} ({shape.gpu_count}x {shape.gpu_manufacturer} {shape.gpu_name})"
+
+
+def _check_instance_pool(
+    path: str, pool: NodePoolConfig, shapes: Sequence[InstanceShape]
+) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    gpu_shapes = {(s.gpu_count, s.gpu_name, s.gpu_memory_mib) for s in shapes}
+    if pool.gpu:
+        without = [s.instance_type for s in shapes if s.gpu_count == 0]
+        if without:
+            problems.append(
+                (
+                    f"{path}.instanceTypes",
+                    f"pool {pool.name} is a GPU pool but {', '.join(without)} has no GPU",
+                )
+            )
+        not_nvidia = [s.instance_type for s in shapes if s.gpu_count and s.gpu_manufacturer != "NVIDIA"]
+        if not_nvidia:
+            problems.append(
+                (
+                    f"{path}.instanceTypes",
+                    f"pool {pool.name}: {', '.join(not_nvidia)} has no NVIDIA "
+                    "GPU (the NVIDIA AMIs and device plugin need one)",
+                )
+            )
+        if not without and len(gpu_shapes) > 1:
+            problems.append(
+                (
+                    f"{path}.instanceTypes",
+                    f"pool {pool.name} mixes GPU shapes: "
+                    f"{', '.join(_describe_gpus(s) for s in shapes)}; the autoscaler and the GPU labels "
+                    "need one per pool: split it",
+                )
+            )
+    else:
+        with_gpu = [_describe_gpus(s) for s in shapes if s.gpu_count]
+        if with_gpu:
+            problems.append(
+                (
+                    f"{path}.gpu",
+                    f"pool {pool.name} has gpu: false but {', '.join(with_gpu)}: "
+                    "set gpu: true (NVIDIA AMI, taint, labels)",
+                )
+            )
+    if pool.local_storage.mode != "none" and len({s.local_ssd_gb for s in shapes}) > 1:
+        problems.append(
+            (
+                f"{path}.instanceTypes",
+                f"pool {pool.name} mixes local storage: "
+                f"{', '.join(_describe_storage(s) for s in shapes)}; split the pool, or set "
+                "localStorage.mode: none",
+            )
+        )
+    architectures = {s.architectures[0] for s in shapes}
+    if len(architectures) > 1:
+        problems.append(
+            (
+                f"{path}.instanceTypes",
+                f"pool {pool.name} mixes CPU architectures: {', '.join(sorted(architectures))}",
+            )
+        )
+    if pool.local_storage.mode == "raid0" and pool.local_storage.gib is None and not shapes[0].local_ssd_gb:
+        problems.append(
+            (
+                f"{path}.localStorage.gib",
+                f"pool {pool.name}: mode raid0 but "
+                f"{shapes[0].instance_type} reports no instance store: give its size in gib",
+            )
+        )
+    return problems
+
+
+def _base_labels(
+    pool: NodePoolConfig,
+    label_prefix: str,
+    gpu_type: str | None,
+    gpus: int,
+    gpu_memory_gib: int | None,
+    nvme_gib: int,
+    gpu_present: bool,
+) -> dict[str, str]:
+    labels = {f"{label_prefix}/pool": pool.name}
+    if gpu_type is not None:
+        labels[f"{label_prefix}/gpu-type"] = gpu_type
+        labels[f"{label_prefix}/gpu-count"] = str(gpus)
+        if gpu_memory_gib:
+            labels[f"{label_prefix}/gpu-memory-gib"] = str(gpu_memory_gib)
+        if gpu_present:
+            labels[GPU_PRESENT_LABEL] = "true"
+    if nvme_gib:
+        labels[f"{label_prefix}/disktype"] = "nvme"
+        labels[f"{label_prefix}/nvme-gib"] = str(nvme_gib)
+    return {**labels, **pool.labels}
+
+
+def _taints(pool: NodePoolConfig, gpu: bool) -> tuple[Taint, ...]:
+    gpu_taint = (Taint(GPU_TAINT_KEY, "true", "NO_SCHEDULE"),) if gpu else ()
+    return gpu_taint + tuple(Taint(t.key, t.value, t.effect) for t in pool.taints)
+
+
+def plan_instance_pool(
+    pool: NodePoolConfig, shapes: Sequence[InstanceShape], gpu_cfg: GpuConfig, label_prefix: str
+) -> PoolPlan:
+    """The plan of an EKS pool whose types passed _check_instance_pool. The smallest type sizes the pool."""
+    smallest = min(shapes, key=lambda s: (s.vcpus, s.memory_mib))
+    gpu_shape = shapes[0]
+    gpus = gpu_shape.gpu_count if pool.gpu else 0
+    gpu_type = gpu_type_label(gpu_shape.gpu_name) if pool.gpu and gpu_shape.gpu_name else None
+    gpu_memory_gib = (gpu_shape.gpu_memory_mib or 0) // 1024 or None if pool.gpu else None
+    mode = pool.local_storage.mode
+    nvme_gib = 0 if mode == "none" else (pool.local_storage.gib or shapes[0].local_ssd_gib)
+    ami = ami_type(pool.ami_family, pool.gpu, smallest.architectures[0])
+    gpu_present = pool.gpu and pool.ami_family != "bottlerocket"
+    disk_gib = nvme_gib or pool.disk_size_gib
+    plan = PoolPlan(
+        config=pool,
+        gpu_type=gpu_type,
+        gpus_per_node=gpus,
+        gpu_memory_gib=gpu_memory_gib,
+        nvme_gib=nvme_gib,
+        ami_type=ami,
+        labels=_base_labels(pool, label_prefix, gpu_type, gpus, gpu_memory_gib, nvme_gib, gpu_present),
+        taints=_taints(pool, pool.gpu),
+        ephemeral_storage_bytes=int(disk_gib * GIB * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
+    )
+    if not gpus:
+        return plan
+    allocatable = node_allocatable(
+        smallest.vcpus,
+        smallest.memory_mib,
+        smallest.max_pods,
+        quantity_millicores(gpu_cfg.sizing.system_reserved_cpu),
+        quantity_bytes(gpu_cfg.sizing.system_reserved_memory),
+    )
+    cpu, memory = per_gpu_size(allocatable, gpus)
+    return _with_sizes(plan, cpu, memory)
+
+
+def plan_existing_pool(pool: NodePoolConfig, gpu_cfg: GpuConfig, label_prefix: str) -> PoolPlan:
+    existing = pool.existing
+    assert existing is not None
+    gpus = existing.gpus_per_node
+    plan = PoolPlan(
+        config=pool,
+        gpu_type=existing.gpu_type,
+        gpus_per_node=gpus,
+        gpu_memory_gib=existing.gpu_memory_gib,
+        nvme_gib=existing.nvme_gib,
+        ami_type=None,
+        labels=_base_labels(
+            pool,
+            label_prefix,
+            existing.gpu_type,
+            gpus,
+            existing.gpu_memory_gib,
+            existing.nvme_gib,
+            gpu_present=gpus > 0,
+        ),
+        taints=(),  # existing nodes keep the taints their owners gave them
+        ephemeral_storage_bytes=int(existing.nvme_gib * GIB * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
+    )
+    if not gpus:
+        return plan
+    allocatable = node_allocatable(
+        existing.vcpus,
+        quantity_bytes(existing.memory) // 2**20,
+        existing.max_pods,
+        quantity_millicores(gpu_cfg.sizing.system_reserved_cpu),
+        quantity_bytes(gpu_cfg.sizing.system_reserved_memory),
+        ec2_memory=False,
+    )
+    cpu, memory = per_gpu_size(allocatable, gpus)
+    return _with_sizes(plan, cpu, memory)
+
+
+def _with_sizes(plan: PoolPlan, cpu: int, memory: int) -> PoolPlan:
+    return replace(plan, cpu_per_gpu_millicores=cpu, memory_per_gpu_bytes=memory)
+
+
+def plan_node_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shape) -> tuple[PoolPlan, ...]:
+    """Look up every pool's instance types and check the pools; raise ConfigError naming each problem."""
+    problems: list[tuple[str, str]] = []
+    plans: list[PoolPlan] = []
+    cache: dict[str, InstanceShape] = {}
+    for index, pool in enumerate(cfg.node_pools):
+        path = f"nodePools.{index}"
+        if cfg.platform == "eks" and pool.existing is not None:
+            problems.append(
+                (
+                    f"{path}.existing",
+                    f"pool {pool.name}: existing nodes belong to platform onprem; "
+                    "EKS pools name instanceTypes",
+                )
+            )
+            continue
+        if cfg.platform == "onprem" and pool.instance_types:
+            problems.append(
+                (
+                    f"{path}.instanceTypes",
+                    f"pool {pool.name}: platform onprem creates no node groups; "
+                    "describe the existing nodes under existing",
+                )
+            )
+            continue
+        if pool.existing is not None:
+            plans.append(plan_existing_pool(pool, cfg.gpu, cfg.label_prefix))
+            continue
+        shapes: list[InstanceShape] = []
+        for type_index, instance_type in enumerate(pool.instance_types):
+            if instance_type not in cache:
+                try:
+                    cache[instance_type] = lookup(instance_type)
+                except UnknownInstanceType:
+                    region = f" in {cfg.region}" if cfg.region else ""
+                    problems.append(
+                        (
+                            f"{path}.instanceTypes.{type_index}",
+                            f"pool {pool.name}: unknown instance "
+                            f"type {instance_type} (aws.ec2.get_instance_type has no answer{region})",
+                        )
+                    )
+                    continue
+            shapes.append(cache[instance_type])
+        if len(shapes) != len(pool.instance_types):
+            continue
+        pool_problems = _check_instance_pool(path, pool, shapes)
+        problems.extend(pool_problems)
+        if not pool_problems:
+            plans.append(plan_instance_pool(pool, shapes, cfg.gpu, cfg.label_prefix))
+    if problems:
+        raise ConfigError(problems)
+    return tuple(plans)
+
+
+def pool_facts(plans: Sequence[PoolPlan]) -> tuple[PoolFacts, ...]:
+    """What the Jobs renderer needs to know about every pool."""
+    return tuple(plan.facts() for plan in plans)

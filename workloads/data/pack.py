@@ -9,7 +9,6 @@ Same input, same Pillow/h5py versions -> byte-identical shards: sorted input, fi
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 from tqdm import tqdm
 
 from workloads.data import TOOL_VERSION
@@ -36,6 +35,7 @@ from workloads.data.format import (
     write_manifest,
 )
 from workloads.data.s3 import DataToolError
+from workloads.data.verify import sha256_file
 
 REPORT_NAME = "pack-report.json"
 TEMP_SUFFIX = ".partial"
@@ -136,16 +136,9 @@ def _decode(task: tuple[str, str, int, Layout, int]) -> _Sample:
     except Image.DecompressionBombError:
         return _Sample(relpath, label, None, "image too large (decompression bomb guard)")
     except (OSError, SyntaxError, ValueError) as exc:
-        reason = "not an image" if "cannot identify image file" in str(exc) else f"corrupt image: {exc}"
+        unknown = isinstance(exc, UnidentifiedImageError)
+        reason = "not an image (unrecognised format)" if unknown else f"corrupt image: {exc}"
         return _Sample(relpath, label, None, reason)
-
-
-def _hash_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_shard(path: Path, layout: Layout, size: int, payloads: list[bytes], labels: list[int]) -> None:
@@ -209,7 +202,7 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
         temp_paths.append(temp)
         _write_shard(temp, options.layout, options.image_size, payloads, labels)
         shards.append(ShardInfo(path=name, num_samples=len(labels), first_index=first_index,
-                                bytes=temp.stat().st_size, sha256=_hash_file(temp)))
+                                bytes=temp.stat().st_size, sha256=sha256_file(temp)))
         first_index += len(labels)
         payloads, labels, pending_bytes = [], [], 0
 

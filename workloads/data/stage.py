@@ -1,0 +1,274 @@
+"""Stage a packed dataset from S3 (or an S3-compatible store) onto local disk.
+
+Copy mode fetches every shard; window mode (window_bytes set) keeps at most that many bytes of shards in DEST,
+fetching ahead in manifest order and deleting shards the reader has marked consumed (see window.py).
+
+Every shard is fetched as parallel ranged GETs (one thread pool shared by all shards) written with pwrite into a
+hidden temp file, fsynced, checked against the manifest's sha256 and only then renamed to its final name, so a
+partial or corrupt file never carries a shard's name. Throttling (503 SlowDown) and connections dropped mid-body
+are retried per part with exponential backoff and jitter; a checksum mismatch re-fetches the whole shard. A rerun
+resumes: final files whose sha256 matches are kept, stale temp files are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from tqdm import tqdm
+
+from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo
+from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
+from workloads.data.verify import sha256_file
+from workloads.data.window import StagerState, read_consumed, write_stager_state
+
+TEMP_SUFFIX = ".part"
+_BODY_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    workers: int = 16
+    part_bytes: int = 16 << 20
+    window_bytes: int | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    shard_attempts: int = 3  # whole-shard fetches before a persistent checksum mismatch is fatal
+    progress: bool = True
+    poll_interval_s: float = 0.05
+
+
+@dataclass
+class StageResult:
+    manifest: Manifest
+    fetched: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # already present and verified (resume)
+    fetched_bytes: int = 0
+    peak_window_bytes: int = 0  # most shard bytes (final + temp) held at once
+
+
+def fetch_manifest(client: Any, source: S3Uri, retry: RetryPolicy) -> Manifest:
+    where = f"s3://{source.bucket}/{source.key(MANIFEST_NAME)}"
+
+    def get() -> bytes:
+        return client.get_object(Bucket=source.bucket, Key=source.key(MANIFEST_NAME))["Body"].read()
+
+    try:
+        payload = with_retries(get, where, retry)
+    except DataToolError as exc:
+        if exc.why == "object not found":
+            raise DataToolError(where, "not found: nothing uploaded here, or the upload has not finished") from exc
+        raise
+    try:
+        return Manifest.model_validate_json(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(part) for part in first["loc"])
+        raise DataToolError(where, f"not a dataset manifest: {loc}: {first['msg']}") from exc
+
+
+@dataclass
+class _ShardFetch:
+    info: ShardInfo
+    temp: Path
+    fd: int
+    parts_left: int
+    attempt: int
+
+
+class _Stager:
+    def __init__(self, client: Any, source: S3Uri, dest: Path, manifest: Manifest, options: StageOptions) -> None:
+        self.client = client
+        self.source = source
+        self.dest = dest
+        self.manifest = manifest
+        self.options = options
+        self.windowed = options.window_bytes is not None
+        self.result = StageResult(manifest=manifest)
+        self.ready: list[str] = []
+        self.deleted: set[str] = set()
+        self.held_bytes = 0
+        self.outstanding_parts = 0
+        self.futures: dict[Future, tuple[str, _ShardFetch]] = {}
+        self.fetches: list[_ShardFetch] = []
+        self.bar_lock = threading.Lock()
+        self.bar: tqdm | None = None
+        self.aborted = threading.Event()
+
+    # -- pieces run in the pool -------------------------------------------------------------------------------
+    def _fetch_part(self, fetch: _ShardFetch, start: int, end: int) -> int:
+        key = self.source.key(fetch.info.path)
+        expected = end - start + 1
+
+        def attempt() -> int:
+            if self.aborted.is_set():
+                raise DataToolError(key, "cancelled after another part failed")
+            response = self.client.get_object(Bucket=self.source.bucket, Key=key, Range=f"bytes={start}-{end}")
+            offset = start
+            for chunk in response["Body"].iter_chunks(_BODY_CHUNK):
+                if offset + len(chunk) > end + 1:
+                    raise TransientError(f"server sent more than the {expected} bytes asked for")
+                os.pwrite(fetch.fd, chunk, offset)
+                offset += len(chunk)
+            if offset != end + 1:
+                raise TransientError(f"short body: {offset - start} of {expected} bytes")
+            return expected
+
+        got = with_retries(attempt, f"s3://{self.source.bucket}/{key}", self.options.retry)
+        if self.bar is not None:
+            with self.bar_lock:
+                self.bar.update(got)
+        return got
+
+    def _finish(self, fetch: _ShardFetch) -> bool:
+        os.fsync(fetch.fd)
+        os.close(fetch.fd)
+        fetch.fd = -1
+        if fetch.temp.stat().st_size != fetch.info.bytes or sha256_file(fetch.temp) != fetch.info.sha256:
+            fetch.temp.unlink()
+            return False
+        os.replace(fetch.temp, self.dest / fetch.info.path)
+        _fsync_dir(self.dest)
+        return True
+
+    # -- coordination (main thread only) ----------------------------------------------------------------------
+    def _start_fetch(self, pool: ThreadPoolExecutor, info: ShardInfo, attempt: int) -> None:
+        temp = self.dest / f".{info.path}.{os.getpid()}.{attempt}{TEMP_SUFFIX}"
+        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(fd, info.bytes)
+        step = self.options.part_bytes
+        ranges = [(start, min(start + step, info.bytes) - 1) for start in range(0, info.bytes, step)]
+        fetch = _ShardFetch(info=info, temp=temp, fd=fd, parts_left=len(ranges), attempt=attempt)
+        self.fetches.append(fetch)
+        if not ranges:
+            self.futures[pool.submit(self._finish, fetch)] = ("finish", fetch)
+        for start, end in ranges:
+            self.futures[pool.submit(self._fetch_part, fetch, start, end)] = ("part", fetch)
+        self.outstanding_parts += len(ranges)
+
+    def _publish(self, done: bool = False, error: str | None = None) -> None:
+        if self.windowed:
+            write_stager_state(self.dest, StagerState(order=[s.path for s in self.manifest.shards],
+                                                      ready=list(self.ready), done=done, error=error))
+
+    def _release_consumed(self) -> None:
+        for name in sorted((read_consumed(self.dest) & set(self.ready)) - self.deleted):
+            (self.dest / name).unlink(missing_ok=True)
+            self.deleted.add(name)
+            self.held_bytes -= self._bytes_of[name]
+
+    def _fits(self, info: ShardInfo) -> bool:
+        if self.outstanding_parts >= 2 * self.options.workers:
+            return False
+        return not self.windowed or self.held_bytes + info.bytes <= (self.options.window_bytes or 0)
+
+    def run(self, pending: list[ShardInfo]) -> StageResult:
+        self._bytes_of = {s.path: s.bytes for s in self.manifest.shards}
+        queue = list(pending)
+        self._publish()
+        total = sum(s.bytes for s in pending)
+        with ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="stage") as pool, \
+                tqdm(total=total, unit="B", unit_scale=True, desc="stage", disable=not self.options.progress) as bar:
+            self.bar = bar
+            try:
+                while queue or self.futures:
+                    if self.windowed:
+                        self._release_consumed()
+                    while queue and self._fits(queue[0]):
+                        info = queue.pop(0)
+                        self.held_bytes += info.bytes
+                        self.result.peak_window_bytes = max(self.result.peak_window_bytes, self.held_bytes)
+                        self._start_fetch(pool, info, attempt=1)
+                    if not self.futures:
+                        threading.Event().wait(self.options.poll_interval_s)  # the window is full of unread shards
+                        continue
+                    timeout = self.options.poll_interval_s if self.windowed else None
+                    finished, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        self._settle(pool, future)
+            except BaseException as exc:
+                self.aborted.set()
+                pool.shutdown(wait=True, cancel_futures=True)
+                self._discard_temps()
+                self._publish(error=str(exc) if isinstance(exc, DataToolError) else f"{type(exc).__name__}: {exc}")
+                raise
+        self._publish(done=True)
+        return self.result
+
+    def _settle(self, pool: ThreadPoolExecutor, future: Future) -> None:
+        kind, fetch = self.futures.pop(future)
+        outcome = future.result()  # re-raises DataToolError from the part that gave up
+        if kind == "part":
+            self.outstanding_parts -= 1
+            fetch.parts_left -= 1
+            if fetch.parts_left == 0:
+                self.futures[pool.submit(self._finish, fetch)] = ("finish", fetch)
+            return
+        self.fetches.remove(fetch)
+        name = fetch.info.path
+        if outcome:
+            self.ready.append(name)
+            self.result.fetched.append(name)
+            self.result.fetched_bytes += fetch.info.bytes
+            self._publish()
+            return
+        if fetch.attempt >= self.options.shard_attempts:
+            raise DataToolError(f"s3://{self.source.bucket}/{self.source.key(name)}",
+                                f"sha256 does not match the manifest after {fetch.attempt} downloads")
+        self._start_fetch(pool, fetch.info, attempt=fetch.attempt + 1)
+
+    def _discard_temps(self) -> None:
+        for fetch in self.fetches:
+            if fetch.fd >= 0:
+                os.close(fetch.fd)
+            fetch.temp.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_verified(path: Path, info: ShardInfo) -> bool:
+    return path.is_file() and path.stat().st_size == info.bytes and sha256_file(path) == info.sha256
+
+
+def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> StageResult:
+    manifest = fetch_manifest(client, source, options.retry)
+    if options.window_bytes is not None:
+        largest = max(manifest.shards, key=lambda s: s.bytes, default=None)
+        if largest is not None and largest.bytes > options.window_bytes:
+            raise DataToolError("--window", f"{options.window_bytes} bytes cannot hold {largest.path} "
+                                            f"({largest.bytes} bytes); use a window of at least the largest shard")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        for stale in dest.glob(f".*{TEMP_SUFFIX}"):
+            stale.unlink()
+    except OSError as exc:
+        raise DataToolError(str(dest), f"cannot prepare the staging directory: {exc.strerror}") from exc
+
+    consumed = read_consumed(dest) if options.window_bytes is not None else set()
+    stager = _Stager(client, source, dest, manifest, options)
+    todo = [s for s in manifest.shards if s.path not in consumed]
+    for name in consumed:
+        (dest / name).unlink(missing_ok=True)
+    with ThreadPoolExecutor(max_workers=options.workers) as pool:  # resume: hash what is already here in parallel
+        verified = list(pool.map(lambda s: _is_verified(dest / s.path, s), todo))
+    pending: list[ShardInfo] = []
+    for info, ok in zip(todo, verified, strict=True):
+        if ok:
+            stager.ready.append(info.path)
+            stager.result.kept.append(info.path)
+            stager.held_bytes += info.bytes
+        else:
+            (dest / info.path).unlink(missing_ok=True)
+            pending.append(info)
+    stager.deleted |= consumed
+    return stager.run(pending)

@@ -1,0 +1,116 @@
+"""Upload a packed dataset directory to s3://bucket/prefix (S3, or an S3-compatible store such as IBM COS).
+
+Shards go through boto3's transfer manager (multipart, parts and files in parallel); each object carries its
+sha256 as user metadata, which is what makes a rerun idempotent: an object whose size and sha256 metadata match
+the manifest is skipped (multipart ETags are not content hashes). The manifest goes last, after every shard is
+in place, and an older, different manifest is deleted first, so a reader never sees a manifest whose shards are
+missing or from another pack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from s3transfer.subscribers import BaseSubscriber
+from tqdm import tqdm
+
+from workloads.data.format import MANIFEST_NAME, Manifest
+from workloads.data.s3 import DataToolError, S3Uri, describe, error_code
+from workloads.data.verify import read_manifest, sha256_file
+
+SHA256_METADATA = "sha256"  # stored as x-amz-meta-sha256
+
+
+@dataclass(frozen=True)
+class UploadOptions:
+    workers: int = 16
+    part_bytes: int = 64 << 20
+    progress: bool = True
+
+
+@dataclass
+class UploadResult:
+    manifest: Manifest
+    uploaded: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+class _Progress(BaseSubscriber):
+    def __init__(self, bar: tqdm) -> None:
+        self.bar = bar
+
+    def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+        self.bar.update(bytes_transferred)
+
+
+def _remote_sha256(client: Any, target: S3Uri, name: str, size: int | None) -> str | None:
+    """The sha256 metadata of an existing object with the expected size, or None when it must be (re)written."""
+    try:
+        head = client.head_object(Bucket=target.bucket, Key=target.key(name))
+    except Exception as exc:
+        if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise describe(f"s3://{target.bucket}/{target.key(name)}", exc) from exc
+    if size is not None and head["ContentLength"] != size:
+        return None
+    return head.get("Metadata", {}).get(SHA256_METADATA)
+
+
+def upload(client: Any, source: Path, target: S3Uri, options: UploadOptions) -> UploadResult:
+    manifest = read_manifest(source)
+    for shard in manifest.shards:
+        path = source / shard.path
+        if not path.is_file() or path.stat().st_size != shard.bytes:
+            raise DataToolError(str(path), "missing or not the size the manifest says (run verify)")
+    try:
+        client.head_bucket(Bucket=target.bucket)
+    except Exception as exc:
+        if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
+            raise DataToolError(str(target), "bucket does not exist") from exc
+        raise describe(str(target), exc) from exc
+
+    manifest_path = source / MANIFEST_NAME
+    manifest_sha = sha256_file(manifest_path)
+    remote_manifest_sha = _remote_sha256(client, target, MANIFEST_NAME, None)
+    result = UploadResult(manifest=manifest)
+    if remote_manifest_sha == manifest_sha and all(
+            _remote_sha256(client, target, s.path, s.bytes) == s.sha256 for s in manifest.shards):
+        result.skipped = [s.path for s in manifest.shards] + [MANIFEST_NAME]
+        return result
+    if remote_manifest_sha is not None:
+        try:
+            client.delete_object(Bucket=target.bucket, Key=target.key(MANIFEST_NAME))
+        except Exception as exc:
+            raise describe(f"s3://{target.bucket}/{target.key(MANIFEST_NAME)}", exc) from exc
+
+    todo = []
+    for shard in manifest.shards:
+        if _remote_sha256(client, target, shard.path, shard.bytes) == shard.sha256:
+            result.skipped.append(shard.path)
+        else:
+            todo.append(shard)
+    config = TransferConfig(multipart_threshold=options.part_bytes, multipart_chunksize=options.part_bytes,
+                            max_concurrency=options.workers, preferred_transfer_client="classic")
+    with tqdm(total=sum(s.bytes for s in todo), unit="B", unit_scale=True, desc="upload",
+              disable=not options.progress) as bar, create_transfer_manager(client, config) as manager:
+        futures = [(shard, manager.upload(str(source / shard.path), target.bucket, target.key(shard.path),
+                                          extra_args={"Metadata": {SHA256_METADATA: shard.sha256}},
+                                          subscribers=[_Progress(bar)]))
+                   for shard in todo]
+        for shard, future in futures:
+            try:
+                future.result()
+            except Exception as exc:
+                raise describe(f"s3://{target.bucket}/{target.key(shard.path)}", exc) from exc
+            result.uploaded.append(shard.path)
+    try:
+        client.put_object(Bucket=target.bucket, Key=target.key(MANIFEST_NAME), Body=manifest_path.read_bytes(),
+                          ContentType="application/json", Metadata={SHA256_METADATA: manifest_sha})
+    except Exception as exc:
+        raise describe(f"s3://{target.bucket}/{target.key(MANIFEST_NAME)}", exc) from exc
+    result.uploaded.append(MANIFEST_NAME)
+    return result
+

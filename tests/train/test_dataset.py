@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from tests.train.conftest import IMAGE_SIZE
+from workloads.data.dataset import (
+    DatasetError,
+    HDF5Dataset,
+    JpegFolderDataset,
+    contiguous_runs,
+    make_loader,
+    to_tensors,
+)
+from workloads.data.sampler import BlockShuffleBatchSampler
+from workloads.data.transforms import decode_file
+
+
+def _epoch(
+    dataset, workers: int, context: str | None = None, transport: str = "shm"
+) -> tuple[np.ndarray, np.ndarray]:
+    sampler = BlockShuffleBatchSampler(len(dataset), 8, block_size=4, seed=3)
+    loader = make_loader(
+        dataset, sampler, workers=workers, multiprocessing_context=context, transport=transport
+    )
+    images, labels = zip(*(to_tensors(batch) for batch in loader), strict=True)
+    order = sampler.rank_indices()
+    return torch.cat(images).numpy(), torch.cat(labels).numpy(), order
+
+
+def test_decoded_samples_are_the_stored_pixels(tiny_data: dict[str, Path]) -> None:
+    dataset = HDF5Dataset(tiny_data["decoded"])
+    images, labels = dataset.__getitems__([40, 41, 3, 15, 16, 17, 18])  # crosses the shard boundary at 17
+    with (
+        h5py.File(tiny_data["decoded"] / "shard-00000.h5") as first,
+        h5py.File(tiny_data["decoded"] / "shard-00001.h5") as second,
+    ):
+        stored = np.concatenate([first["images"][:], second["images"][:]])
+        stored_labels = np.concatenate([first["labels"][:], second["labels"][:]])
+    expected = [40, 41, 3, 15, 16, 17, 18]
+    assert images.dtype == torch.uint8 and tuple(images.shape) == (7, IMAGE_SIZE, IMAGE_SIZE, 3)
+    assert np.array_equal(images.numpy(), stored[expected])
+    assert np.array_equal(labels.numpy(), stored_labels[expected])
+
+
+def test_encoded_samples_decode_like_the_source_files(tiny_data: dict[str, Path]) -> None:
+    dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE)
+    folder = JpegFolderDataset(tiny_data["folder"], image_size=IMAGE_SIZE, draft=True)
+    indices = [0, 1, 2, 30, 16, 17]
+    images, labels = dataset.__getitems__(indices)
+    for row, index in enumerate(indices):
+        path, label = folder.samples[index]
+        assert np.array_equal(images[row].numpy(), decode_file(path, IMAGE_SIZE, draft=True))
+        assert labels[row] == label
+
+
+def test_each_contiguous_run_is_one_read(tiny_data: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[object] = []
+    original = h5py.Dataset.read_direct
+
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(kwargs.get("source_sel"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(h5py.Dataset, "read_direct", counting)
+    dataset = HDF5Dataset(tiny_data["decoded"])
+    dataset.__getitems__([4, 5, 6, 7, 30, 31, 32, 10])
+    assert len(calls) == 3
+    assert contiguous_runs([4, 5, 6, 7, 30, 31, 32, 10]) == [(0, 4, 4), (4, 30, 3), (7, 10, 1)]
+
+
+@pytest.mark.parametrize("layout", ["decoded", "encoded"])
+def test_batches_identical_across_workers_and_start_methods(tiny_data: dict[str, Path], layout: str) -> None:
+    dataset = HDF5Dataset(tiny_data[layout], image_size=IMAGE_SIZE)
+    dataset.__getitems__([0, 20])  # the main process now holds open handles that fork will copy
+    reference = _epoch(dataset, workers=0)
+    for context in ("fork", "spawn", "forkserver"):
+        images, labels, _ = _epoch(dataset, workers=2, context=context)
+        assert np.array_equal(images, reference[0]), context
+        assert np.array_equal(labels, reference[1]), context
+    pipe_images, pipe_labels, _ = _epoch(dataset, workers=2, context="fork", transport="pipe")
+    assert np.array_equal(pipe_images, reference[0]) and np.array_equal(pipe_labels, reference[1])
+
+
+def test_folder_baseline_matches_encoded_shards_with_the_same_decode(tiny_data: dict[str, Path]) -> None:
+    folder = JpegFolderDataset(tiny_data["folder"], image_size=IMAGE_SIZE, draft=True)
+    encoded = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, draft=True)
+    folder_epoch = _epoch(folder, workers=2, context="fork")
+    encoded_epoch = _epoch(encoded, workers=0)
+    assert np.array_equal(folder_epoch[0], encoded_epoch[0])
+    assert np.array_equal(folder_epoch[1], encoded_epoch[1])
+
+
+def test_shm_transport_shares_and_pipe_transport_does_not(tiny_data: dict[str, Path]) -> None:
+    dataset = HDF5Dataset(tiny_data["decoded"])
+    sampler = BlockShuffleBatchSampler(len(dataset), 8)
+    shm_batch = next(iter(make_loader(dataset, sampler, workers=1, multiprocessing_context="fork")))
+    assert isinstance(shm_batch[0], torch.Tensor) and shm_batch[0].is_shared()
+    pipe_batch = next(
+        iter(make_loader(dataset, sampler, workers=1, multiprocessing_context="fork", transport="pipe"))
+    )
+    assert isinstance(pipe_batch[0], np.ndarray)
+    assert np.array_equal(pipe_batch[0], shm_batch[0].numpy())
+
+
+def test_missing_manifest_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="manifest.json: no manifest"):
+        HDF5Dataset(tmp_path)
+
+
+def test_broken_manifest_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(DatasetError, match="manifest.json: invalid manifest"):
+        HDF5Dataset(tmp_path)
+
+
+def test_decoded_layout_refuses_a_different_size(tiny_data: dict[str, Path]) -> None:
+    with pytest.raises(DatasetError, match="32px"):
+        HDF5Dataset(tiny_data["decoded"], image_size=64)

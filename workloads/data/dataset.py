@@ -1,0 +1,279 @@
+"""Datasets that turn stored images into uint8 batches: packed HDF5 shards (both layouts) and the study's
+baseline, a folder of JPEG files.
+
+HDF5 handles are opened lazily in whichever process reads (the object remembers the pid that opened them),
+so a dataset can be used in the main process and then handed to fork, spawn or forkserver workers without
+sharing an HDF5 handle across processes. `__getitems__` turns a batch of indices into runs of consecutive
+samples and reads each run with one call; in a DataLoader worker the batch is written straight into shared
+memory, so handing it to the main process costs no further copy.
+
+Use `make_loader` (or pass `collate_fn=keep_batch`): `__getitems__` already returns the collated batch
+`(images uint8 (N, S, S, 3), labels int64 (N,))`. With transport="pipe" (see workloads/train/shm.py) batches
+are numpy arrays, which workers pickle through their pipe instead of /dev/shm; `to_tensors` turns either
+into tensors.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+
+from workloads.data.format import FORMAT_NAME, MANIFEST_NAME, Manifest, load_manifest
+from workloads.data.transforms import decode_bytes, decode_file
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+Transport = Literal["shm", "pipe"]
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be read; the message names the file."""
+
+
+def uint8_batch(shape: Sequence[int], transport: Transport = "shm") -> torch.Tensor | np.ndarray:
+    """An uninitialised uint8 batch: in a worker with the shm transport it is allocated in shared memory, so
+    returning it costs no copy; with the pipe transport it is a numpy array (pickled through the pipe)."""
+    if transport == "pipe":
+        return np.empty(tuple(shape), dtype=np.uint8)
+    if get_worker_info() is None:
+        return torch.empty(tuple(shape), dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(tuple(shape))
+
+
+def to_tensors(batch: Any) -> Batch:
+    """(images, labels) as tensors, whichever transport delivered them (numpy arrays are wrapped, not
+    copied)."""
+    images, labels = batch
+    return torch.as_tensor(images), torch.as_tensor(labels)
+
+
+def contiguous_runs(indices: Sequence[int]) -> list[tuple[int, int, int]]:
+    """[(position in batch, first index, length)] for maximal runs of consecutive indices, in batch order."""
+    runs: list[tuple[int, int, int]] = []
+    for position, index in enumerate(indices):
+        if runs and runs[-1][1] + runs[-1][2] == index:
+            start_position, first, length = runs[-1]
+            runs[-1] = (start_position, first, length + 1)
+        else:
+            runs.append((position, int(index), 1))
+    return runs
+
+
+@dataclass
+class _OpenShard:
+    file: h5py.File
+    labels: np.ndarray
+    offsets: np.ndarray | None
+
+
+class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
+    """Samples of a packed dataset (a directory holding manifest.json, or the manifest path itself).
+
+    decoded layout: images come back as stored (S x S x 3).
+    encoded layout: stored bytes are decoded in the calling process (a worker) to image_size x image_size x 3;
+    `draft` allows libjpeg's reduced-scale decoding when the source is at least twice that size.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, image_size: int | None = None, draft: bool = True
+    ) -> None:
+        path = Path(root)
+        self.root = path.parent if path.name == MANIFEST_NAME else path
+        try:
+            self.manifest: Manifest = load_manifest(self.root)
+        except FileNotFoundError as exc:
+            raise DatasetError(
+                f"{self.root / MANIFEST_NAME}: no manifest (is this a packed dataset?)"
+            ) from exc
+        except ValueError as exc:
+            raise DatasetError(
+                f"{self.root / MANIFEST_NAME}: invalid manifest: {exc}".splitlines()[0]
+            ) from exc
+        self.layout = self.manifest.layout
+        if self.layout == "decoded":
+            stored = self.manifest.image_size
+            if image_size is not None and image_size != stored:
+                raise DatasetError(
+                    f"{self.root}: decoded shards hold {stored}px images, asked for {image_size}px"
+                )
+            self.image_size = int(stored or 0)
+        else:
+            self.image_size = int(image_size or self.manifest.image_size or 224)
+        self.draft = draft
+        self.transport: Transport = "shm"
+        self.shard_paths = [self.root / shard.path for shard in self.manifest.shards]
+        self.shard_starts = [shard.first_index for shard in self.manifest.shards]
+        self.shard_sizes = [shard.num_samples for shard in self.manifest.shards]
+        self._owner_pid: int | None = None
+        self._open: dict[int, _OpenShard] = {}
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_owner_pid"] = None
+        state["_open"] = {}
+        return state
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.manifest.classes)
+
+    def _shard(self, shard_index: int) -> _OpenShard:
+        if self._owner_pid != os.getpid():
+            # Inherited through fork: these handles belong to the parent; never read through them here.
+            self._open = {}
+            self._owner_pid = os.getpid()
+        shard = self._open.get(shard_index)
+        if shard is None:
+            path = self.shard_paths[shard_index]
+            try:
+                handle = h5py.File(path, "r")
+            except OSError as exc:
+                raise DatasetError(f"{path}: cannot open shard: {exc}") from exc
+            if handle.attrs.get("format") != FORMAT_NAME or handle.attrs.get("layout") != self.layout:
+                handle.close()
+                raise DatasetError(f"{path}: not a {FORMAT_NAME} shard of layout {self.layout}")
+            offsets = handle["offsets"][:] if self.layout == "encoded" else None
+            shard = _OpenShard(file=handle, labels=handle["labels"][:], offsets=offsets)
+            self._open[shard_index] = shard
+        return shard
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} out of range for {len(self)} samples")
+        shard_index = bisect.bisect_right(self.shard_starts, index) - 1
+        return shard_index, index - self.shard_starts[shard_index]
+
+    def _shard_runs(self, indices: Sequence[int]) -> Iterator[tuple[int, int, int, int]]:
+        """(position in batch, shard, first local index, length): contiguous runs split at shard
+        boundaries."""
+        for position, first, length in contiguous_runs(indices):
+            while length > 0:
+                shard_index, local = self._locate(first)
+                take = min(length, self.shard_sizes[shard_index] - local)
+                yield position, shard_index, local, take
+                position, first, length = position + take, first + take, length - take
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[Any, Any]:
+        size = self.image_size
+        images = uint8_batch((len(indices), size, size, 3), self.transport)
+        labels = np.empty(len(indices), dtype=np.int64)
+        out = images.numpy() if isinstance(images, torch.Tensor) else images
+        for position, shard_index, local, length in self._shard_runs(indices):
+            shard = self._shard(shard_index)
+            labels[position : position + length] = shard.labels[local : local + length]
+            if self.layout == "decoded":
+                shard.file["images"].read_direct(
+                    out,
+                    source_sel=np.s_[local : local + length],
+                    dest_sel=np.s_[position : position + length],
+                )
+                continue
+            assert shard.offsets is not None
+            begin, end = int(shard.offsets[local]), int(shard.offsets[local + length])
+            blob = memoryview(shard.file["data"][begin:end])
+            for k in range(length):
+                start = int(shard.offsets[local + k]) - begin
+                stop = int(shard.offsets[local + k + 1]) - begin
+                try:
+                    out[position + k] = decode_bytes(blob[start:stop], size, draft=self.draft)
+                except OSError as exc:
+                    path = self.shard_paths[shard_index]
+                    raise DatasetError(f"{path}: sample {local + k} does not decode: {exc}") from exc
+        if self.transport == "pipe":
+            return images, labels
+        return images, torch.from_numpy(labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        images, labels = self.__getitems__([index])
+        return torch.as_tensor(images[0]), int(labels[0])
+
+
+class JpegFolderDataset(Dataset[tuple[torch.Tensor, int]]):
+    """The study's baseline: ROOT/<class>/<file>.jpg, one file open and one decode per sample.
+
+    Decoding defaults to what torchvision's ImageFolder does (full-resolution PIL decode); the images then
+    get the same resize and the same per-batch device transforms as the HDF5 path. draft=True gives it our
+    fast decode.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, image_size: int = 224, draft: bool = False) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise DatasetError(f"{self.root}: not a directory")
+        self.classes = sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
+        self.samples: list[tuple[str, int]] = [
+            (str(path), label)
+            for label, name in enumerate(self.classes)
+            for path in sorted((self.root / name).rglob("*"))
+            if path.suffix.lower() in IMAGE_SUFFIXES
+        ]
+        if not self.samples:
+            raise DatasetError(f"{self.root}: no images found in class subdirectories")
+        self.image_size = image_size
+        self.draft = draft
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        try:
+            pixels = decode_file(path, self.image_size, draft=self.draft)
+        except OSError as exc:
+            raise DatasetError(f"{path}: does not decode: {exc}") from exc
+        return torch.from_numpy(pixels), label
+
+
+def keep_batch(batch: Any) -> Any:
+    """collate_fn for datasets whose `__getitems__` already returns the batch."""
+    return batch
+
+
+def numpy_collate(samples: list[tuple[torch.Tensor, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample collation into numpy arrays (the pipe transport: nothing is placed in /dev/shm)."""
+    images = np.stack([np.asarray(image) for image, _ in samples])
+    return images, np.asarray([label for _, label in samples], dtype=np.int64)
+
+
+def make_loader(
+    dataset: Dataset[Any],
+    batch_sampler: Sampler[list[int]],
+    *,
+    workers: int,
+    prefetch_factor: int = 2,
+    multiprocessing_context: str | None = None,
+    persistent_workers: bool = False,
+    pin_memory: bool = False,
+    transport: Transport = "shm",
+) -> DataLoader[Any]:
+    """A DataLoader wired for uint8 batches: batched reads for HDF5, per-sample collation otherwise.
+
+    Batches may arrive as numpy arrays (transport "pipe"); pass them through `to_tensors`.
+    """
+    batched = hasattr(dataset, "__getitems__")
+    if batched:
+        dataset.transport = transport  # type: ignore[attr-defined]
+    collate = keep_batch if batched else (numpy_collate if transport == "pipe" else None)
+    return DataLoader(
+        dataset,
+        batch_sampler=batch_sampler,
+        num_workers=workers,
+        collate_fn=collate,
+        prefetch_factor=prefetch_factor if workers > 0 else None,
+        multiprocessing_context=multiprocessing_context if workers > 0 else None,
+        persistent_workers=persistent_workers and workers > 0,
+        pin_memory=pin_memory,
+    )

@@ -1,0 +1,93 @@
+"""python -m workloads.train --data DIR_OR_MANIFEST --model resnet18|resnet50 ... (JSON lines on stdout).
+
+Under torchrun every rank runs this; rank 0 prints and writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workloads.data.dataset import DatasetError
+from workloads.train.loop import TrainConfig, train
+from workloads.train.models import MODELS
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__)
+    parser.add_argument(
+        "--data", required=True, help="packed dataset directory or manifest.json, or a JPEG folder"
+    )
+    parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    parser.add_argument("--epochs", type=_positive, default=1)
+    parser.add_argument("--batch-size", type=_positive, default=256)
+    parser.add_argument("--workers", type=_non_negative, default=4)
+    parser.add_argument("--prefetch-factor", type=_positive, default=2)
+    parser.add_argument("--amp", choices=["bf16"], default=None)
+    parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--crop-size", type=_positive, default=224)
+    parser.add_argument("--image-size", type=_positive, default=None, help="decode size for JPEG sources")
+    parser.add_argument(
+        "--block-size", type=_positive, default=32, help="consecutive samples per shuffled block"
+    )
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (exact resume)")
+    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--log-every", type=_positive, default=10)
+    parser.add_argument("--mp-context", choices=["fork", "spawn", "forkserver"], default=None)
+    parser.add_argument("--stop-after-steps", type=_positive, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    return TrainConfig(
+        data=args.data,
+        model=args.model,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        prefetch_factor=args.prefetch_factor,
+        amp=args.amp,
+        channels_last=args.channels_last,
+        crop_size=args.crop_size,
+        image_size=args.image_size,
+        block_size=args.block_size,
+        lr=args.lr,
+        seed=args.seed,
+        deterministic=args.deterministic,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        log_every=args.log_every,
+        mp_context=args.mp_context,
+        stop_after_steps=args.stop_after_steps,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    try:
+        train(config)
+    except (DatasetError, ValueError) as exc:
+        where, _, why = str(exc).partition(": ")
+        print(f"error: {where}: {why}" if why else f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Atomic training checkpoints: model, optimiser, sampler position and RNG states in one file, replaced
+whole."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workloads.data.format import atomic_write_bytes
+
+CHECKPOINT_NAME = "last.pt"
+
+
+def capture_rng() -> dict[str, Any]:
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    saved = state["numpy"]
+    np.random.set_state(
+        (
+            saved["kind"],
+            saved["keys"].numpy().astype(np.uint32),
+            saved["position"],
+            saved["has_gauss"],
+            saved["cached"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) -> Path:
+    """Serialise in memory, then write-fsync-rename: a crash leaves the previous checkpoint intact."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    target = Path(directory) / CHECKPOINT_NAME
+    atomic_write_bytes(target, buffer.getvalue())
+    return target
+
+
+def load_checkpoint(
+    directory: str | os.PathLike[str], map_location: str | torch.device = "cpu"
+) -> dict[str, Any] | None:
+    target = Path(directory) / CHECKPOINT_NAME
+    if not target.exists():
+        return None
+    try:
+        return torch.load(target, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises several types for a damaged file
+        raise ValueError(f"{target}: unreadable checkpoint: {exc}".splitlines()[0]) from exc

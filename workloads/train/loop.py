@@ -1,0 +1,320 @@
+"""The training run: data, model, DDP, timings as JSON lines, checkpoint/resume.
+
+Timings follow the study (pytorch/examples imagenet, instrumented): model_loading, data_preparation, and per
+epoch epoch_time with the per-batch split into data_time (waiting for the next batch) and compute_time
+(transfer, augmentation, forward, backward, step), plus throughput and GPU utilisation when a GPU is
+present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from workloads.data.dataset import DatasetError, HDF5Dataset, JpegFolderDataset, make_loader, to_tensors
+from workloads.data.format import MANIFEST_NAME
+from workloads.data.sampler import BlockShuffleBatchSampler
+from workloads.data.transforms import random_resized_crop_flip_normalize
+from workloads.train.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from workloads.train.models import MODELS
+from workloads.train.shm import plan_shared_memory, shm_available_bytes
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str
+    model: str = "resnet50"
+    epochs: int = 1
+    batch_size: int = 256
+    workers: int = 4
+    prefetch_factor: int = 2
+    amp: str | None = None  # "bf16"
+    channels_last: bool = False
+    crop_size: int = 224
+    image_size: int | None = None  # decode size for JPEG sources (encoded shards, folders)
+    block_size: int = 32
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    seed: int = 0
+    deterministic: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # steps; 0 = only at epoch end
+    resume: bool = False
+    log_every: int = 10
+    mp_context: str | None = None
+    stop_after_steps: int | None = None  # SIGKILL itself after this many steps (preemption drills, tests)
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def from_env(cls) -> Distributed:
+        """torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); a plain run is rank 0 of 1."""
+        return cls(
+            int(os.environ.get("RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)),
+            int(os.environ.get("LOCAL_RANK", 0)),
+        )
+
+
+class Reporter:
+    """JSON lines on stdout, from rank 0 only (every rank's figures are reduced first where it matters)."""
+
+    def __init__(self, rank: int, stream: TextIO = sys.stdout) -> None:
+        self.enabled = rank == 0
+        self.stream = stream
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.enabled:
+            self.stream.write(json.dumps({"event": event, **fields}) + "\n")
+            self.stream.flush()
+
+
+def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
+    path = Path(config.data)
+    if path.name == MANIFEST_NAME or (path / MANIFEST_NAME).exists():
+        return HDF5Dataset(path, image_size=config.image_size, draft=True)
+    if path.is_dir():
+        return JpegFolderDataset(path, image_size=config.image_size or 256)
+    raise DatasetError(f"{path}: neither a packed dataset (manifest.json) nor a folder of class sub-folders")
+
+
+def _gpu_utilisation(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    try:
+        return float(torch.cuda.utilization(device))
+    except Exception:  # needs NVML (nvidia-ml-py); absent -> not reported
+        return None
+
+
+def _step_seed(seed: int, epoch: int, batch: int, rank: int) -> int:
+    """Augmentation randomness as a pure function of the position, so resume needs no generator state."""
+    return int(np.random.SeedSequence([seed, epoch, batch, rank]).generate_state(1)[0])
+
+
+def _configure_determinism(config: TrainConfig) -> None:
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    if config.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True
+
+
+def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Run the configured training; returns the final summary (also emitted as the "done" event)."""
+    if config.model not in MODELS:
+        raise ValueError(f"--model: unknown model {config.model!r} (choose from {', '.join(MODELS)})")
+    if config.amp not in (None, "bf16"):
+        raise ValueError(f"--amp: unsupported {config.amp!r} (only bf16)")
+    if config.resume and not config.checkpoint_dir:
+        raise ValueError("--resume: needs --checkpoint-dir")
+    env = Distributed.from_env()
+    reporter = reporter or Reporter(env.rank)
+    if env.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    _configure_determinism(config)
+    run_start = time.perf_counter()
+    reporter.emit("config", **asdict(config), world_size=env.world_size, device=str(device))
+
+    # data_preparation: dataset index, sampler, shared-memory check, loader.
+    started = time.perf_counter()
+    dataset = open_dataset(config)
+    image_size = dataset.image_size
+    sampler = BlockShuffleBatchSampler(
+        len(dataset),
+        config.batch_size,
+        block_size=config.block_size,
+        seed=config.seed,
+        rank=env.rank,
+        world_size=env.world_size,
+    )
+    batch_bytes = config.batch_size * image_size * image_size * 3
+    plan = plan_shared_memory(batch_bytes, config.workers, config.prefetch_factor, shm_available_bytes())
+    reporter.emit(
+        "shm_check",
+        transport=plan.transport,
+        available_bytes=plan.available_bytes,
+        needed_bytes=plan.needed_bytes,
+        message=plan.message,
+    )
+    if plan.transport == "pipe":
+        print(f"warning: {plan.message}", file=sys.stderr)
+    loader = make_loader(
+        dataset,
+        sampler,
+        workers=config.workers,
+        prefetch_factor=config.prefetch_factor,
+        multiprocessing_context=config.mp_context,
+        persistent_workers=False,
+        pin_memory=device.type == "cuda",
+        transport=plan.transport,
+    )
+    reporter.emit(
+        "data_preparation",
+        seconds=time.perf_counter() - started,
+        samples=len(dataset),
+        image_size=image_size,
+        batches_per_epoch=sampler.batches_per_epoch,
+    )
+
+    # model_loading: build, move, wrap, optimiser, and the checkpoint when resuming.
+    started = time.perf_counter()
+    num_classes = len(dataset.classes)
+    model: nn.Module = MODELS[config.model](num_classes).to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+    start_epoch, start_batch, global_step = 0, 0, 0
+    if config.resume:
+        assert config.checkpoint_dir is not None
+        state = load_checkpoint(config.checkpoint_dir, map_location=device)
+        if state is not None:
+            if state["config"]["model"] != config.model or state["world_size"] != env.world_size:
+                raise ValueError(
+                    f"--resume: {config.checkpoint_dir} holds a {state['config']['model']} run on "
+                    f"{state['world_size']} ranks, not {config.model} on {env.world_size}"
+                )
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start_epoch, start_batch, global_step = state["epoch"], state["batch"], state["step"]
+            restore_rng(state["rng"])
+            reporter.emit("resumed", epoch=start_epoch, batch=start_batch, step=global_step)
+    core = model
+    if env.world_size > 1:
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    criterion = nn.CrossEntropyLoss()
+    reporter.emit(
+        "model_loading",
+        seconds=time.perf_counter() - started,
+        model=config.model,
+        parameters=sum(p.numel() for p in core.parameters()),
+    )
+
+    def checkpoint(epoch: int, batch: int) -> None:
+        if config.checkpoint_dir and env.rank == 0:
+            save_checkpoint(
+                config.checkpoint_dir,
+                {
+                    "model": core.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch,
+                    "batch": batch,
+                    "step": global_step,
+                    "rng": capture_rng(),
+                    "config": asdict(config),
+                    "world_size": env.world_size,
+                },
+            )
+            reporter.emit("checkpoint", epoch=epoch, batch=batch, step=global_step)
+
+    autocast_dtype = torch.bfloat16 if config.amp == "bf16" else None
+    input_dtype = autocast_dtype if device.type == "cuda" and autocast_dtype else torch.float32
+    summary: dict[str, Any] = {}
+    model.train()
+    for epoch in range(start_epoch, config.epochs):
+        first_batch = start_batch if epoch == start_epoch else 0
+        if first_batch >= sampler.batches_per_epoch:
+            continue
+        sampler.set_epoch(epoch, first_batch)
+        epoch_start = time.perf_counter()
+        data_time = compute_time = 0.0
+        samples = 0
+        utilisation: list[float] = []
+        batch_index = first_batch
+        waited = time.perf_counter()
+        for batch in loader:
+            got = time.perf_counter()
+            images, labels = to_tensors(batch)
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            generator = torch.Generator().manual_seed(_step_seed(config.seed, epoch, batch_index, env.rank))
+            inputs = random_resized_crop_flip_normalize(
+                images,
+                config.crop_size,
+                generator=generator,
+                dtype=input_dtype,
+                channels_last=config.channels_last,
+            )
+            with torch.autocast(
+                device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+            ):
+                loss = criterion(model(inputs), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            done = time.perf_counter()
+            step_data, step_compute = got - waited, done - got
+            data_time += step_data
+            compute_time += step_compute
+            samples += len(labels)
+            batch_index += 1
+            global_step += 1
+            if global_step % max(1, config.log_every) == 0:
+                gpu = _gpu_utilisation(device)
+                if gpu is not None:
+                    utilisation.append(gpu)
+                reporter.emit(
+                    "batch",
+                    epoch=epoch,
+                    batch=batch_index - 1,
+                    step=global_step,
+                    loss=float(loss),
+                    data_time=step_data,
+                    compute_time=step_compute,
+                    gpu_utilization=gpu,
+                )
+            if config.checkpoint_every and global_step % config.checkpoint_every == 0:
+                checkpoint(epoch, batch_index)
+            if config.stop_after_steps is not None and global_step >= config.stop_after_steps:
+                reporter.emit("killing_self", step=global_step)
+                os.kill(os.getpid(), signal.SIGKILL)
+            waited = time.perf_counter()
+        epoch_time = time.perf_counter() - epoch_start
+        total_samples = samples * env.world_size
+        summary = {
+            "epoch": epoch,
+            "epoch_time": epoch_time,
+            "data_time": data_time,
+            "compute_time": compute_time,
+            "batches": batch_index - first_batch,
+            "samples": total_samples,
+            "throughput": total_samples / epoch_time if epoch_time > 0 else 0.0,
+            "data_share": data_time / epoch_time if epoch_time > 0 else 0.0,
+            "gpu_utilization": sum(utilisation) / len(utilisation) if utilisation else None,
+        }
+        reporter.emit("epoch", **summary)
+        checkpoint(epoch + 1, 0)
+    reporter.emit("done", total_seconds=time.perf_counter() - run_start, steps=global_step)
+    if env.world_size > 1:
+        dist.barrier()
+    return summary

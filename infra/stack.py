@@ -10,7 +10,13 @@ import pulumi
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from infra.config import StackConfig
 from infra.context import ClusterInfo, NetworkInfo, StackContext
+from infra.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
+from infra.nodepools import NodePools, NodePoolsArgs
+from infra.poolplan import plan_node_pools
+from infra.storage import Storage, StorageArgs
+
+JOBS_NAMESPACE = "training"  # where Jobs, their claims and the COS Secret live (ClusterFacts.namespace)
 
 
 def stack_context(cfg: StackConfig, project: str, stack: str) -> StackContext:
@@ -28,6 +34,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     existing_subnets = None
     if cfg.network is not None and cfg.network.existing is not None:
         existing_subnets = lookup_existing_subnets(cfg.network.existing)
+    pool_plans = plan_node_pools(cfg)  # instance-type facts per pool (aws.ec2.get_instance_type); ConfigError
 
     # --- network + cluster ---
     network: NetworkInfo | None = None
@@ -58,10 +65,28 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     outputs["clusterName"] = cluster.name
 
     # --- node pools (issue 3) ---
+    node_groups: list[pulumi.Resource] = []
+    if network is not None:
+        pools = NodePools(f"{ctx.prefix}-nodepools", NodePoolsArgs(
+            ctx=ctx, cluster=cluster, network=network, pools=tuple(p for p in pool_plans if p.ami_type)))
+        node_groups = list(pools.node_groups.values())
+    outputs["nodePools"] = {plan.name: {
+        "gpuType": plan.gpu_type, "gpusPerNode": plan.gpus_per_node, "nvmeGib": plan.nvme_gib,
+        "cpuPerGpuMillicores": plan.cpu_per_gpu_millicores, "memoryPerGpuBytes": plan.memory_per_gpu_bytes,
+    } for plan in pool_plans}
 
     # --- storage (issue 4) ---
+    storage = Storage(ctx, StorageArgs(
+        config=cfg.storage, cluster=cluster, network=network, namespace=JOBS_NAMESPACE,
+        node_pools=node_groups,
+        cos_access_key_id=cfg.cos_hmac_access_key_id, cos_secret_access_key=cfg.cos_hmac_secret_access_key))
+    outputs["storage"] = storage.outputs(cluster, network)
 
     # --- GPU plumbing (issue 3) ---
+    GpuPlumbing(f"{ctx.prefix}-gpu", GpuPlumbingArgs(
+        ctx=ctx, cluster=cluster, config=cfg.gpu, pools=pool_plans, cluster_name=cfg.cluster_name,
+        kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources)))
+    # Jobs (issue 5): ClusterFacts(pools=pool_facts(pool_plans), ...) gives the renderer every pool's facts.
 
     # --- training jobs (issue 5) ---
 

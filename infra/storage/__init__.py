@@ -52,6 +52,7 @@ class Storage(pulumi.ComponentResource):
         self.efs_security_group_id: pulumi.Output[str] | None = None
         self.cos_secret_name: str | None = None
         self.object_store_endpoint: str | None = config.cos.endpoint if config.cos else None
+        self.namespace = namespace
         self.driver_resources: list[pulumi.Resource] = []
         created = classes.CreatedObjects()
         in_namespace = [args.namespace_resource] if args.namespace_resource is not None else []
@@ -251,4 +252,5 @@ class Storage(pulumi.ComponentResource):
             "datasetClaims": self.dataset_claim_names,
             "sharedClaims": self.shared_claim_names,
             "cosSecret": self.cos_secret_name,
+            "namespace": self.namespace,
         }

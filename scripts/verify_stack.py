@@ -1,0 +1,134 @@
+"""Verify a deployed stack's storage: EFS mount targets and NFS rule, bucket protections (AWS, boto3), storage
+classes, GPU/NVMe node labels and a test PVC (Kubernetes). Prints a pass/fail table; exit 1 on a failure.
+
+    verify_stack.py --stack dev                       # runs `pulumi stack output --json -s dev`
+    verify_stack.py --outputs outputs.json --skip-kubernetes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from infra.storage.verify import (  # noqa: E402
+    Check,
+    OutputsError,
+    aws_checks,
+    kubernetes_checks,
+    render_table,
+    storage_outputs,
+)
+
+
+class UsageError(Exception):
+    def __init__(self, where: str, why: str):
+        self.where, self.why = where, why
+
+
+def read_outputs(args: argparse.Namespace) -> dict[str, Any]:
+    if args.outputs is not None:
+        where = args.outputs
+        try:
+            text = sys.stdin.read() if where == "-" else Path(where).read_text()
+        except OSError as exc:
+            raise UsageError(where, f"cannot read: {exc.strerror}") from None
+    else:
+        where = f"pulumi stack output -s {args.stack}"
+        try:
+            done = subprocess.run(
+                ["pulumi", "stack", "output", "--json", "-s", args.stack],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise UsageError("pulumi", "the Pulumi CLI is not installed; pass --outputs FILE") from None
+        if done.returncode != 0:
+            raise UsageError(where, (done.stderr.strip().splitlines() or ["failed"])[-1])
+        text = done.stdout
+    try:
+        outputs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(where, f"not JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(outputs, dict):
+        raise UsageError(where, "stack outputs must be a JSON object")
+    return outputs
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"error: arguments: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--stack", help="read the outputs of this Pulumi stack")
+    source.add_argument("--outputs", help="read the outputs from this JSON file ('-' for stdin)")
+    parser.add_argument("--region", help="AWS region (default: the stack output `region`)")
+    parser.add_argument("--endpoint-url", help="send AWS calls here (tests, S3-compatible stores)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG / ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context")
+    parser.add_argument("--label-prefix", default="ml-cluster.io", help="node label prefix (%(default)s)")
+    parser.add_argument("--pvc-timeout", type=float, default=120.0, help="seconds to wait for the test PVC")
+    parser.add_argument("--skip-aws", action="store_true")
+    parser.add_argument("--skip-kubernetes", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> list[Check]:
+    outputs = read_outputs(args)
+    storage_outputs(outputs)
+    checks: list[Check] = []
+    if not args.skip_aws and outputs.get("platform", "eks") == "eks":
+        import boto3
+
+        region = args.region or outputs.get("region")
+        if not region:
+            raise UsageError("--region", "no region given and no `region` stack output")
+        session = boto3.session.Session(region_name=region)
+        checks += aws_checks(outputs, lambda service: session.client(service, endpoint_url=args.endpoint_url))
+    if not args.skip_kubernetes:
+        from kubernetes import client, config
+
+        try:
+            config.load_kube_config(config_file=args.kubeconfig, context=args.context)
+        except (config.ConfigException, OSError) as exc:
+            raise UsageError(args.kubeconfig or "kubeconfig", str(exc)) from None
+        checks += kubernetes_checks(
+            outputs, client.CoreV1Api(), client.StorageV1Api(), args.label_prefix, args.pvc_timeout
+        )
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        checks = run(args)
+    except UsageError as exc:
+        print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
+        return 2
+    except OutputsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([check.__dict__ for check in checks], indent=1))
+    else:
+        print(render_table(checks))
+    failed = [check for check in checks if check.status == "FAIL"]
+    if failed:
+        print(f"{len(failed)} of {len(checks)} checks failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -84,8 +84,9 @@ def provider_endpoint(provider: ProviderInfo | None, service: str) -> str | None
 def plan_from_document(document: Mapping[str, Any]) -> Plan:
     """The offline plan document (`infra.offline.plan_stack`, `scripts/plan.py --json`) as a Plan.
 
-    Each resource's `outputs` (or `id`/`arn`) are the values the mocks assigned; an input of another
-    resource that equals one of them is a reference to it.
+    References come from each resource's `propertyDependencies` (input key -> URNs or logical names) when
+    the document has them, and from values: an input equal to another resource's `id`, `arn` or `urn` (or
+    `outputs.id`/`outputs.arn`) refers to it.
     """
     raw_resources = list(document.get("resources", []))
     owner_of_value: dict[str, str] = {}
@@ -97,6 +98,9 @@ def plan_from_document(document: Mapping[str, Any]) -> Plan:
         for raw in raw_resources
         if str(raw.get("type", "")).startswith(PROVIDER_TYPE_PREFIX)
     }
+    keys_by_name: dict[str, list[str]] = {}
+    for raw in raw_resources:
+        keys_by_name.setdefault(raw["name"], []).append(resource_key(raw["type"], raw["name"]))
     resources = []
     for raw in raw_resources:
         options = raw.get("options") or {}
@@ -106,6 +110,9 @@ def plan_from_document(document: Mapping[str, Any]) -> Plan:
             for key, value in inputs.items()
             if (names := _referenced(value, owner_of_value, exclude=resource_key(raw["type"], raw["name"])))
         }
+        for key, references in (raw.get("propertyDependencies") or {}).items():
+            resolved = [k for reference in references for k in _keys_for(reference, keys_by_name)]
+            refs[key] = tuple(dict.fromkeys([*refs.get(key, ()), *resolved]))
         resources.append(
             PlanResource(
                 type=raw["type"],
@@ -128,13 +135,27 @@ def _identity_values(raw: Mapping[str, Any]) -> list[str]:
     return [v for v in values if isinstance(v, str) and v]
 
 
+def _urn_key(urn: str) -> str | None:
+    """`urn:pulumi:<stack>::<project>::<parent types$>type::name` -> the resource's key."""
+    parts = urn.split("::")
+    return resource_key(parts[2].split("$")[-1], "::".join(parts[3:])) if len(parts) >= 4 else None
+
+
+def _keys_for(reference: str, keys_by_name: Mapping[str, list[str]]) -> list[str]:
+    """A URN or a bare logical name (which may name resources of several types)."""
+    if reference.startswith("urn:pulumi:"):
+        key = _urn_key(reference)
+        return [key] if key else []
+    return list(keys_by_name.get(reference, []))
+
+
 def _referenced(value: Any, owner_of_value: Mapping[str, str], exclude: str) -> tuple[str, ...]:
     found: list[str] = []
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            owner = owner_of_value.get(item)
+            owner = owner_of_value.get(item) or (_urn_key(item) if item.startswith("urn:pulumi:") else None)
             if owner and owner != exclude and owner not in found:
                 found.append(owner)
         elif isinstance(item, Mapping):

@@ -373,26 +373,38 @@ def check_job_memory_covers_memory_volumes(resource: PlanResource, ctx: PolicyCo
             )
 
 
+def _ephemeral_limit(container: Mapping[str, Any]) -> Decimal | None:
+    return _quantity(((container.get("resources") or {}).get("limits") or {}).get("ephemeral-storage"))
+
+
 def check_job_ephemeral_storage_limits(resource: PlanResource, ctx: PolicyContext) -> Iterator[str]:
+    """Disk scratch is bounded: its users set ephemeral-storage limits that together cover its sizeLimits.
+
+    The kubelet charges emptyDir usage to the pod, whose limit is the sum over the app containers and native
+    sidecars (init containers with restartPolicy Always); plain init containers run before them and add none.
+    """
     pod = _pod_spec(resource)
     volumes = _volumes(pod)
+    scratch = {name: v for name, v in volumes.items() if _is_disk_scratch(v)}
+    if not scratch:
+        return
     for container in _containers(pod):
-        scratch = [v for v in _mounted(container, volumes) if _is_disk_scratch(v)]
-        if not scratch:
-            continue
-        raw_limit = ((container.get("resources") or {}).get("limits") or {}).get("ephemeral-storage")
-        limit = _quantity(raw_limit)
-        if limit is None:
+        mounted = [v for v in _mounted(container, volumes) if _is_disk_scratch(v)]
+        if mounted and _ephemeral_limit(container) is None:
             yield (
                 f"container {container.get('name')} uses disk scratch "
-                f"({', '.join(str(v.get('name')) for v in scratch)}) but sets no ephemeral-storage limit"
+                f"({', '.join(str(v.get('name')) for v in mounted)}) but sets no ephemeral-storage limit"
             )
-            continue
-        sizes = [_quantity(v["emptyDir"].get("sizeLimit")) for v in scratch]
-        if all(s is not None for s in sizes) and limit < sum(s for s in sizes if s is not None):
+    sizes = [_quantity(v["emptyDir"].get("sizeLimit")) for v in scratch.values()]
+    long_running = [*(pod.get("containers") or [])]
+    long_running += [c for c in pod.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+    pod_limit = sum((limit for c in long_running if (limit := _ephemeral_limit(c)) is not None), Decimal(0))
+    if all(size is not None for size in sizes):
+        total = sum((size for size in sizes if size is not None), Decimal(0))
+        if pod_limit < total:
             yield (
-                f"container {container.get('name')}: ephemeral-storage limit {raw_limit} is below the "
-                "sizeLimit of the scratch volumes it mounts"
+                f"the containers' ephemeral-storage limits ({pod_limit} bytes) do not cover the sizeLimits "
+                f"of the disk scratch volumes ({', '.join(scratch)}: {total} bytes)"
             )
 
 

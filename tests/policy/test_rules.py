@@ -1,0 +1,335 @@
+"""Each policy of the pack, passing and failing, on small synthetic plan documents."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from infra.policy.rules import POLICIES, PolicyContext, Violation, evaluate
+from tests.policy.builders import (
+    compliant_stack,
+    container,
+    copy_of,
+    gpu_job,
+    gpu_node_group,
+    plan,
+    pod_spec,
+    resource,
+    s3_bucket,
+    tls_only_policy,
+)
+
+UNPROTECTED = PolicyContext(stack_protected=False)
+PROTECTED = PolicyContext(stack_protected=True)
+
+
+def violations(resources: list[dict[str, Any]], ctx: PolicyContext = UNPROTECTED) -> list[Violation]:
+    return evaluate(plan(*resources), ctx)
+
+
+def only(found: list[Violation], policy: str) -> list[Violation]:
+    """Assert every violation is of `policy` (one change breaks one rule) and return them."""
+    assert found, f"expected a {policy} violation"
+    assert {v.policy for v in found} == {policy}, [str(v) for v in found]
+    return found
+
+
+def replace(resources: list[dict[str, Any]], type_token: str, **inputs: Any) -> list[dict[str, Any]]:
+    """Copy of `resources` with the inputs of every resource of `type_token` updated."""
+    result = [copy_of(r) for r in resources]
+    for raw in result:
+        if raw["type"] == type_token:
+            raw["inputs"].update(inputs)
+    return result
+
+
+def test_policy_names_are_unique_and_every_policy_is_checked_here() -> None:
+    names = [rule.name for rule in POLICIES]
+    assert len(names) == len(set(names))
+    assert {rule.enforcement for rule in POLICIES} == {"mandatory", "advisory"}
+
+
+@pytest.mark.parametrize("ctx", [UNPROTECTED, PROTECTED], ids=["unprotected", "protected"])
+def test_compliant_stack_passes_every_policy(ctx: PolicyContext) -> None:
+    assert violations(compliant_stack(protected=ctx.stack_protected), ctx) == []
+
+
+# --- buckets ---
+
+
+def test_bucket_without_encryption_fails() -> None:
+    resources = [r for r in s3_bucket() if "ServerSideEncryption" not in r["type"]]
+    found = only(violations(resources), "s3-bucket-encrypted")
+    assert found[0].resource is not None and found[0].resource.name == "data"
+
+
+def test_bucket_with_inline_encryption_passes() -> None:
+    resources = [r for r in s3_bucket() if "ServerSideEncryption" not in r["type"]]
+    resources = replace(
+        resources,
+        "aws:s3/bucket:Bucket",
+        serverSideEncryptionConfiguration={
+            "rule": {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}
+        },
+    )
+    assert violations(resources) == []
+
+
+def test_bucket_with_unknown_algorithm_fails() -> None:
+    resources = replace(
+        s3_bucket(),
+        s3_bucket()[1]["type"],
+        rules=[{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "none"}}],
+    )
+    assert "'none'" in only(violations(resources), "s3-bucket-encrypted")[0].message
+
+
+def test_encryption_of_another_bucket_does_not_count() -> None:
+    other = s3_bucket("other")
+    resources = [*(r for r in s3_bucket() if "ServerSideEncryption" not in r["type"]), *other]
+    found = only(violations(resources), "s3-bucket-encrypted")
+    assert [v.resource.name for v in found if v.resource] == ["data"]
+
+
+def test_bucket_without_public_access_block_fails() -> None:
+    resources = [r for r in s3_bucket() if "PublicAccessBlock" not in r["type"]]
+    assert (
+        "no aws.s3.BucketPublicAccessBlock"
+        in only(violations(resources), "s3-bucket-public-access-blocked")[0].message
+    )
+
+
+def test_partial_public_access_block_fails_naming_the_flag() -> None:
+    resources = replace(
+        s3_bucket(), "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", restrictPublicBuckets=False
+    )
+    message = only(violations(resources), "s3-bucket-public-access-blocked")[0].message
+    assert "restrictPublicBuckets" in message and "blockPublicAcls" not in message
+
+
+def test_bucket_without_tls_policy_fails() -> None:
+    resources = [r for r in s3_bucket() if r["type"] != "aws:s3/bucketPolicy:BucketPolicy"]
+    only(violations(resources), "s3-bucket-tls-only")
+
+
+def test_bucket_policy_that_allows_http_fails() -> None:
+    document = json.loads(tls_only_policy("mlc-data"))
+    document["Statement"][0]["Condition"] = {"Bool": {"aws:SecureTransport": "true"}}
+    resources = replace(s3_bucket(), "aws:s3/bucketPolicy:BucketPolicy", policy=json.dumps(document))
+    only(violations(resources), "s3-bucket-tls-only")
+
+
+def test_bucket_policy_not_known_yet_is_not_a_violation() -> None:
+    # During a real preview the policy JSON embeds the bucket ARN, an unknown output (None here).
+    resources = replace(s3_bucket(), "aws:s3/bucketPolicy:BucketPolicy", policy=None)
+    assert violations(resources) == []
+
+
+def cos_bucket(endpoint: str) -> list[dict[str, Any]]:
+    provider = resource(
+        "pulumi:providers:aws", "cos", {"endpoints": json.dumps([{"s3": endpoint}]), "region": "us-south"}
+    )
+    bucket = resource("aws:s3/bucket:Bucket", "cos-data", {"bucket": "mlc-cos-data"}, provider="cos")
+    return [provider, bucket]
+
+
+def test_cos_bucket_on_https_endpoint_passes_without_s3_only_resources() -> None:
+    assert violations(cos_bucket("https://s3.us-south.cloud-object-storage.appdomain.cloud")) == []
+
+
+def test_cos_bucket_on_plain_http_endpoint_fails() -> None:
+    found = only(violations(cos_bucket("http://minio.local:9000")), "s3-bucket-tls-only")
+    assert "not https" in found[0].message
+
+
+# --- EFS, launch templates, node groups ---
+
+
+def test_unencrypted_efs_fails() -> None:
+    resources = replace(compliant_stack(), "aws:efs/fileSystem:FileSystem", encrypted=False)
+    only(violations(resources), "efs-encrypted")
+
+
+def test_launch_template_without_imdsv2_fails() -> None:
+    resources = replace(
+        compliant_stack(), "aws:ec2/launchTemplate:LaunchTemplate", metadataOptions={"httpTokens": "optional"}
+    )
+    only(violations(resources), "launch-template-imdsv2")
+    without_options = replace(
+        compliant_stack(), "aws:ec2/launchTemplate:LaunchTemplate", metadataOptions=None
+    )
+    only(violations(without_options), "launch-template-imdsv2")
+
+
+def test_untainted_gpu_node_group_fails() -> None:
+    only(violations([gpu_node_group(taints=[])]), "gpu-node-group-tainted")
+
+
+def test_gpu_node_group_is_recognised_by_instance_type_too() -> None:
+    group = gpu_node_group(amiType="CUSTOM", instanceTypes=["p5.48xlarge"], taints=None)
+    only(violations([group]), "gpu-node-group-tainted")
+
+
+def test_gpu_taint_with_prefer_no_schedule_fails() -> None:
+    group = gpu_node_group(
+        taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "PREFER_NO_SCHEDULE"}]
+    )
+    only(violations([group]), "gpu-node-group-tainted")
+
+
+def test_cpu_node_group_needs_no_taint() -> None:
+    group = resource(
+        "aws:eks/nodeGroup:NodeGroup",
+        "system",
+        {"amiType": "AL2023_ARM_64_STANDARD", "instanceTypes": ["m7g.large", "c6g.xlarge"]},
+    )
+    assert violations([group]) == []
+
+
+# --- Jobs ---
+
+
+def test_gpu_job_with_limits_above_requests_fails() -> None:
+    job = gpu_job()
+    container(job, "train")["resources"]["requests"]["cpu"] = "4"
+    message = only(violations([job]), "job-gpu-limits-equal-requests")[0].message
+    assert "container train" in message and "cpu" in message
+
+
+def test_gpu_job_with_burstable_init_container_fails() -> None:
+    job = gpu_job()
+    container(job, "stage")["resources"]["limits"]["memory"] = "4Gi"
+    assert "container stage" in only(violations([job]), "job-gpu-limits-equal-requests")[0].message
+
+
+def test_request_without_limit_in_gpu_job_fails() -> None:
+    job = gpu_job()
+    del container(job, "stage")["resources"]["limits"]["cpu"]
+    assert "without a limit" in only(violations([job]), "job-gpu-limits-equal-requests")[0].message
+
+
+def test_equal_quantities_in_different_units_pass() -> None:
+    job = gpu_job()
+    container(job, "train")["resources"]["requests"]["cpu"] = "8000m"
+    assert violations([job]) == []
+
+
+def test_cpu_job_may_be_burstable() -> None:
+    job = gpu_job()
+    for name in ("train", "stage"):
+        resources = container(job, name)["resources"]
+        resources["limits"].pop("nvidia.com/gpu", None)
+        resources["requests"].pop("nvidia.com/gpu", None)
+        resources["requests"]["cpu"] = "500m"
+    assert violations([job]) == []
+
+
+def test_gpu_container_without_memory_backed_shm_fails() -> None:
+    job = gpu_job()
+    train = container(job, "train")
+    train["volumeMounts"] = [m for m in train["volumeMounts"] if m["mountPath"] != "/dev/shm"]
+    only(violations([job]), "job-gpu-shm")
+
+
+def test_shm_on_disk_does_not_count() -> None:
+    job = gpu_job()
+    pod_spec(job)["volumes"][0]["emptyDir"] = {"sizeLimit": "16Gi"}  # dshm, now disk-backed
+    container(job, "train")["resources"]["limits"]["ephemeral-storage"] = "200Gi"
+    container(job, "train")["resources"]["requests"]["ephemeral-storage"] = "200Gi"
+    only(violations([job]), "job-gpu-shm")
+
+
+def test_memory_limit_not_covering_memory_volumes_fails() -> None:
+    job = gpu_job()
+    for kind in ("limits", "requests"):
+        container(job, "train")["resources"][kind]["memory"] = "16Gi"  # == the 16Gi /dev/shm
+    assert "dshm" in only(violations([job]), "job-memory-covers-memory-volumes")[0].message
+
+
+def test_memory_volume_without_size_limit_fails() -> None:
+    job = gpu_job()
+    pod_spec(job)["volumes"][0]["emptyDir"] = {"medium": "Memory"}
+    assert "no sizeLimit" in only(violations([job]), "job-memory-covers-memory-volumes")[0].message
+
+
+def test_memory_volume_in_container_without_memory_limit_fails() -> None:
+    job = gpu_job()
+    for kind in ("limits", "requests"):
+        del container(job, "train")["resources"][kind]["memory"]
+    assert "no memory limit" in only(violations([job]), "job-memory-covers-memory-volumes")[0].message
+
+
+def test_scratch_user_without_ephemeral_storage_limit_fails() -> None:
+    job = gpu_job()
+    for kind in ("limits", "requests"):
+        del container(job, "stage")["resources"][kind]["ephemeral-storage"]
+    assert "container stage" in only(violations([job]), "job-ephemeral-storage-limits")[0].message
+
+
+def test_ephemeral_limits_below_scratch_size_fail() -> None:
+    job = gpu_job()
+    for kind in ("limits", "requests"):
+        container(job, "train")["resources"][kind]["ephemeral-storage"] = "50Gi"  # scratch is 100Gi
+    assert "do not cover" in only(violations([job]), "job-ephemeral-storage-limits")[0].message
+
+
+def test_native_sidecar_limit_counts_towards_the_pod() -> None:
+    job = gpu_job()
+    stage = container(job, "stage")
+    stage["restartPolicy"] = "Always"
+    for kind in ("limits", "requests"):
+        stage["resources"][kind]["ephemeral-storage"] = "60Gi"
+        container(job, "train")["resources"][kind]["ephemeral-storage"] = "50Gi"
+    assert violations([job]) == []
+
+
+def test_host_path_volume_fails() -> None:
+    job = gpu_job()
+    pod_spec(job)["volumes"].append({"name": "host", "hostPath": {"path": "/var/lib"}})
+    assert "host" in only(violations([job]), "job-no-host-path")[0].message
+
+
+def test_privileged_container_fails() -> None:
+    job = gpu_job()
+    container(job, "train")["securityContext"]["privileged"] = True
+    only(violations([job]), "job-not-privileged")
+
+
+# --- protected stacks ---
+
+
+def test_stateful_resources_unprotected_in_protected_stack_fail() -> None:
+    resources = replace(compliant_stack(protected=False), "aws:eks/nodeGroup:NodeGroup", capacityType="SPOT")
+    found = only(violations(resources, PROTECTED), "protected-stateful-resources")
+    assert {(v.resource.type, v.resource.name) for v in found if v.resource} == {
+        ("aws:s3/bucket:Bucket", "data"),
+        ("aws:efs/fileSystem:FileSystem", "shared"),
+    }
+    assert any("retain_on_delete" in v.message for v in found) and any(
+        "protect=True" in v.message for v in found
+    )
+
+
+def test_protected_bucket_with_force_destroy_fails() -> None:
+    resources = replace(compliant_stack(protected=True), "aws:s3/bucket:Bucket", forceDestroy=True)
+    assert (
+        "force_destroy" in only(violations(resources, PROTECTED), "protected-stateful-resources")[0].message
+    )
+
+
+def test_unprotected_stack_may_destroy_its_data() -> None:
+    resources = replace(compliant_stack(protected=False), "aws:s3/bucket:Bucket", forceDestroy=True)
+    assert violations(resources, UNPROTECTED) == []
+
+
+def test_on_demand_gpu_pool_in_protected_stack_is_advisory() -> None:
+    resources = replace(
+        compliant_stack(protected=True), "aws:eks/nodeGroup:NodeGroup", capacityType="ON_DEMAND"
+    )
+    found = only(violations(resources, PROTECTED), "prod-training-pools-spot")
+    assert [v.enforcement for v in found] == ["advisory"]
+    assert [v.resource.name for v in found if v.resource] == [
+        "gpu"
+    ]  # the CPU system pool is not a training pool

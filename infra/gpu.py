@@ -72,9 +72,7 @@ def device_plugin_values(plans: Sequence[PoolPlan]) -> dict[str, Any]:
     }
 
 
-def dcgm_exporter_values(
-    cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], label_prefix: str
-) -> dict[str, Any]:
+def dcgm_exporter_values(cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], label_prefix: str) -> dict[str, Any]:
     return {
         "affinity": _required_affinity(f"{label_prefix}/gpu-type", "Exists"),
         "tolerations": gpu_tolerations(plans),
@@ -88,9 +86,7 @@ def autoscaler_image_tag(cfg: AutoscalerConfig, kubernetes_version: str) -> str:
     return cfg.image_tag or f"v{kubernetes_version}.0"
 
 
-def autoscaler_values(
-    cfg: AutoscalerConfig, cluster_name: str, region: str, kubernetes_version: str
-) -> dict[str, Any]:
+def autoscaler_values(cfg: AutoscalerConfig, cluster_name: str, region: str, kubernetes_version: str) -> dict[str, Any]:
     """cluster-autoscaler values: AWS, auto-discovery by the tags EKS puts on managed node groups' ASGs
     (k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/<cluster>); credentials: Pod Identity."""
     return {
@@ -195,9 +191,7 @@ class GpuPlumbing(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuPlumbingArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:GpuPlumbing", name, None, opts)
         ctx, cluster, cfg = args.ctx, args.cluster, args.config
-        k8s_opts = pulumi.ResourceOptions(
-            parent=self, provider=cluster.provider, depends_on=list(args.depends_on)
-        )
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.provider, depends_on=list(args.depends_on))
         self.releases = {}
 
         patches = []

@@ -78,28 +78,22 @@ def shape_from_result(instance_type: str, result: Any) -> InstanceShape:
     gpus = list(_field(result, "gpuses", "gpuses") or [])
     gpu_count = sum(int(_field(gpu, "count", "count") or 0) for gpu in gpus)
     first_gpu = gpus[0] if gpus else None
+    # The data source does not report NvmeSupport; every SSD instance store of a Nitro type is NVMe, and HDD
+    # stores (d3, h1) are not what kubelet and containerd should live on.
     ssd_gb = 0
-    nvme = str(_field(result, "nvme_support", "nvmeSupport") or "unsupported")
-    if nvme in ("required", "supported"):
-        for disk in _field(result, "instance_disks", "instanceDisks") or []:
-            if str(_field(disk, "type", "type")).lower() == "ssd":
-                ssd_gb += int(_field(disk, "count", "count") or 0) * int(_field(disk, "size", "size") or 0)
+    for disk in _field(result, "instance_disks", "instanceDisks") or []:
+        if str(_field(disk, "type", "type")).lower() == "ssd":
+            ssd_gb += int(_field(disk, "count", "count") or 0) * int(_field(disk, "size", "size") or 0)
     return InstanceShape(
         instance_type=instance_type,
         vcpus=int(vcpus),
         memory_mib=int(memory),
         gpu_count=gpu_count,
         gpu_name=str(_field(first_gpu, "name", "name")) if first_gpu is not None else None,
-        gpu_manufacturer=str(_field(first_gpu, "manufacturer", "manufacturer"))
-        if first_gpu is not None
-        else None,
-        gpu_memory_mib=int(_field(first_gpu, "memory_size", "memorySize") or 0) or None
-        if first_gpu
-        else None,
+        gpu_manufacturer=str(_field(first_gpu, "manufacturer", "manufacturer")) if first_gpu is not None else None,
+        gpu_memory_mib=int(_field(first_gpu, "memory_size", "memorySize") or 0) or None if first_gpu else None,
         local_ssd_gb=ssd_gb,
-        architectures=tuple(
-            _field(result, "supported_architectures", "supportedArchitectures") or ("x86_64",)
-        ),
+        architectures=tuple(_field(result, "supported_architectures", "supportedArchitectures") or ("x86_64",)),
         eni_max_pods=_eni_max_pods(result),
     )
 

@@ -144,11 +144,7 @@ def _asg_name(resources: Any) -> str | None:
     if not resources:
         return None
     first = resources[0]
-    groups = (
-        first.get("autoscaling_groups")
-        if isinstance(first, dict)
-        else getattr(first, "autoscaling_groups", None)
-    )
+    groups = first.get("autoscaling_groups") if isinstance(first, dict) else getattr(first, "autoscaling_groups", None)
     if not groups:
         return None
     group = groups[0]
@@ -174,9 +170,7 @@ class NodePools(pulumi.ComponentResource):
         ctx, cluster = args.ctx, args.cluster
         if not cluster.is_eks or cluster.node_role_arn is None:
             raise ValueError("NodePools needs an EKS cluster (node role, security groups)")
-        security_groups = [
-            sg for sg in (cluster.node_security_group_id, cluster.cluster_security_group_id) if sg
-        ]
+        security_groups = [sg for sg in (cluster.node_security_group_id, cluster.cluster_security_group_id) if sg]
         self.node_groups, self.asg_names = {}, {}
         for plan in args.pools:
             subnet_ids = pool_subnet_ids(plan, args.network)

@@ -54,9 +54,7 @@ class PoolPlan:
     gpu_type: str | None
     gpus_per_node: int
     gpu_memory_gib: int | None
-    nvme_gib: (
-        int  # NVMe set up as RAID0 for kubelet/containerd; 0 when the pool has none (or it is turned off)
-    )
+    nvme_gib: int  # NVMe set up as RAID0 for kubelet/containerd; 0 when the pool has none (or it is turned off)
     ami_type: str | None  # EKS AMI type; None for existing (onprem) nodes
     labels: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
@@ -119,9 +117,7 @@ def _describe_gpus(shape: InstanceShape) -> str:
     return f"{shape.instance_type} ({shape.gpu_count}x {shape.gpu_manufacturer} {shape.gpu_name})"
 
 
-def _check_instance_pool(
-    path: str, pool: NodePoolConfig, shapes: Sequence[InstanceShape]
-) -> list[tuple[str, str]]:
+def _check_instance_pool(path: str, pool: NodePoolConfig, shapes: Sequence[InstanceShape]) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     gpu_shapes = {(s.gpu_count, s.gpu_name, s.gpu_memory_mib) for s in shapes}
     if pool.gpu:
@@ -307,8 +303,7 @@ def plan_node_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shap
             problems.append(
                 (
                     f"{path}.existing",
-                    f"pool {pool.name}: existing nodes belong to platform onprem; "
-                    "EKS pools name instanceTypes",
+                    f"pool {pool.name}: existing nodes belong to platform onprem; EKS pools name instanceTypes",
                 )
             )
             continue

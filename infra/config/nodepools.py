@@ -36,9 +36,7 @@ def _labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
         _label_key(key)
         if not _LABEL_VALUE.match(value):
-            raise ValueError(
-                f"label {key}: {value!r} is not a Kubernetes label value (at most 63 characters)"
-            )
+            raise ValueError(f"label {key}: {value!r} is not a Kubernetes label value (at most 63 characters)")
     return labels
 
 
@@ -86,9 +84,7 @@ class ExistingNodesConfig(StrictModel):
     gpu_type: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     gpus_per_node: int = Field(default=0, ge=0)
     gpu_memory_gib: int | None = Field(default=None, ge=1)
-    nvme_gib: int = Field(
-        default=0, ge=0, description="NVMe-backed kubelet root dir (ephemeral storage), GiB"
-    )
+    nvme_gib: int = Field(default=0, ge=0, description="NVMe-backed kubelet root dir (ephemeral storage), GiB")
     max_pods: int = Field(default=110, ge=1)
 
     @model_validator(mode="after")
@@ -112,9 +108,7 @@ class NodePoolConfig(StrictModel):
     desired_size: int | None = Field(default=None, ge=0, description="default: minSize")
     max_size: int = Field(default=1, ge=1, le=1000)
     ami_family: Literal["al2023", "bottlerocket"] = "al2023"
-    disk_size_gib: int = Field(
-        default=100, ge=20, le=16384, description="root (AL2023) / data (Bottlerocket) gp3"
-    )
+    disk_size_gib: int = Field(default=100, ge=20, le=16384, description="root (AL2023) / data (Bottlerocket) gp3")
     labels: Labels = {}
     taints: list[TaintConfig] = []
     local_storage: LocalStorageConfig = LocalStorageConfig()
@@ -124,9 +118,7 @@ class NodePoolConfig(StrictModel):
     @model_validator(mode="after")
     def _shape(self) -> NodePoolConfig:
         if bool(self.instance_types) == (self.existing is not None):
-            raise ValueError(
-                f"node pool {self.name}: set exactly one of instanceTypes (EKS) and existing (onprem)"
-            )
+            raise ValueError(f"node pool {self.name}: set exactly one of instanceTypes (EKS) and existing (onprem)")
         if len(set(self.instance_types)) != len(self.instance_types):
             raise ValueError(f"node pool {self.name}: instanceTypes must be distinct")
         desired = self.min_size if self.desired_size is None else self.desired_size
@@ -141,9 +133,7 @@ class NodePoolConfig(StrictModel):
                 f"{self.existing.gpus_per_node}"
             )
         if any(taint.key == "nvidia.com/gpu" for taint in self.taints):
-            raise ValueError(
-                f"node pool {self.name}: the nvidia.com/gpu taint is added to GPU pools automatically"
-            )
+            raise ValueError(f"node pool {self.name}: the nvidia.com/gpu taint is added to GPU pools automatically")
         return self
 
     @property
@@ -166,9 +156,7 @@ class DcgmExporterConfig(HelmChartConfig):
     # https://nvidia.github.io/dcgm-exporter/helm-charts, chart dcgm-exporter
     enabled: bool = False
     chart_version: str = Field(default="4.7.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
-    service_monitor: bool = Field(
-        default=False, description="needs the Prometheus operator's ServiceMonitor CRD"
-    )
+    service_monitor: bool = Field(default=False, description="needs the Prometheus operator's ServiceMonitor CRD")
 
 
 class AutoscalerConfig(HelmChartConfig):

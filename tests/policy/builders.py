@@ -176,9 +176,7 @@ def compliant_stack(*, protected: bool = False) -> list[dict[str, Any]]:
     return [
         *s3_bucket("data", **stateful),
         resource("aws:efs/fileSystem:FileSystem", "shared", {"encrypted": True}, **stateful),
-        resource(
-            "aws:ec2/launchTemplate:LaunchTemplate", "gpu", {"metadataOptions": {"httpTokens": "required"}}
-        ),
+        resource("aws:ec2/launchTemplate:LaunchTemplate", "gpu", {"metadataOptions": {"httpTokens": "required"}}),
         gpu_node_group(capacityType="SPOT" if protected else "ON_DEMAND"),
         resource(
             "aws:eks/nodeGroup:NodeGroup",

@@ -70,9 +70,7 @@ def test_bucket_with_inline_encryption_passes() -> None:
     resources = replace(
         resources,
         "aws:s3/bucket:Bucket",
-        serverSideEncryptionConfiguration={
-            "rule": {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}
-        },
+        serverSideEncryptionConfiguration={"rule": {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}},
     )
     assert violations(resources) == []
 
@@ -96,8 +94,7 @@ def test_encryption_of_another_bucket_does_not_count() -> None:
 def test_bucket_without_public_access_block_fails() -> None:
     resources = [r for r in s3_bucket() if "PublicAccessBlock" not in r["type"]]
     assert (
-        "no aws.s3.BucketPublicAccessBlock"
-        in only(violations(resources), "s3-bucket-public-access-blocked")[0].message
+        "no aws.s3.BucketPublicAccessBlock" in only(violations(resources), "s3-bucket-public-access-blocked")[0].message
     )
 
 
@@ -157,9 +154,7 @@ def test_launch_template_without_imdsv2_fails() -> None:
         compliant_stack(), "aws:ec2/launchTemplate:LaunchTemplate", metadataOptions={"httpTokens": "optional"}
     )
     only(violations(resources), "launch-template-imdsv2")
-    without_options = replace(
-        compliant_stack(), "aws:ec2/launchTemplate:LaunchTemplate", metadataOptions=None
-    )
+    without_options = replace(compliant_stack(), "aws:ec2/launchTemplate:LaunchTemplate", metadataOptions=None)
     only(violations(without_options), "launch-template-imdsv2")
 
 
@@ -173,9 +168,7 @@ def test_gpu_node_group_is_recognised_by_instance_type_too() -> None:
 
 
 def test_gpu_taint_with_prefer_no_schedule_fails() -> None:
-    group = gpu_node_group(
-        taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "PREFER_NO_SCHEDULE"}]
-    )
+    group = gpu_node_group(taints=[{"key": "nvidia.com/gpu", "value": "true", "effect": "PREFER_NO_SCHEDULE"}])
     only(violations([group]), "gpu-node-group-tainted")
 
 
@@ -307,16 +300,12 @@ def test_stateful_resources_unprotected_in_protected_stack_fail() -> None:
         ("aws:s3/bucket:Bucket", "data"),
         ("aws:efs/fileSystem:FileSystem", "shared"),
     }
-    assert any("retain_on_delete" in v.message for v in found) and any(
-        "protect=True" in v.message for v in found
-    )
+    assert any("retain_on_delete" in v.message for v in found) and any("protect=True" in v.message for v in found)
 
 
 def test_protected_bucket_with_force_destroy_fails() -> None:
     resources = replace(compliant_stack(protected=True), "aws:s3/bucket:Bucket", forceDestroy=True)
-    assert (
-        "force_destroy" in only(violations(resources, PROTECTED), "protected-stateful-resources")[0].message
-    )
+    assert "force_destroy" in only(violations(resources, PROTECTED), "protected-stateful-resources")[0].message
 
 
 def test_unprotected_stack_may_destroy_its_data() -> None:
@@ -325,11 +314,7 @@ def test_unprotected_stack_may_destroy_its_data() -> None:
 
 
 def test_on_demand_gpu_pool_in_protected_stack_is_advisory() -> None:
-    resources = replace(
-        compliant_stack(protected=True), "aws:eks/nodeGroup:NodeGroup", capacityType="ON_DEMAND"
-    )
+    resources = replace(compliant_stack(protected=True), "aws:eks/nodeGroup:NodeGroup", capacityType="ON_DEMAND")
     found = only(violations(resources, PROTECTED), "prod-training-pools-spot")
     assert [v.enforcement for v in found] == ["advisory"]
-    assert [v.resource.name for v in found if v.resource] == [
-        "gpu"
-    ]  # the CPU system pool is not a training pool
+    assert [v.resource.name for v in found if v.resource] == ["gpu"]  # the CPU system pool is not a training pool

@@ -4,7 +4,7 @@ import sys
 
 import pulumi
 
-from infra.config import ConfigError, load_pulumi_config
+from infra.config import ConfigError, ConfigExit, load_pulumi_config
 from infra.stack import build_stack, stack_context
 
 try:
@@ -12,7 +12,7 @@ try:
     outputs = build_stack(config, stack_context(config, pulumi.get_project(), pulumi.get_stack()))
 except ConfigError as error:  # reported before any resource is registered
     print("\n".join(error.lines()), file=sys.stderr)
-    sys.exit(2)
+    raise ConfigExit(error) from None
 
 for name, value in outputs.items():
     pulumi.export(name, value)

@@ -65,8 +65,9 @@ class EksCluster(pulumi.ComponentResource):
 
         cluster_role = aws.iam.Role(ctx.name("cluster", "role"), assume_role_policy=assume_role_policy(
             "eks.amazonaws.com"), tags=ctx.tags, opts=child)
-        attachments = [aws.iam.RolePolicyAttachment(ctx.name("cluster", policy.rsplit("/", 1)[1]), role=cluster_role.name,
-                                                    policy_arn=policy, opts=child) for policy in CLUSTER_POLICIES]
+        attachments = [aws.iam.RolePolicyAttachment(ctx.name("cluster", policy.rsplit("/", 1)[1]),
+                                                    role=cluster_role.name, policy_arn=policy, opts=child)
+                       for policy in CLUSTER_POLICIES]
         node_role = aws.iam.Role(ctx.name("cluster", "node-role"), assume_role_policy=assume_role_policy(
             "ec2.amazonaws.com"), tags=ctx.tags, opts=child)
         node_attachments = [aws.iam.RolePolicyAttachment(ctx.name("cluster", f"node-{policy.rsplit('/', 1)[1]}"),

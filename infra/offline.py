@@ -7,9 +7,12 @@ plan shows exactly what `pulumi up` would send, with secrets replaced by "[secre
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import runpy
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from infra.config import ConfigError, parse_stack_config, read_stack_file
+from infra.config import ConfigError, ConfigExit, parse_stack_config, read_stack_file
 from infra.config.schema import PROJECT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -107,7 +110,7 @@ def _restore(value: Any) -> Any:
     if isinstance(value, dict):
         sig = value.get(_SIG)
         if sig == _SECRET_SIG:
-            return SECRET_MARK
+            return _mask(value.get("value"))
         if sig == _RESOURCE_SIG:
             return value.get("urn")
         if sig in _ASSET_SIGS:
@@ -116,6 +119,15 @@ def _restore(value: Any) -> Any:
     if value == _UNKNOWN:
         return None
     return value
+
+
+def _mask(value: Any) -> Any:
+    """A secret keeps its shape (so manifests stay schema-valid) but every leaf becomes "[secret]"."""
+    if isinstance(value, dict):
+        return {key: _mask(item) for key, item in value.items() if key != _SIG}
+    if isinstance(value, list):
+        return [_mask(item) for item in value]
+    return SECRET_MARK
 
 
 def _name_of(urn: str) -> str | None:
@@ -140,9 +152,9 @@ class OfflineMocks:
         self.fixtures, self.region, self.account = fixtures, region, account
         self.errors: list[FixtureError] = []
 
-    def call(self, args: Any) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+    def call(self, args: Any) -> dict[str, Any]:
         try:
-            return self.fixtures.answer(args.token, args.args, self.region), None
+            return self.fixtures.answer(args.token, args.args, self.region)
         except FixtureError as exc:
             self.errors.append(exc)
             raise
@@ -288,14 +300,19 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
               monitor=_make_monitor(mocks, recorded))
     root = pulumi_settings.get_root_resource()
     main = str(REPO_ROOT / "__main__.py")
+    program_stderr = io.StringIO()  # the program's own messages, replayed unless they repeat a ConfigError
     try:
-        _sync_await(run_pulumi_func(lambda: runpy.run_path(main, run_name="__pulumi_main__")))
+        with contextlib.redirect_stderr(program_stderr):
+            _sync_await(run_pulumi_func(lambda: runpy.run_path(main, run_name="__pulumi_main__")))
+    except ConfigExit as exc:
+        raise exc.error from None
     except SystemExit as exc:
         raise ConfigError([(str(stack_file.path), f"program exited with status {exc.code}")]) from None
     except Exception:
         if mocks.errors:
             raise mocks.errors[0] from None
         raise
+    sys.stderr.write(program_stderr.getvalue().replace(OFFLINE_SECRET, SECRET_MARK))
     if mocks.errors:
         raise mocks.errors[0]
     outputs = _resolve_outputs(root, pulumi) if root is not None else {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from infra.config.schema import (
     ClusterConfig,
     ConfigError,
+    ConfigExit,
     NetworkConfig,
     OnpremConfig,
     StackConfig,
@@ -22,6 +23,7 @@ from infra.config.schema import (
 __all__ = [
     "ClusterConfig",
     "ConfigError",
+    "ConfigExit",
     "NetworkConfig",
     "OnpremConfig",
     "StackConfig",

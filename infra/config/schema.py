@@ -39,9 +39,18 @@ class ConfigError(ValueError):
         return [f"error: {path}: {why}" for path, why in self.problems]
 
 
+class ConfigExit(SystemExit):
+    """Exit status 2 for a program stopped by a ConfigError (the error travels with it, for the offline engine)."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(2)
+        self.error = error
+
+
 class NewVpcConfig(StrictModel):
     cidr: str = "10.0.0.0/16"
-    availability_zones: list[str] = Field(min_length=2, max_length=4, description="EKS needs two AZs; the VPC is split in 8 blocks")
+    # EKS needs two AZs; the VPC is split into 8 blocks, a private and a public one per AZ.
+    availability_zones: list[str] = Field(min_length=2, max_length=4)
     nat_gateways: Literal["single", "perAz"] = "single"
 
     @field_validator("cidr")

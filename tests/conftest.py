@@ -1,0 +1,60 @@
+"""Shared test harness: offline plans of the real program, cached per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.offline import STACKS_DIR, plan_stack
+
+STACKS = sorted(path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in STACKS_DIR.glob("Pulumi.*.yaml"))
+AWS_STACKS = [s for s in STACKS if yaml.safe_load((STACKS_DIR / f"Pulumi.{s}.yaml").read_text())["config"].get(
+    "ml-cluster:platform") == "eks"]
+
+_PLANS: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(scope="session")
+def stack_plan() -> Callable[[str], dict[str, Any]]:
+    """stack_plan("dev") -> the plan document of stacks/Pulumi.dev.yaml (planned once per session)."""
+
+    def get(stack: str) -> dict[str, Any]:
+        if stack not in _PLANS:
+            _PLANS[stack] = plan_stack(stack)
+        return _PLANS[stack]
+
+    return get
+
+
+def stack_values(stack: str) -> dict[str, Any]:
+    """The `config:` mapping of a committed stack file (a fresh copy to modify)."""
+    return yaml.safe_load((STACKS_DIR / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+@pytest.fixture
+def plan_config(tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    """plan_config("dev", {"ml-cluster:protected": True}) plans a modified copy of a stack file.
+
+    Keys mapped to None are removed. Raises what plan_stack raises (ConfigError, FixtureError).
+    """
+
+    def plan(stack: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        document = yaml.safe_load((STACKS_DIR / f"Pulumi.{stack}.yaml").read_text())
+        for key, value in (overrides or {}).items():
+            if value is None:
+                document["config"].pop(key, None)
+            else:
+                document["config"][key] = value
+        path = tmp_path / f"Pulumi.{stack}.yaml"
+        path.write_text(yaml.safe_dump(document))
+        return plan_stack(stack, path)
+
+    return plan
+
+
+def resources_of(plan: dict[str, Any], type_token: str) -> list[dict[str, Any]]:
+    return [r for r in plan["resources"] if r["type"] == type_token]

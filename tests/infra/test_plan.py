@@ -1,0 +1,207 @@
+"""The offline plan: every stack plans, its JSON has the documented shape, Kubernetes objects are strictly valid,
+secrets never appear, and --manifests / --diff work from the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.offline import (
+    OFFLINE_SECRET,
+    FixtureError,
+    Fixtures,
+    kubernetes_objects,
+    plan_stack,
+    validate_kubernetes_objects,
+)
+from tests.conftest import STACKS, stack_values
+
+REPO = Path(__file__).resolve().parents[2]
+OPTION_KEYS = {"protect", "retainOnDelete", "deleteBeforeReplace", "dependsOn", "ignoreChanges"}
+
+
+def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "plan.py"), *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_plan_document_shape(stack: str, stack_plan: Any) -> None:
+    plan = stack_plan(stack)
+    assert plan["project"] == "ml-cluster" and plan["stack"] == stack
+    assert plan["resources"], "a stack with no resources"
+    names = {r["name"] for r in plan["resources"]}
+    for resource in plan["resources"]:
+        assert set(resource) == {"type", "name", "parent", "provider", "inputs", "options"}
+        assert isinstance(resource["type"], str) and ":" in resource["type"]
+        assert resource["parent"] is None or resource["parent"] in names
+        assert resource["provider"] is None or resource["provider"] in names
+        assert set(resource["options"]) == OPTION_KEYS
+        assert all(dep in names for dep in resource["options"]["dependsOn"])
+
+
+def _floats(node: Any) -> list[float]:
+    if isinstance(node, float):
+        return [node] if node.is_integer() else []
+    if isinstance(node, dict):
+        return [f for value in node.values() for f in _floats(value)]
+    if isinstance(node, list):
+        return [f for value in node for f in _floats(value)]
+    return []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_integers_are_restored(stack: str, stack_plan: Any) -> None:
+    assert _floats([r["inputs"] for r in stack_plan(stack)["resources"]]) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_kubernetes_object_is_strictly_valid(stack: str, stack_plan: Any) -> None:
+    version = stack_values(stack).get("ml-cluster:cluster", stack_values(stack).get("ml-cluster:onprem"))[
+        "kubernetesVersion"]
+    plan = stack_plan(stack)
+    for resource in kubernetes_objects(plan):
+        manifest = resource["inputs"]
+        assert manifest.get("apiVersion") and manifest.get("kind"), resource["name"]
+        assert manifest.get("metadata", {}).get("name"), f"{resource['name']} has no explicit metadata.name"
+    assert validate_kubernetes_objects(plan, version) == []
+
+
+def test_validator_rejects_an_invalid_object() -> None:
+    plan = {"resources": [{"type": "kubernetes:core/v1:ConfigMap", "name": "x", "inputs": {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"k": 1}, "bogus": True}}]}
+    problems = validate_kubernetes_objects(plan, "1.33")
+    assert len(problems) == 1 and "ConfigMap x" in problems[0]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_secrets_never_appear(stack: str, stack_plan: Any) -> None:
+    text = json.dumps(stack_plan(stack))
+    assert OFFLINE_SECRET not in text
+    for value in stack_values(stack).values():
+        if isinstance(value, dict) and "secure" in value:
+            assert value["secure"] not in text
+    assert stack_plan(stack)["outputs"]["kubeconfig"] == "[secret]"
+
+
+def test_eks_cluster_settings(stack_plan: Any) -> None:
+    for stack in ("dev", "prod"):
+        plan = stack_plan(stack)
+        (cluster,) = [r for r in plan["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
+        config = stack_values(stack)["ml-cluster:cluster"]
+        inputs = cluster["inputs"]
+        assert inputs["version"] == config["kubernetesVersion"] and inputs["name"] == config["name"]
+        assert inputs["accessConfig"]["authenticationMode"] == "API"
+        assert inputs["encryptionConfig"]["resources"] == ["secrets"]
+        assert inputs["enabledClusterLogTypes"] == config["logTypes"]
+        assert inputs["vpcConfig"]["endpointPublicAccess"] == config["endpointPublicAccess"]
+        entries = [r for r in plan["resources"] if r["type"] == "aws:eks/accessEntry:AccessEntry"]
+        assert sorted(e["inputs"]["principalArn"] for e in entries) == sorted(
+            e["principalArn"] for e in config["accessEntries"])
+        (provider,) = [r for r in plan["resources"] if r["type"] == "pulumi:providers:kubernetes"]
+        assert provider["inputs"]["kubeconfig"] == "[secret]"
+
+
+def test_created_network_has_a_private_and_public_subnet_per_az(stack_plan: Any) -> None:
+    plan = stack_plan("staging")
+    zones = stack_values("staging")["ml-cluster:network"]["create"]["availabilityZones"]
+    subnets = [r["inputs"] for r in plan["resources"] if r["type"] == "aws:ec2/subnet:Subnet"]
+    assert sorted(s["availabilityZone"] for s in subnets) == sorted(zones * 2)
+    cidrs = [s["cidrBlock"] for s in subnets]
+    assert len(set(cidrs)) == len(cidrs)
+    nats = [r for r in plan["resources"] if r["type"] == "aws:ec2/natGateway:NatGateway"]
+    assert len(nats) == len(zones)  # staging: natGateways perAz
+    assert len([r for r in stack_plan("dev")["resources"] if r["type"] == "aws:ec2/natGateway:NatGateway"]) == 1
+
+
+def test_adopted_network_looks_up_each_subnet_az(stack_plan: Any) -> None:
+    plan = stack_plan("prod")
+    assert not [r for r in plan["resources"] if r["type"] in ("aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet")]
+    fixtures = json.loads((REPO / "stacks/fixtures/subnets.json").read_text())
+    private = stack_values("prod")["ml-cluster:network"]["existing"]["privateSubnetIds"]
+    assert plan["outputs"]["subnetAzs"] == {s: fixtures[s]["availabilityZone"] for s in private}
+
+
+def test_adopted_subnet_from_another_vpc_is_a_config_error(plan_config: Any) -> None:
+    from infra.config import ConfigError
+
+    network = stack_values("prod")["ml-cluster:network"]
+    network["existing"]["vpcId"] = "vpc-0fffffffffffffff0"
+    with pytest.raises(ConfigError) as caught:
+        plan_config("prod", {"ml-cluster:network": network})
+    assert "network.existing.privateSubnetIds.0" in str(caught.value)
+
+
+def test_onprem_creates_nothing_in_aws(stack_plan: Any) -> None:
+    plan = stack_plan("onprem")
+    cluster_things = [r for r in plan["resources"] if r["type"].startswith(("aws:eks/", "aws:ec2/"))]
+    assert cluster_things == []
+    (provider,) = [r for r in plan["resources"] if r["type"] == "pulumi:providers:kubernetes"
+                   and r["name"] == "mlc-onprem-cluster-k8s"]
+    assert provider["inputs"]["kubeconfig"] == "[secret]"
+    assert provider["inputs"]["context"] == stack_values("onprem")["ml-cluster:onprem"]["context"]
+
+
+def test_unanswerable_data_source_names_the_fixture(tmp_path: Path) -> None:
+    (tmp_path / "caller_identity.json").write_text(json.dumps({"accountId": "111122223333"}))
+    (tmp_path / "subnets.json").write_text("{}")
+    with pytest.raises(FixtureError) as caught:
+        plan_stack("prod", fixtures=Fixtures(tmp_path))
+    assert caught.value.fixture.endswith("subnets.json") and "subnet-0a1b2c3d4e5f60001" in caught.value.why
+
+
+def test_cli_json_is_one_document_and_manifests_are_written(tmp_path: Path) -> None:
+    result = run_plan("--stack", "dev", "--json", "--manifests", str(tmp_path / "m"))
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    files = sorted((tmp_path / "m").glob("*.yaml"))
+    assert len(files) == len(list(kubernetes_objects(plan)))
+    for path in files:
+        manifest = yaml.safe_load(path.read_text())
+        assert manifest["apiVersion"] and manifest["kind"] and manifest["metadata"]["name"]
+
+
+def test_cli_summary_counts_by_type() -> None:
+    result = run_plan("--stack", "dev")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ml-cluster / dev: ")
+    assert "aws:eks/cluster:Cluster" in result.stdout and "kubeconfig: [secret]" in result.stdout
+
+
+def test_cli_diff_reports_added_removed_and_changed_paths(tmp_path: Path, stack_plan: Any) -> None:
+    old = json.loads(json.dumps(stack_plan("dev")))
+    (cluster,) = [r for r in old["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
+    cluster["inputs"]["version"] = "1.32"
+    removed = old["resources"].pop()
+    old["resources"].append({"type": "aws:s3/bucket:Bucket", "name": "gone", "parent": None, "provider": None,
+                             "inputs": {}, "options": removed["options"]})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    result = run_plan("--stack", "dev", "--diff", str(tmp_path / "old.json"), "--json")
+    assert result.returncode == 0, result.stderr
+    changes = json.loads(result.stdout)
+    assert {"type": removed["type"], "name": removed["name"]} in changes["added"]
+    assert changes["removed"] == [{"type": "aws:s3/bucket:Bucket", "name": "gone"}]
+    changed = {(c["type"], c["name"]): c["paths"] for c in changes["changed"]}
+    assert changed[("aws:eks/cluster:Cluster", cluster["name"])] == ["inputs.version"]
+    text = run_plan("--stack", "dev", "--diff", str(tmp_path / "old.json")).stdout
+    assert "1 to remove" in text and "~ aws:eks/cluster:Cluster" in text
+
+
+def test_cli_diff_against_itself_is_empty(tmp_path: Path) -> None:
+    first = run_plan("--stack", "onprem", "--json")
+    (tmp_path / "plan.json").write_text(first.stdout)
+    result = run_plan("--stack", "onprem", "--diff", str(tmp_path / "plan.json"), "--json")
+    assert json.loads(result.stdout) | {"stack": "onprem"} == {"stack": "onprem", "added": [], "removed": [],
+                                                                "changed": []}
+
+
+def test_cli_bad_diff_file_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("{not json")
+    result = run_plan("--stack", "dev", "--diff", str(tmp_path / "bad.json"))
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {tmp_path / 'bad.json'}: ")

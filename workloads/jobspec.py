@@ -397,6 +397,8 @@ def _memory_shortfall(limit: int, spec: TrainingJobSpec) -> str | None:
 def _loc_to_path(loc: Sequence[int | str]) -> str:
     path = ""
     for part in loc:
+        if part == "[key]":  # pydantic's marker for an invalid mapping key: the key is already in the path
+            continue
         if isinstance(part, int):
             path += f"[{part}]"
         else:

@@ -1,0 +1,108 @@
+"""The rules every rendered training Job must keep (issue 5, "Done when"), as one checker.
+
+Used on specs rendered in unit tests and on the Jobs of every stack's offline plan.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import kubernetes_validate
+
+from workloads.jobspec import CONFIG_ERROR_EXIT_CODE
+from workloads.quantity import quantity_bytes
+
+HASHED_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?-[0-9a-f]{8}$")
+
+
+def validate_strict(manifest: dict[str, Any], kubernetes_version: str = "1.33") -> None:
+    """Strict schema validation; raise AssertionError with the first line of the validator's message."""
+    try:
+        kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        first = str(exc).splitlines()[0]
+        raise AssertionError(f"{manifest['kind']}/{manifest['metadata'].get('name')}: {first}") from None
+
+
+def memory_backed_bytes(pod_spec: dict[str, Any]) -> int:
+    return sum(quantity_bytes(volume["emptyDir"]["sizeLimit"]) for volume in pod_spec.get("volumes", [])
+               if (volume.get("emptyDir") or {}).get("medium") == "Memory")
+
+
+def check_job(job: dict[str, Any], label_prefix: str = "ml-cluster.io",
+              kubernetes_version: str = "1.33") -> None:
+    """Assert every Job rule on one batch/v1 Job manifest."""
+    name = job["metadata"]["name"]
+    assert HASHED_NAME.match(name) and len(name) <= 63, f"{name}: not <spec-name>-<8 hex hash>"
+    assert job["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true", name
+    spec = job["spec"]
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never", name
+    for key in ("backoffLimit", "activeDeadlineSeconds"):
+        assert isinstance(spec.get(key), int), f"{name}: {key} missing"
+    rules = spec["podFailurePolicy"]["rules"]
+    assert any(rule["action"] == "FailJob" and CONFIG_ERROR_EXIT_CODE in rule["onExitCodes"]["values"]
+               for rule in rules), f"{name}: no FailJob on the config-error exit code"
+    assert any(rule["action"] == "Ignore"
+               and rule.get("onPodConditions", [{}])[0].get("type") == "DisruptionTarget"
+               for rule in rules), f"{name}: disruptions are not ignored"
+
+    containers = pod["containers"] + pod.get("initContainers", [])
+    for container in containers:
+        resources = container["resources"]
+        for resource in ("nvidia.com/gpu",):
+            assert resources["limits"].get(resource) == resources["requests"].get(resource), name
+        security = container["securityContext"]
+        assert security["allowPrivilegeEscalation"] is False, name
+        assert security["capabilities"]["drop"] == ["ALL"], name
+        assert security["seccompProfile"]["type"] == "RuntimeDefault", name
+    assert not any("hostPath" in volume for volume in pod.get("volumes", [])), f"{name}: hostPath volume"
+
+    train = pod["containers"][0]
+    limits, requests = train["resources"]["limits"], train["resources"]["requests"]
+    assert limits == requests, f"{name}: train container requests != limits"
+    gpus = int(limits.get("nvidia.com/gpu", "0"))
+    if gpus:
+        gpu_toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        assert gpu_toleration in pod["tolerations"], f"{name}: no GPU toleration"
+        assert f"{label_prefix}/gpu-type" in pod["nodeSelector"], f"{name}: no GPU type nodeSelector"
+
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    shm_mounts = [mount for mount in train["volumeMounts"] if mount["mountPath"] == "/dev/shm"]
+    assert shm_mounts, f"{name}: /dev/shm is not mounted"
+    shm = volumes[shm_mounts[0]["name"]]["emptyDir"]
+    assert shm["medium"] == "Memory", f"{name}: /dev/shm is not memory-backed"
+    assert quantity_bytes(shm["sizeLimit"]) > 0, f"{name}: /dev/shm has no sizeLimit"
+    memory_limit = quantity_bytes(limits["memory"])
+    backed = memory_backed_bytes(pod)
+    assert memory_limit >= backed, f"{name}: memory limit {memory_limit} < memory-backed volumes {backed}"
+
+    staging = [c for c in pod.get("initContainers", []) if c["name"] == "stage"]
+    if staging:
+        assert "ephemeral-storage" in limits, f"{name}: staging without an ephemeral-storage limit"
+        assert "ephemeral-storage" in requests, f"{name}: staging without an ephemeral-storage request"
+        scratch = [volume for volume in pod["volumes"] if "emptyDir" in volume
+                   and volume["emptyDir"].get("medium") != "Memory"]
+        assert scratch and all("sizeLimit" in volume["emptyDir"] for volume in scratch), name
+        staged = sum(quantity_bytes(volume["emptyDir"]["sizeLimit"]) for volume in scratch)
+        assert quantity_bytes(limits["ephemeral-storage"]) >= staged, f"{name}: ephemeral < staged size"
+        selector = pod["nodeSelector"]
+        assert selector.get(f"{label_prefix}/disktype") == "nvme", f"{name}: staging without NVMe selector"
+
+    if spec.get("completionMode") == "Indexed":
+        assert spec["completions"] == spec["parallelism"] >= 2, name
+        assert pod["subdomain"] == name, f"{name}: pods are not in the headless Service's subdomain"
+        env = {item["name"]: item.get("value") for item in train["env"]}
+        assert env["PET_RDZV_ENDPOINT"].startswith(f"{name}-0.{name}."), name
+        # Pod hostnames are <job>-<index>: they must be DNS labels too.
+        assert len(f"{name}-{spec['completions'] - 1}") <= 63, name
+    validate_strict(job, kubernetes_version)
+
+
+def check_service(service: dict[str, Any], job: dict[str, Any], kubernetes_version: str = "1.33") -> None:
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["metadata"]["name"] == job["spec"]["template"]["spec"]["subdomain"]
+    template_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert all(template_labels.get(key) == value for key, value in service["spec"]["selector"].items())
+    validate_strict(service, kubernetes_version)

@@ -1,0 +1,341 @@
+"""TrainingJobSpec validation and the Job renderer: the rules, the numbers in the errors, and fuzzing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.jobs.facts import ALL_FACTS, GIB, dev_facts, onprem_facts, prod_facts
+from tests.jobs.jobrules import check_job, check_service
+from workloads.cluster_facts import facts_from_dict, facts_to_dict
+from workloads.jobspec import (
+    CONFIG_ERROR_EXIT_CODE,
+    JobSpecError,
+    TrainingJobSpec,
+    job_name,
+    parse_spec,
+    render_job,
+)
+from workloads.quantity import quantity_bytes
+
+IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
+S3_COPY = {"uri": "s3://mlc-dev-datasets/imagenet/", "staging": "copy", "stagedSize": "150Gi"}
+
+
+def spec(**fields: Any) -> TrainingJobSpec:
+    return parse_spec({"name": "resnet", "image": IMAGE, **fields})
+
+
+def error_of(fields: dict[str, Any], facts: Any = None) -> JobSpecError:
+    with pytest.raises(JobSpecError) as caught:
+        parsed = parse_spec({"name": "resnet", "image": IMAGE, **fields})
+        render_job(parsed, facts or dev_facts())
+    return caught.value
+
+
+def train_container(job: dict[str, Any]) -> dict[str, Any]:
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
+# --- resources and the memory rule -----------------------------------------------------------------------
+
+
+def test_gpu_spec_without_cpu_memory_takes_pool_per_gpu_defaults_times_gpus() -> None:
+    job, = render_job(spec(gpus=4, gpuType="a100"), prod_facts())
+    limits = train_container(job)["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "4"
+    assert limits["cpu"] == "46"  # 11500m per A100 x 4
+    assert limits["memory"] == "560Gi"  # 140Gi per A100 x 4
+    assert train_container(job)["resources"]["requests"] == limits
+
+
+def test_memory_limit_covers_process_shm_and_ram_disk() -> None:
+    job, = render_job(spec(gpuType="a100", memory="40Gi", shmSize="8Gi", ramDisk={"size": "16Gi"}),
+                      prod_facts())
+    pod = job["spec"]["template"]["spec"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert volumes["ramdisk"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "ramdisk", "mountPath": "/ramdisk"} in train_container(job)["volumeMounts"]
+    assert train_container(job)["resources"]["limits"]["memory"] == "40Gi"
+
+
+def test_memory_too_small_for_shm_and_ram_disk_is_rejected_with_the_numbers() -> None:
+    error = error_of({"memory": "20Gi", "processMemory": "6Gi", "shmSize": "8Gi", "ramDisk": {"size": "8Gi"}})
+    assert error.path == "memory"
+    assert "20Gi" in str(error) and "6Gi" in str(error) and "8Gi" in str(error) and "22Gi" in str(error)
+
+
+def test_default_memory_too_small_for_a_big_ram_disk_names_the_default() -> None:
+    error = error_of({"ramDisk": {"size": "12Gi"}})  # dev: 14Gi per A10G; 4Gi process + 2Gi shm + 12Gi
+    assert error.path == "memory" and "default" in str(error) and "18Gi" in str(error)
+
+
+def test_shm_default_scales_with_gpus_and_exists_on_cpu_jobs() -> None:
+    job, = render_job(spec(gpus=8, gpuType="h100"), prod_facts())
+    assert job["spec"]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] == "16Gi"
+    cpu_job, = render_job(spec(gpus=0, cpu="4", memory="16Gi"), dev_facts())
+    pod = cpu_job["spec"]["template"]["spec"]
+    assert pod["volumes"][0] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
+    assert "tolerations" not in pod
+    assert "nvidia.com/gpu" not in train_container(cpu_job)["resources"]["limits"]
+
+
+def test_cpu_job_needs_explicit_cpu_and_memory() -> None:
+    assert error_of({"gpus": 0}).path == "cpu"
+    assert error_of({"gpus": 0, "cpu": "2"}).path == "memory"
+
+
+def test_pod_bigger_than_any_node_is_rejected() -> None:
+    error = error_of({"memory": "64Gi"})  # a g5.xlarge offers 14Gi
+    assert error.path == "memory" and "64Gi" in str(error) and "14Gi" in str(error)
+
+
+# --- pools, GPU type, NVMe staging -----------------------------------------------------------------------
+
+
+def test_gpu_type_selects_the_pool_and_is_required_when_ambiguous() -> None:
+    job, = render_job(spec(gpus=8, gpuType="h100"), prod_facts())
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"ml-cluster.io/gpu-type": "h100"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert error_of({"gpus": 8}, prod_facts()).path == "gpuType"
+    assert "a100, h100" in str(error_of({"gpuType": "v100"}, prod_facts()))
+    assert error_of({"gpus": 2}).path == "gpus"  # g5.xlarge has one GPU
+
+
+def test_s3_copy_staging_uses_the_stager_on_nvme_with_ephemeral_storage() -> None:
+    job, = render_job(spec(dataset=S3_COPY), dev_facts())
+    pod = job["spec"]["template"]["spec"]
+    stage = pod["initContainers"][0]
+    assert stage["command"] == ["python", "-m", "workloads.data", "stage", "s3://mlc-dev-datasets/imagenet/",
+                                "/data", "--workers", "16"]
+    assert "restartPolicy" not in stage  # a classic init container: training starts after the copy
+    assert pod["nodeSelector"]["ml-cluster.io/disktype"] == "nvme"
+    scratch = next(volume for volume in pod["volumes"] if volume["name"] == "dataset")
+    assert scratch["emptyDir"] == {"sizeLimit": "165Gi"}  # 150Gi + 10% headroom, on the kubelet's (NVMe) disk
+    limits = train_container(job)["resources"]["limits"]
+    assert limits["ephemeral-storage"] == "175Gi"  # staged + headroom + 10Gi scratch
+    assert {"name": "dataset", "mountPath": "/data", "readOnly": True} in train_container(job)["volumeMounts"]
+    env = {item["name"]: item.get("value") for item in train_container(job)["env"]}
+    assert env["DATA_DIR"] == "/data" and env["DATA_STAGING"] == "copy"
+    assert {"name": "AWS_REGION", "value": "us-west-2"} in stage["env"]  # Pod Identity creds, bucket region
+
+
+def test_rolling_staging_is_a_native_sidecar_with_the_window() -> None:
+    dataset = {"uri": "s3://mlc-prod-datasets/laion/", "staging": "rolling", "stagedSize": "400Gi"}
+    job, = render_job(spec(gpus=8, gpuType="a100", dataset=dataset), prod_facts())
+    stage = job["spec"]["template"]["spec"]["initContainers"][0]
+    assert stage["restartPolicy"] == "Always"
+    assert stage["command"][-2:] == ["--window", "400"]
+    # The reader records consumed shards next to them, so the window is writable for the trainer.
+    window_mount = {"name": "dataset", "mountPath": "/data", "readOnly": False}
+    assert window_mount in train_container(job)["volumeMounts"]
+
+
+def test_pvc_copy_staging_copies_with_cp_from_the_claim() -> None:
+    job, = render_job(spec(dataset={"claimName": "datasets-efs", "staging": "copy", "stagedSize": "20Gi"}),
+                      dev_facts())
+    pod = job["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["command"] == ["cp", "-a", "/mnt/dataset-source/.", "/data/"]
+    source = next(volume for volume in pod["volumes"] if volume["name"] == "dataset-source")
+    assert source["persistentVolumeClaim"] == {"claimName": "datasets-efs", "readOnly": True}
+
+
+def test_unstaged_pvc_is_mounted_read_only_without_nvme() -> None:
+    job, = render_job(spec(dataset={"claimName": "datasets-efs"}), dev_facts())
+    pod = job["spec"]["template"]["spec"]
+    assert "initContainers" not in pod and "ml-cluster.io/disktype" not in pod["nodeSelector"]
+    assert {"name": "dataset", "mountPath": "/data", "readOnly": True} in train_container(job)["volumeMounts"]
+
+
+def test_staging_without_nvme_or_beyond_it_is_rejected() -> None:
+    no_nvme = replace(onprem_facts(), pools=onprem_facts().pools[:1])
+    assert error_of({"gpus": 4, "dataset": S3_COPY}, no_nvme).path == "dataset.staging"
+    error = error_of({"dataset": {**S3_COPY, "stagedSize": "300Gi"}})  # 232 GiB NVMe on a g5.xlarge
+    assert error.path == "dataset.stagedSize" and "232Gi" in str(error)
+
+
+def test_cos_stager_gets_endpoint_and_hmac_secret() -> None:
+    job, = render_job(spec(gpus=8, gpuType="a100", dataset=S3_COPY), onprem_facts())
+    stage = job["spec"]["template"]["spec"]["initContainers"][0]
+    assert stage["command"][-2:] == ["--endpoint-url", "https://s3.us-south.cloud-object-storage.appdomain.cloud"]
+    assert stage["envFrom"] == [{"secretRef": {"name": "cos-credentials"}}]
+    assert "AKIA" not in str(job)
+
+
+# --- lifecycle, names, multi-node ------------------------------------------------------------------------
+
+
+def test_lifecycle_fields() -> None:
+    job, = render_job(spec(backoffLimit=3, activeDeadlineSeconds=3600, ttlSecondsAfterFinished=600,
+                           priorityClass="training-high"), dev_facts())
+    assert job["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
+    assert job["spec"]["backoffLimit"] == 3 and job["spec"]["activeDeadlineSeconds"] == 3600
+    assert job["spec"]["ttlSecondsAfterFinished"] == 600
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["onExitCodes"] == {"containerName": "train", "operator": "In",
+                                       "values": [CONFIG_ERROR_EXIT_CODE]}
+    disruption = {"type": "DisruptionTarget", "status": "True"}
+    assert rules[1] == {"action": "Ignore", "onPodConditions": [disruption]}
+    assert job["spec"]["template"]["spec"]["priorityClassName"] == "training-high"
+    assert job["metadata"]["labels"]["ml-cluster.io/stack"] == "dev"
+
+
+def test_name_hash_is_stable_and_changes_with_the_spec_or_the_cluster() -> None:
+    base = spec(dataset=S3_COPY)
+    assert job_name(base, dev_facts()) == job_name(spec(dataset=S3_COPY), dev_facts())
+    assert job_name(base, dev_facts()).startswith("resnet-")
+    changed = spec(dataset=S3_COPY, args=["--epochs", "91"])
+    assert job_name(changed, dev_facts()) != job_name(base, dev_facts())
+    assert job_name(base, dev_facts()) != job_name(base, facts_from_dict({**facts_to_dict(dev_facts()),
+                                                                           "region": "eu-west-1"}))
+
+
+def test_multi_node_is_an_indexed_job_with_a_headless_service_and_rendezvous_env() -> None:
+    job, service = render_job(spec(nodes=4, gpus=8, gpuType="h100", queue="gpu-h100"), prod_facts())
+    name = job["metadata"]["name"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-h100"
+    assert service["metadata"]["name"] == name and service["spec"]["clusterIP"] == "None"
+    env = {item["name"]: item for item in train_container(job)["env"]}
+    assert env["PET_RDZV_ENDPOINT"]["value"] == f"{name}-0.{name}.training.svc:29500"
+    assert env["PET_NNODES"]["value"] == "4" and env["PET_NPROC_PER_NODE"]["value"] == "8"
+    assert "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert train_container(job)["command"] == ["torchrun", "--module", "workloads.train"]
+    check_job(job)
+    check_service(service, job)
+
+
+def test_name_length_budget_counts_hash_and_pod_index() -> None:
+    assert parse_spec({"name": "a" * 54, "image": IMAGE}).name == "a" * 54
+    assert error_of({"name": "a" * 55}).path == "name"
+    error = error_of({"name": "a" * 53, "nodes": 10})  # -<hash> and -9 leave 52
+    assert error.path == "name" and "52" in str(error)
+
+
+# --- bad specs name their field --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fields", "path"), [
+    ({"gpus": -1}, "gpus"),
+    ({"memory": "lots"}, "memory"),
+    ({"shmSize": "0"}, "shmSize"),
+    ({"extra": 1}, "extra"),
+    ({"image": "has space"}, "image"),
+    ({"name": "Bad_Name"}, "name"),
+    ({"env": {"AWS_SECRET_ACCESS_KEY": "x"}}, "env.AWS_SECRET_ACCESS_KEY"),
+    ({"env": {"DATA_DIR": "/x"}}, "env.DATA_DIR"),
+    ({"secretEnv": {"WANDB_API_KEY": {"secret": "wandb"}}}, "secretEnv.WANDB_API_KEY.key"),
+    ({"dataset": {"uri": "s3://bkt/x"}}, "dataset.staging"),
+    ({"dataset": {"uri": "gs://bkt/x", "staging": "copy", "stagedSize": "1Gi"}}, "dataset.uri"),
+    ({"dataset": {"claimName": "efs", "staging": "rolling", "stagedSize": "1Gi"}}, "dataset.staging"),
+    ({"dataset": {"uri": "s3://bkt/x", "staging": "copy"}}, "dataset.stagedSize"),
+    ({"dataset": {"claimName": "efs", "mountPath": "/dev/shm/data"}}, "dataset.mountPath"),
+    ({"ramDisk": {"size": "1Gi", "mountPath": "relative"}}, "ramDisk.mountPath"),
+    ({"checkpoint": {"uri": "s3://bkt/c", "claimName": "efs"}}, "checkpoint.uri"),
+    ({"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}, "tolerations[0].value"),
+    ({"gpus": 0, "gpuType": "a10g"}, "gpuType"),
+    ({"activeDeadlineSeconds": 5}, "activeDeadlineSeconds"),
+])
+def test_invalid_spec_is_rejected_with_its_field_path(fields: dict[str, Any], path: str) -> None:
+    assert error_of(fields).path == path
+
+
+def test_errors_carry_a_list_prefix() -> None:
+    with pytest.raises(JobSpecError) as caught:
+        parse_spec({"name": "x", "image": IMAGE, "gpus": "many"}, "jobs[2]")
+    assert caught.value.path == "jobs[2].gpus"
+    assert str(caught.value).startswith("jobs[2].gpus: ")
+
+
+# --- fuzzing: every spec either renders a Job that keeps every rule, or is rejected with a field path ----
+
+FIELDS = set(TrainingJobSpec.model_json_schema(by_alias=True)["properties"])
+quantities = st.sampled_from(["512Mi", "1Gi", "2Gi", "4Gi", "8Gi", "16Gi", "64Gi", "300Gi", "3Ti", "0.5Gi"])
+staged_sizes = st.sampled_from(["10Gi", "100Gi", "180Gi", "1Ti"])
+datasets = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({"uri": st.just("s3://mlc-datasets/imagenet/"),
+                           "staging": st.sampled_from(["copy", "rolling"]), "stagedSize": staged_sizes},
+                          optional={"stagerWorkers": st.integers(1, 64),
+                                    "mountPath": st.sampled_from(["/data", "/scratch/data"])}),
+    st.fixed_dictionaries({"claimName": st.sampled_from(["datasets-efs", "imagenet-s3"])}),
+    st.fixed_dictionaries({"claimName": st.just("datasets-efs"), "staging": st.just("copy"),
+                           "stagedSize": staged_sizes}),
+    # Often wrong: missing or stray stagedSize, bad workers, a mount inside /dev/shm, rolling from a PVC.
+    st.fixed_dictionaries({"uri": st.just("s3://mlc-datasets/imagenet/"),
+                           "staging": st.sampled_from(["copy", "rolling", "none"])},
+                          optional={"stagedSize": quantities, "stagerWorkers": st.integers(0, 64),
+                                    "mountPath": st.sampled_from(["/data", "/dev/shm/x"])}),
+    st.fixed_dictionaries({"claimName": st.just("datasets-efs"),
+                           "staging": st.sampled_from(["none", "copy", "rolling"])},
+                          optional={"stagedSize": quantities}),
+)
+
+
+@st.composite
+def stack_and_spec(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    """A stack and a spec aimed at it: mostly plausible (GPU types and counts the stack has), sometimes not."""
+    stack = draw(st.sampled_from(sorted(ALL_FACTS)))
+    types = sorted({pool.gpu_type for pool in ALL_FACTS[stack].pools if pool.gpu_type})
+    most = max(pool.gpus_per_node for pool in ALL_FACTS[stack].pools)
+    gpus = draw(st.sampled_from([0, 16]) if draw(st.integers(0, 4)) == 4 else st.integers(1, most))
+    data = draw(st.fixed_dictionaries(
+        {"name": st.from_regex(r"\A[a-z][a-z0-9-]{0,60}[a-z0-9]\Z"), "image": st.just(IMAGE),
+         "gpus": st.just(gpus)},
+        optional={
+            "cpu": st.sampled_from(["2", "500m", "8", "96", "400"]),
+            "memory": st.sampled_from(["8Gi", "14Gi", "64Gi", "512Gi", "3Ti", "2Gi"]),
+            "processMemory": quantities,
+            "shmSize": quantities,
+            "ramDisk": st.fixed_dictionaries({"size": quantities}, optional={"mountPath": st.just("/ramdisk")}),
+            "checkpoint": st.sampled_from([{"claimName": "checkpoints-efs"}, {"uri": "s3://mlc-ckpt/run/"}]),
+            "queue": st.just("gpu"),
+            "args": st.lists(st.text("abc-1", min_size=1, max_size=5), max_size=3),
+            "ttlSecondsAfterFinished": st.sampled_from([None, 0, 3600]),
+            "tolerations": st.lists(st.fixed_dictionaries(
+                {"key": st.just("ml-cluster.io/capacity"), "operator": st.sampled_from(["Equal", "Exists"])},
+                optional={"value": st.just("spot"), "effect": st.sampled_from(["NoSchedule", "NoExecute"])}),
+                max_size=2),
+        },
+    ))
+    dataset = draw(datasets)
+    if dataset is not None:
+        data["dataset"] = dataset
+    data["nodes"] = draw(st.sampled_from([1, 2, 4, 12]))
+    if gpus and (len(types) > 1 or draw(st.booleans())):
+        data["gpuType"] = draw(st.just("v100") if draw(st.integers(0, 9)) == 9 else st.sampled_from(types))
+    return stack, data
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=stack_and_spec())
+def test_fuzzed_specs_render_valid_jobs_or_fail_with_a_field_path(case: tuple[str, dict[str, Any]]) -> None:
+    stack, data = case
+    facts = ALL_FACTS[stack]
+    try:
+        parsed = parse_spec(data)
+        manifests = render_job(parsed, facts)
+    except JobSpecError as error:
+        assert error.path, f"no field path: {error}"
+        assert error.path.split(".")[0].split("[")[0] in FIELDS, error.path
+        return
+    job = manifests[0]
+    check_job(job)
+    limits = train_container(job)["resources"]["limits"]
+    needed = (quantity_bytes(parsed.process_memory) + parsed.shm_bytes() + parsed.ram_disk_bytes())
+    assert quantity_bytes(limits["memory"]) >= needed
+    assert int(limits.get("nvidia.com/gpu", 0)) == parsed.gpus
+    assert len(manifests) == (2 if parsed.nodes > 1 else 1)
+    if parsed.nodes > 1:
+        check_service(manifests[1], job)
+    assert quantity_bytes(limits["ephemeral-storage"]) >= parsed.staged_bytes()
+    if parsed.dataset and parsed.dataset.staged_size:
+        assert parsed.staged_bytes() >= quantity_bytes(parsed.dataset.staged_size) + 2 * GIB

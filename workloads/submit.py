@@ -103,8 +103,9 @@ def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]]) -> RunPhase:
     if failed:
         reason = failed.get("reason") or "Failed"
         detail = failed.get("message", "")
-        if reason in _GENERIC_JOB_FAILURES and failures:  # the pod says more than "backoff limit exceeded"
-            reason, pod_detail = failures[0]
+        specific = [failure for failure in failures if failure[0] != "Error"]
+        if reason in _GENERIC_JOB_FAILURES and specific:  # the pod says more than "backoff limit exceeded"
+            reason, pod_detail = specific[0]
             detail = pod_detail + (f"; job: {detail}" if detail else "")
         elif failures:
             detail = f"{detail}; last pod: {failures[0][1]}"
@@ -160,12 +161,14 @@ def _load_facts(path: str) -> ClusterFacts:
 
 def _render(job_file: str, facts_file: str) -> list[dict[str, Any]]:
     facts = _load_facts(facts_file)
+    specs = load_job_file(job_file)
     manifests: list[dict[str, Any]] = []
-    for index, spec in enumerate(load_job_file(job_file)):
+    for index, spec in enumerate(specs):
         try:
             manifests += render_job(spec, facts)
         except JobSpecError as exc:
-            raise JobSpecError(f"{job_file}: jobs[{index}].{exc.path}", exc.reason) from None
+            where = f"jobs[{index}].{exc.path}" if len(specs) > 1 else exc.path
+            raise JobSpecError(f"{job_file}: {where}", exc.reason) from None
     return manifests
 
 

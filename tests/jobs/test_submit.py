@@ -1,0 +1,209 @@
+"""Phase logic of `workloads.submit` on Job and Pod objects shaped like the API's JSON, and the CLI's errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.jobs.facts import dev_facts
+from tests.jobs.jobrules import check_job
+from workloads.cluster_facts import facts_to_dict
+from workloads.submit import job_phase, main
+
+JOB = "resnet50-s3-copy-d2e1b094"
+IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
+T0 = "2026-11-21T10:00:00Z"
+
+
+def job(*conditions: dict[str, Any], suspend: bool = False, **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": JOB, "namespace": "training", "uid": "5f1c0b9e-3a53-4c1f-9a8e-0d4b2c6f7a11",
+                     "creationTimestamp": T0, "annotations": {"pulumi.com/skipAwait": "true"}},
+        "spec": {"backoffLimit": 2, "completions": 1, "parallelism": 1, "suspend": suspend,
+                 "completionMode": "NonIndexed", "activeDeadlineSeconds": 172800},
+        "status": {"startTime": T0, "uncountedTerminatedPods": {}, "terminating": 0,
+                   "conditions": list(conditions), **status},
+    }
+
+
+def condition(kind: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {"type": kind, "status": "True", "reason": reason, "message": message,
+            "lastProbeTime": "2026-11-21T11:00:00Z", "lastTransitionTime": "2026-11-21T11:00:00Z"}
+
+
+def container_status(name: str, state: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "image": IMAGE, "imageID": "", "ready": "running" in state, "restartCount": 0,
+            "started": "running" in state, "state": state, **extra}
+
+
+def pod(suffix: str, phase: str, *, init: list[dict[str, Any]] | None = None,
+        containers: list[dict[str, Any]] | None = None, created: str = T0, sidecar: bool = False,
+        **status: Any) -> dict[str, Any]:
+    stage_spec: dict[str, Any] = {"name": "stage", "image": IMAGE}
+    if sidecar:
+        stage_spec["restartPolicy"] = "Always"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{JOB}-{suffix}", "namespace": "training", "creationTimestamp": created,
+                     "labels": {"batch.kubernetes.io/job-name": JOB, "job-name": JOB},
+                     "annotations": {}},
+        "spec": {"initContainers": [stage_spec], "containers": [{"name": "train", "image": IMAGE}],
+                 "restartPolicy": "Never", "nodeName": "ip-10-10-12-34.us-west-2.compute.internal"},
+        "status": {"phase": phase, "qosClass": "Burstable", "initContainerStatuses": init or [],
+                   "containerStatuses": containers or [], **status},
+    }
+
+
+RUNNING = {"running": {"startedAt": "2026-11-21T10:05:00Z"}}
+POD_INITIALIZING = {"waiting": {"reason": "PodInitializing"}}
+
+
+def terminated(exit_code: int, reason: str) -> dict[str, Any]:
+    return {"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": "2026-11-21T10:05:00Z",
+                           "finishedAt": "2026-11-21T10:45:00Z", "containerID": "containerd://4f2a"}}
+
+
+def test_pending_unschedulable() -> None:
+    waiting = pod("x7k2p", "Pending", conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
+    phase = job_phase(job(active=1, ready=0), [waiting])
+    assert phase.phase == "Pending" and "Insufficient nvidia.com/gpu" in phase.detail
+
+
+def test_no_pod_yet_and_suspended_by_kueue_are_pending() -> None:
+    assert job_phase(job(), []).phase == "Pending"
+    suspended = job_phase(job(condition("Suspended", "JobSuspended", "Job suspended"), suspend=True), [])
+    assert suspended.phase == "Pending" and "Kueue" in suspended.detail
+
+
+def test_copy_stager_running_is_staging() -> None:
+    staging = pod("x7k2p", "Pending", init=[container_status("stage", RUNNING)],
+                  containers=[container_status("train", POD_INITIALIZING)],
+                  conditions=[{"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized"}])
+    assert job_phase(job(active=1, ready=0), [staging]).phase == "Staging"
+
+
+def test_rolling_sidecar_beside_the_trainer_is_running_not_staging() -> None:
+    running = pod("x7k2p", "Running", sidecar=True, init=[container_status("stage", RUNNING)],
+                  containers=[container_status("train", RUNNING)])
+    phase = job_phase(job(active=1, ready=1), [running])
+    assert phase.phase == "Running" and phase.reason is None
+
+
+def test_succeeded() -> None:
+    done = pod("x7k2p", "Succeeded", init=[container_status("stage", terminated(0, "Completed"))],
+               containers=[container_status("train", terminated(0, "Completed"))])
+    finished = job(condition("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"),
+                   condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods"),
+                   succeeded=1, completionTime="2026-11-21T10:46:00Z")
+    assert job_phase(finished, [done]).phase == "Succeeded"
+
+
+def test_oom_killed() -> None:
+    oom = pod("x7k2p", "Failed", containers=[container_status("train", terminated(137, "OOMKilled"))])
+    failed = job(condition("FailureTarget", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
+                 condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
+                 failed=3)
+    phase = job_phase(failed, [oom])
+    assert (phase.phase, phase.reason) == ("Failed", "OOMKilled")
+    assert "backoff limit" in phase.detail and "/dev/shm" in phase.detail
+
+
+def test_evicted_for_ephemeral_storage() -> None:
+    evicted = pod("x7k2p", "Failed", reason="Evicted",
+                  message="Pod ephemeral local storage usage exceeds the total limit of containers 175Gi. ",
+                  containers=[container_status("train", terminated(137, "ContainerStatusUnknown"))])
+    failed = job(condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"))
+    phase = job_phase(failed, [evicted])
+    assert (phase.phase, phase.reason) == ("Failed", "Evicted")
+    assert "ephemeral local storage" in phase.detail
+
+
+def test_image_pull_back_off_is_failed_before_the_job_gives_up() -> None:
+    stuck = pod("x7k2p", "Pending", init=[container_status("stage", {"waiting": {
+        "reason": "ImagePullBackOff", "message": f'Back-off pulling image "{IMAGE}"'}})],
+        containers=[container_status("train", POD_INITIALIZING)])
+    phase = job_phase(job(active=1, ready=0), [stuck])
+    assert (phase.phase, phase.reason) == ("Failed", "ImagePullBackOff")
+    assert "stage" in phase.detail and IMAGE in phase.detail
+
+
+def test_deadline_exceeded() -> None:
+    killed = pod("x7k2p", "Failed", reason="DeadlineExceeded",
+                 message="Pod was active on the node longer than the specified deadline")
+    failed = job(condition("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"))
+    phase = job_phase(failed, [killed])
+    assert (phase.phase, phase.reason) == ("Failed", "DeadlineExceeded")
+
+
+def test_backoff_limit_exceeded_by_plain_errors_keeps_the_job_reason() -> None:
+    crashed = [pod(suffix, "Failed", created=f"2026-11-21T10:0{i}:00Z",
+                   containers=[container_status("train", terminated(1, "Error"))])
+               for i, suffix in enumerate(("a1", "b2", "c3"))]
+    failed = job(condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"))
+    phase = job_phase(failed, crashed)
+    assert (phase.phase, phase.reason) == ("Failed", "BackoffLimitExceeded")
+
+
+def test_config_error_exit_code_fails_fast() -> None:
+    bad = pod("x7k2p", "Failed", containers=[container_status("train", terminated(42, "Error"))])
+    failed = job(condition("Failed", "PodFailurePolicy",
+                           f"Container train for pod training/{JOB}-x7k2p failed with exit code 42 matching "
+                           "FailJob rule at index 0"))
+    assert job_phase(failed, [bad]).reason == "ConfigError"
+
+
+def test_retry_after_eviction_reports_the_new_pod_and_the_old_reason() -> None:
+    evicted = pod("a1", "Failed", reason="Evicted", message="The node was low on resource: ephemeral-storage.")
+    retry = pod("b2", "Pending", created="2026-11-21T10:30:00Z", init=[container_status("stage", RUNNING)])
+    phase = job_phase(job(active=1, failed=0), [evicted, retry])
+    assert phase.phase == "Staging" and "Evicted" in phase.detail
+
+
+# --- CLI -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def facts_file(tmp_path: Path) -> Path:
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(facts_to_dict(dev_facts())))
+    return path
+
+
+def test_render_prints_the_jobs_of_a_spec_file(facts_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "workloads/jobs/resnet50-s3-copy.yaml", "--facts", str(facts_file)]) == 0
+    job_manifest, = yaml.safe_load_all(capsys.readouterr().out)
+    check_job(job_manifest)
+
+
+def test_bad_spec_is_one_error_line_with_file_and_field(tmp_path: Path, facts_file: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\nimage: x:1\nmemory: 8Gi\nshmSize: 6Gi\n")
+    assert main(["render", str(spec), "--facts", str(facts_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {spec}: memory: limit 8Gi does not cover") and err.count("\n") == 1
+
+
+def test_unreadable_facts_file_is_an_error_not_a_traceback(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    facts = tmp_path / "facts.json"
+    facts.write_text('{"stack": "dev", "label_prefix": "x", "pools": [], "colour": "red"}')
+    assert main(["render", "workloads/jobs/efs-pvc.yaml", "--facts", str(facts)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {facts}: cluster facts: ")
+
+
+def test_spec_that_does_not_fit_the_cluster_names_file_and_field(facts_file: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "workloads/jobs/multi-node-ddp.yaml", "--facts", str(facts_file)]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: workloads/jobs/multi-node-ddp.yaml: gpuType: h100 is not offered by stack dev " \
+                  "(GPU types: a10g)\n"

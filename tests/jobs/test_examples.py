@@ -1,0 +1,40 @@
+"""The example specs under workloads/jobs/: each renders, on the stack it targets, a Job that keeps every rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.jobs.facts import ALL_FACTS
+from tests.jobs.jobrules import check_job, check_service
+from workloads.jobspec import load_job_file, render_job
+
+JOBS_DIR = Path(__file__).resolve().parents[2] / "workloads" / "jobs"
+TARGET_STACK = {
+    "resnet50-s3-copy.yaml": "dev",
+    "efs-pvc.yaml": "dev",
+    "rolling-window.yaml": "prod",
+    "multi-node-ddp.yaml": "prod",
+}
+
+
+def test_every_example_has_a_target_stack() -> None:
+    assert sorted(path.name for path in JOBS_DIR.glob("*.yaml")) == sorted(TARGET_STACK)
+
+
+@pytest.mark.parametrize("file_name", sorted(TARGET_STACK))
+def test_example_renders_a_valid_job(file_name: str) -> None:
+    for spec in load_job_file(JOBS_DIR / file_name):
+        job, *services = render_job(spec, ALL_FACTS[TARGET_STACK[file_name]])
+        check_job(job)
+        for service in services:
+            check_service(service, job)
+
+
+def test_examples_cover_the_four_kinds() -> None:
+    specs = [spec for name in TARGET_STACK for spec in load_job_file(JOBS_DIR / name)]
+    assert any(s.gpus == 1 and s.dataset and s.dataset.uri and s.dataset.staging == "copy" for s in specs)
+    assert any(s.dataset and s.dataset.claim_name and s.dataset.staging == "none" for s in specs)
+    assert any(s.dataset and s.dataset.staging == "rolling" for s in specs)
+    assert any(s.nodes > 1 for s in specs)

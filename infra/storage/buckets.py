@@ -124,7 +124,8 @@ class S3Buckets(pulumi.ComponentResource):
             tags={**ctx.tags, "Name": physical_name},
             opts=pulumi.ResourceOptions(parent=self, protect=ctx.protected, retain_on_delete=ctx.protected),
         )
-        child = pulumi.ResourceOptions(parent=bucket)
+        # Sub-resources hang off the component, not the bucket: `protect` is inherited from a parent.
+        child = pulumi.ResourceOptions(parent=self)
         aws.s3.BucketOwnershipControls(
             name("-ownership"), bucket=bucket.id, rule={"object_ownership": "BucketOwnerEnforced"}, opts=child
         )
@@ -152,14 +153,14 @@ class S3Buckets(pulumi.ComponentResource):
             name("-lifecycle"),
             bucket=bucket.id,
             rules=lifecycle_rules(config),
-            opts=pulumi.ResourceOptions(parent=bucket, depends_on=[versioning] if versioning else []),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning] if versioning else []),
         )
         # After the public access block, so S3 never evaluates the policy against a half-configured bucket.
         aws.s3.BucketPolicy(
             name("-tls-only"),
             bucket=bucket.id,
             policy=bucket.arn.apply(tls_only_policy),
-            opts=pulumi.ResourceOptions(parent=bucket, depends_on=[public_access_block]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[public_access_block]),
         )
         return bucket
 
@@ -209,7 +210,7 @@ class CosBuckets(pulumi.ComponentResource):
                     parent=self, provider=self.provider, protect=ctx.protected, retain_on_delete=ctx.protected
                 ),
             )
-            child = pulumi.ResourceOptions(parent=bucket, provider=self.provider)
+            child = pulumi.ResourceOptions(parent=self, provider=self.provider)
             versioning = None
             if config.versioning:
                 versioning = aws.s3.BucketVersioning(

@@ -9,7 +9,8 @@ Two proxies, each running its own asyncio loop in a background thread, started a
 
     FaultProxy(upstream_port, slowdown_every=3, drop_every=5, corrupt_every=0)
         An HTTP/1.1 proxy that counts GET requests and answers every n-th with 503 SlowDown (S3's throttling
-        error), drops every m-th connection part-way through the response body, and/or flips one body byte.
+        error), drops every m-th connection part-way through the response body, and/or flips one body byte;
+        skip_first passes the first requests through untouched, max_faults caps the faults injected.
 
 Usage:
 
@@ -162,14 +163,16 @@ class FaultCounts:
 
 class FaultProxy(_ThreadedProxy):
     def __init__(self, upstream_port: int, slowdown_every: int = 0, drop_every: int = 0, corrupt_every: int = 0,
-                 drop_after_bytes: int = 1024, methods: tuple[str, ...] = ("GET",),
-                 upstream_host: str = LOCALHOST) -> None:
+                 drop_after_bytes: int = 1024, methods: tuple[str, ...] = ("GET",), skip_first: int = 0,
+                 max_faults: int | None = None, upstream_host: str = LOCALHOST) -> None:
         super().__init__(upstream_port, upstream_host)
         self.slowdown_every = slowdown_every
         self.drop_every = drop_every
         self.corrupt_every = corrupt_every
         self.drop_after_bytes = drop_after_bytes
         self.methods = methods
+        self.skip_first = skip_first
+        self.max_faults = max_faults
         self.counts = FaultCounts()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -198,7 +201,10 @@ class FaultProxy(_ThreadedProxy):
         if method not in self.methods:
             return None
         self.counts.requests += 1
-        number = self.counts.requests
+        number = self.counts.requests - self.skip_first
+        injected = self.counts.slowdowns + self.counts.drops + self.counts.corruptions
+        if number <= 0 or (self.max_faults is not None and injected >= self.max_faults):
+            return None
         if self.slowdown_every and number % self.slowdown_every == 0:
             self.counts.slowdowns += 1
             return "slowdown"

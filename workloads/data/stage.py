@@ -5,7 +5,8 @@ fetching ahead in manifest order and deleting shards the reader has marked consu
 
 Every shard is fetched as parallel ranged GETs (one thread pool shared by all shards) written with pwrite into a
 hidden temp file, fsynced, checked against the manifest's sha256 and only then renamed to its final name, so a
-partial or corrupt file never carries a shard's name. Throttling (503 SlowDown) and connections dropped mid-body
+partial or corrupt file never carries a shard's name. In copy mode manifest.json is written last (a local
+manifest means every shard is here); in window mode it is written first, after .window/stager.json. Throttling (503 SlowDown) and connections dropped mid-body
 are retried per part with exponential backoff and jitter; a checksum mismatch re-fetches the whole shard. A rerun
 resumes: final files whose sha256 matches are kept, stale temp files are removed.
 """
@@ -22,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo
+from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo, atomic_write_bytes
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.data.verify import sha256_file
 from workloads.data.window import StagerState, read_consumed, write_stager_state
@@ -51,7 +52,7 @@ class StageResult:
     peak_window_bytes: int = 0  # most shard bytes (final + temp) held at once
 
 
-def fetch_manifest(client: Any, source: S3Uri, retry: RetryPolicy) -> Manifest:
+def fetch_manifest(client: Any, source: S3Uri, retry: RetryPolicy) -> tuple[Manifest, bytes]:
     where = f"s3://{source.bucket}/{source.key(MANIFEST_NAME)}"
 
     def get() -> bytes:
@@ -64,7 +65,7 @@ def fetch_manifest(client: Any, source: S3Uri, retry: RetryPolicy) -> Manifest:
             raise DataToolError(where, "not found: nothing uploaded here, or the upload has not finished") from exc
         raise
     try:
-        return Manifest.model_validate_json(payload)
+        return Manifest.model_validate_json(payload), payload
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(part) for part in first["loc"])
@@ -150,7 +151,7 @@ class _Stager:
             self.futures[pool.submit(self._fetch_part, fetch, start, end)] = ("part", fetch)
         self.outstanding_parts += len(ranges)
 
-    def _publish(self, done: bool = False, error: str | None = None) -> None:
+    def publish(self, done: bool = False, error: str | None = None) -> None:
         if self.windowed:
             write_stager_state(self.dest, StagerState(order=[s.path for s in self.manifest.shards],
                                                       ready=list(self.ready), done=done, error=error))
@@ -169,7 +170,7 @@ class _Stager:
     def run(self, pending: list[ShardInfo]) -> StageResult:
         self._bytes_of = {s.path: s.bytes for s in self.manifest.shards}
         queue = list(pending)
-        self._publish()
+        self.publish()
         total = sum(s.bytes for s in pending)
         with ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="stage") as pool, \
                 tqdm(total=total, unit="B", unit_scale=True, desc="stage", disable=not self.options.progress) as bar:
@@ -194,9 +195,9 @@ class _Stager:
                 self.aborted.set()
                 pool.shutdown(wait=True, cancel_futures=True)
                 self._discard_temps()
-                self._publish(error=str(exc) if isinstance(exc, DataToolError) else f"{type(exc).__name__}: {exc}")
+                self.publish(error=str(exc) if isinstance(exc, DataToolError) else f"{type(exc).__name__}: {exc}")
                 raise
-        self._publish(done=True)
+        self.publish(done=True)
         return self.result
 
     def _settle(self, pool: ThreadPoolExecutor, future: Future) -> None:
@@ -214,7 +215,7 @@ class _Stager:
             self.ready.append(name)
             self.result.fetched.append(name)
             self.result.fetched_bytes += fetch.info.bytes
-            self._publish()
+            self.publish()
             return
         if fetch.attempt >= self.options.shard_attempts:
             raise DataToolError(f"s3://{self.source.bucket}/{self.source.key(name)}",
@@ -241,7 +242,7 @@ def _is_verified(path: Path, info: ShardInfo) -> bool:
 
 
 def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> StageResult:
-    manifest = fetch_manifest(client, source, options.retry)
+    manifest, manifest_bytes = fetch_manifest(client, source, options.retry)
     if options.window_bytes is not None:
         largest = max(manifest.shards, key=lambda s: s.bytes, default=None)
         if largest is not None and largest.bytes > options.window_bytes:
@@ -251,6 +252,8 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
         dest.mkdir(parents=True, exist_ok=True)
         for stale in dest.glob(f".*{TEMP_SUFFIX}"):
             stale.unlink()
+        if options.window_bytes is None:
+            (dest / MANIFEST_NAME).unlink(missing_ok=True)  # copy mode: a local manifest means "all shards here"
     except OSError as exc:
         raise DataToolError(str(dest), f"cannot prepare the staging directory: {exc.strerror}") from exc
 
@@ -271,4 +274,11 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
             (dest / info.path).unlink(missing_ok=True)
             pending.append(info)
     stager.deleted |= consumed
-    return stager.run(pending)
+    if options.window_bytes is not None:
+        # The reader needs the manifest to start; in window mode stager.json, written first, says what is present.
+        stager.publish()
+        atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+    result = stager.run(pending)
+    if options.window_bytes is None:
+        atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+    return result

@@ -1,0 +1,174 @@
+"""pack -> upload -> stage against moto in server mode, with and without a fault-injecting proxy."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from workloads.data.__main__ import main
+from workloads.data.format import MANIFEST_NAME, load_manifest
+from workloads.data.netem import FaultProxy
+from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, make_client
+from workloads.data.stage import StageOptions, stage
+from workloads.data.upload import UploadOptions, upload
+from workloads.data.verify import sha256_file
+
+FAST_RETRY = RetryPolicy(attempts=6, base_delay_s=0.01, max_delay_s=0.05)
+
+
+def _stage_options(**overrides: object) -> StageOptions:
+    values: dict = {"workers": 4, "part_bytes": 4096, "retry": FAST_RETRY, "progress": False}
+    values.update(overrides)
+    return StageOptions(**values)
+
+
+def _uploaded(packed: Path, s3_url: str, bucket: str) -> S3Uri:
+    target = S3Uri(bucket, "sets/tiny")
+    upload(make_client(s3_url, 4, botocore_attempts=3), packed, target, UploadOptions(workers=4, progress=False))
+    return target
+
+
+def _shard_files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.glob("shard-*.h5"))}
+
+
+def test_round_trip_is_byte_identical_and_idempotent(packed: Path, s3_url: str, bucket: str,
+                                                     tmp_path: Path) -> None:
+    client = make_client(s3_url, 4, botocore_attempts=3)
+    target = S3Uri(bucket, "sets/tiny")
+    first = upload(client, packed, target, UploadOptions(workers=4, part_bytes=5 << 20, progress=False))
+    manifest = load_manifest(packed)
+    assert first.uploaded[-1] == MANIFEST_NAME and len(first.uploaded) == len(manifest.shards) + 1
+    again = upload(client, packed, target, UploadOptions(workers=4, progress=False))
+    assert again.uploaded == [] and len(again.skipped) == len(manifest.shards) + 1
+
+    dest = tmp_path / "dest"
+    result = stage(make_client(s3_url, 4), target, dest, _stage_options())
+    assert sorted(result.fetched) == [s.path for s in manifest.shards]
+    assert _shard_files(dest) == _shard_files(packed)
+    assert not [p for p in dest.iterdir() if p.name.startswith(".")]
+
+    rerun = stage(make_client(s3_url, 4), target, dest, _stage_options())
+    assert rerun.fetched == [] and len(rerun.kept) == len(manifest.shards)
+
+
+def test_resume_refetches_only_missing_or_damaged_shards(packed: Path, s3_url: str, bucket: str,
+                                                          tmp_path: Path) -> None:
+    target = _uploaded(packed, s3_url, bucket)
+    dest = tmp_path / "dest"
+    stage(make_client(s3_url, 4), target, dest, _stage_options())
+    names = sorted(_shard_files(dest))
+    (dest / names[0]).unlink()
+    damaged = dest / names[1]
+    damaged.write_bytes(damaged.read_bytes()[:-10] + b"0123456789")
+    stale = dest / f".{names[2]}.999.1.part"
+    stale.write_bytes(b"partial")
+    result = stage(make_client(s3_url, 4), target, dest, _stage_options())
+    assert sorted(result.fetched) == names[:2]
+    assert not stale.exists()
+    assert _shard_files(dest) == _shard_files(packed)
+
+
+def test_faults_never_expose_a_partial_file(packed: Path, s3_url: str, bucket: str, moto_port: int,
+                                            tmp_path: Path) -> None:
+    target = _uploaded(packed, s3_url, bucket)
+    manifest = load_manifest(packed)
+    expected = {s.path: s.sha256 for s in manifest.shards}
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    seen_bad: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # every file that carries a shard's name must already be the verified shard
+        while not stop.is_set():
+            for path in dest.glob("shard-*.h5"):
+                if sha256_file(path) != expected[path.name]:
+                    seen_bad.append(path.name)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        # About a third of GETs fail; 10 attempts per part make giving up a one-in-100,000 event.
+        with FaultProxy(moto_port, slowdown_every=5, drop_every=7) as proxy:
+            result = stage(make_client(proxy.url, 4), target, dest,
+                           _stage_options(part_bytes=8192, retry=RetryPolicy(10, 0.01, 0.05)))
+            counts = proxy.counts
+    finally:
+        stop.set()
+        watcher.join()
+    assert counts.slowdowns and counts.drops
+    assert seen_bad == []
+    assert sorted(result.fetched) == sorted(expected)
+    assert _shard_files(dest) == _shard_files(packed)
+    assert not [p for p in dest.iterdir() if p.name.startswith(".")]
+
+
+def test_persistent_throttling_fails_clearly_and_leaves_nothing(packed: Path, s3_url: str, bucket: str,
+                                                                moto_port: int, tmp_path: Path) -> None:
+    target = _uploaded(packed, s3_url, bucket)
+    dest = tmp_path / "dest"
+    with FaultProxy(moto_port, slowdown_every=1) as proxy, pytest.raises(DataToolError) as failure:
+        stage(make_client(proxy.url, 4), target, dest, _stage_options(retry=RetryPolicy(3, 0.01, 0.02)))
+    assert "gave up after 3 attempts: SlowDown" in str(failure.value)
+    assert list(dest.iterdir()) == [] if dest.exists() else True
+
+
+def test_corruption_on_every_fetch_is_fatal_after_retries(packed: Path, s3_url: str, bucket: str,
+                                                          moto_port: int, tmp_path: Path) -> None:
+    target = _uploaded(packed, s3_url, bucket)
+    dest = tmp_path / "dest"
+    with FaultProxy(moto_port, corrupt_every=1, skip_first=1) as proxy, \
+            pytest.raises(DataToolError, match="shard-0000.*sha256 does not match the manifest after 3 downloads"):
+        stage(make_client(proxy.url, 4), target, dest, _stage_options())
+    assert proxy.counts.corruptions >= 3
+    assert [p.name for p in dest.iterdir()] == []
+
+
+def test_corrupted_body_is_refetched(packed: Path, s3_url: str, bucket: str, moto_port: int,
+                                     tmp_path: Path) -> None:
+    target = _uploaded(packed, s3_url, bucket)
+    dest = tmp_path / "dest"
+    with FaultProxy(moto_port, corrupt_every=2, skip_first=1, max_faults=2) as proxy:
+        result = stage(make_client(proxy.url, 4), target, dest, _stage_options(part_bytes=8192))
+    assert proxy.counts.corruptions == 2
+    assert sorted(result.fetched) == sorted(_shard_files(packed))
+    assert _shard_files(dest) == _shard_files(packed)
+
+
+def test_cli_reports_missing_bucket_and_manifest(s3_url: str, bucket: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture, packed: Path) -> None:
+    assert main(["stage", "s3://no-such-bucket-here/x", str(tmp_path / "d"), "--endpoint-url", s3_url,
+                 "--attempts", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: s3://no-such-bucket-here/x/manifest.json: bucket does not exist\n"
+    assert main(["upload", str(packed), "s3://no-such-bucket-here/x", "--endpoint-url", s3_url,
+                 "--no-progress"]) == 2
+    assert capsys.readouterr().err == "error: s3://no-such-bucket-here/x: bucket does not exist\n"
+    assert main(["stage", f"s3://{bucket}/empty", str(tmp_path / "d"), "--endpoint-url", s3_url,
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: s3://{bucket}/empty/manifest.json: not found") and err.count("\n") == 1
+
+
+def test_cli_reports_missing_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, moto_port: int,
+                                         capsys: pytest.CaptureFixture) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert main(["stage", "s3://bucket-x/p", str(tmp_path / "d"), "--endpoint-url",
+                 f"http://127.0.0.1:{moto_port}", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: s3://bucket-x/p/manifest.json: no AWS credentials found") and err.count("\n") == 1
+
+
+def test_cli_round_trip(packed: Path, s3_url: str, bucket: str, tmp_path: Path,
+                        capsys: pytest.CaptureFixture) -> None:
+    uri = f"s3://{bucket}/cli"
+    assert main(["upload", str(packed), uri, "--endpoint-url", s3_url, "--no-progress"]) == 0
+    assert main(["stage", uri, str(tmp_path / "d"), "--endpoint-url", s3_url, "--no-progress"]) == 0
+    assert main(["verify", str(tmp_path / "d")]) == 0
+    assert (tmp_path / "d" / MANIFEST_NAME).read_bytes() == (packed / MANIFEST_NAME).read_bytes()

@@ -5,16 +5,20 @@ Each capability is one component; this module only wires their typed outputs int
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pulumi
 
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from infra.config import StackConfig
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.gpu import GpuPlumbing, GpuPlumbingArgs
+from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
 from infra.nodepools import NodePools, NodePoolsArgs
-from infra.poolplan import plan_node_pools
+from infra.poolplan import plan_node_pools, pool_facts
 from infra.storage import Storage, StorageArgs
+from workloads.cluster_facts import ClusterFacts, facts_to_dict
 
 JOBS_NAMESPACE = "training"  # where Jobs, their claims and the COS Secret live (ClusterFacts.namespace)
 
@@ -35,6 +39,9 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     if cfg.network is not None and cfg.network.existing is not None:
         existing_subnets = lookup_existing_subnets(cfg.network.existing)
     pool_plans = plan_node_pools(cfg)  # instance-type facts per pool (aws.ec2.get_instance_type); ConfigError
+    job_facts = ClusterFacts(stack=ctx.stack, label_prefix=cfg.label_prefix, pools=pool_facts(pool_plans),
+                             namespace=JOBS_NAMESPACE, region=cfg.region)
+    check_jobs(cfg.jobs, job_facts)  # every stack Job fits the pools it targets; ConfigError
 
     # --- network + cluster ---
     network: NetworkInfo | None = None
@@ -75,19 +82,31 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         "cpuPerGpuMillicores": plan.cpu_per_gpu_millicores, "memoryPerGpuBytes": plan.memory_per_gpu_bytes,
     } for plan in pool_plans}
 
+    # --- the Jobs' namespace (issue 5): storage puts its claims and the COS Secret in it ---
+    namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(cluster=cluster, facts=job_facts))
+
     # --- storage (issue 4) ---
     storage = Storage(ctx, StorageArgs(
         config=cfg.storage, cluster=cluster, network=network, namespace=JOBS_NAMESPACE,
+        namespace_resource=namespace.namespace,
         node_pools=node_groups,
         cos_access_key_id=cfg.cos_hmac_access_key_id, cos_secret_access_key=cfg.cos_hmac_secret_access_key))
     outputs["storage"] = storage.outputs(cluster, network)
 
     # --- GPU plumbing (issue 3) ---
-    GpuPlumbing(f"{ctx.prefix}-gpu", GpuPlumbingArgs(
+    gpu = GpuPlumbing(f"{ctx.prefix}-gpu", GpuPlumbingArgs(
         ctx=ctx, cluster=cluster, config=cfg.gpu, pools=pool_plans, cluster_name=cfg.cluster_name,
         kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources)))
-    # Jobs (issue 5): ClusterFacts(pools=pool_facts(pool_plans), ...) gives the renderer every pool's facts.
 
     # --- training jobs (issue 5) ---
+    job_facts = replace(job_facts, object_store_endpoint=storage.object_store_endpoint,
+                        object_store_secret=storage.cos_secret_name,
+                        volume_claims=(*storage.dataset_claim_names.values(), *storage.shared_claim_names))
+    jobs = TrainingJobs(ctx, TrainingJobsArgs(
+        cluster=cluster, facts=job_facts, specs=cfg.jobs, namespace=namespace.namespace,
+        bucket_arns=list(storage.bucket_arns.values()),
+        depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values())))
+    outputs["jobFacts"] = facts_to_dict(job_facts)  # `python -m workloads.submit ... --facts` reads this
+    outputs["jobs"] = jobs.job_names
 
     return outputs

@@ -34,6 +34,8 @@ class ClusterFacts:
     object_store_endpoint: str | None = None  # S3-compatible endpoint (COS); None means AWS S3
     object_store_secret: str | None = None  # Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (COS HMAC)
     region: str | None = None
+    # PVCs in `namespace` that Jobs may mount (dataset and shared claims); None when unknown (no check).
+    volume_claims: tuple[str, ...] | None = None
 
 
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:
@@ -45,6 +47,8 @@ def facts_from_dict(data: dict[str, Any]) -> ClusterFacts:
     """Inverse of facts_to_dict; raises ValueError naming the unknown or missing key."""
     try:
         pools = tuple(PoolFacts(**pool) for pool in data.get("pools", ()))
-        return ClusterFacts(**{**data, "pools": pools})
+        claims = data.get("volume_claims")
+        return ClusterFacts(**{**data, "pools": pools,
+                               "volume_claims": tuple(claims) if claims is not None else None})
     except TypeError as exc:
         raise ValueError(f"cluster facts: {exc}") from None

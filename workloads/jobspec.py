@@ -702,7 +702,20 @@ def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> lis
     return env
 
 
+def _check_claims(spec: TrainingJobSpec, facts: ClusterFacts) -> None:
+    """A claim the namespace does not have leaves the pod Pending forever: reject it up front."""
+    if facts.volume_claims is None:
+        return
+    for field_name, claim in (("dataset.claimName", spec.dataset and spec.dataset.claim_name),
+                              ("checkpoint.claimName", spec.checkpoint and spec.checkpoint.claim_name)):
+        if claim and claim not in facts.volume_claims:
+            known = ", ".join(sorted(facts.volume_claims)) or "none"
+            raise JobSpecError(field_name, f"{claim} is not a claim in namespace {facts.namespace} of stack "
+                                           f"{facts.stack} (claims: {known})")
+
+
 def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> list[dict[str, Any]]:
+    _check_claims(spec, facts)
     pools = _candidate_pools(spec, facts)
     cpu, memory = _resolve_resources(spec, pools)
     _check_fits_node(spec, pools, cpu, memory)

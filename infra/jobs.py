@@ -1,0 +1,218 @@
+"""Training Jobs declared in the stack (`ml-cluster:jobs`), deployed as Kubernetes Jobs.
+
+`TrainingNamespace` creates the Jobs' namespace early (storage puts its claims and COS Secret there).
+`TrainingJobs` then creates the Jobs' ServiceAccount, on EKS a Pod Identity association whose IAM role may read
+only the stack's own buckets (and write checkpoints only to the buckets that specs checkpoint to), and one
+batch/v1 Job (plus a headless Service for multi-node) per spec, rendered by `workloads.jobspec.render_job`.
+
+Lifecycle under `pulumi up`: the Job carries `pulumi.com/skipAwait`, so `up` returns at once; its name holds
+the spec's hash, so a changed spec replaces the Job (deleteBeforeReplace: the old run stops first) instead of
+failing on an immutable field; every Job depends on the storage drivers, claims and device plugin it needs, so
+`destroy` removes Jobs before the volumes under them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.config.schema import ConfigError
+from infra.context import ClusterInfo, StackContext
+from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec import JobSpecError, TrainingJobSpec, render_job
+
+CONFIG_KEY = "ml-cluster:jobs"
+
+Manifest = dict[str, Any]
+
+
+def check_jobs(specs: Sequence[TrainingJobSpec], facts: ClusterFacts) -> list[list[Manifest]]:
+    """Render every stack Job against the cluster's facts; raise ConfigError naming each spec that cannot be.
+
+    Called before any resource is registered, so a spec that does not fit the cluster stops the program early.
+    """
+    rendered, problems = [], []
+    for index, spec in enumerate(specs):
+        try:
+            rendered.append(render_job(spec, facts))
+        except JobSpecError as error:
+            problems.append((f"{CONFIG_KEY}[{index}].{error.path}", error.reason))
+    if problems:
+        raise ConfigError(problems)
+    return rendered
+
+
+def namespace_manifest(name: str, stack: str, label_prefix: str) -> Manifest:
+    """The Jobs' namespace; Pod Security `restricted` is enforced (every rendered Job complies)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/part-of": "ml-cluster",
+                "app.kubernetes.io/managed-by": "pulumi",
+                f"{label_prefix}/stack": stack,
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            },
+        },
+    }
+
+
+def service_account_manifest(name: str, namespace: str, stack: str, label_prefix: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/component": "training",
+                "app.kubernetes.io/part-of": "ml-cluster",
+                "app.kubernetes.io/managed-by": "pulumi",
+                f"{label_prefix}/stack": stack,
+            },
+        },
+    }
+
+
+def pod_identity_trust_policy() -> str:
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": {"Service": "pods.eks.amazonaws.com"},
+            "Action": ["sts:AssumeRole", "sts:TagSession"],
+        }],
+    })
+
+
+def bucket_name_of(bucket_arn: str) -> str:
+    return bucket_arn.split(":::", 1)[1]
+
+
+def checkpoint_buckets(specs: Sequence[TrainingJobSpec]) -> set[str]:
+    """Bucket names that specs write checkpoints to (s3://bucket/prefix)."""
+    names = set()
+    for spec in specs:
+        if spec.checkpoint is not None and spec.checkpoint.uri is not None:
+            names.add(spec.checkpoint.uri.removeprefix("s3://").split("/", 1)[0])
+    return names
+
+
+def job_access_policy(bucket_arns: Sequence[str], writable_buckets: set[str]) -> str:
+    """Read on the stack's buckets; checkpoint writes only on the buckets named in `writable_buckets`.
+
+    Raises ValueError if a spec checkpoints to a bucket that is not the stack's: the role could not write there.
+    """
+    known = {bucket_name_of(arn) for arn in bucket_arns}
+    foreign = sorted(writable_buckets - known)
+    if foreign:
+        raise ValueError(f"jobs: checkpoint bucket(s) {', '.join(foreign)} are not this stack's buckets "
+                         f"({', '.join(sorted(known)) or 'none'})")
+    statements: list[dict[str, Any]] = [
+        {"Sid": "ListStackBuckets", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+         "Resource": sorted(bucket_arns)},
+        {"Sid": "ReadStackObjects", "Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": sorted(f"{arn}/*" for arn in bucket_arns)},
+    ]
+    writable = sorted(arn for arn in bucket_arns if bucket_name_of(arn) in writable_buckets)
+    if writable:
+        statements.append({
+            "Sid": "WriteCheckpoints", "Effect": "Allow",
+            "Action": ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts",
+                       "s3:DeleteObject"],
+            "Resource": [f"{arn}/*" for arn in writable],
+        })
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+@dataclass(frozen=True)
+class TrainingNamespaceArgs:
+    cluster: ClusterInfo
+    facts: ClusterFacts
+
+
+class TrainingNamespace(pulumi.ComponentResource):
+    """The Jobs' namespace; created before storage, which puts claims and Secrets in it."""
+
+    def __init__(self, ctx: StackContext, args: TrainingNamespaceArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("ml-cluster:infra:TrainingNamespace", ctx.name("jobs", "namespace"), None, opts)
+        manifest = namespace_manifest(args.facts.namespace, ctx.stack, ctx.label_prefix)
+        self.name = args.facts.namespace
+        self.namespace = k8s.core.v1.Namespace(
+            ctx.name("jobs", f"ns-{self.name}"), metadata=manifest["metadata"],
+            opts=pulumi.ResourceOptions(parent=self, provider=args.cluster.provider,
+                                        depends_on=list(args.cluster.eks_dependencies)))
+        self.register_outputs({"name": self.name})
+
+
+@dataclass(frozen=True)
+class TrainingJobsArgs:
+    cluster: ClusterInfo
+    facts: ClusterFacts
+    specs: Sequence[TrainingJobSpec]
+    namespace: pulumi.Resource  # TrainingNamespace.namespace
+    bucket_arns: Sequence[pulumi.Input[str]] = ()  # the stack's S3 buckets (EKS): readable by the Jobs
+    # Storage drivers, dataset/checkpoint claims, COS Secret, NVIDIA device plugin: what a Job needs to start and
+    # what `destroy` must keep until the Jobs are gone.
+    depends_on: Sequence[pulumi.Resource] = ()
+
+
+class TrainingJobs(pulumi.ComponentResource):
+    def __init__(self, ctx: StackContext, args: TrainingJobsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ml-cluster:infra:TrainingJobs", ctx.name("jobs", "all"), None, opts)
+        cluster, facts = args.cluster, args.facts
+        # Render everything first: a spec that cannot be rendered fails before any Job is registered.
+        rendered = list(zip(args.specs, check_jobs(args.specs, facts), strict=True))
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
+
+        account = service_account_manifest(facts.job_service_account, facts.namespace, ctx.stack, ctx.label_prefix)
+        self.service_account = k8s.core.v1.ServiceAccount(
+            ctx.name("jobs", "service-account"), metadata=account["metadata"],
+            opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(depends_on=[args.namespace])))
+        job_needs: list[pulumi.Resource] = [args.namespace, self.service_account, *args.depends_on]
+
+        self.role_arn: pulumi.Output[str] | None = None
+        if cluster.is_eks and args.bucket_arns:
+            child = pulumi.ResourceOptions(parent=self)
+            role = aws.iam.Role(ctx.name("jobs", "role"), assume_role_policy=pod_identity_trust_policy(),
+                                description=f"Training Jobs of {ctx.stack}: read the stack's buckets",
+                                tags=ctx.tags, opts=child)
+            writable = checkpoint_buckets(args.specs)
+            aws.iam.RolePolicy(ctx.name("jobs", "bucket-access"), role=role.id,
+                               policy=pulumi.Output.all(*args.bucket_arns).apply(
+                                   lambda arns: job_access_policy(arns, writable)),
+                               opts=child)
+            association = aws.eks.PodIdentityAssociation(
+                ctx.name("jobs", "pod-identity"), cluster_name=cluster.name, namespace=facts.namespace,
+                service_account=facts.job_service_account, role_arn=role.arn, tags=ctx.tags,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.service_account]))
+            self.role_arn = role.arn
+            job_needs.append(association)
+
+        self.job_names: dict[str, str] = {}  # spec name -> Job name (with the spec hash)
+        for spec, manifests in rendered:
+            job, *services = manifests
+            service_resources: list[pulumi.Resource] = [
+                k8s.core.v1.Service(ctx.name("jobs", f"{spec.name}-service"), metadata=service["metadata"],
+                                    spec=service["spec"],
+                                    opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
+                                        depends_on=[args.namespace], delete_before_replace=True)))
+                for service in services]
+            k8s.batch.v1.Job(
+                ctx.name("jobs", spec.name), metadata=job["metadata"], spec=job["spec"],
+                opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
+                    delete_before_replace=True, depends_on=[*job_needs, *service_resources],
+                    # Kueue suspends and resumes admitted Jobs; that is not drift.
+                    ignore_changes=["spec.suspend"] if spec.queue else None)))
+            self.job_names[spec.name] = job["metadata"]["name"]
+        self.register_outputs({"jobNames": self.job_names})

@@ -93,7 +93,8 @@ def test_addons_with_pod_identity_scoped_to_the_stack(stack_plan, stack: str) ->
     addons = {r["inputs"]["addonName"]: r for r in resources_of(plan, "aws:eks/addon:Addon")}
     assert set(addons) >= ADDONS
     associations = {r["inputs"]["serviceAccount"]: r
-                    for r in resources_of(plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")}
+                    for r in resources_of(plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
+                    if "-storage-" in r["name"]}
     expected_accounts = {"efs-csi-controller-sa", "efs-csi-node-sa", "ebs-csi-controller-sa", "s3-csi-driver-sa"}
     assert expected_accounts <= set(associations)
     assert all(a["inputs"]["namespace"] == "kube-system" for a in associations.values())

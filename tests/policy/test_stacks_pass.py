@@ -35,3 +35,14 @@ def test_prod_is_the_protected_stack() -> None:
     # The protected-stack rules only bite where a stack file says so; prod must.
     assert stack_protected(stack_file_path(offline.STACKS_DIR, "prod")) is True
     assert stack_protected(stack_file_path(offline.STACKS_DIR, "dev")) is False
+
+
+def test_the_bucket_joins_are_real_on_a_planned_stack(stack_plan: Callable[[str], dict[str, Any]]) -> None:
+    # Guard against a vacuous pass: drop dev's public access blocks and the pack must name every bucket.
+    document = stack_plan("dev")
+    buckets = {r["name"] for r in document["resources"] if r["type"] == "aws:s3/bucket:Bucket"}
+    assert buckets, "dev plans no buckets"
+    kept = [r for r in document["resources"] if r["type"] != "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock"]
+    found = evaluate(plan_from_document(with_mock_ids({**document, "resources": kept})), PolicyContext())
+    flagged = {v.resource.name for v in found if v.policy == "s3-bucket-public-access-blocked" and v.resource}
+    assert flagged == buckets

@@ -9,11 +9,14 @@ protected (`ml-cluster:protected: true`); otherwise exit 2 with one `error: <whe
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Relative to the working directory, so messages read `stacks/Pulumi.prod.yaml` when run from the repository.
+DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent / "stacks"))
 
 from infra.policy.stackfile import PROTECTED_KEY, StackFileError, stack_file_path, stack_protected  # noqa: E402
 
@@ -32,9 +35,7 @@ def destroy_refusals(stack: str, confirmation: str, stacks_dir: Path) -> list[st
         return [f"stack: {stack!r} is not a stack name (letters, digits, '_', '.', '-')"]
     problems = []
     if confirmation != stack:
-        problems.append(
-            f"confirm: {confirmation!r} does not equal the stack name {stack!r}; type the stack name"
-        )
+        problems.append(f"confirm: {confirmation!r} does not equal the stack name {stack!r}; type the stack name")
     path = stack_file_path(stacks_dir, stack)
     if not path.is_file():
         return [*problems, f"stack: no stack file {path}"]
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
     parser = _Parser(description="Refuse `pulumi destroy` unless confirmed and the stack is not protected.")
     parser.add_argument("--stack", required=True, help="stack to destroy")
     parser.add_argument("--confirm", required=True, help="must equal --stack")
-    parser.add_argument("--stacks-dir", type=Path, default=Path(__file__).resolve().parent.parent / "stacks")
+    parser.add_argument("--stacks-dir", type=Path, default=DEFAULT_STACKS_DIR)
     args = parser.parse_args(argv)
     problems = destroy_refusals(args.stack, args.confirm, args.stacks_dir)
     for problem in problems:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Relative to the working directory, so messages read `stacks/Pulumi.prod.yaml` when run from the repository.
+DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent / "stacks"))
 
 from infra.policy.rules import POLICIES  # noqa: E402
 from infra.policy.stackfile import StackFileError, stack_file_path, stack_protected  # noqa: E402
@@ -34,7 +37,7 @@ def pack_config(protected: bool) -> dict[str, dict[str, bool]]:
 def main(argv: list[str]) -> int:
     parser = _Parser(description="Write the policy pack config for a stack.")
     parser.add_argument("--stack", required=True)
-    parser.add_argument("--stacks-dir", type=Path, default=Path(__file__).resolve().parent.parent / "stacks")
+    parser.add_argument("--stacks-dir", type=Path, default=DEFAULT_STACKS_DIR)
     parser.add_argument("--out", type=Path, help="write here (atomically) instead of printing")
     args = parser.parse_args(argv)
     path = stack_file_path(args.stacks_dir, args.stack)

@@ -179,13 +179,21 @@ class NodePools(pulumi.ComponentResource):
             template = aws.ec2.LaunchTemplate(
                 ctx.name("nodepools", f"{plan.name}-lt"),
                 description=f"{ctx.stack} node pool {plan.name}",
-                metadata_options=metadata_options(),
-                block_device_mappings=block_device_mappings(plan),
+                metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(**metadata_options()),
+                block_device_mappings=[
+                    aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                        device_name=mapping["device_name"],
+                        ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(**mapping["ebs"]),
+                    )
+                    for mapping in block_device_mappings(plan)
+                ],
                 vpc_security_group_ids=security_groups,
                 user_data=base64.b64encode(text.encode()).decode() if text else None,
                 update_default_version=True,
                 tag_specifications=[
-                    {"resource_type": kind, "tags": {**ctx.tags, "Name": f"{ctx.prefix}-{plan.name}"}}
+                    aws.ec2.LaunchTemplateTagSpecificationArgs(
+                        resource_type=kind, tags={**ctx.tags, "Name": f"{ctx.prefix}-{plan.name}"}
+                    )
                     for kind in ("instance", "volume")
                 ],
                 tags=ctx.tags,
@@ -199,15 +207,17 @@ class NodePools(pulumi.ComponentResource):
                 instance_types=list(plan.config.instance_types),
                 capacity_type=plan.config.capacity_type,
                 ami_type=plan.ami_type,
-                scaling_config={
-                    "min_size": plan.config.min_size,
-                    "desired_size": plan.config.initial_size,
-                    "max_size": plan.config.max_size,
-                },
-                update_config={"max_unavailable": plan.config.max_unavailable},
+                scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                    min_size=plan.config.min_size,
+                    desired_size=plan.config.initial_size,
+                    max_size=plan.config.max_size,
+                ),
+                update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=plan.config.max_unavailable),
                 labels=plan.labels,
-                taints=node_group_taints(plan),
-                launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+                taints=[aws.eks.NodeGroupTaintArgs(**taint) for taint in node_group_taints(plan)],
+                launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                    id=template.id, version=template.latest_version.apply(str)
+                ),
                 tags={**ctx.tags, f"{ctx.label_prefix}/pool": plan.name},
                 # cluster-autoscaler owns the desired size after creation.
                 opts=pulumi.ResourceOptions(

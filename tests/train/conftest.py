@@ -28,17 +28,13 @@ SHARD_SIZES = (17, 25)  # two shards, boundary inside a class
 def _jpeg(index: int, rng: np.random.Generator) -> bytes:
     height, width = 40 + index % 5, 48 + index % 7
     pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
-    pixels[:8, :8] = (
-        index * 37
-    ) % 256  # a flat patch that survives JPEG roughly; identity comes from `labels`
+    pixels[:8, :8] = (index * 37) % 256  # a flat patch that survives JPEG roughly; identity comes from `labels`
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
     return buffer.getvalue()
 
 
-def _write_shards(
-    root: Path, layout: str, payloads: list[bytes], labels: list[int], classes: list[str]
-) -> None:
+def _write_shards(root: Path, layout: str, payloads: list[bytes], labels: list[int], classes: list[str]) -> None:
     root.mkdir(parents=True)
     shards, first = [], 0
     for number, count in enumerate(SHARD_SIZES):

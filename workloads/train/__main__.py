@@ -29,10 +29,11 @@ def _non_negative(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__)
-    parser.add_argument(
-        "--data", required=True, help="packed dataset directory or manifest.json, or a JPEG folder"
-    )
+    parser.add_argument("--data", required=True, help="packed dataset directory or manifest.json, or a JPEG folder")
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    parser.add_argument(
+        "--width", type=_positive, default=64, help="ResNet stem channels (64 = standard; less for CPU smoke runs)"
+    )
     parser.add_argument("--epochs", type=_positive, default=1)
     parser.add_argument("--batch-size", type=_positive, default=256)
     parser.add_argument("--workers", type=_non_negative, default=4)
@@ -41,9 +42,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--crop-size", type=_positive, default=224)
     parser.add_argument("--image-size", type=_positive, default=None, help="decode size for JPEG sources")
-    parser.add_argument(
-        "--block-size", type=_positive, default=32, help="consecutive samples per shuffled block"
-    )
+    parser.add_argument("--block-size", type=_positive, default=32, help="consecutive samples per shuffled block")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (exact resume)")
@@ -57,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     return TrainConfig(
         data=args.data,
         model=args.model,
+        width=args.width,
         epochs=args.epochs,
         batch_size=args.batch_size,
         workers=args.workers,

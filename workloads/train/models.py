@@ -53,25 +53,30 @@ class Bottleneck(nn.Module):
 def _shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Module | None:
     if stride == 1 and in_channels == out_channels:
         return None
-    return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels)
-    )
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels))
 
 
 class ResNet(nn.Module):
+    """width is the stem's channel count (64 in the papers); smaller widths make CPU smoke runs cheap."""
+
     def __init__(
-        self, block: type[BasicBlock | Bottleneck], layers: list[int], num_classes: int = 1000
+        self,
+        block: type[BasicBlock | Bottleneck],
+        layers: list[int],
+        num_classes: int = 1000,
+        width: int = 64,
     ) -> None:
         super().__init__()
         self.stem = nn.Sequential(
-            nn.Conv2d(3, 64, 7, 2, 3, bias=False),
-            nn.BatchNorm2d(64),
+            nn.Conv2d(3, width, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(width),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(3, 2, 1),
         )
         stages: list[nn.Module] = []
-        in_channels = 64
-        for index, (channels, depth) in enumerate(zip((64, 128, 256, 512), layers, strict=True)):
+        in_channels = width
+        stage_channels = (width, width * 2, width * 4, width * 8)
+        for index, (channels, depth) in enumerate(zip(stage_channels, layers, strict=True)):
             blocks: list[nn.Module] = []
             for position in range(depth):
                 stride = 2 if index > 0 and position == 0 else 1
@@ -93,12 +98,12 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-def resnet18(num_classes: int = 1000) -> ResNet:
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes)
+def resnet18(num_classes: int = 1000, width: int = 64) -> ResNet:
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, width)
 
 
-def resnet50(num_classes: int = 1000) -> ResNet:
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)
+def resnet50(num_classes: int = 1000, width: int = 64) -> ResNet:
+    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, width)
 
 
-MODELS: dict[str, Callable[[int], ResNet]] = {"resnet18": resnet18, "resnet50": resnet50}
+MODELS: dict[str, Callable[[int, int], ResNet]] = {"resnet18": resnet18, "resnet50": resnet50}

@@ -58,9 +58,7 @@ class SharedMemoryPlan:
         )
 
 
-def plan_shared_memory(
-    batch_bytes: int, workers: int, prefetch_factor: int, available_bytes: int
-) -> SharedMemoryPlan:
+def plan_shared_memory(batch_bytes: int, workers: int, prefetch_factor: int, available_bytes: int) -> SharedMemoryPlan:
     if workers == 0:
         return SharedMemoryPlan("shm", available_bytes, 0)
     needed = int(batch_bytes * (workers * prefetch_factor + 1) * _SAFETY)

@@ -32,7 +32,7 @@ def test_pack_is_deterministic_across_worker_counts(tmp_path: Path, layout: str)
     write_corpus(tmp_path / "src", per_class=8)
     one = pack(tmp_path / "src", tmp_path / "one", PackOptions(layout=layout, image_size=24, shard_bytes=8000,
                                                                workers=1, progress=False))
-    two = pack(tmp_path / "src", tmp_path / "two", PackOptions(layout=layout, image_size=24, shard_bytes=8000,
+    pack(tmp_path / "src", tmp_path / "two", PackOptions(layout=layout, image_size=24, shard_bytes=8000,
                                                                workers=2, progress=False))
     assert len(one.manifest.shards) > 1
     assert _files(tmp_path / "one") == _files(tmp_path / "two")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 
@@ -52,10 +53,8 @@ def test_window_never_exceeds_its_bound(packed: Path, s3_url: str, bucket: str, 
     def monitor() -> None:
         nonlocal most_on_disk
         while not stop.is_set():
-            try:
+            with contextlib.suppress(FileNotFoundError):  # a file vanished between listing and stat
                 most_on_disk = max(most_on_disk, _shard_bytes_on_disk(dest))
-            except FileNotFoundError:
-                pass  # a file vanished between listing and stat
 
     threads = [threading.Thread(target=reader), threading.Thread(target=monitor)]
     for thread in threads:

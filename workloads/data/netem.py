@@ -265,3 +265,33 @@ def _without_connection_header(head: bytes) -> bytes:
 def _with_connection_close(head: bytes) -> bytes:
     lines = [line for line in head.split(b"\r\n") if line and not line.lower().startswith(b"connection:")]
     return b"\r\n".join(lines + [b"Connection: close", b"", b""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a LatencyProxy as its own process (so its CPU use does not share a GIL with the measured client):
+
+    python -m workloads.data.netem --upstream-port 9000 --latency-ms 20 [--per-connection-mb-s 100] [--port 0]
+    Prints `listening 127.0.0.1:<port>` once ready; stops on SIGTERM or SIGINT.
+    """
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m workloads.data.netem", description=main.__doc__)
+    parser.add_argument("--upstream-port", type=int, required=True)
+    parser.add_argument("--latency-ms", type=float, default=20.0)
+    parser.add_argument("--per-connection-mb-s", type=float, default=None)
+    args = parser.parse_args(argv)
+    proxy = LatencyProxy(args.upstream_port, args.latency_ms, args.per_connection_mb_s).start()
+    print(f"listening {LOCALHOST}:{proxy.port}", flush=True)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, lambda *_: stopped.set())
+    stopped.wait()
+    proxy.stop()
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

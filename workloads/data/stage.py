@@ -5,10 +5,12 @@ fetching ahead in manifest order and deleting shards the reader has marked consu
 
 Every shard is fetched as parallel ranged GETs (one thread pool shared by all shards) written with pwrite into a
 hidden temp file, fsynced, checked against the manifest's sha256 and only then renamed to its final name, so a
-partial or corrupt file never carries a shard's name. In copy mode manifest.json is written last (a local
-manifest means every shard is here); in window mode it is written first, after .window/stager.json. Throttling (503 SlowDown) and connections dropped mid-body
+partial or corrupt file never carries a shard's name. Throttling (503 SlowDown) and connections dropped mid-body
 are retried per part with exponential backoff and jitter; a checksum mismatch re-fetches the whole shard. A rerun
 resumes: final files whose sha256 matches are kept, stale temp files are removed.
+
+In copy mode manifest.json is written last (a local manifest means every shard is here); in window mode it is
+written first, right after .window/stager.json, which then says which shards are present.
 """
 
 from __future__ import annotations

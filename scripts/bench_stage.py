@@ -1,0 +1,205 @@
+"""Stager throughput against a local S3 server (moto, its own process) behind a latency proxy (its own process).
+
+Three ways to move the same objects through the same proxy:
+  sequential  one boto3 get_object stream at a time, written to disk (the study's download loop)
+  stager      workloads.data.stage: parallel ranged GETs, pwrite, fsync, sha256 verify, atomic rename
+  ceiling     the same ranged GETs as raw http.client requests from as many threads, bytes discarded
+
+    python scripts/bench_stage.py [--objects 12] [--object-mib 32] [--latency-ms 20] [--per-connection-mb-s 100]
+                                  [--workers 16] [--part-mib 8] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workloads.data import TOOL_VERSION  # noqa: E402
+from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo, shard_name  # noqa: E402
+from workloads.data.s3 import S3Uri, make_client  # noqa: E402
+from workloads.data.stage import StageOptions, stage  # noqa: E402
+
+BUCKET = "bench-stage"
+PREFIX = "dataset"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _process(command: list[str], ready: str) -> Iterator[str]:
+    """Start a helper process, wait for a line containing `ready`, stop it (and only it) afterwards."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if ready in line:
+                threading.Thread(target=process.stdout.read, daemon=True).start()  # keep draining
+                yield line.strip()
+                break
+        else:
+            raise RuntimeError(f"{command[2]} exited before it was ready")
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _seed(client, objects: int, object_bytes: int) -> Manifest:  # noqa: ANN001
+    client.create_bucket(Bucket=BUCKET)
+    shards = []
+    for index in range(objects):
+        payload = os.urandom(object_bytes)
+        client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{shard_name(index)}", Body=payload)
+        shards.append(
+            ShardInfo(
+                path=shard_name(index),
+                num_samples=1,
+                first_index=index,
+                bytes=object_bytes,
+                sha256=hashlib.sha256(payload).hexdigest(),
+            )
+        )
+    manifest = Manifest(tool_version=TOOL_VERSION, layout="encoded", classes=["x"], num_samples=objects, shards=shards)
+    client.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{MANIFEST_NAME}", Body=manifest.model_dump_json().encode())
+    return manifest
+
+
+def _sequential(endpoint: str, manifest: Manifest, dest: Path) -> int:
+    client = make_client(endpoint, max_connections=1, botocore_attempts=3)
+    total = 0
+    for shard in manifest.shards:
+        body = client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/{shard.path}")["Body"]
+        with open(dest / shard.path, "wb") as handle:
+            for chunk in body.iter_chunks(1 << 20):
+                handle.write(chunk)
+                total += len(chunk)
+    return total
+
+
+def _ceiling(endpoint: str, manifest: Manifest, workers: int, part_bytes: int) -> int:
+    signer = make_client(endpoint, 1)
+    work: queue.Queue[tuple[str, int, int] | None] = queue.Queue()
+    for shard in manifest.shards:
+        url = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": f"{PREFIX}/{shard.path}"})
+        target = url.split(endpoint, 1)[1]  # path + signed query, sent as-is over a raw connection
+        for start in range(0, shard.bytes, part_bytes):
+            work.put((target, start, min(start + part_bytes, shard.bytes) - 1))
+    port = int(endpoint.rsplit(":", 1)[1])
+    counted = [0] * workers
+
+    def run(slot: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while (item := work.get()) is not None:
+            target, start, end = item
+            conn.request("GET", target, headers={"Range": f"bytes={start}-{end}"})
+            response = conn.getresponse()
+            if response.status != 206:
+                raise RuntimeError(f"ceiling GET answered {response.status}: {response.read()[:200]!r}")
+            while chunk := response.read(1 << 20):
+                counted[slot] += len(chunk)
+        conn.close()
+
+    for _ in range(workers):
+        work.put(None)
+    threads = [threading.Thread(target=run, args=(slot,)) for slot in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counted)
+
+
+def _fresh(directory: Path) -> Path:
+    directory.mkdir(parents=True)
+    return directory
+
+
+def _timed(action) -> tuple[int, float]:  # noqa: ANN001
+    start = time.perf_counter()
+    moved = action()
+    return moved, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--objects", type=int, default=8)
+    parser.add_argument("--object-mib", type=int, default=16)
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="added round-trip latency")
+    parser.add_argument("--per-connection-mb-s", type=float, default=20.0,
+                        help="cap per connection (0 = none); see docs/data-tools.md for why 20")
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--part-mib", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per method, interleaved; the fastest counts")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        del os.environ[name]
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+
+    moto_port = _free_port()
+    proxy_command = [sys.executable, "-m", "workloads.data.netem", "--upstream-port", str(moto_port),
+                     "--latency-ms", str(args.latency_ms)]
+    if args.per_connection_mb_s:
+        proxy_command += ["--per-connection-mb-s", str(args.per_connection_mb_s)]
+    server_command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)]
+    with _process(server_command, "Running on"), _process(proxy_command, "listening") as ready, \
+            tempfile.TemporaryDirectory(prefix="bench-stage-") as scratch:
+        endpoint = f"http://127.0.0.1:{int(ready.rsplit(':', 1)[1])}"
+        seeder = make_client(f"http://127.0.0.1:{moto_port}", 4, botocore_attempts=3)
+        manifest = _seed(seeder, args.objects, args.object_mib << 20)
+        part_bytes = args.part_mib << 20
+        options = StageOptions(workers=args.workers, part_bytes=part_bytes, progress=False)
+        methods = {
+            "sequential": lambda run: _sequential(endpoint, manifest, _fresh(Path(scratch) / f"sequential{run}")),
+            "ceiling": lambda run: _ceiling(endpoint, manifest, args.workers, part_bytes),
+            "stager": lambda run: stage(make_client(endpoint, args.workers), S3Uri(BUCKET, PREFIX),
+                                        Path(scratch) / f"stager{run}", options).fetched_bytes,
+        }
+        runs: dict[str, tuple[int, float]] = {}
+        for run in range(args.repeats):
+            for method, action in methods.items():
+                moved, seconds = _timed(lambda action=action, run=run: action(run))
+                if method not in runs or seconds < runs[method][1]:
+                    runs[method] = (moved, seconds)
+
+    results = [{"method": method, "mb_per_s": round(moved / seconds / 1e6, 1), "bytes": moved}
+               for method, (moved, seconds) in runs.items()]
+    if args.json:
+        print(json.dumps({"results": results, "latency_ms": args.latency_ms}))
+        return 0
+    rate = {result["method"]: result["mb_per_s"] for result in results}
+    print(f"{args.objects} objects x {args.object_mib} MiB, +{args.latency_ms:g} ms RTT, "
+          f"{args.per_connection_mb_s or 'no'} MB/s per-connection cap, {args.workers} workers, "
+          f"{args.part_mib} MiB parts, best of {args.repeats}")
+    print(f"{'method':<12}{'MB/s':>10}{'bytes':>14}{'seconds':>10}")
+    for result in results:
+        print(f"{result['method']:<12}{result['mb_per_s']:>10.1f}{result['bytes']:>14}"
+              f"{runs[result['method']][1]:>10.2f}")
+    print(f"stager / sequential = {rate['stager'] / rate['sequential']:.2f}x (target >= 4), "
+          f"stager / ceiling = {rate['stager'] / rate['ceiling']:.0%} (target >= 80%)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

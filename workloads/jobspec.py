@@ -329,9 +329,9 @@ class TrainingJobSpec(_Spec):
             raise JobSpecError("gpuType", f"{self.gpu_type} with gpus 0: a CPU job cannot select a GPU type")
         mounts = {"/dev/shm": "/dev/shm"}
         for field_name, mount in (
-            ("ramDisk.mountPath", self.ram_disk and self.ram_disk.mount_path),
-            ("dataset.mountPath", self.dataset and self.dataset.mount_path),
-            ("checkpoint.mountPath", self.checkpoint and self.checkpoint.mount_path),
+            ("ramDisk.mountPath", self.ram_disk.mount_path if self.ram_disk else None),
+            ("dataset.mountPath", self.dataset.mount_path if self.dataset else None),
+            ("checkpoint.mountPath", self.checkpoint.mount_path if self.checkpoint else None),
         ):
             if mount is None:
                 continue
@@ -659,6 +659,23 @@ def _train_command(spec: TrainingJobSpec) -> list[str] | None:
     return None  # the image's entrypoint: python -m workloads.train
 
 
+def _train_args(spec: TrainingJobSpec) -> list[str]:
+    """The spec's args; for the project's entrypoint, preceded by the data and checkpoint paths it mounts.
+
+    `--resume` is safe on a first run (no checkpoint: a fresh start) and makes a retried pod continue.
+    """
+    args = list(spec.args)
+    if spec.command is not None:
+        return args
+    implied: list[str] = []
+    if spec.dataset is not None and "--data" not in args:
+        implied += ["--data", spec.dataset.mount_path]
+    checkpoint = spec.checkpoint
+    if checkpoint is not None and checkpoint.claim_name is not None and "--checkpoint-dir" not in args:
+        implied += ["--checkpoint-dir", checkpoint.mount_path] + ([] if "--resume" in args else ["--resume"])
+    return implied + args
+
+
 def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in sorted(spec.env.items())]
     env += [
@@ -706,8 +723,8 @@ def _check_claims(spec: TrainingJobSpec, facts: ClusterFacts) -> None:
     """A claim the namespace does not have leaves the pod Pending forever: reject it up front."""
     if facts.volume_claims is None:
         return
-    for field_name, claim in (("dataset.claimName", spec.dataset and spec.dataset.claim_name),
-                              ("checkpoint.claimName", spec.checkpoint and spec.checkpoint.claim_name)):
+    for field_name, claim in (("dataset.claimName", spec.dataset.claim_name if spec.dataset else None),
+                              ("checkpoint.claimName", spec.checkpoint.claim_name if spec.checkpoint else None)):
         if claim and claim not in facts.volume_claims:
             known = ", ".join(sorted(facts.volume_claims)) or "none"
             raise JobSpecError(field_name, f"{claim} is not a claim in namespace {facts.namespace} of stack "
@@ -781,8 +798,9 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     command = _train_command(spec)
     if command is not None:
         train["command"] = command
-    if spec.args:
-        train["args"] = list(spec.args)
+    args = _train_args(spec)
+    if args:
+        train["args"] = args
     if spec.checkpoint is not None and spec.checkpoint.uri is not None and facts.object_store_secret:
         train["envFrom"] = [{"secretRef": {"name": facts.object_store_secret}}]
     if spec.nodes > 1:

@@ -339,3 +339,15 @@ def test_fuzzed_specs_render_valid_jobs_or_fail_with_a_field_path(case: tuple[st
     assert quantity_bytes(limits["ephemeral-storage"]) >= parsed.staged_bytes()
     if parsed.dataset and parsed.dataset.staged_size:
         assert parsed.staged_bytes() >= quantity_bytes(parsed.dataset.staged_size) + 2 * GIB
+
+
+def test_project_entrypoint_gets_data_and_checkpoint_paths_custom_commands_do_not() -> None:
+    dataset = {"claimName": "datasets-efs", "mountPath": "/data/flowers"}
+    job, = render_job(spec(dataset=dataset, checkpoint={"claimName": "checkpoints-efs"}, args=["--epochs", "3"]),
+                      dev_facts())
+    assert train_container(job)["args"] == ["--data", "/data/flowers", "--checkpoint-dir", "/checkpoints", "--resume",
+                                            "--epochs", "3"]
+    own, = render_job(spec(dataset=dataset, command=["python", "my_train.py"], args=["--epochs", "3"]), dev_facts())
+    assert train_container(own)["args"] == ["--epochs", "3"]
+    env = {item["name"]: item.get("value") for item in train_container(own)["env"]}
+    assert env["DATA_DIR"] == "/data/flowers" and env["CONFIG_ERROR_EXIT_CODE"] == str(CONFIG_ERROR_EXIT_CODE)

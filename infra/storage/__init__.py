@@ -81,9 +81,7 @@ class Storage(pulumi.ComponentResource):
         if config.cos is not None:
             if args.cos_access_key_id is None or args.cos_secret_access_key is None:
                 raise ValueError("storage.cos needs the COS HMAC secrets")
-            cos = CosBuckets(
-                ctx, CosBucketsArgs(config.cos, args.cos_access_key_id, args.cos_secret_access_key), child
-            )
+            cos = CosBuckets(ctx, CosBucketsArgs(config.cos, args.cos_access_key_id, args.cos_secret_access_key), child)
             self.bucket_names.update(cos.names)
 
         # --- drivers ---
@@ -110,9 +108,7 @@ class Storage(pulumi.ComponentResource):
             ebs_driver = [drivers.addons["aws-ebs-csi-driver"]]
             s3_driver = [drivers.addons["aws-mountpoint-s3-csi-driver"]]
         else:
-            onprem = OnpremStorageDrivers(
-                ctx, OnpremStorageDriversArgs(config=config, cluster=cluster), child
-            )
+            onprem = OnpremStorageDrivers(ctx, OnpremStorageDriversArgs(config=config, cluster=cluster), child)
             cos_driver = [onprem.cos_driver] if onprem.cos_driver is not None else []
             nfs_driver = [onprem.nfs_driver] if onprem.nfs_driver is not None else []
             self.driver_resources.extend(cos_driver + nfs_driver)
@@ -128,9 +124,7 @@ class Storage(pulumi.ComponentResource):
         if config.gp3 is not None:
             add_class("gp3", classes.gp3_storage_class(config.gp3), ebs_driver)
         if config.efs is not None and self.file_system_id is not None:
-            add_class(
-                "efs", classes.efs_storage_class(config.efs.storage_class, self.file_system_id), efs_driver
-            )
+            add_class("efs", classes.efs_storage_class(config.efs.storage_class, self.file_system_id), efs_driver)
         if config.nfs is not None:
             add_class("nfs", classes.nfs_storage_class(config.nfs), nfs_driver)
 
@@ -167,9 +161,7 @@ class Storage(pulumi.ComponentResource):
             )
             self.cos_secret_name = COS_JOB_SECRET
             if not cluster.is_eks:
-                self._cos_volumes(
-                    ctx, args, add, add_class, created, access_key, secret_key, cos_driver, in_namespace
-                )
+                self._cos_volumes(ctx, args, add, add_class, created, access_key, secret_key, cos_driver, in_namespace)
 
         for volume_config in config.shared_volumes:
             add(
@@ -201,19 +193,16 @@ class Storage(pulumi.ComponentResource):
         cos, namespace = args.config.cos, args.namespace
         assert cos is not None
         if cos.driver == "ibm-flex":
-            data = {"access-key": access_key, "secret-key": secret_key}
-            add(
-                "secret-cos-driver",
-                classes.secret(cos.secret_name, namespace, "ibm/ibmc-s3fs", data),
-                in_namespace,
-            )
-            driver_secret = [created.resources[-1]]
-            add_class("cos", classes.cos_flex_storage_class(cos), cos_driver)
+            secret_type = "ibm/ibmc-s3fs"
+            data: dict[str, pulumi.Input[str]] = {"access-key": access_key, "secret-key": secret_key}
+            class_manifest = classes.cos_flex_storage_class(cos)
         else:
+            secret_type = "Opaque"
             data = {"accessKeyID": access_key, "secretAccessKey": secret_key, "endpoint": cos.endpoint}
-            add("secret-cos-driver", classes.secret(cos.secret_name, namespace, "Opaque", data), in_namespace)
-            driver_secret = [created.resources[-1]]
-            add_class("cos", classes.csi_s3_storage_class(cos, namespace), cos_driver)
+            class_manifest = classes.csi_s3_storage_class(cos, namespace)
+        add("secret-cos-driver", classes.secret(cos.secret_name, namespace, secret_type, data), in_namespace)
+        driver_secret = [created.resources[-1]]
+        add_class("cos", class_manifest, cos_driver)
         cos_class = created.resources[-1]
         for bucket in cos.buckets:
             if not bucket.mount:
@@ -245,9 +234,7 @@ class Storage(pulumi.ComponentResource):
         return {
             "efs": efs,
             "buckets": {key: name for key, name in self.bucket_names.items() if key in self.bucket_arns},
-            "cosBuckets": {
-                key: name for key, name in self.bucket_names.items() if key not in self.bucket_arns
-            },
+            "cosBuckets": {key: name for key, name in self.bucket_names.items() if key not in self.bucket_arns},
             "storageClasses": self.storage_class_names,
             "datasetClaims": self.dataset_claim_names,
             "sharedClaims": self.shared_claim_names,

@@ -25,18 +25,16 @@ def default_bucket_name(ctx: StackContext, key: str, account_id: str | None) -> 
     return name
 
 
-def lifecycle_rules(config: BucketConfig | CosBucketConfig) -> list[dict]:
+def lifecycle_rules(config: BucketConfig | CosBucketConfig) -> list[aws.s3.BucketLifecycleConfigurationRuleArgsDict]:
     """Lifecycle rules (pulumi-aws input shape): abort stale multipart uploads, expire scratch prefixes and,
     with versioning, old versions."""
-    everything = {"prefix": ""}
-    rules: list[dict] = [
+    everything: aws.s3.BucketLifecycleConfigurationRuleFilterArgsDict = {"prefix": ""}
+    rules: list[aws.s3.BucketLifecycleConfigurationRuleArgsDict] = [
         {
             "id": "abort-incomplete-multipart",
             "status": "Enabled",
             "filter": everything,
-            "abort_incomplete_multipart_upload": {
-                "days_after_initiation": config.abort_incomplete_multipart_days
-            },
+            "abort_incomplete_multipart_upload": {"days_after_initiation": config.abort_incomplete_multipart_days},
         }
     ]
     for index, prefix in enumerate(config.scratch_prefixes):
@@ -79,8 +77,10 @@ def tls_only_policy(bucket_arn: str) -> str:
     )
 
 
-def encryption_rule(config: BucketConfig) -> dict:
-    by_default: dict[str, str] = {"sse_algorithm": config.encryption}
+def encryption_rule(config: BucketConfig) -> aws.s3.BucketServerSideEncryptionConfigurationRuleArgsDict:
+    by_default: aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgsDict = {
+        "sse_algorithm": config.encryption
+    }
     if config.kms_key_arn is not None:
         by_default["kms_master_key_id"] = config.kms_key_arn
     # An S3 bucket key cuts KMS request costs for buckets read by many GPUs.
@@ -105,9 +105,7 @@ class S3Buckets(pulumi.ComponentResource):
         self.arns: dict[str, pulumi.Output[str]] = {}
         self.buckets: dict[str, aws.s3.Bucket] = {}
         for config in args.buckets:
-            bucket = self._bucket(
-                ctx, config, config.bucket_name or default_bucket_name(ctx, config.name, account_id)
-            )
+            bucket = self._bucket(ctx, config, config.bucket_name or default_bucket_name(ctx, config.name, account_id))
             self.buckets[config.name] = bucket
             self.names[config.name] = bucket.bucket
             self.arns[config.name] = bucket.arn

@@ -171,9 +171,7 @@ class EksStorageDriversArgs:
 class EksStorageDrivers(pulumi.ComponentResource):
     """Attributes: addons by add-on name (Kubernetes objects that a driver provisions must depend on it)."""
 
-    def __init__(
-        self, ctx: StackContext, args: EksStorageDriversArgs, opts: pulumi.ResourceOptions | None = None
-    ):
+    def __init__(self, ctx: StackContext, args: EksStorageDriversArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:EksStorageDrivers", ctx.name("storage", "drivers"), None, opts)
         self._ctx = ctx
         self._args = args
@@ -188,9 +186,7 @@ class EksStorageDrivers(pulumi.ComponentResource):
         self._addon("aws-ebs-csi-driver", self._associate("ebs", ebs_role, EBS_SERVICE_ACCOUNTS), agent)
 
         if args.file_system_arn is not None:
-            efs_role = self._role(
-                "efs", [pulumi.Output.from_input(args.file_system_arn).apply(efs_driver_policy)]
-            )
+            efs_role = self._role("efs", [pulumi.Output.from_input(args.file_system_arn).apply(efs_driver_policy)])
             self._addon("aws-efs-csi-driver", self._associate("efs", efs_role, EFS_SERVICE_ACCOUNTS), agent)
 
         mountpoint_associations: list[pulumi.Resource] = []
@@ -199,15 +195,11 @@ class EksStorageDrivers(pulumi.ComponentResource):
                 lambda arns: mountpoint_driver_policy(arns, bucket_kms_keys)
             )
             mountpoint_role = self._role("mountpoint-s3", [policy])
-            mountpoint_associations = self._associate(
-                "mountpoint-s3", mountpoint_role, MOUNTPOINT_SERVICE_ACCOUNTS
-            )
+            mountpoint_associations = self._associate("mountpoint-s3", mountpoint_role, MOUNTPOINT_SERVICE_ACCOUNTS)
         self._addon("aws-mountpoint-s3-csi-driver", mountpoint_associations, agent)
         self.register_outputs({"addons": sorted(self.addons)})
 
-    def _role(
-        self, driver: str, inline_policies: list[pulumi.Input[str]], managed: Sequence[str] = ()
-    ) -> aws.iam.Role:
+    def _role(self, driver: str, inline_policies: list[pulumi.Input[str]], managed: Sequence[str] = ()) -> aws.iam.Role:
         ctx = self._ctx
         role = aws.iam.Role(
             ctx.name("storage", f"{driver}-csi-role"),
@@ -232,9 +224,7 @@ class EksStorageDrivers(pulumi.ComponentResource):
             )
         return role
 
-    def _associate(
-        self, driver: str, role: aws.iam.Role, service_accounts: Sequence[str]
-    ) -> list[pulumi.Resource]:
+    def _associate(self, driver: str, role: aws.iam.Role, service_accounts: Sequence[str]) -> list[pulumi.Resource]:
         return [
             aws.eks.PodIdentityAssociation(
                 self._ctx.name("storage", f"{driver}-{account}"),
@@ -243,9 +233,7 @@ class EksStorageDrivers(pulumi.ComponentResource):
                 service_account=account,
                 role_arn=role.arn,
                 tags=self._ctx.tags,
-                opts=pulumi.ResourceOptions(
-                    parent=self, depends_on=list(self._args.cluster.eks_dependencies)
-                ),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._args.cluster.eks_dependencies)),
             )
             for account in service_accounts
         ]
@@ -264,7 +252,7 @@ class EksStorageDrivers(pulumi.ComponentResource):
             self._ctx.name("storage", addon_name),
             cluster_name=self._args.cluster.name,
             addon_name=addon_name,
-            addon_version=dict[str, str](self._args.config.addon_versions).get(addon_name),
+            addon_version={str(k): v for k, v in self._args.config.addon_versions.items()}.get(addon_name),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",
             tags=self._ctx.tags,
@@ -307,9 +295,7 @@ class OnpremStorageDriversArgs:
 class OnpremStorageDrivers(pulumi.ComponentResource):
     """Attributes: cos_driver (Release or None), nfs_driver (Release or None)."""
 
-    def __init__(
-        self, ctx: StackContext, args: OnpremStorageDriversArgs, opts: pulumi.ResourceOptions | None = None
-    ):
+    def __init__(self, ctx: StackContext, args: OnpremStorageDriversArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:OnpremStorageDrivers", ctx.name("storage", "drivers"), None, opts)
         config = args.config
         self.cos_driver: k8s.helm.v3.Release | None = None

@@ -26,8 +26,8 @@ def mount_target_subnets(subnets: Sequence[SubnetRef]) -> dict[str, SubnetRef]:
     return dict(sorted(chosen.items()))
 
 
-def lifecycle_policies(config: EfsConfig) -> list[dict[str, str]]:
-    policies = []
+def lifecycle_policies(config: EfsConfig) -> list[aws.efs.FileSystemLifecyclePolicyArgsDict]:
+    policies: list[aws.efs.FileSystemLifecyclePolicyArgsDict] = []
     if config.transition_to_ia is not None:
         policies.append({"transition_to_ia": config.transition_to_ia})
         if config.transition_to_primary_on_access:
@@ -45,9 +45,7 @@ class SharedFileSystemArgs:
 class SharedFileSystem(pulumi.ComponentResource):
     """Attributes: file_system_id, file_system_arn, security_group_id, mount_targets (by AZ)."""
 
-    def __init__(
-        self, ctx: StackContext, args: SharedFileSystemArgs, opts: pulumi.ResourceOptions | None = None
-    ):
+    def __init__(self, ctx: StackContext, args: SharedFileSystemArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:SharedFileSystem", ctx.name("storage", "efs"), None, opts)
         config = args.config
         child = pulumi.ResourceOptions(parent=self)

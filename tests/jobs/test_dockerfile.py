@@ -1,0 +1,32 @@
+"""The training image's Dockerfile keeps the rules the Jobs rely on (no Docker here: the text is checked)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from workloads.jobspec import RUN_AS_UID
+
+DOCKERFILE = Path(__file__).resolve().parents[2] / "workloads" / "Dockerfile"
+
+
+def instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def test_base_is_a_cuda_pytorch_image_pinned_by_tag() -> None:
+    base = next(value for key, value in instructions() if key == "ARG" and value.startswith("BASE_IMAGE="))
+    image = base.split("=", 1)[1]
+    repository, _, tag = image.rpartition(":")
+    assert repository.endswith("pytorch/pytorch") and "cuda" in tag and tag != "latest"
+    assert tag.startswith("2.13.0-"), "the base's torch must match the project's torch==2.13.0 pin"
+
+
+def test_runs_as_the_jobs_non_root_user_with_the_training_entrypoint() -> None:
+    steps = instructions()
+    users = [value for key, value in steps if key == "USER"]
+    assert users and users[-1] == f"{RUN_AS_UID}:{RUN_AS_UID}"
+    assert steps[-1] == ("ENTRYPOINT", '["python", "-m", "workloads.train"]')
+    assert ("COPY", "workloads/ /app/workloads/") in steps

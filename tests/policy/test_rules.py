@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,10 +46,15 @@ def replace(resources: list[dict[str, Any]], type_token: str, **inputs: Any) -> 
     return result
 
 
-def test_policy_names_are_unique_and_every_policy_is_checked_here() -> None:
+def test_policy_names_are_unique_and_both_levels_are_used() -> None:
     names = [rule.name for rule in POLICIES]
     assert len(names) == len(set(names))
     assert {rule.enforcement for rule in POLICIES} == {"mandatory", "advisory"}
+
+
+def test_every_policy_has_a_failing_test_in_this_module() -> None:
+    source = Path(__file__).read_text()
+    assert [rule.name for rule in POLICIES if f'"{rule.name}")' not in source] == []
 
 
 @pytest.mark.parametrize("ctx", [UNPROTECTED, PROTECTED], ids=["unprotected", "protected"])

@@ -210,3 +210,19 @@ def test_onprem_csi_s3_driver_alternative(plan_config) -> None:
     [volume] = [r for r in resources_of(plan, "kubernetes:core/v1:PersistentVolume") if "-storage-" in r["name"]]
     assert volume["inputs"]["spec"]["csi"]["driver"] == "ru.yandex.s3.csi"
     assert validate_kubernetes_objects({"resources": storage_resources(plan)}, "1.31") == []
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_storage_output_gives_verify_stack_what_it_checks(stack_plan, stack: str) -> None:
+    plan = stack_plan(stack)
+    outputs = plan["outputs"]
+    efs = outputs["storage"]["efs"]
+    assert efs["subnetIds"] == outputs["privateSubnetIds"]
+    assert efs["nodeSecurityGroupId"] == outputs["nodeSecurityGroupId"]
+    [rule] = [r for r in storage_resources(plan) if r["type"].startswith("aws:vpc/securityGroupIngressRule")]
+    assert efs["securityGroupId"] == rule["inputs"]["securityGroupId"]
+    [fs_class] = [r for r in resources_of(plan, "kubernetes:storage.k8s.io/v1:StorageClass")
+                  if r["inputs"]["provisioner"] == "efs.csi.aws.com"]
+    assert efs["fileSystemId"] == fs_class["inputs"]["parameters"]["fileSystemId"]
+    assert sorted(outputs["storage"]["buckets"].values()) == sorted(
+        b["inputs"]["bucket"] for b in resources_of(plan, "aws:s3/bucket:Bucket"))

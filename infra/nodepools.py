@@ -19,7 +19,7 @@ import pulumi_aws as aws
 import yaml
 
 from infra.context import ClusterInfo, NetworkInfo, StackContext
-from infra.poolplan import PoolPlan
+from infra.poolplan import CAS_TEMPLATE, PoolPlan
 from workloads.quantity import format_bytes
 
 NODECONFIG_API_VERSION = "node.eks.aws/v1alpha1"
@@ -29,7 +29,6 @@ MIME_BOUNDARY = "==ML-CLUSTER-NODECONFIG=="
 # Bottlerocket: RAID0 the instance store and bind-mount what kubelet and containerd write onto it (what
 # Karpenter generates for instanceStorePolicy RAID0).
 BOTTLEROCKET_EPHEMERAL_DIRS = ("/var/lib/containerd", "/var/lib/kubelet", "/var/log/pods")
-CAS_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"
 IMDS_HOP_LIMIT = 2  # pods reach IMDS through one extra hop (the container network namespace)
 
 

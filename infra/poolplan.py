@@ -27,6 +27,8 @@ from workloads.quantity import quantity_bytes, quantity_millicores
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"  # what the device plugin chart's node affinity accepts
+CAS_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"  # ASG tag prefix cluster-autoscaler reads
+ASG_TAG_KEY_MAX = 128
 
 ShapeLookup = Callable[[str], InstanceShape]
 
@@ -340,7 +342,17 @@ def plan_node_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shap
         pool_problems = _check_instance_pool(path, pool, shapes)
         problems.extend(pool_problems)
         if not pool_problems:
-            plans.append(plan_instance_pool(pool, shapes, cfg.gpu, cfg.label_prefix))
+            plan = plan_instance_pool(pool, shapes, cfg.gpu, cfg.label_prefix)
+            too_long = [key for key in plan.labels if len(f"{CAS_TEMPLATE}/label/{key}") > ASG_TAG_KEY_MAX]
+            if too_long:
+                problems.append(
+                    (
+                        f"{path}.labels",
+                        f"pool {pool.name}: label key(s) {', '.join(too_long)} too long "
+                        f"for an autoscaler node-template tag (ASG tag keys hold {ASG_TAG_KEY_MAX} characters)",
+                    )
+                )
+            plans.append(plan)
     if problems:
         raise ConfigError(problems)
     return tuple(plans)

@@ -219,3 +219,11 @@ def test_pool_facts_carry_what_the_job_renderer_needs() -> None:
     assert (gpu.name, gpu.gpu_type, gpu.gpus_per_node, gpu.nvme_gib) == ("gpu", "a10g", 1, 232)
     assert gpu.cpu_per_gpu_millicores == 3400 and gpu.memory_per_gpu_bytes == 12 * GIB
     assert gpu.labels["ml-cluster.io/disktype"] == "nvme"
+
+
+def test_label_keys_too_long_for_an_asg_tag_are_an_error() -> None:
+    long_key = "team.research.example.com/" + "x" * 63  # a valid label key; as a tag key: 135 characters
+    cfg = eks_config([gpu_pool(labels={long_key: "a"})])
+    with pytest.raises(ConfigError) as caught:
+        plan_node_pools(cfg, fixture_lookup)
+    assert long_key in problems(caught.value)["nodePools.0.labels"]

@@ -15,6 +15,7 @@ written first, right after .window/stager.json, which then says which shards are
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -32,6 +33,7 @@ from workloads.data.window import StagerState, read_consumed, write_stager_state
 
 TEMP_SUFFIX = ".part"
 _BODY_CHUNK = 1 << 20
+_HASH_BLOCK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,45 @@ def fetch_manifest(client: Any, source: S3Uri, retry: RetryPolicy) -> tuple[Mani
 
 @dataclass
 class _ShardFetch:
+    """One download of one shard; its sha256 is computed over the contiguous prefix of finished parts as they land,
+    so hashing overlaps the transfer instead of re-reading the whole file at the end."""
+
     info: ShardInfo
     temp: Path
     fd: int
     parts_left: int
     attempt: int
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    digest: Any = field(default_factory=hashlib.sha256)
+    hashed_to: int = 0
+    finished_parts: dict[int, int] = field(default_factory=dict)  # start -> end (exclusive) of parts not yet hashed
+    hashing: bool = False
+
+    def part_done(self, start: int, end: int) -> None:
+        """Record a finished part; the first thread to find the prefix extended hashes it, others return at once."""
+        with self.lock:
+            self.finished_parts[start] = end
+            if self.hashing:
+                return
+            self.hashing = True
+        while True:
+            with self.lock:
+                end = self.finished_parts.pop(self.hashed_to, None)
+                if end is None:
+                    self.hashing = False
+                    self.lock.notify_all()
+                    return
+                begin = self.hashed_to
+            for offset in range(begin, end, _HASH_BLOCK):
+                self.digest.update(os.pread(self.fd, min(_HASH_BLOCK, end - offset), offset))
+            with self.lock:
+                self.hashed_to = end
+
+    def sha256_when_hashed(self) -> tuple[int, str]:
+        """(bytes hashed, hex digest) once no thread is still hashing; call after every part has finished."""
+        with self.lock:
+            self.lock.wait_for(lambda: not self.hashing)
+            return self.hashed_to, self.digest.hexdigest()
 
 
 class _Stager:
@@ -122,16 +158,18 @@ class _Stager:
             return expected
 
         got = with_retries(attempt, f"s3://{self.source.bucket}/{key}", self.options.retry)
+        fetch.part_done(start, end + 1)
         if self.bar is not None:
             with self.bar_lock:
                 self.bar.update(got)
         return got
 
     def _finish(self, fetch: _ShardFetch) -> bool:
+        hashed, digest = fetch.sha256_when_hashed()  # before closing: the hashing thread reads through fd
         os.fsync(fetch.fd)
         os.close(fetch.fd)
         fetch.fd = -1
-        if fetch.temp.stat().st_size != fetch.info.bytes or sha256_file(fetch.temp) != fetch.info.sha256:
+        if not hashed == fetch.info.bytes == fetch.temp.stat().st_size or digest != fetch.info.sha256:
             fetch.temp.unlink()
             return False
         os.replace(fetch.temp, self.dest / fetch.info.path)

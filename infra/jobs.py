@@ -9,6 +9,10 @@ Lifecycle under `pulumi up`: the Job carries `pulumi.com/skipAwait`, so `up` ret
 the spec's hash, so a changed spec replaces the Job (deleteBeforeReplace: the old run stops first) instead of
 failing on an immutable field; every Job depends on the storage drivers, claims and device plugin it needs, so
 `destroy` removes Jobs before the volumes under them.
+
+ttlSecondsAfterFinished (default 7 days) deletes a finished Job in the cluster while Pulumi's state still holds
+it: a plain `pulumi up` leaves it alone, but `pulumi up --refresh` would create (and so re-run) it. A stack Job
+that must never re-run after a refresh sets `ttlSecondsAfterFinished: null`.
 """
 
 from __future__ import annotations

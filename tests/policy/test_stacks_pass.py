@@ -15,11 +15,11 @@ from tests.conftest import STACKS
 
 
 def with_mock_ids(document: dict[str, Any]) -> dict[str, Any]:
-    """Stopgap until the plan document carries property dependencies: add the ids the offline mocks assigned,
-    so a resource's input holding another's id is read as a reference to it."""
+    """Add the ids the offline engine assigned, so a resource's input holding another's id (a bucket policy's
+    `bucket`, say) is read as a reference to it, as CrossGuard sees through property dependencies."""
     if any("propertyDependencies" in r or "id" in r for r in document["resources"]):
         return document
-    resources = [{**r, "id": offline._fake_id(r["type"], r["name"])} for r in document["resources"]]
+    resources = [{**r, "id": offline.offline_id(r["type"], r["name"])} for r in document["resources"]]
     return {**document, "resources": resources}
 
 

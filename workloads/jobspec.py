@@ -69,6 +69,11 @@ DEFAULT_SHM_PER_GPU = 2 * GIB  # DataLoader workers pass batches through /dev/sh
 MIN_SHM = 1 * GIB
 STAGING_HEADROOM_FRACTION = 0.10  # file-system overhead, partial downloads, the rolling window's next shard
 MIN_STAGING_HEADROOM = 2 * GIB
+# The stager's own requests == limits (the pod stays Guaranteed). A native sidecar (rolling) adds them to the
+# pod's requests, so rolling Jobs sized from pool defaults leave this much room beside the trainer.
+STAGER_CPU_MILLICORES = 2000
+STAGER_MEMORY = 2 * GIB
+STAGER_RESOURCES = {"cpu": "2", "memory": "2Gi", "ephemeral-storage": "1Gi"}
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: also valid as the multi-node Service name
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -511,8 +516,16 @@ def _ephemeral_bytes(spec: TrainingJobSpec) -> int:
     return quantity_bytes(spec.ephemeral_storage) + spec.staged_bytes()
 
 
+def _sidecar_requests(spec: TrainingJobSpec) -> tuple[int, int]:
+    """(cpu millicores, memory bytes) that run beside the trainer for the whole pod's life."""
+    rolling = spec.dataset is not None and spec.dataset.staging == "rolling"
+    return (STAGER_CPU_MILLICORES, STAGER_MEMORY) if rolling else (0, 0)
+
+
 def _resolve_resources(spec: TrainingJobSpec, pools: Sequence[PoolFacts]) -> tuple[int, int]:
-    """(cpu millicores, memory bytes) per pod: the spec's, or the smallest matching per-GPU size x gpus."""
+    """(cpu millicores, memory bytes) of the train container: the spec's, or the smallest matching per-GPU
+    size x gpus, less what a sidecar stager takes."""
+    sidecar_cpu, sidecar_memory = _sidecar_requests(spec)
     if spec.cpu is not None:
         cpu = quantity_millicores(spec.cpu)
     else:
@@ -523,7 +536,7 @@ def _resolve_resources(spec: TrainingJobSpec, pools: Sequence[PoolFacts]) -> tup
                 "required: no per-GPU CPU default applies "
                 f"({'CPU-only job' if spec.gpus == 0 else 'pools have no per-GPU size'})",
             )
-        cpu = min(sizes) * spec.gpus
+        cpu = min(sizes) * spec.gpus - sidecar_cpu
     if spec.memory is not None:
         memory = quantity_bytes(spec.memory)
     else:
@@ -534,19 +547,21 @@ def _resolve_resources(spec: TrainingJobSpec, pools: Sequence[PoolFacts]) -> tup
                 "required: no per-GPU memory default applies "
                 f"({'CPU-only job' if spec.gpus == 0 else 'pools have no per-GPU size'})",
             )
-        memory = min(sizes) * spec.gpus
+        memory = min(sizes) * spec.gpus - sidecar_memory
         shortfall = _memory_shortfall(memory, spec)
         if shortfall:
             raise JobSpecError(
                 "memory",
-                f"default {shortfall}; the default is the pool's per-GPU memory x "
-                f"{spec.gpus}: set memory or shrink shmSize/ramDisk",
+                f"default {shortfall}; the default is the pool's per-GPU memory x {spec.gpus}"
+                f"{' less the stager sidecar' if sidecar_memory else ''}: set memory or shrink shmSize/ramDisk",
             )
     return cpu, memory
 
 
 def _check_fits_node(spec: TrainingJobSpec, pools: Sequence[PoolFacts], cpu: int, memory: int) -> None:
     """A pod larger than every matching node would stay Pending forever: reject it with the numbers."""
+    sidecar_cpu, sidecar_memory = _sidecar_requests(spec)
+    cpu, memory = cpu + sidecar_cpu, memory + sidecar_memory
     gpu_pools = [pool for pool in pools if pool.gpus_per_node > 0]
     sized = [pool for pool in gpu_pools if pool.memory_per_gpu_bytes and pool.cpu_per_gpu_millicores]
     if sized:
@@ -614,10 +629,7 @@ def _stage_container(
         "securityContext": _security_context(),
         "volumeMounts": [scratch_mount],
         # Small and Burstable: staging is network-bound; the scratch bytes are in the train container's limit.
-        "resources": {
-            "requests": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"},
-            "limits": {"cpu": "4", "memory": "4Gi", "ephemeral-storage": "1Gi"},
-        },
+        "resources": {"requests": dict(STAGER_RESOURCES), "limits": dict(STAGER_RESOURCES)},
     }
     if dataset.uri is not None:
         command = [

@@ -50,9 +50,8 @@ def check_job(job: dict[str, Any], label_prefix: str = "ml-cluster.io",
 
     containers = pod["containers"] + pod.get("initContainers", [])
     for container in containers:
-        resources = container["resources"]
-        for resource in ("nvidia.com/gpu",):
-            assert resources["limits"].get(resource) == resources["requests"].get(resource), name
+        resources = container["resources"]  # requests == limits everywhere: GPU rule, Guaranteed QoS
+        assert resources["limits"] == resources["requests"], f"{name}/{container['name']}: requests != limits"
         security = container["securityContext"]
         assert security["allowPrivilegeEscalation"] is False, name
         assert security["capabilities"]["drop"] == ["ALL"], name

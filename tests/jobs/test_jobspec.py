@@ -20,7 +20,7 @@ from workloads.jobspec import (
     parse_spec,
     render_job,
 )
-from workloads.quantity import quantity_bytes
+from workloads.quantity import quantity_bytes, quantity_millicores
 
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
 S3_COPY = {"uri": "s3://mlc-dev-datasets/imagenet/", "staging": "copy", "stagedSize": "150Gi"}
@@ -351,3 +351,15 @@ def test_project_entrypoint_gets_data_and_checkpoint_paths_custom_commands_do_no
     assert train_container(own)["args"] == ["--epochs", "3"]
     env = {item["name"]: item.get("value") for item in train_container(own)["env"]}
     assert env["DATA_DIR"] == "/data/flowers" and env["CONFIG_ERROR_EXIT_CODE"] == str(CONFIG_ERROR_EXIT_CODE)
+
+
+def test_rolling_sidecar_is_counted_in_the_pod_so_default_sizing_still_fits_the_node() -> None:
+    dataset = {"uri": "s3://mlc-prod-datasets/laion/", "staging": "rolling", "stagedSize": "400Gi"}
+    job, = render_job(spec(gpus=8, gpuType="a100", dataset=dataset), prod_facts())
+    pod = job["spec"]["template"]["spec"]
+    train, stager = pod["containers"][0]["resources"]["requests"], pod["initContainers"][0]["resources"]["requests"]
+    node_cpu, node_memory = 11500 * 8, 140 * GIB * 8
+    assert quantity_millicores(train["cpu"]) + quantity_millicores(stager["cpu"]) == node_cpu
+    assert quantity_bytes(train["memory"]) + quantity_bytes(stager["memory"]) == node_memory
+    error = error_of({"gpus": 8, "gpuType": "a100", "cpu": "92", "dataset": dataset}, prod_facts())
+    assert error.path == "cpu" and "94" in str(error) and "92" in str(error)

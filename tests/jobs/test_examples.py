@@ -38,3 +38,20 @@ def test_examples_cover_the_four_kinds() -> None:
     assert any(s.dataset and s.dataset.claim_name and s.dataset.staging == "none" for s in specs)
     assert any(s.dataset and s.dataset.staging == "rolling" for s in specs)
     assert any(s.nodes > 1 for s in specs)
+
+
+def test_job_file_errors_name_the_file_and_the_field(tmp_path: Path) -> None:
+    from workloads.jobspec import JobSpecError
+
+    listed = tmp_path / "two.yaml"
+    listed.write_text("jobs:\n  - {name: a, image: 'x:1'}\n  - {name: b, image: 'x:1', gpus: -1}\n")
+    with pytest.raises(JobSpecError, match=r"two\.yaml: jobs\[1\]\.gpus: "):
+        load_job_file(listed)
+    twins = tmp_path / "twins.yaml"
+    twins.write_text("- {name: a, image: 'x:1'}\n- {name: a, image: 'x:1'}\n")
+    with pytest.raises(JobSpecError, match="duplicate job names a"):
+        load_job_file(twins)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    with pytest.raises(JobSpecError, match=r"broken\.yaml: not valid YAML"):
+        load_job_file(broken)

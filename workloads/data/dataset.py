@@ -72,8 +72,24 @@ def contiguous_runs(indices: Sequence[int]) -> list[tuple[int, int, int]]:
 @dataclass
 class _OpenShard:
     file: h5py.File
+    payload: h5py.Dataset  # "images" (decoded) or "data" (encoded)
+    payload_offset: int | None  # byte offset of a contiguous payload in the file: read it with pread
+    fd: int
     labels: np.ndarray
     offsets: np.ndarray | None
+
+    def read_into(self, out: np.ndarray, first: int, item_bytes: int) -> None:
+        """Fill `out` (C-contiguous) with payload items [first, first + len(out)) in one read."""
+        if self.payload_offset is None:
+            self.payload.read_direct(out, source_sel=np.s_[first : first + len(out)])
+            return
+        view = memoryview(out).cast("B")
+        position, done = self.payload_offset + first * item_bytes, 0
+        while done < len(view):  # pread may return short counts on very large reads
+            read = os.preadv(self.fd, [view[done:]], position + done)
+            if read <= 0:
+                raise OSError(f"{self.file.filename}: unexpected end of file")
+            done += read
 
 
 class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
@@ -84,28 +100,20 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
     `draft` allows libjpeg's reduced-scale decoding when the source is at least twice that size.
     """
 
-    def __init__(
-        self, root: str | os.PathLike[str], *, image_size: int | None = None, draft: bool = True
-    ) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, image_size: int | None = None, draft: bool = True) -> None:
         path = Path(root)
         self.root = path.parent if path.name == MANIFEST_NAME else path
         try:
             self.manifest: Manifest = load_manifest(self.root)
         except FileNotFoundError as exc:
-            raise DatasetError(
-                f"{self.root / MANIFEST_NAME}: no manifest (is this a packed dataset?)"
-            ) from exc
+            raise DatasetError(f"{self.root / MANIFEST_NAME}: no manifest (is this a packed dataset?)") from exc
         except ValueError as exc:
-            raise DatasetError(
-                f"{self.root / MANIFEST_NAME}: invalid manifest: {exc}".splitlines()[0]
-            ) from exc
+            raise DatasetError(f"{self.root / MANIFEST_NAME}: invalid manifest: {exc}".splitlines()[0]) from exc
         self.layout = self.manifest.layout
         if self.layout == "decoded":
             stored = self.manifest.image_size
             if image_size is not None and image_size != stored:
-                raise DatasetError(
-                    f"{self.root}: decoded shards hold {stored}px images, asked for {image_size}px"
-                )
+                raise DatasetError(f"{self.root}: decoded shards hold {stored}px images, asked for {image_size}px")
             self.image_size = int(stored or 0)
         else:
             self.image_size = int(image_size or self.manifest.image_size or 224)
@@ -132,7 +140,9 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
 
     def _shard(self, shard_index: int) -> _OpenShard:
         if self._owner_pid != os.getpid():
-            # Inherited through fork: these handles belong to the parent; never read through them here.
+            # Inherited through fork: the parent's handles; this process opens its own.
+            for inherited in self._open.values():
+                os.close(inherited.fd)  # this process's copy of the descriptor only
             self._open = {}
             self._owner_pid = os.getpid()
         shard = self._open.get(shard_index)
@@ -146,7 +156,18 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
                 handle.close()
                 raise DatasetError(f"{path}: not a {FORMAT_NAME} shard of layout {self.layout}")
             offsets = handle["offsets"][:] if self.layout == "encoded" else None
-            shard = _OpenShard(file=handle, labels=handle["labels"][:], offsets=offsets)
+            payload = handle["images" if self.layout == "decoded" else "data"]
+            # The format keeps payloads contiguous and unfiltered, so h5py only supplies the byte offset and
+            # the bytes go straight from the page cache into the batch (about twice as fast as read_direct).
+            contiguous = payload.chunks is None and payload.compression is None and payload.dtype == np.uint8
+            shard = _OpenShard(
+                file=handle,
+                payload=payload,
+                payload_offset=payload.id.get_offset() if contiguous else None,
+                fd=os.open(path, os.O_RDONLY),
+                labels=handle["labels"][:],
+                offsets=offsets,
+            )
             self._open[shard_index] = shard
         return shard
 
@@ -175,20 +196,17 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             shard = self._shard(shard_index)
             labels[position : position + length] = shard.labels[local : local + length]
             if self.layout == "decoded":
-                shard.file["images"].read_direct(
-                    out,
-                    source_sel=np.s_[local : local + length],
-                    dest_sel=np.s_[position : position + length],
-                )
+                shard.read_into(out[position : position + length], local, size * size * 3)
                 continue
             assert shard.offsets is not None
             begin, end = int(shard.offsets[local]), int(shard.offsets[local + length])
-            blob = memoryview(shard.file["data"][begin:end])
+            blob = np.empty(end - begin, dtype=np.uint8)
+            shard.read_into(blob, begin, 1)
             for k in range(length):
                 start = int(shard.offsets[local + k]) - begin
                 stop = int(shard.offsets[local + k + 1]) - begin
                 try:
-                    out[position + k] = decode_bytes(blob[start:stop], size, draft=self.draft)
+                    out[position + k] = decode_bytes(memoryview(blob)[start:stop], size, draft=self.draft)
                 except OSError as exc:
                     path = self.shard_paths[shard_index]
                     raise DatasetError(f"{path}: sample {local + k} does not decode: {exc}") from exc

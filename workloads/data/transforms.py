@@ -39,7 +39,7 @@ def decode_image(image: Image.Image, size: int, *, draft: bool = True) -> np.nda
     box = _square_center_box(*image.size)
     if image.size != (size, size) or box != (0, 0, size, size):
         image = image.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=None)
-    return np.asarray(image, dtype=np.uint8)
+    return np.array(image, dtype=np.uint8)
 
 
 def decode_bytes(payload: bytes | memoryview, size: int, *, draft: bool = True) -> np.ndarray:

@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import queue
+import shutil
 import socket
 import subprocess
 import sys
@@ -143,14 +144,16 @@ def _timed(action) -> tuple[int, float]:  # noqa: ANN001
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--objects", type=int, default=8)
+    parser.add_argument("--objects", type=int, default=16)
     parser.add_argument("--object-mib", type=int, default=16)
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added round-trip latency")
     parser.add_argument("--per-connection-mb-s", type=float, default=20.0,
                         help="cap per connection (0 = none); see docs/data-tools.md for why 20")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--part-mib", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=1, help="runs per method, interleaved; the fastest counts")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per method, interleaved; the fastest counts")
+    parser.add_argument("--scratch", type=Path, default=Path("/dev/shm") if Path("/dev/shm").is_dir() else None,
+                        help="where downloads land (default /dev/shm, standing in for the node's NVMe)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     for name in [name for name in os.environ if name.startswith("AWS_")]:
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         proxy_command += ["--per-connection-mb-s", str(args.per_connection_mb_s)]
     server_command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)]
     with _process(server_command, "Running on"), _process(proxy_command, "listening") as ready, \
-            tempfile.TemporaryDirectory(prefix="bench-stage-") as scratch:
+            tempfile.TemporaryDirectory(prefix="bench-stage-", dir=args.scratch) as scratch:
         endpoint = f"http://127.0.0.1:{int(ready.rsplit(':', 1)[1])}"
         seeder = make_client(f"http://127.0.0.1:{moto_port}", 4, botocore_attempts=3)
         manifest = _seed(seeder, args.objects, args.object_mib << 20)
@@ -180,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.repeats):
             for method, action in methods.items():
                 moved, seconds = _timed(lambda action=action, run=run: action(run))
+                for leftover in Path(scratch).iterdir():  # keep at most one run's bytes in scratch (tmpfs is RAM)
+                    shutil.rmtree(leftover)
                 if method not in runs or seconds < runs[method][1]:
                     runs[method] = (moved, seconds)
 

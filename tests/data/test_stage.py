@@ -172,3 +172,17 @@ def test_cli_round_trip(packed: Path, s3_url: str, bucket: str, tmp_path: Path,
     assert main(["stage", uri, str(tmp_path / "d"), "--endpoint-url", s3_url, "--no-progress"]) == 0
     assert main(["verify", str(tmp_path / "d")]) == 0
     assert (tmp_path / "d" / MANIFEST_NAME).read_bytes() == (packed / MANIFEST_NAME).read_bytes()
+
+
+def test_cli_reports_rejected_credentials(monkeypatch: pytest.MonkeyPatch, packed: Path, s3_url: str, bucket: str,
+                                          tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import moto.settings
+
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the in-process server now checks keys
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWNKEY000000")
+    assert main(["upload", str(packed), f"s3://{bucket}/x", "--endpoint-url", s3_url, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: s3://{bucket}/x: access denied (HTTP 403: credentials rejected or lacking permission)\n"
+    assert main(["stage", f"s3://{bucket}/x", str(tmp_path / "d"), "--endpoint-url", s3_url, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: s3://{bucket}/x/manifest.json: credentials rejected (InvalidAccessKeyId)\n"

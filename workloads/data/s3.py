@@ -104,8 +104,10 @@ def describe(where: str, exc: BaseException) -> DataToolError:
         return DataToolError(where, "object not found")
     if code in _CREDENTIAL_CODES:
         return DataToolError(where, f"credentials rejected ({code})")
-    if code in ("AccessDenied", "403", "Forbidden"):
-        return DataToolError(where, "access denied (check the credentials' permissions on this bucket)")
+    if code == "AccessDenied":
+        return DataToolError(where, "access denied (the credentials lack permission on this bucket)")
+    if code in ("403", "Forbidden"):  # HEAD answers carry no error code
+        return DataToolError(where, "access denied (HTTP 403: credentials rejected or lacking permission)")
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         return DataToolError(where, "no AWS credentials found (environment, profile, or instance/pod role)")
     if isinstance(exc, botocore.exceptions.EndpointConnectionError):

@@ -188,19 +188,17 @@ def main(argv: list[str] | None = None) -> int:
                 if method not in runs or seconds < runs[method][1]:
                     runs[method] = (moved, seconds)
 
-    results = [{"method": method, "mb_per_s": round(moved / seconds / 1e6, 1), "bytes": moved}
-               for method, (moved, seconds) in runs.items()]
+    rate = {method: round(moved / seconds / 1e6, 1) for method, (moved, seconds) in runs.items()}
+    results = [{"method": method, "mb_per_s": rate[method], "bytes": moved} for method, (moved, _) in runs.items()]
     if args.json:
         print(json.dumps({"results": results, "latency_ms": args.latency_ms}))
         return 0
-    rate = {result["method"]: result["mb_per_s"] for result in results}
     print(f"{args.objects} objects x {args.object_mib} MiB, +{args.latency_ms:g} ms RTT, "
           f"{args.per_connection_mb_s or 'no'} MB/s per-connection cap, {args.workers} workers, "
           f"{args.part_mib} MiB parts, best of {args.repeats}")
     print(f"{'method':<12}{'MB/s':>10}{'bytes':>14}{'seconds':>10}")
-    for result in results:
-        print(f"{result['method']:<12}{result['mb_per_s']:>10.1f}{result['bytes']:>14}"
-              f"{runs[result['method']][1]:>10.2f}")
+    for method, (moved, seconds) in runs.items():
+        print(f"{method:<12}{rate[method]:>10.1f}{moved:>14}{seconds:>10.2f}")
     print(f"stager / sequential = {rate['stager'] / rate['sequential']:.2f}x (target >= 4), "
           f"stager / ceiling = {rate['stager'] / rate['ceiling']:.0%} (target >= 80%)")
     return 0

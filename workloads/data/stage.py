@@ -101,16 +101,16 @@ class _ShardFetch:
             self.hashing = True
         while True:
             with self.lock:
-                end = self.finished_parts.pop(self.hashed_to, None)
-                if end is None:
+                stop = self.finished_parts.pop(self.hashed_to, None)
+                if stop is None:
                     self.hashing = False
                     self.lock.notify_all()
                     return
                 begin = self.hashed_to
-            for offset in range(begin, end, _HASH_BLOCK):
-                self.digest.update(os.pread(self.fd, min(_HASH_BLOCK, end - offset), offset))
+            for offset in range(begin, stop, _HASH_BLOCK):
+                self.digest.update(os.pread(self.fd, min(_HASH_BLOCK, stop - offset), offset))
             with self.lock:
-                self.hashed_to = end
+                self.hashed_to = stop
 
     def sha256_when_hashed(self) -> tuple[int, str]:
         """(bytes hashed, hex digest) once no thread is still hashing; call after every part has finished."""

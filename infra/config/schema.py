@@ -206,6 +206,8 @@ class StackConfig(StrictModel):
                 raise ValueError("platform onprem needs ml-cluster:onprem and the secret ml-cluster:kubeconfig")
             if self.network is not None or self.cluster is not None:
                 raise ValueError("platform onprem creates no AWS network or cluster: remove network and cluster")
+        self.storage.check_stack(self.platform, has_cos_keys=self.cos_hmac_access_key_id is not None
+                                 and self.cos_hmac_secret_access_key is not None)
         names = [pool.name for pool in self.node_pools]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
@@ -232,7 +234,9 @@ class StackConfig(StrictModel):
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "config"
+    """A dotted path; odd keys (spaces, newlines, empty) are quoted so the error stays one readable line."""
+    parts = [str(part) if re.fullmatch(r"[A-Za-z0-9_:/-]+", str(part)) else json.dumps(str(part)) for part in loc]
+    return ".".join(parts) or "config"
 
 
 def _message(error: Mapping[str, Any]) -> str:
@@ -241,7 +245,16 @@ def _message(error: Mapping[str, Any]) -> str:
         return "unknown key (check the spelling; see infra/config for the schema)"
     if kind == "missing":
         return "required key is missing"
-    return text.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    return text.removeprefix("Value error, ").removeprefix("Assertion failed, ").replace("\n", " ")
+
+
+def _problem(error: Mapping[str, Any]) -> tuple[str, str]:
+    """(path, why) for one pydantic error; a nested error that knows its own field path extends the location."""
+    cause = (error.get("ctx") or {}).get("error")
+    sub_path = getattr(cause, "path", None)
+    if isinstance(sub_path, str) and sub_path and isinstance(getattr(cause, "reason", None), str):
+        return f"{_location(error['loc'])}.{sub_path}", cause.reason.replace("\n", " ")
+    return _location(error["loc"]), _message(error)
 
 
 def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) -> StackConfig:
@@ -268,7 +281,7 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
     try:
         config = StackConfig.model_validate(ours)
     except ValidationError as exc:
-        problems.extend((_location(err["loc"]), _message(err)) for err in exc.errors())
+        problems.extend(_problem(err) for err in exc.errors())
         raise ConfigError(problems) from None
     if problems:
         raise ConfigError(problems)

@@ -188,3 +188,24 @@ def test_read_stack_file_reports_secure_keys() -> None:
     assert set(secure) == {"ml-cluster:kubeconfig", "ml-cluster:cosHmacAccessKeyId",
                            "ml-cluster:cosHmacSecretAccessKey"}
     assert yaml.safe_dump(values)
+
+
+def test_storage_rules_that_need_the_platform_run_in_config_validation() -> None:
+    onprem = {key: OFFLINE_SECRET if isinstance(value, dict) and "secure" in value else value
+              for key, value in stack_values("onprem").items()}
+    secrets = ("ml-cluster:kubeconfig",)
+    onprem.pop("ml-cluster:cosHmacAccessKeyId")
+    onprem.pop("ml-cluster:cosHmacSecretAccessKey")
+    assert "cosHmacAccessKeyId" in problems(onprem, secrets)["config"]
+    eks = stack_values("dev")
+    cos = onprem["ml-cluster:storage"]["cos"]
+    cos["buckets"] = [{**bucket, "name": f"cos-{bucket['name']}"} for bucket in cos["buckets"]]
+    eks["ml-cluster:storage"] = {**eks["ml-cluster:storage"], "cos": cos}
+    assert "mount: true needs the onprem COS driver" in problems(eks)["config"]
+
+
+def test_job_errors_carry_their_field_path() -> None:
+    values = stack_values("dev")
+    values["ml-cluster:jobs"][0]["memory"] = "1Mi"
+    found = problems(values)
+    assert "jobs.0.memory" in found and "does not cover" in found["jobs.0.memory"]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
+from pulumi.runtime.mocks import Mocks
 
 from infra.config import ConfigError, ConfigExit, parse_stack_config, read_stack_file
 from infra.config.schema import PROJECT
@@ -146,16 +147,16 @@ def offline_id(type_token: str, name: str) -> str:
     return f"{prefix}{digest}" if prefix else f"{name}-offline-id"
 
 
-class OfflineMocks:
+class OfflineMocks(Mocks):
     """pulumi.runtime.Mocks: resources echo their inputs plus the computed outputs the program reads."""
 
     def __init__(self, fixtures: Fixtures, region: str | None, account: str):
         self.fixtures, self.region, self.account = fixtures, region, account
         self.errors: list[FixtureError] = []
 
-    def call(self, args: Any) -> dict[str, Any]:
+    def call(self, args: Any) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
         try:
-            return self.fixtures.answer(args.token, args.args, self.region)
+            return self.fixtures.answer(args.token, args.args, self.region), []  # no check failures
         except FixtureError as exc:
             self.errors.append(exc)
             raise
@@ -297,14 +298,13 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
 
     set_all_config(config, secret_keys)
     pulumi_settings.ROOT.set(None)
-    set_mocks(mocks, project=PROJECT, stack=stack, preview=True,  # type: ignore[arg-type]
-              monitor=_make_monitor(mocks, recorded))
+    set_mocks(mocks, project=PROJECT, stack=stack, preview=True, monitor=_make_monitor(mocks, recorded))
     root = pulumi_settings.get_root_resource()
     main = str(REPO_ROOT / "__main__.py")
     program_stderr = io.StringIO()  # the program's own messages, replayed unless they repeat a ConfigError
     try:
         with contextlib.redirect_stderr(program_stderr):
-            _sync_await(run_pulumi_func(lambda: runpy.run_path(main, run_name="__pulumi_main__")))
+            _sync_await(run_pulumi_func(lambda: _run_program(main)))
     except ConfigExit as exc:
         raise exc.error from None
     except SystemExit as exc:
@@ -318,6 +318,10 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
         raise mocks.errors[0]
     outputs = _resolve_outputs(root, pulumi) if root is not None else {}
     return _plan_document(stack, recorded, outputs)
+
+
+def _run_program(main: str) -> None:
+    runpy.run_path(main, run_name="__pulumi_main__")
 
 
 def _resolve_outputs(root: Any, pulumi: Any) -> dict[str, Any]:

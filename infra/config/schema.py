@@ -251,9 +251,9 @@ def _message(error: Mapping[str, Any]) -> str:
 def _problem(error: Mapping[str, Any]) -> tuple[str, str]:
     """(path, why) for one pydantic error; a nested error that knows its own field path extends the location."""
     cause = (error.get("ctx") or {}).get("error")
-    sub_path = getattr(cause, "path", None)
-    if isinstance(sub_path, str) and sub_path and isinstance(getattr(cause, "reason", None), str):
-        return f"{_location(error['loc'])}.{sub_path}", cause.reason.replace("\n", " ")
+    sub_path, reason = getattr(cause, "path", None), getattr(cause, "reason", None)
+    if isinstance(sub_path, str) and sub_path and isinstance(reason, str):
+        return f"{_location(error['loc'])}.{sub_path}", reason.replace("\n", " ")
     return _location(error["loc"]), _message(error)
 
 

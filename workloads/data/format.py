@@ -34,7 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FORMAT_NAME = "ml-cluster-hdf5"
+FORMAT_NAME: Literal["ml-cluster-hdf5"] = "ml-cluster-hdf5"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 WINDOW_DIR = ".window"

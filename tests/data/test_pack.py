@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.data.conftest import write_awkward_corpus, write_corpus
+from tests.data.helpers import write_awkward_corpus, write_corpus
 from workloads.data.__main__ import main
 from workloads.data.format import load_manifest
 from workloads.data.pack import PackOptions, pack

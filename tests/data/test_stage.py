@@ -7,31 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.data.helpers import shard_files, stage_options, uploaded
 from workloads.data.__main__ import main
 from workloads.data.format import MANIFEST_NAME, load_manifest
 from workloads.data.netem import FaultProxy
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, make_client
-from workloads.data.stage import StageOptions, stage
+from workloads.data.stage import stage
 from workloads.data.upload import UploadOptions, upload
 from workloads.data.verify import sha256_file
-
-FAST_RETRY = RetryPolicy(attempts=6, base_delay_s=0.01, max_delay_s=0.05)
-
-
-def _stage_options(**overrides: object) -> StageOptions:
-    values: dict = {"workers": 4, "part_bytes": 4096, "retry": FAST_RETRY, "progress": False}
-    values.update(overrides)
-    return StageOptions(**values)
-
-
-def _uploaded(packed: Path, s3_url: str, bucket: str) -> S3Uri:
-    target = S3Uri(bucket, "sets/tiny")
-    upload(make_client(s3_url, 4, botocore_attempts=3), packed, target, UploadOptions(workers=4, progress=False))
-    return target
-
-
-def _shard_files(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.glob("shard-*.h5"))}
 
 
 def test_round_trip_is_byte_identical_and_idempotent(packed: Path, s3_url: str, bucket: str,
@@ -45,35 +28,35 @@ def test_round_trip_is_byte_identical_and_idempotent(packed: Path, s3_url: str, 
     assert again.uploaded == [] and len(again.skipped) == len(manifest.shards) + 1
 
     dest = tmp_path / "dest"
-    result = stage(make_client(s3_url, 4), target, dest, _stage_options())
+    result = stage(make_client(s3_url, 4), target, dest, stage_options())
     assert sorted(result.fetched) == [s.path for s in manifest.shards]
-    assert _shard_files(dest) == _shard_files(packed)
+    assert shard_files(dest) == shard_files(packed)
     assert not [p for p in dest.iterdir() if p.name.startswith(".")]
 
-    rerun = stage(make_client(s3_url, 4), target, dest, _stage_options())
+    rerun = stage(make_client(s3_url, 4), target, dest, stage_options())
     assert rerun.fetched == [] and len(rerun.kept) == len(manifest.shards)
 
 
 def test_resume_refetches_only_missing_or_damaged_shards(packed: Path, s3_url: str, bucket: str,
                                                           tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     dest = tmp_path / "dest"
-    stage(make_client(s3_url, 4), target, dest, _stage_options())
-    names = sorted(_shard_files(dest))
+    stage(make_client(s3_url, 4), target, dest, stage_options())
+    names = sorted(shard_files(dest))
     (dest / names[0]).unlink()
     damaged = dest / names[1]
     damaged.write_bytes(damaged.read_bytes()[:-10] + b"0123456789")
     stale = dest / f".{names[2]}.999.1.part"
     stale.write_bytes(b"partial")
-    result = stage(make_client(s3_url, 4), target, dest, _stage_options())
+    result = stage(make_client(s3_url, 4), target, dest, stage_options())
     assert sorted(result.fetched) == names[:2]
     assert not stale.exists()
-    assert _shard_files(dest) == _shard_files(packed)
+    assert shard_files(dest) == shard_files(packed)
 
 
 def test_faults_never_expose_a_partial_file(packed: Path, s3_url: str, bucket: str, moto_port: int,
                                             tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     manifest = load_manifest(packed)
     expected = {s.path: s.sha256 for s in manifest.shards}
     dest = tmp_path / "dest"
@@ -93,7 +76,7 @@ def test_faults_never_expose_a_partial_file(packed: Path, s3_url: str, bucket: s
         # About a third of GETs fail; 10 attempts per part make giving up a one-in-100,000 event.
         with FaultProxy(moto_port, slowdown_every=5, drop_every=7) as proxy:
             result = stage(make_client(proxy.url, 4), target, dest,
-                           _stage_options(part_bytes=8192, retry=RetryPolicy(10, 0.01, 0.05)))
+                           stage_options(part_bytes=8192, retry=RetryPolicy(10, 0.01, 0.05)))
             counts = proxy.counts
     finally:
         stop.set()
@@ -101,40 +84,40 @@ def test_faults_never_expose_a_partial_file(packed: Path, s3_url: str, bucket: s
     assert counts.slowdowns and counts.drops
     assert seen_bad == []
     assert sorted(result.fetched) == sorted(expected)
-    assert _shard_files(dest) == _shard_files(packed)
+    assert shard_files(dest) == shard_files(packed)
     assert not [p for p in dest.iterdir() if p.name.startswith(".")]
 
 
 def test_persistent_throttling_fails_clearly_and_leaves_nothing(packed: Path, s3_url: str, bucket: str,
                                                                 moto_port: int, tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     dest = tmp_path / "dest"
     with FaultProxy(moto_port, slowdown_every=1) as proxy, pytest.raises(DataToolError) as failure:
-        stage(make_client(proxy.url, 4), target, dest, _stage_options(retry=RetryPolicy(3, 0.01, 0.02)))
+        stage(make_client(proxy.url, 4), target, dest, stage_options(retry=RetryPolicy(3, 0.01, 0.02)))
     assert "gave up after 3 attempts: SlowDown" in str(failure.value)
     assert list(dest.iterdir()) == [] if dest.exists() else True
 
 
 def test_corruption_on_every_fetch_is_fatal_after_retries(packed: Path, s3_url: str, bucket: str,
                                                           moto_port: int, tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     dest = tmp_path / "dest"
     with FaultProxy(moto_port, corrupt_every=1, skip_first=1) as proxy, \
             pytest.raises(DataToolError, match="shard-0000.*sha256 does not match the manifest after 3 downloads"):
-        stage(make_client(proxy.url, 4), target, dest, _stage_options())
+        stage(make_client(proxy.url, 4), target, dest, stage_options())
     assert proxy.counts.corruptions >= 3
     assert [p.name for p in dest.iterdir()] == []
 
 
 def test_corrupted_body_is_refetched(packed: Path, s3_url: str, bucket: str, moto_port: int,
                                      tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     dest = tmp_path / "dest"
     with FaultProxy(moto_port, corrupt_every=2, skip_first=1, max_faults=2) as proxy:
-        result = stage(make_client(proxy.url, 4), target, dest, _stage_options(part_bytes=8192))
+        result = stage(make_client(proxy.url, 4), target, dest, stage_options(part_bytes=8192))
     assert proxy.counts.corruptions == 2
-    assert sorted(result.fetched) == sorted(_shard_files(packed))
-    assert _shard_files(dest) == _shard_files(packed)
+    assert sorted(result.fetched) == sorted(shard_files(packed))
+    assert shard_files(dest) == shard_files(packed)
 
 
 def test_cli_reports_missing_bucket_and_manifest(s3_url: str, bucket: str, tmp_path: Path,

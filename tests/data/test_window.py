@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.data.test_stage import FAST_RETRY, _uploaded
+from tests.data.helpers import FAST_RETRY, uploaded
 from workloads.data.format import MANIFEST_NAME, WINDOW_DIR, load_manifest
 from workloads.data.netem import FaultProxy
 from workloads.data.s3 import DataToolError, RetryPolicy, make_client
@@ -29,7 +29,7 @@ def _shard_bytes_on_disk(dest: Path) -> int:
 
 
 def test_window_never_exceeds_its_bound(packed: Path, s3_url: str, bucket: str, tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     manifest = load_manifest(packed)
     window = 2 * max(s.bytes for s in manifest.shards)
     assert window < sum(s.bytes for s in manifest.shards)  # the stager must wait for the reader
@@ -78,13 +78,13 @@ def test_window_never_exceeds_its_bound(packed: Path, s3_url: str, bucket: str, 
 
 
 def test_window_smaller_than_a_shard_is_refused(packed: Path, s3_url: str, bucket: str, tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     with pytest.raises(DataToolError, match="--window: .*shard-"):
         stage(make_client(s3_url, 4), target, tmp_path / "d", StageOptions(window_bytes=1000, progress=False))
 
 
 def test_window_resume_skips_consumed_shards(packed: Path, s3_url: str, bucket: str, tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     names = [s.path for s in load_manifest(packed).shards]
     dest = tmp_path / "dest"
     WindowReader(dest).mark_consumed(names[:2])
@@ -96,7 +96,7 @@ def test_window_resume_skips_consumed_shards(packed: Path, s3_url: str, bucket: 
 
 def test_reader_fails_fast_when_the_stager_gives_up(packed: Path, s3_url: str, bucket: str, moto_port: int,
                                                     tmp_path: Path) -> None:
-    target = _uploaded(packed, s3_url, bucket)
+    target = uploaded(packed, s3_url, bucket)
     dest = tmp_path / "dest"
     with FaultProxy(moto_port, slowdown_every=1, skip_first=1) as proxy, pytest.raises(DataToolError):
         stage(make_client(proxy.url, 2), target, dest, StageOptions(

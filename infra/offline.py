@@ -302,17 +302,18 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
     root = pulumi_settings.get_root_resource()
     main = str(REPO_ROOT / "__main__.py")
     program_stderr = io.StringIO()  # the program's own messages, replayed unless they repeat a ConfigError
+    stopped: list[ConfigError] = []
     try:
         with contextlib.redirect_stderr(program_stderr):
-            _sync_await(run_pulumi_func(lambda: _run_program(main)))
-    except ConfigExit as exc:
-        raise exc.error from None
-    except SystemExit as exc:
-        raise ConfigError([(str(stack_file.path), f"program exited with status {exc.code}")]) from None
+            _sync_await(run_pulumi_func(lambda: _run_program(main, stopped)))
     except Exception:
-        if mocks.errors:
+        if mocks.errors and not stopped:
             raise mocks.errors[0] from None
-        raise
+        if not stopped:
+            raise
+    if stopped:  # the program rejected its config; say which fixture was missing too, if that was the cause
+        extra = [(error.fixture, error.why) for error in mocks.errors]
+        raise ConfigError([*stopped[0].problems, *extra])
     sys.stderr.write(program_stderr.getvalue().replace(OFFLINE_SECRET, SECRET_MARK))
     if mocks.errors:
         raise mocks.errors[0]
@@ -320,8 +321,12 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
     return _plan_document(stack, recorded, outputs)
 
 
-def _run_program(main: str) -> None:
-    runpy.run_path(main, run_name="__pulumi_main__")
+def _run_program(main: str, stopped: list[ConfigError]) -> None:
+    """Run __main__.py; a ConfigExit (exit status 2 for a bad config) is kept rather than sent through asyncio."""
+    try:
+        runpy.run_path(main, run_name="__pulumi_main__")
+    except ConfigExit as exc:
+        stopped.append(exc.error)
 
 
 def _resolve_outputs(root: Any, pulumi: Any) -> dict[str, Any]:

@@ -205,3 +205,13 @@ def test_cli_bad_diff_file_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     result = run_plan("--stack", "dev", "--diff", str(tmp_path / "bad.json"))
     assert result.returncode == 2 and result.stderr.startswith(f"error: {tmp_path / 'bad.json'}: ")
+
+
+def test_unknown_instance_type_names_the_pool_and_the_fixture(tmp_path: Path) -> None:
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text((REPO / "stacks/Pulumi.dev.yaml").read_text().replace("g5.xlarge", "g9.mega"))
+    result = run_plan("--stack", "dev", "--config", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert any(line.startswith("error: nodePools.") and "g9.mega" in line for line in lines), lines
+    assert any(line.startswith("error: stacks/fixtures/instance_types.json: ") for line in lines), lines

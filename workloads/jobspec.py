@@ -877,7 +877,13 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]
         },
-        "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        "template": {
+            # A running training pod is never a scale-down candidate: evicting it loses the work since the last
+            # checkpoint.
+            "metadata": {"labels": dict(labels),
+                         "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
+            "spec": pod_spec,
+        },
     }
     if spec.ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished

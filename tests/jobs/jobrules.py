@@ -39,6 +39,8 @@ def check_job(job: dict[str, Any], label_prefix: str = "ml-cluster.io",
     spec = job["spec"]
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never", name
+    template_annotations = spec["template"]["metadata"].get("annotations", {})
+    assert template_annotations.get("cluster-autoscaler.kubernetes.io/safe-to-evict") == "false", name
     for key in ("backoffLimit", "activeDeadlineSeconds"):
         assert isinstance(spec.get(key), int), f"{name}: {key} missing"
     rules = spec["podFailurePolicy"]["rules"]

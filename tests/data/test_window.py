@@ -123,6 +123,10 @@ def test_reader_trusts_only_the_ready_list(tmp_path: Path) -> None:
     assert reader.order() == ["shard-00000.h5", "shard-00001.h5"]
     with pytest.raises(ValueError, match="not in the stager's order"):
         reader.is_ready("shard-00009.h5")
+    reader.mark_consumed("shard-00000.h5")
+    (tmp_path / "shard-00000.h5").unlink()  # what the stager does with a consumed shard
+    with pytest.raises(ValueError, match="consumed and deleted already"):
+        reader.wait_ready("shard-00000.h5", timeout=1)
 
 
 def test_consumed_marks_from_several_processes_merge(tmp_path: Path) -> None:

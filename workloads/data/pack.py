@@ -141,18 +141,37 @@ def _decode(task: tuple[str, str, int, Layout, int]) -> _Sample:
         return _Sample(relpath, label, None, reason)
 
 
+def _batches(payloads: list[bytes], limit: int = 64 << 20) -> Iterator[tuple[int, list[bytes]]]:
+    """(index of first sample, samples) runs of at most ~limit bytes, so a shard is copied in bounded pieces."""
+    start, run_bytes = 0, 0
+    run: list[bytes] = []
+    for index, payload in enumerate(payloads):
+        if run and run_bytes + len(payload) > limit:
+            yield start, run
+            start, run, run_bytes = index, [], 0
+        run.append(payload)
+        run_bytes += len(payload)
+    if run:
+        yield start, run
+
+
 def _write_shard(path: Path, layout: Layout, size: int, payloads: list[bytes], labels: list[int]) -> None:
     with h5py.File(path, "w", libver=("v110", "v110"), track_order=False) as handle:
         handle.attrs["format"] = FORMAT_NAME
         handle.attrs["format_version"] = FORMAT_VERSION
         handle.attrs["layout"] = layout
         if layout == "decoded":
-            images = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(payloads), size, size, 3)
-            handle.create_dataset("images", data=images, track_times=False)
+            images = handle.create_dataset("images", shape=(len(payloads), size, size, 3), dtype=np.uint8,
+                                           track_times=False)
+            for first, run in _batches(payloads):
+                pixels = np.frombuffer(b"".join(run), dtype=np.uint8).reshape(len(run), size, size, 3)
+                images[first:first + len(run)] = pixels
         else:
             offsets = np.zeros(len(payloads) + 1, dtype=np.int64)
             np.cumsum([len(p) for p in payloads], out=offsets[1:])
-            handle.create_dataset("data", data=np.frombuffer(b"".join(payloads), dtype=np.uint8), track_times=False)
+            data = handle.create_dataset("data", shape=(int(offsets[-1]),), dtype=np.uint8, track_times=False)
+            for first, run in _batches(payloads):
+                data[offsets[first]:offsets[first + len(run)]] = np.frombuffer(b"".join(run), dtype=np.uint8)
             handle.create_dataset("offsets", data=offsets, track_times=False)
         handle.create_dataset("labels", data=np.asarray(labels, dtype=np.int64), track_times=False)
     with open(path, "rb+") as written:
@@ -207,7 +226,8 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
         payloads, labels, pending_bytes = [], [], 0
 
     try:
-        with tqdm(total=len(files), unit="img", desc="pack", disable=not options.progress) as bar:
+        bar = tqdm(total=len(files), unit="img", desc="pack", disable=None if options.progress else True)
+        with bar:
             for sample in _samples(source, files, options):
                 bar.update(1)
                 if sample.payload is None:

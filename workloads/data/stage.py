@@ -211,9 +211,9 @@ class _Stager:
         self._bytes_of = {s.path: s.bytes for s in self.manifest.shards}
         queue = list(pending)
         self.publish()
-        total = sum(s.bytes for s in pending)
-        with ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="stage") as pool, \
-                tqdm(total=total, unit="B", unit_scale=True, desc="stage", disable=not self.options.progress) as bar:
+        bar = tqdm(total=sum(s.bytes for s in pending), unit="B", unit_scale=True, desc="stage",
+                   disable=None if self.options.progress else True)
+        with ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="stage") as pool, bar:
             self.bar = bar
             try:
                 while queue or self.futures:

@@ -9,6 +9,7 @@ missing or from another pack.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,27 +76,29 @@ def upload(client: Any, source: Path, target: S3Uri, options: UploadOptions) -> 
     manifest_path = source / MANIFEST_NAME
     manifest_sha = sha256_file(manifest_path)
     remote_manifest_sha = _remote_sha256(client, target, MANIFEST_NAME, None)
+    with ThreadPoolExecutor(max_workers=options.workers) as pool:  # one HEAD per shard, in parallel
+        remote = list(pool.map(lambda s: _remote_sha256(client, target, s.path, s.bytes), manifest.shards))
     result = UploadResult(manifest=manifest)
-    if remote_manifest_sha == manifest_sha and all(
-            _remote_sha256(client, target, s.path, s.bytes) == s.sha256 for s in manifest.shards):
-        result.skipped = [s.path for s in manifest.shards] + [MANIFEST_NAME]
+    todo = []
+    for shard, remote_sha in zip(manifest.shards, remote, strict=True):
+        if remote_sha == shard.sha256:
+            result.skipped.append(shard.path)
+        else:
+            todo.append(shard)
+    if not todo and remote_manifest_sha == manifest_sha:
+        result.skipped.append(MANIFEST_NAME)
         return result
-    if remote_manifest_sha is not None:
+    if remote_manifest_sha is not None:  # never leave an old manifest describing a prefix being rewritten
         try:
             client.delete_object(Bucket=target.bucket, Key=target.key(MANIFEST_NAME))
         except Exception as exc:
             raise describe(f"s3://{target.bucket}/{target.key(MANIFEST_NAME)}", exc) from exc
 
-    todo = []
-    for shard in manifest.shards:
-        if _remote_sha256(client, target, shard.path, shard.bytes) == shard.sha256:
-            result.skipped.append(shard.path)
-        else:
-            todo.append(shard)
     config = TransferConfig(multipart_threshold=options.part_bytes, multipart_chunksize=options.part_bytes,
                             max_concurrency=options.workers, preferred_transfer_client="classic")
-    with tqdm(total=sum(s.bytes for s in todo), unit="B", unit_scale=True, desc="upload",
-              disable=not options.progress) as bar, create_transfer_manager(client, config) as manager:
+    bar = tqdm(total=sum(s.bytes for s in todo), unit="B", unit_scale=True, desc="upload",
+               disable=None if options.progress else True)
+    with bar, create_transfer_manager(client, config) as manager:
         futures = [(shard, manager.upload(str(source / shard.path), target.bucket, target.key(shard.path),
                                           extra_args={"Metadata": {SHA256_METADATA: shard.sha256}},
                                           subscribers=[_Progress(bar)]))

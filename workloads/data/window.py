@@ -113,7 +113,13 @@ class WindowReader:
             raise WindowStagerError(f"{self.dest}: stager failed: {state.error}")
         if state.order and name not in state.order:
             raise ValueError(f"{name}: not in the stager's order for {self.dest}")
-        return name in state.ready and (self.dest / name).is_file()
+        if name not in state.ready:
+            return False
+        if (self.dest / name).is_file():
+            return True
+        if name in read_consumed(self.dest):
+            raise ValueError(f"{self.dest / name}: consumed and deleted already (a rolling window is read once)")
+        return False
 
     def wait_ready(self, shard: str | os.PathLike[str], timeout: float | None = None) -> Path:
         """Block until the shard is staged and verified; return its local path.

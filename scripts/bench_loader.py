@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -120,13 +119,23 @@ def throughput(loader: Iterable[Any], min_seconds: float) -> float:
             return samples / elapsed
 
 
-def raw_read(paths: list[Path], sample_bytes: int, min_seconds: float) -> float:
-    buffer = memoryview(bytearray(8 << 20))
+def raw_read(paths: list[Path], sample_bytes: int, min_seconds: float, fresh_batches: bool) -> float:
+    """Samples/s of reading the decoded shard files front to back in batch-sized reads.
+
+    fresh_batches=True reads each batch into newly allocated memory, as any loader that hands out batches must;
+    False reuses one buffer (a floor no loader can reach: the memory stays mapped and cache-warm).
+    """
+    batch_bytes = BATCH * sample_bytes
+    reused = memoryview(bytearray(batch_bytes))
     total, started = 0, time.perf_counter()
     while True:
         for path in paths:
             with open(path, "rb", buffering=0) as handle:
-                while read := handle.readinto(buffer):
+                while True:
+                    buffer = memoryview(np.empty(batch_bytes, dtype=np.uint8)) if fresh_batches else reused
+                    read = handle.readinto(buffer)
+                    if not read:
+                        break
                     total += read
         elapsed = time.perf_counter() - started
         if elapsed >= min_seconds:
@@ -144,47 +153,46 @@ def run(images: int, size: int, workdir: Path, min_seconds: float, repeats: int)
     if not (decoded / "manifest.json").exists():
         pack(folder, decoded, PackOptions(layout="decoded", **common))
     urls = write_webdataset(folder, workdir / "webdataset", shards=8)
-
-    def measure(make: Callable[[], Iterable[Any]]) -> float:
-        figures = []
-        for _ in range(repeats):
-            loader = make()
-            figures.append(throughput(loader, min_seconds))
-            del loader
-        return statistics.median(figures)
-
-    results: list[dict[str, Any]] = []
-    for workers in (0, 2):
-        loaders: dict[str, Callable[[], Iterable[Any]]] = {
-            "folder": lambda w=workers: map_loader(JpegFolderDataset(folder, image_size=size), w),
-            "hdf5-encoded": lambda w=workers: map_loader(HDF5Dataset(encoded, image_size=size), w),
-            "hdf5-decoded": lambda w=workers: map_loader(HDF5Dataset(decoded), w),
-            "webdataset": lambda w=workers: webdataset_loader(urls, size, False, w),
-        }
-        for name, make in loaders.items():
-            results.append({"loader": name, "workers": workers, "samples_per_s": measure(make)})
     shard_paths = sorted(decoded.glob("shard-*.h5"))
     sample_bytes = size * size * 3
-    raw = statistics.median(raw_read(shard_paths, sample_bytes, min_seconds) for _ in range(repeats))
-    results.append({"loader": "raw-read", "workers": 0, "samples_per_s": raw})
-    ablations = [
-        {
-            "loader": "folder-draft-decode",
-            "workers": 2,
-            "samples_per_s": measure(lambda: map_loader(JpegFolderDataset(folder, image_size=size, draft=True), 2)),
-        },
-        {
-            "loader": "webdataset-draft-decode",
-            "workers": 2,
-            "samples_per_s": measure(lambda: webdataset_loader(urls, size, True, 2)),
-        },
-    ]
+
+    def loaders(workers: int) -> dict[str, Callable[[], Iterable[Any]]]:
+        return {
+            "folder": lambda: map_loader(JpegFolderDataset(folder, image_size=size), workers),
+            "hdf5-encoded": lambda: map_loader(HDF5Dataset(encoded, image_size=size), workers),
+            "hdf5-decoded": lambda: map_loader(HDF5Dataset(decoded), workers),
+            "webdataset": lambda: webdataset_loader(urls, size, False, workers),
+        }
+
+    ablation_loaders = {
+        "folder-draft-decode": lambda: map_loader(JpegFolderDataset(folder, image_size=size, draft=True), 2),
+        "webdataset-draft-decode": lambda: webdataset_loader(urls, size, True, 2),
+    }
+    # Every configuration runs once per round, rounds interleave, and the best round counts: other processes
+    # on a shared machine only ever slow a run down.
+    best: dict[tuple[str, int], float] = {}
+    for _ in range(repeats):
+        for workers in (0, 2):
+            for name, make in loaders(workers).items():
+                loader = make()
+                figure = throughput(loader, min_seconds)
+                del loader
+                best[name, workers] = max(best.get((name, workers), 0.0), figure)
+        for name, make in ablation_loaders.items():
+            loader = make()
+            best[name, 2] = max(best.get((name, 2), 0.0), throughput(loader, min_seconds))
+            del loader
+        for name, fresh in (("raw-read", True), ("raw-read-reused-buffer", False)):
+            best[name, 0] = max(best.get((name, 0), 0.0), raw_read(shard_paths, sample_bytes, min_seconds, fresh))
+    main_names = {"folder", "hdf5-encoded", "hdf5-decoded", "webdataset", "raw-read"}
+    entries = [{"loader": name, "workers": workers, "samples_per_s": rate} for (name, workers), rate in best.items()]
     return {
-        "results": results,
+        "results": [entry for entry in entries if entry["loader"] in main_names],
         "images": images,
         "image_size": size,
         "batch_size": BATCH,
-        "ablations": ablations,
+        "repeats": repeats,
+        "ablations": [entry for entry in entries if entry["loader"] not in main_names],
         "load_average": os.getloadavg()[0],
         "cpus": os.cpu_count(),
     }
@@ -216,17 +224,17 @@ def table(report: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small dataset, one repeat (under 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="small dataset, 3 rounds (under 3 minutes)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--images", type=int, default=None)
     parser.add_argument("--size", type=int, default=160, help="decoded image side S")
     parser.add_argument("--workdir", type=Path, default=None, help="keep generated data here (reused if present)")
     args = parser.parse_args()
-    images = args.images or (2000 if args.quick else 6000)
+    images = args.images or (1000 if args.quick else 4000)
     if images < BATCH * 4 or args.size < 8:
         print(f"error: --images/--size: need at least {BATCH * 4} images and 8px", file=sys.stderr)
         return 2
-    min_seconds, repeats = (1.5, 1) if args.quick else (3.0, 3)
+    min_seconds, repeats = (1.0, 3) if args.quick else (3.0, 5)
     torch.set_num_threads(1)
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,7 @@ class _Stager:
         self.options = options
         self.windowed = options.window_bytes is not None
         self.result = StageResult(manifest=manifest)
+        self._bytes_of = {s.path: s.bytes for s in manifest.shards}
         self.ready: list[str] = []
         self.deleted: set[str] = set()
         self.held_bytes = 0
@@ -208,7 +210,6 @@ class _Stager:
         return not self.windowed or self.held_bytes + info.bytes <= (self.options.window_bytes or 0)
 
     def run(self, pending: list[ShardInfo]) -> StageResult:
-        self._bytes_of = {s.path: s.bytes for s in self.manifest.shards}
         queue = list(pending)
         self.publish()
         bar = tqdm(total=sum(s.bytes for s in pending), unit="B", unit_scale=True, desc="stage",
@@ -225,7 +226,7 @@ class _Stager:
                         self.result.peak_window_bytes = max(self.result.peak_window_bytes, self.held_bytes)
                         self._start_fetch(pool, info, attempt=1)
                     if not self.futures:
-                        threading.Event().wait(self.options.poll_interval_s)  # the window is full of unread shards
+                        time.sleep(self.options.poll_interval_s)  # the window is full of shards not yet consumed
                         continue
                     timeout = self.options.poll_interval_s if self.windowed else None
                     finished, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +141,33 @@ def test_consumed_marks_from_several_processes_merge(tmp_path: Path) -> None:
     first.mark_consumed(["shard-00001.h5", "shard-00002.h5"])
     assert read_consumed(tmp_path) == {"shard-00000.h5", "shard-00001.h5", "shard-00002.h5"}
     assert (tmp_path / WINDOW_DIR / "reader.json").is_file()
+
+
+def test_lingering_sidecar_keeps_deleting_until_sigterm(packed: Path, s3_url: str, bucket: str,
+                                                         tmp_path: Path) -> None:
+    uploaded(packed, s3_url, bucket)
+    names = [s.path for s in load_manifest(packed).shards]
+    dest = tmp_path / "dest"
+    repo = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "workloads.data", "stage", f"s3://{bucket}/sets/tiny", str(dest),
+               "--endpoint-url", s3_url, "--window", "10MiB", "--linger", "--no-progress"]
+    process = subprocess.Popen(command, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        reader = WindowReader(dest, poll_interval_s=0.01)
+        for name in names:
+            reader.wait_ready(name, timeout=60)
+        state = read_stager_state(dest)
+        assert state is not None and state.done
+        reader.mark_consumed(names[0])
+        deadline = time.monotonic() + 60
+        while (dest / names[0]).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not (dest / names[0]).exists()  # deleted by the stager after it finished staging
+        assert process.poll() is None  # still there, as a native sidecar must be
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err

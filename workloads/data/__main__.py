@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--part-size", type=lambda t: parse_size(t, 1), default=16 << 20)
     stage.add_argument("--window", type=lambda t: parse_size(t, 1 << 30), default=None,
                        help="rolling window: keep at most this much (GiB, or e.g. 512MiB) on disk")
+    stage.add_argument("--linger", action="store_true",
+                       help="with --window: once all shards are staged, keep deleting consumed ones until SIGTERM "
+                            "(run as a Kubernetes native sidecar, which is restarted if it exits)")
     stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
     for sub in (pack, upload, stage):
         sub.add_argument("--no-progress", action="store_true")
@@ -125,10 +129,12 @@ def run(args: argparse.Namespace) -> int:
 
     from workloads.data.stage import StageOptions, stage
 
+    if args.linger and args.window is None:
+        raise DataToolError("--linger", "only meaningful with --window")
     client = make_client(args.endpoint_url, max_connections=args.workers)
     staged = stage(client, uri, args.dest, StageOptions(
         workers=args.workers, part_bytes=args.part_size, window_bytes=args.window,
-        retry=RetryPolicy(attempts=args.attempts), progress=progress))
+        retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger))
     print(f"staged {len(staged.fetched)} shards ({staged.fetched_bytes} bytes), kept {len(staged.kept)} "
           f"already verified, into {args.dest}")
     return 0
@@ -147,4 +153,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM (Kubernetes stopping the pod) unwinds like Ctrl-C: temp files removed, no half-written shard.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sys.exit(main())

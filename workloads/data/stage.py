@@ -46,6 +46,9 @@ class StageOptions:
     shard_attempts: int = 3  # whole-shard fetches before a persistent checksum mismatch is fatal
     progress: bool = True
     poll_interval_s: float = 0.05
+    # Window mode: after every shard is staged, keep deleting consumed shards until interrupted (SIGINT, or SIGTERM
+    # mapped to KeyboardInterrupt by the CLI) instead of exiting: a native sidecar that exits is restarted.
+    linger: bool = False
 
 
 @dataclass
@@ -239,6 +242,13 @@ class _Stager:
                 self.publish(error=str(exc) if isinstance(exc, DataToolError) else f"{type(exc).__name__}: {exc}")
                 raise
         self.publish(done=True)
+        if self.windowed and self.options.linger:
+            try:
+                while True:
+                    self._release_consumed()
+                    time.sleep(self.options.poll_interval_s)
+            except KeyboardInterrupt:
+                pass
         return self.result
 
     def _settle(self, pool: ThreadPoolExecutor, future: Future) -> None:

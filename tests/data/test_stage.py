@@ -92,10 +92,11 @@ def test_persistent_throttling_fails_clearly_and_leaves_nothing(packed: Path, s3
                                                                 moto_port: int, tmp_path: Path) -> None:
     target = uploaded(packed, s3_url, bucket)
     dest = tmp_path / "dest"
-    with FaultProxy(moto_port, slowdown_every=1) as proxy, pytest.raises(DataToolError) as failure:
+    with FaultProxy(moto_port, slowdown_every=1, skip_first=1) as proxy, pytest.raises(DataToolError) as failure:
         stage(make_client(proxy.url, 4), target, dest, stage_options(retry=RetryPolicy(3, 0.01, 0.02)))
-    assert "gave up after 3 attempts: SlowDown" in str(failure.value)
-    assert list(dest.iterdir()) == [] if dest.exists() else True
+    assert proxy.counts.slowdowns >= 3
+    assert "shard-0000" in failure.value.where and failure.value.why == "gave up after 3 attempts: SlowDown"
+    assert list(dest.iterdir()) == []  # no shard, no temporary, no manifest
 
 
 def test_corruption_on_every_fetch_is_fatal_after_retries(packed: Path, s3_url: str, bucket: str,

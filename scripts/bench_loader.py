@@ -32,9 +32,13 @@ from PIL import Image  # noqa: E402
 from torch.utils.data import default_collate  # noqa: E402
 
 from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
+from workloads.data.format import atomic_write_bytes  # noqa: E402
 from workloads.data.pack import PackOptions, pack  # noqa: E402
 from workloads.data.sampler import BlockShuffleBatchSampler  # noqa: E402
 from workloads.data.transforms import decode_bytes  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from svgbars import bar_chart_svg  # noqa: E402
 
 CLASSES = 10
 BATCH = 128
@@ -228,6 +232,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--images", type=int, default=None)
     parser.add_argument("--size", type=int, default=160, help="decoded image side S")
+    parser.add_argument("--plot", type=Path, default=None, help="also write an SVG bar chart here")
     parser.add_argument("--workdir", type=Path, default=None, help="keep generated data here (reused if present)")
     args = parser.parse_args()
     images = args.images or (1000 if args.quick else 4000)
@@ -243,6 +248,12 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
             report = run(images, args.size, Path(tmp), min_seconds, repeats)
     report["ratios"] = ratios(report)
+    if args.plot:
+        bars = [
+            (f"{e['loader']} ({e['workers']}w)", e["samples_per_s"]) for e in report["results"] + report["ablations"]
+        ]
+        title = f"Loader throughput, {images} images at {args.size}px, batch {BATCH}"
+        atomic_write_bytes(args.plot, bar_chart_svg(title, bars, "samples/s", log=True).encode())
     print(json.dumps(report, indent=2) if args.json else table(report))
     return 0
 

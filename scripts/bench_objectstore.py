@@ -33,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from bench_loader import generate  # noqa: E402
 from bench_stage import _free_port, _process  # noqa: E402
+from svgbars import bar_chart_svg  # noqa: E402
 
 from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
+from workloads.data.format import atomic_write_bytes  # noqa: E402
 from workloads.data.pack import PackOptions, pack  # noqa: E402
 from workloads.data.s3 import S3Uri, make_client  # noqa: E402
 from workloads.data.sampler import BlockShuffleBatchSampler  # noqa: E402
@@ -195,6 +197,7 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=160)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", type=Path, default=None, help="also write an SVG bar chart here")
     args = parser.parse_args()
     if args.epochs < 2 or args.images < BATCH:
         print(f"error: --epochs/--images: need >= 2 epochs and >= {BATCH} images", file=sys.stderr)
@@ -213,6 +216,10 @@ def main() -> int:
         detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc, subprocess.CalledProcessError) else ""
         print(f"error: {exc} {detail}".strip(), file=sys.stderr)
         return 2
+    if args.plot:
+        bars = [(entry["path"], entry["total_20_epochs_s"]) for entry in report["results"]]
+        title = f"20 epochs incl. staging: {report['ratio']:.0f}x (+{args.latency_ms:g} ms RTT, {args.images} images)"
+        atomic_write_bytes(args.plot, bar_chart_svg(title, bars, "s", log=True).encode())
     print(json.dumps(report, indent=2) if args.json else table(report))
     return 0
 

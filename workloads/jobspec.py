@@ -645,7 +645,8 @@ def _stage_container(
         if facts.object_store_endpoint:
             command += ["--endpoint-url", facts.object_store_endpoint]
         if dataset.staging == "rolling":
-            command += ["--window", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB))]
+            # --linger: keep serving the window until the pod stops it (a native sidecar that exits is restarted).
+            command += ["--window", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB)), "--linger"]
             container["restartPolicy"] = "Always"  # native sidecar: runs beside the trainer, stops after it
         env, env_from = _object_store_env(facts)
         if env:

@@ -131,7 +131,7 @@ def test_rolling_staging_is_a_native_sidecar_with_the_window() -> None:
     job, = render_job(spec(gpus=8, gpuType="a100", dataset=dataset), prod_facts())
     stage = job["spec"]["template"]["spec"]["initContainers"][0]
     assert stage["restartPolicy"] == "Always"
-    assert stage["command"][-2:] == ["--window", "400"]
+    assert stage["command"][-3:] == ["--window", "400", "--linger"]
     # The reader records consumed shards next to them, so the window is writable for the trainer.
     window_mount = {"name": "dataset", "mountPath": "/data", "readOnly": False}
     assert window_mount in train_container(job)["volumeMounts"]

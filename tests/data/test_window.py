@@ -157,7 +157,9 @@ def test_lingering_sidecar_keeps_deleting_until_sigterm(packed: Path, s3_url: st
         reader = WindowReader(dest, poll_interval_s=0.01)
         for name in names:
             reader.wait_ready(name, timeout=60)
-        state = read_stager_state(dest)
+        deadline = time.monotonic() + 60  # "done" is written just after the last shard turns ready
+        while not ((state := read_stager_state(dest)) is not None and state.done) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert state is not None and state.done
         reader.mark_consumed(names[0])
         deadline = time.monotonic() + 60

@@ -83,7 +83,7 @@ class _OpenShard:
         if self.payload_offset is None:
             self.payload.read_direct(out, source_sel=np.s_[first : first + len(out)])
             return
-        view = memoryview(out).cast("B")
+        view = memoryview(out.data).cast("B")
         position, done = self.payload_offset + first * item_bytes, 0
         while done < len(view):  # pread may return short counts on very large reads
             read = os.preadv(self.fd, [view[done:]], position + done)
@@ -206,7 +206,7 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
                 start = int(shard.offsets[local + k]) - begin
                 stop = int(shard.offsets[local + k + 1]) - begin
                 try:
-                    out[position + k] = decode_bytes(memoryview(blob)[start:stop], size, draft=self.draft)
+                    out[position + k] = decode_bytes(blob.data[start:stop], size, draft=self.draft)
                 except OSError as exc:
                     path = self.shard_paths[shard_index]
                     raise DatasetError(f"{path}: sample {local + k} does not decode: {exc}") from exc

@@ -18,12 +18,12 @@ CHECKPOINT_NAME = "last.pt"
 
 
 def capture_rng() -> dict[str, Any]:
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": {
             "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
             "position": int(position),
             "has_gauss": int(has_gauss),
             "cached": float(cached),

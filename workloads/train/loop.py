@@ -189,7 +189,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
     num_classes = len(dataset.classes)
     model: nn.Module = MODELS[config.model](num_classes, config.width).to(device)
     if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     optimizer = torch.optim.SGD(
         model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
     )

@@ -109,6 +109,15 @@ def test_shm_transport_shares_and_pipe_transport_does_not(tiny_data: dict[str, P
     assert np.array_equal(pipe_batch[0], shm_batch[0].numpy())
 
 
+def test_close_releases_handles_and_reads_reopen(tiny_data: dict[str, Path]) -> None:
+    dataset = HDF5Dataset(tiny_data["decoded"])
+    before, _ = dataset.__getitems__([1, 2, 20])
+    dataset.close()
+    after, _ = dataset.__getitems__([1, 2, 20])
+    assert torch.equal(before, after)
+    dataset.close()
+
+
 def test_missing_manifest_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="manifest.json: no manifest"):
         HDF5Dataset(tmp_path)

@@ -138,6 +138,14 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
     def classes(self) -> list[str]:
         return list(self.manifest.classes)
 
+    def close(self) -> None:
+        """Close this process's handles (they reopen on the next read)."""
+        if self._owner_pid == os.getpid():
+            for shard in self._open.values():
+                os.close(shard.fd)
+                shard.file.close()
+        self._open = {}
+
     def _shard(self, shard_index: int) -> _OpenShard:
         if self._owner_pid != os.getpid():
             # Inherited through fork: the parent's handles; this process opens its own.

@@ -12,6 +12,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config import ClusterConfig, OnpremConfig
 from infra.context import ClusterInfo, NetworkInfo, StackContext
+from infra.iam import service_trust_policy
 
 ACCESS_POLICIES = {
     "cluster-admin": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
@@ -26,11 +27,6 @@ NODE_POLICIES = (
     "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
     "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
 )
-
-
-def assume_role_policy(service: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": service}, "Action": ["sts:AssumeRole"]}]})
 
 
 def eks_kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> str:
@@ -63,12 +59,12 @@ class EksCluster(pulumi.ComponentResource):
         ctx, cfg, child = args.ctx, args.config, pulumi.ResourceOptions(parent=self)
         assert ctx.region is not None
 
-        cluster_role = aws.iam.Role(ctx.name("cluster", "role"), assume_role_policy=assume_role_policy(
+        cluster_role = aws.iam.Role(ctx.name("cluster", "role"), assume_role_policy=service_trust_policy(
             "eks.amazonaws.com"), tags=ctx.tags, opts=child)
         attachments = [aws.iam.RolePolicyAttachment(ctx.name("cluster", policy.rsplit("/", 1)[1]),
                                                     role=cluster_role.name, policy_arn=policy, opts=child)
                        for policy in CLUSTER_POLICIES]
-        node_role = aws.iam.Role(ctx.name("cluster", "node-role"), assume_role_policy=assume_role_policy(
+        node_role = aws.iam.Role(ctx.name("cluster", "node-role"), assume_role_policy=service_trust_policy(
             "ec2.amazonaws.com"), tags=ctx.tags, opts=child)
         node_attachments = [aws.iam.RolePolicyAttachment(ctx.name("cluster", f"node-{policy.rsplit('/', 1)[1]}"),
                                                          role=node_role.name, policy_arn=policy, opts=child)

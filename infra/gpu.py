@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, GpuConfig
 from infra.context import ClusterInfo, StackContext
+from infra.iam import pod_identity_trust_policy
 from infra.poolplan import GPU_PRESENT_LABEL, PoolPlan
 
 DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
@@ -141,21 +142,6 @@ def autoscaler_policy(cluster_name: str) -> str:
                     ],
                     "Resource": "*",
                 },
-            ],
-        }
-    )
-
-
-def pod_identity_trust_policy() -> str:
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Principal": {"Service": "pods.eks.amazonaws.com"},
-                    "Action": ["sts:AssumeRole", "sts:TagSession"],
-                }
             ],
         }
     )

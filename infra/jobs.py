@@ -28,6 +28,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.schema import ConfigError
 from infra.context import ClusterInfo, StackContext
+from infra.iam import pod_identity_trust_policy
 from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec import JobSpecError, TrainingJobSpec, render_job
 
@@ -85,17 +86,6 @@ def service_account_manifest(name: str, namespace: str, stack: str, label_prefix
             },
         },
     }
-
-
-def pod_identity_trust_policy() -> str:
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{
-            "Effect": "Allow",
-            "Principal": {"Service": "pods.eks.amazonaws.com"},
-            "Action": ["sts:AssumeRole", "sts:TagSession"],
-        }],
-    })
 
 
 def bucket_name_of(bucket_arn: str) -> str:

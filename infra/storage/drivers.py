@@ -15,6 +15,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.storage import StorageConfig
 from infra.context import ClusterInfo, StackContext
+from infra.iam import pod_identity_trust_policy
 
 ADDON_NAMESPACE = "kube-system"
 # Service accounts the EKS add-ons run their AWS-calling pods under (add-on docs; Mountpoint needs driver v2+
@@ -47,21 +48,6 @@ NFS_CHART = HelmChart(
     "https://raw.githubusercontent.com/kubernetes-csi/csi-driver-nfs/master/charts",
     "kube-system",
 )
-
-
-def pod_identity_trust_policy() -> str:
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Principal": {"Service": "pods.eks.amazonaws.com"},
-                    "Action": ["sts:AssumeRole", "sts:TagSession"],
-                }
-            ],
-        }
-    )
 
 
 def efs_driver_policy(file_system_arn: str) -> str:

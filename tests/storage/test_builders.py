@@ -17,6 +17,7 @@ from infra.config.storage import (
     SharedVolumeConfig,
 )
 from infra.context import StackContext, SubnetRef
+from infra.iam import pod_identity_trust_policy
 from infra.storage import classes
 from infra.storage.buckets import (
     cos_provider_args,
@@ -25,7 +26,7 @@ from infra.storage.buckets import (
     lifecycle_rules,
     tls_only_policy,
 )
-from infra.storage.drivers import efs_driver_policy, mountpoint_driver_policy, pod_identity_trust_policy
+from infra.storage.drivers import efs_driver_policy, mountpoint_driver_policy
 from infra.storage.efs import lifecycle_policies, mount_target_subnets
 
 K8S = "1.33"

@@ -75,14 +75,12 @@ def test_each_contiguous_run_is_one_read(
     assert contiguous_runs(batch) == [(0, 4, 4), (4, 30, 3), (7, 10, 1)]
 
 
-@pytest.mark.parametrize(("layout", "contexts"), [("decoded", ["fork"]), ("encoded", ["fork", "spawn", "forkserver"])])
-def test_batches_identical_across_workers_and_start_methods(
-    tiny_data: dict[str, Path], layout: str, contexts: list[str]
-) -> None:
+@pytest.mark.parametrize("layout", ["decoded", "encoded"])
+def test_batches_identical_across_workers_and_start_methods(tiny_data: dict[str, Path], layout: str) -> None:
     dataset = HDF5Dataset(tiny_data[layout], image_size=IMAGE_SIZE)
     dataset.__getitems__([0, 20])  # the main process now holds open handles that fork will copy
     reference = _epoch(dataset, workers=0)
-    for context in contexts:
+    for context in ("fork", "spawn", "forkserver"):
         images, labels, _ = _epoch(dataset, workers=2, context=context)
         assert np.array_equal(images, reference[0]), context
         assert np.array_equal(labels, reference[1]), context

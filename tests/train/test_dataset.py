@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import h5py
@@ -114,6 +115,18 @@ def test_close_releases_handles_and_reads_reopen(tiny_data: dict[str, Path]) -> 
     after, _ = dataset.__getitems__([1, 2, 20])
     assert torch.equal(before, after)
     dataset.close()
+
+
+def test_shard_that_disagrees_with_the_manifest_is_named(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_data["decoded"], broken)
+    with h5py.File(broken / "shard-00001.h5", "r+") as handle:
+        del handle["labels"]
+        handle["labels"] = np.zeros(3, dtype=np.int64)
+    dataset = HDF5Dataset(broken)
+    dataset.__getitems__([0, 1])  # the first shard is fine
+    with pytest.raises(DatasetError, match="shard-00001.h5: 3 labels, the manifest says 25 samples"):
+        dataset.__getitems__([20])
 
 
 def test_missing_manifest_names_the_file(tmp_path: Path) -> None:

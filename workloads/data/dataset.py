@@ -155,29 +155,52 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             self._owner_pid = os.getpid()
         shard = self._open.get(shard_index)
         if shard is None:
-            path = self.shard_paths[shard_index]
-            try:
-                handle = h5py.File(path, "r")
-            except OSError as exc:
-                raise DatasetError(f"{path}: cannot open shard: {exc}") from exc
-            if handle.attrs.get("format") != FORMAT_NAME or handle.attrs.get("layout") != self.layout:
-                handle.close()
-                raise DatasetError(f"{path}: not a {FORMAT_NAME} shard of layout {self.layout}")
-            offsets = handle["offsets"][:] if self.layout == "encoded" else None
-            payload = handle["images" if self.layout == "decoded" else "data"]
-            # The format keeps payloads contiguous and unfiltered, so h5py only supplies the byte offset and
-            # the bytes go straight from the page cache into the batch (about twice as fast as read_direct).
-            contiguous = payload.chunks is None and payload.compression is None and payload.dtype == np.uint8
-            shard = _OpenShard(
-                file=handle,
-                payload=payload,
-                payload_offset=payload.id.get_offset() if contiguous else None,
-                fd=os.open(path, os.O_RDONLY),
-                labels=handle["labels"][:],
-                offsets=offsets,
-            )
+            shard = self._open_shard(shard_index)
             self._open[shard_index] = shard
         return shard
+
+    def _open_shard(self, shard_index: int) -> _OpenShard:
+        path = self.shard_paths[shard_index]
+        try:
+            handle = h5py.File(path, "r")
+        except OSError as exc:
+            raise DatasetError(f"{path}: cannot open shard: {exc}") from exc
+        try:
+            return self._check_shard(handle, shard_index)
+        except (KeyError, DatasetError) as exc:
+            handle.close()
+            if isinstance(exc, DatasetError):
+                raise
+            raise DatasetError(f"{path}: missing dataset {exc}") from exc
+
+    def _check_shard(self, handle: h5py.File, shard_index: int) -> _OpenShard:
+        """Validate a shard against the format and the manifest, then describe it for reading."""
+        path, count = self.shard_paths[shard_index], self.shard_sizes[shard_index]
+        if handle.attrs.get("format") != FORMAT_NAME or handle.attrs.get("layout") != self.layout:
+            raise DatasetError(f"{path}: not a {FORMAT_NAME} shard of layout {self.layout}")
+        labels = handle["labels"][:]
+        if self.layout == "decoded":
+            payload, offsets = handle["images"], None
+            expected = (count, self.image_size, self.image_size, 3)
+            if payload.shape != expected:
+                raise DatasetError(f"{path}: images are {payload.shape}, the manifest implies {expected}")
+        else:
+            payload, offsets = handle["data"], handle["offsets"][:]
+            if len(offsets) != count + 1 or offsets[0] != 0 or offsets[-1] != payload.shape[0]:
+                raise DatasetError(f"{path}: offsets do not describe {count} samples of the data array")
+        if len(labels) != count:
+            raise DatasetError(f"{path}: {len(labels)} labels, the manifest says {count} samples")
+        # The format keeps payloads contiguous and unfiltered, so h5py only supplies the byte offset and
+        # the bytes go straight from the page cache into the batch (about twice as fast as read_direct).
+        contiguous = payload.chunks is None and payload.compression is None and payload.dtype == np.uint8
+        return _OpenShard(
+            file=handle,
+            payload=payload,
+            payload_offset=payload.id.get_offset() if contiguous else None,
+            fd=os.open(path, os.O_RDONLY),
+            labels=labels,
+            offsets=offsets,
+        )
 
     def _locate(self, index: int) -> tuple[int, int]:
         if not 0 <= index < len(self):

@@ -155,6 +155,17 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Captu
     assert "error: --resume: needs --checkpoint-dir" in capsys.readouterr().err
 
 
+def test_config_errors_use_the_jobs_exit_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONFIG_ERROR_EXIT_CODE", "42")
+    assert main(["--data", str(tmp_path / "missing")]) == 42
+    with pytest.raises(SystemExit) as exited:
+        main(["--data", str(tmp_path), "--batch-size", "0"])
+    assert exited.value.code == 42
+    assert "error: argument --batch-size: must be positive" in capsys.readouterr().err
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

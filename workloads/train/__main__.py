@@ -1,11 +1,14 @@
 """python -m workloads.train --data DIR_OR_MANIFEST --model resnet18|resnet50 ... (JSON lines on stdout).
 
-Under torchrun every rank runs this; rank 0 prints and writes checkpoints.
+Under torchrun every rank runs this; rank 0 prints and writes checkpoints. Bad arguments or data exit with
+$CONFIG_ERROR_EXIT_CODE (the rendered Jobs set it, and their podFailurePolicy fails the Job at once instead of
+retrying), or 2 when it is not set.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from workloads.data.dataset import DatasetError
@@ -27,8 +30,22 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def config_error_exit_code() -> int:
+    try:
+        return int(os.environ.get("CONFIG_ERROR_EXIT_CODE", "2"))
+    except ValueError:
+        return 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(config_error_exit_code())
+
+
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(prog="python -m workloads.train", description=__doc__)
+    parser = _Parser(prog="python -m workloads.train", description=__doc__)
     parser.add_argument("--data", required=True, help="packed dataset directory or manifest.json, or a JPEG folder")
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")
     parser.add_argument(
@@ -85,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, ValueError) as exc:
         where, _, why = str(exc).partition(": ")
         print(f"error: {where}: {why}" if why else f"error: {exc}", file=sys.stderr)
-        return 2
+        return config_error_exit_code()
     return 0
 
 

@@ -80,3 +80,36 @@ def test_invalid_arguments_are_rejected() -> None:
         BlockShuffleBatchSampler(10, 2, rank=2, world_size=2)
     with pytest.raises(ValueError, match="num_samples"):
         BlockShuffleBatchSampler(0, 2)
+
+
+def test_windowed_order_stays_inside_each_window_and_covers_it() -> None:
+    shard_sizes = [10, 7, 12, 5, 9]  # windows of 2 shards: [0, 17), [17, 34), [34, 43)
+    sampler = BlockShuffleBatchSampler(43, 4, block_size=3, seed=1, shard_sizes=shard_sizes, window_shards=2)
+    assert sampler.windows == [(0, 17), (17, 34), (34, 43)]
+    batches = list(sampler)
+    ends = sampler.window_end_batches
+    assert ends == [5, 10, 13] and len(batches) == ends[-1] == sampler.batches_per_epoch
+    bounds = [(0, 0, 17), (5, 17, 34), (10, 34, 43)]
+    for (first_batch, start, end), last_batch in zip(bounds, ends, strict=True):
+        window = [index for batch in batches[first_batch:last_batch] for index in batch]
+        assert sorted(window) == list(range(start, end))  # no batch spans two windows
+
+
+def test_windowed_ranks_share_every_window_disjointly() -> None:
+    shard_sizes = [10, 7, 12, 5, 9]
+    ranks = [
+        BlockShuffleBatchSampler(
+            43, 4, block_size=3, seed=1, rank=rank, world_size=2, shard_sizes=shard_sizes, window_shards=2
+        )
+        for rank in range(2)
+    ]
+    assert ranks[0].window_end_batches == ranks[1].window_end_batches  # lockstep: same batches per window
+    shares = [set(sampler.rank_indices().tolist()) for sampler in ranks]
+    assert shares[0] | shares[1] == set(range(43))
+    # windows of 17, 17 and 9 samples: one padded sample each for the odd ones, nothing else repeats
+    assert len(shares[0] & shares[1]) <= 3
+
+
+def test_windowed_order_needs_consistent_shard_sizes() -> None:
+    with pytest.raises(ValueError, match="shard_sizes"):
+        BlockShuffleBatchSampler(40, 4, shard_sizes=[10, 10], window_shards=1)

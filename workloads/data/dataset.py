@@ -27,8 +27,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from workloads.data.format import FORMAT_NAME, MANIFEST_NAME, Manifest, load_manifest
+from workloads.data.format import FORMAT_NAME, MANIFEST_NAME, STAGER_STATE, WINDOW_DIR, Manifest, load_manifest
 from workloads.data.transforms import decode_bytes, decode_file
+from workloads.data.window import WindowReader, WindowStagerError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Transport = Literal["shm", "pipe"]
@@ -100,7 +101,14 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
     `draft` allows libjpeg's reduced-scale decoding when the source is at least twice that size.
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, image_size: int | None = None, draft: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        image_size: int | None = None,
+        draft: bool = True,
+        shard_wait_s: float | None = 3600.0,
+    ) -> None:
         path = Path(root)
         self.root = path.parent if path.name == MANIFEST_NAME else path
         try:
@@ -120,6 +128,14 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         self.draft = draft
         self.transport: Transport = "shm"
         self.shard_paths = [self.root / shard.path for shard in self.manifest.shards]
+        # A rolling-window stager fills this directory while we read: wait for each shard, in its order.
+        self.window = WindowReader(self.root) if (self.root / WINDOW_DIR / STAGER_STATE).exists() else None
+        self.shard_wait_s = shard_wait_s
+        if self.window is not None:
+            order = self.window.order()
+            if order and order != [shard.path for shard in self.manifest.shards]:
+                state = self.root / WINDOW_DIR / STAGER_STATE
+                raise DatasetError(f"{state}: staging order differs from the manifest's shard order")
         self.shard_starts = [shard.first_index for shard in self.manifest.shards]
         self.shard_sizes = [shard.num_samples for shard in self.manifest.shards]
         self._owner_pid: int | None = None
@@ -161,6 +177,11 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
 
     def _open_shard(self, shard_index: int) -> _OpenShard:
         path = self.shard_paths[shard_index]
+        if self.window is not None:
+            try:
+                self.window.wait_ready(self.manifest.shards[shard_index].path, timeout=self.shard_wait_s)
+            except (TimeoutError, WindowStagerError, ValueError) as exc:
+                raise DatasetError(f"{path}: {exc}") from exc
         try:
             handle = h5py.File(path, "r")
         except OSError as exc:

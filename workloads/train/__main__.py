@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--crop-size", type=_positive, default=224)
     parser.add_argument("--image-size", type=_positive, default=None, help="decode size for JPEG sources")
     parser.add_argument("--block-size", type=_positive, default=32, help="consecutive samples per shuffled block")
+    parser.add_argument(
+        "--window-shards",
+        type=_positive,
+        default=4,
+        help="rolling-window staging: shards read (and shuffled) together; at most what the stager's window holds",
+    )
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (exact resume)")
@@ -83,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         crop_size=args.crop_size,
         image_size=args.image_size,
         block_size=args.block_size,
+        window_shards=args.window_shards,
         lr=args.lr,
         seed=args.seed,
         deterministic=args.deterministic,

@@ -47,6 +47,7 @@ class TrainConfig:
     crop_size: int = 224
     image_size: int | None = None  # decode size for JPEG sources (encoded shards, folders)
     block_size: int = 32
+    window_shards: int = 4  # rolling-window staging: shards shuffled together (<= the stager's window)
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
@@ -147,6 +148,15 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
     started = time.perf_counter()
     dataset = open_dataset(config)
     image_size = dataset.image_size
+    window, shard_sizes, shard_names = None, None, []
+    if isinstance(dataset, HDF5Dataset) and dataset.window is not None:
+        window, shard_sizes = dataset.window, dataset.shard_sizes
+        shard_names = [shard.path for shard in dataset.manifest.shards]
+    if window is not None and config.epochs > 1:
+        raise ValueError(
+            f"--epochs: {config.data} is a rolling-window staging directory, which is read once; "
+            "use --epochs 1, or stage a full copy for several epochs"
+        )
     sampler = BlockShuffleBatchSampler(
         len(dataset),
         config.batch_size,
@@ -154,6 +164,8 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         seed=config.seed,
         rank=env.rank,
         world_size=env.world_size,
+        shard_sizes=shard_sizes,
+        window_shards=config.window_shards if window is not None else None,
     )
     batch_bytes = config.batch_size * image_size * image_size * 3
     plan = plan_shared_memory(batch_bytes, config.workers, config.prefetch_factor, shm_available_bytes())
@@ -239,6 +251,25 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
             reporter.emit("checkpoint", epoch=epoch, batch=batch, step=global_step)
         return time.perf_counter() - started
 
+    released: set[int] = set()
+
+    def release_windows(window_ends: list[int], batches_done: int) -> None:
+        """Tell the rolling-window stager which shards this node is finished with.
+
+        Every rank steps in lockstep (DDP all-reduces gradients inside each step), so when this rank has
+        finished the last batch of a window, every rank has at least loaded its own last batch of it: no
+        reader on the node will open those shards again. One process per node (local rank 0) writes.
+        """
+        if window is None or env.local_rank != 0:
+            return
+        for number, end in enumerate(window_ends):
+            if end <= batches_done and number not in released:
+                start = number * config.window_shards
+                finished = shard_names[start : start + config.window_shards]
+                window.mark_consumed(finished)
+                released.add(number)
+                reporter.emit("window_released", window=number, shards=finished)
+
     autocast_dtype = torch.bfloat16 if config.amp == "bf16" else None
     input_dtype = autocast_dtype if device.type == "cuda" and autocast_dtype else torch.float32
     summary: dict[str, Any] = {}
@@ -248,6 +279,8 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         if first_batch >= sampler.batches_per_epoch:
             continue
         sampler.set_epoch(epoch, first_batch)
+        window_ends = sampler.window_end_batches
+        release_windows(window_ends, first_batch)  # a resumed run: earlier windows are finished
         epoch_start = time.perf_counter()
         data_time = compute_time = checkpoint_time = 0.0
         samples = 0
@@ -297,6 +330,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
                     compute_time=step_compute,
                     gpu_utilization=gpu,
                 )
+            release_windows(window_ends, batch_index)
             epoch_ends = batch_index == sampler.batches_per_epoch
             if config.checkpoint_every and global_step % config.checkpoint_every == 0 and not epoch_ends:
                 checkpoint_time += checkpoint(epoch, batch_index)

@@ -99,7 +99,9 @@ def random_resized_crop_flip_normalize(
     theta[:, 0, 2] = centre_x
     theta[:, 1, 1] = height
     theta[:, 1, 2] = centre_y
-    compute_dtype = torch.float32 if device.type == "cpu" else dtype
+    # Sampling runs in float32 on every device (bf16 coordinates would misplace pixels on large images);
+    # only the normalised output takes `dtype`.
+    compute_dtype = torch.float32
     pixels = images.permute(0, 3, 1, 2).to(compute_dtype)
     grid = F.affine_grid(
         theta.to(device=device, dtype=compute_dtype), [count, 3, out_size, out_size], align_corners=False

@@ -125,34 +125,56 @@ def _configure_determinism(config: TrainConfig) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Run the configured training; returns the final summary (also emitted as the "done" event)."""
-    if config.model not in MODELS:
-        raise ValueError(f"--model: unknown model {config.model!r} (choose from {', '.join(MODELS)})")
-    if config.amp not in (None, "bf16"):
-        raise ValueError(f"--amp: unsupported {config.amp!r} (only bf16)")
-    if config.resume and not config.checkpoint_dir:
-        raise ValueError("--resume: needs --checkpoint-dir")
-    env = Distributed.from_env()
-    reporter = reporter or Reporter(env.rank)
-    if env.world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    _configure_determinism(config)
-    run_start = time.perf_counter()
-    reporter.emit("config", **asdict(config), world_size=env.world_size, device=str(device))
+class WindowReleaser:
+    """Tells a rolling-window stager which shards this node is finished with (see workloads/data/window.py).
 
-    # data_preparation: dataset index, sampler, shared-memory check, loader.
-    started = time.perf_counter()
+    Every rank steps in lockstep (DDP all-reduces gradients inside each step), so when this rank has finished
+    the last batch of a window, every rank has at least loaded its own last batch of it: no reader on the node
+    will open those shards again. One process per node (local rank 0) writes.
+    """
+
+    def __init__(self, dataset: HDF5Dataset, window_shards: int, local_rank: int, reporter: Reporter) -> None:
+        self.window = dataset.window if local_rank == 0 else None
+        self.shard_names = [shard.path for shard in dataset.manifest.shards]
+        self.window_shards = window_shards
+        self.reporter = reporter
+        self.released: set[int] = set()
+
+    def release(self, window_ends: list[int], batches_done: int) -> None:
+        if self.window is None:
+            return
+        for number, end in enumerate(window_ends):
+            if end <= batches_done and number not in self.released:
+                start = number * self.window_shards
+                finished = self.shard_names[start : start + self.window_shards]
+                self.window.mark_consumed(finished)
+                self.released.add(number)
+                self.reporter.emit("window_released", window=number, shards=finished)
+
+
+@dataclass
+class _Data:
+    dataset: HDF5Dataset | JpegFolderDataset
+    sampler: BlockShuffleBatchSampler
+    loader: Any
+    releaser: WindowReleaser | None
+
+
+@dataclass
+class _Model:
+    model: nn.Module  # what the step calls (DDP-wrapped when distributed)
+    core: nn.Module  # what checkpoints hold
+    optimizer: torch.optim.Optimizer
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+
+
+def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, reporter: Reporter) -> _Data:
+    """Dataset index, sampler, shared-memory check and loader (the study's data_preparation)."""
     dataset = open_dataset(config)
-    image_size = dataset.image_size
-    window, shard_sizes, shard_names = None, None, []
-    if isinstance(dataset, HDF5Dataset) and dataset.window is not None:
-        window, shard_sizes = dataset.window, dataset.shard_sizes
-        shard_names = [shard.path for shard in dataset.manifest.shards]
-    if window is not None and config.epochs > 1:
+    windowed = isinstance(dataset, HDF5Dataset) and dataset.window is not None
+    if windowed and config.epochs > 1:
         raise ValueError(
             f"--epochs: {config.data} is a rolling-window staging directory, which is read once; "
             "use --epochs 1, or stage a full copy for several epochs"
@@ -164,10 +186,10 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         seed=config.seed,
         rank=env.rank,
         world_size=env.world_size,
-        shard_sizes=shard_sizes,
-        window_shards=config.window_shards if window is not None else None,
+        shard_sizes=dataset.shard_sizes if isinstance(dataset, HDF5Dataset) and windowed else None,
+        window_shards=config.window_shards if windowed else None,
     )
-    batch_bytes = config.batch_size * image_size * image_size * 3
+    batch_bytes = config.batch_size * dataset.image_size * dataset.image_size * 3
     plan = plan_shared_memory(batch_bytes, config.workers, config.prefetch_factor, shm_available_bytes())
     reporter.emit(
         "shm_check",
@@ -188,47 +210,78 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         pin_memory=device.type == "cuda",
         transport=plan.transport,
     )
+    releaser = None
+    if isinstance(dataset, HDF5Dataset) and windowed:
+        releaser = WindowReleaser(dataset, config.window_shards, env.local_rank, reporter)
+    return _Data(dataset, sampler, loader, releaser)
+
+
+def _prepare_model(
+    config: TrainConfig, env: Distributed, device: torch.device, num_classes: int, reporter: Reporter
+) -> _Model:
+    """Build, move and wrap the model, make the optimiser, and load the checkpoint when resuming."""
+    core: nn.Module = MODELS[config.model](num_classes, config.width).to(device)
+    if config.channels_last:
+        core = core.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    optimizer = torch.optim.SGD(
+        core.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+    state = _Model(model=core, core=core, optimizer=optimizer)
+    saved = None
+    if config.resume and config.checkpoint_dir:
+        saved = load_checkpoint(config.checkpoint_dir, map_location=device)
+    if saved is not None:
+        if saved["config"]["model"] != config.model or saved["world_size"] != env.world_size:
+            raise ValueError(
+                f"--resume: {config.checkpoint_dir} holds a {saved['config']['model']} run on "
+                f"{saved['world_size']} ranks, not {config.model} on {env.world_size}"
+            )
+        core.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state.epoch, state.batch, state.step = saved["epoch"], saved["batch"], saved["step"]
+        restore_rng(saved["rng"])
+        reporter.emit("resumed", epoch=state.epoch, batch=state.batch, step=state.step)
+    if env.world_size > 1:
+        state.model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
+    return state
+
+
+def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Run the configured training; returns the last epoch's summary (also emitted as an "epoch" event)."""
+    if config.model not in MODELS:
+        raise ValueError(f"--model: unknown model {config.model!r} (choose from {', '.join(MODELS)})")
+    if config.amp not in (None, "bf16"):
+        raise ValueError(f"--amp: unsupported {config.amp!r} (only bf16)")
+    if config.resume and not config.checkpoint_dir:
+        raise ValueError("--resume: needs --checkpoint-dir")
+    env = Distributed.from_env()
+    reporter = reporter or Reporter(env.rank)
+    if env.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    _configure_determinism(config)
+    run_start = time.perf_counter()
+    reporter.emit("config", **asdict(config), world_size=env.world_size, device=str(device))
+
+    started = time.perf_counter()
+    data = _prepare_data(config, env, device, reporter)
+    sampler, loader = data.sampler, data.loader
     reporter.emit(
         "data_preparation",
         seconds=time.perf_counter() - started,
-        samples=len(dataset),
-        image_size=image_size,
+        samples=len(data.dataset),
+        image_size=data.dataset.image_size,
         batches_per_epoch=sampler.batches_per_epoch,
     )
-
-    # model_loading: build, move, wrap, optimiser, and the checkpoint when resuming.
     started = time.perf_counter()
-    num_classes = len(dataset.classes)
-    model: nn.Module = MODELS[config.model](num_classes, config.width).to(device)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-    )
-    start_epoch, start_batch, global_step = 0, 0, 0
-    if config.resume:
-        assert config.checkpoint_dir is not None
-        state = load_checkpoint(config.checkpoint_dir, map_location=device)
-        if state is not None:
-            if state["config"]["model"] != config.model or state["world_size"] != env.world_size:
-                raise ValueError(
-                    f"--resume: {config.checkpoint_dir} holds a {state['config']['model']} run on "
-                    f"{state['world_size']} ranks, not {config.model} on {env.world_size}"
-                )
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start_epoch, start_batch, global_step = state["epoch"], state["batch"], state["step"]
-            restore_rng(state["rng"])
-            reporter.emit("resumed", epoch=start_epoch, batch=start_batch, step=global_step)
-    core = model
-    if env.world_size > 1:
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    criterion = nn.CrossEntropyLoss()
+    state = _prepare_model(config, env, device, len(data.dataset.classes), reporter)
     reporter.emit(
         "model_loading",
         seconds=time.perf_counter() - started,
         model=config.model,
-        parameters=sum(p.numel() for p in core.parameters()),
+        parameters=sum(p.numel() for p in state.core.parameters()),
     )
 
     def checkpoint(epoch: int, batch: int) -> float:
@@ -238,49 +291,32 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
             save_checkpoint(
                 config.checkpoint_dir,
                 {
-                    "model": core.state_dict(),
-                    "optimizer": optimizer.state_dict(),
+                    "model": state.core.state_dict(),
+                    "optimizer": state.optimizer.state_dict(),
                     "epoch": epoch,
                     "batch": batch,
-                    "step": global_step,
+                    "step": state.step,
                     "rng": capture_rng(),
                     "config": asdict(config),
                     "world_size": env.world_size,
                 },
             )
-            reporter.emit("checkpoint", epoch=epoch, batch=batch, step=global_step)
+            reporter.emit("checkpoint", epoch=epoch, batch=batch, step=state.step)
         return time.perf_counter() - started
 
-    released: set[int] = set()
-
-    def release_windows(window_ends: list[int], batches_done: int) -> None:
-        """Tell the rolling-window stager which shards this node is finished with.
-
-        Every rank steps in lockstep (DDP all-reduces gradients inside each step), so when this rank has
-        finished the last batch of a window, every rank has at least loaded its own last batch of it: no
-        reader on the node will open those shards again. One process per node (local rank 0) writes.
-        """
-        if window is None or env.local_rank != 0:
-            return
-        for number, end in enumerate(window_ends):
-            if end <= batches_done and number not in released:
-                start = number * config.window_shards
-                finished = shard_names[start : start + config.window_shards]
-                window.mark_consumed(finished)
-                released.add(number)
-                reporter.emit("window_released", window=number, shards=finished)
-
+    criterion = nn.CrossEntropyLoss()
     autocast_dtype = torch.bfloat16 if config.amp == "bf16" else None
     input_dtype = autocast_dtype if device.type == "cuda" and autocast_dtype else torch.float32
     summary: dict[str, Any] = {}
-    model.train()
-    for epoch in range(start_epoch, config.epochs):
-        first_batch = start_batch if epoch == start_epoch else 0
+    state.model.train()
+    for epoch in range(state.epoch, config.epochs):
+        first_batch = state.batch if epoch == state.epoch else 0
         if first_batch >= sampler.batches_per_epoch:
             continue
         sampler.set_epoch(epoch, first_batch)
         window_ends = sampler.window_end_batches
-        release_windows(window_ends, first_batch)  # a resumed run: earlier windows are finished
+        if data.releaser:
+            data.releaser.release(window_ends, first_batch)  # a resumed run: earlier windows are finished
         epoch_start = time.perf_counter()
         data_time = compute_time = checkpoint_time = 0.0
         samples = 0
@@ -303,10 +339,10 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
             with torch.autocast(
                 device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
             ):
-                loss = criterion(model(inputs), labels)
-            optimizer.zero_grad(set_to_none=True)
+                loss = criterion(state.model(inputs), labels)
+            state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            state.optimizer.step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             done = time.perf_counter()
@@ -315,8 +351,8 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
             compute_time += step_compute
             samples += len(labels)
             batch_index += 1
-            global_step += 1
-            if global_step % max(1, config.log_every) == 0:
+            state.step += 1
+            if state.step % max(1, config.log_every) == 0:
                 gpu = _gpu_utilisation(device)
                 if gpu is not None:
                     utilisation.append(gpu)
@@ -324,18 +360,19 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
                     "batch",
                     epoch=epoch,
                     batch=batch_index - 1,
-                    step=global_step,
+                    step=state.step,
                     loss=float(loss.detach()),
                     data_time=step_data,
                     compute_time=step_compute,
                     gpu_utilization=gpu,
                 )
-            release_windows(window_ends, batch_index)
+            if data.releaser:
+                data.releaser.release(window_ends, batch_index)
             epoch_ends = batch_index == sampler.batches_per_epoch
-            if config.checkpoint_every and global_step % config.checkpoint_every == 0 and not epoch_ends:
+            if config.checkpoint_every and state.step % config.checkpoint_every == 0 and not epoch_ends:
                 checkpoint_time += checkpoint(epoch, batch_index)
-            if config.stop_after_steps is not None and global_step >= config.stop_after_steps:
-                reporter.emit("killing_self", step=global_step)
+            if config.stop_after_steps is not None and state.step >= config.stop_after_steps:
+                reporter.emit("killing_self", step=state.step)
                 os.kill(os.getpid(), signal.SIGKILL)
             waited = time.perf_counter()
         epoch_time = time.perf_counter() - epoch_start
@@ -354,7 +391,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         }
         reporter.emit("epoch", **summary)
         checkpoint(epoch + 1, 0)  # after the epoch line: epoch_time above excludes this one
-    reporter.emit("done", total_seconds=time.perf_counter() - run_start, steps=global_step)
+    reporter.emit("done", total_seconds=time.perf_counter() - run_start, steps=state.step)
     if env.world_size > 1:
         dist.barrier()
     return summary

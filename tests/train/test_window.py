@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -98,3 +99,53 @@ def test_several_epochs_over_a_rolling_window_are_refused(staging: Path) -> None
     write_stager_state(staging, StagerState(order=SHARDS, ready=SHARDS))
     with pytest.raises(ValueError, match="--epochs: .*read once"):
         _train(["--data", str(staging), "--epochs", "2"])
+
+
+def test_trains_through_the_real_stager_with_a_one_shard_window(
+    tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stager (workloads.data.stage) against a moto S3 server, with a window that holds one shard only:
+    it can fetch the second shard only after training has released the first."""
+    from moto.server import ThreadedMotoServer
+
+    from workloads.data.s3 import S3Uri, make_client
+    from workloads.data.stage import StageOptions, stage
+
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        client = make_client(f"http://127.0.0.1:{port}", 4)
+        client.create_bucket(Bucket="train-window")
+        for path in sorted(tiny_data["decoded"].iterdir()):
+            client.put_object(Bucket="train-window", Key=f"ds/{path.name}", Body=path.read_bytes())
+        dest = tmp_path / "dest"
+        largest = max(path.stat().st_size for path in tiny_data["decoded"].glob("shard-*.h5"))
+        options = StageOptions(workers=2, part_bytes=1 << 20, window_bytes=largest, progress=False)
+        failures: list[BaseException] = []
+
+        def run_stager() -> None:
+            try:
+                stage(client, S3Uri("train-window", "ds"), dest, options)
+            except BaseException as exc:  # reported by the assertion below
+                failures.append(exc)
+
+        stager = threading.Thread(target=run_stager, daemon=True)
+        stager.start()
+        lines = _train(["--data", str(dest), "--wait-for-data", "30", "--epochs", "1", "--window-shards", "1"])
+        stager.join(60)
+        assert not stager.is_alive() and not failures, failures
+    finally:
+        server.stop()
+    (epoch,) = [line for line in lines if line["event"] == "epoch"]
+    assert epoch["samples"] == 42 and epoch["batches"] == 9
+    released = [line["shards"] for line in lines if line["event"] == "window_released"]
+    assert released == [[SHARDS[0]], [SHARDS[1]]]

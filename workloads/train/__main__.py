@@ -61,6 +61,13 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--image-size", type=_positive, default=None, help="decode size for JPEG sources")
     parser.add_argument("--block-size", type=_positive, default=32, help="consecutive samples per shuffled block")
     parser.add_argument(
+        "--wait-for-data",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for DATA/manifest.json to appear (rolling-window staging sidecar)",
+    )
+    parser.add_argument(
         "--window-shards",
         type=_positive,
         default=4,
@@ -90,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         image_size=args.image_size,
         block_size=args.block_size,
         window_shards=args.window_shards,
+        wait_for_data_s=args.wait_for_data,
         lr=args.lr,
         seed=args.seed,
         deterministic=args.deterministic,

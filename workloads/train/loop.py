@@ -47,6 +47,7 @@ class TrainConfig:
     crop_size: int = 224
     image_size: int | None = None  # decode size for JPEG sources (encoded shards, folders)
     block_size: int = 32
+    wait_for_data_s: float = 0.0  # wait this long for DATA/manifest.json (a staging sidecar is starting)
     window_shards: int = 4  # rolling-window staging: shards shuffled together (<= the stager's window)
     lr: float = 0.1
     momentum: float = 0.9
@@ -92,7 +93,11 @@ class Reporter:
 
 def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
     path = Path(config.data)
-    if path.name == MANIFEST_NAME or (path / MANIFEST_NAME).exists():
+    manifest = path if path.name == MANIFEST_NAME else path / MANIFEST_NAME
+    deadline = time.monotonic() + config.wait_for_data_s
+    while not manifest.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # a staging sidecar writes the manifest once the first state is in place
+    if manifest.exists():
         return HDF5Dataset(path, image_size=config.image_size, draft=True)
     if path.is_dir():
         return JpegFolderDataset(path, image_size=config.image_size or 256)

@@ -7,7 +7,6 @@ import json
 import shutil
 import socket
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,11 +33,16 @@ def test_reads_wait_until_the_stager_reports_the_shard_ready(staging: Path, tiny
     write_stager_state(staging, StagerState(order=SHARDS, ready=SHARDS[:1]))
     dataset = HDF5Dataset(staging)
     assert dataset.window is not None
-    later = threading.Timer(0.3, write_stager_state, (staging, StagerState(order=SHARDS, ready=SHARDS)))
+    published = threading.Event()
+
+    def publish() -> None:
+        write_stager_state(staging, StagerState(order=SHARDS, ready=SHARDS))
+        published.set()
+
+    later = threading.Timer(0.3, publish)
     later.start()
-    started = time.monotonic()
     images, _ = dataset.__getitems__([20, 21])  # shard 1: not ready yet
-    assert time.monotonic() - started >= 0.25
+    assert published.is_set()  # the read could only finish after the stager said the shard was ready
     expected, _ = HDF5Dataset(tiny_data["decoded"]).__getitems__([20, 21])
     assert torch.equal(images, expected)
 

@@ -36,8 +36,8 @@ def test_reads_wait_until_the_stager_reports_the_shard_ready(staging: Path, tiny
     published = threading.Event()
 
     def publish() -> None:
+        published.set()  # set first: the reader cannot see the new state before this
         write_stager_state(staging, StagerState(order=SHARDS, ready=SHARDS))
-        published.set()
 
     later = threading.Timer(0.3, publish)
     later.start()

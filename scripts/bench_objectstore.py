@@ -17,10 +17,12 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from bench_loader import generate  # noqa: E402
-from bench_stage import _free_port, _process  # noqa: E402
 from svgbars import bar_chart_svg  # noqa: E402
 
 from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
@@ -52,6 +53,33 @@ ACCESS_KEY, SECRET_KEY = "bench", "bench-secret"
 
 class BenchError(Exception):
     pass
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _process(command: list[str], ready: str) -> Iterator[str]:
+    """Start a helper server, wait for its line containing `ready`, and stop it (only it) afterwards."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if ready in line:
+                threading.Thread(target=process.stdout.read, daemon=True).start()  # keep draining its output
+                yield line.strip()
+                return
+        raise BenchError(f"{command[2]}: exited before it was ready")
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @contextlib.contextmanager

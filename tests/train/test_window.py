@@ -15,7 +15,7 @@ import torch
 
 from workloads.data.dataset import DatasetError, HDF5Dataset
 from workloads.data.format import READER_STATE, WINDOW_DIR
-from workloads.data.window import StagerState, write_stager_state
+from workloads.data.window import StagerState, WindowReader, write_stager_state
 from workloads.train.__main__ import parse_args
 from workloads.train.loop import Reporter, train
 
@@ -45,6 +45,16 @@ def test_reads_wait_until_the_stager_reports_the_shard_ready(staging: Path, tiny
     assert published.is_set()  # the read could only finish after the stager said the shard was ready
     expected, _ = HDF5Dataset(tiny_data["decoded"]).__getitems__([20, 21])
     assert torch.equal(images, expected)
+
+
+def test_released_shards_are_closed_when_the_next_one_opens(staging: Path) -> None:
+    write_stager_state(staging, StagerState(order=SHARDS, ready=SHARDS))
+    dataset = HDF5Dataset(staging)
+    dataset.__getitems__([0])
+    assert list(dataset._open) == [0]
+    WindowReader(staging).mark_consumed(SHARDS[0])
+    dataset.__getitems__([20])
+    assert list(dataset._open) == [1]  # shard 0's descriptors no longer pin its disk blocks
 
 
 def test_a_failed_stager_or_a_timeout_is_a_named_error(staging: Path) -> None:

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from workloads.data.format import FORMAT_NAME, MANIFEST_NAME, STAGER_STATE, WINDOW_DIR, Manifest, load_manifest
 from workloads.data.transforms import decode_bytes, decode_file
-from workloads.data.window import WindowReader, WindowStagerError
+from workloads.data.window import WindowReader, WindowStagerError, read_consumed
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Transport = Literal["shm", "pipe"]
@@ -171,9 +171,20 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             self._owner_pid = os.getpid()
         shard = self._open.get(shard_index)
         if shard is None:
+            if self.window is not None:
+                self._close_consumed()
             shard = self._open_shard(shard_index)
             self._open[shard_index] = shard
         return shard
+
+    def _close_consumed(self) -> None:
+        """Close shards the trainer has released: the stager deletes them, and an open descriptor would keep
+        their blocks allocated on the node's disk, past the window's budget."""
+        consumed = read_consumed(self.root)
+        for index in [index for index in self._open if self.manifest.shards[index].path in consumed]:
+            shard = self._open.pop(index)
+            os.close(shard.fd)
+            shard.file.close()
 
     def _open_shard(self, shard_index: int) -> _OpenShard:
         path = self.shard_paths[shard_index]

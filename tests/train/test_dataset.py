@@ -143,3 +143,21 @@ def test_broken_manifest_names_the_file(tmp_path: Path) -> None:
 def test_decoded_layout_refuses_a_different_size(tiny_data: dict[str, Path]) -> None:
     with pytest.raises(DatasetError, match="32px"):
         HDF5Dataset(tiny_data["decoded"], image_size=64)
+
+
+@pytest.mark.parametrize("layout", ["decoded", "encoded"])
+def test_reads_what_the_real_packer_writes(tiny_data: dict[str, Path], tmp_path: Path, layout: str) -> None:
+    """Contract check against workloads.data.pack (the fixtures above use a minimal writer of their own)."""
+    from workloads.data.pack import PackOptions, pack
+
+    out = tmp_path / layout
+    options = PackOptions(layout=layout, image_size=IMAGE_SIZE, shard_bytes=20_000, workers=1, progress=False)
+    pack(tiny_data["folder"], out, options)
+    dataset = HDF5Dataset(out, image_size=IMAGE_SIZE)
+    folder = JpegFolderDataset(tiny_data["folder"], image_size=IMAGE_SIZE, draft=True)
+    assert len(dataset.manifest.shards) > 1 and len(dataset) == len(folder)
+    images, labels = dataset.__getitems__(list(range(len(dataset))))
+    assert labels.tolist() == [label for _, label in folder.samples]
+    if layout == "encoded":  # original bytes: decoding them must give exactly what decoding the file gives
+        for index in (0, 17, len(folder) - 1):
+            assert np.array_equal(images[index].numpy(), decode_file(folder.samples[index][0], IMAGE_SIZE))

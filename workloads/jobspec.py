@@ -57,6 +57,7 @@ from workloads.quantity import (
 # manifest, unreadable config). The Job's podFailurePolicy fails the whole Job at once on it instead of
 # retrying a run that can never succeed. Any other non-zero exit counts against backoffLimit.
 CONFIG_ERROR_EXIT_CODE = 42
+ROLLING_START_TIMEOUT_S = 600  # how long the trainer waits for the rolling-window sidecar's first shards
 
 TRAIN_CONTAINER = "train"
 STAGE_CONTAINER = "stage"
@@ -115,6 +116,16 @@ class JobSpecError(ValueError):
 
 # ----------------------------------------------------------------------------------------------------
 # The spec
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of `--flag VALUE` or `--flag=VALUE` in an argument list."""
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _job_name(value: str) -> str:
@@ -332,6 +343,12 @@ class TrainingJobSpec(_Spec):
             raise JobSpecError(f"secretEnv.{clash[0]}", "also set in env")
         if self.gpu_type is not None and self.gpus == 0:
             raise JobSpecError("gpuType", f"{self.gpu_type} with gpus 0: a CPU job cannot select a GPU type")
+        if self.command is None and self.dataset is not None and self.dataset.staging == "rolling":
+            epochs = _flag_value(self.args, "--epochs")
+            if epochs is not None and epochs != "1":
+                # The window is streamed once: consumed shards are deleted from the node to make room.
+                raise JobSpecError("args", f"--epochs {epochs} with dataset.staging rolling: a rolling window "
+                                           "is read once; use --epochs 1 or staging copy")
         mounts = {"/dev/shm": "/dev/shm"}
         for field_name, mount in (
             ("ramDisk.mountPath", self.ram_disk.mount_path if self.ram_disk else None),
@@ -683,9 +700,16 @@ def _train_args(spec: TrainingJobSpec) -> list[str]:
     implied: list[str] = []
     if spec.dataset is not None and "--data" not in args:
         implied += ["--data", spec.dataset.mount_path]
+    if spec.dataset is not None and spec.dataset.staging == "rolling" and "--wait-for-data" not in args:
+        # The sidecar writes the manifest once it has the first shards; the trainer may start before that.
+        implied += ["--wait-for-data", str(ROLLING_START_TIMEOUT_S)]
     checkpoint = spec.checkpoint
     if checkpoint is not None and checkpoint.claim_name is not None and "--checkpoint-dir" not in args:
-        implied += ["--checkpoint-dir", checkpoint.mount_path] + ([] if "--resume" in args else ["--resume"])
+        implied += ["--checkpoint-dir", checkpoint.mount_path]
+    if checkpoint is not None and checkpoint.uri is not None and "--checkpoint-uri" not in args:
+        implied += ["--checkpoint-uri", checkpoint.uri]  # written locally, mirrored there, pulled on a new node
+    if checkpoint is not None and "--resume" not in args:
+        implied.append("--resume")
     return implied + args
 
 
@@ -814,8 +838,13 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     args = _train_args(spec)
     if args:
         train["args"] = args
-    if spec.checkpoint is not None and spec.checkpoint.uri is not None and facts.object_store_secret:
-        train["envFrom"] = [{"secretRef": {"name": facts.object_store_secret}}]
+    if spec.checkpoint is not None and spec.checkpoint.uri is not None:
+        object_env, object_env_from = _object_store_env(facts)
+        if facts.object_store_endpoint:  # boto3 reads it: the trainer's checkpoint mirror talks to COS
+            object_env.append({"name": "AWS_ENDPOINT_URL_S3", "value": facts.object_store_endpoint})
+        train["env"] = [*train.get("env", []), *(e for e in object_env if e not in train.get("env", []))]
+        if object_env_from:
+            train["envFrom"] = object_env_from
     if spec.nodes > 1:
         train["ports"] = [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
 

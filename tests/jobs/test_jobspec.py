@@ -135,6 +135,28 @@ def test_rolling_staging_is_a_native_sidecar_with_the_window() -> None:
     # The reader records consumed shards next to them, so the window is writable for the trainer.
     window_mount = {"name": "dataset", "mountPath": "/data", "readOnly": False}
     assert window_mount in train_container(job)["volumeMounts"]
+    # The trainer may start before the sidecar has the manifest: it waits for it.
+    args = train_container(job)["args"]
+    assert args[args.index("--wait-for-data") + 1] == "600"
+
+
+def test_rolling_staging_is_one_pass() -> None:
+    dataset = {"uri": "s3://mlc-prod-datasets/laion/", "staging": "rolling", "stagedSize": "400Gi"}
+    assert error_of({"gpus": 8, "gpuType": "a100", "dataset": dataset, "args": ["--epochs", "30"]},
+                    prod_facts()).path == "args"
+    job, = render_job(spec(gpus=8, gpuType="a100", dataset=dataset, args=["--epochs=1"]), prod_facts())
+    assert "--epochs=1" in train_container(job)["args"]
+
+
+def test_s3_checkpoints_are_mirrored_by_the_trainer_and_resumed() -> None:
+    job, = render_job(spec(gpus=8, gpuType="a100", dataset=S3_COPY,
+                           checkpoint={"uri": "s3://lab-checkpoints/run-1/"}), onprem_facts())
+    train = train_container(job)
+    assert train["args"][train["args"].index("--checkpoint-uri") + 1] == "s3://lab-checkpoints/run-1/"
+    assert "--resume" in train["args"]
+    env = {item["name"]: item.get("value") for item in train["env"]}
+    assert env["AWS_ENDPOINT_URL_S3"] == "https://s3.us-south.cloud-object-storage.appdomain.cloud"
+    assert train["envFrom"] == [{"secretRef": {"name": "cos-credentials"}}]
 
 
 def test_pvc_copy_staging_copies_with_cp_from_the_claim() -> None:

@@ -12,6 +12,7 @@ import os
 import sys
 
 from workloads.data.dataset import DatasetError
+from workloads.data.s3 import DataToolError
 from workloads.train.loop import TrainConfig, train
 from workloads.train.models import MODELS
 
@@ -77,6 +78,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (exact resume)")
     parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument(
+        "--checkpoint-uri",
+        default=os.environ.get("CHECKPOINT_URI") or None,
+        help="s3://bucket/prefix to mirror checkpoints to (default: $CHECKPOINT_URI); pulled on --resume",
+    )
     parser.add_argument("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--log-every", type=_positive, default=10)
@@ -102,6 +108,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         seed=args.seed,
         deterministic=args.deterministic,
         checkpoint_dir=args.checkpoint_dir,
+        checkpoint_uri=args.checkpoint_uri,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
         log_every=args.log_every,
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     try:
         train(config)
-    except (DatasetError, ValueError) as exc:
+    except (DatasetError, DataToolError, ValueError) as exc:
         where, _, why = str(exc).partition(": ")
         print(f"error: {where}: {why}" if why else f"error: {exc}", file=sys.stderr)
         return config_error_exit_code()

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from workloads.data.format import atomic_write_bytes
+from workloads.data.s3 import error_code, make_client, parse_s3_uri
 
 CHECKPOINT_NAME = "last.pt"
 
@@ -71,3 +72,40 @@ def load_checkpoint(
         return torch.load(target, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for a damaged file
         raise ValueError(f"{target}: unreadable checkpoint: {exc}".splitlines()[0]) from exc
+
+
+class CheckpointMirror:
+    """A copy of the local checkpoint in an object store (S3, or COS through AWS_ENDPOINT_URL_S3).
+
+    Pushed after every local save and pulled before a resume, so a pod rescheduled onto another node (whose local
+    disk is gone) continues from the last checkpoint. An S3 PUT (or completed multipart upload) replaces the object
+    whole, so a reader sees the previous checkpoint or the new one, never a torn file. Checkpoints never go to a
+    Mountpoint S3 mount: it cannot rename, which write-then-rename needs.
+    """
+
+    def __init__(self, uri: str, endpoint_url: str | None = None):
+        self.location = parse_s3_uri(uri)
+        endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        self.client = make_client(endpoint, max_connections=8, botocore_attempts=5)
+
+    @property
+    def key(self) -> str:
+        return self.location.key(CHECKPOINT_NAME)
+
+    def push(self, local: str | os.PathLike[str]) -> None:
+        self.client.upload_file(str(local), self.location.bucket, self.key)
+
+    def pull(self, directory: str | os.PathLike[str]) -> bool:
+        """Download the mirrored checkpoint into `directory` (atomically); False when there is none yet."""
+        target = Path(directory) / CHECKPOINT_NAME
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.download")
+        try:
+            self.client.download_file(self.location.bucket, self.key, str(partial))
+        except Exception as exc:
+            partial.unlink(missing_ok=True)
+            if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        os.replace(partial, target)
+        return True

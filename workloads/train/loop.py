@@ -13,8 +13,9 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,7 +29,14 @@ from workloads.data.dataset import DatasetError, HDF5Dataset, JpegFolderDataset,
 from workloads.data.format import MANIFEST_NAME
 from workloads.data.sampler import BlockShuffleBatchSampler
 from workloads.data.transforms import random_resized_crop_flip_normalize
-from workloads.train.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from workloads.train.checkpoint import (
+    CHECKPOINT_NAME,
+    CheckpointMirror,
+    capture_rng,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from workloads.train.models import MODELS
 from workloads.train.shm import plan_shared_memory, shm_available_bytes
 
@@ -55,6 +63,7 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     checkpoint_dir: str | None = None
+    checkpoint_uri: str | None = None  # s3://bucket/prefix: mirror of the checkpoint (pushed on save, pulled on resume)
     checkpoint_every: int = 0  # steps; 0 = only at epoch end
     resume: bool = False
     log_every: int = 10
@@ -222,7 +231,12 @@ def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, r
 
 
 def _prepare_model(
-    config: TrainConfig, env: Distributed, device: torch.device, num_classes: int, reporter: Reporter
+    config: TrainConfig,
+    env: Distributed,
+    device: torch.device,
+    num_classes: int,
+    reporter: Reporter,
+    mirror: CheckpointMirror | None = None,
 ) -> _Model:
     """Build, move and wrap the model, make the optimiser, and load the checkpoint when resuming."""
     core: nn.Module = MODELS[config.model](num_classes, config.width).to(device)
@@ -234,6 +248,11 @@ def _prepare_model(
     state = _Model(model=core, core=core, optimizer=optimizer)
     saved = None
     if config.resume and config.checkpoint_dir:
+        if mirror is not None and env.local_rank == 0 and not (Path(config.checkpoint_dir) / CHECKPOINT_NAME).exists():
+            pulled = mirror.pull(config.checkpoint_dir)  # this node's disk is new: continue from the mirror
+            reporter.emit("checkpoint_pulled", uri=config.checkpoint_uri, found=pulled)
+        if env.world_size > 1:
+            dist.barrier()  # every rank of the node reads the file local rank 0 pulled
         saved = load_checkpoint(config.checkpoint_dir, map_location=device)
     if saved is not None:
         if saved["config"]["model"] != config.model or saved["world_size"] != env.world_size:
@@ -257,8 +276,12 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         raise ValueError(f"--model: unknown model {config.model!r} (choose from {', '.join(MODELS)})")
     if config.amp not in (None, "bf16"):
         raise ValueError(f"--amp: unsupported {config.amp!r} (only bf16)")
+    if config.checkpoint_uri and not config.checkpoint_dir:
+        # Only a mirror was given: checkpoints are written locally first, then uploaded.
+        config = replace(config, checkpoint_dir=str(Path(tempfile.gettempdir()) / "ml-cluster-checkpoints"))
     if config.resume and not config.checkpoint_dir:
-        raise ValueError("--resume: needs --checkpoint-dir")
+        raise ValueError("--resume: needs --checkpoint-dir or --checkpoint-uri")
+    mirror = CheckpointMirror(config.checkpoint_uri) if config.checkpoint_uri else None
     env = Distributed.from_env()
     reporter = reporter or Reporter(env.rank)
     if env.world_size > 1 and not dist.is_initialized():
@@ -281,7 +304,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         batches_per_epoch=sampler.batches_per_epoch,
     )
     started = time.perf_counter()
-    state = _prepare_model(config, env, device, len(data.dataset.classes), reporter)
+    state = _prepare_model(config, env, device, len(data.dataset.classes), reporter, mirror)
     reporter.emit(
         "model_loading",
         seconds=time.perf_counter() - started,
@@ -293,7 +316,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         """Rank 0 writes; returns the seconds spent (reported apart from data and compute time)."""
         started = time.perf_counter()
         if config.checkpoint_dir and env.rank == 0:
-            save_checkpoint(
+            written = save_checkpoint(
                 config.checkpoint_dir,
                 {
                     "model": state.core.state_dict(),
@@ -306,7 +329,10 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
                     "world_size": env.world_size,
                 },
             )
-            reporter.emit("checkpoint", epoch=epoch, batch=batch, step=state.step)
+            if mirror is not None:
+                mirror.push(written)
+            reporter.emit("checkpoint", epoch=epoch, batch=batch, step=state.step,
+                          uploaded=config.checkpoint_uri if mirror is not None else None)
         return time.perf_counter() - started
 
     criterion = nn.CrossEntropyLoss()

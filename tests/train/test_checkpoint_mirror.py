@@ -1,0 +1,65 @@
+"""Checkpoints mirrored to an object store: a pod rescheduled onto a fresh node resumes from the mirror."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.train.test_train import _events, _train_here
+from workloads.data.s3 import make_client
+from workloads.train.checkpoint import CHECKPOINT_NAME, CheckpointMirror, load_checkpoint
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": s3_endpoint}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    name = "ckpt-" + request.node.name.replace("_", "-").lower()[:40].strip("-")
+    make_client(s3_endpoint, 2).create_bucket(Bucket=name)
+    return name
+
+
+def test_pull_reports_a_missing_mirror(bucket: str, tmp_path: Path) -> None:
+    assert CheckpointMirror(f"s3://{bucket}/none").pull(tmp_path) is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_on_a_new_node_resumes_from_the_mirror(tiny_data: dict[str, Path], bucket: str, tmp_path: Path) -> None:
+    uri = f"s3://{bucket}/runs/resnet18"
+    common = ["--data", str(tiny_data["decoded"]), "--workers", "0", "--deterministic", "--checkpoint-uri", uri]
+    first = _train_here([*common, "--epochs", "1", "--checkpoint-dir", str(tmp_path / "node-a"), "--resume"])
+    assert _events(first, "checkpoint_pulled") == [{"event": "checkpoint_pulled", "uri": uri, "found": False}]
+    assert _events(first, "checkpoint")[-1]["uploaded"] == uri
+
+    # The pod lands on another node: its local directory is empty, the mirror holds epoch 1's checkpoint.
+    second = _train_here([*common, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "node-b"), "--resume"])
+    assert _events(second, "checkpoint_pulled")[0]["found"] is True
+    assert _events(second, "resumed")[0] == {"event": "resumed", "epoch": 1, "batch": 0,
+                                             "step": _events(first, "checkpoint")[-1]["step"]}
+
+    mirrored = tmp_path / "mirrored"
+    assert CheckpointMirror(uri).pull(mirrored)
+    local, remote = load_checkpoint(tmp_path / "node-b"), load_checkpoint(mirrored)
+    assert local is not None and remote is not None and remote["epoch"] == 2
+    for name, tensor in local["model"].items():
+        assert torch.equal(tensor, remote["model"][name]), name
+    assert not (tmp_path / "node-a" / f".{CHECKPOINT_NAME}.download").exists()

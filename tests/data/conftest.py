@@ -58,5 +58,6 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("corpus")
     write_corpus(source, per_class=12)
     out = tmp_path_factory.mktemp("packed")
-    pack(source, out, PackOptions(layout="decoded", image_size=32, shard_bytes=20_000, workers=1, progress=False))
+    pack(source, out, PackOptions(layout="decoded", image_size=32, shard_bytes=20_000, workers=1, progress=False,
+                                  shuffle_seed=None))
     return out

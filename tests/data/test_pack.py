@@ -39,9 +39,24 @@ def test_pack_is_deterministic_across_worker_counts(tmp_path: Path, layout: str)
     assert verify(tmp_path / "one").num_samples == 16
 
 
+def test_default_order_interleaves_classes_deterministically(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "src", per_class=12)
+    options = PackOptions(image_size=16, shard_bytes=8 * 16 * 16 * 3, workers=1, progress=False)
+    first = pack(tmp_path / "src", tmp_path / "a", options).manifest
+    again = pack(tmp_path / "src", tmp_path / "b", options).manifest
+    assert first.shuffle_seed == 0 and [s.sha256 for s in first.shards] == [s.sha256 for s in again.shards]
+    per_shard = [h5py.File(tmp_path / "a" / s.path)["labels"][...].tolist() for s in first.shards]
+    assert sorted(label for labels in per_shard for label in labels) == [0] * 12 + [1] * 12
+    # A run of two shards (a small rolling window) already holds both classes; sorted order would not.
+    assert all({0, 1} <= set(per_shard[i] + per_shard[i + 1]) for i in range(len(per_shard) - 1))
+    other = pack(tmp_path / "src", tmp_path / "c", PackOptions(**{**options.__dict__, "shuffle_seed": 1})).manifest
+    assert [s.sha256 for s in other.shards] != [s.sha256 for s in first.shards]
+
+
 def test_awkward_images_are_converted_and_bad_files_reported(tmp_path: Path) -> None:
     expected_skips = write_awkward_corpus(tmp_path / "src")
-    result = pack(tmp_path / "src", tmp_path / "out", PackOptions(image_size=16, workers=2, progress=False))
+    result = pack(tmp_path / "src", tmp_path / "out", PackOptions(image_size=16, workers=2, progress=False,
+                                                                                shuffle_seed=None))
     manifest = result.manifest
     assert manifest.classes == ["bad", "good"]
     assert manifest.num_samples == 6 and manifest.skipped == 4
@@ -66,7 +81,7 @@ def test_awkward_images_are_converted_and_bad_files_reported(tmp_path: Path) -> 
 
 def test_encoded_layout_keeps_plain_jpegs_and_normalises_the_rest(tmp_path: Path) -> None:
     write_awkward_corpus(tmp_path / "src")
-    manifest = pack(tmp_path / "src", tmp_path / "out", PackOptions(layout="encoded", workers=1,
+    manifest = pack(tmp_path / "src", tmp_path / "out", PackOptions(layout="encoded", workers=1, shuffle_seed=None,
                                                                     progress=False)).manifest
     with h5py.File(tmp_path / "out" / manifest.shards[0].path) as shard:
         data, offsets = shard["data"][...], shard["offsets"][...]

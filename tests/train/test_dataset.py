@@ -151,7 +151,8 @@ def test_reads_what_the_real_packer_writes(tiny_data: dict[str, Path], tmp_path:
     from workloads.data.pack import PackOptions, pack
 
     out = tmp_path / layout
-    options = PackOptions(layout=layout, image_size=IMAGE_SIZE, shard_bytes=20_000, workers=1, progress=False)
+    options = PackOptions(layout=layout, image_size=IMAGE_SIZE, shard_bytes=20_000, workers=1, progress=False,
+                          shuffle_seed=None)
     pack(tiny_data["folder"], out, options)
     dataset = HDF5Dataset(out, image_size=IMAGE_SIZE)
     folder = JpegFolderDataset(tiny_data["folder"], image_size=IMAGE_SIZE, draft=True)

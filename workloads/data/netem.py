@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 LOCALHOST = "127.0.0.1"
@@ -267,6 +271,53 @@ def _with_connection_close(head: bytes) -> bytes:
     return b"\r\n".join(lines + [b"Connection: close", b"", b""])
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOCALHOST, 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _child(command: list[str], ready: str) -> Iterator[str]:
+    """Start a server process, wait for its output line containing `ready`, stop it (and only it) afterwards."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if ready in line:
+                threading.Thread(target=process.stdout.read, daemon=True).start()  # keep draining its output
+                yield line.strip()
+                return
+        raise RuntimeError(f"{' '.join(command[:3])}: exited before it was ready")
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@dataclass(frozen=True)
+class SlowS3:
+    direct_url: str  # the S3 server itself (for seeding data without the added latency)
+    endpoint_url: str  # the same server behind the latency proxy (what the measured clients use)
+
+
+@contextlib.contextmanager
+def local_s3_behind_latency(latency_ms: float, per_connection_mb_s: float | None = None) -> Iterator[SlowS3]:
+    """A moto S3 server and a LatencyProxy in front of it, each in its own process on 127.0.0.1 (so neither shares
+    a GIL with the client being measured); both are stopped on exit. For benchmarks."""
+    server_port = free_port()
+    server = [sys.executable, "-m", "moto.server", "-H", LOCALHOST, "-p", str(server_port)]
+    proxy = [sys.executable, "-m", "workloads.data.netem", "--upstream-port", str(server_port),
+             "--latency-ms", str(latency_ms)]
+    if per_connection_mb_s:
+        proxy += ["--per-connection-mb-s", str(per_connection_mb_s)]
+    with _child(server, "Running on"), _child(proxy, "listening") as ready:
+        yield SlowS3(direct_url=f"http://{LOCALHOST}:{server_port}",
+                     endpoint_url=f"http://{LOCALHOST}:{int(ready.rsplit(':', 1)[1])}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a LatencyProxy as its own process (so its CPU use does not share a GIL with the measured client):
 
@@ -275,7 +326,6 @@ def main(argv: list[str] | None = None) -> int:
     """
     import argparse
     import signal
-    import sys
 
     parser = argparse.ArgumentParser(prog="python -m workloads.data.netem", description=main.__doc__)
     parser.add_argument("--upstream-port", type=int, required=True)

@@ -163,7 +163,7 @@ def test_cli_reports_rejected_credentials(monkeypatch: pytest.MonkeyPatch, packe
     import moto.settings
 
     monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the in-process server now checks keys
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAUNKNOWNKEY000000")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "UNKNOWNTESTKEY000000")
     assert main(["upload", str(packed), f"s3://{bucket}/x", "--endpoint-url", s3_url, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: s3://{bucket}/x: access denied (HTTP 403: credentials rejected or lacking permission)\n"

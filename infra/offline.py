@@ -202,6 +202,8 @@ class OfflineMocks(Mocks):
         if token == "aws:efs/fileSystem:FileSystem":
             return {"arn": f"arn:aws:elasticfilesystem:{region}:{account}:file-system/{resource_id}",
                     "dnsName": f"{resource_id}.efs.{region}.amazonaws.com"}
+        if token == "aws:ec2/launchTemplate:LaunchTemplate":
+            return {"latestVersion": 1, "defaultVersion": 1}
         if token == "aws:kms/key:Key":
             return {"arn": f"arn:aws:kms:{region}:{account}:key/{resource_id}", "keyId": resource_id}
         return {}

@@ -5,8 +5,6 @@ Each capability is one component; this module only wires their typed outputs int
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pulumi
 
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
@@ -17,7 +15,7 @@ from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, Traini
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
 from infra.nodepools import NodePools, NodePoolsArgs
 from infra.poolplan import plan_node_pools, pool_facts
-from infra.storage import Storage, StorageArgs
+from infra.storage import Storage, StorageArgs, job_storage_facts
 from workloads.cluster_facts import ClusterFacts, facts_to_dict
 
 JOBS_NAMESPACE = "training"  # where Jobs, their claims and the COS Secret live (ClusterFacts.namespace)
@@ -39,8 +37,12 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     if cfg.network is not None and cfg.network.existing is not None:
         existing_subnets = lookup_existing_subnets(cfg.network.existing)
     pool_plans = plan_node_pools(cfg)  # instance-type facts per pool (aws.ec2.get_instance_type); ConfigError
+    storage_facts = job_storage_facts(cfg.storage, is_eks=cfg.platform == "eks")
     job_facts = ClusterFacts(stack=ctx.stack, label_prefix=cfg.label_prefix, pools=pool_facts(pool_plans),
-                             namespace=JOBS_NAMESPACE, region=cfg.region)
+                             namespace=JOBS_NAMESPACE, region=cfg.region,
+                             object_store_endpoint=storage_facts.object_store_endpoint,
+                             object_store_secret=storage_facts.object_store_secret,
+                             volume_claims=storage_facts.volume_claims)
     check_jobs(cfg.jobs, job_facts)  # every stack Job fits the pools it targets; ConfigError
 
     # --- network + cluster ---
@@ -99,9 +101,9 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources)))
 
     # --- training jobs (issue 5) ---
-    job_facts = replace(job_facts, object_store_endpoint=storage.object_store_endpoint,
-                        object_store_secret=storage.cos_secret_name,
-                        volume_claims=(*storage.dataset_claim_names.values(), *storage.shared_claim_names))
+    # The Jobs were checked against claim names derived from config; they must be the claims Storage made.
+    created_claims = {*storage.dataset_claim_names.values(), *storage.shared_claim_names}
+    assert created_claims == set(job_facts.volume_claims or ()), "job_storage_facts disagrees with Storage"
     jobs = TrainingJobs(ctx, TrainingJobsArgs(
         cluster=cluster, facts=job_facts, specs=cfg.jobs, namespace=namespace.namespace,
         bucket_arns=list(storage.bucket_arns.values()),

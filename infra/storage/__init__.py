@@ -28,6 +28,36 @@ from infra.storage.efs import SharedFileSystem, SharedFileSystemArgs
 COS_JOB_SECRET = "cos-credentials"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for boto3 in Jobs (COS HMAC)
 
 
+def s3_claim_name(bucket_key: str) -> str:
+    return f"s3-{bucket_key}"
+
+
+def cos_claim_name(bucket_key: str) -> str:
+    return f"cos-{bucket_key}"
+
+
+@dataclass(frozen=True)
+class JobStorageFacts:
+    """What Jobs need to know of the storage, derived from config alone (so Jobs are checked before any resource
+    exists): the claims in the Jobs' namespace, and how to reach the S3-compatible store."""
+
+    volume_claims: tuple[str, ...]
+    object_store_endpoint: str | None
+    object_store_secret: str | None
+
+
+def job_storage_facts(config: StorageConfig, is_eks: bool) -> JobStorageFacts:
+    claims = [s3_claim_name(b.name) for b in config.buckets if b.mount] if is_eks else []
+    if config.cos is not None and not is_eks:
+        claims += [cos_claim_name(b.name) for b in config.cos.buckets if b.mount]
+    claims += [volume.name for volume in config.shared_volumes]
+    return JobStorageFacts(
+        volume_claims=tuple(claims),
+        object_store_endpoint=config.cos.endpoint if config.cos else None,
+        object_store_secret=COS_JOB_SECRET if config.cos else None,
+    )
+
+
 @dataclass(frozen=True)
 class StorageArgs:
     config: StorageConfig
@@ -130,7 +160,7 @@ class Storage(pulumi.ComponentResource):
 
         # --- object-store volumes ---
         for bucket in mounted_s3:
-            claim = f"s3-{bucket.name}"
+            claim = s3_claim_name(bucket.name)
             volume, pvc = classes.mountpoint_volume(
                 claim,
                 namespace,
@@ -207,7 +237,7 @@ class Storage(pulumi.ComponentResource):
         for bucket in cos.buckets:
             if not bucket.mount:
                 continue
-            claim = f"cos-{bucket.name}"
+            claim = cos_claim_name(bucket.name)
             needs = [*cos_driver, cos_class, *driver_secret, *in_namespace]
             if cos.driver == "ibm-flex":
                 add(

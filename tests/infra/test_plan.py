@@ -215,3 +215,14 @@ def test_unknown_instance_type_names_the_pool_and_the_fixture(tmp_path: Path) ->
     lines = result.stderr.strip().splitlines()
     assert any(line.startswith("error: nodePools.") and "g9.mega" in line for line in lines), lines
     assert any(line.startswith("error: stacks/fixtures/instance_types.json: ") for line in lines), lines
+
+
+def test_a_job_on_a_claim_the_stack_does_not_make_stops_before_any_resource(plan_config: Any) -> None:
+    from infra.config import ConfigError
+
+    jobs = stack_values("dev")["ml-cluster:jobs"]
+    efs_job = next(index for index, job in enumerate(jobs) if job.get("dataset", {}).get("claimName"))
+    jobs[efs_job]["dataset"]["claimName"] = "no-such-claim"
+    with pytest.raises(ConfigError) as caught:
+        plan_config("dev", {"ml-cluster:jobs": jobs})
+    assert any("no-such-claim" in why for _, why in caught.value.problems), caught.value.problems

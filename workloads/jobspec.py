@@ -539,6 +539,15 @@ def _sidecar_requests(spec: TrainingJobSpec) -> tuple[int, int]:
     return (STAGER_CPU_MILLICORES, STAGER_MEMORY) if rolling else (0, 0)
 
 
+def _per_gpu_default(field: str, per_gpu: Sequence[int | None], spec: TrainingJobSpec) -> int:
+    """The smallest matching pool's per-GPU size times the spec's GPUs; an error naming `field` when none applies."""
+    sizes = [size for size in per_gpu if size]
+    if spec.gpus == 0 or not sizes:
+        why = "CPU-only job" if spec.gpus == 0 else "pools have no per-GPU size"
+        raise JobSpecError(field, f"required: no per-GPU {'CPU' if field == 'cpu' else field} default applies ({why})")
+    return min(sizes) * spec.gpus
+
+
 def _resolve_resources(spec: TrainingJobSpec, pools: Sequence[PoolFacts]) -> tuple[int, int]:
     """(cpu millicores, memory bytes) of the train container: the spec's, or the smallest matching per-GPU
     size x gpus, less what a sidecar stager takes."""
@@ -546,25 +555,11 @@ def _resolve_resources(spec: TrainingJobSpec, pools: Sequence[PoolFacts]) -> tup
     if spec.cpu is not None:
         cpu = quantity_millicores(spec.cpu)
     else:
-        sizes = [pool.cpu_per_gpu_millicores for pool in pools if pool.cpu_per_gpu_millicores]
-        if spec.gpus == 0 or not sizes:
-            raise JobSpecError(
-                "cpu",
-                "required: no per-GPU CPU default applies "
-                f"({'CPU-only job' if spec.gpus == 0 else 'pools have no per-GPU size'})",
-            )
-        cpu = min(sizes) * spec.gpus - sidecar_cpu
+        cpu = _per_gpu_default("cpu", [pool.cpu_per_gpu_millicores for pool in pools], spec) - sidecar_cpu
     if spec.memory is not None:
         memory = quantity_bytes(spec.memory)
     else:
-        sizes = [pool.memory_per_gpu_bytes for pool in pools if pool.memory_per_gpu_bytes]
-        if spec.gpus == 0 or not sizes:
-            raise JobSpecError(
-                "memory",
-                "required: no per-GPU memory default applies "
-                f"({'CPU-only job' if spec.gpus == 0 else 'pools have no per-GPU size'})",
-            )
-        memory = min(sizes) * spec.gpus - sidecar_memory
+        memory = _per_gpu_default("memory", [pool.memory_per_gpu_bytes for pool in pools], spec) - sidecar_memory
         shortfall = _memory_shortfall(memory, spec)
         if shortfall:
             raise JobSpecError(

@@ -114,30 +114,38 @@ def static_claim(name: str, namespace: str, volume_name: str, access_mode: str) 
     }
 
 
+def static_volume(
+    claim_name: str, namespace: str, access_mode: str, csi: dict[str, Any], mount_options: list[str] | None = None
+) -> tuple[Manifest, Manifest]:
+    """A pre-bound (static) CSI PV, retained on release, and the PVC bound to it."""
+    volume_name = f"{namespace}-{claim_name}"
+    spec: dict[str, Any] = {
+        "capacity": {"storage": STATIC_VOLUME_CAPACITY},
+        "accessModes": [access_mode],
+        "persistentVolumeReclaimPolicy": "Retain",
+        "storageClassName": "",
+        "claimRef": {"namespace": namespace, "name": claim_name},
+    }
+    if mount_options:
+        spec["mountOptions"] = mount_options
+    spec["csi"] = csi
+    volume = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": metadata(volume_name), "spec": spec}
+    return volume, static_claim(claim_name, namespace, volume_name, access_mode)
+
+
 def mountpoint_volume(
     claim_name: str, namespace: str, volume_handle: str, bucket_name: Any, region: str
 ) -> tuple[Manifest, Manifest]:
     """A read-only Mountpoint-for-S3 PV (static: the driver cannot create buckets) and the PVC bound to it."""
-    volume_name = f"{namespace}-{claim_name}"
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": metadata(volume_name),
-        "spec": {
-            "capacity": {"storage": STATIC_VOLUME_CAPACITY},
-            "accessModes": ["ReadOnlyMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "claimRef": {"namespace": namespace, "name": claim_name},
-            "mountOptions": ["read-only", f"region {region}"],
-            "csi": {
-                "driver": MOUNTPOINT_DRIVER,
-                "volumeHandle": volume_handle,  # unique per PV in the cluster
-                "volumeAttributes": {"bucketName": bucket_name},
-            },
+    return static_volume(
+        claim_name, namespace, "ReadOnlyMany",
+        {
+            "driver": MOUNTPOINT_DRIVER,
+            "volumeHandle": volume_handle,  # unique per PV in the cluster
+            "volumeAttributes": {"bucketName": bucket_name},
         },
-    }
-    return volume, static_claim(claim_name, namespace, volume_name, "ReadOnlyMany")
+        mount_options=["read-only", f"region {region}"],
+    )
 
 
 def cos_flex_storage_class(config: CosConfig) -> Manifest:
@@ -210,30 +218,15 @@ def csi_s3_storage_class(config: CosConfig, namespace: str) -> Manifest:
 def csi_s3_volume(
     claim_name: str, namespace: str, bucket_name: Any, config: CosConfig
 ) -> tuple[Manifest, Manifest]:
-    volume_name = f"{namespace}-{claim_name}"
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": metadata(volume_name),
-        "spec": {
-            "capacity": {"storage": STATIC_VOLUME_CAPACITY},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "claimRef": {"namespace": namespace, "name": claim_name},
-            "csi": {
-                "driver": CSI_S3_DRIVER,
-                "volumeHandle": bucket_name,  # csi-s3 reads the bucket from the handle
-                "volumeAttributes": {
-                    "capacity": STATIC_VOLUME_CAPACITY,
-                    "mounter": "geesefs",
-                    "options": GEESEFS_OPTIONS,
-                },
-                **csi_s3_secret_refs(config, namespace),
-            },
+    return static_volume(
+        claim_name, namespace, "ReadWriteMany",
+        {
+            "driver": CSI_S3_DRIVER,
+            "volumeHandle": bucket_name,  # csi-s3 reads the bucket from the handle
+            "volumeAttributes": {"capacity": STATIC_VOLUME_CAPACITY, "mounter": "geesefs", "options": GEESEFS_OPTIONS},
+            **csi_s3_secret_refs(config, namespace),
         },
-    }
-    return volume, static_claim(claim_name, namespace, volume_name, "ReadWriteMany")
+    )
 
 
 def nfs_storage_class(config: NfsConfig) -> Manifest:

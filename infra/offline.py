@@ -342,10 +342,30 @@ def _resolve_outputs(root: Any, pulumi: Any) -> dict[str, Any]:
     return resolved
 
 
+# Keys that lead a mapping, in this order (the conventional Kubernetes manifest order); the rest follow sorted.
+_LEADING_KEYS = ("apiVersion", "kind", "metadata", "name", "namespace", "spec")
+
+
+def canonical(value: Any) -> Any:
+    """The same value with every mapping's keys in one fixed order, so a plan's bytes never depend on the order in
+    which the engine (asyncio, protobuf maps) happened to deliver resources and properties."""
+    if isinstance(value, dict):
+        def order(key: Any) -> tuple[int, str]:
+            text = str(key)
+            return (_LEADING_KEYS.index(text) if text in _LEADING_KEYS else len(_LEADING_KEYS), text)
+
+        return {key: canonical(value[key]) for key in sorted(value, key=order)}
+    if isinstance(value, list):
+        return [canonical(item) for item in value]
+    return value
+
+
 def _plan_document(stack: str, recorded: list[RecordedResource], outputs: dict[str, Any]) -> dict[str, Any]:
     names = {item.urn: item.name for item in recorded}
     resources = []
-    for item in recorded:
+    # Registration order varies from run to run (resources are registered from asyncio callbacks); the URN
+    # (parent types, type, name) is unique and stable, so resources are listed in URN order.
+    for item in sorted(recorded, key=lambda item: item.urn):
         provider_urn = item.provider_ref.split("::")
         provider = "::".join(provider_urn[:-1]) if len(provider_urn) > 1 else ""
         resources.append({
@@ -353,10 +373,11 @@ def _plan_document(stack: str, recorded: list[RecordedResource], outputs: dict[s
             "name": item.name,
             "parent": names.get(item.parent_urn) or None,
             "provider": _name_of(provider) if provider else None,
-            "inputs": item.inputs,
-            "options": {**item.options, "dependsOn": [names.get(urn, urn) for urn in item.options["dependsOn"]]},
+            "inputs": canonical(item.inputs),
+            "options": {**item.options,
+                        "dependsOn": sorted(names.get(urn, urn) for urn in item.options["dependsOn"])},
         })
-    return {"project": PROJECT, "stack": stack, "resources": resources, "outputs": outputs}
+    return {"project": PROJECT, "stack": stack, "resources": resources, "outputs": canonical(outputs)}
 
 
 def kubernetes_objects(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:

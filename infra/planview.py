@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from infra.offline import kubernetes_objects
+from infra.offline import canonical, kubernetes_objects
 
 Key = tuple[str, str]
 
@@ -86,12 +87,31 @@ def _file_name(index: int, manifest: dict[str, Any]) -> str:
     return f"{index:03d}-{re.sub(r'[^a-z0-9.-]+', '-', slug)}.yaml"
 
 
+def _object_key(manifest: dict[str, Any]) -> tuple[str, str, str, str]:
+    metadata = manifest.get("metadata") or {}
+    return (str(manifest.get("kind", "")), str(metadata.get("namespace") or ""), str(metadata.get("name") or ""),
+            str(manifest.get("apiVersion", "")))
+
+
 def write_manifests(plan: dict[str, Any], directory: Path) -> list[Path]:
-    """Every Kubernetes object as its own YAML file (ready for `kubectl diff -f DIR`)."""
+    """Every Kubernetes object as its own YAML file (ready for `kubectl diff -f DIR`).
+
+    Files are numbered in (kind, namespace, name) order and keys are in the conventional order (apiVersion, kind,
+    metadata, spec, ...), so the same plan writes the same bytes on every run. Raises NotADirectoryError if
+    `directory` exists and is not a directory. Each file is written to a temporary name, then renamed.
+    """
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"{directory} exists and is not a directory")
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for index, resource in enumerate(kubernetes_objects(plan)):
-        target = directory / _file_name(index, resource["inputs"])
-        target.write_text(yaml.safe_dump(resource["inputs"], sort_keys=False))
+    manifests = sorted((canonical(resource["inputs"]) for resource in kubernetes_objects(plan)), key=_object_key)
+    for index, manifest in enumerate(manifests):
+        target = directory / _file_name(index, manifest)
+        partial = target.with_name(f".{target.name}.partial")
+        with open(partial, "w", encoding="utf-8") as handle:
+            handle.write(yaml.safe_dump(manifest, sort_keys=False))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, target)
         written.append(target)
     return written

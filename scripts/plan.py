@@ -35,6 +35,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--diff", type=Path, metavar="OLD.json", help="compare with an earlier --json output")
     args = parser.parse_args(argv)
 
+    if args.manifests is not None and args.manifests.exists() and not args.manifests.is_dir():
+        print(f"error: {args.manifests}: exists and is not a directory", file=sys.stderr)
+        return 2
     old_plan = None
     if args.diff is not None:
         try:
@@ -54,7 +57,11 @@ def main(argv: list[str]) -> int:
         return 2
 
     if args.manifests is not None:
-        written = write_manifests(plan, args.manifests)
+        try:
+            written = write_manifests(plan, args.manifests)
+        except OSError as exc:
+            print(f"error: {args.manifests}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"wrote {len(written)} manifests to {args.manifests}", file=sys.stderr)
     if old_plan is not None:
         changes = diff(old_plan, plan)

@@ -1,0 +1,60 @@
+"""TrainingJobSpec -> Kubernetes manifests: a typed spec and a pure renderer (dicts in, dicts out).
+
+A spec is declared under `ml-cluster:jobs` in a stack file or as YAML under workloads/jobs/ (camelCase
+keys). The renderer turns it, with the ClusterFacts of the cluster it targets, into complete manifests
+(a batch/v1 Job, plus a headless Service for multi-node runs) that keep these rules:
+
+- GPU limits equal requests (every resource does: requests == limits), the nvidia.com/gpu toleration,
+  a nodeSelector for the GPU type.
+- /dev/shm and the optional RAM disk are emptyDirs with medium Memory and a sizeLimit; such volumes are
+  charged to the container's memory limit, so the limit must cover process memory + all of them (else
+  the spec is rejected, with the numbers).
+- Staging `copy`: an initContainer copies the dataset (cp -a from a PVC, or the project's stager from
+  S3/COS) onto an NVMe-backed emptyDir; `rolling`: the stager runs as a native sidecar keeping a bounded
+  window of shards. Either way the pod selects NVMe nodes and its ephemeral-storage covers the staged
+  bytes plus headroom.
+- Lifecycle: `pulumi.com/skipAwait: "true"`, the spec's hash in the Job name (a changed spec is a new
+  Job, never an immutable-field error), restartPolicy Never, a podFailurePolicy that ignores disruptions
+  and fails fast on CONFIG_ERROR_EXIT_CODE, ttlSecondsAfterFinished, activeDeadlineSeconds.
+- Restricted security context, no hostPath; app.kubernetes.io/* labels and the stack label.
+- Multi-node: an Indexed Job (completions = parallelism = nodes), a headless Service, torchrun c10d env.
+
+The package splits along those lines: `spec` (models and field checks), `loading` (dicts and files ->
+specs), `placement` (which pools, what resources) and `render` (the manifests). No Pulumi or infra
+imports here: the same code runs in `workloads.submit` and inside the cluster.
+"""
+
+from workloads.jobspec.loading import load_job_file, parse_spec
+from workloads.jobspec.render import job_name, render_job, spec_hash
+from workloads.jobspec.spec import (
+    CONFIG_ERROR_EXIT_CODE,
+    RUN_AS_UID,
+    STAGE_CONTAINER,
+    TRAIN_CONTAINER,
+    CheckpointSpec,
+    DatasetSpec,
+    JobSpecError,
+    RamDiskSpec,
+    SecretKeyRef,
+    TolerationSpec,
+    TrainingJobSpec,
+)
+
+__all__ = [
+    "CONFIG_ERROR_EXIT_CODE",
+    "RUN_AS_UID",
+    "STAGE_CONTAINER",
+    "TRAIN_CONTAINER",
+    "CheckpointSpec",
+    "DatasetSpec",
+    "JobSpecError",
+    "RamDiskSpec",
+    "SecretKeyRef",
+    "TolerationSpec",
+    "TrainingJobSpec",
+    "job_name",
+    "load_job_file",
+    "parse_spec",
+    "render_job",
+    "spec_hash",
+]

@@ -1,0 +1,393 @@
+"""Spec + ClusterFacts -> the Job (and, multi-node, headless Service) manifests."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
+from workloads.jobspec.spec import (
+    CONFIG_ERROR_EXIT_CODE,
+    GIB,
+    HASH_LENGTH,
+    RENDEZVOUS_PORT,
+    ROLLING_START_TIMEOUT_S,
+    RUN_AS_UID,
+    STAGE_CONTAINER,
+    STAGER_RESOURCES,
+    TRAIN_CONTAINER,
+    JobSpecError,
+    TrainingJobSpec,
+)
+from workloads.quantity import (
+    format_bytes,
+    format_millicores,
+    quantity_bytes,
+)
+
+
+def _labels(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": spec.name,
+        "app.kubernetes.io/instance": job_name,
+        "app.kubernetes.io/component": "training",
+        "app.kubernetes.io/part-of": "ml-cluster",
+        "app.kubernetes.io/managed-by": "ml-cluster",
+        f"{facts.label_prefix}/stack": facts.stack,
+    }
+
+
+def _security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _object_store_env(facts: ClusterFacts) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, envFrom) for a container that talks to the object store: region on AWS, HMAC Secret on COS."""
+    env = [{"name": "AWS_REGION", "value": facts.region}] if facts.region else []
+    env_from = [{"secretRef": {"name": facts.object_store_secret}}] if facts.object_store_secret else []
+    return env, env_from
+
+
+def _stage_container(
+    spec: TrainingJobSpec, facts: ClusterFacts, scratch_mount: dict[str, Any]
+) -> dict[str, Any]:
+    dataset = spec.dataset
+    assert dataset is not None and dataset.staging != "none"
+    container: dict[str, Any] = {
+        "name": STAGE_CONTAINER,
+        "image": spec.image,
+        "securityContext": _security_context(),
+        "volumeMounts": [scratch_mount],
+        # Small and Burstable: staging is network-bound; the scratch bytes are in the train container's limit.
+        "resources": {"requests": dict(STAGER_RESOURCES), "limits": dict(STAGER_RESOURCES)},
+    }
+    if dataset.uri is not None:
+        command = [
+            "python",
+            "-m",
+            "workloads.data",
+            "stage",
+            dataset.uri,
+            dataset.mount_path,
+            "--workers",
+            str(dataset.stager_workers),
+        ]
+        if facts.object_store_endpoint:
+            command += ["--endpoint-url", facts.object_store_endpoint]
+        if dataset.staging == "rolling":
+            # --linger: keep serving the window until the pod stops it (a native sidecar that exits is restarted).
+            command += ["--window", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB)), "--linger"]
+            container["restartPolicy"] = "Always"  # native sidecar: runs beside the trainer, stops after it
+        env, env_from = _object_store_env(facts)
+        if env:
+            container["env"] = env
+        if env_from:
+            container["envFrom"] = env_from
+    else:
+        command = ["cp", "-a", "/mnt/dataset-source/.", dataset.mount_path + "/"]
+        container["volumeMounts"] = [
+            scratch_mount,
+            {"name": "dataset-source", "mountPath": "/mnt/dataset-source", "readOnly": True},
+        ]
+    container["command"] = command
+    return container
+
+
+def _train_command(spec: TrainingJobSpec) -> list[str] | None:
+    if spec.command is not None:
+        return list(spec.command)
+    if spec.nodes > 1 or spec.gpus > 1:
+        # torchrun reads its options from PET_* (set below); one worker process per GPU.
+        return ["torchrun", "--module", "workloads.train"]
+    return None  # the image's entrypoint: python -m workloads.train
+
+
+def _train_args(spec: TrainingJobSpec) -> list[str]:
+    """The spec's args; for the project's entrypoint, preceded by the data and checkpoint paths it mounts.
+
+    `--resume` is safe on a first run (no checkpoint: a fresh start) and makes a retried pod continue.
+    """
+    args = list(spec.args)
+    if spec.command is not None:
+        return args
+    implied: list[str] = []
+    if spec.dataset is not None and "--data" not in args:
+        implied += ["--data", spec.dataset.mount_path]
+    if spec.dataset is not None and spec.dataset.staging == "rolling" and "--wait-for-data" not in args:
+        # The sidecar writes the manifest once it has the first shards; the trainer may start before that.
+        implied += ["--wait-for-data", str(ROLLING_START_TIMEOUT_S)]
+    checkpoint = spec.checkpoint
+    if checkpoint is not None and checkpoint.claim_name is not None and "--checkpoint-dir" not in args:
+        implied += ["--checkpoint-dir", checkpoint.mount_path]
+    if checkpoint is not None and checkpoint.uri is not None and "--checkpoint-uri" not in args:
+        implied += ["--checkpoint-uri", checkpoint.uri]  # written locally, mirrored there, pulled on a new node
+    if checkpoint is not None and "--resume" not in args:
+        implied.append("--resume")
+    return implied + args
+
+
+def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": name, "value": value} for name, value in sorted(spec.env.items())]
+    env += [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
+        for name, ref in sorted(spec.secret_env.items())
+    ]
+    env.append({"name": "CONFIG_ERROR_EXIT_CODE", "value": str(CONFIG_ERROR_EXIT_CODE)})
+    if spec.dataset is not None:
+        env.append({"name": "DATA_DIR", "value": spec.dataset.mount_path})
+        env.append({"name": "DATA_STAGING", "value": spec.dataset.staging})
+    if spec.checkpoint is not None:
+        if spec.checkpoint.claim_name is not None:
+            env.append({"name": "CHECKPOINT_DIR", "value": spec.checkpoint.mount_path})
+        else:
+            env.append({"name": "CHECKPOINT_URI", "value": spec.checkpoint.uri})
+    nproc = max(spec.gpus, 1)
+    if spec.nodes > 1:
+        master = f"{job_name}-0.{job_name}.{facts.namespace}.svc"
+        env += [
+            {"name": "MASTER_ADDR", "value": master},
+            {"name": "MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
+            {
+                "name": "NODE_RANK",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                    }
+                },
+            },
+            {"name": "PET_NNODES", "value": str(spec.nodes)},
+            {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
+            {"name": "PET_RDZV_BACKEND", "value": "c10d"},
+            {"name": "PET_RDZV_ENDPOINT", "value": f"{master}:{RENDEZVOUS_PORT}"},
+            {"name": "PET_RDZV_ID", "value": job_name},
+        ]
+    elif spec.gpus > 1:
+        env += [{"name": "PET_STANDALONE", "value": "1"}, {"name": "PET_NPROC_PER_NODE", "value": str(nproc)}]
+    if spec.checkpoint is not None and spec.checkpoint.uri is not None:
+        store_env, _ = _object_store_env(facts)
+        env += store_env
+    return env
+
+
+def _check_claims(spec: TrainingJobSpec, facts: ClusterFacts) -> None:
+    """A claim the namespace does not have leaves the pod Pending forever: reject it up front."""
+    if facts.volume_claims is None:
+        return
+    for field_name, claim in (("dataset.claimName", spec.dataset.claim_name if spec.dataset else None),
+                              ("checkpoint.claimName", spec.checkpoint.claim_name if spec.checkpoint else None)):
+        if claim and claim not in facts.volume_claims:
+            known = ", ".join(sorted(facts.volume_claims)) or "none"
+            raise JobSpecError(field_name, f"{claim} is not a claim in namespace {facts.namespace} of stack "
+                                           f"{facts.stack} (claims: {known})")
+
+
+def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> list[dict[str, Any]]:
+    _check_claims(spec, facts)
+    pools = candidate_pools(spec, facts)
+    cpu, memory = resolve_resources(spec, pools)
+    check_fits_node(spec, pools, cpu, memory)
+    ephemeral = ephemeral_bytes(spec)
+    labels = _labels(spec, facts, job_name)
+    prefix = facts.label_prefix
+
+    limits: dict[str, str] = {
+        "cpu": format_millicores(cpu),
+        "memory": format_bytes(memory),
+        "ephemeral-storage": format_bytes(ephemeral),
+    }
+    if spec.gpus > 0:
+        limits["nvidia.com/gpu"] = str(spec.gpus)
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": format_bytes(spec.shm_bytes())}}
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if spec.ram_disk is not None:
+        volumes.append(
+            {
+                "name": "ramdisk",
+                "emptyDir": {"medium": "Memory", "sizeLimit": format_bytes(spec.ram_disk_bytes())},
+            }
+        )
+        mounts.append({"name": "ramdisk", "mountPath": spec.ram_disk.mount_path})
+
+    init_containers: list[dict[str, Any]] = []
+    dataset = spec.dataset
+    if dataset is not None and dataset.staging != "none":
+        # No medium: the emptyDir lives on the kubelet's disk, the NVMe RAID0 on nodes labelled disktype=nvme.
+        volumes.append({"name": "dataset", "emptyDir": {"sizeLimit": format_bytes(spec.staged_bytes())}})
+        scratch_mount = {"name": "dataset", "mountPath": dataset.mount_path}
+        # The rolling reader writes its progress file next to the shards; a copied dataset is read-only.
+        mounts.append({**scratch_mount, "readOnly": dataset.staging == "copy"})
+        if dataset.claim_name is not None:
+            volumes.append(
+                {
+                    "name": "dataset-source",
+                    "persistentVolumeClaim": {"claimName": dataset.claim_name, "readOnly": True},
+                }
+            )
+        init_containers.append(_stage_container(spec, facts, scratch_mount))
+    elif dataset is not None:
+        volumes.append(
+            {"name": "dataset", "persistentVolumeClaim": {"claimName": dataset.claim_name, "readOnly": True}}
+        )
+        mounts.append({"name": "dataset", "mountPath": dataset.mount_path, "readOnly": True})
+    if spec.checkpoint is not None and spec.checkpoint.claim_name is not None:
+        volumes.append(
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
+        )
+        mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.mount_path})
+
+    train: dict[str, Any] = {
+        "name": TRAIN_CONTAINER,
+        "image": spec.image,
+        "env": _train_env(spec, facts, job_name),
+        "resources": {"requests": dict(limits), "limits": dict(limits)},
+        "securityContext": _security_context(),
+        "volumeMounts": mounts,
+    }
+    command = _train_command(spec)
+    if command is not None:
+        train["command"] = command
+    args = _train_args(spec)
+    if args:
+        train["args"] = args
+    if spec.checkpoint is not None and spec.checkpoint.uri is not None:
+        object_env, object_env_from = _object_store_env(facts)
+        if facts.object_store_endpoint:  # boto3 reads it: the trainer's checkpoint mirror talks to COS
+            object_env.append({"name": "AWS_ENDPOINT_URL_S3", "value": facts.object_store_endpoint})
+        train["env"] = [*train.get("env", []), *(e for e in object_env if e not in train.get("env", []))]
+        if object_env_from:
+            train["envFrom"] = object_env_from
+    if spec.nodes > 1:
+        train["ports"] = [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = []
+    if spec.gpus > 0:
+        gpu_type = spec.gpu_type or pools[0].gpu_type
+        if gpu_type:
+            node_selector[f"{prefix}/gpu-type"] = gpu_type
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    if spec.is_staged():
+        node_selector[f"{prefix}/disktype"] = "nvme"
+    tolerations += [
+        toleration.model_dump(by_alias=True, exclude_none=True) for toleration in spec.tolerations
+    ]
+
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": facts.job_service_account,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,  # time to write a last checkpoint on SIGTERM
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_UID,
+            "runAsGroup": RUN_AS_UID,
+            "fsGroup": RUN_AS_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [train],
+        "volumes": volumes,
+    }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if spec.priority_class:
+        pod_spec["priorityClassName"] = spec.priority_class
+    if spec.nodes > 1:
+        pod_spec["subdomain"] = job_name
+
+    job_labels = dict(labels)
+    if spec.queue:
+        job_labels["kueue.x-k8s.io/queue-name"] = spec.queue
+    job_spec: dict[str, Any] = {
+        "backoffLimit": spec.backoff_limit,
+        "activeDeadlineSeconds": spec.active_deadline_seconds,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": TRAIN_CONTAINER,
+                        "operator": "In",
+                        "values": [CONFIG_ERROR_EXIT_CODE],
+                    },
+                },
+                # Spot reclaim, preemption, node drain: retry without spending backoffLimit.
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]
+        },
+        "template": {
+            # A running training pod is never a scale-down candidate: evicting it loses the work since the last
+            # checkpoint.
+            "metadata": {"labels": dict(labels),
+                         "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
+            "spec": pod_spec,
+        },
+    }
+    if spec.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
+    if spec.nodes > 1:
+        job_spec.update({"completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes})
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name,
+            "namespace": facts.namespace,
+            "labels": job_labels,
+            "annotations": {"pulumi.com/skipAwait": "true"},
+        },
+        "spec": job_spec,
+    }
+    manifests = [job]
+    if spec.nodes > 1:
+        manifests.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": job_name, "namespace": facts.namespace, "labels": dict(labels)},
+                "spec": {
+                    "clusterIP": "None",
+                    # Peers must resolve each other while starting up, before any readiness.
+                    "publishNotReadyAddresses": True,
+                    "selector": {"app.kubernetes.io/instance": job_name},
+                    "ports": [
+                        {
+                            "name": "rendezvous",
+                            "port": RENDEZVOUS_PORT,
+                            "targetPort": RENDEZVOUS_PORT,
+                            "protocol": "TCP",
+                        }
+                    ],
+                },
+            }
+        )
+    return manifests
+
+
+def spec_hash(spec: TrainingJobSpec, facts: ClusterFacts) -> str:
+    """A short hash of everything rendered for the spec: any change to the Job's content changes the name."""
+    manifests = _render_manifests(spec, facts, spec.name)
+    canonical = json.dumps(manifests, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
+
+
+def job_name(spec: TrainingJobSpec, facts: ClusterFacts) -> str:
+    return f"{spec.name}-{spec_hash(spec, facts)}"
+
+
+def render_job(spec: TrainingJobSpec, facts: ClusterFacts) -> list[dict[str, Any]]:
+    """The Job (first) and, for multi-node specs, its headless Service. Raises JobSpecError (field path)."""
+    return _render_manifests(spec, facts, job_name(spec, facts))

@@ -1,0 +1,382 @@
+"""The training Job spec: constants shared by the renderer, field validators and the pydantic models."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from workloads.quantity import (
+    format_bytes,
+    parse_quantity,
+    quantity_bytes,
+)
+
+# The training entrypoint exits with this code on a configuration error (bad arguments, missing dataset
+# manifest, unreadable config). The Job's podFailurePolicy fails the whole Job at once on it instead of
+# retrying a run that can never succeed. Any other non-zero exit counts against backoffLimit.
+CONFIG_ERROR_EXIT_CODE = 42
+ROLLING_START_TIMEOUT_S = 600  # how long the trainer waits for the rolling-window sidecar's first shards
+
+TRAIN_CONTAINER = "train"
+STAGE_CONTAINER = "stage"
+RENDEZVOUS_PORT = 29500
+RUN_AS_UID = 1000  # the training image's non-root user (workloads/Dockerfile)
+GIB = 2**30
+HASH_LENGTH = 8
+MAX_NAME_LENGTH = 63  # a Job name is also a label value and, for Indexed Jobs, the start of pod hostnames
+DEFAULT_SHM_PER_GPU = 2 * GIB  # DataLoader workers pass batches through /dev/shm; 64 MiB default bus-errors
+MIN_SHM = 1 * GIB
+STAGING_HEADROOM_FRACTION = 0.10  # file-system overhead, partial downloads, the rolling window's next shard
+MIN_STAGING_HEADROOM = 2 * GIB
+# The stager's own requests == limits (the pod stays Guaranteed). A native sidecar (rolling) adds them to the
+# pod's requests, so rolling Jobs sized from pool defaults leave this much room beside the trainer.
+STAGER_CPU_MILLICORES = 2000
+STAGER_MEMORY = 2 * GIB
+STAGER_RESOURCES = {"cpu": "2", "memory": "2Gi", "ephemeral-storage": "1Gi"}
+
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: also valid as the multi-node Service name
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_S3_URI = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?$")
+_SECRETISH_ENV = re.compile(r"(SECRET|PASSWORD|TOKEN|PRIVATE_KEY|API_KEY|CREDENTIAL)", re.IGNORECASE)
+# Set by the renderer; a spec may not override them.
+_RESERVED_ENV = frozenset(
+    {
+        "DATA_DIR",
+        "DATA_STAGING",
+        "CHECKPOINT_DIR",
+        "CHECKPOINT_URI",
+        "CONFIG_ERROR_EXIT_CODE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NODE_RANK",
+        "PET_NNODES",
+        "PET_NPROC_PER_NODE",
+        "PET_RDZV_BACKEND",
+        "PET_RDZV_ENDPOINT",
+        "PET_RDZV_ID",
+        "PET_STANDALONE",
+        "AWS_REGION",
+    }
+)
+
+
+class JobSpecError(ValueError):
+    """A spec that cannot be rendered; `path` is the dotted field path (camelCase, as written in YAML)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+        self.reason = message
+
+
+# ----------------------------------------------------------------------------------------------------
+# The spec
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of `--flag VALUE` or `--flag=VALUE` in an argument list."""
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _job_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{value!r} must start with a letter and hold only lower-case letters, digits and '-'"
+        )
+    return value
+
+
+def _dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS-1123 label (lower-case letters, digits and '-', at most 63)"
+        )
+    return value
+
+
+def _dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(f"{value!r} is not a DNS-1123 subdomain")
+    return value
+
+
+def _label_value(value: str) -> str:
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        raise ValueError(f"{value!r} is not a valid label value (at most 63 of [A-Za-z0-9-_.])")
+    return value
+
+
+def _number_as_text(value: Any) -> Any:
+    """YAML `cpu: 4` arrives as an int; quantities are kept as text."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _positive_quantity(value: str) -> str:
+    if parse_quantity(value) <= 0:
+        raise ValueError(f"{value!r} must be greater than zero")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/") or value == "/" or "//" in value or ".." in value.split("/"):
+        raise ValueError(f"{value!r} must be an absolute path below / (no '..', no '//')")
+    return value.rstrip("/")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid environment variable name")
+    if value in _RESERVED_ENV:
+        raise ValueError(f"{value!r} is set by the renderer and cannot be overridden")
+    return value
+
+
+def _image(value: str) -> str:
+    if not value or any(ch.isspace() for ch in value):
+        raise ValueError(f"{value!r} is not a container image reference")
+    return value
+
+
+JobName = Annotated[str, AfterValidator(_job_name)]
+DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+DnsSubdomain = Annotated[str, AfterValidator(_dns_subdomain)]
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+PositiveQuantity = Annotated[str, BeforeValidator(_number_as_text), AfterValidator(_positive_quantity)]
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+EnvName = Annotated[str, AfterValidator(_env_name)]
+Image = Annotated[str, AfterValidator(_image)]
+Staging = Literal["none", "copy", "rolling"]
+
+
+class _Spec(BaseModel):
+    """Unknown keys are errors; YAML keys are camelCase (snake_case accepted from Python)."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class SecretKeyRef(_Spec):
+    """An environment value read from a Kubernetes Secret, so it never appears in a manifest or plan."""
+
+    secret: DnsSubdomain
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+
+
+class RamDiskSpec(_Spec):
+    size: PositiveQuantity
+    mount_path: AbsolutePath = "/ramdisk"
+
+
+class DatasetSpec(_Spec):
+    """Where the training data lives and how it reaches the GPU node.
+
+    Exactly one source: `uri` (s3://bucket/prefix on S3, or on the stack's S3-compatible store such as IBM
+    COS) or `claimName` (a PVC in the Job's namespace: the EFS class, a Mountpoint S3 PV, a COS volume).
+    `stagedSize` is what staging keeps on local NVMe: the whole dataset for `copy`, the window for `rolling`.
+    """
+
+    uri: str | None = None
+    claim_name: DnsSubdomain | None = None
+    mount_path: AbsolutePath = "/data"
+    staging: Staging = "none"
+    staged_size: PositiveQuantity | None = None
+    stager_workers: int = Field(default=16, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _check(self) -> DatasetSpec:
+        if (self.uri is None) == (self.claim_name is None):
+            raise JobSpecError("uri", "set exactly one of uri (s3://bucket/prefix) and claimName (a PVC)")
+        if self.uri is not None and not _S3_URI.match(self.uri):
+            raise JobSpecError("uri", f"{self.uri!r} must look like s3://bucket/prefix")
+        if self.uri is not None and self.staging == "none":
+            raise JobSpecError(
+                "staging",
+                f"none with uri {self.uri!r}: an object-store dataset must be staged "
+                "(copy or rolling), or mounted through a PVC (claimName)",
+            )
+        if self.claim_name is not None and self.staging == "rolling":
+            raise JobSpecError(
+                "staging", "rolling streams shards from object storage: it needs uri, not claimName"
+            )
+        if self.staging != "none" and self.staged_size is None:
+            raise JobSpecError(
+                "stagedSize", f"required with staging {self.staging} (the bytes kept on local NVMe)"
+            )
+        if self.staging == "none" and self.staged_size is not None:
+            raise JobSpecError("stagedSize", "only meaningful with staging copy or rolling")
+        return self
+
+
+class CheckpointSpec(_Spec):
+    """Where checkpoints go: a PVC (EFS: rename works) or an S3 prefix the trainer uploads to.
+
+    Not a Mountpoint S3 volume: it cannot rename, which breaks write-then-rename checkpointing.
+    """
+
+    uri: str | None = None
+    claim_name: DnsSubdomain | None = None
+    mount_path: AbsolutePath = "/checkpoints"
+
+    @model_validator(mode="after")
+    def _check(self) -> CheckpointSpec:
+        if (self.uri is None) == (self.claim_name is None):
+            raise JobSpecError("uri", "set exactly one of uri (s3://bucket/prefix) and claimName (a PVC)")
+        if self.uri is not None and not _S3_URI.match(self.uri):
+            raise JobSpecError("uri", f"{self.uri!r} must look like s3://bucket/prefix")
+        return self
+
+
+class TolerationSpec(_Spec):
+    key: Annotated[str, Field(min_length=1, max_length=316)] | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: LabelValue | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> TolerationSpec:
+        if self.operator == "Exists" and self.value is not None:
+            raise JobSpecError("value", "operator Exists takes no value")
+        if self.key is None and self.operator != "Exists":
+            raise JobSpecError("key", "an empty key needs operator Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise JobSpecError("tolerationSeconds", "applies only to effect NoExecute")
+        return self
+
+
+class TrainingJobSpec(_Spec):
+    """One training run. Resource fields are per pod (one pod per node)."""
+
+    name: JobName
+    image: Image
+    command: list[str] | None = Field(default=None, min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    secret_env: dict[EnvName, SecretKeyRef] = Field(default_factory=dict)
+    gpus: int = Field(default=1, ge=0, le=16)
+    gpu_type: DnsLabel | None = None
+    cpu: PositiveQuantity | None = None  # default: the pool's per-GPU CPU x gpus
+    memory: PositiveQuantity | None = (
+        None  # the container's memory limit; default: pool's per-GPU memory x gpus
+    )
+    process_memory: PositiveQuantity = "4Gi"  # what the process needs besides memory-backed volumes
+    ephemeral_storage: PositiveQuantity = "10Gi"  # local scratch besides staging (logs, writable layer, /tmp)
+    shm_size: PositiveQuantity | None = None  # /dev/shm; default max(1Gi, 2Gi x gpus)
+    ram_disk: RamDiskSpec | None = None
+    dataset: DatasetSpec | None = None
+    checkpoint: CheckpointSpec | None = None
+    nodes: int = Field(default=1, ge=1, le=512)
+    backoff_limit: int = Field(default=2, ge=0, le=100)
+    active_deadline_seconds: int = Field(default=3 * 86400, ge=60)
+    ttl_seconds_after_finished: int | None = Field(default=7 * 86400, ge=0)
+    priority_class: DnsSubdomain | None = None
+    queue: DnsSubdomain | None = None  # Kueue LocalQueue: the whole gang is admitted together
+    tolerations: list[TolerationSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingJobSpec:
+        budget = MAX_NAME_LENGTH - 1 - HASH_LENGTH
+        if self.nodes > 1:  # Indexed Job pods are named <job>-<index>: the hostname is a DNS label too
+            budget -= 1 + len(str(self.nodes - 1))
+        if len(self.name) > budget:
+            raise JobSpecError(
+                "name",
+                f"{self.name!r} is {len(self.name)} characters; at most {budget} fit with the "
+                f"-<hash> suffix{' and the pod index' if self.nodes > 1 else ''}",
+            )
+        for env_name in self.env:
+            if _SECRETISH_ENV.search(env_name):
+                raise JobSpecError(
+                    f"env.{env_name}", "looks like a secret: put it in a Secret and use secretEnv"
+                )
+        clash = sorted(set(self.env) & set(self.secret_env))
+        if clash:
+            raise JobSpecError(f"secretEnv.{clash[0]}", "also set in env")
+        if self.gpu_type is not None and self.gpus == 0:
+            raise JobSpecError("gpuType", f"{self.gpu_type} with gpus 0: a CPU job cannot select a GPU type")
+        if self.command is None and self.dataset is not None and self.dataset.staging == "rolling":
+            epochs = _flag_value(self.args, "--epochs")
+            if epochs is not None and epochs != "1":
+                # The window is streamed once: consumed shards are deleted from the node to make room.
+                raise JobSpecError("args", f"--epochs {epochs} with dataset.staging rolling: a rolling window "
+                                           "is read once; use --epochs 1 or staging copy")
+        mounts = {"/dev/shm": "/dev/shm"}
+        for field_name, mount in (
+            ("ramDisk.mountPath", self.ram_disk.mount_path if self.ram_disk else None),
+            ("dataset.mountPath", self.dataset.mount_path if self.dataset else None),
+            ("checkpoint.mountPath", self.checkpoint.mount_path if self.checkpoint else None),
+        ):
+            if mount is None:
+                continue
+            for other_field, other in mounts.items():
+                if mount == other or mount.startswith(other + "/") or other.startswith(mount + "/"):
+                    raise JobSpecError(field_name, f"{mount} overlaps {other_field} {other}")
+            mounts[field_name] = mount
+        if self.memory is not None:
+            shortfall = memory_shortfall(quantity_bytes(self.memory), self)
+            if shortfall:
+                raise JobSpecError("memory", shortfall)
+        return self
+
+    # Derived sizes (bytes) the renderer and the tests share.
+    def shm_bytes(self) -> int:
+        if self.shm_size is not None:
+            return quantity_bytes(self.shm_size)
+        return max(MIN_SHM, DEFAULT_SHM_PER_GPU * self.gpus)
+
+    def ram_disk_bytes(self) -> int:
+        return quantity_bytes(self.ram_disk.size) if self.ram_disk else 0
+
+    def memory_backed_bytes(self) -> int:
+        return self.shm_bytes() + self.ram_disk_bytes()
+
+    def staged_bytes(self) -> int:
+        """Local NVMe the staging emptyDir may fill (staged size plus headroom); 0 without staging."""
+        if self.dataset is None or self.dataset.staged_size is None:
+            return 0
+        staged = quantity_bytes(self.dataset.staged_size)
+        headroom = max(MIN_STAGING_HEADROOM, math.ceil(staged * STAGING_HEADROOM_FRACTION))
+        return _round_up_gib(staged + headroom)
+
+    def is_staged(self) -> bool:
+        return self.dataset is not None and self.dataset.staging != "none"
+
+
+def _round_up_gib(num_bytes: int) -> int:
+    return -(-num_bytes // GIB) * GIB
+
+
+def memory_shortfall(limit: int, spec: TrainingJobSpec) -> str | None:
+    """Why `limit` cannot hold the process plus every memory-backed volume with numbers; None if it can."""
+    needed = quantity_bytes(spec.process_memory) + spec.memory_backed_bytes()
+    if limit >= needed:
+        return None
+    parts = [
+        f"process memory {format_bytes(quantity_bytes(spec.process_memory))}",
+        f"/dev/shm {format_bytes(spec.shm_bytes())}",
+    ]
+    if spec.ram_disk:
+        parts.append(f"ramDisk {format_bytes(spec.ram_disk_bytes())}")
+    return (
+        f"limit {format_bytes(limit)} does not cover {' + '.join(parts)} = {format_bytes(needed)} "
+        "(memory-backed emptyDirs count against the container's memory limit)"
+    )

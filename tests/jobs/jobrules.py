@@ -10,6 +10,7 @@ from typing import Any
 
 import kubernetes_validate
 
+from tests.jobs.pss import restricted_violations
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE
 from workloads.quantity import quantity_bytes
 
@@ -59,6 +60,13 @@ def check_job(job: dict[str, Any], label_prefix: str = "ml-cluster.io",
         assert security["capabilities"]["drop"] == ["ALL"], name
         assert security["seccompProfile"]["type"] == "RuntimeDefault", name
     assert not any("hostPath" in volume for volume in pod.get("volumes", [])), f"{name}: hostPath volume"
+    assert restricted_violations(pod) == [], f"{name}: breaks Pod Security restricted"
+    assert pod["automountServiceAccountToken"] is False, f"{name}: Kubernetes API token mounted"
+    for container in containers:
+        assert container["imagePullPolicy"] in ("Always", "IfNotPresent"), name
+        if container["securityContext"].get("readOnlyRootFilesystem"):
+            writable = {mount["mountPath"] for mount in container["volumeMounts"] if not mount.get("readOnly")}
+            assert "/tmp" in writable, f"{name}/{container['name']}: read-only root without a writable /tmp"
 
     train = pod["containers"][0]
     limits, requests = train["resources"]["limits"], train["resources"]["requests"]

@@ -18,6 +18,7 @@ from workloads.jobspec.spec import (
     RUN_AS_UID,
     STAGE_CONTAINER,
     STAGER_RESOURCES,
+    TMP_DIR,
     TRAIN_CONTAINER,
     JobSpecError,
     TrainingJobSpec,
@@ -40,13 +41,24 @@ def _labels(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> dict[s
     }
 
 
-def _security_context() -> dict[str, Any]:
+def _security_context(spec: TrainingJobSpec) -> dict[str, Any]:
     return {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": spec.read_only_root_filesystem,
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def _image_fields(image: str) -> dict[str, str]:
+    # A digest never changes: the node's copy is the image. A tag may be re-pointed: ask the registry each time.
+    return {"image": image, "imagePullPolicy": "IfNotPresent" if "@sha256:" in image else "Always"}
+
+
+# HOME moves to the writable /tmp: Python, torch and boto3 write caches and config under it.
+_HOME_ENV = {"name": "HOME", "value": TMP_DIR}
+_TMP_MOUNT = {"name": "tmp", "mountPath": TMP_DIR}
 
 
 def _object_store_env(facts: ClusterFacts) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -63,9 +75,9 @@ def _stage_container(
     assert dataset is not None and dataset.staging != "none"
     container: dict[str, Any] = {
         "name": STAGE_CONTAINER,
-        "image": spec.image,
-        "securityContext": _security_context(),
-        "volumeMounts": [scratch_mount],
+        **_image_fields(spec.image),
+        "securityContext": _security_context(spec),
+        "volumeMounts": [scratch_mount, _TMP_MOUNT],
         # Small and Burstable: staging is network-bound; the scratch bytes are in the train container's limit.
         "resources": {"requests": dict(STAGER_RESOURCES), "limits": dict(STAGER_RESOURCES)},
     }
@@ -87,14 +99,14 @@ def _stage_container(
             command += ["--window", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB)), "--linger"]
             container["restartPolicy"] = "Always"  # native sidecar: runs beside the trainer, stops after it
         env, env_from = _object_store_env(facts)
-        if env:
-            container["env"] = env
+        container["env"] = [_HOME_ENV, *env]
         if env_from:
             container["envFrom"] = env_from
     else:
         command = ["cp", "-a", "/mnt/dataset-source/.", dataset.mount_path + "/"]
         container["volumeMounts"] = [
             scratch_mount,
+            _TMP_MOUNT,
             {"name": "dataset-source", "mountPath": "/mnt/dataset-source", "readOnly": True},
         ]
     container["command"] = command
@@ -141,6 +153,7 @@ def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> lis
         for name, ref in sorted(spec.secret_env.items())
     ]
     env.append({"name": "CONFIG_ERROR_EXIT_CODE", "value": str(CONFIG_ERROR_EXIT_CODE)})
+    env.append(_HOME_ENV)
     if spec.dataset is not None:
         env.append({"name": "DATA_DIR", "value": spec.dataset.mount_path})
         env.append({"name": "DATA_STAGING", "value": spec.dataset.staging})
@@ -206,9 +219,10 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     if spec.gpus > 0:
         limits["nvidia.com/gpu"] = str(spec.gpus)
     volumes: list[dict[str, Any]] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": format_bytes(spec.shm_bytes())}}
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": format_bytes(spec.shm_bytes())}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": spec.ephemeral_storage}},
     ]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, _TMP_MOUNT]
     if spec.ram_disk is not None:
         volumes.append(
             {
@@ -247,10 +261,10 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
 
     train: dict[str, Any] = {
         "name": TRAIN_CONTAINER,
-        "image": spec.image,
+        **_image_fields(spec.image),
         "env": _train_env(spec, facts, job_name),
         "resources": {"requests": dict(limits), "limits": dict(limits)},
-        "securityContext": _security_context(),
+        "securityContext": _security_context(spec),
         "volumeMounts": mounts,
     }
     command = _train_command(spec)
@@ -285,6 +299,9 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "serviceAccountName": facts.job_service_account,
+        # The trainer never calls the Kubernetes API. AWS credentials from EKS Pod Identity arrive through the
+        # webhook's own projected token volume (pods.eks.amazonaws.com audience), which this does not remove.
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,  # time to write a last checkpoint on SIGTERM
         "securityContext": {

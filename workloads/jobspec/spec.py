@@ -32,7 +32,11 @@ ROLLING_START_TIMEOUT_S = 600  # how long the trainer waits for the rolling-wind
 TRAIN_CONTAINER = "train"
 STAGE_CONTAINER = "stage"
 RENDEZVOUS_PORT = 29500
-RUN_AS_UID = 1000  # the training image's non-root user (workloads/Dockerfile)
+# The training image's non-root user (workloads/Dockerfile). High and fixed, so it matches no user of the
+# node (uids below 10000 are where distributions and admins put theirs).
+RUN_AS_UID = 10001
+# The root filesystem is read-only; these are the only writable places besides the data and checkpoint mounts.
+TMP_DIR = "/tmp"
 GIB = 2**30
 HASH_LENGTH = 8
 MAX_NAME_LENGTH = 63  # a Job name is also a label value and, for Indexed Jobs, the start of pod hostnames
@@ -71,6 +75,7 @@ _RESERVED_ENV = frozenset(
         "PET_RDZV_ID",
         "PET_STANDALONE",
         "AWS_REGION",
+        "HOME",
     }
 )
 
@@ -279,7 +284,7 @@ class TrainingJobSpec(_Spec):
         None  # the container's memory limit; default: pool's per-GPU memory x gpus
     )
     process_memory: PositiveQuantity = "4Gi"  # what the process needs besides memory-backed volumes
-    ephemeral_storage: PositiveQuantity = "10Gi"  # local scratch besides staging (logs, writable layer, /tmp)
+    ephemeral_storage: PositiveQuantity = "10Gi"  # local scratch besides staging: logs and /tmp (its sizeLimit)
     shm_size: PositiveQuantity | None = None  # /dev/shm; default max(1Gi, 2Gi x gpus)
     ram_disk: RamDiskSpec | None = None
     dataset: DatasetSpec | None = None
@@ -290,6 +295,8 @@ class TrainingJobSpec(_Spec):
     ttl_seconds_after_finished: int | None = Field(default=7 * 86400, ge=0)
     priority_class: DnsSubdomain | None = None
     queue: DnsSubdomain | None = None  # Kueue LocalQueue: the whole gang is admitted together
+    # An image that writes outside /tmp, the RAM disk and its mounts can opt out of the read-only root.
+    read_only_root_filesystem: bool = True
     tolerations: list[TolerationSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -1,0 +1,68 @@
+"""Pod Security `restricted`, least privilege and a read-only root: on rendered pods, and on the real trainer."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.jobs.facts import dev_facts
+from tests.jobs.pss import restricted_violations
+from workloads.jobspec import TMP_DIR, parse_spec, render_job
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
+S3_COPY = {"uri": "s3://mlc-dev-datasets/imagenet/", "staging": "copy", "stagedSize": "20Gi"}
+
+
+def _pod(**fields: Any) -> dict[str, Any]:
+    spec = parse_spec({"name": "resnet", "image": IMAGE, "gpus": 1, "dataset": S3_COPY, **fields})
+    return render_job(spec, dev_facts())[0]["spec"]["template"]["spec"]
+
+
+def test_a_rendered_pod_is_admitted_under_restricted() -> None:
+    pod = _pod()
+    assert restricted_violations(pod) == []
+    for container in pod["containers"] + pod["initContainers"]:
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "tmp", "mountPath": TMP_DIR} in container["volumeMounts"]
+        assert {"name": "HOME", "value": TMP_DIR} in container["env"]
+        assert container["imagePullPolicy"] == "Always"  # a tag can be re-pointed
+    assert pod["securityContext"]["runAsUser"] >= 10000
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_a_digest_is_pulled_once_and_the_read_only_root_can_be_opted_out() -> None:
+    digest = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train@sha256:" + "a" * 64
+    pod = _pod(image=digest, readOnlyRootFilesystem=False)
+    assert {c["imagePullPolicy"] for c in pod["containers"] + pod["initContainers"]} == {"IfNotPresent"}
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False
+
+
+@pytest.mark.parametrize(
+    ("mutate", "rule"),
+    [
+        (lambda pod: pod.update(hostNetwork=True), "Host Namespaces"),
+        (lambda pod: pod["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "HostPath Volumes"),
+        (lambda pod: pod["volumes"].append({"name": "n", "nfs": {"server": "x", "path": "/"}}), "Volume Types"),
+        (lambda pod: pod["containers"][0]["securityContext"].update(privileged=True), "Privileged Containers"),
+        (lambda pod: pod["containers"][0]["securityContext"].update(allowPrivilegeEscalation=True),
+         "Privilege Escalation"),
+        (lambda pod: pod["containers"][0]["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+         "Capabilities"),
+        (lambda pod: pod["containers"][0]["securityContext"]["capabilities"].update(drop=[]), "Capabilities"),
+        (lambda pod: pod["containers"][0]["securityContext"].update(runAsNonRoot=False), "Running as Non-root"),
+        (lambda pod: pod["securityContext"].update(runAsUser=0), "Running as Non-root user"),
+        (lambda pod: pod["containers"][0]["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+         "Seccomp"),
+        (lambda pod: pod["containers"][0].update(ports=[{"containerPort": 1, "hostPort": 1}]), "Host Ports"),
+        (lambda pod: pod["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]), "Sysctls"),
+        (lambda pod: pod["containers"][0]["securityContext"].update(procMount="Unmasked"), "/proc Mount Type"),
+    ],
+)
+def test_the_checker_catches_each_rule(mutate: Any, rule: str) -> None:
+    pod = copy.deepcopy(_pod())
+    mutate(pod)
+    assert any(problem.startswith(rule) for problem in restricted_violations(pod)), restricted_violations(pod)

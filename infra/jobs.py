@@ -18,8 +18,8 @@ that must never re-run after a refresh sets `ttlSecondsAfterFinished: null`.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
@@ -27,10 +27,11 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.config.schema import ConfigError
+from infra.config.stackcheck import JobBucketAccess
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from workloads.cluster_facts import ClusterFacts
-from workloads.jobspec import JobSpecError, TrainingJobSpec, render_job
+from workloads.jobspec import JobSpecError, TrainingJobSpec, namespace_network_policies, render_job
 
 CONFIG_KEY = "ml-cluster:jobs"
 
@@ -92,32 +93,20 @@ def bucket_name_of(bucket_arn: str) -> str:
     return bucket_arn.split(":::", 1)[1]
 
 
-def checkpoint_buckets(specs: Sequence[TrainingJobSpec]) -> set[str]:
-    """Bucket names that specs write checkpoints to (s3://bucket/prefix)."""
-    names = set()
-    for spec in specs:
-        if spec.checkpoint is not None and spec.checkpoint.uri is not None:
-            names.add(spec.checkpoint.uri.removeprefix("s3://").split("/", 1)[0])
-    return names
+def job_access_policy(readable_arns: Sequence[str], writable_arns: Sequence[str]) -> str:
+    """Read on the buckets the Jobs stage or resume from; checkpoint writes only on the buckets they checkpoint to.
 
-
-def job_access_policy(bucket_arns: Sequence[str], writable_buckets: set[str]) -> str:
-    """Read on the stack's buckets; checkpoint writes only on the buckets named in `writable_buckets`.
-
-    Raises ValueError if a spec checkpoints to a bucket that is not the stack's: the role could not write there.
+    Which buckets those are is derived from the specs before any resource exists
+    (infra.config.stackcheck.job_bucket_access), where a bucket the stack cannot grant is a config error.
     """
-    known = {bucket_name_of(arn) for arn in bucket_arns}
-    foreign = sorted(writable_buckets - known)
-    if foreign:
-        raise ValueError(f"jobs: checkpoint bucket(s) {', '.join(foreign)} are not this stack's buckets "
-                         f"({', '.join(sorted(known)) or 'none'})")
+    bucket_arns = sorted(set(readable_arns) | set(writable_arns))
     statements: list[dict[str, Any]] = [
         {"Sid": "ListStackBuckets", "Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
          "Resource": sorted(bucket_arns)},
         {"Sid": "ReadStackObjects", "Effect": "Allow", "Action": ["s3:GetObject"],
          "Resource": sorted(f"{arn}/*" for arn in bucket_arns)},
     ]
-    writable = sorted(arn for arn in bucket_arns if bucket_name_of(arn) in writable_buckets)
+    writable = sorted(set(writable_arns))
     if writable:
         statements.append({
             "Sid": "WriteCheckpoints", "Effect": "Allow",
@@ -146,6 +135,13 @@ class TrainingNamespace(pulumi.ComponentResource):
             ctx.name("jobs", f"ns-{self.name}"), metadata=manifest["metadata"],
             opts=pulumi.ResourceOptions(parent=self, provider=args.cluster.provider,
                                         depends_on=list(args.cluster.eks_dependencies)))
+        labels = manifest["metadata"]["labels"]
+        for policy in namespace_network_policies(self.name, {k: v for k, v in labels.items()
+                                                             if not k.startswith("pod-security.")}):
+            k8s.networking.v1.NetworkPolicy(
+                ctx.name("jobs", f"netpol-{policy['metadata']['name']}"), metadata=policy["metadata"],
+                spec=policy["spec"], opts=pulumi.ResourceOptions(parent=self, provider=args.cluster.provider,
+                                                                 depends_on=[self.namespace]))
         self.register_outputs({"name": self.name})
 
 
@@ -155,7 +151,8 @@ class TrainingJobsArgs:
     facts: ClusterFacts
     specs: Sequence[TrainingJobSpec]
     namespace: pulumi.Resource  # TrainingNamespace.namespace
-    bucket_arns: Sequence[pulumi.Input[str]] = ()  # the stack's S3 buckets (EKS): readable by the Jobs
+    bucket_arns: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # the stack's S3 buckets by key
+    bucket_access: JobBucketAccess = JobBucketAccess()  # which of them the Jobs read and write
     # Storage drivers, dataset/checkpoint claims, COS Secret, NVIDIA device plugin: what a Job needs to start and
     # what `destroy` must keep until the Jobs are gone.
     depends_on: Sequence[pulumi.Resource] = ()
@@ -176,15 +173,17 @@ class TrainingJobs(pulumi.ComponentResource):
         job_needs: list[pulumi.Resource] = [args.namespace, self.service_account, *args.depends_on]
 
         self.role_arn: pulumi.Output[str] | None = None
-        if cluster.is_eks and args.bucket_arns:
+        access = args.bucket_access
+        if cluster.is_eks and access.used:
             child = pulumi.ResourceOptions(parent=self)
             role = aws.iam.Role(ctx.name("jobs", "role"), assume_role_policy=pod_identity_trust_policy(),
-                                description=f"Training Jobs of {ctx.stack}: read the stack's buckets",
+                                description=f"Training Jobs of {ctx.stack}: the stack buckets they use",
                                 tags=ctx.tags, opts=child)
-            writable = checkpoint_buckets(args.specs)
+            readable = [args.bucket_arns[key] for key in access.read]
+            writable = [args.bucket_arns[key] for key in access.write]
             aws.iam.RolePolicy(ctx.name("jobs", "bucket-access"), role=role.id,
-                               policy=pulumi.Output.all(*args.bucket_arns).apply(
-                                   lambda arns: job_access_policy(arns, writable)),
+                               policy=pulumi.Output.all(readable, writable).apply(
+                                   lambda arns: job_access_policy(arns[0], arns[1])),
                                opts=child)
             association = aws.eks.PodIdentityAssociation(
                 ctx.name("jobs", "pod-identity"), cluster_name=cluster.name, namespace=facts.namespace,
@@ -195,13 +194,21 @@ class TrainingJobs(pulumi.ComponentResource):
 
         self.job_names: dict[str, str] = {}  # spec name -> Job name (with the spec hash)
         for spec, manifests in rendered:
-            job, *services = manifests
+            job, *companions = manifests
+            services = [manifest for manifest in companions if manifest["kind"] == "Service"]
+            policies = [manifest for manifest in companions if manifest["kind"] == "NetworkPolicy"]
             service_resources: list[pulumi.Resource] = [
                 k8s.core.v1.Service(ctx.name("jobs", f"{spec.name}-service"), metadata=service["metadata"],
                                     spec=service["spec"],
                                     opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
                                         depends_on=[args.namespace], delete_before_replace=True)))
                 for service in services]
+            service_resources += [
+                k8s.networking.v1.NetworkPolicy(
+                    ctx.name("jobs", f"{spec.name}-netpol"), metadata=policy["metadata"], spec=policy["spec"],
+                    opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
+                        depends_on=[args.namespace], delete_before_replace=True)))
+                for policy in policies]
             k8s.batch.v1.Job(
                 ctx.name("jobs", spec.name), metadata=job["metadata"], spec=job["spec"],
                 opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(

@@ -319,8 +319,35 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
     sys.stderr.write(program_stderr.getvalue().replace(OFFLINE_SECRET, SECRET_MARK))
     if mocks.errors:
         raise mocks.errors[0]
+    shared = _shared_names(recorded)
+    if shared:  # a name the config-layer check (infra.config.names) missed: still never a plan that exits 0
+        raise ConfigError([("stack", why) for why in shared])
     outputs = _resolve_outputs(root, pulumi) if root is not None else {}
     return _plan_document(stack, recorded, outputs)
+
+
+def _shared_names(recorded: list[RecordedResource]) -> list[str]:
+    """Names two registered resources share: URNs (Pulumi refuses them), Kubernetes kind/namespace/name, S3 buckets
+    behind one provider. The engine-side twin of infra.config.names.check_derived_names."""
+    seen: dict[tuple[str, ...], list[str]] = {}
+    for item in recorded:
+        keys: list[tuple[str, ...]] = [("urn", item.urn)]
+        if item.type.startswith("kubernetes:") and not item.type.startswith(("kubernetes:helm.sh/", "pulumi:")):
+            metadata = item.inputs.get("metadata") or {}
+            kind = item.inputs.get("kind") or item.type.rsplit(":", 1)[-1]
+            if metadata.get("name"):
+                keys.append(("kubernetes", str(kind), str(metadata.get("namespace") or ""), str(metadata["name"])))
+        if item.type == "aws:s3/bucket:Bucket" and item.inputs.get("bucket"):
+            keys.append(("bucket", item.provider_ref.split("::")[-1], str(item.inputs["bucket"])))
+        for key in keys:
+            seen.setdefault(key, []).append(item.name)
+    problems = []
+    for key, owners in seen.items():
+        if len(owners) > 1:
+            what = {"urn": "URN", "kubernetes": "Kubernetes object", "bucket": "bucket name"}[key[0]]
+            problems.append(f"{what} {'/'.join(part for part in key[1:] if part)} is used by "
+                            f"{', '.join(sorted(owners))}: two resources cannot share one name")
+    return problems
 
 
 def _run_program(main: str, stopped: list[ConfigError]) -> None:

@@ -6,9 +6,12 @@ Each capability is one component; this module only wires their typed outputs int
 from __future__ import annotations
 
 import pulumi
+import pulumi_aws as aws
 
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from infra.config import StackConfig
+from infra.config.names import JOBS_NAMESPACE, stack_prefix
+from infra.config.stackcheck import check_stack
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
@@ -18,12 +21,12 @@ from infra.poolplan import plan_node_pools, pool_facts
 from infra.storage import Storage, StorageArgs, job_storage_facts
 from workloads.cluster_facts import ClusterFacts, facts_to_dict
 
-JOBS_NAMESPACE = "training"  # where Jobs, their claims and the COS Secret live (ClusterFacts.namespace)
+__all__ = ["JOBS_NAMESPACE", "build_stack", "stack_context"]  # JOBS_NAMESPACE: Jobs, claims, the COS Secret
 
 
 def stack_context(cfg: StackConfig, project: str, stack: str) -> StackContext:
     tags = {"project": project, "stack": stack, "managed-by": "pulumi", **cfg.tags}
-    return StackContext(project=project, stack=stack, prefix=f"mlc-{stack}", label_prefix=cfg.label_prefix,
+    return StackContext(project=project, stack=stack, prefix=stack_prefix(stack), label_prefix=cfg.label_prefix,
                         protected=cfg.protected, region=cfg.region, tags=tags)
 
 
@@ -43,7 +46,12 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                              object_store_endpoint=storage_facts.object_store_endpoint,
                              object_store_secret=storage_facts.object_store_secret,
                              volume_claims=storage_facts.volume_claims)
-    check_jobs(cfg.jobs, job_facts)  # every stack Job fits the pools it targets; ConfigError
+    rendered_jobs = check_jobs(cfg.jobs, job_facts)  # every stack Job fits the pools it targets; ConfigError
+    # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
+    account_id = aws.get_caller_identity().account_id if cfg.platform == "eks" else None
+    private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
+                     else None)
+    job_access = check_stack(cfg, ctx.stack, account_id, private_zones, rendered_jobs)
 
     # --- network + cluster ---
     network: NetworkInfo | None = None
@@ -106,7 +114,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     assert created_claims == set(job_facts.volume_claims or ()), "job_storage_facts disagrees with Storage"
     jobs = TrainingJobs(ctx, TrainingJobsArgs(
         cluster=cluster, facts=job_facts, specs=cfg.jobs, namespace=namespace.namespace,
-        bucket_arns=list(storage.bucket_arns.values()),
+        bucket_arns=dict(storage.bucket_arns), bucket_access=job_access,
         depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values())))
     outputs["jobFacts"] = facts_to_dict(job_facts)  # `python -m workloads.submit ... --facts` reads this
     outputs["jobs"] = jobs.job_names

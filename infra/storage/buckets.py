@@ -18,7 +18,11 @@ MAX_BUCKET_NAME = 63
 
 
 def default_bucket_name(ctx: StackContext, key: str, account_id: str | None) -> str:
-    """`<prefix>-<key>[-<account>]`: the account id keeps S3's global namespace from colliding."""
+    """`<prefix>-<key>[-<account>]`: the account id keeps S3's global namespace from colliding.
+
+    The same name as infra.config.names.default_bucket_name, whose length and uniqueness are checked with every
+    other derived name before any resource is registered; the ValueError here is only a last line of defence.
+    """
     name = f"{ctx.prefix}-{key}" + (f"-{account_id}" if account_id else "")
     if len(name) > MAX_BUCKET_NAME:
         raise ValueError(f"storage bucket {key}: derived name {name!r} is longer than 63; set bucketName")

@@ -1,0 +1,252 @@
+"""Every physical name a stack derives, from its parsed config, checked before any resource is registered.
+
+`derived_names` lists what each receiving service will see (S3 bucket names, IAM role and EKS node-group names
+after Pulumi's auto-naming suffix, the CloudWatch log group, Kubernetes objects by kind/namespace/name, label
+values); `check_derived_names` applies each service's naming rules and checks uniqueness across the whole stack.
+`check_stack_name` rejects a stack name that cannot become part of those names, and says why.
+
+No Pulumi import here: the list is derived from config alone (plus the rendered Job manifests, which the caller
+passes in), so the same check runs in `pulumi up`, `pulumi preview` and the offline plan.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infra.config.schema import StackConfig
+
+CONFIG = "ml-cluster:"
+STACK_PATH = "stack"
+JOBS_NAMESPACE = "training"  # the Jobs' namespace (infra.stack.JOBS_NAMESPACE, ClusterFacts.namespace)
+JOBS_SERVICE_ACCOUNT = "training"  # ClusterFacts.job_service_account
+COS_JOB_SECRET = "cos-credentials"  # infra.storage.COS_JOB_SECRET
+AUTONAME_SUFFIX = 8  # Pulumi auto-naming appends "-" and 7 random hex characters to the logical name
+PLACEHOLDER_ACCOUNT = "000000000000"  # account ids are always 12 digits: right for every length rule
+
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_IAM_NAME = re.compile(r"^[\w+=,.@-]+$")
+
+# Kubernetes kinds whose names are DNS-1123 labels (the rest are subdomains).
+_LABEL_NAMED_KINDS = {"Namespace", "Service"}
+
+
+@dataclass(frozen=True)
+class DerivedName:
+    """One name a service receives: `service` (s3, cos, iam, eks, logs, kubernetes, label), `kind`, the Kubernetes
+    namespace ("" where there is none), the name itself, and the config path that produced it."""
+
+    service: str
+    kind: str
+    namespace: str
+    name: str
+    path: str
+    unique: bool = True  # False: checked against the service's rules only (e.g. a label value)
+
+
+def stack_prefix(stack: str) -> str:
+    """Logical-name prefix `mlc-<stack>` (also the start of default bucket names)."""
+    return f"mlc-{stack}"
+
+
+def default_bucket_name(stack: str, key: str, account_id: str | None) -> str:
+    """`<prefix>-<key>[-<account>]`: the account id keeps S3's global namespace from colliding."""
+    return f"{stack_prefix(stack)}-{key}" + (f"-{account_id}" if account_id else "")
+
+
+def s3_claim_name(bucket_key: str) -> str:
+    return f"s3-{bucket_key}"
+
+
+def cos_claim_name(bucket_key: str) -> str:
+    return f"cos-{bucket_key}"
+
+
+def static_volume_name(namespace: str, claim: str) -> str:
+    return f"{namespace}-{claim}"
+
+
+def check_stack_name(stack: str) -> list[tuple[str, str]]:
+    """A stack name becomes part of bucket names (lower-case, digits, '-'), label values and DNS names."""
+    if not _DNS_LABEL.match(stack):
+        return [(STACK_PATH, f"{stack!r} is not a valid stack name: use lower-case letters, digits and '-', "
+                             "starting and ending with a letter or digit (it becomes part of S3 bucket names, "
+                             "IAM role names, Kubernetes labels and DNS names)")]
+    return []
+
+
+def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
+                  job_manifests: Sequence[Sequence[dict[str, Any]]] = ()) -> list[DerivedName]:
+    """Every physical name the stack would create, in a fixed order (config order).
+
+    `job_manifests` are the rendered manifests of `cfg.jobs` (index-aligned); without them Jobs are not listed.
+    """
+    names: list[DerivedName] = []
+    prefix = stack_prefix(stack)
+    eks = cfg.platform == "eks"
+    account = account_id or PLACEHOLDER_ACCOUNT
+
+    def add(service: str, kind: str, namespace: str, name: str, path: str, unique: bool = True) -> None:
+        names.append(DerivedName(service, kind, namespace, name, path, unique))
+
+    def role(logical: str, path: str) -> None:  # auto-named: the logical name plus Pulumi's suffix
+        add("iam", "role", "", f"{logical}-xxxxxxx", path)
+
+    storage = cfg.storage
+    # --- the stack name in labels on every object ---
+    add("label", "label value", "", stack, STACK_PATH, unique=False)
+    # --- AWS ---
+    if eks:
+        assert cfg.cluster is not None
+        add("eks", "cluster", "", cfg.cluster.name, f"{CONFIG}cluster.name")
+        add("logs", "log group", "", f"/aws/eks/{cfg.cluster.name}/cluster", f"{CONFIG}cluster.name")
+        role(f"{prefix}-cluster-role", STACK_PATH)
+        role(f"{prefix}-cluster-node-role", STACK_PATH)
+        role(f"{prefix}-storage-ebs-csi-role", STACK_PATH)
+        if storage.efs is not None:
+            role(f"{prefix}-storage-efs-csi-role", f"{CONFIG}storage.efs")
+        if any(bucket.mount for bucket in storage.buckets):
+            role(f"{prefix}-storage-mountpoint-s3-csi-role", f"{CONFIG}storage.buckets")
+        if cfg.gpu.autoscaler.enabled:
+            role(f"{prefix}-gpu-autoscaler-role", f"{CONFIG}gpu.autoscaler")
+        if storage.buckets:
+            role(f"{prefix}-jobs-role", f"{CONFIG}storage.buckets")
+        for index, pool in enumerate(cfg.node_pools):
+            if pool.instance_types:
+                add("eks", "node group", "", f"{prefix}-nodepools-{pool.name}-ng-xxxxxxx",
+                    f"{CONFIG}nodePools[{index}].name")
+        for index, bucket in enumerate(storage.buckets):
+            physical = bucket.bucket_name or default_bucket_name(stack, bucket.name, account)
+            where = "bucketName" if bucket.bucket_name else "name"
+            add("s3", "bucket", "", physical, f"{CONFIG}storage.buckets[{index}].{where}")
+    if storage.cos is not None:
+        for index, cos_bucket in enumerate(storage.cos.buckets):
+            physical = cos_bucket.bucket_name or default_bucket_name(stack, cos_bucket.name, None)
+            where = "bucketName" if cos_bucket.bucket_name else "name"
+            add("cos", "bucket", "", physical, f"{CONFIG}storage.cos.buckets[{index}].{where}")
+
+    # --- Kubernetes ---
+    ns = JOBS_NAMESPACE
+    add("kubernetes", "Namespace", "", ns, STACK_PATH)
+    add("kubernetes", "ServiceAccount", ns, JOBS_SERVICE_ACCOUNT, STACK_PATH)
+    if eks and storage.gp3 is not None:
+        add("kubernetes", "StorageClass", "", storage.gp3.name, f"{CONFIG}storage.gp3.name")
+    if eks and storage.efs is not None:
+        add("kubernetes", "StorageClass", "", storage.efs.storage_class.name, f"{CONFIG}storage.efs.storageClass.name")
+    if storage.nfs is not None:
+        add("kubernetes", "StorageClass", "", storage.nfs.storage_class_name, f"{CONFIG}storage.nfs.storageClassName")
+    for index, bucket in enumerate(storage.buckets if eks else []):
+        if bucket.mount:
+            claim = s3_claim_name(bucket.name)
+            path = f"{CONFIG}storage.buckets[{index}].name"
+            add("kubernetes", "PersistentVolume", "", static_volume_name(ns, claim), path)
+            add("kubernetes", "PersistentVolumeClaim", ns, claim, path)
+    if storage.cos is not None:
+        cos = storage.cos
+        add("kubernetes", "Secret", ns, COS_JOB_SECRET, f"{CONFIG}storage.cos")
+        if not eks:
+            add("kubernetes", "Secret", ns, cos.secret_name, f"{CONFIG}storage.cos.secretName")
+            add("kubernetes", "StorageClass", "", cos.storage_class_name, f"{CONFIG}storage.cos.storageClassName")
+            for index, cos_bucket in enumerate(cos.buckets):
+                if cos_bucket.mount:
+                    claim = cos_claim_name(cos_bucket.name)
+                    path = f"{CONFIG}storage.cos.buckets[{index}].name"
+                    if cos.driver == "csi-s3":
+                        add("kubernetes", "PersistentVolume", "", static_volume_name(ns, claim), path)
+                    add("kubernetes", "PersistentVolumeClaim", ns, claim, path)
+    for index, volume in enumerate(storage.shared_volumes):
+        add("kubernetes", "PersistentVolumeClaim", ns, volume.name, f"{CONFIG}storage.sharedVolumes[{index}].name")
+    for index, manifests in enumerate(job_manifests):
+        for manifest in manifests:
+            metadata = manifest.get("metadata") or {}
+            add("kubernetes", str(manifest.get("kind")), str(metadata.get("namespace") or ""),
+                str(metadata.get("name")), f"{CONFIG}jobs[{index}].name")
+    return names
+
+
+def _rule_violation(item: DerivedName) -> str | None:
+    """Why `item` breaks its service's naming rules, or None."""
+    name = item.name
+    if item.service in ("s3", "cos"):
+        if not 3 <= len(name) <= 63:
+            return f"bucket name {name!r} is {len(name)} characters (S3 allows 3 to 63)"
+        if not _S3_BUCKET.match(name) or ".." in name or name.startswith("xn--") or name.endswith("-s3alias"):
+            return f"bucket name {name!r} is not valid (lower-case letters, digits, '.' and '-')"
+        try:
+            ipaddress.IPv4Address(name)
+            return f"bucket name {name!r} looks like an IP address"
+        except ValueError:
+            return None
+    if item.service == "iam":
+        if len(name) > 64:
+            return (f"IAM role name {name!r} (with Pulumi's 8-character suffix) is {len(name)} characters "
+                    "(IAM allows 64)")
+        return None if _IAM_NAME.match(name) else f"IAM role name {name!r} has characters IAM does not allow"
+    if item.service == "eks":
+        limit = 63 if item.kind == "node group" else 100
+        if len(name) > limit or not re.match(r"^[0-9A-Za-z][A-Za-z0-9_-]*$", name):
+            return (f"EKS {item.kind} name {name!r} is {len(name)} characters or has characters EKS rejects "
+                    f"(letters, digits, '-', '_'; at most {limit})")
+        return None
+    if item.service == "logs":
+        return None if len(name) <= 512 else f"log group name {name!r} is longer than 512"
+    if item.service == "label":
+        if len(name) > 63 or not _LABEL_VALUE.match(name):
+            return f"{name!r} is not a Kubernetes label value (at most 63 letters, digits, '-', '_', '.')"
+        return None
+    if item.service == "kubernetes":
+        if item.kind in _LABEL_NAMED_KINDS:
+            if len(name) > 63 or not _DNS_LABEL.match(name):
+                return f"{item.kind} name {name!r} is not a DNS-1123 label (at most 63)"
+        elif len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+            return f"{item.kind} name {name!r} is not a DNS-1123 subdomain (at most 253)"
+    return None
+
+
+def check_derived_names(names: Iterable[DerivedName], stack: str) -> list[tuple[str, str]]:
+    """(path, why) for every derived name that breaks its service's rules, and for every name two resources share.
+
+    A name that breaks a rule only because of the stack name is reported on `stack`.
+    """
+    problems: list[tuple[str, str]] = []
+    seen: dict[tuple[str, str, str, str], list[DerivedName]] = defaultdict(list)
+    for item in names:
+        why = _rule_violation(item)
+        if why is not None:
+            blame_stack = item.path != STACK_PATH and stack and stack in item.name and _rule_violation(
+                DerivedName(item.service, item.kind, item.namespace, item.name.replace(stack, "x"), item.path)
+            ) is None
+            if blame_stack:
+                problems.append((STACK_PATH, f"{stack!r} is too long for {item.path}: {why}"))
+            elif item.path == STACK_PATH:
+                problems.append((STACK_PATH, f"{stack!r} cannot be used: {why}"))
+            else:
+                problems.append((item.path, why))
+        if item.unique:
+            group = "bucket" if item.service in ("s3", "cos") else item.kind
+            seen[(item.service, group, item.namespace, item.name)].append(item)
+    for (service, kind, namespace, name), items in seen.items():
+        if len(items) > 1:
+            where = f" in namespace {namespace}" if namespace else ""
+            others = ", ".join(item.path for item in items[1:])
+            what = f"{service.upper()} bucket" if kind == "bucket" else kind
+            problems.append((items[0].path, f"{what} {name!r}{where} is also the name given by {others}: "
+                                            "two resources cannot share one name"))
+    unique: list[tuple[str, str]] = []
+    for problem in problems:  # one line per problem, even when several names break the same rule
+        if problem not in unique:
+            unique.append(problem)
+    about_stack = [why for path, why in unique if path == STACK_PATH]
+    if len(about_stack) > 1:  # one stack name breaks many names: say it once, with the first example
+        unique = [(path, why) for path, why in unique if path != STACK_PATH]
+        unique.insert(0, (STACK_PATH, f"{about_stack[0]} (and {len(about_stack) - 1} more derived names); "
+                                      "use a shorter stack name"))
+    return unique

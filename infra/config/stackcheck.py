@@ -1,0 +1,106 @@
+"""Cross-resource checks of a whole stack, run before any resource is registered.
+
+Schema validation (infra.config.schema) sees one stack file; these checks also need the stack name, the account,
+the private subnets' zones and the rendered Jobs, and look across sections: every derived physical name against
+its service's rules and for uniqueness (infra.config.names), node pools pinned to zones the network has, and
+what the Jobs read from and write to S3 against what the stack can grant them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.config.names import (
+    CONFIG,
+    check_derived_names,
+    check_stack_name,
+    default_bucket_name,
+    derived_names,
+)
+from infra.config.schema import ConfigError, StackConfig
+
+
+@dataclass(frozen=True)
+class JobBucketAccess:
+    """What the stack's Jobs do with its S3 buckets, by logical bucket key: read (stage from, resume from) and
+    write (checkpoint to). The Jobs' IAM policy grants exactly this."""
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def used(self) -> bool:
+        return bool(self.read or self.write)
+
+
+def _bucket_of(uri: str) -> str:
+    return uri.removeprefix("s3://").split("/", 1)[0]
+
+
+def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> JobBucketAccess:
+    """Derive the Jobs' bucket access from their specs; a bucket the stack cannot grant is a problem (EKS only:
+    on onprem the COS HMAC keys, not a role, decide what a Job can reach)."""
+    if cfg.platform != "eks":
+        return JobBucketAccess()
+    by_physical = {bucket.bucket_name or default_bucket_name(stack, bucket.name, account_id): bucket.name
+                   for bucket in cfg.storage.buckets}
+    known = ", ".join(sorted(by_physical)) or "none"
+    read: set[str] = set()
+    write: set[str] = set()
+    problems: list[tuple[str, str]] = []
+    for index, spec in enumerate(cfg.jobs):
+        uses = []
+        if spec.dataset is not None and spec.dataset.uri is not None:
+            uses.append(("dataset.uri", spec.dataset.uri, "read", read))
+        if spec.checkpoint is not None and spec.checkpoint.uri is not None:
+            uses.append(("checkpoint.uri", spec.checkpoint.uri, "write", write))
+        for where, uri, verb, into in uses:
+            bucket = _bucket_of(uri)
+            if bucket not in by_physical:
+                problems.append((f"{CONFIG}jobs[{index}].{where}",
+                                 f"bucket {bucket!r} is not one of this stack's S3 buckets ({known}): the Jobs' "
+                                 f"role cannot {verb} it; add it to ml-cluster:storage.buckets"))
+                continue
+            into.add(by_physical[bucket])
+    return JobBucketAccess(read=tuple(sorted(read | write)), write=tuple(sorted(write)), problems=problems)
+
+
+def pool_zone_problems(cfg: StackConfig, private_zones: Sequence[str] | None) -> list[tuple[str, str]]:
+    """A pool pinned to availability zones where the network has no private subnet cannot get nodes."""
+    if private_zones is None:
+        return []
+    have = sorted(set(private_zones))
+    problems = []
+    for index, pool in enumerate(cfg.node_pools):
+        if pool.instance_types and pool.availability_zones and not set(pool.availability_zones) & set(have):
+            problems.append((f"{CONFIG}nodePools[{index}].availabilityZones",
+                             f"node pool {pool.name}: no private subnet in {', '.join(pool.availability_zones)} "
+                             f"(the network's private subnets are in {', '.join(have) or 'no zone'})"))
+    return problems
+
+
+def private_zones_from_config(cfg: StackConfig) -> list[str] | None:
+    """The private subnets' zones when the stack creates its VPC (adopted subnets are looked up instead)."""
+    if cfg.network is not None and cfg.network.create is not None:
+        return list(cfg.network.create.availability_zones)
+    return None
+
+
+def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
+                private_zones: Sequence[str] | None = None,
+                job_manifests: Sequence[Sequence[dict[str, Any]]] = ()) -> JobBucketAccess:
+    """Every cross-resource check; raises ConfigError with all problems found. Returns the Jobs' bucket access."""
+    problems = check_stack_name(stack)
+    if problems:  # every derived name would repeat the same complaint
+        raise ConfigError(problems)
+    problems += check_derived_names(derived_names(cfg, stack, account_id, job_manifests), stack)
+    zones = private_zones if private_zones is not None else private_zones_from_config(cfg)
+    problems += pool_zone_problems(cfg, zones)
+    access = job_bucket_access(cfg, stack, account_id)
+    problems += access.problems
+    if problems:
+        raise ConfigError(problems)
+    return access

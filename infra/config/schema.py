@@ -32,11 +32,37 @@ class ConfigError(ValueError):
     """A stack config (or a Job spec in it) that cannot be deployed; one `path: why` per problem."""
 
     def __init__(self, problems: Iterable[tuple[str, str]]):
-        self.problems = list(problems)
-        super().__init__("\n".join(f"{path}: {why}" for path, why in self.problems))
+        self.problems = list(problems)  # as raised (components may use the short `nodePools.0.name` form)
+        super().__init__("\n".join(f"{path}: {why}" for path, why in self.shown()))
+
+    def shown(self) -> list[tuple[str, str]]:
+        """The problems as reported: one path style (`ml-cluster:jobs[0].memory`), each problem once."""
+        shown: list[tuple[str, str]] = []
+        for path, why in self.problems:
+            problem = (config_path(path), why)
+            if problem not in shown:
+                shown.append(problem)
+        return shown
 
     def lines(self) -> list[str]:
-        return [f"error: {path}: {why}" for path, why in self.problems]
+        return [f"error: {path}: {why}" for path, why in self.shown()]
+
+
+def config_path(path: str) -> str:
+    """A problem's path in the one style used everywhere: the stack-file key, then the field path with list
+    indices in brackets: `jobs.0.memory` -> `ml-cluster:jobs[0].memory`, `region` -> `aws:region`. Paths that
+    are not config fields (a file, `stack`, `config`, `arguments`) are left as they are."""
+    first = re.split(r"[.\[]", path, maxsplit=1)[0]
+    if first in ("", "config", "stack", "arguments") or "/" in first or path.startswith(("{", "[", '"')):
+        return path
+    match = re.match(r"^((?:[A-Za-z0-9_-]+:)?[A-Za-z0-9_-]+)(.*)$", path, re.DOTALL)
+    if match is None:
+        return path
+    head, rest = match.groups()
+    if ":" not in head:
+        head = "aws:region" if head == "region" else f"{NAMESPACE}{head}"
+    rest = re.sub(r"\.(\d+)(?=$|[.\[])", r"[\1]", rest)
+    return head + rest
 
 
 class ConfigExit(SystemExit):
@@ -274,10 +300,10 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
             name = key[len(NAMESPACE):]
             if name in SECRET_KEYS and key not in secret:
                 problems.append((key, "must be a secret: pulumi config set --secret " + key))
-                continue
+                value = "plaintext-rejected"  # present, so no rule that needs the key reports it missing too
             ours[name] = value
         elif ":" not in key:
-            problems.append((key, f"config keys need a namespace, e.g. {NAMESPACE}{key}"))
+            problems.append(("config", f"key {key!r} needs a namespace, e.g. {NAMESPACE}{key}"))
     try:
         config = StackConfig.model_validate(ours)
     except ValidationError as exc:
@@ -306,9 +332,16 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], list[str]]:
     """
     where = str(path)
     try:
-        document = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+        if "\x00" in text:
+            raise ConfigError([(where, "is a binary file, not a YAML stack file")])
+        document = yaml.safe_load(text)
     except OSError as exc:
         raise ConfigError([(where, f"cannot read: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([(where, f"is not UTF-8 text (byte {exc.start}: {exc.reason})")]) from None
+    except RecursionError:
+        raise ConfigError([(where, "is nested too deeply to be a stack file")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -135,7 +135,7 @@ def test_adopted_subnet_from_another_vpc_is_a_config_error(plan_config: Any) -> 
     network["existing"]["vpcId"] = "vpc-0fffffffffffffff0"
     with pytest.raises(ConfigError) as caught:
         plan_config("prod", {"ml-cluster:network": network})
-    assert "network.existing.privateSubnetIds.0" in str(caught.value)
+    assert "ml-cluster:network.existing.privateSubnetIds[0]" in str(caught.value)
 
 
 def test_onprem_creates_nothing_in_aws(stack_plan: Any) -> None:
@@ -213,7 +213,7 @@ def test_unknown_instance_type_names_the_pool_and_the_fixture(tmp_path: Path) ->
     result = run_plan("--stack", "dev", "--config", str(path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
-    assert any(line.startswith("error: nodePools.") and "g9.mega" in line for line in lines), lines
+    assert any(line.startswith("error: ml-cluster:nodePools[") and "g9.mega" in line for line in lines), lines
     assert any(line.startswith("error: stacks/fixtures/instance_types.json: ") for line in lines), lines
 
 

@@ -172,7 +172,7 @@ def _render(job_file: str, facts_file: str) -> list[dict[str, Any]]:
     return manifests
 
 
-def _apis(context: str | None) -> tuple[Any, Any]:
+def _apis(context: str | None) -> tuple[Any, Any, Any]:
     from kubernetes import client, config
 
     try:
@@ -182,7 +182,7 @@ def _apis(context: str | None) -> tuple[Any, Any]:
             config.load_incluster_config()
         except Exception as exc:  # noqa: BLE001
             raise UsageError("kubeconfig", f"no cluster credentials ({exc})") from None
-    return client.BatchV1Api(), client.CoreV1Api()
+    return client.BatchV1Api(), client.CoreV1Api(), client.NetworkingV1Api()
 
 
 def _to_json(api_object: Any) -> dict[str, Any]:
@@ -191,13 +191,15 @@ def _to_json(api_object: Any) -> dict[str, Any]:
     return ApiClient().sanitize_for_serialization(api_object)
 
 
-def _submit(manifests: list[dict[str, Any]], batch: Any, core: Any) -> list[str]:
+def _submit(manifests: list[dict[str, Any]], batch: Any, core: Any, networking: Any) -> list[str]:
     from kubernetes.client.exceptions import ApiException
 
+    creators = {"Job": batch.create_namespaced_job, "Service": core.create_namespaced_service,
+                "NetworkPolicy": networking.create_namespaced_network_policy}
     lines = []
     for manifest in manifests:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-        create = batch.create_namespaced_job if manifest["kind"] == "Job" else core.create_namespaced_service
+        create = creators[manifest["kind"]]
         try:
             create(namespace, manifest)
             lines.append(f"created {manifest['kind'].lower()}/{name} in {namespace}")
@@ -242,7 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("--container", default=TRAIN_CONTAINER)
     logs.add_argument("--index", type=int, default=0, help="completion index (multi-node)")
     logs.add_argument("--follow", "-f", action="store_true")
-    delete = commands.add_parser("delete", help="delete a run (its pods and Service too)")
+    delete = commands.add_parser("delete", help="delete a run (its pods, Service and NetworkPolicy too)")
     delete.add_argument("name")
     return parser
 
@@ -275,16 +277,18 @@ def _logs(batch: Any, core: Any, namespace: str, name: str, container: str, inde
     return 0
 
 
-def _delete(batch: Any, core: Any, namespace: str, name: str) -> int:
+def _delete(batch: Any, core: Any, networking: Any, namespace: str, name: str) -> int:
     from kubernetes.client.exceptions import ApiException
 
     _read_job(batch, namespace, name)
     batch.delete_namespaced_job(name, namespace, propagation_policy="Foreground")
-    try:
-        core.delete_namespaced_service(name, namespace)  # multi-node runs only
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    # Multi-node runs only: the headless Service and the gang's NetworkPolicy share the Job's name.
+    for delete_companion in (core.delete_namespaced_service, networking.delete_namespaced_network_policy):
+        try:
+            delete_companion(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
     print(f"deleted job/{name}")
     return 0
 
@@ -295,15 +299,15 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "render":
             sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
             return 0
-        batch, core = _apis(args.context)
-        print("\n".join(_submit(manifests, batch, core)))
+        batch, core, networking = _apis(args.context)
+        print("\n".join(_submit(manifests, batch, core, networking)))
         return 0
-    batch, core = _apis(args.context)
+    batch, core, networking = _apis(args.context)
     if args.command == "status":
         return _status(batch, core, args.namespace, args.name, args.json)
     if args.command == "logs":
         return _logs(batch, core, args.namespace, args.name, args.container, args.index, args.follow)
-    return _delete(batch, core, args.namespace, args.name)
+    return _delete(batch, core, networking, args.namespace, args.name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

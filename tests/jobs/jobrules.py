@@ -115,3 +115,18 @@ def check_service(service: dict[str, Any], job: dict[str, Any], kubernetes_versi
     template_labels = job["spec"]["template"]["metadata"]["labels"]
     assert all(template_labels.get(key) == value for key, value in service["spec"]["selector"].items())
     validate_strict(service, kubernetes_version)
+
+
+def check_network_policy(policy: dict[str, Any], job: dict[str, Any], kubernetes_version: str = "1.33") -> None:
+    """A gang's policy selects exactly the Job's pods and admits traffic from them alone."""
+    gang = {"matchLabels": {"app.kubernetes.io/instance": job["metadata"]["name"]}}
+    assert policy["spec"]["podSelector"] == gang
+    assert [source for rule in policy["spec"]["ingress"] for source in rule["from"]] == [{"podSelector": gang}]
+    template_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert template_labels["app.kubernetes.io/instance"] == job["metadata"]["name"]
+    validate_strict(policy, kubernetes_version)
+
+
+def check_companion(manifest: dict[str, Any], job: dict[str, Any], kubernetes_version: str = "1.33") -> None:
+    checks = {"Service": check_service, "NetworkPolicy": check_network_policy}
+    checks[manifest["kind"]](manifest, job, kubernetes_version)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.jobs.facts import ALL_FACTS
-from tests.jobs.jobrules import check_job, check_service
+from tests.jobs.jobrules import check_companion, check_job
 from workloads.jobspec import load_job_file, render_job
 
 JOBS_DIR = Path(__file__).resolve().parents[2] / "workloads" / "jobs"
@@ -26,10 +26,10 @@ def test_every_example_has_a_target_stack() -> None:
 @pytest.mark.parametrize("file_name", sorted(TARGET_STACK))
 def test_example_renders_a_valid_job(file_name: str) -> None:
     for spec in load_job_file(JOBS_DIR / file_name):
-        job, *services = render_job(spec, ALL_FACTS[TARGET_STACK[file_name]])
+        job, *companions = render_job(spec, ALL_FACTS[TARGET_STACK[file_name]])
         check_job(job)
-        for service in services:
-            check_service(service, job)
+        for companion in companions:
+            check_companion(companion, job)
 
 
 def test_examples_cover_the_four_kinds() -> None:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.jobs.facts import ALL_FACTS, GIB, dev_facts, onprem_facts, prod_facts
-from tests.jobs.jobrules import check_job, check_service
+from tests.jobs.jobrules import check_job, check_network_policy, check_service
 from workloads.cluster_facts import facts_from_dict, facts_to_dict
 from workloads.jobspec import (
     CONFIG_ERROR_EXIT_CODE,
@@ -219,7 +219,7 @@ def test_name_hash_is_stable_and_changes_with_the_spec_or_the_cluster() -> None:
 
 
 def test_multi_node_is_an_indexed_job_with_a_headless_service_and_rendezvous_env() -> None:
-    job, service = render_job(spec(nodes=4, gpus=8, gpuType="h100", queue="gpu-h100"), prod_facts())
+    job, service, policy = render_job(spec(nodes=4, gpus=8, gpuType="h100", queue="gpu-h100"), prod_facts())
     name = job["metadata"]["name"]
     assert job["spec"]["completionMode"] == "Indexed"
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
@@ -232,6 +232,7 @@ def test_multi_node_is_an_indexed_job_with_a_headless_service_and_rendezvous_env
     assert train_container(job)["command"] == ["torchrun", "--module", "workloads.train"]
     check_job(job)
     check_service(service, job)
+    check_network_policy(policy, job)
 
 
 def test_name_length_budget_counts_hash_and_pod_index() -> None:
@@ -355,9 +356,10 @@ def test_fuzzed_specs_render_valid_jobs_or_fail_with_a_field_path(case: tuple[st
     needed = (quantity_bytes(parsed.process_memory) + parsed.shm_bytes() + parsed.ram_disk_bytes())
     assert quantity_bytes(limits["memory"]) >= needed
     assert int(limits.get("nvidia.com/gpu", 0)) == parsed.gpus
-    assert len(manifests) == (2 if parsed.nodes > 1 else 1)
+    assert [m["kind"] for m in manifests] == (["Job", "Service", "NetworkPolicy"] if parsed.nodes > 1 else ["Job"])
     if parsed.nodes > 1:
         check_service(manifests[1], job)
+        check_network_policy(manifests[2], job)
     assert quantity_bytes(limits["ephemeral-storage"]) >= parsed.staged_bytes()
     if parsed.dataset and parsed.dataset.staged_size:
         assert parsed.staged_bytes() >= quantity_bytes(parsed.dataset.staged_size) + 2 * GIB

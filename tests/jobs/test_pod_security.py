@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from tests.jobs.facts import dev_facts
+from tests.jobs.facts import dev_facts, prod_facts
+from tests.jobs.jobrules import validate_strict
 from tests.jobs.pss import restricted_violations
-from workloads.jobspec import TMP_DIR, parse_spec, render_job
+from workloads.jobspec import TMP_DIR, namespace_network_policies, parse_spec, render_job
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
@@ -66,3 +67,26 @@ def test_the_checker_catches_each_rule(mutate: Any, rule: str) -> None:
     pod = copy.deepcopy(_pod())
     mutate(pod)
     assert any(problem.startswith(rule) for problem in restricted_violations(pod)), restricted_violations(pod)
+
+
+def test_a_multi_node_gang_accepts_traffic_only_from_itself() -> None:
+    spec = parse_spec({"name": "ddp", "image": IMAGE, "gpus": 8, "nodes": 2, "gpuType": "h100"})
+    job, service, policy = render_job(spec, prod_facts())
+    validate_strict(policy)
+    gang = {"matchLabels": {"app.kubernetes.io/instance": job["metadata"]["name"]}}
+    assert policy["metadata"]["namespace"] == job["metadata"]["namespace"]
+    assert policy["spec"]["podSelector"] == gang
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": gang}], "ports": [{"protocol": "TCP"}]}]
+    template_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert all(template_labels[key] == value for key, value in gang["matchLabels"].items())
+
+
+def test_the_namespace_denies_ingress_and_lets_only_the_monitoring_namespace_scrape() -> None:
+    deny, scrape = namespace_network_policies("training", {"app.kubernetes.io/part-of": "ml-cluster"},
+                                              metrics_namespace="monitoring", metrics_ports=(9400,))
+    for policy in (deny, scrape):
+        validate_strict(policy)
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    assert scrape["spec"]["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert namespace_network_policies("training", {}) == [deny | {"metadata": deny["metadata"] | {"labels": {}}}]

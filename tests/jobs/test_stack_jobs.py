@@ -10,7 +10,7 @@ import pytest
 
 from infra.config import ConfigError
 from tests.conftest import STACKS, resources_of, stack_values
-from tests.jobs.jobrules import check_job, check_service
+from tests.jobs.jobrules import check_job, check_network_policy, check_service, validate_strict
 
 Plan = dict[str, Any]
 JOB = "kubernetes:batch/v1:Job"
@@ -30,6 +30,12 @@ def manifest(resource: dict[str, Any]) -> dict[str, Any]:
 def test_every_stack_job_keeps_the_rules(stack: str, stack_plan: Callable[[str], Plan]) -> None:
     plan = stack_plan(stack)
     services = {r["inputs"]["metadata"]["name"]: manifest(r) for r in resources_of(plan, "kubernetes:core/v1:Service")}
+    policies = {r["inputs"]["metadata"]["name"]: manifest(r)
+                for r in resources_of(plan, "kubernetes:networking.k8s.io/v1:NetworkPolicy")}
+    # Nothing reaches a training pod that a policy does not admit.
+    deny = policies["default-deny-ingress"]
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    validate_strict(deny, kubernetes_version(stack))
     for resource in resources_of(plan, JOB):
         job = manifest(resource)
         check_job(job, kubernetes_version=kubernetes_version(stack))
@@ -43,6 +49,7 @@ def test_every_stack_job_keeps_the_rules(stack: str, stack_plan: Callable[[str],
             assert f"mlc-{stack}-gpu-device-plugin" in needs, resource["name"]
         if job["spec"].get("completionMode") == "Indexed":
             check_service(services[job["metadata"]["name"]], job, kubernetes_version(stack))
+            check_network_policy(policies[job["metadata"]["name"]], job, kubernetes_version(stack))
 
 
 def test_dev_and_prod_hold_the_four_example_kinds(stack_plan: Callable[[str], Plan]) -> None:

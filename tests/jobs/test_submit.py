@@ -210,7 +210,7 @@ def test_spec_that_does_not_fit_the_cluster_names_file_and_field(facts_file: Pat
 
 
 class FakeApi:
-    """Stands in for BatchV1Api/CoreV1Api: records creates, answers 409 for names that already exist."""
+    """Stands in for BatchV1Api/CoreV1Api/NetworkingV1Api: records creates, answers 409 for names that already exist."""
 
     def __init__(self, existing: set[str]) -> None:
         self.existing, self.created = existing, []
@@ -222,7 +222,7 @@ class FakeApi:
             raise ApiException(status=409, reason="AlreadyExists")
         self.created.append((namespace, body["kind"], body["metadata"]["name"]))
 
-    create_namespaced_job = create_namespaced_service = create
+    create_namespaced_job = create_namespaced_service = create_namespaced_network_policy = create
 
 
 def test_submit_creates_job_and_service_and_treats_an_existing_hash_as_unchanged() -> None:
@@ -233,8 +233,8 @@ def test_submit_creates_job_and_service_and_treats_an_existing_hash_as_unchanged
     manifests = render_job(parse_spec({"name": "ddp", "image": IMAGE, "nodes": 2, "gpus": 8, "gpuType": "h100"}),
                            prod_facts())
     api = FakeApi(existing=set())
-    lines = _submit(manifests, api, api)
-    assert [kind for _, kind, _ in api.created] == ["Job", "Service"]
+    lines = _submit(manifests, api, api, api)
+    assert [kind for _, kind, _ in api.created] == ["Job", "Service", "NetworkPolicy"]
     assert lines[0].startswith("created job/ddp-")
     again = FakeApi(existing={manifests[0]["metadata"]["name"]})
-    assert _submit(manifests, again, again)[0].startswith("unchanged job/ddp-")
+    assert _submit(manifests, again, again, again)[0].startswith("unchanged job/ddp-")

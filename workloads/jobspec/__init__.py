@@ -25,6 +25,7 @@ imports here: the same code runs in `workloads.submit` and inside the cluster.
 """
 
 from workloads.jobspec.loading import load_job_file, parse_spec
+from workloads.jobspec.network import job_network_policy, namespace_network_policies
 from workloads.jobspec.render import job_name, render_job, spec_hash
 from workloads.jobspec.spec import (
     CONFIG_ERROR_EXIT_CODE,
@@ -55,7 +56,9 @@ __all__ = [
     "TolerationSpec",
     "TrainingJobSpec",
     "job_name",
+    "job_network_policy",
     "load_job_file",
+    "namespace_network_policies",
     "parse_spec",
     "render_job",
     "spec_hash",

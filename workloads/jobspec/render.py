@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec.network import job_network_policy
 from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
 from workloads.jobspec.spec import (
     CONFIG_ERROR_EXIT_CODE,
@@ -391,6 +392,9 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
                 },
             }
         )
+        policy = job_network_policy(spec, facts, job_name, labels)
+        if policy is not None:
+            manifests.append(policy)
     return manifests
 
 

@@ -73,12 +73,21 @@ def device_plugin_values(plans: Sequence[PoolPlan]) -> dict[str, Any]:
     }
 
 
+# dcgm-exporter's resources, every field set: Helm merges maps, so leaving one out keeps the chart's default
+# (chart 4.7.1 values.yaml:113-119: limits cpu 200m, memory 256Mi). A CPU limit stays, but at 1 CPU: the chart's
+# 200m throttles the exporter while it collects profiling fields from 8 GPUs and then scrapes time out.
+DCGM_EXPORTER_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "256Mi"},
+    "limits": {"cpu": "1", "memory": "1Gi"},
+}
+
+
 def dcgm_exporter_values(cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], label_prefix: str) -> dict[str, Any]:
     return {
         "affinity": _required_affinity(f"{label_prefix}/gpu-type", "Exists"),
         "tolerations": gpu_tolerations(plans),
         "serviceMonitor": {"enabled": cfg.service_monitor},
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": DCGM_EXPORTER_RESOURCES,
     }
 
 

@@ -28,6 +28,10 @@ from workloads.quantity import quantity_bytes, quantity_millicores
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"  # what the device plugin chart's node affinity accepts
 CAS_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"  # ASG tag prefix cluster-autoscaler reads
+# cluster-autoscaler (AWS) treats a node as a GPU node, and waits for its GPUs to register before it counts the
+# scale-up as done, only when it carries this label (kubernetes/autoscaler cluster-autoscaler-1.33.0,
+# cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go:38 GPULabel, :94 GetNodeGpuConfig).
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
 ASG_TAG_KEY_MAX = 128
 
 ShapeLookup = Callable[[str], InstanceShape]
@@ -176,7 +180,17 @@ def _check_instance_pool(path: str, pool: NodePoolConfig, shapes: Sequence[Insta
                 f"pool {pool.name} mixes CPU architectures: {', '.join(sorted(architectures))}",
             )
         )
-    if pool.local_storage.mode == "raid0" and pool.local_storage.gib is None and not shapes[0].local_ssd_gb:
+    if pool.local_storage.mode == "raid0" and pool.ami_family == "bottlerocket" and not shapes[0].local_ssd_gb:
+        # Bottlerocket's essential bootstrap command `apiclient ephemeral-storage init` fails without instance
+        # store disks, and an essential bootstrap command that fails stops the boot.
+        problems.append(
+            (
+                f"{path}.localStorage.mode",
+                f"pool {pool.name}: mode raid0 on Bottlerocket but {shapes[0].instance_type} has no instance store "
+                "(the node would not boot): use a type with NVMe instance store, or mode auto/none",
+            )
+        )
+    elif pool.local_storage.mode == "raid0" and pool.local_storage.gib is None and not shapes[0].local_ssd_gb:
         problems.append(
             (
                 f"{path}.localStorage.gib",
@@ -236,7 +250,10 @@ def plan_instance_pool(
         gpu_memory_gib=gpu_memory_gib,
         nvme_gib=nvme_gib,
         ami_type=ami,
-        labels=_base_labels(pool, label_prefix, gpu_type, gpus, gpu_memory_gib, nvme_gib, gpu_present),
+        labels={
+            **({ACCELERATOR_LABEL: gpu_type} if gpu_type is not None else {}),
+            **_base_labels(pool, label_prefix, gpu_type, gpus, gpu_memory_gib, nvme_gib, gpu_present),
+        },
         taints=_taints(pool, pool.gpu),
         ephemeral_storage_bytes=int(disk_gib * GIB * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
     )

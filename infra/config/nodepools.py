@@ -153,9 +153,10 @@ class DevicePluginConfig(HelmChartConfig):
 
 
 class DcgmExporterConfig(HelmChartConfig):
-    # https://nvidia.github.io/dcgm-exporter/helm-charts, chart dcgm-exporter
+    # https://nvidia.github.io/dcgm-exporter/helm-charts, chart dcgm-exporter (4.7.0 was never published: see
+    # docs/versions.md)
     enabled: bool = False
-    chart_version: str = Field(default="4.7.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    chart_version: str = Field(default="4.7.1", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
     service_monitor: bool = Field(default=False, description="needs the Prometheus operator's ServiceMonitor CRD")
 
 

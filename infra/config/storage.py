@@ -34,6 +34,16 @@ EfsTransitionToIa = Literal[
 AddonName = Literal[
     "aws-efs-csi-driver", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver", "eks-pod-identity-agent"
 ]
+# An EKS add-on version as `aws eks describe-addon-versions` lists it.
+AddonVersion = Annotated[str, Field(pattern=r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")]
+# Driver versions below which an add-on cannot work with this stack's IAM (EKS Pod Identity): Mountpoint for S3
+# supports Pod Identity from driver v2.0.0 (awslabs/mountpoint-s3-csi-driver CHANGELOG, v2.0.0).
+MIN_ADDON_VERSIONS: dict[str, tuple[int, int, int]] = {"aws-mountpoint-s3-csi-driver": (2, 0, 0)}
+
+
+def addon_semver(version: str) -> tuple[int, int, int]:
+    major, minor, patch = version[1:].split("-", 1)[0].split(".")
+    return int(major), int(minor), int(patch)
 
 
 def _bucket_name(value: str) -> str:
@@ -158,6 +168,9 @@ class CosConfig(StrictModel):
     # COS location constraint = <region>-<tier>; also the SigV4 signing region COS expects.
     tier: Literal["standard", "vault", "cold", "smart"] = "smart"
     driver: Literal["ibm-flex", "csi-s3"] = "ibm-flex"
+    # ibm-flex: the OS family of the nodes (the chart's workerOS; its `helm ibmc` plugin reads it from the nodes'
+    # osImage: Red Hat/OpenShift -> redhat, anything else, e.g. Ubuntu/DGX OS -> debian).
+    worker_os: Literal["debian", "redhat"] = "debian"
     storage_class_name: DnsLabel = "cos-s3fs"
     secret_name: DnsLabel = "cos-hmac"
     buckets: list[CosBucketConfig] = []
@@ -198,8 +211,19 @@ class StorageConfig(StrictModel):
     nfs: NfsConfig | None = None
     shared_volumes: list[SharedVolumeConfig] = []
     addon_versions: dict[
-        AddonName, str
-    ] = {}  # pin EKS add-on versions; default: EKS's default for the cluster
+        AddonName, AddonVersion
+    ] = {}  # pin EKS add-on versions (vX.Y.Z-eksbuild.N); default: EKS's default for the cluster
+
+    @field_validator("addon_versions")
+    @classmethod
+    def _addon_minimums(cls, versions: dict[str, str]) -> dict[str, str]:
+        for name, version in versions.items():
+            minimum = MIN_ADDON_VERSIONS.get(name)
+            if minimum is not None and addon_semver(version) < minimum:
+                raise ValueError(
+                    f"{name} {version}: EKS Pod Identity needs driver v{'.'.join(map(str, minimum))} or later"
+                )
+        return versions
 
     @model_validator(mode="after")
     def _references(self) -> StorageConfig:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.config.storage import StorageConfig
+from infra.config.storage import CosConfig, StorageConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 
@@ -51,41 +52,57 @@ NFS_CHART = HelmChart(
 
 
 def efs_driver_policy(file_system_arn: str) -> str:
-    """What the EFS CSI controller and node need: this file system and the access points the driver tags."""
-    access_points = file_system_arn.split(":file-system/")[0] + ":access-point/*"
+    """AWS's managed AmazonEFSCSIDriverPolicy, statement for statement, plus mounting this file system.
+
+    CreateAccessPoint and TagResource are authorized against the new access point, whose ARN does not exist
+    before the call, so the managed policy grants them on `*` and scopes them with conditions: the request must
+    carry the driver's cluster tag and no other tag key; TagResource only as part of CreateAccessPoint; delete
+    only access points that carry the tag. (Scoping CreateAccessPoint to the file-system ARN denies dynamic
+    provisioning.) Reference: AmazonEFSCSIDriverPolicy v1 as moto 5.2.5 ships it
+    (moto/iam/aws_managed_policies.py, "AmazonEFSCSIDriverPolicy").
+    """
+    cluster_tag = {
+        "ForAllValues:StringEquals": {"aws:TagKeys": EFS_CLUSTER_TAG},
+        "Null": {f"aws:RequestTag/{EFS_CLUSTER_TAG}": "false"},
+    }
     return json.dumps(
         {
             "Version": "2012-10-17",
             "Statement": [
                 {
-                    "Sid": "Describe",
+                    "Sid": "AllowDescribe",
                     "Effect": "Allow",
-                    "Resource": file_system_arn,
+                    "Resource": "*",
                     "Action": [
                         "elasticfilesystem:DescribeAccessPoints",
                         "elasticfilesystem:DescribeFileSystems",
                         "elasticfilesystem:DescribeMountTargets",
+                        "ec2:DescribeAvailabilityZones",
                     ],
                 },
                 {
-                    "Sid": "Zones",
+                    "Sid": "AllowCreateAccessPoint",
                     "Effect": "Allow",
                     "Resource": "*",
-                    "Action": ["ec2:DescribeAvailabilityZones"],
+                    "Action": ["elasticfilesystem:CreateAccessPoint"],
+                    "Condition": cluster_tag,
                 },
                 {
-                    "Sid": "CreateTaggedAccessPoints",
+                    "Sid": "AllowTagNewAccessPoints",
                     "Effect": "Allow",
-                    "Resource": file_system_arn,
-                    "Action": ["elasticfilesystem:CreateAccessPoint", "elasticfilesystem:TagResource"],
-                    "Condition": {"StringLike": {f"aws:RequestTag/{EFS_CLUSTER_TAG}": "true"}},
+                    "Resource": "*",
+                    "Action": ["elasticfilesystem:TagResource"],
+                    "Condition": {
+                        **cluster_tag,
+                        "StringEquals": {"elasticfilesystem:CreateAction": "CreateAccessPoint"},
+                    },
                 },
                 {
-                    "Sid": "DeleteOwnAccessPoints",
+                    "Sid": "AllowDeleteAccessPoint",
                     "Effect": "Allow",
-                    "Resource": access_points,
-                    "Action": ["elasticfilesystem:DeleteAccessPoint", "elasticfilesystem:TagResource"],
-                    "Condition": {"StringEquals": {f"aws:ResourceTag/{EFS_CLUSTER_TAG}": "true"}},
+                    "Resource": "*",
+                    "Action": ["elasticfilesystem:DeleteAccessPoint"],
+                    "Condition": {"Null": {f"aws:ResourceTag/{EFS_CLUSTER_TAG}": "false"}},
                 },
                 {
                     "Sid": "Mount",
@@ -278,6 +295,47 @@ class OnpremStorageDriversArgs:
     depends_on: Sequence[pulumi.Resource] = field(default_factory=tuple)
 
 
+def ibm_cos_values(cos: CosConfig) -> dict[str, Any]:
+    """ibm-object-storage-plugin 2.2.24 values for a plain Kubernetes cluster (not IBM Cloud, not OpenShift).
+
+    The chart's defaults are OpenShift (values.yaml:25-34: provider RHOCP, platform OpenShift, workerOS redhat);
+    its `helm ibmc` plugin sets the real ones from the cluster and refuses clusters that are not IBM's
+    (helm-ibmc/ibmc.sh:296-317). Here they are set from config:
+    - platform K8S: no security.openshift.io SecurityContextConstraints (templates/flex-driver-sa.yaml:20).
+    - provider RHOCP: the only non-IBM-Cloud provider whose images come from the public registry icr.io/cpopen
+      (templates/flex-driver.yaml:61, provisioner.yaml:70); IBMC would pull icr.io/ibm, which needs IBM's pull
+      secret. RHOCP also always renders two StorageClasses, ibmc-s3fs-cos and ibmc-s3fs-cos-perf
+      (templates/ibmc-s3fs-cos.yaml:1, ibmc-s3fs-cos-perf.yaml:1): this stack owns them by giving them its COS
+      endpoint and location constraint (cos.endpoint / cos.storageClass, rendered at ibmc-s3fs-cos.yaml:53-54)
+      instead of the chart's "NA"; the class jobs use is still this stack's own (classes.py).
+    - workerOS from config, and kubeDriver where the kubelet looks for flex drivers on such nodes
+      (ibmc.sh:341-360: /usr/libexec/kubernetes, /etc/kubernetes only on Red Hat).
+    The flex driver DaemonSet tolerates every taint (templates/flex-driver.yaml:53-54).
+    """
+    return {
+        "license": True,
+        "provider": "RHOCP",
+        "platform": "K8S",
+        "workerOS": cos.worker_os,
+        "kubeDriver": "/etc/kubernetes" if cos.worker_os == "redhat" else "/usr/libexec/kubernetes",
+        "cos": {"endpoint": cos.endpoint, "storageClass": cos.location_constraint},
+    }
+
+
+def csi_s3_values() -> dict[str, Any]:
+    """csi-s3 0.43.2: no Secret and no StorageClass from the chart (classes.py owns them). Its node DaemonSet
+    tolerates only CriticalAddonsOnly and not-ready/unreachable by default (templates/csi-s3.yaml:39-51,
+    values.yaml:43-46), so it is missing from tainted GPU nodes, where the Jobs mount COS; `all` makes it
+    tolerate every taint, like the other node-side CSI drivers (IBM flex, NFS, EFS, Mountpoint)."""
+    return {"secret": {"create": False}, "storageClass": {"create": False}, "tolerations": {"all": True}}
+
+
+def nfs_values() -> dict[str, Any]:
+    """csi-driver-nfs 4.12.1: its node DaemonSet already tolerates every taint (values.yaml:125-126,
+    node.tolerations: [{operator: Exists}]); set explicitly so a chart upgrade cannot narrow it."""
+    return {"node": {"tolerations": [{"operator": "Exists"}]}}
+
+
 class OnpremStorageDrivers(pulumi.ComponentResource):
     """Attributes: cos_driver (Release or None), nfs_driver (Release or None)."""
 
@@ -288,13 +346,13 @@ class OnpremStorageDrivers(pulumi.ComponentResource):
         self.nfs_driver: k8s.helm.v3.Release | None = None
         if config.cos is not None:
             if config.cos.driver == "ibm-flex":
-                # The chart's own storage classes are replaced by the one this stack creates (classes.py).
                 self.cos_driver = helm_release(
-                    ctx, IBM_COS_CHART, {"license": True}, args.cluster, self, args.depends_on
+                    ctx, IBM_COS_CHART, ibm_cos_values(config.cos), args.cluster, self, args.depends_on
                 )
             else:
-                values = {"secret": {"create": False}, "storageClass": {"create": False}}
+                values = csi_s3_values()
                 self.cos_driver = helm_release(ctx, CSI_S3_CHART, values, args.cluster, self, args.depends_on)
         if config.nfs is not None:
-            self.nfs_driver = helm_release(ctx, NFS_CHART, {}, args.cluster, self, args.depends_on)
+            values = nfs_values()
+            self.nfs_driver = helm_release(ctx, NFS_CHART, values, args.cluster, self, args.depends_on)
         self.register_outputs({})

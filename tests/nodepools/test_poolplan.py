@@ -116,6 +116,8 @@ def test_gpu_pool_labels_taint_and_ami() -> None:
         "ml-cluster.io/disktype": "nvme",
         "ml-cluster.io/nvme-gib": "232",
         "team": "vision",
+        # cluster-autoscaler's AWS GPU label: without it a scale-up from zero may launch extra GPU nodes
+        "k8s.amazonaws.com/accelerator": "a10g",
     }
 
 

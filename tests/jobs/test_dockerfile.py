@@ -17,8 +17,7 @@ def instructions() -> list[tuple[str, str]]:
 
 
 def test_base_is_a_cuda_pytorch_image_pinned_by_tag() -> None:
-    base = next(value for key, value in instructions() if key == "ARG" and value.startswith("BASE_IMAGE="))
-    image = base.split("=", 1)[1]
+    image = next(value for key, value in instructions() if key == "FROM")
     repository, _, tag = image.rpartition(":")
     assert repository.endswith("pytorch/pytorch") and "cuda" in tag and tag != "latest"
     assert tag.startswith("2.13.0-"), "the base's torch must match the project's torch==2.13.0 pin"

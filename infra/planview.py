@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import Counter
@@ -34,49 +35,159 @@ def summary(plan: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _changed_paths(old: Any, new: Any, path: str) -> list[str]:
+# Input paths each provider treats as force-new (a change replaces the resource instead of updating it), from the
+# providers' schemas (pulumi-aws / terraform-provider-aws ForceNew, Kubernetes immutable fields). A path matches a
+# changed leaf when it is the leaf's path or one of its prefixes.
+_K8S_IDENTITY = ("metadata.name", "metadata.namespace", "apiVersion", "kind")
+FORCE_NEW: dict[str, tuple[str, ...]] = {
+    "aws:s3/bucket:Bucket": ("bucket", "bucketPrefix"),
+    "aws:efs/fileSystem:FileSystem": ("performanceMode", "encrypted", "kmsKeyId", "creationToken",
+                                      "availabilityZoneName"),
+    "aws:efs/mountTarget:MountTarget": ("fileSystemId", "subnetId", "ipAddress"),
+    "aws:efs/accessPoint:AccessPoint": ("fileSystemId", "posixUser", "rootDirectory"),
+    "aws:eks/cluster:Cluster": ("name", "roleArn", "kubernetesNetworkConfig", "outpostConfig"),
+    "aws:eks/nodeGroup:NodeGroup": ("clusterName", "nodeGroupName", "nodeGroupNamePrefix", "nodeRoleArn",
+                                    "subnetIds", "instanceTypes", "capacityType", "amiType", "diskSize",
+                                    "remoteAccess"),
+    "aws:eks/addon:Addon": ("addonName", "clusterName"),
+    "aws:eks/accessEntry:AccessEntry": ("clusterName", "principalArn"),
+    "aws:eks/podIdentityAssociation:PodIdentityAssociation": ("clusterName", "namespace", "serviceAccount"),
+    "aws:iam/role:Role": ("name", "namePrefix", "path"),
+    "aws:iam/rolePolicy:RolePolicy": ("name", "namePrefix", "role"),
+    "aws:cloudwatch/logGroup:LogGroup": ("name", "namePrefix"),
+    "aws:kms/alias:Alias": ("name", "namePrefix"),
+    "aws:ec2/vpc:Vpc": ("cidrBlock", "instanceTenancy"),
+    "aws:ec2/subnet:Subnet": ("vpcId", "cidrBlock", "availabilityZone", "availabilityZoneId"),
+    "aws:ec2/securityGroup:SecurityGroup": ("name", "namePrefix", "description", "vpcId"),
+    "aws:ec2/natGateway:NatGateway": ("allocationId", "subnetId", "connectivityType"),
+    "aws:ec2/launchTemplate:LaunchTemplate": ("name", "namePrefix"),
+    "kubernetes:batch/v1:Job": _K8S_IDENTITY + ("spec.template", "spec.selector", "spec.completionMode",
+                                                "spec.completions"),
+    "kubernetes:core/v1:PersistentVolumeClaim": _K8S_IDENTITY + ("spec.accessModes", "spec.storageClassName",
+                                                                 "spec.volumeName", "spec.selector",
+                                                                 "spec.volumeMode", "spec.dataSource"),
+    "kubernetes:core/v1:PersistentVolume": _K8S_IDENTITY + ("spec.csi", "spec.nfs", "spec.volumeMode"),
+    "kubernetes:storage.k8s.io/v1:StorageClass": _K8S_IDENTITY + ("provisioner", "parameters", "reclaimPolicy",
+                                                                  "volumeBindingMode", "mountOptions"),
+    "kubernetes:core/v1:Service": _K8S_IDENTITY + ("spec.clusterIP", "spec.clusterIPs"),
+    "kubernetes:core/v1:Secret": _K8S_IDENTITY + ("type",),
+}
+_MAX_VALUE = 160  # characters of a value shown in the text diff
+
+
+def forces_replacement(token: str, path: str) -> bool:
+    """Whether changing input `path` ("inputs.spec.template.spec...") of a `token` resource replaces it."""
+    if path in ("parent", "provider"):
+        return True  # another parent changes the URN; another provider is another cloud account or cluster
+    if not path.startswith("inputs."):
+        return False  # resource options change Pulumi's state only
+    field = path.removeprefix("inputs.")
+    prefixes = FORCE_NEW.get(token, _K8S_IDENTITY if token.startswith("kubernetes:") else ())
+    return any(field == prefix or field.startswith((f"{prefix}.", f"{prefix}[")) for prefix in prefixes)
+
+
+def _json_document(value: Any) -> Any:
+    """A string holding a JSON object or list (IAM policies) is compared as the document it holds."""
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _changed_leaves(old: Any, new: Any, path: str) -> list[tuple[str, Any, Any]]:
+    """(path, old, new) for every changed leaf; a key only on one side is a leaf with None on the other."""
     if isinstance(old, dict) and isinstance(new, dict):
-        paths: list[str] = []
+        leaves: list[tuple[str, Any, Any]] = []
         for key in sorted(set(old) | set(new), key=str):
-            child = f"{path}.{key}" if path else str(key)
-            if key not in old or key not in new:
-                paths.append(child)
-            else:
-                paths.extend(_changed_paths(old[key], new[key], child))
-        return paths
+            text = str(key)
+            child = (f"{path}[{json.dumps(text)}]" if "." in text or " " in text
+                     else f"{path}.{text}" if path else text)
+            leaves.extend(_changed_leaves(old.get(key), new.get(key), child) if key in old and key in new
+                          else [(child, old.get(key), new.get(key))])
+        return leaves
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in _changed_paths(a, b, f"{path}[{i}]")]
-    return [] if old == new else [path]
+        return [leaf for i, (a, b) in enumerate(zip(old, new, strict=True))
+                for leaf in _changed_leaves(a, b, f"{path}[{i}]")]
+    if old != new:
+        old_doc, new_doc = _json_document(old), _json_document(new)
+        if old_doc is not None and new_doc is not None:
+            return _changed_leaves(old_doc, new_doc, path)
+        return [(path, old, new)]
+    return []
+
+
+def _changed_paths(old: Any, new: Any, path: str) -> list[str]:
+    return [leaf for leaf, _, _ in _changed_leaves(old, new, path)]
 
 
 def diff(old_plan: dict[str, Any], new_plan: dict[str, Any]) -> dict[str, Any]:
-    """Resources added, removed and changed (with the changed input/option paths), keyed by (type, name)."""
+    """Resources added, removed and changed, keyed by (type, name).
+
+    A changed resource lists every changed leaf with its old and new value (secrets stay "[secret]", as in the
+    plan), marks the leaves that force a replacement, and is `replace` when any does; `protected` says the
+    resource is protected (a replacement or removal of it fails until it is unprotected, and loses data if done).
+    """
     old = {(r["type"], r["name"]): r for r in old_plan["resources"]}
     new = {(r["type"], r["name"]): r for r in new_plan["resources"]}
     changed = []
     for key in sorted(old.keys() & new.keys()):
-        paths = (_changed_paths(old[key]["inputs"], new[key]["inputs"], "inputs")
-                 + _changed_paths(old[key]["options"], new[key]["options"], "options")
-                 + _changed_paths(old[key]["parent"], new[key]["parent"], "parent")
-                 + _changed_paths(old[key]["provider"], new[key]["provider"], "provider"))
-        if paths:
-            changed.append({"type": key[0], "name": key[1], "paths": paths})
+        before, after = old[key], new[key]
+        leaves = [leaf for part in ("inputs", "options", "parent", "provider")
+                  for leaf in _changed_leaves(before.get(part), after.get(part), part)]
+        if not leaves:
+            continue
+        changes = [{"path": path, "old": was, "new": now, "replace": forces_replacement(key[0], path)}
+                   for path, was, now in leaves]
+        replace = any(change["replace"] for change in changes)
+        changed.append({"type": key[0], "name": key[1], "op": "replace" if replace else "update",
+                        "protected": bool(before["options"].get("protect") or after["options"].get("protect")),
+                        "paths": [change["path"] for change in changes], "changes": changes})
+
+    def listed(keys: set[Key], plan: dict[Key, Any]) -> list[dict[str, Any]]:
+        return [{"type": t, "name": n, **({"protected": True} if plan[(t, n)]["options"].get("protect") else {})}
+                for t, n in sorted(keys)]
+
     return {
         "stack": new_plan["stack"],
-        "added": [{"type": t, "name": n} for t, n in sorted(new.keys() - old.keys())],
-        "removed": [{"type": t, "name": n} for t, n in sorted(old.keys() - new.keys())],
+        "added": listed(new.keys() - old.keys(), new),
+        "removed": listed(old.keys() - new.keys(), old),
         "changed": changed,
     }
 
 
+def _shown(value: Any) -> str:
+    text = "(none)" if value is None else json.dumps(value, sort_keys=True, separators=(", ", ": "))
+    return text if len(text) <= _MAX_VALUE else text[: _MAX_VALUE - 15] + f"... ({len(text)} chars)"
+
+
 def format_diff(changes: dict[str, Any]) -> str:
+    """The diff as `pulumi preview --diff` marks it: + create, - delete, ~ update, +- replace; each changed leaf
+    with old -> new; replacements and removals of protected resources called out first."""
     added, removed, changed = changes["added"], changes["removed"], changes["changed"]
-    lines = [f"stack {changes['stack']}: {len(added)} to add, {len(removed)} to remove, {len(changed)} to change"]
+    replaced = [item for item in changed if item.get("op") == "replace"]
+    updated = [item for item in changed if item.get("op") != "replace"]
+    lines = [f"stack {changes['stack']}: {len(added)} to add, {len(removed)} to remove, {len(updated)} to change, "
+             f"{len(replaced)} to replace"]
+    danger = [f"{item['type']}  {item['name']}" for item in replaced + removed if item.get("protected")]
+    if danger:
+        lines.append(f"!! {len(danger)} PROTECTED resource(s) would be replaced or deleted (data loss; `pulumi up` "
+                     "refuses until they are unprotected):")
+        lines += [f"!!   {entry}" for entry in danger]
     lines += [f"+ {item['type']}  {item['name']}" for item in added]
-    lines += [f"- {item['type']}  {item['name']}" for item in removed]
+    lines += [f"- {item['type']}  {item['name']}" + ("  [PROTECTED]" if item.get("protected") else "")
+              for item in removed]
     for item in changed:
-        lines.append(f"~ {item['type']}  {item['name']}")
-        lines += [f"    {path}" for path in item["paths"]]
+        replace = item.get("op") == "replace"
+        marks = ("  [replace]" if replace else "") + ("  [PROTECTED]" if item.get("protected") else "")
+        lines.append(f"{'+-' if replace else '~'} {item['type']}  {item['name']}{marks}")
+        for change in item.get("changes") or [{"path": path} for path in item["paths"]]:
+            if "old" not in change:
+                lines.append(f"    {change['path']}")
+                continue
+            forced = "  (forces replacement)" if change["replace"] else ""
+            lines.append(f"    {change['path']}: {_shown(change['old'])} -> {_shown(change['new'])}{forced}")
     return "\n".join(lines) + "\n"
 
 

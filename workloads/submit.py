@@ -144,13 +144,50 @@ class UsageError(Exception):
         super().__init__(f"{where}: {why}")
 
 
-def _load_facts(path: str) -> ClusterFacts:
+MAX_NESTING = 64  # a job spec or facts file nests a handful of levels; deeper is hostile or broken input
+
+
+def _read_text(path: str) -> str:
+    """The file as UTF-8 text, or a UsageError (unreadable, binary, NUL bytes)."""
     try:
-        data = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise UsageError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(path, f"not UTF-8 text (byte {exc.start}): is this a binary file?") from None
+    if "\x00" in text:
+        raise UsageError(path, "contains NUL bytes: is this a binary file?")
+    return text
+
+
+def _check_yaml_nesting(path: str) -> None:
+    """Refuse binary or absurdly nested YAML before the recursive loader sees it (one-line error, no traceback).
+
+    yaml.parse is an iterative event stream, so measuring depth cannot itself overflow the stack."""
+    text = _read_text(path)
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise UsageError(path, f"nested deeper than {MAX_NESTING} levels")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        raise UsageError(path, f"not valid YAML: {exc}".splitlines()[0]) from None
+
+
+def _load_facts(path: str) -> ClusterFacts:
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(path, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(path, "nested too deeply to be cluster facts") from None
     if not isinstance(data, dict):
         raise UsageError(path, "expected a JSON object of cluster facts")
     try:
@@ -161,6 +198,7 @@ def _load_facts(path: str) -> ClusterFacts:
 
 def _render(job_file: str, facts_file: str) -> list[dict[str, Any]]:
     facts = _load_facts(facts_file)
+    _check_yaml_nesting(job_file)
     specs = load_job_file(job_file)
     manifests: list[dict[str, Any]] = []
     for index, spec in enumerate(specs):

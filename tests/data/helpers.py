@@ -32,7 +32,8 @@ def write_corpus(root: Path, per_class: int = 6, seed: int = 0) -> None:
 
 def write_awkward_corpus(root: Path) -> dict[str, str]:
     """Every kind of image pack must convert, and every kind it must skip; returns {skipped path: reason word}."""
-    good, bad = root / "good", root / "bad"
+    # The unusable files sit inside the one class folder: a class of nothing but unusable files is refused.
+    good, bad = root / "good", root / "good" / "bad"
     good.mkdir(parents=True)
     bad.mkdir(parents=True)
     (good / "rgb.jpg").write_bytes(_jpeg(Image.new("RGB", (64, 48), (200, 30, 30))))
@@ -59,8 +60,8 @@ def write_awkward_corpus(root: Path) -> dict[str, str]:
     (bad / "corrupt.jpg").write_bytes(sound[: len(sound) // 2] + bytes(range(256)) + sound[-2:])  # bad scan data
     (bad / "empty.jpg").write_bytes(b"")
     (bad / "notes.txt").write_text("not an image\n")
-    return {"bad/corrupt.jpg": "corrupt", "bad/empty.jpg": "empty", "bad/notes.txt": "not an image",
-            "bad/truncated.jpg": "corrupt"}
+    return {"good/bad/corrupt.jpg": "corrupt", "good/bad/empty.jpg": "empty", "good/bad/notes.txt": "not an image",
+            "good/bad/truncated.jpg": "corrupt"}
 
 
 FAST_RETRY = RetryPolicy(attempts=6, base_delay_s=0.01, max_delay_s=0.05)

@@ -58,7 +58,7 @@ def test_awkward_images_are_converted_and_bad_files_reported(tmp_path: Path) -> 
     result = pack(tmp_path / "src", tmp_path / "out", PackOptions(image_size=16, workers=2, progress=False,
                                                                                 shuffle_seed=None))
     manifest = result.manifest
-    assert manifest.classes == ["bad", "good"]
+    assert manifest.classes == ["good"]
     assert manifest.num_samples == 6 and manifest.skipped == 4
     report = json.loads((tmp_path / "out" / "pack-report.json").read_text())["skipped"]
     assert {item["path"] for item in report} == set(expected_skips)
@@ -67,7 +67,7 @@ def test_awkward_images_are_converted_and_bad_files_reported(tmp_path: Path) -> 
 
     with h5py.File(tmp_path / "out" / manifest.shards[0].path) as shard:
         images, labels = shard["images"][...], shard["labels"][...]
-    assert images.shape == (6, 16, 16, 3) and set(labels) == {1}
+    assert images.shape == (6, 16, 16, 3) and set(labels) == {0}
     # Sorted order within "good": cmyk, gray, palette, rgb, rgba, rotated.
     by_name = dict(zip(["cmyk", "gray", "palette", "rgb", "rgba", "rotated"], images, strict=True))
     assert by_name["cmyk"][8, 8].tolist()[0] > 200 and by_name["cmyk"][8, 8].tolist()[2] < 60

@@ -10,28 +10,58 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+import urllib.parse
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from workloads.data.s3 import DataToolError, parse_s3_uri
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": None, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_BINARY = {"B": 1, "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
+_DECIMAL = {"K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
 
-def parse_size(text: str, default_unit: int) -> int:
-    """'1GiB', '512Mi', '2G' (binary units) or a bare number of `default_unit` -> bytes."""
+def parse_size(text: str, minimum: int = 1, maximum: int = 1 << 50, why_minimum: str = "") -> int:
+    """One rule for every size flag: '512MiB'/'512Mi' (binary), '512MB'/'512M' (decimal), '4096B' (bytes);
+    a bare number is GiB (as --window always was, and as rendered Jobs pass it). Values outside
+    [minimum, maximum] are refused with the reason."""
     match = _SIZE.match(text)
     if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1GiB, 512MiB)")
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4GiB, 512MiB, 64KiB, 1GB, 4096B)")
     suffix = (match.group(2) or "").upper()
-    unit = "B" if suffix == "B" else suffix.rstrip("B").rstrip("I")
-    factor = _UNITS[unit] or default_unit
+    if not suffix:
+        factor = GIB
+    elif suffix == "B":
+        factor = 1
+    else:
+        unit = suffix.removesuffix("B")
+        factor = _BINARY[unit] if unit.endswith("I") else _DECIMAL[unit]
     value = int(float(match.group(1)) * factor)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    if value < minimum:
+        reason = f" ({why_minimum})" if why_minimum else ""
+        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes, below the minimum of {minimum} bytes{reason}")
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes, above the maximum of {maximum} bytes")
     return value
+
+
+def _size(minimum: int = 1, maximum: int = 1 << 50, why: str = "") -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        return parse_size(text, minimum, maximum, why)
+    return parse
+
+
+def _endpoint(text: str) -> str:
+    parsed = urllib.parse.urlsplit(text)
+    try:
+        port_ok = parsed.port is None or 0 < parsed.port < 65536
+    except ValueError:
+        port_ok = False
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok:
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r} (e.g. https://s3.example.com:9000)")
+    return text
 
 
 def _positive_int(text: str) -> int:
@@ -60,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("out", type=Path)
     pack.add_argument("--layout", choices=["decoded", "encoded"], default="decoded")
     pack.add_argument("--size", type=_positive_int, default=256, help="decoded image side in pixels")
-    pack.add_argument("--shard-size", type=lambda t: parse_size(t, 1), default=1 << 30, help="e.g. 1GiB")
+    pack.add_argument("--shard-size", type=_size(KIB, 64 * GIB), default=1 << 30, help="e.g. 1GiB")
     pack.add_argument("--workers", type=_positive_int, default=cpus, help="decoding processes")
     pack.add_argument("--strict", action="store_true", help="fail on the first unusable file")
     pack.add_argument("--force", action="store_true", help="replace a dataset already in OUT")
@@ -74,21 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
     upload = commands.add_parser("upload", help="dataset directory -> s3://bucket/prefix")
     upload.add_argument("out", type=Path)
     upload.add_argument("uri")
-    upload.add_argument("--endpoint-url", help="S3-compatible endpoint (COS, MinIO)")
+    upload.add_argument("--endpoint-url", type=_endpoint, help="S3-compatible endpoint (COS, MinIO)")
     upload.add_argument("--workers", type=_positive_int, default=16)
-    upload.add_argument("--part-size", type=lambda t: parse_size(t, 1), default=64 << 20)
+    upload.add_argument("--part-size", type=_size(5 * MIB, 5 * GIB, "S3 multipart parts are 5MiB to 5GiB"),
+                        default=64 << 20, help="multipart part size, e.g. 64MiB")
+    upload.add_argument("--force", action="store_true",
+                        help="re-send every shard even when the remote object's sha256 metadata matches")
 
     stage = commands.add_parser("stage", help="s3://bucket/prefix -> local directory")
     stage.add_argument("uri")
     stage.add_argument("dest", type=Path)
-    stage.add_argument("--endpoint-url", help="S3-compatible endpoint (COS, MinIO)")
+    stage.add_argument("--endpoint-url", type=_endpoint, help="S3-compatible endpoint (COS, MinIO)")
     stage.add_argument("--workers", type=_positive_int, default=16, help="parallel ranged GETs")
-    stage.add_argument("--part-size", type=lambda t: parse_size(t, 1), default=16 << 20)
-    stage.add_argument("--window", type=lambda t: parse_size(t, 1 << 30), default=None,
+    stage.add_argument("--part-size", type=_size(256 * KIB, 5 * GIB, "a ranged GET smaller than 256KiB is mostly "
+                                                                    "overhead"), default=16 << 20,
+                       help="bytes per ranged GET, e.g. 16MiB")
+    stage.add_argument("--window", type=_size(MIB), default=None,
                        help="rolling window: keep at most this much (GiB, or e.g. 512MiB) on disk")
     stage.add_argument("--linger", action="store_true",
                        help="with --window: once all shards are staged, keep deleting consumed ones until SIGTERM "
                             "(run as a Kubernetes native sidecar, which is restarted if it exits)")
+    stage.add_argument("--wait-timeout", type=float, default=None, metavar="SECONDS",
+                       help="with --window: give up (exit 2) when the reader has consumed nothing for this long "
+                            "while the window is full; default: wait forever, logging what it waits for")
     stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
     for sub in (pack, upload, stage):
         sub.add_argument("--no-progress", action="store_true")
@@ -138,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
     client = make_client(args.endpoint_url, max_connections=args.workers)
     staged = stage(client, uri, args.dest, StageOptions(
         workers=args.workers, part_bytes=args.part_size, window_bytes=args.window,
-        retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger))
+        retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger,
+        wait_timeout_s=args.wait_timeout))
     print(f"staged {len(staged.fetched)} shards ({staged.fetched_bytes} bytes), kept {len(staged.kept)} "
           f"already verified, into {args.dest}")
     return 0
@@ -150,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except DataToolError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # disk full, read-only or unwritable output, a file where a directory belongs, ...
+        where = exc.filename or "I/O"
+        print(f"error: {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted (no partial file carries a final name; rerun to resume)", file=sys.stderr)

@@ -27,7 +27,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from workloads.data.format import FORMAT_NAME, MANIFEST_NAME, STAGER_STATE, WINDOW_DIR, Manifest, load_manifest
+from workloads.data.format import (
+    FORMAT_NAME,
+    MANIFEST_NAME,
+    STAGER_STATE,
+    WINDOW_DIR,
+    Manifest,
+    load_manifest,
+    manifest_error,
+)
 from workloads.data.transforms import decode_bytes, decode_file
 from workloads.data.window import WindowReader, WindowStagerError, read_consumed
 
@@ -116,7 +124,9 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         except FileNotFoundError as exc:
             raise DatasetError(f"{self.root / MANIFEST_NAME}: no manifest (is this a packed dataset?)") from exc
         except ValueError as exc:
-            raise DatasetError(f"{self.root / MANIFEST_NAME}: invalid manifest: {exc}".splitlines()[0]) from exc
+            raise DatasetError(f"{self.root / MANIFEST_NAME}: invalid manifest: {manifest_error(exc)}") from exc
+        except OSError as exc:
+            raise DatasetError(f"{self.root / MANIFEST_NAME}: cannot read: {exc.strerror or exc}") from exc
         self.layout = self.manifest.layout
         if self.layout == "decoded":
             stored = self.manifest.image_size

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 FORMAT_NAME: Literal["ml-cluster-hdf5"] = "ml-cluster-hdf5"
 FORMAT_VERSION = 1
@@ -44,6 +45,19 @@ READER_STATE = "reader.json"
 
 Layout = Literal["decoded", "encoded"]
 
+# A manifest is untrusted input (it may come from a bucket anyone could write): every name it gives must be a plain
+# file name inside the dataset directory. Checked here, once, for pack, verify, upload, stage and the Dataset.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
+_RESERVED_NAMES = {MANIFEST_NAME, WINDOW_DIR, "pack-report.json"}
+
+
+def check_file_name(name: str) -> str:
+    """`name` when it is a plain file name (no directory part, not hidden, no `..`); ValueError otherwise."""
+    if not _SAFE_NAME.match(name) or ".." in name or name in _RESERVED_NAMES:
+        raise ValueError(f"{name!r} is not a plain file name inside the dataset (letters, digits, . _ -; "
+                         "no directories, no leading dot)")
+    return name
+
 
 class ShardInfo(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -53,6 +67,11 @@ class ShardInfo(BaseModel):
     first_index: int = Field(ge=0)
     bytes: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        return check_file_name(value)
 
 
 class Manifest(BaseModel):
@@ -69,6 +88,15 @@ class Manifest(BaseModel):
     skipped: int = Field(default=0, ge=0, description="source files left out (see the pack report)")
     shuffle_seed: int | None = Field(default=None, description="seed of the sample permutation; None: sorted")
 
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        names = [shard.path for shard in self.shards]
+        if len(set(names)) != len(names):
+            raise ValueError("shards: the same path is named twice")
+        if self.num_samples and not self.classes:
+            raise ValueError("classes: empty, but the dataset holds samples")
+        return self
+
 
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}.h5"
@@ -77,9 +105,25 @@ def shard_name(index: int) -> str:
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     """Read a manifest from a dataset directory or from the manifest file itself."""
     target = Path(path)
-    if target.is_dir():
+    if target.is_dir() and target.name != MANIFEST_NAME:
         target = target / MANIFEST_NAME
-    return Manifest.model_validate_json(target.read_text())
+    return Manifest.model_validate_json(target.read_bytes())
+
+
+def manifest_error(exc: Exception) -> str:
+    """One line saying why a manifest was refused: `<field>: <why>` for a validation error."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "manifest"
+        return f"{field}: {str(first['msg']).removeprefix('Value error, ')}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(target: str | os.PathLike[str], payload: bytes) -> None:
@@ -88,6 +132,7 @@ def atomic_write_bytes(target: str | os.PathLike[str], payload: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; data files get the usual mode, like the shards
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()

@@ -33,6 +33,7 @@ from workloads.data.format import (
     Manifest,
     ShardInfo,
     atomic_write_bytes,
+    load_manifest,
     shard_name,
     write_manifest,
 )
@@ -192,15 +193,55 @@ def _samples(source: Path, files: list[tuple[str, int]], options: PackOptions) -
         yield from pool.map(_decode, tasks, chunksize=max(1, min(64, len(tasks) // (options.workers * 8) or 1)))
 
 
-def _prepare_output(out: Path, force: bool) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+def _prepare_output(out: Path, force: bool) -> set[str]:
+    """Create OUT; refuse an existing dataset unless `force`. Returns the shard names the old manifest owns (the only
+    files, besides pack's own temporaries, that a pack may ever delete)."""
+    if out.exists() and not out.is_dir():
+        raise DataToolError(str(out), "exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        raise DataToolError(str(out), "a parent path is a file, not a directory") from exc
+    except NotADirectoryError as exc:
+        raise DataToolError(str(out), "a parent path is a file, not a directory") from exc
     manifest = out / MANIFEST_NAME
-    if manifest.exists():
+    old: set[str] = set()
+    if manifest.exists() or manifest.is_symlink():
         if not force:
             raise DataToolError(str(out), "already holds a packed dataset (manifest.json); pass --force to replace")
-        manifest.unlink()  # first, so the old manifest never describes the new shards
-    for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):
+        try:  # the old dataset stays intact and valid until the new manifest replaces it
+            old = {shard.path for shard in load_manifest(manifest).shards}
+        except (OSError, ValueError):
+            old = set()  # unreadable or invalid: its shards are not known, so none is deleted
+    for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
         stale.unlink()
+    return old
+
+
+def _free_name(out: Path, index: int, taken: set[str]) -> str:
+    """shard-NNNNN.h5, or when that name is in use (an old dataset, a user's file) shard-NNNNN-rK.h5."""
+    name, k = shard_name(index), 0
+    while name in taken or os.path.lexists(out / name):
+        k += 1
+        name = f"shard-{index:05d}-r{k}.h5"
+    taken.add(name)
+    return name
+
+
+def _os_error(where: Path, exc: OSError) -> DataToolError:
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return DataToolError(str(where), f"cannot write: {why}")
+
+
+def _check_classes(classes: list[str], labels: Iterator[int] | list[int], where: Path) -> None:
+    counts = [0] * len(classes)
+    for label in labels:
+        counts[label] += 1
+    empty = [name for name, count in zip(classes, counts, strict=True) if count == 0]
+    if empty:
+        raise DataToolError(str(where / empty[0]), f"class folder has no usable images ({len(empty)} such: "
+                                                   f"{', '.join(empty[:5])}); remove it or add images, "
+                                                   "since an empty class shifts every label")
 
 
 def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
@@ -209,15 +250,18 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
     if options.shard_bytes < 1:
         raise DataToolError("--shard-size", "must be positive")
     classes, files = list_images(source)
+    _check_classes(classes, [label for _, label in files], source)
     if options.shuffle_seed is not None:
         random.Random(options.shuffle_seed).shuffle(files)
-    _prepare_output(out, options.force)
+    old_names = _prepare_output(out, options.force)
 
     shards: list[ShardInfo] = []
     temp_paths: list[Path] = []
+    published: list[Path] = []
     skipped: list[dict[str, str]] = []
     payloads: list[bytes] = []
     labels: list[int] = []
+    all_labels: list[int] = []
     pending_bytes = 0
     first_index = 0
 
@@ -226,10 +270,14 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
         name = shard_name(len(shards))
         temp = out / f".{name}{TEMP_SUFFIX}"
         temp_paths.append(temp)
-        _write_shard(temp, options.layout, options.image_size, payloads, labels)
+        try:
+            _write_shard(temp, options.layout, options.image_size, payloads, labels)
+        except OSError as exc:
+            raise _os_error(temp, exc) from exc
         shards.append(ShardInfo(path=name, num_samples=len(labels), first_index=first_index,
                                 bytes=temp.stat().st_size, sha256=sha256_file(temp)))
         first_index += len(labels)
+        all_labels.extend(labels)
         payloads, labels, pending_bytes = [], [], 0
 
     try:
@@ -251,23 +299,39 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
                 flush()
         if not shards:
             raise DataToolError(str(source), f"no usable images ({len(skipped)} skipped)")
+        _check_classes(classes, all_labels, source)
+        # Publish: fresh final names (never one the old dataset or anyone else uses), then the manifest in one
+        # atomic rename, then the old dataset's shards that the new manifest does not name.
+        taken: set[str] = set()
+        final: list[ShardInfo] = []
         for temp, info in zip(temp_paths, shards, strict=True):
-            os.replace(temp, out / info.path)
-        names = {info.path for info in shards}
-        for leftover in out.glob("shard-*.h5"):  # from a larger dataset replaced with --force
-            if leftover.name not in names:
-                leftover.unlink()
+            name = _free_name(out, len(final), taken)
+            os.rename(temp, out / name)
+            published.append(out / name)
+            final.append(info.model_copy(update={"path": name}))
         manifest = Manifest(tool_version=TOOL_VERSION, layout=options.layout,
                             image_size=options.image_size if options.layout == "decoded" else None,
-                            classes=classes, num_samples=first_index, shards=shards, skipped=len(skipped),
+                            classes=classes, num_samples=first_index, shards=final, skipped=len(skipped),
                             shuffle_seed=options.shuffle_seed)
-        atomic_write_bytes(out / REPORT_NAME, (json.dumps({"skipped": skipped}, indent=2) + "\n").encode())
-        write_manifest(out, manifest)
+        try:
+            write_manifest(out, manifest)
+        except OSError as exc:
+            raise _os_error(out / MANIFEST_NAME, exc) from exc
+        published = []  # from here on the new dataset is the dataset
         _fsync_dir(out)
+        try:
+            atomic_write_bytes(out / REPORT_NAME, (json.dumps({"skipped": skipped}, indent=2) + "\n").encode())
+        except OSError as exc:
+            raise _os_error(out / REPORT_NAME, exc) from exc
     except BaseException:
         for temp in temp_paths:
             temp.unlink(missing_ok=True)
+        for path in published:
+            path.unlink(missing_ok=True)
         raise
+    names = {info.path for info in manifest.shards}
+    for name in sorted(old_names - names):
+        (out / name).unlink(missing_ok=True)
     return PackResult(manifest=manifest, skipped=skipped)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -27,7 +28,15 @@ from typing import Any
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo, atomic_write_bytes
+from workloads.data.format import (
+    MANIFEST_NAME,
+    READER_STATE,
+    WINDOW_DIR,
+    Manifest,
+    ShardInfo,
+    atomic_write_bytes,
+    manifest_error,
+)
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.data.verify import sha256_file
 from workloads.data.window import StagerState, read_consumed, write_stager_state
@@ -49,6 +58,8 @@ class StageOptions:
     # Window mode: after every shard is staged, keep deleting consumed shards until interrupted (SIGINT, or SIGTERM
     # mapped to KeyboardInterrupt by the CLI) instead of exiting: a native sidecar that exits is restarted.
     linger: bool = False
+    # Window mode: give up when the window is full and the reader has consumed nothing for this long (None: forever).
+    wait_timeout_s: float | None = None
 
 
 @dataclass
@@ -75,9 +86,7 @@ def fetch_manifest(client: Any, source: S3Uri, retry: RetryPolicy) -> tuple[Mani
     try:
         return Manifest.model_validate_json(payload), payload
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(part) for part in first["loc"])
-        raise DataToolError(where, f"not a dataset manifest: {loc}: {first['msg']}") from exc
+        raise DataToolError(where, f"not a dataset manifest: {manifest_error(exc)}") from exc
 
 
 @dataclass
@@ -201,8 +210,27 @@ class _Stager:
             write_stager_state(self.dest, StagerState(order=[s.path for s in self.manifest.shards],
                                                       ready=list(self.ready), done=done, error=error))
 
+    _waiting_since: float | None = None
+
+    def _wait_for_reader(self, next_shard: ShardInfo | None) -> None:
+        now = time.monotonic()
+        if self._waiting_since is None:
+            self._waiting_since = now
+            consumed = len(self.deleted)
+            print(f"stage: window full ({self.held_bytes} of {self.options.window_bytes} bytes); waiting for the "
+                  f"reader to mark shards consumed in {self.dest / WINDOW_DIR / READER_STATE} before fetching "
+                  f"{next_shard.path if next_shard else 'more'} ({consumed} consumed so far)",
+                  file=sys.stderr, flush=True)
+        timeout = self.options.wait_timeout_s
+        if timeout is not None and now - self._waiting_since > timeout:
+            raise DataToolError(str(self.dest / WINDOW_DIR / READER_STATE),
+                                f"the reader consumed no shard for {timeout:g}s while the window was full "
+                                f"(--wait-timeout); is the training container reading {self.dest}?")
+        time.sleep(self.options.poll_interval_s)
+
     def _release_consumed(self) -> None:
         for name in sorted((read_consumed(self.dest) & set(self.ready)) - self.deleted):
+            self._waiting_since = None
             (self.dest / name).unlink(missing_ok=True)
             self.deleted.add(name)
             self.held_bytes -= self._bytes_of[name]
@@ -229,8 +257,9 @@ class _Stager:
                         self.result.peak_window_bytes = max(self.result.peak_window_bytes, self.held_bytes)
                         self._start_fetch(pool, info, attempt=1)
                     if not self.futures:
-                        time.sleep(self.options.poll_interval_s)  # the window is full of shards not yet consumed
+                        self._wait_for_reader(queue[0] if queue else None)  # the window is full, nothing consumed
                         continue
+                    self._waiting_since = None
                     timeout = self.options.poll_interval_s if self.windowed else None
                     finished, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)
                     for future in finished:
@@ -308,7 +337,9 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
     except OSError as exc:
         raise DataToolError(str(dest), f"cannot prepare the staging directory: {exc.strerror}") from exc
 
-    consumed = read_consumed(dest) if options.window_bytes is not None else set()
+    # reader.json is written by another container: only names this manifest gives may ever be deleted.
+    names = {s.path for s in manifest.shards}
+    consumed = read_consumed(dest) & names if options.window_bytes is not None else set()
     stager = _Stager(client, source, dest, manifest, options)
     todo = [s for s in manifest.shards if s.path not in consumed]
     for name in consumed:

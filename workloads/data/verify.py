@@ -8,7 +8,7 @@ from pathlib import Path
 import h5py
 from pydantic import ValidationError
 
-from workloads.data.format import FORMAT_NAME, MANIFEST_NAME, Manifest, ShardInfo, load_manifest
+from workloads.data.format import FORMAT_NAME, MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_error
 from workloads.data.s3 import DataToolError
 
 
@@ -29,10 +29,12 @@ def read_manifest(directory: Path) -> Manifest:
         return load_manifest(directory)
     except FileNotFoundError as exc:
         raise DataToolError(str(directory / MANIFEST_NAME), "not found (is this a packed dataset?)") from exc
+    except IsADirectoryError as exc:
+        raise DataToolError(str(directory / MANIFEST_NAME), "is a directory, not a manifest file") from exc
+    except OSError as exc:
+        raise DataToolError(str(directory / MANIFEST_NAME), f"cannot read: {exc.strerror or exc}") from exc
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise DataToolError(str(directory / MANIFEST_NAME), f"invalid manifest: {field}: {first['msg']}") from exc
+        raise DataToolError(str(directory / MANIFEST_NAME), f"invalid manifest: {manifest_error(exc)}") from exc
     except ValueError as exc:
         raise DataToolError(str(directory / MANIFEST_NAME), f"invalid manifest: {exc}") from exc
 

@@ -80,7 +80,8 @@ def write_stager_state(dest: str | os.PathLike[str], state: StagerState) -> None
 
 def read_consumed(dest: str | os.PathLike[str]) -> set[str]:
     raw = _read_json(window_dir(dest) / READER_STATE)
-    return set(raw.get("consumed", [])) if raw else set()
+    consumed = raw.get("consumed", []) if isinstance(raw, dict) else []
+    return {name for name in consumed if isinstance(name, str)} if isinstance(consumed, list) else set()
 
 
 class WindowReader:

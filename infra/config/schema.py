@@ -128,7 +128,9 @@ class NetworkConfig(StrictModel):
 
 
 class AccessEntryConfig(StrictModel):
-    principal_arn: str = Field(pattern=r"^arn:aws[a-z-]*:(iam|sts)::\d{12}:(role|user|assumed-role)/.+$")
+    # An IAM principal: EKS access entries take a role or user ARN, not an STS assumed-role session
+    # (arn:aws:sts::<account>:assumed-role/<role>/<session>: use arn:aws:iam::<account>:role/<role>).
+    principal_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
     policy: Literal["cluster-admin", "admin", "edit", "view"] = "cluster-admin"
     namespaces: list[DnsLabel] = Field(default=[], description="empty: the access applies cluster-wide")
 

@@ -1,0 +1,217 @@
+"""scripts/render_charts.py: every Helm release of every stack rendered with its real chart at the pinned version
+(tests/charts/upstream holds the published packages, see docs/versions.md), node-side DaemonSets placed on the
+GPU pools' taints, and the check's own failure modes on small charts written to tmp."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra import offline
+
+ROOT = Path(__file__).resolve().parents[2]
+UPSTREAM = Path(__file__).parent / "upstream"
+STACKS = ("dev", "staging", "prod", "onprem")
+GPU_TAINT = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+
+spec = importlib.util.spec_from_file_location("render_charts", ROOT / "scripts" / "render_charts.py")
+assert spec is not None and spec.loader is not None
+render_charts = importlib.util.module_from_spec(spec)
+sys.modules["render_charts"] = render_charts
+spec.loader.exec_module(render_charts)
+
+
+@functools.cache
+def cached_plan(stack: str) -> dict[str, Any]:
+    return offline.plan_stack(stack)
+
+
+def plan_stack(stack: str, path: Path | None = None) -> dict[str, Any]:
+    return offline.plan_stack(stack, path) if path is not None else cached_plan(stack)
+
+
+@pytest.fixture(params=STACKS)
+def stack_plan(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    return request.param, plan_stack(request.param)
+
+
+def test_every_release_renders_cleanly_with_its_real_chart(stack_plan: tuple[str, dict[str, Any]]) -> None:
+    stack, plan = stack_plan
+    lines = render_charts.check_plan(plan, UPSTREAM, render_charts.stack_kubernetes_version(stack))
+    assert lines and all(line.startswith("ok: ") for line in lines), "\n".join(lines)
+
+
+def tolerates(pod_spec: dict[str, Any], taint: dict[str, str]) -> bool:
+    for toleration in pod_spec.get("tolerations") or []:
+        if toleration.get("operator") == "Exists" and not toleration.get("key"):
+            return True
+        if toleration.get("key") == taint["key"] and toleration.get("effect") in (None, "", taint["effect"]):
+            return True
+    return False
+
+
+def gpu_taints(plan: dict[str, Any]) -> list[dict[str, str]]:
+    """The taints of the plan's GPU pools (EKS node groups; onprem nodes carry the GPU taint)."""
+    effects = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
+    taints = [GPU_TAINT]
+    for resource in plan["resources"]:
+        if resource["type"] == "aws:eks/nodeGroup:NodeGroup":
+            for taint in resource["inputs"].get("taints") or []:
+                taints.append({"key": taint["key"], "effect": effects[taint["effect"]]})
+    return taints
+
+
+def test_node_side_daemonsets_run_on_tainted_gpu_nodes(stack_plan: tuple[str, dict[str, Any]]) -> None:
+    _, plan = stack_plan
+    daemonsets = 0
+    for release in render_charts.helm_releases(plan):
+        for manifest in render_charts.rendered_objects(release, UPSTREAM):
+            if manifest["kind"] != "DaemonSet":
+                continue
+            daemonsets += 1
+            pod_spec = manifest["spec"]["template"]["spec"]
+            for taint in gpu_taints(plan):
+                assert tolerates(pod_spec, taint), f"{release['name']}: {manifest['metadata']['name']} {taint}"
+    assert daemonsets >= 1
+
+
+def test_csi_s3_node_plugin_tolerates_the_gpu_taint(tmp_path: Path) -> None:
+    """onprem with the csi-s3 driver: its node plugin must run where Jobs mount COS (tainted GPU nodes)."""
+    raw = yaml.safe_load((ROOT / "stacks" / "Pulumi.onprem.yaml").read_text())
+    raw["config"]["ml-cluster:storage"]["cos"]["driver"] = "csi-s3"
+    raw["config"]["ml-cluster:storage"]["cos"].pop("workerOs", None)
+    path = tmp_path / "Pulumi.onprem.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    plan = plan_stack("onprem", path)
+    [release] = [r for r in render_charts.helm_releases(plan) if r["inputs"]["chart"] == "csi-s3"]
+    assert render_charts.check_plan({"resources": [release]}, UPSTREAM, "1.31")[0].startswith("ok: ")
+    [node] = [m for m in render_charts.rendered_objects(release, UPSTREAM) if m["kind"] == "DaemonSet"]
+    assert tolerates(node["spec"]["template"]["spec"], GPU_TAINT)
+
+
+def test_ibm_chart_renders_for_plain_kubernetes_and_its_classes_point_at_the_stack() -> None:
+    plan = plan_stack("onprem")
+    [release] = [r for r in render_charts.helm_releases(plan) if r["inputs"]["chart"] == "ibm-object-storage-plugin"]
+    objects = render_charts.rendered_objects(release, UPSTREAM)
+    assert not [m for m in objects if m["apiVersion"].startswith("security.openshift.io/")]
+    classes = {m["metadata"]["name"]: m for m in objects if m["kind"] == "StorageClass"}
+    assert set(classes) == {"ibmc-s3fs-cos", "ibmc-s3fs-cos-perf"}
+    for storage_class in classes.values():
+        assert storage_class["parameters"]["ibm.io/object-store-endpoint"].startswith("https://")
+        assert storage_class["parameters"]["ibm.io/object-store-storage-class"] == "us-south-smart"
+    images = {c["image"] for m in objects if m["kind"] in ("DaemonSet", "Deployment")
+              for c in m["spec"]["template"]["spec"]["containers"]}
+    assert images and all(image.startswith("icr.io/cpopen/") for image in images)  # public registry
+
+
+def test_dcgm_exporter_resources_are_the_projects_not_a_merge() -> None:
+    plan = plan_stack("staging")
+    [release] = [r for r in render_charts.helm_releases(plan) if r["inputs"]["chart"] == "dcgm-exporter"]
+    [daemonset] = [m for m in render_charts.rendered_objects(release, UPSTREAM) if m["kind"] == "DaemonSet"]
+    [container] = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                      "limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+# --- the check's failure modes, on small charts written to tmp ---
+
+
+def write_chart(root: Path, name: str, version: str, values: str, templates: dict[str, str], tgz: bool = False) -> None:
+    chart = root / name
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text(f"apiVersion: v2\nname: {name}\nversion: {version}\n")
+    (chart / "values.yaml").write_text(values)
+    for file, text in templates.items():
+        (chart / "templates" / file).write_text(text)
+    if tgz:
+        with tarfile.open(root / f"{name}-{version}.tgz", "w:gz") as archive:
+            archive.add(chart, arcname=name)
+        for path in sorted(chart.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        chart.rmdir()
+
+
+CONFIGMAP = """apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ .Release.Name }}
+data:
+  size: {{ .Values.config.size | quote }}
+"""
+SCC = """apiVersion: security.openshift.io/v1
+kind: SecurityContextConstraints
+metadata:
+  name: {{ .Release.Name }}
+"""
+BAD_POD = """apiVersion: v1
+kind: Pod
+metadata:
+  name: {{ .Release.Name }}
+spec:
+  containers:
+    - name: c
+      image: busybox
+      resourcez: {}
+"""
+
+
+def release(chart: str, version: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "kubernetes:helm.sh/v3:Release", "name": f"mlc-test-{chart}",
+            "inputs": {"chart": chart, "version": version, "name": chart, "namespace": "kube-system",
+                       "values": values}}
+
+
+@pytest.fixture()
+def charts(tmp_path: Path) -> Path:
+    write_chart(tmp_path, "good", "1.2.3", "config:\n  size: 1\nextraArgs:\n  v: 1\n", {"cm.yaml": CONFIGMAP},
+                tgz=True)
+    write_chart(tmp_path, "openshift", "0.1.0", "{}\n", {"scc.yaml": SCC})
+    write_chart(tmp_path, "badpod", "0.1.0", "{}\n", {"pod.yaml": BAD_POD})
+    return tmp_path
+
+
+def check(charts: Path, *releases: dict[str, Any]) -> list[str]:
+    return render_charts.check_plan({"resources": list(releases)}, charts, "1.33")
+
+
+def test_a_clean_release_and_free_form_maps_pass(charts: Path) -> None:
+    assert check(charts, release("good", "1.2.3", {"config": {"size": 2}, "extraArgs": {"expander": "x"}})) == [
+        "ok: mlc-test-good: good 1.2.3: 1 objects"]
+
+
+def test_a_version_that_was_never_published_is_an_error(charts: Path) -> None:
+    [line] = check(charts, release("good", "1.2.4", {}))
+    assert line.startswith("error: mlc-test-good: chart good 1.2.4 is not in ")
+
+
+def test_a_values_key_the_chart_does_not_have_is_an_error(charts: Path) -> None:
+    [line] = check(charts, release("good", "1.2.3", {"config": {"sise": 2}, "licence": True}))
+    assert line == ("error: mlc-test-good: values key(s) the chart good 1.2.3 does not have: config.sise, licence")
+
+
+def test_an_openshift_only_kind_is_an_error(charts: Path) -> None:
+    [line] = check(charts, release("openshift", "0.1.0", {}))
+    assert line.startswith("error: mlc-test-openshift: openshift/templates/scc.yaml: SecurityContextConstraints/")
+    assert "security.openshift.io/v1 SecurityContextConstraints is not served by Kubernetes 1.33" in line
+
+
+def test_an_invalid_object_is_an_error(charts: Path) -> None:
+    [line] = check(charts, release("badpod", "0.1.0", {}))
+    assert line.startswith("error: mlc-test-badpod: badpod/templates/pod.yaml: Pod/badpod: ") and "resourcez" in line
+
+
+def test_cli_prints_error_lines_and_exits_2(charts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"stack": "dev", "resources": [release("good", "9.9.9", {}),
+                                                                   release("good", "1.2.3", {})]}))
+    code = render_charts.main(["--plan", str(plan), "--charts", str(charts), "--kubernetes-version", "1.33"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 2 and out[0].startswith("error: mlc-test-good: chart good 9.9.9") and out[1].startswith("ok: ")

@@ -1,0 +1,72 @@
+"""Config rules that come from upstream behaviour (issue 13): add-on version strings, Pod Identity minimums,
+IAM principals for access entries, Bottlerocket RAID0 without instance store, the autoscaler's GPU label."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from infra.config.schema import AccessEntryConfig, ConfigError
+from infra.config.storage import CosConfig, StorageConfig
+from infra.poolplan import ACCELERATOR_LABEL, plan_node_pools
+from infra.storage.drivers import ibm_cos_values
+from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
+
+
+@pytest.mark.parametrize("version", ["v2.0.0-eksbuild.1", "v2.6.0-eksbuild.3"])
+def test_addon_versions_take_eks_build_strings(version: str) -> None:
+    config = StorageConfig.model_validate({"addonVersions": {"aws-mountpoint-s3-csi-driver": version}})
+    assert config.addon_versions == {"aws-mountpoint-s3-csi-driver": version}
+
+
+@pytest.mark.parametrize("version", ["2.0.0", "v2.0.0", "v2.0-eksbuild.1", "latest", "v2.0.0-eksbuild."])
+def test_addon_versions_reject_what_eks_does_not_list(version: str) -> None:
+    with pytest.raises(ValidationError, match="eksbuild"):
+        StorageConfig.model_validate({"addonVersions": {"aws-efs-csi-driver": version}})
+
+
+def test_mountpoint_below_v2_cannot_use_pod_identity() -> None:
+    with pytest.raises(ValidationError, match="Pod Identity needs driver v2.0.0"):
+        StorageConfig.model_validate({"addonVersions": {"aws-mountpoint-s3-csi-driver": "v1.15.0-eksbuild.1"}})
+
+
+@pytest.mark.parametrize("arn", ["arn:aws:iam::111122223333:role/admins", "arn:aws:iam::111122223333:user/ci",
+                                 "arn:aws:iam::111122223333:role/path/to/role"])
+def test_access_entries_take_iam_principals(arn: str) -> None:
+    assert AccessEntryConfig.model_validate({"principalArn": arn}).principal_arn == arn
+
+
+@pytest.mark.parametrize("arn", ["arn:aws:sts::111122223333:assumed-role/admins/session-1",
+                                 "arn:aws:iam::111122223333:assumed-role/admins/s"])
+def test_access_entries_reject_sts_sessions(arn: str) -> None:
+    with pytest.raises(ValidationError):
+        AccessEntryConfig.model_validate({"principalArn": arn})
+
+
+def test_bottlerocket_raid0_without_instance_store_is_a_config_error() -> None:
+    pool = {"name": "br", "instanceTypes": ["m6i.large"], "amiFamily": "bottlerocket",
+            "localStorage": {"mode": "raid0", "gib": 100}}
+    with pytest.raises(ConfigError) as caught:
+        plan_node_pools(eks_config([pool]), fixture_lookup)
+    assert "would not boot" in str(caught.value) and "localStorage.mode" in str(caught.value)
+
+
+def test_al2023_raid0_with_size_still_plans() -> None:
+    pool = {"name": "cpu", "instanceTypes": ["m6i.large"], "localStorage": {"mode": "raid0", "gib": 100}}
+    [plan] = plan_node_pools(eks_config([pool]), fixture_lookup)
+    assert plan.nvme_gib == 100
+
+
+def test_gpu_pools_carry_the_autoscaler_gpu_label_and_cpu_pools_do_not() -> None:
+    gpu, cpu = plan_node_pools(eks_config([gpu_pool("a10g", ["g5.xlarge"]),
+                                           {"name": "cpu", "instanceTypes": ["m6i.large"]}]), fixture_lookup)
+    assert gpu.labels[ACCELERATOR_LABEL] == "a10g" and ACCELERATOR_LABEL not in cpu.labels
+
+
+@pytest.mark.parametrize(("worker_os", "kube_driver"), [("debian", "/usr/libexec/kubernetes"),
+                                                          ("redhat", "/etc/kubernetes")])
+def test_ibm_values_follow_the_worker_os(worker_os: str, kube_driver: str) -> None:
+    cos = CosConfig.model_validate({"endpoint": "https://s3.example.com", "workerOs": worker_os})
+    values = ibm_cos_values(cos)
+    assert values["platform"] == "K8S" and values["workerOS"] == worker_os and values["kubeDriver"] == kube_driver
+    assert values["cos"] == {"endpoint": "https://s3.example.com", "storageClass": "us-south-smart"}

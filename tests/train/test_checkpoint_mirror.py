@@ -63,3 +63,89 @@ def test_a_run_on_a_new_node_resumes_from_the_mirror(tiny_data: dict[str, Path],
     for name, tensor in local["model"].items():
         assert torch.equal(tensor, remote["model"][name]), name
     assert not (tmp_path / "node-a" / f".{CHECKPOINT_NAME}.download").exists()
+
+
+def _mirrored(tiny_data: dict[str, Path], bucket: str, tmp_path: Path) -> tuple[str, list[str]]:
+    uri = f"s3://{bucket}/runs/r"
+    common = ["--data", str(tiny_data["decoded"]), "--workers", "0", "--checkpoint-uri", uri]
+    _train_here([*common, "--epochs", "1", "--checkpoint-dir", str(tmp_path / "node-a")])
+    return uri, [*common, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "node-b"), "--resume"]
+
+
+def _cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    from tests.train.test_train import TINY_RUN
+    from workloads.train.__main__ import main
+
+    monkeypatch.setenv("CONFIG_ERROR_EXIT_CODE", "42")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return main([*TINY_RUN, *args])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_damaged_mirror_object_is_refused(
+    tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    uri, resume = _mirrored(tiny_data, bucket, tmp_path)
+    client = make_client(s3_endpoint, 2)
+    key = "runs/r/" + CHECKPOINT_NAME
+    got = client.get_object(Bucket=bucket, Key=key)
+    body = bytearray(got["Body"].read())
+    body[len(body) // 2] ^= 0x01
+    client.put_object(Bucket=bucket, Key=key, Body=bytes(body), Metadata=got.get("Metadata", {}))
+    assert _cli(resume, monkeypatch) == 42
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "sha256" in err and uri in err and err.count("\n") == 1
+    assert not (tmp_path / "node-b" / CHECKPOINT_NAME).exists()
+
+
+def test_a_mirror_object_without_a_digest_is_refused(
+    tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, resume = _mirrored(tiny_data, bucket, tmp_path)
+    client = make_client(s3_endpoint, 2)
+    key = "runs/r/" + CHECKPOINT_NAME
+    body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    client.put_object(Bucket=bucket, Key=key, Body=body)  # no sha256 metadata
+    assert _cli(resume, monkeypatch) == 42
+    assert "sha256" in capsys.readouterr().err
+
+
+def test_an_unreachable_mirror_fails_before_training(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from tests.train.test_train import REPO, TINY_RUN, _env
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    env = _env(AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{closed}", AWS_ACCESS_KEY_ID="testing",
+               AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", CONFIG_ERROR_EXIT_CODE="42")
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "workloads.train", *TINY_RUN, "--data", str(tiny_data["decoded"]), "--epochs", "1",
+         "--workers", "0", "--checkpoint-uri", "s3://nowhere/runs", "--checkpoint-dir", str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+    )
+    assert time.monotonic() - started < 60
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.startswith("error: --checkpoint-uri: ") and result.stderr.count("\n") == 1
+    assert '"event": "batch"' not in result.stdout
+
+
+def test_a_missing_bucket_is_a_config_error_before_training(
+    tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0",
+            "--checkpoint-uri", f"s3://{bucket}-absent/runs", "--checkpoint-dir", str(tmp_path)]
+    assert _cli(args, monkeypatch) == 42
+    out, err = capsys.readouterr()
+    assert err.startswith(f"error: --checkpoint-uri: s3://{bucket}-absent") and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())

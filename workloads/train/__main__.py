@@ -8,13 +8,35 @@ retrying), or 2 when it is not set.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
 from workloads.data.dataset import DatasetError
 from workloads.data.s3 import DataToolError
+from workloads.train.checkpoint import CheckpointStoreError
 from workloads.train.loop import TrainConfig, train
 from workloads.train.models import MODELS
+
+EPILOG = """\
+environment:
+  AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL
+                        endpoint of an S3-compatible store (COS, MinIO) for --checkpoint-uri; the S3-specific
+                        one wins. Credentials come from the usual AWS chain (AWS_ACCESS_KEY_ID, ...).
+  CHECKPOINT_URI        default for --checkpoint-uri
+  CONFIG_ERROR_EXIT_CODE
+                        exit status for configuration errors (default 2; the rendered Jobs set 42)
+
+output:
+  JSON lines on stdout (one event per line, always valid JSON: NaN/inf become null); on a terminal, a progress
+  bar on stderr; errors as one line `error: <where>: <why>` on stderr.
+
+exit status:
+  0  done
+  $CONFIG_ERROR_EXIT_CODE (2)  bad argument, dataset, or checkpoint (damaged, foreign, newer format), or a loss
+     that became NaN/inf: retrying cannot help
+  1  the checkpoint destination failed (disk full, object store unreachable): a retry may succeed
+"""
 
 
 def _positive(text: str) -> int:
@@ -22,6 +44,24 @@ def _positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def _finite_float(text: str, *, strictly: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (strictly and value == 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strictly else '>='} 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    return _finite_float(text, strictly=True)
+
+
+def _non_negative_float(text: str) -> float:
+    return _finite_float(text, strictly=False)
 
 
 def _non_negative(text: str) -> int:
@@ -46,7 +86,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = _Parser(prog="python -m workloads.train", description=__doc__)
+    parser = _Parser(
+        prog="python -m workloads.train",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--data", required=True, help="packed dataset directory or manifest.json, or a JPEG folder")
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")
     parser.add_argument(
@@ -63,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--block-size", type=_positive, default=32, help="consecutive samples per shuffled block")
     parser.add_argument(
         "--wait-for-data",
-        type=float,
+        type=_non_negative_float,
         default=0.0,
         metavar="SECONDS",
         help="wait up to this long for DATA/manifest.json to appear (rolling-window staging sidecar)",
@@ -74,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         default=4,
         help="rolling-window staging: shards read (and shuffled) together; at most what the stager's window holds",
     )
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=_positive_float, default=0.1, help="learning rate (finite, > 0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (exact resume)")
     parser.add_argument("--checkpoint-dir", default=None)
@@ -84,10 +129,23 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         help="s3://bucket/prefix to mirror checkpoints to (default: $CHECKPOINT_URI); pulled on --resume",
     )
     parser.add_argument("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints")
-    parser.add_argument("--resume", action="store_true")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the checkpoint (local, else pulled from the mirror)"
+    )
+    parser.add_argument(
+        "--allow-unverified-checkpoint",
+        action="store_true",
+        help="resume from a checkpoint without a sha256 sidecar/metadata (written by an older trainer); warns",
+    )
     parser.add_argument("--log-every", type=_positive, default=10)
     parser.add_argument("--mp-context", choices=["fork", "spawn", "forkserver"], default=None)
-    parser.add_argument("--stop-after-steps", type=_positive, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--stop-after-steps",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="SIGKILL this process after N steps (preemption drills and resume tests)",
+    )
     args = parser.parse_args(argv)
     return TrainConfig(
         data=args.data,
@@ -114,6 +172,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         log_every=args.log_every,
         mp_context=args.mp_context,
         stop_after_steps=args.stop_after_steps,
+        allow_unverified_checkpoint=args.allow_unverified_checkpoint,
     )
 
 
@@ -122,10 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(config)
     except (DatasetError, DataToolError, ValueError) as exc:
-        where, _, why = str(exc).partition(": ")
-        print(f"error: {where}: {why}" if why else f"error: {exc}", file=sys.stderr)
+        _print_error(exc)
         return config_error_exit_code()
+    except CheckpointStoreError as exc:
+        _print_error(exc)
+        return 1
     return 0
+
+
+def _print_error(exc: BaseException) -> None:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    where, _, why = text.partition(": ")
+    print(f"error: {where}: {why}" if why else f"error: {text}", file=sys.stderr)
 
 
 if __name__ == "__main__":

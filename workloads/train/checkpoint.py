@@ -1,21 +1,48 @@
-"""Atomic training checkpoints: model, optimiser, sampler position and RNG states in one file, replaced
-whole."""
+"""Training checkpoints: model, optimiser, sampler position and RNG states in one file, replaced whole and
+verified on load.
+
+On disk a checkpoint is `last.pt` plus `last.pt.sha256` (sha256sum format: `<hex>  last.pt`). A save writes the
+new file to a temp name and fsyncs it, then installs a sidecar listing the new digest and the previous one, renames
+the file into place, rewrites the sidecar with only the new digest and fsyncs the directory. A kill -9 at any point
+leaves a `last.pt` whose digest the sidecar lists (the old or the new checkpoint, never a torn one); a failed write
+(disk full) leaves the previous pair untouched. Files get the usual mode (0666 minus the umask), not mkstemp's 0600.
+
+In an object store (--checkpoint-uri) the digest travels as the object's `sha256` metadata, which S3 stores with
+the object in the same PUT, so a reader never sees a new body with an old digest.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
+import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
+import boto3
+import botocore.exceptions
 import numpy as np
 import torch
+from botocore.config import Config
 
-from workloads.data.format import atomic_write_bytes
-from workloads.data.s3 import error_code, make_client, parse_s3_uri
+from workloads.data.s3 import DataToolError, error_code, make_client, parse_s3_uri
 
 CHECKPOINT_NAME = "last.pt"
+SIDECAR_SUFFIX = ".sha256"
+FORMAT_VERSION = 1  # bump when the checkpoint's keys change meaning; newer files are refused
+REQUIRED_KEYS = ("model", "optimizer", "epoch", "batch", "step", "rng", "config", "world_size")
+PROBE_TIMEOUT_S = 5.0
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted or used (damaged, foreign, from a newer trainer); a config error."""
+
+
+class CheckpointStoreError(Exception):
+    """The checkpoint destination cannot be reached or written now (may pass on retry): exit 1."""
 
 
 def capture_rng() -> dict[str, Any]:
@@ -53,25 +80,162 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def sidecar_path(target: Path) -> Path:
+    return target.with_name(target.name + SIDECAR_SUFFIX)
+
+
+def _temp_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(target: Path, payload: bytes) -> Path:
+    """Write `payload` to a new temp file beside `target` (mode 0666 & ~umask), fsynced; returns its path."""
+    tmp = _temp_name(target)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _install(target: Path, payload: bytes) -> None:
+    tmp = _write_temp(target, payload)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _sidecar_text(digests: list[str], name: str) -> bytes:
+    return "".join(f"{digest}  {name}\n" for digest in digests).encode()
+
+
+def read_sidecar(target: Path) -> list[str] | None:
+    """The digests the sidecar accepts for `target`; None when there is no sidecar."""
+    try:
+        text = sidecar_path(target).read_text()
+    except FileNotFoundError:
+        return None
+    digests = [line.split()[0].lower() for line in text.splitlines() if line.strip()]
+    if not digests or any(len(d) != 64 or any(c not in "0123456789abcdef" for c in d) for d in digests):
+        raise CheckpointError(f"{sidecar_path(target)}: not a sha256 sidecar")
+    return digests
+
+
+def remove_stale_temps(directory: Path) -> None:
+    """Temp files of writes killed midway (only rank 0 writes, so none of them is in use)."""
+    for stale in directory.glob(f".{CHECKPOINT_NAME}*.tmp"):
+        stale.unlink(missing_ok=True)
+    for stale in directory.glob(f".{CHECKPOINT_NAME}.download"):
+        stale.unlink(missing_ok=True)
+
+
 def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) -> Path:
-    """Serialise in memory, then write-fsync-rename: a crash leaves the previous checkpoint intact."""
+    """Serialise in memory, then install file and digest as described in the module docstring."""
     buffer = io.BytesIO()
-    torch.save(state, buffer)
-    target = Path(directory) / CHECKPOINT_NAME
-    atomic_write_bytes(target, buffer.getvalue())
+    torch.save({"format_version": FORMAT_VERSION, **state}, buffer)
+    payload = buffer.getvalue()
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(folder)
+    target = folder / CHECKPOINT_NAME
+    digest = hashlib.sha256(payload).hexdigest()
+    tmp = _write_temp(target, payload)
+    try:
+        try:
+            previous = read_sidecar(target) or []
+        except CheckpointError:
+            previous = []
+        # 1: the sidecar accepts both the old file and the new one; 2: the new file; 3: only the new digest.
+        _install(sidecar_path(target), _sidecar_text([digest, *previous[:1]], target.name))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _install(sidecar_path(target), _sidecar_text([digest], target.name))
+    _fsync_dir(folder)
     return target
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checkpoint(target: Path, *, allow_unverified: bool = False) -> str | None:
+    """Check `target` against its sidecar. Returns a warning when the sidecar is missing and that is allowed."""
+    digests = read_sidecar(target)
+    if digests is None:
+        if allow_unverified:
+            return f"{target}: no sha256 sidecar; loading it unverified (--allow-unverified-checkpoint)"
+        raise CheckpointError(
+            f"{target}: no {sidecar_path(target).name} sidecar, so its sha256 cannot be checked "
+            "(written by an older trainer? pass --allow-unverified-checkpoint to load it anyway)"
+        )
+    actual = file_sha256(target)
+    if actual not in digests:
+        raise CheckpointError(f"{target}: sha256 {actual[:16]}... does not match its sidecar: the file is damaged")
+    return None
+
+
 def load_checkpoint(
-    directory: str | os.PathLike[str], map_location: str | torch.device = "cpu"
+    directory: str | os.PathLike[str],
+    map_location: str | torch.device = "cpu",
+    *,
+    verify: bool = True,
+    allow_unverified: bool = False,
 ) -> dict[str, Any] | None:
+    """The verified checkpoint in `directory`, or None when there is none. Raises CheckpointError."""
     target = Path(directory) / CHECKPOINT_NAME
     if not target.exists():
         return None
+    if verify:
+        warning = verify_checkpoint(target, allow_unverified=allow_unverified)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     try:
-        return torch.load(target, map_location=map_location, weights_only=True)
+        state = torch.load(target, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises several types for a damaged file
-        raise ValueError(f"{target}: unreadable checkpoint: {exc}".splitlines()[0]) from exc
+        raise CheckpointError(f"{target}: unreadable checkpoint: {exc}".splitlines()[0]) from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{target}: not a training checkpoint (holds a {type(state).__name__})")
+    version = state.get("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{target}: checkpoint format {version} is newer than this trainer's ({FORMAT_VERSION}); "
+            "resume with the trainer that wrote it"
+        )
+    return state
+
+
+
+def require_training_state(state: dict[str, Any], where: str | os.PathLike[str]) -> None:
+    """Refuse a loadable torch file that is not one of our training checkpoints."""
+    missing = [key for key in REQUIRED_KEYS if key not in state]
+    if missing:
+        held = ", ".join(sorted(map(str, state))[:6]) or "nothing"
+        raise CheckpointError(f"{where}: not a training checkpoint (no {', '.join(missing)}; holds {held})")
+
+
+def _endpoint(endpoint_url: str | None = None) -> str | None:
+    return endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 class CheckpointMirror:
@@ -79,33 +243,110 @@ class CheckpointMirror:
 
     Pushed after every local save and pulled before a resume, so a pod rescheduled onto another node (whose local
     disk is gone) continues from the last checkpoint. An S3 PUT (or completed multipart upload) replaces the object
-    whole, so a reader sees the previous checkpoint or the new one, never a torn file. Checkpoints never go to a
-    Mountpoint S3 mount: it cannot rename, which write-then-rename needs.
+    whole, with its metadata, so a reader sees the previous checkpoint or the new one, never a torn file or a
+    digest of another body. Checkpoints never go to a Mountpoint S3 mount: it cannot rename, which
+    write-then-rename needs.
     """
 
     def __init__(self, uri: str, endpoint_url: str | None = None):
-        self.location = parse_s3_uri(uri)
-        endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        self.client = make_client(endpoint, max_connections=8, botocore_attempts=5)
+        try:
+            self.location = parse_s3_uri(uri)
+        except DataToolError as exc:
+            raise CheckpointError(f"--checkpoint-uri: {exc}") from exc
+        self.uri = uri
+        self.endpoint = _endpoint(endpoint_url)
+        self.client = make_client(self.endpoint, max_connections=8, botocore_attempts=5)
 
     @property
     def key(self) -> str:
         return self.location.key(CHECKPOINT_NAME)
 
-    def push(self, local: str | os.PathLike[str]) -> None:
-        self.client.upload_file(str(local), self.location.bucket, self.key)
+    @property
+    def object_uri(self) -> str:
+        return f"s3://{self.location.bucket}/{self.key}"
 
-    def pull(self, directory: str | os.PathLike[str]) -> bool:
-        """Download the mirrored checkpoint into `directory` (atomically); False when there is none yet."""
+    def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        """Reach the bucket before any training: a wrong bucket or key is a config error (CheckpointError), an
+        endpoint that does not answer within `timeout_s` is CheckpointStoreError."""
+        session = boto3.session.Session()
+        client = session.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=session.region_name or "us-east-1",
+            config=Config(
+                connect_timeout=timeout_s,
+                read_timeout=timeout_s,
+                retries={"mode": "standard", "total_max_attempts": 1},
+                s3={"addressing_style": "path"} if self.endpoint else None,
+            ),
+        )
+        where = f"--checkpoint-uri: {self.uri}"
+        at = f" at {self.endpoint}" if self.endpoint else ""
+        try:
+            client.head_bucket(Bucket=self.location.bucket)
+        except botocore.exceptions.NoCredentialsError as exc:
+            raise CheckpointError(f"{where}: no credentials for the object store{at}") from exc
+        except botocore.exceptions.ClientError as exc:
+            code = error_code(exc)
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise CheckpointError(f"{where}: bucket {self.location.bucket} does not exist{at}") from exc
+            if code in ("403", "AccessDenied", "Forbidden"):
+                raise CheckpointError(f"{where}: access to bucket {self.location.bucket} denied{at}") from exc
+            raise CheckpointStoreError(f"{where}: bucket check failed{at}: {code}") from exc
+        except (botocore.exceptions.BotoCoreError, OSError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CheckpointStoreError(f"{where}: object store{at} unreachable: {reason}") from exc
+
+    def push(self, local: str | os.PathLike[str]) -> None:
+        path = Path(local)
+        digest = (read_sidecar(path) or [file_sha256(path)])[0]
+        try:
+            self.client.upload_file(
+                str(path), self.location.bucket, self.key, ExtraArgs={"Metadata": {"sha256": digest}}
+            )
+        except Exception as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CheckpointStoreError(f"--checkpoint-uri: {self.object_uri}: upload failed: {reason}") from exc
+
+    def pull(self, directory: str | os.PathLike[str], *, allow_unverified: bool = False) -> bool:
+        """Download and verify the mirrored checkpoint into `directory` (atomically, with its sidecar); False
+        when there is none yet. A body that does not match its `sha256` metadata is refused (CheckpointError)."""
         target = Path(directory) / CHECKPOINT_NAME
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.download")
         try:
-            self.client.download_file(self.location.bucket, self.key, str(partial))
+            response = self.client.get_object(Bucket=self.location.bucket, Key=self.key)
+            expected = (response.get("Metadata") or {}).get("sha256", "").lower()
+            digest = hashlib.sha256()
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            with os.fdopen(fd, "wb") as handle:
+                for block in response["Body"].iter_chunks(1 << 20):
+                    digest.update(block)
+                    handle.write(block)
+                handle.flush()
+                os.fsync(handle.fileno())
         except Exception as exc:
             partial.unlink(missing_ok=True)
             if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
                 return False
-            raise
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CheckpointStoreError(f"--checkpoint-uri: {self.object_uri}: download failed: {reason}") from exc
+        actual = digest.hexdigest()
+        if not expected and not allow_unverified:
+            partial.unlink(missing_ok=True)
+            raise CheckpointError(
+                f"{self.object_uri}: no sha256 metadata, so it cannot be verified "
+                "(pass --allow-unverified-checkpoint to load it anyway)"
+            )
+        if expected and actual != expected:
+            partial.unlink(missing_ok=True)
+            raise CheckpointError(
+                f"{self.object_uri}: sha256 {actual[:16]}... does not match its metadata: the object is damaged"
+            )
+        if expected:
+            _install(sidecar_path(target), _sidecar_text([actual], target.name))
+        else:
+            sidecar_path(target).unlink(missing_ok=True)
         os.replace(partial, target)
+        _fsync_dir(target.parent)
         return True

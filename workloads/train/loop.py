@@ -9,6 +9,7 @@ present.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
 from workloads.data.dataset import DatasetError, HDF5Dataset, JpegFolderDataset, make_loader, to_tensors
 from workloads.data.format import MANIFEST_NAME
@@ -31,9 +33,12 @@ from workloads.data.sampler import BlockShuffleBatchSampler
 from workloads.data.transforms import random_resized_crop_flip_normalize
 from workloads.train.checkpoint import (
     CHECKPOINT_NAME,
+    CheckpointError,
     CheckpointMirror,
+    CheckpointStoreError,
     capture_rng,
     load_checkpoint,
+    require_training_state,
     restore_rng,
     save_checkpoint,
 )
@@ -69,6 +74,46 @@ class TrainConfig:
     log_every: int = 10
     mp_context: str | None = None
     stop_after_steps: int | None = None  # SIGKILL itself after this many steps (preemption drills, tests)
+    allow_unverified_checkpoint: bool = False  # resume from a checkpoint without a sha256 (older trainers)
+
+    def validate(self) -> None:
+        """Every numeric field finite and in range, before anything is read or built (ValueError per field)."""
+        positive = ("epochs", "batch_size", "prefetch_factor", "width", "crop_size", "block_size", "window_shards",
+                    "log_every")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')}: must be a positive integer, got {value!r}")
+        for name in ("workers", "checkpoint_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {value!r}")
+        for name, value in (("image_size", self.image_size), ("stop_after_steps", self.stop_after_steps)):
+            if value is not None and value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')}: must be positive, got {value!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"--lr: must be a finite number > 0, got {self.lr!r}")
+        if not (math.isfinite(self.momentum) and self.momentum >= 0):
+            raise ValueError(f"momentum: must be a finite number >= 0, got {self.momentum!r}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay: must be a finite number >= 0, got {self.weight_decay!r}")
+        if not (math.isfinite(self.wait_for_data_s) and self.wait_for_data_s >= 0):
+            raise ValueError(f"--wait-for-data: must be a finite number of seconds >= 0, got {self.wait_for_data_s!r}")
+
+
+class TrainingDiverged(ValueError):
+    """The loss became NaN or infinite: the weights would be garbage from here on (a config error: --lr)."""
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities become null: JSON has no such tokens, and log pipelines reject Python's."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -96,7 +141,7 @@ class Reporter:
 
     def emit(self, event: str, **fields: Any) -> None:
         if self.enabled:
-            self.stream.write(json.dumps({"event": event, **fields}) + "\n")
+            self.stream.write(json.dumps(_json_safe({"event": event, **fields}), allow_nan=False) + "\n")
             self.stream.flush()
 
 
@@ -106,11 +151,67 @@ def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
     deadline = time.monotonic() + config.wait_for_data_s
     while not manifest.exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # a staging sidecar writes the manifest once the first state is in place
+    dataset: HDF5Dataset | JpegFolderDataset
     if manifest.exists():
-        return HDF5Dataset(path, image_size=config.image_size, draft=True)
+        dataset = HDF5Dataset(path, image_size=config.image_size, draft=True)
+        if len(dataset) == 0:
+            raise DatasetError(f"{path}: the manifest lists no samples")
+        if not dataset.classes:
+            raise DatasetError(f"{manifest}: the manifest lists no classes")
+        return dataset
     if path.is_dir():
         return JpegFolderDataset(path, image_size=config.image_size or 256)
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or directory")
     raise DatasetError(f"{path}: neither a packed dataset (manifest.json) nor a folder of class sub-folders")
+
+
+_WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+_ONE_LINE_ERRORS = ("DatasetError", "DataToolError", "ValueError", "WindowStagerError", "TimeoutError")
+
+
+def worker_error_line(exc: BaseException) -> str | None:
+    """For an exception a DataLoader worker re-raised here (its message is the worker's whole traceback): the
+    original error's own message, when it is one the CLI reports as one line; else None."""
+    text = str(exc)
+    if _WORKER_TRACEBACK not in text:
+        return None
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    name, sep, message = last.partition(": ")
+    if not sep or name.rsplit(".", 1)[-1] not in _ONE_LINE_ERRORS:
+        return None
+    return message
+
+
+def _batches(loader: Any) -> Any:
+    """Iterate the loader; a dataset error from a worker comes out as the same one-line DatasetError that
+    --workers 0 raises."""
+    iterator = iter(loader)
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            line = worker_error_line(exc)
+            if line is None:
+                raise
+            raise DatasetError(line) from None
+        yield batch
+
+
+def check_checkpoint_dir(directory: str) -> None:
+    """A checkpoint directory that cannot hold files fails now, not after an epoch of training."""
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"--checkpoint-dir: {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}-{random.getrandbits(32):08x}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(f"--checkpoint-dir: {path}: not writable: {exc.strerror or exc}") from exc
 
 
 def _gpu_utilisation(device: torch.device) -> float | None:
@@ -234,12 +335,12 @@ def _prepare_model(
     config: TrainConfig,
     env: Distributed,
     device: torch.device,
-    num_classes: int,
+    dataset: HDF5Dataset | JpegFolderDataset,
     reporter: Reporter,
     mirror: CheckpointMirror | None = None,
 ) -> _Model:
     """Build, move and wrap the model, make the optimiser, and load the checkpoint when resuming."""
-    core: nn.Module = MODELS[config.model](num_classes, config.width).to(device)
+    core: nn.Module = MODELS[config.model](len(dataset.classes), config.width).to(device)
     if config.channels_last:
         core = core.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     optimizer = torch.optim.SGD(
@@ -249,25 +350,64 @@ def _prepare_model(
     saved = None
     if config.resume and config.checkpoint_dir:
         if mirror is not None and env.local_rank == 0 and not (Path(config.checkpoint_dir) / CHECKPOINT_NAME).exists():
-            pulled = mirror.pull(config.checkpoint_dir)  # this node's disk is new: continue from the mirror
+            # this node's disk is new: continue from the mirror
+            pulled = mirror.pull(config.checkpoint_dir, allow_unverified=config.allow_unverified_checkpoint)
             reporter.emit("checkpoint_pulled", uri=config.checkpoint_uri, found=pulled)
         if env.world_size > 1:
             dist.barrier()  # every rank of the node reads the file local rank 0 pulled
-        saved = load_checkpoint(config.checkpoint_dir, map_location=device)
+        saved = load_checkpoint(
+            config.checkpoint_dir, map_location=device, allow_unverified=config.allow_unverified_checkpoint
+        )
     if saved is not None:
-        if saved["config"]["model"] != config.model or saved["world_size"] != env.world_size:
-            raise ValueError(
-                f"--resume: {config.checkpoint_dir} holds a {saved['config']['model']} run on "
-                f"{saved['world_size']} ranks, not {config.model} on {env.world_size}"
-            )
-        core.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        where = Path(config.checkpoint_dir or "") / CHECKPOINT_NAME
+        require_training_state(saved, where)
+        check_resumable(saved, config, env, dataset, where)
+        try:
+            core.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"{where}: does not fit this model: {str(exc).strip().splitlines()[0]}") from exc
         state.epoch, state.batch, state.step = saved["epoch"], saved["batch"], saved["step"]
         restore_rng(saved["rng"])
         reporter.emit("resumed", epoch=state.epoch, batch=state.batch, step=state.step)
     if env.world_size > 1:
         state.model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
     return state
+
+
+def _dataset_identity(dataset: HDF5Dataset | JpegFolderDataset) -> dict[str, Any]:
+    return {"classes": list(dataset.classes), "num_samples": len(dataset)}
+
+
+def check_resumable(
+    saved: dict[str, Any], config: TrainConfig, env: Distributed, dataset: HDF5Dataset | JpegFolderDataset,
+    where: Path,
+) -> None:
+    """A checkpoint of another model, width, world size or dataset is refused (a config error, so the Job fails
+    at once instead of retrying), and so is a mid-epoch resume whose sample order would differ."""
+    before = saved["config"]
+    for name, now in (("model", config.model), ("width", config.width)):
+        then = before.get(name, now)
+        if then != now:
+            raise CheckpointError(f"--{name}: {where} was written with --{name} {then}, this run has {now}")
+    if saved["world_size"] != env.world_size:
+        raise CheckpointError(f"--resume: {where} was written on {saved['world_size']} ranks, not {env.world_size}")
+    identity = saved.get("dataset")
+    if identity is not None and identity != _dataset_identity(dataset):
+        raise CheckpointError(
+            f"--data: {where} was trained on another dataset ({identity['num_samples']} samples, classes "
+            f"{', '.join(identity['classes'][:4])}{'...' if len(identity['classes']) > 4 else ''}) than {config.data}"
+        )
+    if saved["batch"] > 0 and saved["epoch"] < config.epochs:
+        # Mid-epoch: the remaining samples are found by batch position, which only holds with the same order.
+        for name in ("batch_size", "block_size", "seed", "window_shards"):
+            then, now = before.get(name, getattr(config, name)), getattr(config, name)
+            if then != now:
+                flag = f"--{name.replace('_', '-')}"
+                raise CheckpointError(
+                    f"{flag}: {where} stopped mid-epoch ({saved['epoch']}, batch {saved['batch']}) with {flag} "
+                    f"{then}; resuming with {now} would skip or repeat samples: use {then} for this epoch"
+                )
 
 
 def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, Any]:
@@ -281,8 +421,13 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         config = replace(config, checkpoint_dir=str(Path(tempfile.gettempdir()) / "ml-cluster-checkpoints"))
     if config.resume and not config.checkpoint_dir:
         raise ValueError("--resume: needs --checkpoint-dir or --checkpoint-uri")
-    mirror = CheckpointMirror(config.checkpoint_uri) if config.checkpoint_uri else None
+    config.validate()
     env = Distributed.from_env()
+    if config.checkpoint_dir:
+        check_checkpoint_dir(config.checkpoint_dir)
+    mirror = CheckpointMirror(config.checkpoint_uri) if config.checkpoint_uri else None
+    if mirror is not None and env.local_rank == 0:
+        mirror.probe()
     reporter = reporter or Reporter(env.rank)
     if env.world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
@@ -304,7 +449,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         batches_per_epoch=sampler.batches_per_epoch,
     )
     started = time.perf_counter()
-    state = _prepare_model(config, env, device, len(data.dataset.classes), reporter, mirror)
+    state = _prepare_model(config, env, device, data.dataset, reporter, mirror)
     reporter.emit(
         "model_loading",
         seconds=time.perf_counter() - started,
@@ -316,19 +461,24 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         """Rank 0 writes; returns the seconds spent (reported apart from data and compute time)."""
         started = time.perf_counter()
         if config.checkpoint_dir and env.rank == 0:
-            written = save_checkpoint(
-                config.checkpoint_dir,
-                {
-                    "model": state.core.state_dict(),
-                    "optimizer": state.optimizer.state_dict(),
-                    "epoch": epoch,
-                    "batch": batch,
-                    "step": state.step,
-                    "rng": capture_rng(),
-                    "config": asdict(config),
-                    "world_size": env.world_size,
-                },
-            )
+            try:
+                written = save_checkpoint(
+                    config.checkpoint_dir,
+                    {
+                        "model": state.core.state_dict(),
+                        "optimizer": state.optimizer.state_dict(),
+                        "epoch": epoch,
+                        "batch": batch,
+                        "step": state.step,
+                        "rng": capture_rng(),
+                        "config": asdict(config),
+                        "world_size": env.world_size,
+                        "dataset": _dataset_identity(data.dataset),
+                    },
+                )
+            except OSError as exc:  # disk full, quota: the previous checkpoint is still in place
+                target = Path(config.checkpoint_dir) / CHECKPOINT_NAME
+                raise CheckpointStoreError(f"{target}: cannot write checkpoint: {exc.strerror or exc}") from exc
             if mirror is not None:
                 mirror.push(written)
             reporter.emit("checkpoint", epoch=epoch, batch=batch, step=state.step,
@@ -339,6 +489,9 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
     autocast_dtype = torch.bfloat16 if config.amp == "bf16" else None
     input_dtype = autocast_dtype if device.type == "cuda" and autocast_dtype else torch.float32
     summary: dict[str, Any] = {}
+    num_classes = len(data.dataset.classes)
+    show_progress = env.rank == 0 and sys.stderr.isatty()
+    terminal = os.get_terminal_size(sys.stderr.fileno()) if show_progress else os.terminal_size((0, 0))
     state.model.train()
     for epoch in range(state.epoch, config.epochs):
         first_batch = state.batch if epoch == state.epoch else 0
@@ -353,10 +506,28 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         samples = 0
         utilisation: list[float] = []
         batch_index = first_batch
+        progress = tqdm(
+            total=sampler.batches_per_epoch,
+            initial=first_batch,
+            desc=f"epoch {epoch + 1}/{config.epochs}",
+            unit="batch",
+            file=sys.stderr,
+            disable=not show_progress,
+            dynamic_ncols=terminal.columns > 0,
+            ncols=None if terminal.columns > 0 else 100,  # a terminal that reports no size (a bare pty)
+            nrows=None if terminal.lines > 0 else 24,  # tqdm hides every bar below nrows, 0 included
+            leave=True,
+        )
         waited = time.perf_counter()
-        for batch in loader:
+        for batch in _batches(loader):
             got = time.perf_counter()
             images, labels = to_tensors(batch)
+            if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+                bad = int(labels.max()) if int(labels.max()) >= num_classes else int(labels.min())
+                raise DatasetError(
+                    f"{config.data}: label {bad} in epoch {epoch} batch {batch_index}, but the dataset lists "
+                    f"{num_classes} classes"
+                )
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
             generator = torch.Generator().manual_seed(_step_seed(config.seed, epoch, batch_index, env.rank))
@@ -371,6 +542,18 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
                 device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
             ):
                 loss = criterion(state.model(inputs), labels)
+            loss_value = float(loss.detach())
+            finite = math.isfinite(loss_value)
+            if env.world_size > 1:  # every rank stops together, before any rank steps
+                flag = torch.tensor([1.0 if finite else 0.0], device=device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+                finite = bool(flag.item() == 1.0)
+            if not finite:
+                progress.close()
+                raise TrainingDiverged(
+                    f"loss: not finite ({loss_value}) at epoch {epoch} batch {batch_index} (step {state.step + 1}); "
+                    "stopped before updating the weights, the last checkpoint is intact (lower --lr?)"
+                )
             state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             state.optimizer.step()
@@ -392,11 +575,16 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
                     epoch=epoch,
                     batch=batch_index - 1,
                     step=state.step,
-                    loss=float(loss.detach()),
+                    loss=loss_value,
                     data_time=step_data,
                     compute_time=step_compute,
                     gpu_utilization=gpu,
                 )
+            progress.set_postfix_str(
+                f"loss {loss_value:.4f}, {len(labels) * env.world_size / max(done - waited, 1e-9):.0f} samples/s",
+                refresh=False,
+            )
+            progress.update(1)
             if data.releaser:
                 data.releaser.release(window_ends, batch_index)
             epoch_ends = batch_index == sampler.batches_per_epoch
@@ -406,6 +594,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
                 reporter.emit("killing_self", step=state.step)
                 os.kill(os.getpid(), signal.SIGKILL)
             waited = time.perf_counter()
+        progress.close()
         epoch_time = time.perf_counter() - epoch_start
         total_samples = samples * env.world_size
         summary = {

@@ -1,0 +1,440 @@
+"""Issue 11, the trainer half: every way a run can be handed bad input, bad bytes or a bad environment, each
+against real files and real subprocesses. Each case fails fast, with one line on stderr and a documented exit
+code, or works exactly; JSON lines on stdout always parse."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pty
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.train.test_train import REPO, TINY_RUN, _env, _events, _train_here
+from workloads.data.format import load_manifest, write_manifest
+from workloads.train.__main__ import main, parse_args
+from workloads.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+
+CODE = 42  # what the rendered Jobs set as CONFIG_ERROR_EXIT_CODE (workloads/jobspec)
+
+
+def _strict_json(line: str) -> dict:
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _run(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120,
+         preexec_fn=None) -> subprocess.CompletedProcess[str]:  # noqa: ANN001
+    return subprocess.run(
+        [sys.executable, "-m", "workloads.train", *TINY_RUN, *args],
+        capture_output=True, text=True, env=env or _env(CONFIG_ERROR_EXIT_CODE=str(CODE)), cwd=REPO,
+        timeout=timeout, preexec_fn=preexec_fn,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """stderr is exactly one `error: ...` line (no traceback); returns it."""
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("warning: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+    return lines[0]
+
+
+def _lines(result: subprocess.CompletedProcess[str]) -> list[dict]:
+    return [_strict_json(line) for line in result.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint directory holding the end of a 1-epoch run on the decoded dataset (width 8)."""
+    directory = tmp_path_factory.mktemp("finished")
+    _train_here(["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0",
+                 "--checkpoint-dir", str(directory)])
+    return directory
+
+
+def _copy(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def _resume(data: Path, directory: Path, *extra: str) -> list[str]:
+    return ["--data", str(data), "--epochs", "2", "--workers", "0", "--checkpoint-dir", str(directory),
+            "--resume", *extra]
+
+
+def _main_code(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setenv("CONFIG_ERROR_EXIT_CODE", str(CODE))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return main([*TINY_RUN, *args])
+    except SystemExit as exited:
+        return int(exited.code or 0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+# --- checkpoint integrity ------------------------------------------------------------------------------------
+
+
+def _largest_member_middle(path: Path) -> int:
+    """Byte offset in the middle of the largest tensor stored in a torch zip checkpoint."""
+    with zipfile.ZipFile(path) as archive:
+        member = max(archive.infolist(), key=lambda info: info.file_size)
+        raw = path.read_bytes()
+        header = member.header_offset
+        name_len = int.from_bytes(raw[header + 26 : header + 28], "little")
+        extra_len = int.from_bytes(raw[header + 28 : header + 30], "little")
+        return header + 30 + name_len + extra_len + member.file_size // 2
+
+
+def test_a_damaged_checkpoint_is_refused_not_silently_loaded(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    directory = _copy(finished, tmp_path / "ckpt")
+    target = directory / CHECKPOINT_NAME
+    raw = bytearray(target.read_bytes())
+    raw[_largest_member_middle(target)] ^= 0x40
+    target.write_bytes(bytes(raw))
+    torch.load(target, weights_only=True)  # the damage is invisible to torch: only a digest finds it
+    assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "sha256" in err and err.count("\n") == 1
+
+
+def test_a_truncated_checkpoint_is_refused(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    directory = _copy(finished, tmp_path / "ckpt")
+    target = directory / CHECKPOINT_NAME
+    target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+    assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and CHECKPOINT_NAME in err and err.count("\n") == 1
+
+
+def test_a_missing_sha256_sidecar_is_refused_unless_allowed(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    directory = _copy(finished, tmp_path / "ckpt")
+    (directory / f"{CHECKPOINT_NAME}.sha256").unlink()
+    assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert "sha256" in err and "--allow-unverified-checkpoint" in err and err.count("\n") == 1
+    lines = _train_here(_resume(tiny_data["decoded"], directory, "--allow-unverified-checkpoint"))
+    assert _events(lines, "resumed")[0]["epoch"] == 1 and _events(lines, "done")
+
+
+def test_checkpoint_files_get_normal_permissions(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        written = save_checkpoint(tmp_path, {"model": {}, "epoch": 0})
+    finally:
+        os.umask(old)
+    assert written.stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / f"{CHECKPOINT_NAME}.sha256").stat().st_mode & 0o777 == 0o644
+
+
+_WRITER = """
+import sys, torch
+from workloads.train.checkpoint import save_checkpoint
+big = torch.zeros(6 * 1024 * 1024)
+for generation in range(1, 10**6):
+    big.fill_(generation)
+    save_checkpoint(sys.argv[1], {"model": {"big": big}, "generation": generation})
+    print(generation, flush=True)
+"""
+
+
+def test_kill_9_mid_write_leaves_a_verified_checkpoint(tmp_path: Path) -> None:
+    """A writer of 24 MiB checkpoints is SIGKILLed at different moments: the file on disk always verifies
+    and is a whole generation; the next save removes the orphaned temp files."""
+    seen = set()
+    for delay in (0.05, 0.3, 0.55):
+        writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                                  env=_env(), cwd=REPO, text=True)
+        assert writer.stdout is not None
+        writer.stdout.readline()  # one generation is complete
+        time.sleep(delay)
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        state = load_checkpoint(tmp_path)
+        assert state is not None
+        big = state["model"]["big"]
+        assert bool((big == state["generation"]).all())
+        seen.add(state["generation"])
+    save_checkpoint(tmp_path, {"model": {}, "generation": 0})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_NAME, f"{CHECKPOINT_NAME}.sha256"]
+
+
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path
+) -> None:
+    """RLIMIT_FSIZE makes every write past 4 KiB fail (EFBIG, as ENOSPC would): the run fails with one line,
+    and the epoch-1 checkpoint is still there and verifies."""
+    directory = _copy(finished, tmp_path / "ckpt")
+    before = (directory / CHECKPOINT_NAME).read_bytes()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    result = _run(_resume(tiny_data["decoded"], directory), preexec_fn=limit)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert CHECKPOINT_NAME in _one_line_error(result)
+    assert (directory / CHECKPOINT_NAME).read_bytes() == before
+    state = load_checkpoint(directory)
+    assert state is not None and state["epoch"] == 1
+    assert sorted(p.name for p in directory.iterdir()) == [CHECKPOINT_NAME, f"{CHECKPOINT_NAME}.sha256"]
+
+
+# --- checkpoints from another run ------------------------------------------------------------------------------
+
+
+def _rewrite(directory: Path, change) -> None:  # noqa: ANN001
+    state = load_checkpoint(directory)
+    assert state is not None
+    change(state)
+    save_checkpoint(directory, state)
+
+
+def test_resume_with_another_batch_size_mid_epoch_is_refused(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    directory = _copy(finished, tmp_path / "ckpt")
+
+    def mid_epoch(state: dict) -> None:
+        state["epoch"], state["batch"] = 0, 2  # 16 of 42 samples done with --batch-size 8
+
+    _rewrite(directory, mid_epoch)
+    args = _resume(tiny_data["decoded"], directory)
+    args[args.index("--epochs") + 1] = "1"
+    args += ["--batch-size", "16"]
+    assert _main_code(args, monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert "--batch-size" in err and "8" in err and err.count("\n") == 1
+
+
+def test_resume_with_another_batch_size_at_an_epoch_boundary_is_exact(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path
+) -> None:
+    directory = _copy(finished, tmp_path / "ckpt")
+    lines = _train_here([*_resume(tiny_data["decoded"], directory), "--batch-size", "16"])
+    (epoch,) = _events(lines, "epoch")
+    assert epoch["epoch"] == 1 and epoch["samples"] == 42 and epoch["batches"] == 3
+
+
+def test_resume_with_another_width_is_a_config_error(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: load_state_dict's RuntimeError, a traceback and exit 1, so the Job retried to its backoffLimit."""
+    directory = _copy(finished, tmp_path / "ckpt")
+    assert _main_code([*_resume(tiny_data["decoded"], directory), "--width", "16"], monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert err.startswith("error: --width: ") and err.count("\n") == 1
+
+
+def test_resume_on_another_dataset_is_a_config_error(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    other = _copy(tiny_data["folder"], tmp_path / "other")
+    for number, entry in enumerate(sorted(other.iterdir())):
+        entry.rename(other / f"kind{number}")  # same shape (3 classes, 42 images), other classes
+    directory = _copy(finished, tmp_path / "ckpt")
+    assert _main_code([*_resume(other, directory), "--image-size", "32"], monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert err.startswith("error: --data: ") and "another dataset" in err and err.count("\n") == 1
+    shutil.rmtree(other / "kind2")  # 2 classes: the classifier's shape differs too
+    assert _main_code([*_resume(other, directory), "--image-size", "32"], monkeypatch) == CODE
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("content", ["dict", "tensor"])
+def test_a_valid_torch_file_with_other_content_is_refused(
+    content: str, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    payload = {"hello": torch.ones(2)} if content == "dict" else torch.ones(3)
+    target = tmp_path / CHECKPOINT_NAME
+    torch.save(payload, target)  # a sound file with a right digest; its content is no checkpoint
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    (tmp_path / f"{CHECKPOINT_NAME}.sha256").write_text(f"{digest}  {CHECKPOINT_NAME}\n")
+    assert _main_code(_resume(tiny_data["decoded"], tmp_path), monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert "not a training checkpoint" in err and err.count("\n") == 1
+
+
+def test_a_checkpoint_of_a_future_format_is_refused(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    directory = _copy(finished, tmp_path / "ckpt")
+    _rewrite(directory, lambda state: state.update(format_version=99))
+    assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert "format" in err and "99" in err and err.count("\n") == 1
+
+
+def test_resume_of_a_finished_run_does_nothing_and_succeeds(finished: Path, tiny_data: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    directory = _copy(finished, tmp_path / "ckpt")
+    args = _resume(tiny_data["decoded"], directory)
+    args[args.index("--epochs") + 1] = "1"
+    lines = _train_here(args)
+    assert not _events(lines, "batch") and _events(lines, "done")[0]["steps"] == 6
+
+
+# --- arguments ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--lr", "nan"], ["--lr", "inf"], ["--lr", "-0.1"], ["--lr", "0"], ["--wait-for-data", "nan"],
+     ["--wait-for-data", "-1"], ["--epochs", "0"], ["--epochs", "-1"], ["--batch-size", "0"], ["--workers", "-1"],
+     ["--checkpoint-every", "-2"], ["--width", "0"]],
+)
+def test_bad_numbers_are_refused_up_front(
+    bad: list[str], tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _main_code(["--data", str(tiny_data["decoded"]), "--workers", "0", "--epochs", "1", *bad],
+                      monkeypatch) == CODE
+    out, err = capsys.readouterr()
+    assert out == "" and bad[0] in err and err.rstrip().splitlines()[-1].startswith("error: ")
+
+
+def test_a_diverging_loss_stops_with_an_error_and_valid_json(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    result = _run(["--data", str(tiny_data["decoded"]), "--epochs", "3", "--workers", "0", "--lr", "1e30",
+                   "--checkpoint-dir", str(tmp_path)])
+    assert result.returncode == CODE, result.stderr[-3000:]
+    assert "loss" in _one_line_error(result)
+    lines = _lines(result)  # raises on NaN/Infinity tokens
+    assert not _events(lines, "done")
+    state = load_checkpoint(tmp_path) if (tmp_path / CHECKPOINT_NAME).exists() else None
+    assert state is None or all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_help_shows_every_option_and_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    for needle in ("--stop-after-steps", "AWS_ENDPOINT_URL", "CHECKPOINT_URI", "CONFIG_ERROR_EXIT_CODE"):
+        assert needle in text, needle
+
+
+# --- data --------------------------------------------------------------------------------------------------------
+
+
+def test_a_dataset_error_in_a_worker_is_the_same_one_line(
+    tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: with workers the error was the worker's whole traceback (DataLoader re-raises it as the message)."""
+    data = _copy(tiny_data["decoded"], tmp_path / "data")
+    shard = data / "shard-00001.h5"
+    shard.write_bytes(b"not an hdf5 file")
+    errors = []
+    for workers in ("0", "2"):
+        assert _main_code(["--data", str(data), "--epochs", "1", "--workers", workers, "--block-size", "4"],
+                          monkeypatch) == CODE
+        errors.append(capsys.readouterr().err)
+    assert errors[0] == errors[1] and errors[0].count("\n") == 1, errors
+    assert errors[0].startswith(f"error: {shard}: ") and "Traceback" not in errors[1]
+
+
+def test_a_manifest_with_fewer_classes_than_labels_is_a_dataset_error(
+    tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _copy(tiny_data["decoded"], tmp_path / "data")
+    manifest = load_manifest(data)
+    write_manifest(data, manifest.model_copy(update={"classes": manifest.classes[:2]}))
+    assert _main_code(["--data", str(data), "--epochs", "1", "--workers", "2"], monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {data}: label 2 ") and err.count("\n") == 1
+
+
+def test_an_empty_dataset_is_a_dataset_error(tiny_data: dict[str, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "empty"
+    data.mkdir()
+    manifest = load_manifest(tiny_data["decoded"])
+    write_manifest(data, manifest.model_copy(update={"num_samples": 0, "shards": []}))
+    assert _main_code(["--data", str(data), "--workers", "0"], monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {data}") and "no samples" in err
+
+
+def test_a_missing_dataset_directory_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main_code(["--data", str(tmp_path / "nowhere")], monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'nowhere'}: ") and err.count("\n") == 1
+
+
+# --- the checkpoint destination, checked before training ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["a-file", "/sys/ml-cluster-checkpoint-test"])  # sysfs refuses mkdir, even root
+def test_an_unusable_checkpoint_dir_is_refused_before_training(
+    where: str, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: the run trained a whole epoch, then failed on the save with a traceback."""
+    target = Path(where) if where.startswith("/") else tmp_path / where
+    if not where.startswith("/"):
+        target.write_text("x")
+    assert _main_code(["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0",
+                       "--checkpoint-dir", str(target)], monkeypatch) == CODE
+    out, err = capsys.readouterr()
+    assert err.startswith(f"error: --checkpoint-dir: {target}: ") and err.count("\n") == 1
+    assert '"event": "batch"' not in out
+
+
+# --- progress -----------------------------------------------------------------------------------------------------
+
+
+def test_progress_on_a_terminal_and_json_lines_on_stdout(tiny_data: dict[str, Path]) -> None:
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "workloads.train", *TINY_RUN, "--data", str(tiny_data["decoded"]), "--epochs", "1",
+         "--workers", "0"],
+        stdout=subprocess.PIPE, stderr=follower, env=_env(), cwd=REPO, text=True,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    out, _ = process.communicate(timeout=120)
+    os.close(leader)
+    assert process.returncode == 0
+    terminal = b"".join(chunks).decode(errors="replace")
+    assert "samples/s" in terminal and "loss" in terminal and "6/6" in terminal, terminal[-2000:]
+    assert [_strict_json(line)["event"] for line in out.splitlines()][-1] == "done"

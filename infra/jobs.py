@@ -46,7 +46,8 @@ def check_jobs(specs: Sequence[TrainingJobSpec], facts: ClusterFacts) -> list[li
     rendered, problems = [], []
     for index, spec in enumerate(specs):
         try:
-            rendered.append(render_job(spec, facts))
+            # Suspended unless the spec says otherwise: no GPU hours before the data is there (submit start).
+            rendered.append(render_job(spec, facts, suspended_by_default=True))
         except JobSpecError as error:
             problems.append((f"{CONFIG_KEY}[{index}].{error.path}", error.reason))
     if problems:
@@ -213,7 +214,7 @@ class TrainingJobs(pulumi.ComponentResource):
                 ctx.name("jobs", spec.name), metadata=job["metadata"], spec=job["spec"],
                 opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
                     delete_before_replace=True, depends_on=[*job_needs, *service_resources],
-                    # Kueue suspends and resumes admitted Jobs; that is not drift.
-                    ignore_changes=["spec.suspend"] if spec.queue else None)))
+                    # `submit start` and Kueue resume suspended Jobs; that is not drift to undo on the next `up`.
+                    ignore_changes=["spec.suspend"])))
             self.job_names[spec.name] = job["metadata"]["name"]
         self.register_outputs({"jobNames": self.job_names})

@@ -3,6 +3,7 @@
     python -m workloads.submit render workloads/jobs/resnet50-s3-copy.yaml --facts facts.json
     python -m workloads.submit submit workloads/jobs/resnet50-s3-copy.yaml --facts facts.json
     python -m workloads.submit status resnet50-s3-copy-1a2b3c4d
+    python -m workloads.submit start resnet50-s3-copy-1a2b3c4d      # a Job the stack created suspended
     python -m workloads.submit logs resnet50-s3-copy-1a2b3c4d [--container stage] [--index 1] [--follow]
     python -m workloads.submit delete resnet50-s3-copy-1a2b3c4d
 
@@ -26,7 +27,7 @@ import yaml
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, TRAIN_CONTAINER, JobSpecError, load_job_file, render_job
 
-Phase = Literal["Pending", "Staging", "Running", "Succeeded", "Failed"]
+Phase = Literal["Suspended", "Pending", "Staging", "Running", "Succeeded", "Failed"]
 # Waiting reasons that will not resolve by waiting: the run is reported Failed although the Job is not yet.
 _STUCK_WAITING = {
     "ErrImagePull": "ImagePullBackOff",
@@ -35,6 +36,7 @@ _STUCK_WAITING = {
     "CreateContainerConfigError": "CreateContainerConfigError",
     "CreateContainerError": "CreateContainerError",
 }
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _GENERIC_JOB_FAILURES = {
     "BackoffLimitExceeded", "PodFailurePolicy", "FailedIndexes", "MaxFailedIndexesExceeded"}
 
@@ -120,7 +122,11 @@ def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]]) -> RunPhase:
             return RunPhase("Failed", failure[0], failure[1])
     retry_note = f" (retrying after {failures[0][0]}: {failures[0][1]})" if failures else ""
     if (job.get("spec") or {}).get("suspend"):
-        return RunPhase("Pending", None, "suspended: waiting for admission (Kueue)" + retry_note)
+        if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
+            return RunPhase("Pending", None, "suspended: waiting for admission (Kueue)" + retry_note)
+        name = (job.get("metadata") or {}).get("name", "NAME")
+        return RunPhase("Suspended", None,
+                        f"start it once its data is in place: python -m workloads.submit start {name}")
     if not active:
         return RunPhase("Pending", None, "no pod yet" + retry_note)
     if any(_is_staging(pod) for pod in active):
@@ -274,6 +280,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("job_file", help="YAML spec file, e.g. workloads/jobs/resnet50-s3-copy.yaml")
         sub.add_argument("--facts", required=True,
                          help="ClusterFacts JSON (pulumi stack output jobFacts --json)")
+    start = commands.add_parser("start", help="start a suspended run (the stack creates its Jobs suspended)")
+    start.add_argument("name")
     status = commands.add_parser("status", help="phase of a submitted run")
     status.add_argument("name")
     status.add_argument("--json", action="store_true")
@@ -315,6 +323,19 @@ def _logs(batch: Any, core: Any, namespace: str, name: str, container: str, inde
     return 0
 
 
+def _start(batch: Any, namespace: str, name: str) -> int:
+    job = _read_job(batch, namespace, name)
+    if KUEUE_QUEUE_LABEL in (job["metadata"].get("labels") or {}):
+        raise UsageError(f"job/{name}", "Kueue starts this Job when it admits it (queue "
+                         f"{job['metadata']['labels'][KUEUE_QUEUE_LABEL]}); see `status`")
+    if not (job.get("spec") or {}).get("suspend"):
+        print(f"job/{name} is not suspended")
+        return 0
+    batch.patch_namespaced_job(name, namespace, {"spec": {"suspend": False}})
+    print(f"started job/{name}")
+    return 0
+
+
 def _delete(batch: Any, core: Any, networking: Any, namespace: str, name: str) -> int:
     from kubernetes.client.exceptions import ApiException
 
@@ -343,6 +364,8 @@ def _run(args: argparse.Namespace) -> int:
     batch, core, networking = _apis(args.context)
     if args.command == "status":
         return _status(batch, core, args.namespace, args.name, args.json)
+    if args.command == "start":
+        return _start(batch, args.namespace, args.name)
     if args.command == "logs":
         return _logs(batch, core, args.namespace, args.name, args.container, args.index, args.follow)
     return _delete(batch, core, networking, args.namespace, args.name)

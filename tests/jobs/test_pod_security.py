@@ -90,3 +90,14 @@ def test_the_namespace_denies_ingress_and_lets_only_the_monitoring_namespace_scr
     assert scrape["spec"]["ingress"][0]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert namespace_network_policies("training", {}) == [deny | {"metadata": deny["metadata"] | {"labels": {}}}]
+
+
+
+def test_suspension_is_the_callers_default_unless_the_spec_decides() -> None:
+    spec = parse_spec({"name": "resnet", "image": IMAGE, "gpus": 1})
+    submitted = render_job(spec, dev_facts())[0]
+    deployed = render_job(spec, dev_facts(), suspended_by_default=True)[0]
+    assert submitted["spec"]["suspend"] is False and deployed["spec"]["suspend"] is True
+    assert submitted["metadata"]["name"] != deployed["metadata"]["name"]  # a changed Job is a new Job
+    explicit = parse_spec({"name": "resnet", "image": IMAGE, "gpus": 1, "suspend": False})
+    assert render_job(explicit, dev_facts(), suspended_by_default=True)[0] == submitted

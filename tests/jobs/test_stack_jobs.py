@@ -40,6 +40,9 @@ def test_every_stack_job_keeps_the_rules(stack: str, stack_plan: Callable[[str],
         job = manifest(resource)
         check_job(job, kubernetes_version=kubernetes_version(stack))
         assert resource["options"]["deleteBeforeReplace"] is True, resource["name"]
+        # No GPU hours before the data exists: created suspended, started by `submit start`, which `up` keeps.
+        assert job["spec"]["suspend"] is True, resource["name"]
+        assert resource["options"]["ignoreChanges"] == ["spec.suspend"], resource["name"]
         needs = set(resource["options"]["dependsOn"])
         assert {f"mlc-{stack}-jobs-service-account", f"mlc-{stack}-jobs-ns-training"} <= needs
         pod = job["spec"]["template"]["spec"]

@@ -80,8 +80,43 @@ def test_pending_unschedulable() -> None:
 
 def test_no_pod_yet_and_suspended_by_kueue_are_pending() -> None:
     assert job_phase(job(), []).phase == "Pending"
-    suspended = job_phase(job(condition("Suspended", "JobSuspended", "Job suspended"), suspend=True), [])
+    queued = job(condition("Suspended", "JobSuspended", "Job suspended"), suspend=True)
+    queued["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-h100"}
+    suspended = job_phase(queued, [])
     assert suspended.phase == "Pending" and "Kueue" in suspended.detail
+
+
+def test_a_job_the_stack_created_suspended_says_how_to_start_it() -> None:
+    phase = job_phase(job(condition("Suspended", "JobSuspended", "Job suspended"), suspend=True), [])
+    assert phase.phase == "Suspended"
+    assert phase.detail.endswith(f"python -m workloads.submit start {JOB}")
+
+
+class FakeBatch:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body, self.patches = body, []
+
+    def read_namespaced_job(self, name: str, namespace: str) -> dict[str, Any]:
+        return self.body
+
+    def patch_namespaced_job(self, name: str, namespace: str, patch: dict[str, Any]) -> None:
+        self.patches.append((namespace, name, patch))
+
+
+def test_start_unsuspends_a_suspended_job_and_leaves_kueue_jobs_to_kueue(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from workloads.submit import UsageError, _start
+
+    batch = FakeBatch(job(suspend=True))
+    assert _start(batch, "training", JOB) == 0
+    assert batch.patches == [("training", JOB, {"spec": {"suspend": False}})]
+    assert capsys.readouterr().out == f"started job/{JOB}\n"
+    running = FakeBatch(job(suspend=False))
+    assert _start(running, "training", JOB) == 0 and running.patches == []
+    queued = job(suspend=True)
+    queued["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-h100"}
+    with pytest.raises(UsageError, match="Kueue starts this Job"):
+        _start(FakeBatch(queued), "training", JOB)
 
 
 def test_copy_stager_running_is_staging() -> None:

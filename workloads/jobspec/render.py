@@ -330,6 +330,7 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     if spec.queue:
         job_labels["kueue.x-k8s.io/queue-name"] = spec.queue
     job_spec: dict[str, Any] = {
+        "suspend": bool(spec.suspend),
         "backoffLimit": spec.backoff_limit,
         "activeDeadlineSeconds": spec.active_deadline_seconds,
         "podFailurePolicy": {
@@ -409,6 +410,13 @@ def job_name(spec: TrainingJobSpec, facts: ClusterFacts) -> str:
     return f"{spec.name}-{spec_hash(spec, facts)}"
 
 
-def render_job(spec: TrainingJobSpec, facts: ClusterFacts) -> list[dict[str, Any]]:
-    """The Job (first) and, for multi-node specs, its headless Service. Raises JobSpecError (field path)."""
+def render_job(
+    spec: TrainingJobSpec, facts: ClusterFacts, *, suspended_by_default: bool = False
+) -> list[dict[str, Any]]:
+    """The Job (first) and, for multi-node specs, its headless Service and NetworkPolicy.
+
+    `suspended_by_default` decides `spec.suspend` where the spec leaves it unset. Raises JobSpecError (field path).
+    """
+    if spec.suspend is None:
+        spec = spec.model_copy(update={"suspend": suspended_by_default})
     return _render_manifests(spec, facts, job_name(spec, facts))

@@ -297,6 +297,9 @@ class TrainingJobSpec(_Spec):
     queue: DnsSubdomain | None = None  # Kueue LocalQueue: the whole gang is admitted together
     # An image that writes outside /tmp, the RAM disk and its mounts can opt out of the read-only root.
     read_only_root_filesystem: bool = True
+    # Created suspended (spec.suspend) and started later, e.g. once its dataset is uploaded. None: the caller's
+    # default, which is suspended for the Jobs a stack deploys and running for `workloads.submit`.
+    suspend: bool | None = None
     tolerations: list[TolerationSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -215,3 +215,16 @@ def test_cli_prints_error_lines_and_exits_2(charts: Path, tmp_path: Path, capsys
     code = render_charts.main(["--plan", str(plan), "--charts", str(charts), "--kubernetes-version", "1.33"])
     out = capsys.readouterr().out.splitlines()
     assert code == 2 and out[0].startswith("error: mlc-test-good: chart good 9.9.9") and out[1].startswith("ok: ")
+
+
+def test_eks_addon_node_daemonsets_keep_their_tolerate_everything_defaults(
+    stack_plan: tuple[str, dict[str, Any]],
+) -> None:
+    """The EFS and Mountpoint add-ons are not Helm releases here: their node DaemonSets tolerate every taint by
+    default (aws-efs-csi-driver chart values.yaml `node.tolerations: [{operator: Exists}]`; mountpoint-s3-csi-driver
+    chart values.yaml `node.tolerateAllTaints: true`), and this program passes no configurationValues that could
+    narrow that."""
+    _, plan = stack_plan
+    addons = [r for r in plan["resources"] if r["type"] == "aws:eks/addon:Addon"]
+    for addon in addons:
+        assert "configurationValues" not in addon["inputs"], addon["name"]

@@ -290,7 +290,8 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
     from pulumi.runtime.sync_await import _sync_await
 
     stack_file = load_stack_file(stack, config_path)
-    validate_stack_file(stack_file)
+    # The program validates its config itself (and, on a schema error, still checks the pools it can, so one
+    # error does not hide another): a bad stack file ends in the program's ConfigError below.
     config, secret_keys = offline_config(stack_file)
     region = stack_file.values.get("aws:region")
     fixtures = fixtures or Fixtures()

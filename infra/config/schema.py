@@ -367,6 +367,13 @@ def load_pulumi_config() -> StackConfig:
     """The running program's stack config (as the Pulumi CLI, or the offline engine, hands it over)."""
     from pulumi.runtime import config as runtime_config
 
-    raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     secret = set(runtime_config.get_config_secret_keys_env()) | set(runtime_config._SECRET_KEYS.get())
-    return parse_stack_config({key: decode_config_value(value) for key, value in raw.items()}, secret)
+    return parse_stack_config(runtime_config_values(), secret)
+
+
+def runtime_config_values() -> dict[str, Any]:
+    """The running program's config values (decoded), as the Pulumi CLI or the offline engine hands them over."""
+    from pulumi.runtime import config as runtime_config
+
+    raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    return {key: decode_config_value(value) for key, value in raw.items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,7 +49,8 @@ def s3_url(moto_port: int, aws_env: None) -> str:
 
 @pytest.fixture
 def bucket(s3_url: str, request: pytest.FixtureRequest) -> str:
-    name = "data-" + request.node.name.replace("_", "-").lower()[:40].strip("-")
+    node = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())
+    name = "data-" + (node[:24] + "-" + hashlib.sha256(node.encode()).hexdigest()[:12]).strip("-")
     make_client(s3_url, 4).create_bucket(Bucket=name)
     return name
 

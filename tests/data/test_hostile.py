@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.data.conftest import CREDENTIALS
 from tests.data.helpers import write_corpus
 from workloads.data.__main__ import main
 from workloads.data.format import load_manifest
@@ -244,15 +245,15 @@ def test_pack_enospc_exactly_while_writing_the_manifest(tmp_path: Path, tiny_fs:
                                                         capsys: pytest.CaptureFixture) -> None:
     out = tiny_fs / "out"
     small_pack(tmp_path / "small", out, per_class=2)
-    shards = sum(s.bytes for s in load_manifest(out).shards)
+    pages = sum(-(-s.bytes // 4096) * 4096 for s in load_manifest(out).shards)
     free = shutil.disk_usage(tiny_fs).free
-    # Fill the disk so that the new shards (the same size as the old) fit, but a manifest no longer does.
-    (tiny_fs / "filler").write_bytes(b"\0" * (free - shards - 4096 * 4))
+    # Fill the disk so that the new shards (the same pages as the old) fit exactly, and then the manifest does not.
+    (tiny_fs / "filler").write_bytes(b"\0" * (free - pages))
     code, err = cli(["pack", str(tmp_path / "small"), str(out), "--size", "16", "--force", "--no-progress",
                      "--shard-size", "2000B", "--workers", "1", "--shuffle-seed", "7"], capsys)
     if code == 0:
         pytest.skip("the filler left room for the manifest on this file system")
-    assert code == 2 and one_line(err), err
+    assert code == 2 and one_line(err) and "manifest.json" in err and "No space left" in err, err
     assert verify(out).num_samples == 4
 
 
@@ -365,3 +366,279 @@ def test_submit_hostile_files(kind: str, which: str, tmp_path: Path, capsys: pyt
     code = submit_main(argv)
     err = capsys.readouterr().err
     assert code == 2 and one_line(err) and str(hostile) in err, err
+
+
+# -- upload sends only what matches the manifest; --force repairs; the prefix holds one dataset ---------------------
+def _corrupt(path: Path) -> None:
+    payload = bytearray(path.read_bytes())
+    payload[len(payload) // 2] ^= 0xFF
+    path.write_bytes(bytes(payload))
+
+
+def test_upload_refuses_a_corrupt_local_shard(tmp_path: Path, packed: Path, s3_url: str, bucket: str,
+                                              capsys: pytest.CaptureFixture) -> None:
+    copy = copy_dataset(packed, tmp_path / "copy")
+    _corrupt(copy / "shard-00001.h5")
+    code, err = cli(["upload", str(copy), f"s3://{bucket}/p", "--endpoint-url", s3_url, "--no-progress"], capsys)
+    assert code == 2 and one_line(err) and "shard-00001.h5" in err and "sha256" in err, err
+    keys = [o["Key"] for o in make_client(s3_url, 4).list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert "p/manifest.json" not in keys
+
+
+def test_upload_force_repairs_a_remote_object_that_does_not_match(tmp_path: Path, packed: Path, s3_url: str,
+                                                                  bucket: str, capsys: pytest.CaptureFixture) -> None:
+    client = make_client(s3_url, 4)
+    upload(client, packed, S3Uri(bucket, "p"), UploadOptions(workers=2, progress=False))
+    good = (packed / "shard-00001.h5").read_bytes()
+    bad = bytearray(good)
+    bad[100] ^= 0xFF
+    sha = load_manifest(packed).shards[1].sha256
+    client.put_object(Bucket=bucket, Key="p/shard-00001.h5", Body=bytes(bad), Metadata={"sha256": sha})
+    code, _ = cli(["upload", str(packed), f"s3://{bucket}/p", "--endpoint-url", s3_url, "--no-progress",
+                   "--force"], capsys)
+    assert code == 0
+    assert client.get_object(Bucket=bucket, Key="p/shard-00001.h5")["Body"].read() == good
+
+
+def test_upload_without_force_repairs_a_single_part_object_whose_etag_differs(
+        tmp_path: Path, packed: Path, s3_url: str, bucket: str) -> None:
+    client = make_client(s3_url, 4)
+    upload(client, packed, S3Uri(bucket, "p"), UploadOptions(workers=2, progress=False))
+    good = (packed / "shard-00001.h5").read_bytes()
+    bad = bytearray(good)
+    bad[100] ^= 0xFF
+    sha = load_manifest(packed).shards[1].sha256
+    client.put_object(Bucket=bucket, Key="p/shard-00001.h5", Body=bytes(bad), Metadata={"sha256": sha})
+    upload(client, packed, S3Uri(bucket, "p"), UploadOptions(workers=2, progress=False))
+    assert client.get_object(Bucket=bucket, Key="p/shard-00001.h5")["Body"].read() == good
+
+
+def test_reupload_of_a_smaller_pack_leaves_exactly_one_dataset(tmp_path: Path, s3_url: str, bucket: str) -> None:
+    client = make_client(s3_url, 4)
+    small_pack(tmp_path / "big", tmp_path / "a", per_class=8)
+    small_pack(tmp_path / "small", tmp_path / "b", per_class=1)
+    client.put_object(Bucket=bucket, Key="p/README.txt", Body=b"the user's note")
+    upload(client, tmp_path / "a", S3Uri(bucket, "p"), UploadOptions(workers=2, progress=False))
+    upload(client, tmp_path / "b", S3Uri(bucket, "p"), UploadOptions(workers=2, progress=False))
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="p/")["Contents"]}
+    expected = {f"p/{s.path}" for s in load_manifest(tmp_path / "b").shards} | {"p/manifest.json", "p/README.txt"}
+    assert keys == expected
+
+
+# -- pixels: every PIL mode an image folder can hold ------------------------------------------------------------------
+def _reference(mode: str, values: object) -> object:
+    import numpy as np
+
+    a = np.asarray(values)
+    if mode in ("I;16", "I;16B", "I;16L"):
+        return np.repeat(np.round(a.astype(np.float64) / 257)[..., None], 3, axis=-1).astype(np.uint8)
+    if mode == "I":
+        return np.repeat(np.round(np.clip(a, 0, 65535) / 257)[..., None], 3, axis=-1).astype(np.uint8)
+    if mode == "F":
+        return np.repeat(np.round(np.clip(a, 0, 1) * 255)[..., None], 3, axis=-1).astype(np.uint8)
+    raise AssertionError(mode)
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I;16B", "I", "F"])
+def test_high_bit_depth_greyscale_keeps_its_values(mode: str) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from workloads.data.pack import _to_rgb
+
+    if mode == "F":
+        values = np.array([[0.0, 0.25], [0.5, 1.0]], dtype=np.float32)
+        image = Image.fromarray(values, mode="F")
+    elif mode == "I":
+        values = np.array([[0, 1000], [30000, 65535]], dtype=np.int32)
+        image = Image.fromarray(values, mode="I")
+    else:
+        values = np.array([[0, 1000], [30000, 65535]], dtype=np.uint16)
+        image = Image.new(mode, (2, 2))
+        image.putdata(values.flatten().tolist())
+    got = np.asarray(_to_rgb(image))
+    assert got.tolist() == _reference(mode, values).tolist()
+
+
+@pytest.mark.parametrize(("mode", "fill", "rgb"), [
+    ("1", 1, (255, 255, 255)), ("L", 77, (77, 77, 77)), ("LA", (77, 255), (77, 77, 77)),
+    ("LA", (0, 0), (255, 255, 255)), ("RGB", (10, 20, 30), (10, 20, 30)), ("RGBA", (10, 20, 30, 255), (10, 20, 30)),
+    ("RGBA", (10, 20, 30, 0), (255, 255, 255)), ("RGBX", (10, 20, 30, 0), (10, 20, 30)),
+    ("CMYK", (0, 255, 255, 0), (255, 0, 0)), ("YCbCr", (76, 85, 255), (254, 0, 0)),
+    ("HSV", (0, 255, 255), (255, 0, 0)), ("HSV", (85, 255, 255), (0, 255, 0)),
+    ("LAB", (255, 128, 128), (255, 255, 255)), ("LAB", (0, 128, 128), (0, 0, 0)),
+    ("LAB", (138, 209, 198), (255, 0, 0)),  # sRGB red in Pillow's LAB (D50, L*2.55, a/b +128)
+])
+def test_every_mode_converts_to_the_right_rgb(mode: str, fill: object, rgb: tuple[int, int, int]) -> None:
+    from PIL import Image
+
+    from workloads.data.pack import _to_rgb
+
+    got = _to_rgb(Image.new(mode, (3, 3), fill)).getpixel((1, 1))
+    assert all(abs(a - b) <= 5 for a, b in zip(got, rgb, strict=True)), (mode, fill, got, rgb)
+
+
+def test_palette_modes_convert_through_their_palette() -> None:
+    from PIL import Image
+
+    from workloads.data.pack import _to_rgb
+
+    p = Image.new("P", (2, 2), 1)
+    p.putpalette([0, 0, 0, 0, 200, 0] + [0] * 762)
+    assert _to_rgb(p).getpixel((0, 0)) == (0, 200, 0)
+    pa = p.convert("PA")
+    assert _to_rgb(pa).getpixel((0, 0)) == (0, 200, 0)
+
+
+def test_16_bit_png_is_packed_with_its_values_not_white(tmp_path: Path) -> None:
+    import h5py
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "src" / "x").mkdir(parents=True)
+    values = np.full((16, 16), 20000, dtype=np.uint16)
+    Image.fromarray(values).save(tmp_path / "src" / "x" / "deep.png")
+    with Image.open(tmp_path / "src" / "x" / "deep.png") as check:
+        assert check.mode in ("I;16", "I")
+    manifest = pack(tmp_path / "src", tmp_path / "out", PackOptions(image_size=16, workers=1, progress=False)).manifest
+    with h5py.File(tmp_path / "out" / manifest.shards[0].path) as shard:
+        assert shard["images"][0, 8, 8].tolist() == [round(20000 / 257)] * 3
+
+
+# -- empty class folders --------------------------------------------------------------------------------------------
+def test_empty_class_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_corpus(tmp_path / "src", per_class=1)
+    (tmp_path / "src" / "aaa-empty").mkdir()
+    code, err = cli(["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--no-progress", "--size", "8"], capsys)
+    assert code == 2 and one_line(err) and "aaa-empty" in err, err
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_class_of_only_unusable_files_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_corpus(tmp_path / "src", per_class=1)
+    (tmp_path / "src" / "junk").mkdir()
+    (tmp_path / "src" / "junk" / "a.jpg").write_bytes(b"nope")
+    code, err = cli(["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--no-progress", "--size", "8"], capsys)
+    assert code == 2 and one_line(err) and "junk" in err, err
+
+
+# -- file modes ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_files_follow_the_umask(umask: int, tmp_path: Path, packed: Path, s3_url: str, bucket: str) -> None:
+    from tests.data.helpers import stage_options, uploaded
+    from workloads.data.stage import stage
+
+    target = uploaded(packed, s3_url, bucket)
+    old = os.umask(umask)
+    try:
+        small_pack(tmp_path / "src", tmp_path / "out")
+        stage(make_client(s3_url, 4), target, tmp_path / "dest", stage_options(window_bytes=1 << 30))
+    finally:
+        os.umask(old)
+    want = 0o666 & ~umask
+    for path in [tmp_path / "out" / "manifest.json", tmp_path / "out" / "pack-report.json",
+                 tmp_path / "dest" / "manifest.json", tmp_path / "dest" / ".window" / "stager.json"]:
+        assert path.stat().st_mode & 0o777 == want, path
+    for shard in (tmp_path / "out").glob("shard-*.h5"):
+        assert shard.stat().st_mode & 0o777 == want
+
+
+# -- size flags: one rule, absurd values refused ----------------------------------------------------------------------
+@pytest.mark.parametrize(("argv", "where"), [
+    (["upload", "D", "s3://b/p", "--part-size", "16"], None),  # 16 GiB: above S3's 5 GiB part maximum
+    (["upload", "D", "s3://b/p", "--part-size", "16B"], "--part-size"),
+    (["upload", "D", "s3://b/p", "--part-size", "1MiB"], "--part-size"),
+    (["stage", "s3://b/p", "D", "--part-size", "16B"], "--part-size"),
+    (["stage", "s3://b/p", "D", "--window", "100B"], "--window"),
+    (["stage", "s3://b/p", "D", "--window", "-1GiB"], "--window"),
+    (["pack", "S", "O", "--shard-size", "1000B"], None),
+    (["pack", "S", "O", "--shard-size", "1e9"], "--shard-size"),
+    (["pack", "S", "O", "--shard-size", "0"], "--shard-size"),
+    (["pack", "S", "O", "--shard-size", "100TiB"], "--shard-size"),
+])
+def test_absurd_sizes_are_refused(argv: list[str], where: str | None, capsys: pytest.CaptureFixture) -> None:
+    code, err = cli(argv, capsys)
+    assert code == 2 and one_line(err) and (where or argv[-2]) in err, err
+
+
+def test_size_units_are_one_rule() -> None:
+    from workloads.data.__main__ import parse_size
+
+    assert parse_size("1") == 1 << 30 and parse_size("1GiB") == 1 << 30 and parse_size("1Gi") == 1 << 30
+    assert parse_size("1GB") == 10**9 and parse_size("1G") == 10**9 and parse_size("512KiB") == 512 * 1024
+    assert parse_size("4096B") == 4096 and parse_size("1.5MiB") == 3 << 19
+
+
+# -- stage --window without a reader --------------------------------------------------------------------------------
+def test_window_without_reader_says_what_it_waits_for_and_times_out(tmp_path: Path, packed: Path, s3_url: str,
+                                                                     bucket: str) -> None:
+    write_corpus(tmp_path / "src", per_class=30)
+    pack(tmp_path / "src", tmp_path / "big", PackOptions(image_size=96, shard_bytes=200_000, workers=1,
+                                                         progress=False))
+    packed = tmp_path / "big"
+    upload(make_client(s3_url, 4), packed, S3Uri(bucket, "sets/tiny"), UploadOptions(workers=2, progress=False))
+    window = 1 << 20
+    env = {**os.environ, **CREDENTIALS, "PYTHONPATH": str(REPO)}
+    started = time.monotonic()
+    process = subprocess.run(
+        [sys.executable, "-m", "workloads.data", "stage", f"s3://{bucket}/sets/tiny", str(tmp_path / "dest"),
+         "--endpoint-url", s3_url, "--window", f"{window}B", "--wait-timeout", "1", "--no-progress"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    if sum(s.bytes for s in load_manifest(packed).shards) <= window:
+        pytest.skip("the test dataset fits in the smallest window")
+    assert process.returncode == 2, process.stderr
+    assert "waiting for the reader" in process.stderr and "reader.json" in process.stderr
+    assert process.stderr.strip().splitlines()[-1].startswith("error: ") and "--wait-timeout" in process.stderr
+    assert time.monotonic() - started < 30
+
+
+# -- pack workers die with a SIGKILLed parent ------------------------------------------------------------------------
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
+def test_pack_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "src", per_class=300)
+    command = [sys.executable, "-m", "workloads.data", "pack", str(tmp_path / "src"), str(tmp_path / "out"),
+               "--size", "64", "--workers", "2", "--no-progress"]
+    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while process.poll() is None and time.monotonic() < deadline:
+            workers = _children(process.pid)
+            if len(workers) >= 2:
+                break
+            time.sleep(0.02)
+        assert process.poll() is None and len(workers) >= 2, "pack finished before its workers could be seen"
+        time.sleep(0.3)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in workers), "pack workers outlived their parent"
+    finally:
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if process.poll() is None:
+            process.kill()

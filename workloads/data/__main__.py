@@ -165,8 +165,9 @@ def run(args: argparse.Namespace) -> int:
 
         client = make_client(args.endpoint_url, max_connections=args.workers, botocore_attempts=6)
         uploaded = upload(client, args.out, uri, UploadOptions(workers=args.workers, part_bytes=args.part_size,
-                                                               progress=progress))
-        print(f"uploaded {len(uploaded.uploaded)} objects, skipped {len(uploaded.skipped)} already present, to {uri}")
+                                                               progress=progress, force=args.force))
+        print(f"uploaded {len(uploaded.uploaded)} objects, skipped {len(uploaded.skipped)} already present, removed "
+              f"{len(uploaded.removed)} stale shards of a previous pack, to {uri}")
         return 0
 
     from workloads.data.stage import StageOptions, stage

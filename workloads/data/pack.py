@@ -10,10 +10,15 @@ no timestamps.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import os
 import random
+import signal
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -94,10 +99,28 @@ def list_images(source: Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, sorted(files, key=lambda item: (item[1], item[0]))
 
 
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _grey_to_rgb(grey: np.ndarray) -> Image.Image:
+    pixels = np.clip(np.round(grey), 0, 255).astype(np.uint8)
+    return Image.fromarray(np.repeat(pixels[..., None], 3, axis=-1))
+
+
 def _to_rgb(image: Image.Image) -> Image.Image:
+    """8-bit RGB with the values the image means, for every mode Pillow opens.
+
+    High bit depth greyscale (Pillow's convert() clips these to 0..255, so a 16-bit PNG became white):
+    I;16 / I;16B / I;16L and I (how 16-bit PNG and TIFF open) scale 0..65535 to 0..255 (v / 257); F (float TIFF)
+    scales 0..1 to 0..255, clipping outside. Alpha is composited onto white."""
     image = ImageOps.exif_transpose(image)
     if image.mode == "RGB":
         return image
+    if image.mode in _SIXTEEN_BIT:
+        return _grey_to_rgb(np.clip(np.asarray(image, dtype=np.float64), 0, 65535) / 257.0)
+    if image.mode == "F":
+        values = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+        return _grey_to_rgb(np.clip(values, 0.0, 1.0) * 255.0)
     if image.mode in ("P", "PA", "LA", "RGBA", "La") or "transparency" in image.info:
         # Composite transparency onto white rather than letting convert() expose arbitrary hidden pixels.
         rgba = image.convert("RGBA")
@@ -184,12 +207,41 @@ def _write_shard(path: Path, layout: Layout, size: int, payloads: list[bytes], l
         os.fsync(written.fileno())
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _worker_init(parent: int) -> None:
+    """Decoding workers die with the packer, even when it is SIGKILLed (then no shutdown message ever comes).
+
+    Linux: the kernel sends SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG). Everywhere: a daemon thread
+    polls the parent pid as a fallback. Ctrl-C goes to the parent only (it shuts the pool down); SIGTERM kills."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
+
+
 def _samples(source: Path, files: list[tuple[str, int]], options: PackOptions) -> Iterator[_Sample]:
     tasks = [(str(source), rel, label, options.layout, options.image_size) for rel, label in files]
     if options.workers <= 1:
         yield from map(_decode, tasks)
         return
-    with ProcessPoolExecutor(max_workers=options.workers) as pool:
+    with ProcessPoolExecutor(max_workers=options.workers, initializer=_worker_init,
+                             initargs=(os.getpid(),)) as pool:
         yield from pool.map(_decode, tasks, chunksize=max(1, min(64, len(tasks) // (options.workers * 8) or 1)))
 
 

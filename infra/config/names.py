@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from workloads.jobspec import namespace_network_policies
+
 if TYPE_CHECKING:
     from infra.config.schema import StackConfig
 
@@ -137,6 +139,8 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
     ns = JOBS_NAMESPACE
     add("kubernetes", "Namespace", "", ns, STACK_PATH)
     add("kubernetes", "ServiceAccount", ns, JOBS_SERVICE_ACCOUNT, STACK_PATH)
+    for policy in namespace_network_policies(ns, {}):
+        add("kubernetes", "NetworkPolicy", ns, policy["metadata"]["name"], STACK_PATH)
     if eks and storage.gp3 is not None:
         add("kubernetes", "StorageClass", "", storage.gp3.name, f"{CONFIG}storage.gp3.name")
     if eks and storage.efs is not None:

@@ -158,7 +158,8 @@ def test_derived_names_match_the_plan(stack: str, stack_plan: Any) -> None:
     planned_k8s = sorted((r["inputs"]["kind"], r["inputs"]["metadata"].get("namespace") or "",
                           r["inputs"]["metadata"]["name"]) for r in plan["resources"]
                          if r["type"].startswith("kubernetes:") and "helm.sh" not in r["type"]
-                         and r["inputs"].get("kind") not in ("Job", "Service")
+                         and not (r["inputs"].get("kind") in ("Job", "Service", "NetworkPolicy")
+                                  and r["inputs"]["metadata"]["name"] != "default-deny-ingress")
                          and r["inputs"]["metadata"].get("name"))
     derived_k8s = sorted((d.kind, d.namespace, d.name) for d in derived if d.service == "kubernetes")
     assert derived_k8s == [k for k in planned_k8s if k[0] != "Node"]
@@ -174,3 +175,21 @@ def test_json_plan_has_no_two_resources_with_one_physical_name(stack_plan: Any) 
         seen = [json.dumps([r["type"], r["inputs"].get("bucket") or (r["inputs"].get("metadata") or {})])
                 for r in plan["resources"] if r["type"].startswith("kubernetes:core") or "s3/bucket:" in r["type"]]
         assert len(seen) == len(set(seen)), stack
+
+
+def test_one_schema_error_does_not_hide_another_pools_problem(tmp_path: Path) -> None:
+    values = stack_values("dev")
+    values["ml-cluster:nodePools"][0]["instanceTypes"] = ["M6I.LARGE"]
+    values["ml-cluster:nodePools"][1]["instanceTypes"] = ["g9.mega"]
+    code, _, err = plan_values(tmp_path, "dev", values)
+    lines = error_lines(code, err)
+    assert lines[0].startswith("error: ml-cluster:nodePools[0].instanceTypes[0]: 'M6I.LARGE'"), lines
+    assert any(line.startswith("error: ml-cluster:nodePools[1].instanceTypes[0]: ") and "g9.mega" in line
+               for line in lines), lines
+
+
+def test_invalid_stack_name_is_reported_before_schema_errors(tmp_path: Path) -> None:
+    values = stack_values("dev")
+    values["ml-cluster:platform"] = "gke"
+    code, _, err = plan_values(tmp_path, "dev", values, name="Dev")
+    assert error_lines(code, err)[0].startswith("error: stack: 'Dev' is not a valid stack name")

@@ -1,0 +1,86 @@
+"""More problems from a stack file that failed schema validation, so one error does not hide the others.
+
+When `parse_stack_config` rejects a file, the checks that need the parsed config (instance-type facts of node
+pools, looked up before any resource is registered) never run. `partial_stack_config` drops what failed (a node
+pool with a bad field, an optional section) and validates the rest; the caller runs the pool checks on that and
+reports their problems too, under the pools' original indices. Problems that follow from an already-reported one
+are not added.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from infra.config.schema import NAMESPACE, SECRET_KEYS, ConfigError, StackConfig
+
+# Sections a pool check does not need: dropped from the partial config when they fail validation.
+_OPTIONAL = {"jobs", "storage", "gpu", "tags", "labelPrefix", "protected", "kubeconfig", "cosHmacAccessKeyId",
+             "cosHmacSecretAccessKey"}
+
+
+def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]] | None:
+    """(config without the failing parts, original index of each kept node pool), or None if what failed is
+    needed by every check (platform, network, cluster...)."""
+    ours: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "aws:region":
+            ours["region"] = value
+        elif key.startswith(NAMESPACE):
+            name = key[len(NAMESPACE):]
+            ours[name] = "plaintext-rejected" if name in SECRET_KEYS and not isinstance(value, str) else value
+    pools = ours.get("nodePools")
+    kept = list(range(len(pools))) if isinstance(pools, list) else []
+    for _ in range(4):
+        try:
+            return StackConfig.model_validate(ours), kept
+        except ValidationError as exc:
+            drop_pools: set[int] = set()
+            for error in exc.errors():
+                loc = error["loc"]
+                top = loc[0] if loc else None
+                if top == "nodePools" and len(loc) > 1 and isinstance(loc[1], int) and isinstance(pools, list):
+                    drop_pools.add(loc[1])
+                elif top in _OPTIONAL:
+                    ours.pop(str(top), None)
+                else:
+                    return None
+            if drop_pools and isinstance(pools, list):
+                pools = [pool for index, pool in enumerate(pools) if index not in drop_pools]
+                kept = [original for index, original in enumerate(kept) if index not in drop_pools]
+                ours["nodePools"] = pools
+    return None
+
+
+def _pool_index(path: str) -> int | None:
+    match = re.match(r"^(?:ml-cluster:)?nodePools(?:\.|\[)(\d+)", path)
+    return int(match.group(1)) if match else None
+
+
+def _renumber(path: str, kept: list[int]) -> str:
+    return re.sub(r"^((?:ml-cluster:)?nodePools(?:\.|\[))(\d+)", lambda m: f"{m.group(1)}{kept[int(m.group(2))]}",
+                  path)
+
+
+def more_pool_problems(raw: Mapping[str, Any], error: ConfigError, check: Any) -> list[tuple[str, str]]:
+    """Problems `check(partial_config)` (infra.poolplan.plan_node_pools) finds in pools `error` said nothing of."""
+    partial = partial_stack_config(raw)
+    if partial is None:
+        return []
+    cfg, kept = partial
+    reported = {_pool_index(path) for path, _ in error.problems} - {None}
+    try:
+        check(cfg)
+    except ConfigError as more:
+        found: Iterable[tuple[str, str]] = more.problems
+        extra = []
+        for path, why in found:
+            index = _pool_index(path)
+            if index is None or index >= len(kept) or kept[index] in reported:
+                continue  # only pool problems, and none about a pool already reported
+            extra.append((_renumber(path, kept), why))
+        return extra
+    return []

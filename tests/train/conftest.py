@@ -92,3 +92,11 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     _write_shards(root / "decoded", "decoded", payloads, labels, classes)
     _write_shards(root / "encoded", "encoded", payloads, labels, classes)
     return {"root": root, "folder": root / "folder", "decoded": root / "decoded", "encoded": root / "encoded"}
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_inductor_cache_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch (2.13) sets TORCHINDUCTOR_CACHE_DIR in os.environ when an optimiser is built, so an in-process run
+    would hand /tmp/torchinductor_<user> to every later subprocess of the same xdist worker (the read-only-root
+    test then sees a write outside its mounts). Each test starts without it and leaves nothing behind."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup setup-plan plan test lint lint-workflows scan bench bench-objectstore bench-gpu preview up destroy clean
+.PHONY: setup setup-plan plan test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy clean
 
 # Idempotent: re-installs only when pyproject.toml changed.
 $(BIN)/python:
@@ -76,14 +76,35 @@ bench-objectstore: setup
 bench-gpu: setup
 	$(BIN)/python scripts/bench_gpu.py
 
+# The training image. The tag comes from git: `git describe --tags` without its v (0.1.0 on tag v0.1.0). Tags are
+# immutable in the stack's repository, so `push` refuses a tree with uncommitted changes.
+IMAGE_TAG ?= $(patsubst v%,%,$(shell git describe --tags --always --dirty 2>/dev/null))
+image:
+	@command -v docker >/dev/null || { echo "error: docker: not installed (docker buildx builds the image)"; exit 2; }
+	docker buildx build -f workloads/Dockerfile -t ml-cluster-train:$(IMAGE_TAG) --load .
+
+push: setup-plan
+	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
+	@command -v docker >/dev/null || { echo "error: docker: not installed (docker buildx builds the image)"; exit 2; }
+	@case "$(IMAGE_TAG)" in *-dirty) echo "error: $(IMAGE_TAG): commit first (tags are immutable)"; exit 2;; esac
+	@repo=$$(pulumi stack output imageRepository --stack $(STACK)) && test -n "$$repo" \
+	  || { echo "error: stack $(STACK): no imageRepository output (run make up first)"; exit 2; }; \
+	aws ecr get-login-password --region $$(pulumi stack output region --stack $(STACK)) \
+	  | docker login --username AWS --password-stdin "$${repo%%/*}" && \
+	docker buildx build -f workloads/Dockerfile -t "$$repo:$(IMAGE_TAG)" --push . && \
+	echo "pushed $$repo:$(IMAGE_TAG): name it in a Job spec as imageTag: $(IMAGE_TAG)"
+
 # The real thing: needs the Pulumi CLI, `pulumi login`, and cloud credentials (see docs/operations.md).
 preview: setup-plan
+	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
 	pulumi preview --diff --stack $(STACK)
 
 up: setup-plan
+	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
 	pulumi up --stack $(STACK)
 
 destroy: setup-plan
+	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
 	pulumi destroy --stack $(STACK)
 
 clean:

@@ -204,6 +204,9 @@ class OfflineMocks(Mocks):
                     "dnsName": f"{resource_id}.efs.{region}.amazonaws.com"}
         if token == "aws:ec2/launchTemplate:LaunchTemplate":
             return {"latestVersion": 1, "defaultVersion": 1}
+        if token == "aws:ecr/repository:Repository":
+            return {"repositoryUrl": f"{account}.dkr.ecr.{region}.amazonaws.com/{physical}",
+                    "registryId": account}
         if token == "aws:kms/key:Key":
             return {"arn": f"arn:aws:kms:{region}:{account}:key/{resource_id}", "keyId": resource_id}
         return {}

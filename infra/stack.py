@@ -18,6 +18,7 @@ from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, Traini
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
 from infra.nodepools import NodePools, NodePoolsArgs
 from infra.poolplan import plan_node_pools, pool_facts
+from infra.registry import ImageRegistry, ImageRegistryArgs, repository_name, repository_url
 from infra.storage import Storage, StorageArgs, job_storage_facts
 from workloads.cluster_facts import ClusterFacts, facts_to_dict
 
@@ -41,14 +42,17 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         existing_subnets = lookup_existing_subnets(cfg.network.existing)
     pool_plans = plan_node_pools(cfg)  # instance-type facts per pool (aws.ec2.get_instance_type); ConfigError
     storage_facts = job_storage_facts(cfg.storage, is_eks=cfg.platform == "eks")
+    account_id = aws.get_caller_identity().account_id if cfg.platform == "eks" else None
+    has_registry = cfg.platform == "eks" and cfg.registry.enabled
+    image_repository = (repository_url(account_id, cfg.region, repository_name(ctx.prefix, cfg.registry))
+                        if has_registry and account_id and cfg.region else None)
     job_facts = ClusterFacts(stack=ctx.stack, label_prefix=cfg.label_prefix, pools=pool_facts(pool_plans),
                              namespace=JOBS_NAMESPACE, region=cfg.region,
                              object_store_endpoint=storage_facts.object_store_endpoint,
                              object_store_secret=storage_facts.object_store_secret,
-                             volume_claims=storage_facts.volume_claims)
+                             volume_claims=storage_facts.volume_claims, image_repository=image_repository)
     rendered_jobs = check_jobs(cfg.jobs, job_facts)  # every stack Job fits the pools it targets; ConfigError
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
-    account_id = aws.get_caller_identity().account_id if cfg.platform == "eks" else None
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
                      else None)
     job_access = check_stack(cfg, ctx.stack, account_id, private_zones, rendered_jobs)
@@ -81,7 +85,12 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         outputs["kubeconfig"] = existing.kubeconfig
     outputs["clusterName"] = cluster.name
 
-    # --- node pools (issue 3) ---
+    # --- the training image's repository: Jobs with an `imageTag` run <repository>:<tag> ---
+    if has_registry:
+        registry = ImageRegistry(f"{ctx.prefix}-registry", ImageRegistryArgs(ctx=ctx, config=cfg.registry))
+        outputs["imageRepository"] = registry.url
+
+    # --- node pools ---
     node_groups: list[pulumi.Resource] = []
     if network is not None:
         pools = NodePools(f"{ctx.prefix}-nodepools", NodePoolsArgs(

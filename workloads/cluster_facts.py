@@ -36,6 +36,9 @@ class ClusterFacts:
     region: str | None = None
     # PVCs in `namespace` that Jobs may mount (dataset and shared claims); None when unknown (no check).
     volume_claims: tuple[str, ...] | None = None
+    # The stack's own image registry (e.g. <account>.dkr.ecr.<region>.amazonaws.com/mlc-dev-train): specs that give
+    # an `imageTag` run <image_repository>:<tag>. None when the stack has none.
+    image_repository: str | None = None
 
 
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:

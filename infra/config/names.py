@@ -125,6 +125,8 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
             if pool.instance_types:
                 add("eks", "node group", "", f"{prefix}-nodepools-{pool.name}-ng-xxxxxxx",
                     f"{CONFIG}nodePools[{index}].name")
+        if cfg.registry.enabled:
+            add("ecr", "repository", "", f"{prefix}-{cfg.registry.repository}", f"{CONFIG}registry.repository")
         for index, bucket in enumerate(storage.buckets):
             physical = bucket.bucket_name or default_bucket_name(stack, bucket.name, account)
             where = "bucketName" if bucket.bucket_name else "name"
@@ -200,6 +202,8 @@ def _rule_violation(item: DerivedName) -> str | None:
             return (f"EKS {item.kind} name {name!r} is {len(name)} characters or has characters EKS rejects "
                     f"(letters, digits, '-', '_'; at most {limit})")
         return None
+    if item.service == "ecr":
+        return None if 2 <= len(name) <= 256 else f"ECR repository name {name!r} is {len(name)} characters (2-256)"
     if item.service == "logs":
         return None if len(name) <= 512 else f"log group name {name!r} is longer than 512"
     if item.service == "label":

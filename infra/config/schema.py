@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 
 from infra.config.base import DnsLabel, StrictModel
 from infra.config.nodepools import GpuConfig, NodePoolConfig
+from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
 from workloads.jobspec import TrainingJobSpec
 
@@ -200,6 +201,7 @@ class StackConfig(StrictModel):
     node_pools: list[NodePoolConfig] = []
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
     jobs: list[TrainingJobSpec] = []
     kubeconfig: SecretStr | None = None
     cos_hmac_access_key_id: SecretStr | None = None

@@ -40,12 +40,12 @@ def test_job_template_change_replaces_and_options_only_update(stack_plan: Any) -
     old = copy.deepcopy(new)
     job = _one(old, "kubernetes:batch/v1:Job", "resnet50-s3-copy")
     job["inputs"]["spec"]["template"]["spec"]["containers"][0]["image"] = "old:1"
-    job["options"]["ignoreChanges"] = ["spec.suspend"]
+    job["options"]["ignoreChanges"] = []
     (item,) = diff(old, new)["changed"]
     assert item["op"] == "replace"
     by_path = {change["path"]: change for change in item["changes"]}
     assert by_path["inputs.spec.template.spec.containers[0].image"]["replace"] is True
-    assert by_path["options.ignoreChanges"] == {"path": "options.ignoreChanges", "old": ["spec.suspend"], "new": [],
+    assert by_path["options.ignoreChanges"] == {"path": "options.ignoreChanges", "old": [], "new": ["spec.suspend"],
                                                 "replace": False}
 
 

@@ -33,7 +33,7 @@ def runs(job: dict[str, Any]) -> str:
     return "\n".join(s.get("run", "") for s in steps(job))
 
 
-ALL = ["preview.yml", "deploy.yml", "destroy.yml", "scan.yml"]
+ALL = ["preview.yml", "deploy.yml", "destroy.yml", "scan.yml", "release.yml"]
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -52,7 +52,13 @@ def _security_context(spec: TrainingJobSpec) -> dict[str, Any]:
     }
 
 
-def _image_fields(image: str) -> dict[str, str]:
+def _image_fields(spec: TrainingJobSpec, facts: ClusterFacts) -> dict[str, str]:
+    if spec.image is not None:
+        image = spec.image
+    elif facts.image_repository is None:
+        raise JobSpecError("imageTag", f"stack {facts.stack} has no image registry: give a full image reference")
+    else:
+        image = f"{facts.image_repository}:{spec.image_tag}"
     # A digest never changes: the node's copy is the image. A tag may be re-pointed: ask the registry each time.
     return {"image": image, "imagePullPolicy": "IfNotPresent" if "@sha256:" in image else "Always"}
 
@@ -76,7 +82,7 @@ def _stage_container(
     assert dataset is not None and dataset.staging != "none"
     container: dict[str, Any] = {
         "name": STAGE_CONTAINER,
-        **_image_fields(spec.image),
+        **_image_fields(spec, facts),
         "securityContext": _security_context(spec),
         "volumeMounts": [scratch_mount, _TMP_MOUNT],
         # Small and Burstable: staging is network-bound; the scratch bytes are in the train container's limit.
@@ -262,7 +268,7 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
 
     train: dict[str, Any] = {
         "name": TRAIN_CONTAINER,
-        **_image_fields(spec.image),
+        **_image_fields(spec, facts),
         "env": _train_env(spec, facts, job_name),
         "resources": {"requests": dict(limits), "limits": dict(limits)},
         "securityContext": _security_context(spec),

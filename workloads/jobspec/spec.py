@@ -54,6 +54,7 @@ _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: also valid as t
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # the OCI distribution spec's tag grammar
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _S3_URI = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?$")
 _SECRETISH_ENV = re.compile(r"(SECRET|PASSWORD|TOKEN|PRIVATE_KEY|API_KEY|CREDENTIAL)", re.IGNORECASE)
@@ -162,6 +163,13 @@ def _image(value: str) -> str:
     return value
 
 
+def _image_tag(value: str) -> str:
+    if not _IMAGE_TAG.match(value):
+        raise ValueError(f"{value!r} is not an image tag (letters, digits, '_', '.', '-'; at most 128; no leading "
+                         "'.' or '-')")
+    return value
+
+
 JobName = Annotated[str, AfterValidator(_job_name)]
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
 DnsSubdomain = Annotated[str, AfterValidator(_dns_subdomain)]
@@ -170,6 +178,7 @@ PositiveQuantity = Annotated[str, BeforeValidator(_number_as_text), AfterValidat
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 Image = Annotated[str, AfterValidator(_image)]
+ImageTag = Annotated[str, AfterValidator(_image_tag)]
 Staging = Literal["none", "copy", "rolling"]
 
 
@@ -272,7 +281,9 @@ class TrainingJobSpec(_Spec):
     """One training run. Resource fields are per pod (one pod per node)."""
 
     name: JobName
-    image: Image
+    # Either a full image reference, or a tag of the stack's own registry (ClusterFacts.image_repository).
+    image: Image | None = None
+    image_tag: ImageTag | None = None
     command: list[str] | None = Field(default=None, min_length=1)
     args: list[str] = Field(default_factory=list)
     env: dict[EnvName, str] = Field(default_factory=dict)
@@ -304,6 +315,9 @@ class TrainingJobSpec(_Spec):
 
     @model_validator(mode="after")
     def _check(self) -> TrainingJobSpec:
+        if (self.image is None) == (self.image_tag is None):
+            raise JobSpecError("image", "set exactly one of image (a full reference) and imageTag (a tag of the "
+                                        "stack's registry)")
         budget = MAX_NAME_LENGTH - 1 - HASH_LENGTH
         if self.nodes > 1:  # Indexed Job pods are named <job>-<index>: the hostname is a DNS label too
             budget -= 1 + len(str(self.nodes - 1))

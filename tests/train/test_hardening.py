@@ -151,6 +151,34 @@ def test_checkpoint_files_get_normal_permissions(tmp_path: Path) -> None:
     assert (tmp_path / f"{CHECKPOINT_NAME}.sha256").stat().st_mode & 0o777 == 0o644
 
 
+def test_saves_interrupted_between_the_renames_leave_a_loadable_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two saves in a row die after installing the sidecar but before the file's rename: the old file is still
+    accepted (the sidecar keeps every digest it accepted until a save completes)."""
+    import workloads.train.checkpoint as checkpoint
+
+    save_checkpoint(tmp_path, {"model": {}, "generation": 1})
+    real_replace = os.replace
+
+    def dies_on_the_checkpoint(source: str, target: str) -> None:
+        if Path(target).name == CHECKPOINT_NAME:
+            raise KeyboardInterrupt("killed between the renames")
+        real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint.os, "replace", dies_on_the_checkpoint)
+    for generation in (2, 3):
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(tmp_path, {"model": {}, "generation": generation})
+        state = load_checkpoint(tmp_path)
+        assert state is not None and state["generation"] == 1
+    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
+    save_checkpoint(tmp_path, {"model": {}, "generation": 4})
+    assert len((tmp_path / f"{CHECKPOINT_NAME}.sha256").read_text().splitlines()) == 1
+    state = load_checkpoint(tmp_path)
+    assert state is not None and state["generation"] == 4
+
+
 _WRITER = """
 import sys, torch
 from workloads.train.checkpoint import save_checkpoint

@@ -160,8 +160,11 @@ def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) ->
             previous = read_sidecar(target) or []
         except CheckpointError:
             previous = []
-        # 1: the sidecar accepts both the old file and the new one; 2: the new file; 3: only the new digest.
-        _install(sidecar_path(target), _sidecar_text([digest, *previous[:1]], target.name))
+        # 1: the sidecar accepts the new file and whatever it accepted before (the file in place now: after a
+        # save killed between these steps that may be either digest of the earlier sidecar); 2: the new file;
+        # 3: only the new digest.
+        accepted = [digest, *[known for known in previous if known != digest]]
+        _install(sidecar_path(target), _sidecar_text(accepted, target.name))
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)

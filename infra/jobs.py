@@ -31,7 +31,7 @@ from infra.config.stackcheck import JobBucketAccess
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from workloads.cluster_facts import ClusterFacts
-from workloads.jobspec import JobSpecError, TrainingJobSpec, namespace_network_policies, render_job
+from workloads.jobspec import EgressRules, JobSpecError, TrainingJobSpec, namespace_network_policies, render_job
 
 CONFIG_KEY = "ml-cluster:jobs"
 
@@ -122,6 +122,7 @@ def job_access_policy(readable_arns: Sequence[str], writable_arns: Sequence[str]
 class TrainingNamespaceArgs:
     cluster: ClusterInfo
     facts: ClusterFacts
+    egress: EgressRules | None = None  # None: egress open
 
 
 class TrainingNamespace(pulumi.ComponentResource):
@@ -137,8 +138,8 @@ class TrainingNamespace(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=args.cluster.provider,
                                         depends_on=list(args.cluster.eks_dependencies)))
         labels = manifest["metadata"]["labels"]
-        for policy in namespace_network_policies(self.name, {k: v for k, v in labels.items()
-                                                             if not k.startswith("pod-security.")}):
+        policy_labels = {k: v for k, v in labels.items() if not k.startswith("pod-security.")}
+        for policy in namespace_network_policies(self.name, policy_labels, egress=args.egress):
             k8s.networking.v1.NetworkPolicy(
                 ctx.name("jobs", f"netpol-{policy['metadata']['name']}"), metadata=policy["metadata"],
                 spec=policy["spec"], opts=pulumi.ResourceOptions(parent=self, provider=args.cluster.provider,

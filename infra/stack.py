@@ -102,7 +102,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     } for plan in pool_plans}
 
     # --- the Jobs' namespace (issue 5): storage puts its claims and the COS Secret in it ---
-    namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(cluster=cluster, facts=job_facts))
+    namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(cluster=cluster, facts=job_facts,
+                                                             egress=cfg.job_egress.rules(cfg.platform)))
 
     # --- storage (issue 4) ---
     storage = Storage(ctx, StorageArgs(

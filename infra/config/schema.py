@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from infra.config.base import DnsLabel, StrictModel
+from infra.config.egress import JobEgressConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
@@ -202,6 +203,7 @@ class StackConfig(StrictModel):
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)
     jobs: list[TrainingJobSpec] = []
     kubeconfig: SecretStr | None = None
     cos_hmac_access_key_id: SecretStr | None = None

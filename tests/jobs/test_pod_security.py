@@ -11,7 +11,7 @@ import pytest
 from tests.jobs.facts import dev_facts, prod_facts
 from tests.jobs.jobrules import validate_strict
 from tests.jobs.pss import restricted_violations
-from workloads.jobspec import TMP_DIR, namespace_network_policies, parse_spec, render_job
+from workloads.jobspec import TMP_DIR, EgressRules, namespace_network_policies, parse_spec, render_job
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
@@ -101,3 +101,14 @@ def test_suspension_is_the_callers_default_unless_the_spec_decides() -> None:
     assert submitted["metadata"]["name"] != deployed["metadata"]["name"]  # a changed Job is a new Job
     explicit = parse_spec({"name": "resnet", "image": IMAGE, "gpus": 1, "suspend": False})
     assert render_job(explicit, dev_facts(), suspended_by_default=True)[0] == submitted
+
+
+def test_restricted_egress_allows_dns_the_namespace_the_agent_and_the_listed_ranges() -> None:
+    (_, egress) = namespace_network_policies("training", {}, egress=EgressRules(cidrs=("52.92.0.0/17",)))
+    validate_strict(egress)
+    assert egress["spec"]["podSelector"] == {} and egress["spec"]["policyTypes"] == ["Egress"]
+    rules = egress["spec"]["egress"]
+    assert rules[0]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert rules[1] == {"to": [{"podSelector": {}}]}  # the gang's rendezvous and collectives
+    assert rules[2] == {"to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}], "ports": [{"protocol": "TCP", "port": 80}]}
+    assert rules[3] == {"to": [{"ipBlock": {"cidr": "52.92.0.0/17"}}], "ports": [{"protocol": "TCP", "port": 443}]}

@@ -25,7 +25,7 @@ imports here: the same code runs in `workloads.submit` and inside the cluster.
 """
 
 from workloads.jobspec.loading import load_job_file, parse_spec
-from workloads.jobspec.network import job_network_policy, namespace_network_policies
+from workloads.jobspec.network import EgressRules, job_network_policy, namespace_network_policies
 from workloads.jobspec.render import job_name, render_job, spec_hash
 from workloads.jobspec.spec import (
     CONFIG_ERROR_EXIT_CODE,
@@ -43,6 +43,7 @@ from workloads.jobspec.spec import (
 )
 
 __all__ = [
+    "EgressRules",
     "CONFIG_ERROR_EXIT_CODE",
     "RUN_AS_UID",
     "STAGE_CONTAINER",

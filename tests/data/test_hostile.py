@@ -642,3 +642,56 @@ def test_pack_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
         if process.poll() is None:
             process.kill()
+
+
+# -- more hostile inputs -----------------------------------------------------------------------------------------------
+def test_fifo_in_the_image_folder_is_skipped_not_waited_on(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "src", per_class=1)
+    os.mkfifo(tmp_path / "src" / "ants" / "pipe.jpg")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "workloads.data", "pack", str(tmp_path / "src"), str(tmp_path / "o"),
+                           "--size", "8", "--workers", "1", "--no-progress"], cwd=REPO, env=env, timeout=60,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "o" / "pack-report.json").read_text())["skipped"]
+    assert report == [{"path": "ants/pipe.jpg", "reason": "not a regular file"}]
+
+
+@pytest.mark.parametrize(("argv", "where"), [
+    (["pack", "S", "O", "--workers", "100000"], "--workers"),
+    (["pack", "S", "O", "--size", "100000"], "--size"),
+    (["upload", "D", "s3://b/p", "--workers", "100000"], "--workers"),
+    (["stage", "s3://b/p", "D", "--workers", "100000"], "--workers"),
+    (["stage", "s3://b/p", "D", "--wait-timeout", "-1"], "--wait-timeout"),
+    (["stage", "s3://b/p", "D", "--wait-timeout", "nan"], "--wait-timeout"),
+])
+def test_absurd_counts_are_refused(argv: list[str], where: str, capsys: pytest.CaptureFixture) -> None:
+    code, err = cli(argv, capsys)
+    assert code == 2 and one_line(err) and where in err, err
+
+
+@pytest.mark.parametrize(("field", "value"), [("image_size", -5), ("image_size", 0), ("num_samples", -1)])
+def test_manifest_numbers_out_of_range(field: str, value: int, tmp_path: Path, packed: Path,
+                                       capsys: pytest.CaptureFixture) -> None:
+    copy = copy_dataset(packed, tmp_path / "copy")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest[field] = value
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    code, err = cli(["verify", str(copy)], capsys)
+    assert code == 2 and one_line(err) and field in err, err
+
+
+def test_two_packs_into_one_directory_do_not_mix(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import fcntl
+
+    write_corpus(tmp_path / "src", per_class=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    lock = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running pack holds it
+        code, err = cli(["pack", str(tmp_path / "src"), str(out), "--size", "8", "--no-progress"], capsys)
+    finally:
+        os.close(lock)
+    assert code == 2 and one_line(err) and "another pack" in err, err
+    assert main(["pack", str(tmp_path / "src"), str(out), "--size", "8", "--no-progress"]) == 0

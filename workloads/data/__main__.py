@@ -6,6 +6,7 @@ Failures print one line, `error: <where>: <why>`, and exit 2; verify exits 1 whe
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from workloads.data.format import MAX_IMAGE_SIZE
 from workloads.data.s3 import DataToolError, parse_s3_uri
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -64,13 +66,31 @@ def _endpoint(text: str) -> str:
     return text
 
 
-def _positive_int(text: str) -> int:
+def _positive_int(text: str, maximum: int = 1 << 31) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"must be <= {maximum}: {text!r}")
+    return value
+
+
+def _int_upto(maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        return _positive_int(text, maximum)
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
     return value
 
 
@@ -89,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("src", type=Path)
     pack.add_argument("out", type=Path)
     pack.add_argument("--layout", choices=["decoded", "encoded"], default="decoded")
-    pack.add_argument("--size", type=_positive_int, default=256, help="decoded image side in pixels")
+    pack.add_argument("--size", type=_int_upto(MAX_IMAGE_SIZE), default=256, help="decoded image side in pixels")
     pack.add_argument("--shard-size", type=_size(KIB, 64 * GIB), default=1 << 30, help="e.g. 1GiB")
-    pack.add_argument("--workers", type=_positive_int, default=cpus, help="decoding processes")
+    pack.add_argument("--workers", type=_int_upto(256), default=cpus, help="decoding processes")
     pack.add_argument("--strict", action="store_true", help="fail on the first unusable file")
     pack.add_argument("--force", action="store_true", help="replace a dataset already in OUT")
     pack.add_argument("--shuffle-seed", type=int, default=0,
@@ -105,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     upload.add_argument("out", type=Path)
     upload.add_argument("uri")
     upload.add_argument("--endpoint-url", type=_endpoint, help="S3-compatible endpoint (COS, MinIO)")
-    upload.add_argument("--workers", type=_positive_int, default=16)
+    upload.add_argument("--workers", type=_int_upto(512), default=16)
     upload.add_argument("--part-size", type=_size(5 * MIB, 5 * GIB, "S3 multipart parts are 5MiB to 5GiB"),
                         default=64 << 20, help="multipart part size, e.g. 64MiB")
     upload.add_argument("--force", action="store_true",
@@ -115,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("uri")
     stage.add_argument("dest", type=Path)
     stage.add_argument("--endpoint-url", type=_endpoint, help="S3-compatible endpoint (COS, MinIO)")
-    stage.add_argument("--workers", type=_positive_int, default=16, help="parallel ranged GETs")
+    stage.add_argument("--workers", type=_int_upto(512), default=16, help="parallel ranged GETs")
     stage.add_argument("--part-size", type=_size(256 * KIB, 5 * GIB, "a ranged GET smaller than 256KiB is mostly "
                                                                     "overhead"), default=16 << 20,
                        help="bytes per ranged GET, e.g. 16MiB")
@@ -124,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--linger", action="store_true",
                        help="with --window: once all shards are staged, keep deleting consumed ones until SIGTERM "
                             "(run as a Kubernetes native sidecar, which is restarted if it exits)")
-    stage.add_argument("--wait-timeout", type=float, default=None, metavar="SECONDS",
+    stage.add_argument("--wait-timeout", type=_seconds, default=None, metavar="SECONDS",
                        help="with --window: give up (exit 2) when the reader has consumed nothing for this long "
                             "while the window is full; default: wait forever, logging what it waits for")
     stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")

@@ -44,6 +44,7 @@ STAGER_STATE = "stager.json"
 READER_STATE = "reader.json"
 
 Layout = Literal["decoded", "encoded"]
+MAX_IMAGE_SIZE = 8192  # decoded side in pixels: 8192 x 8192 x 3 is 192 MiB per sample already
 
 # A manifest is untrusted input (it may come from a bucket anyone could write): every name it gives must be a plain
 # file name inside the dataset directory. Checked here, once, for pack, verify, upload, stage and the Dataset.
@@ -81,7 +82,8 @@ class Manifest(BaseModel):
     version: int = FORMAT_VERSION
     tool_version: str
     layout: Layout
-    image_size: int | None = Field(default=None, description="S for layout decoded (images are S x S x 3)")
+    image_size: int | None = Field(default=None, ge=1, le=MAX_IMAGE_SIZE,
+                                   description="S for layout decoded (images are S x S x 3)")
     classes: list[str]
     num_samples: int = Field(ge=0)
     shards: list[ShardInfo]

@@ -11,11 +11,13 @@ no timestamps.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import io
 import json
 import os
 import random
 import signal
+import stat
 import sys
 import threading
 import time
@@ -142,7 +144,15 @@ def resize_center_crop(image: Image.Image, size: int) -> Image.Image:
 def _decode(task: tuple[str, str, int, Layout, int]) -> _Sample:
     source, relpath, label, layout, size = task
     try:
-        raw = (Path(source) / relpath).read_bytes()
+        # O_NONBLOCK + fstat: a FIFO or device in the folder is skipped, never waited on (read() would block).
+        fd = os.open(Path(source) / relpath, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return _Sample(relpath, label, None, "not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                raw = handle.read()
+        finally:
+            os.close(fd)
     except OSError as exc:
         return _Sample(relpath, label, None, f"unreadable: {exc.strerror}")
     if not raw:
@@ -240,7 +250,7 @@ def _samples(source: Path, files: list[tuple[str, int]], options: PackOptions) -
     if options.workers <= 1:
         yield from map(_decode, tasks)
         return
-    with ProcessPoolExecutor(max_workers=options.workers, initializer=_worker_init,
+    with ProcessPoolExecutor(max_workers=max(1, min(options.workers, len(tasks))), initializer=_worker_init,
                              initargs=(os.getpid(),)) as pool:
         yield from pool.map(_decode, tasks, chunksize=max(1, min(64, len(tasks) // (options.workers * 8) or 1)))
 
@@ -265,8 +275,6 @@ def _prepare_output(out: Path, force: bool) -> set[str]:
             old = {shard.path for shard in load_manifest(manifest).shards}
         except (OSError, ValueError):
             old = set()  # unreadable or invalid: its shards are not known, so none is deleted
-    for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
-        stale.unlink()
     return old
 
 
@@ -306,6 +314,29 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
     if options.shuffle_seed is not None:
         random.Random(options.shuffle_seed).shuffle(files)
     old_names = _prepare_output(out, options.force)
+    lock = _lock_output(out)
+    try:
+        for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
+            stale.unlink()
+        return _pack_locked(source, out, options, classes, files, old_names)
+    finally:
+        os.close(lock)
+
+
+def _lock_output(out: Path) -> int:
+    """One pack at a time per OUT (flock on the directory itself, so no lock file is left behind): a second pack
+    would delete the first's temporaries and mix shards."""
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise DataToolError(str(out), "another pack is writing into this directory; wait for it to finish") from exc
+    return fd
+
+
+def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[str],
+                 files: list[tuple[str, int]], old_names: set[str]) -> PackResult:
 
     shards: list[ShardInfo] = []
     temp_paths: list[Path] = []

@@ -39,6 +39,8 @@ class ClusterFacts:
     # The stack's own image registry (e.g. <account>.dkr.ecr.<region>.amazonaws.com/mlc-dev-train): specs that give
     # an `imageTag` run <image_repository>:<tag>. None when the stack has none.
     image_repository: str | None = None
+    # The stack's buckets by logical name -> physical bucket name: a spec's `bucket: datasets` reads from there.
+    buckets: dict[str, str] | None = None
 
 
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:

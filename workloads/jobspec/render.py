@@ -209,7 +209,23 @@ def _check_claims(spec: TrainingJobSpec, facts: ClusterFacts) -> None:
                                            f"{facts.stack} (claims: {known})")
 
 
+def _resolve_buckets(spec: TrainingJobSpec, facts: ClusterFacts) -> TrainingJobSpec:
+    """A dataset or checkpoint named by the stack's logical bucket gets its s3:// URI from the cluster facts."""
+    update: dict[str, Any] = {}
+    for field, target in (("dataset", spec.dataset), ("checkpoint", spec.checkpoint)):
+        if target is None or target.bucket is None:
+            continue
+        known = facts.buckets or {}
+        if target.bucket not in known:
+            choices = ", ".join(sorted(known)) or "none"
+            raise JobSpecError(f"{field}.bucket", f"{target.bucket!r} is not a bucket of stack {facts.stack} "
+                                                  f"(its buckets: {choices})")
+        update[field] = target.model_copy(update={"uri": f"s3://{known[target.bucket]}/{target.prefix}"})
+    return spec.model_copy(update=update) if update else spec
+
+
 def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> list[dict[str, Any]]:
+    spec = _resolve_buckets(spec, facts)
     _check_claims(spec, facts)
     pools = candidate_pools(spec, facts)
     cpu, memory = resolve_resources(spec, pools)

@@ -170,6 +170,13 @@ def _image_tag(value: str) -> str:
     return value
 
 
+def _object_prefix(value: str) -> str:
+    parts = value.split("/")
+    if value.startswith("/") or any(part in (".", "..") for part in parts) or "//" in value:
+        raise ValueError(f"{value!r} is not an object prefix (relative, no '.', '..' or empty parts)")
+    return value
+
+
 JobName = Annotated[str, AfterValidator(_job_name)]
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
 DnsSubdomain = Annotated[str, AfterValidator(_dns_subdomain)]
@@ -178,6 +185,7 @@ PositiveQuantity = Annotated[str, BeforeValidator(_number_as_text), AfterValidat
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 Image = Annotated[str, AfterValidator(_image)]
+ObjectPrefix = Annotated[str, AfterValidator(_object_prefix)]
 ImageTag = Annotated[str, AfterValidator(_image_tag)]
 Staging = Literal["none", "copy", "rolling"]
 
@@ -200,15 +208,27 @@ class RamDiskSpec(_Spec):
     mount_path: AbsolutePath = "/ramdisk"
 
 
+def _one_source(uri: str | None, bucket: str | None, claim_name: str | None, prefix: str) -> None:
+    if sum(source is not None for source in (uri, bucket, claim_name)) != 1:
+        raise JobSpecError("uri", "set exactly one of bucket (+ prefix: one of the stack's buckets), uri "
+                                  "(s3://bucket/prefix) and claimName (a PVC)")
+    if prefix and bucket is None:
+        raise JobSpecError("prefix", "only meaningful with bucket")
+
+
 class DatasetSpec(_Spec):
     """Where the training data lives and how it reaches the GPU node.
 
-    Exactly one source: `uri` (s3://bucket/prefix on S3, or on the stack's S3-compatible store such as IBM
-    COS) or `claimName` (a PVC in the Job's namespace: the EFS class, a Mountpoint S3 PV, a COS volume).
+    Exactly one source: `bucket` + `prefix` (one of the stack's own buckets by its logical name, so the spec
+    holds no account-specific bucket name), `uri` (s3://bucket/prefix on S3, or on the stack's S3-compatible
+    store such as IBM COS) or `claimName` (a PVC in the Job's namespace: the EFS class, a Mountpoint S3 PV, a
+    COS volume).
     `stagedSize` is what staging keeps on local NVMe: the whole dataset for `copy`, the window for `rolling`.
     """
 
     uri: str | None = None
+    bucket: DnsLabel | None = None
+    prefix: ObjectPrefix = ""
     claim_name: DnsSubdomain | None = None
     mount_path: AbsolutePath = "/data"
     staging: Staging = "none"
@@ -217,19 +237,19 @@ class DatasetSpec(_Spec):
 
     @model_validator(mode="after")
     def _check(self) -> DatasetSpec:
-        if (self.uri is None) == (self.claim_name is None):
-            raise JobSpecError("uri", "set exactly one of uri (s3://bucket/prefix) and claimName (a PVC)")
+        _one_source(self.uri, self.bucket, self.claim_name, self.prefix)
         if self.uri is not None and not _S3_URI.match(self.uri):
             raise JobSpecError("uri", f"{self.uri!r} must look like s3://bucket/prefix")
-        if self.uri is not None and self.staging == "none":
+        source = self.uri if self.uri is not None else f"bucket {self.bucket}" if self.bucket else None
+        if source is not None and self.staging == "none":
             raise JobSpecError(
                 "staging",
-                f"none with uri {self.uri!r}: an object-store dataset must be staged "
+                f"none with {source}: an object-store dataset must be staged "
                 "(copy or rolling), or mounted through a PVC (claimName)",
             )
         if self.claim_name is not None and self.staging == "rolling":
             raise JobSpecError(
-                "staging", "rolling streams shards from object storage: it needs uri, not claimName"
+                "staging", "rolling streams shards from object storage: it needs bucket or uri, not claimName"
             )
         if self.staging != "none" and self.staged_size is None:
             raise JobSpecError(
@@ -247,13 +267,14 @@ class CheckpointSpec(_Spec):
     """
 
     uri: str | None = None
+    bucket: DnsLabel | None = None
+    prefix: ObjectPrefix = ""
     claim_name: DnsSubdomain | None = None
     mount_path: AbsolutePath = "/checkpoints"
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:
-        if (self.uri is None) == (self.claim_name is None):
-            raise JobSpecError("uri", "set exactly one of uri (s3://bucket/prefix) and claimName (a PVC)")
+        _one_source(self.uri, self.bucket, self.claim_name, self.prefix)
         if self.uri is not None and not _S3_URI.match(self.uri):
             raise JobSpecError("uri", f"{self.uri!r} must look like s3://bucket/prefix")
         return self

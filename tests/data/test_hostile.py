@@ -695,3 +695,25 @@ def test_two_packs_into_one_directory_do_not_mix(tmp_path: Path, capsys: pytest.
         os.close(lock)
     assert code == 2 and one_line(err) and "another pack" in err, err
     assert main(["pack", str(tmp_path / "src"), str(out), "--size", "8", "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("state", ["reader-dir", "window-file", "binary", "deep"])
+def test_broken_window_state_is_one_line(state: str, tmp_path: Path, packed: Path, s3_url: str, bucket: str,
+                                         capsys: pytest.CaptureFixture) -> None:
+    from tests.data.helpers import uploaded
+
+    uploaded(packed, s3_url, bucket)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    if state == "window-file":
+        (dest / ".window").write_text("x")
+    else:
+        (dest / ".window").mkdir()
+        reader = dest / ".window" / "reader.json"
+        if state == "reader-dir":
+            reader.mkdir()
+        else:
+            reader.write_bytes(b"\xff\xfe\x00" if state == "binary" else b"[" * 100000 + b"]" * 100000)
+    code, err = cli(["stage", f"s3://{bucket}/sets/tiny", str(dest), "--endpoint-url", s3_url, "--window", "1GiB",
+                     "--no-progress"], capsys)
+    assert code == 2 and one_line(err) and ".window" in err, err

@@ -39,7 +39,8 @@ from workloads.data.format import (
 )
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.data.verify import sha256_file
-from workloads.data.window import StagerState, read_consumed, write_stager_state
+from workloads.data.window import StagerState, write_stager_state
+from workloads.data.window import read_consumed as _read_consumed
 
 TEMP_SUFFIX = ".part"
 _BODY_CHUNK = 1 << 20
@@ -307,6 +308,15 @@ class _Stager:
             if fetch.fd >= 0:
                 os.close(fetch.fd)
             fetch.temp.unlink(missing_ok=True)
+
+
+def read_consumed(dest: Path) -> set[str]:
+    """The reader's consumed list; a broken reader.json is a one-line error, not a traceback."""
+    try:
+        return _read_consumed(dest)
+    except ValueError as exc:
+        where, _, why = str(exc).partition(": ")
+        raise DataToolError(where, why or str(exc)) from exc
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -57,8 +57,9 @@ def _read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, OSError) as exc:
-        raise ValueError(f"{path}: unreadable window state: {exc}") from exc
+    except (ValueError, OSError, RecursionError) as exc:  # bad JSON or UTF-8, a directory, nested too deep
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
+        raise ValueError(f"{path}: unreadable window state: {why or type(exc).__name__}") from exc
 
 
 def _write_json(path: Path, payload: dict) -> None:

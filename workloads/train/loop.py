@@ -135,9 +135,9 @@ class Distributed:
 class Reporter:
     """JSON lines on stdout, from rank 0 only (every rank's figures are reduced first where it matters)."""
 
-    def __init__(self, rank: int, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, rank: int, stream: TextIO | None = None) -> None:
         self.enabled = rank == 0
-        self.stream = stream
+        self.stream = stream or sys.stdout  # looked up now: whatever stdout is when the run starts
 
     def emit(self, event: str, **fields: Any) -> None:
         if self.enabled:

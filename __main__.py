@@ -3,11 +3,13 @@
 import sys
 
 import pulumi
+import pulumi_aws as aws
 
 from infra.config import ConfigError, ConfigExit, load_pulumi_config
 from infra.config.names import check_stack_name
-from infra.config.partial import more_pool_problems
+from infra.config.partial import more_pool_problems, more_stack_problems
 from infra.config.schema import runtime_config_values
+from infra.config.stackcheck import check_stack
 from infra.poolplan import plan_node_pools
 from infra.stack import build_stack, stack_context
 
@@ -17,8 +19,11 @@ try:
     try:
         config = load_pulumi_config()
     except ConfigError as schema_error:  # one schema error must not hide the pools' other problems
-        raise ConfigError([*schema_error.problems, *more_pool_problems(
-            runtime_config_values(), schema_error, plan_node_pools)]) from None
+        raw = runtime_config_values()
+        account = aws.get_caller_identity().account_id if raw.get("ml-cluster:platform") == "eks" else None
+        raise ConfigError([*schema_error.problems, *more_pool_problems(raw, schema_error, plan_node_pools),
+                           *more_stack_problems(raw, schema_error, lambda partial: check_stack(
+                               partial, pulumi.get_stack(), account))]) from None
     outputs = build_stack(config, stack_context(config, pulumi.get_project(), pulumi.get_stack()))
 except ConfigError as error:  # reported before any resource is registered
     print("\n".join(error.lines()), file=sys.stderr)

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
-from infra.config import StackConfig
+from infra.config import ConfigError, StackConfig
 from infra.config.names import JOBS_NAMESPACE, stack_prefix
 from infra.config.stackcheck import check_stack
 from infra.context import ClusterInfo, NetworkInfo, StackContext
@@ -51,10 +51,17 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                              object_store_endpoint=storage_facts.object_store_endpoint,
                              object_store_secret=storage_facts.object_store_secret,
                              volume_claims=storage_facts.volume_claims, image_repository=image_repository)
-    rendered_jobs = check_jobs(cfg.jobs, job_facts)  # every stack Job fits the pools it targets; ConfigError
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
                      else None)
+    try:
+        rendered_jobs = check_jobs(cfg.jobs, job_facts)  # every stack Job fits the pools it targets; ConfigError
+    except ConfigError as job_error:  # a bad Job must not hide the stack's other problems
+        try:
+            check_stack(cfg, ctx.stack, account_id, private_zones)
+        except ConfigError as other:
+            raise ConfigError([*job_error.problems, *other.problems]) from None
+        raise
     job_access = check_stack(cfg, ctx.stack, account_id, private_zones, rendered_jobs)
 
     # --- network + cluster ---

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from infra.config.schema import NAMESPACE, SECRET_KEYS, ConfigError, StackConfig
+from infra.config.schema import NAMESPACE, SECRET_KEYS, ConfigError, StackConfig, config_path
 
 # Sections a pool check does not need: dropped from the partial config when they fail validation.
 _OPTIONAL = {"jobs", "storage", "gpu", "tags", "labelPrefix", "protected", "kubeconfig", "cosHmacAccessKeyId",
@@ -82,5 +82,36 @@ def more_pool_problems(raw: Mapping[str, Any], error: ConfigError, check: Any) -
             if index is None or index >= len(kept) or kept[index] in reported:
                 continue  # only pool problems, and none about a pool already reported
             extra.append((_renumber(path, kept), why))
+        return extra
+    return []
+
+
+def _section(path: str) -> str:
+    """`ml-cluster:storage.buckets[1].name` -> `ml-cluster:storage.buckets[1]`: what one problem is about."""
+    shown = config_path(path)
+    match = re.match(r"^([^.\[]+(?:\.[A-Za-z]+)?(?:\[\d+\])?)", shown)
+    return match.group(1) if match else shown
+
+
+def more_stack_problems(raw: Mapping[str, Any], error: ConfigError, check: Any) -> list[tuple[str, str]]:
+    """Problems `check(partial_config)` (infra.config.stackcheck.check_stack: names, zones, bucket access) finds
+    in sections `error` said nothing of, with node pools under their original indices."""
+    partial = partial_stack_config(raw)
+    if partial is None:
+        return []
+    cfg, kept = partial
+    reported = {_section(path) for path, _ in error.problems}
+    try:
+        check(cfg)
+    except ConfigError as more:
+        extra = []
+        for path, why in more.problems:
+            index = _pool_index(config_path(path))
+            if index is not None:
+                if index >= len(kept):
+                    continue
+                path = _renumber(config_path(path), kept)
+            if _section(path) not in reported and path != "stack":
+                extra.append((path, why))
         return extra
     return []

@@ -193,3 +193,13 @@ def test_invalid_stack_name_is_reported_before_schema_errors(tmp_path: Path) -> 
     values["ml-cluster:platform"] = "gke"
     code, _, err = plan_values(tmp_path, "dev", values, name="Dev")
     assert error_lines(code, err)[0].startswith("error: stack: 'Dev' is not a valid stack name")
+
+
+def test_a_bad_job_does_not_hide_a_shared_bucket_name(tmp_path: Path) -> None:
+    values = stack_values("dev")
+    values["ml-cluster:jobs"][0]["memory"] = "1Mi"
+    values["ml-cluster:storage"]["buckets"][1]["bucketName"] = "mlc-dev-datasets-111122223333"
+    code, _, err = plan_values(tmp_path, "dev", values)
+    lines = error_lines(code, err)
+    assert lines[0].startswith("error: ml-cluster:jobs[0].memory: "), lines
+    assert any(line.startswith("error: ml-cluster:storage.buckets[0].name: S3 bucket") for line in lines), lines

@@ -11,7 +11,7 @@ import pulumi_aws as aws
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from infra.config import ConfigError, StackConfig
 from infra.config.names import JOBS_NAMESPACE, stack_prefix
-from infra.config.stackcheck import check_stack
+from infra.config.stackcheck import check_stack, job_bucket_names
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
@@ -50,7 +50,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                              namespace=JOBS_NAMESPACE, region=cfg.region,
                              object_store_endpoint=storage_facts.object_store_endpoint,
                              object_store_secret=storage_facts.object_store_secret,
-                             volume_claims=storage_facts.volume_claims, image_repository=image_repository)
+                             volume_claims=storage_facts.volume_claims, image_repository=image_repository,
+                             buckets=job_bucket_names(cfg, ctx.stack, account_id))
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
                      else None)

@@ -40,6 +40,16 @@ def _bucket_of(uri: str) -> str:
     return uri.removeprefix("s3://").split("/", 1)[0]
 
 
+def job_bucket_names(cfg: StackConfig, stack: str, account_id: str | None) -> dict[str, str]:
+    """Logical bucket name -> physical bucket name, for the object store the Jobs talk to (COS when the stack has
+    one, else S3): what a spec's `bucket: <name>` resolves to (ClusterFacts.buckets)."""
+    if cfg.storage.cos is not None:
+        return {b.name: b.bucket_name or default_bucket_name(stack, b.name, None) for b in cfg.storage.cos.buckets}
+    if cfg.platform != "eks":
+        return {}
+    return {b.name: b.bucket_name or default_bucket_name(stack, b.name, account_id) for b in cfg.storage.buckets}
+
+
 def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> JobBucketAccess:
     """Derive the Jobs' bucket access from their specs; a bucket the stack cannot grant is a problem (EKS only:
     on onprem the COS HMAC keys, not a role, decide what a Job can reach)."""
@@ -52,6 +62,10 @@ def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> J
     write: set[str] = set()
     problems: list[tuple[str, str]] = []
     for index, spec in enumerate(cfg.jobs):
+        # A logical bucket is one of the stack's by construction (an unknown one fails rendering, naming the field).
+        for target, into in ((spec.dataset, read), (spec.checkpoint, write)):
+            if target is not None and target.bucket is not None and target.bucket in by_physical.values():
+                into.add(target.bucket)
         uses = []
         if spec.dataset is not None and spec.dataset.uri is not None:
             uses.append(("dataset.uri", spec.dataset.uri, "read", read))

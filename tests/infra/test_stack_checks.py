@@ -85,7 +85,9 @@ CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
     "foreign-checkpoint-bucket": (_set(["ml-cluster:jobs", 0, "checkpoint"], {"uri": "s3://someone-elses/ckpt/"}),
                                   "ml-cluster:jobs[0].checkpoint.uri", "cannot write it"),
     # a Job that stages from a bucket its role cannot read
-    "foreign-dataset-bucket": (_set(["ml-cluster:jobs", 0, "dataset", "uri"], "s3://someone-elses/imagenet/"),
+    "foreign-dataset-bucket": (_set(["ml-cluster:jobs", 0, "dataset"],
+                                    {"uri": "s3://someone-elses/imagenet/", "mountPath": "/data/imagenet",
+                                     "staging": "copy", "stagedSize": "150Gi"}),
                                "ml-cluster:jobs[0].dataset.uri", "cannot read it"),
     # a node pool pinned to an AZ without a private subnet (was a ValueError in nodepools)
     "pool-zone-without-subnet": (_set(["ml-cluster:nodePools", 1, "availabilityZones"], ["us-west-2d"]),

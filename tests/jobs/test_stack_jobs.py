@@ -77,12 +77,15 @@ def test_job_role_reads_only_the_stacks_buckets(stack: str, stack_plan: Callable
     policy, = [r for r in resources_of(plan, "aws:iam/rolePolicy:RolePolicy")
                if r["name"].endswith("-jobs-bucket-access")]
     statements = {s["Sid"]: s for s in json.loads(policy["inputs"]["policy"])["Statement"]}
-    buckets = {r["inputs"]["bucket"] for r in resources_of(plan, "aws:s3/bucket:Bucket")}
+    # The plan's buckets by logical name (the resource is named <prefix>-storage-s3-<logical>).
+    physical = {r["name"].rsplit("-s3-", 1)[1]: r["inputs"]["bucket"]
+                for r in resources_of(plan, "aws:s3/bucket:Bucket")}
     # Derived from what the stack's Jobs use (stage from, checkpoint to), never a bucket outside the stack.
     jobs = stack_values(stack)["ml-cluster:jobs"]
-    used = {job[part]["uri"].removeprefix("s3://").split("/", 1)[0] for job in jobs
-            for part in ("dataset", "checkpoint") if (job.get(part) or {}).get("uri")}
-    assert used and used <= buckets
+    targets = [job[part] for job in jobs for part in ("dataset", "checkpoint") if job.get(part)]
+    used = ({physical[target["bucket"]] for target in targets if "bucket" in target}
+            | {target["uri"].removeprefix("s3://").split("/", 1)[0] for target in targets if "uri" in target})
+    assert used and used <= set(physical.values())
     assert set(statements["ListStackBuckets"]["Resource"]) == {f"arn:aws:s3:::{name}" for name in used}
     assert all("*" not in arn.removesuffix("/*") for s in statements.values() for arn in s["Resource"])
     if stack == "prod":  # vit-rolling uploads checkpoints to the checkpoints bucket, and only there

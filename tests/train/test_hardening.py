@@ -349,6 +349,17 @@ def test_bad_numbers_are_refused_up_front(
     assert '"event"' not in out and bad[0] in err and err.rstrip().splitlines()[-1].startswith("error: ")
 
 
+def test_a_temp_dir_too_long_for_worker_sockets_is_refused_not_a_hang(
+    tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    long_tmp = tmp_path / ("t" * 90)
+    long_tmp.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(long_tmp))
+    assert _main_code(["--data", str(tiny_data["decoded"]), "--workers", "2", "--epochs", "1"], monkeypatch) == CODE
+    err = capsys.readouterr().err.rstrip().splitlines()[-1]
+    assert err.startswith("error: TMPDIR: ") and "--workers 0" in err
+
+
 def test_a_diverging_loss_stops_with_an_error_and_valid_json(
     tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

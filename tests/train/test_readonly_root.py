@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tests.jobs.facts import dev_facts
@@ -52,8 +54,9 @@ def test_the_trainer_writes_only_where_the_pod_is_writable(tiny_data: dict[str, 
     pod = render_job(spec, dev_facts())[0]["spec"]["template"]["spec"]
     mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if not m.get("readOnly")}
     assert {TMP_DIR, "/dev/shm"} <= mounts
-    scratch, checkpoints = tmp_path / "tmp", tmp_path / "checkpoints"
-    scratch.mkdir()
+    # A short scratch dir, like the pod's /tmp: pytest's own paths can be too long for the workers' sockets.
+    scratch = Path(tempfile.mkdtemp(prefix="ro-"))
+    checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HOME": str(scratch),
            "TMPDIR": str(scratch), "WRITABLE": os.pathsep.join([str(scratch), str(checkpoints), "/dev/shm"]),
@@ -61,8 +64,11 @@ def test_the_trainer_writes_only_where_the_pod_is_writable(tiny_data: dict[str, 
     args = ["--data", str(tiny_data["decoded"]), "--epochs", "1", "--model", "resnet18", "--width", "8",
             "--batch-size", "8", "--crop-size", "32", "--workers", "2", "--checkpoint-dir", str(checkpoints),
             "--checkpoint-every", "2"]
-    result = subprocess.run([sys.executable, "-c", _GUARD, *args], capture_output=True, text=True, env=env,
-                            cwd=REPO, timeout=240)
+    try:
+        result = subprocess.run([sys.executable, "-c", _GUARD, *args], capture_output=True, text=True, env=env,
+                                cwd=REPO, timeout=240)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "WRITE OUTSIDE MOUNTS" not in result.stderr
     assert any(checkpoints.iterdir()), "the trainer wrote no checkpoint: the guard saw nothing"

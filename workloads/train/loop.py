@@ -410,6 +410,23 @@ def check_resumable(
                 )
 
 
+# sun_path holds 107 characters; multiprocessing puts its sockets at <tmp>/pymp-XXXXXXXX/listener-XXXXXXXX.
+_SOCKET_PATH_MAX = 107
+_WORKER_SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
+
+
+def check_worker_tmpdir(workers: int) -> None:
+    """DataLoader workers hand batches over through a Unix socket under the temp dir; past the sun_path limit the
+    hand-over fails inside a feeder thread and the trainer waits forever, so a too-long TMPDIR fails now."""
+    if workers == 0:
+        return
+    tmp = tempfile.gettempdir()
+    if len(tmp) + _WORKER_SOCKET_SUFFIX > _SOCKET_PATH_MAX:
+        limit = _SOCKET_PATH_MAX - _WORKER_SOCKET_SUFFIX
+        raise ValueError(f"TMPDIR: {tmp}: {len(tmp)} characters, too long for the data workers' sockets "
+                         f"(at most {limit}); point TMPDIR at a shorter directory or use --workers 0")
+
+
 def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, Any]:
     """Run the configured training; returns the last epoch's summary (also emitted as an "epoch" event)."""
     if config.model not in MODELS:
@@ -422,6 +439,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
     if config.resume and not config.checkpoint_dir:
         raise ValueError("--resume: needs --checkpoint-dir or --checkpoint-uri")
     config.validate()
+    check_worker_tmpdir(config.workers)
     env = Distributed.from_env()
     if config.checkpoint_dir:
         check_checkpoint_dir(config.checkpoint_dir)

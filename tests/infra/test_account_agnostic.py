@@ -1,0 +1,35 @@
+"""The stack files name no account: run under another account, everything the stack derives follows it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infra.offline import Fixtures, plan_stack
+from tests.conftest import AWS_STACKS, stack_values
+
+REPO = Path(__file__).resolve().parents[2]
+OTHER_ACCOUNT = "210987654321"
+FILE_ACCOUNT = "111122223333"  # the committed fixtures' account
+
+
+@pytest.mark.parametrize("stack", AWS_STACKS)
+def test_buckets_images_and_policies_follow_the_callers_account(stack: str, tmp_path: Path) -> None:
+    fixtures = tmp_path / "fixtures"
+    shutil.copytree(REPO / "stacks" / "fixtures", fixtures)
+    identity = json.loads((fixtures / "caller_identity.json").read_text())
+    (fixtures / "caller_identity.json").write_text(json.dumps({**identity, "accountId": OTHER_ACCOUNT}))
+    plan = plan_stack(stack, fixtures=Fixtures(fixtures))
+    # Only what the user wrote may still name the file's account: access-entry principals (their own roles).
+    written = {entry["principalArn"] for entry in
+               (stack_values(stack).get("ml-cluster:cluster") or {}).get("accessEntries", [])}
+    text = json.dumps(plan)
+    for arn in written:
+        text = text.replace(arn, "")
+    assert FILE_ACCOUNT not in text
+    buckets = [r["inputs"]["bucket"] for r in plan["resources"] if r["type"] == "aws:s3/bucket:Bucket"]
+    assert buckets and all(name.endswith(f"-{OTHER_ACCOUNT}") for name in buckets)
+    assert plan["outputs"]["imageRepository"].startswith(f"{OTHER_ACCOUNT}.dkr.ecr.")

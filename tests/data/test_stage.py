@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -170,3 +171,15 @@ def test_cli_reports_rejected_credentials(monkeypatch: pytest.MonkeyPatch, packe
     assert main(["stage", f"s3://{bucket}/x", str(tmp_path / "d"), "--endpoint-url", s3_url, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: s3://{bucket}/x/manifest.json: credentials rejected (InvalidAccessKeyId)\n"
+
+
+def test_short_writes_are_completed_not_left_as_holes(packed: Path, s3_url: str, bucket: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """pwrite may write less than asked (a file system close to full does): the rest must still be written."""
+    target = S3Uri(bucket, "sets/short")
+    upload(make_client(s3_url, 4), packed, target, UploadOptions(workers=2, progress=False))
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real_pwrite(fd, bytes(data[:1000]), offset))
+    dest = tmp_path / "dest"
+    stage(make_client(s3_url, 4), target, dest, stage_options())
+    assert shard_files(dest) == shard_files(packed)

@@ -15,6 +15,7 @@ written first, right after .window/stager.json, which then says which shards are
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sys
@@ -166,7 +167,7 @@ class _Stager:
             for chunk in response["Body"].iter_chunks(_BODY_CHUNK):
                 if offset + len(chunk) > end + 1:
                     raise TransientError(f"server sent more than the {expected} bytes asked for")
-                os.pwrite(fetch.fd, chunk, offset)
+                _pwrite_all(fetch.fd, chunk, offset)
                 offset += len(chunk)
             if offset != end + 1:
                 raise TransientError(f"short body: {offset - start} of {expected} bytes")
@@ -308,6 +309,17 @@ class _Stager:
             if fetch.fd >= 0:
                 os.close(fetch.fd)
             fetch.temp.unlink(missing_ok=True)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """pwrite may write less than asked (a file system close to full does); the next call then raises ENOSPC."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+        offset += written
 
 
 def read_consumed(dest: Path) -> set[str]:

@@ -84,6 +84,11 @@ class Fixtures:
             return {"names": zones, "id": region, "zoneIds": [f"{region}-az{i + 1}" for i in range(len(zones))]}
         if token == "aws:index/getCallerIdentity:getCallerIdentity":
             return self._load("caller_identity.json")
+        if token == "aws:eks/getAddonVersion:getAddonVersion":
+            key = f"{args.get('addonName')} {args.get('kubernetesVersion')}"
+            version = self.lookup("addon_versions.json", key, "add-on default")
+            return {"addonName": args.get("addonName"), "kubernetesVersion": args.get("kubernetesVersion"),
+                    "mostRecent": bool(args.get("mostRecent")), "version": version, "id": args.get("addonName")}
         if token == "aws:index/getRegion:getRegion":
             return {"name": region, "region": region, "id": region}
         if token == "aws:index/getPartition:getPartition":

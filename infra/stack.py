@@ -11,7 +11,7 @@ import pulumi_aws as aws
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from infra.config import ConfigError, StackConfig
 from infra.config.names import JOBS_NAMESPACE, stack_prefix
-from infra.config.stackcheck import check_stack, job_bucket_names
+from infra.config.stackcheck import check_stack, job_bucket_names, unpinned_addons_with_minimum
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
@@ -63,7 +63,10 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         except ConfigError as other:
             raise ConfigError([*job_error.problems, *other.problems]) from None
         raise
-    job_access = check_stack(cfg, ctx.stack, account_id, private_zones, rendered_jobs)
+    addon_defaults = {name: aws.eks.get_addon_version(addon_name=name, kubernetes_version=cfg.kubernetes_version,
+                                                      most_recent=False).version
+                      for name in unpinned_addons_with_minimum(cfg)}
+    job_access = check_stack(cfg, ctx.stack, account_id, private_zones, rendered_jobs, addon_defaults)
 
     # --- network + cluster ---
     network: NetworkInfo | None = None

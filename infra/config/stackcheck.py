@@ -8,7 +8,7 @@ what the Jobs read from and write to S3 against what the stack can grant them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from infra.config.names import (
     derived_names,
 )
 from infra.config.schema import ConfigError, StackConfig
+from infra.config.storage import MIN_ADDON_VERSIONS, addon_semver
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,30 @@ def private_zones_from_config(cfg: StackConfig) -> list[str] | None:
     return None
 
 
+def unpinned_addons_with_minimum(cfg: StackConfig) -> list[str]:
+    """Add-ons the stack installs without a pin although only some versions work: their EKS default is looked up."""
+    if cfg.platform != "eks":
+        return []
+    return sorted(name for name in MIN_ADDON_VERSIONS if name not in cfg.storage.addon_versions)
+
+
+def addon_default_problems(cfg: StackConfig, defaults: Mapping[str, str]) -> list[tuple[str, str]]:
+    """`defaults`: add-on -> the version EKS installs when none is pinned (getAddonVersion, mostRecent false)."""
+    problems = []
+    for name, version in sorted(defaults.items()):
+        minimum = MIN_ADDON_VERSIONS[name]
+        if addon_semver(version) < minimum:
+            problems.append((f"{CONFIG}storage.addonVersions",
+                             f"EKS's default {name} for Kubernetes {cfg.kubernetes_version} is {version}, but EKS "
+                             f"Pod Identity needs v{'.'.join(map(str, minimum))} or later: pin {name} to a "
+                             f"v2 version (`aws eks describe-addon-versions --addon-name {name}` lists them)"))
+    return problems
+
+
 def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
                 private_zones: Sequence[str] | None = None,
-                job_manifests: Sequence[Sequence[dict[str, Any]]] = ()) -> JobBucketAccess:
+                job_manifests: Sequence[Sequence[dict[str, Any]]] = (),
+                addon_defaults: Mapping[str, str] | None = None) -> JobBucketAccess:
     """Every cross-resource check; raises ConfigError with all problems found. Returns the Jobs' bucket access."""
     problems = check_stack_name(stack)
     if problems:  # every derived name would repeat the same complaint
@@ -115,6 +137,7 @@ def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
     problems += pool_zone_problems(cfg, zones)
     access = job_bucket_access(cfg, stack, account_id)
     problems += access.problems
+    problems += addon_default_problems(cfg, addon_defaults or {})
     if problems:
         raise ConfigError(problems)
     return access

@@ -9,10 +9,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
 
 @dataclass(frozen=True)
 class PoolFacts:
     """One node pool as the scheduler will see it."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # facts_from_dict refuses fields it does not know
 
     name: str
     gpu_type: str | None  # "h100", "a10g", ...; None for CPU pools
@@ -26,6 +30,8 @@ class PoolFacts:
 
 @dataclass(frozen=True)
 class ClusterFacts:
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
     stack: str
     label_prefix: str  # e.g. "ml-cluster.io": labels are <prefix>/gpu-type, <prefix>/disktype, <prefix>/nvme-gib
     pools: tuple[PoolFacts, ...]
@@ -49,11 +55,16 @@ def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:
 
 
 def facts_from_dict(data: dict[str, Any]) -> ClusterFacts:
-    """Inverse of facts_to_dict; raises ValueError naming the unknown or missing key."""
+    """Inverse of facts_to_dict; raises a one-line ValueError naming the unknown, missing or mistyped field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"cluster facts: expected an object, got {type(data).__name__}")
     try:
-        pools = tuple(PoolFacts(**pool) for pool in data.get("pools", ()))
-        claims = data.get("volume_claims")
-        return ClusterFacts(**{**data, "pools": pools,
-                               "volume_claims": tuple(claims) if claims is not None else None})
-    except TypeError as exc:
-        raise ValueError(f"cluster facts: {exc}") from None
+        return _FACTS.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "facts"
+        raise ValueError(f"cluster facts: {where}: {first['msg']}") from None
+
+
+# Facts arrive as JSON written by another tool (a stack output): every field's type is checked, not trusted.
+_FACTS = TypeAdapter(ClusterFacts)

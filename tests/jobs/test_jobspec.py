@@ -387,3 +387,20 @@ def test_rolling_sidecar_is_counted_in_the_pod_so_default_sizing_still_fits_the_
     assert quantity_bytes(train["memory"]) + quantity_bytes(stager["memory"]) == node_memory
     error = error_of({"gpus": 8, "gpuType": "a100", "cpu": "92", "dataset": dataset}, prod_facts())
     assert error.path == "cpu" and "94" in str(error) and "92" in str(error)
+
+
+@pytest.mark.parametrize(("change", "where"), [
+    ({"stack": 5}, "stack"),
+    ({"pools": "gpu"}, "pools"),
+    ({"pools": [5]}, "pools"),
+    ({"pools": [{"name": "gpu"}]}, "gpu_type"),
+    ({"buckets": {"datasets": ["x"]}}, "buckets"),
+    ({"volume_claims": "claim"}, "volume_claims"),
+    ({"surprise": 1}, "surprise"),
+    ({"pools": [{"name": "gpu", "gpu_type": None, "gpus_per_node": 0, "nvme_gib": 0, "extra": 1}]}, "extra"),
+])
+def test_hostile_cluster_facts_are_refused_naming_the_field(change: dict, where: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        facts_from_dict({**facts_to_dict(dev_facts()), **change})
+    message = str(caught.value)
+    assert message.startswith("cluster facts: ") and where in message and "\n" not in message

@@ -128,6 +128,15 @@ def _umask() -> int:
     return mask
 
 
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename or a new file in `directory` durable (the directory entry, not only the file's data)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(target: str | os.PathLike[str], payload: bytes) -> None:
     """Write a file so that readers see either the old content or the new, never a partial one."""
     target = Path(target)

@@ -40,6 +40,7 @@ from workloads.data.format import (
     Manifest,
     ShardInfo,
     atomic_write_bytes,
+    fsync_dir,
     load_manifest,
     shard_name,
     write_manifest,
@@ -401,7 +402,7 @@ def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[st
         except OSError as exc:
             raise _os_error(out / MANIFEST_NAME, exc) from exc
         published = []  # from here on the new dataset is the dataset
-        _fsync_dir(out)
+        fsync_dir(out)
         try:
             atomic_write_bytes(out / REPORT_NAME, (json.dumps({"skipped": skipped}, indent=2) + "\n").encode())
         except OSError as exc:
@@ -418,9 +419,3 @@ def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[st
     return PackResult(manifest=manifest, skipped=skipped)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -36,6 +36,7 @@ from workloads.data.format import (
     Manifest,
     ShardInfo,
     atomic_write_bytes,
+    fsync_dir,
     manifest_error,
 )
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
@@ -189,7 +190,7 @@ class _Stager:
             fetch.temp.unlink()
             return False
         os.replace(fetch.temp, self.dest / fetch.info.path)
-        _fsync_dir(self.dest)
+        fsync_dir(self.dest)
         return True
 
     # -- coordination (main thread only) ----------------------------------------------------------------------
@@ -329,14 +330,6 @@ def read_consumed(dest: Path) -> set[str]:
     except ValueError as exc:
         where, _, why = str(exc).partition(": ")
         raise DataToolError(where, why or str(exc)) from exc
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _is_verified(path: Path, info: ShardInfo) -> bool:

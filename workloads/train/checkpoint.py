@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from botocore.config import Config
 
+from workloads.data.format import fsync_dir
 from workloads.data.s3 import DataToolError, error_code, make_client, parse_s3_uri
 
 CHECKPOINT_NAME = "last.pt"
@@ -86,14 +87,6 @@ def sidecar_path(target: Path) -> Path:
 
 def _temp_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_temp(target: Path, payload: bytes) -> Path:
@@ -170,7 +163,7 @@ def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) ->
         tmp.unlink(missing_ok=True)
         raise
     _install(sidecar_path(target), _sidecar_text([digest], target.name))
-    _fsync_dir(folder)
+    fsync_dir(folder)
     return target
 
 
@@ -351,5 +344,5 @@ class CheckpointMirror:
         else:
             sidecar_path(target).unlink(missing_ok=True)
         os.replace(partial, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         return True

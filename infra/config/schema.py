@@ -194,6 +194,8 @@ class StackConfig(StrictModel):
     platform: Literal["eks", "onprem"]
     region: str | None = Field(default=None, description="from aws:region")
     protected: bool = Field(default=False, description="prod: stateful resources protected and retained")
+    # A deploying run refuses credentials for any other account (infra.config.placeholders.account_problems).
+    account_id: str | None = Field(default=None, pattern=r"^\d{12}$", description="the AWS account; optional pin")
     label_prefix: str = "ml-cluster.io"
     tags: dict[str, str] = {}
     network: NetworkConfig | None = None
@@ -369,10 +371,15 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], list[str]]:
 
 def load_pulumi_config() -> StackConfig:
     """The running program's stack config (as the Pulumi CLI, or the offline engine, hands it over)."""
+
+    return parse_stack_config(runtime_config_values(), runtime_secret_keys())
+
+
+def runtime_secret_keys() -> set[str]:
+    """The config keys the Pulumi CLI (or the offline engine) marks as secrets."""
     from pulumi.runtime import config as runtime_config
 
-    secret = set(runtime_config.get_config_secret_keys_env()) | set(runtime_config._SECRET_KEYS.get())
-    return parse_stack_config(runtime_config_values(), secret)
+    return set(runtime_config.get_config_secret_keys_env()) | set(runtime_config._SECRET_KEYS.get())
 
 
 def runtime_config_values() -> dict[str, Any]:

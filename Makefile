@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup setup-plan plan test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy clean
+.PHONY: help setup setup-plan plan test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy \
+	kubeconfig new-stack clean
 
 # Idempotent: re-installs only when pyproject.toml changed.
 $(BIN)/python:
@@ -106,6 +107,18 @@ up: setup-plan
 destroy: setup-plan
 	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
 	pulumi destroy --stack $(STACK)
+
+# The stack's kubeconfig where every tool looks for it (workloads/kubeconfig.py): ~/.kube/ml-<stack>, owner-only,
+# written to a temporary file first so a failed output never leaves half a kubeconfig behind.
+KUBE_DIR ?= $(HOME)/.kube
+kubeconfig:
+	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
+	@mkdir -p $(KUBE_DIR) && umask 077 && \
+	pulumi stack output kubeconfig --show-secrets --stack $(STACK) > $(KUBE_DIR)/ml-$(STACK).tmp \
+	  && test -s $(KUBE_DIR)/ml-$(STACK).tmp \
+	  || { rm -f $(KUBE_DIR)/ml-$(STACK).tmp; echo "error: stack $(STACK): no kubeconfig output (run make up first)"; exit 2; }; \
+	mv $(KUBE_DIR)/ml-$(STACK).tmp $(KUBE_DIR)/ml-$(STACK) && \
+	echo "wrote $(KUBE_DIR)/ml-$(STACK): python -m workloads.submit --stack $(STACK) ..., or KUBECONFIG=$(KUBE_DIR)/ml-$(STACK) kubectl get nodes"
 
 clean:
 	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from infra.config.base import DnsLabel, StrictModel
+from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.registry import RegistryConfig
@@ -206,6 +207,7 @@ class StackConfig(StrictModel):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)
+    deploy: DeployConfig = Field(default_factory=DeployConfig)
     jobs: list[TrainingJobSpec] = []
     kubeconfig: SecretStr | None = None
     cos_hmac_access_key_id: SecretStr | None = None
@@ -317,9 +319,23 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
     except ValidationError as exc:
         problems.extend(_problem(err) for err in exc.errors())
         raise ConfigError(problems) from None
+    problems += unused_secret_problems(config, [key for key in raw if key in secret])
+    if config.cluster is not None:  # the deploy workflow's runner must reach the API server
+        problems += reachability_problems(config.cluster, config.deploy)
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def unused_secret_problems(config: StackConfig, secret_keys: Iterable[str]) -> list[tuple[str, str]]:
+    """A secret nothing in the stack reads (the COS keys without COS storage): refused, not ignored."""
+    cos_keys = (f"{NAMESPACE}cosHmacAccessKeyId", f"{NAMESPACE}cosHmacSecretAccessKey")
+    problems = []
+    for key in secret_keys:
+        if key in cos_keys and config.storage.cos is None:
+            problems.append((key, f"stack has no {NAMESPACE}storage.cos, so nothing uses this secret: "
+                                  f"pulumi config rm {key}"))
+    return problems
 
 
 def decode_config_value(value: Any) -> Any:

@@ -46,7 +46,8 @@ def _from_aws(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     session: Any = boto3.session.Session(region_name=region)
     region = region or session.region_name
     if not region:
-        raise ConfigError([("arguments", "--region not given and no AWS region configured (AWS_REGION or aws configure)")])
+        raise ConfigError([("arguments", "--region not given and no AWS region configured (AWS_REGION, "
+                                         "aws configure)")])
     try:
         if not account:
             account = session.client("sts").get_caller_identity()["Account"]

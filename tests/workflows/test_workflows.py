@@ -143,12 +143,14 @@ def test_destroy_is_manual_confirmed_guarded_and_refreshes_first() -> None:
 
 @pytest.mark.parametrize(("name", "job", "stack"), [
     ("deploy.yml", "dev", ".dev"), ("deploy.yml", "staging", ".staging"), ("deploy.yml", "prod", ".prod"),
-    ("preview.yml", "preview", "[matrix.stack]")])
+    ("preview.yml", "preview", "[matrix.stack]"), ("destroy.yml", "destroy", "[inputs.stack]")])
 def test_each_stack_runs_on_the_runner_its_stack_file_names(name: str, job: str, stack: str) -> None:
     jobs = load(name)["jobs"]
-    assert jobs[job]["runs-on"] == "${{ fromJSON(needs.runners.outputs.labels)" + stack + " }}"
-    assert "runners" in jobs[job]["needs"]
-    runners = jobs["runners"]
+    source = "guard" if name == "destroy.yml" else "runners"
+    assert jobs[job]["runs-on"] == "${{ fromJSON(needs." + source + ".outputs.labels)" + stack + " }}"
+    assert source in jobs[job]["needs"]
+    runners = jobs[source]
     assert runners["outputs"] == {"labels": "${{ steps.labels.outputs.labels }}"}
-    assert 'scripts/deploy_runner.py dev staging prod --github-output "$GITHUB_OUTPUT"' in runs(runners)
+    stacks = '"$STACK"' if name == "destroy.yml" else "dev staging prod"
+    assert f'scripts/deploy_runner.py {stacks} --github-output "$GITHUB_OUTPUT"' in runs(runners)
     assert "permissions" not in runners  # no credentials: it only reads the stack files

@@ -279,6 +279,16 @@ def validate_stack_file(stack_file: StackFile) -> None:
     parse_stack_config({key: decode_config_value(value) for key, value in config.items()}, secret_keys)
 
 
+def placeholders_left(stack_file: StackFile) -> list[tuple[str, str]]:
+    """What a real `pulumi preview`/`up` of this stack file would refuse as placeholders (the offline plan accepts
+    them: they are its fixtures' world), so the plan can say so."""
+    from infra.config.placeholders import placeholder_problems
+    from infra.config.schema import decode_config_value
+
+    values = {key: decode_config_value(value) for key, value in stack_file.values.items()}
+    return placeholder_problems(values, deploying=True, secret_keys=stack_file.secure_keys)
+
+
 def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixtures | None = None,
                offline: bool = True) -> dict[str, Any]:
     """Run the real program for `stack` offline; return the plan document (see scripts/plan.py --json).
@@ -448,6 +458,7 @@ __all__ = [
     "FixtureError",
     "kubernetes_objects",
     "load_stack_file",
+    "placeholders_left",
     "plan_stack",
     "validate_kubernetes_objects",
     "validate_stack_file",

@@ -9,7 +9,7 @@ import pytest
 
 from infra.config import ConfigError
 from infra.config.placeholders import account_problems, placeholder_problems
-from infra.offline import plan_stack
+from infra.offline import load_stack_file, placeholders_left, plan_stack
 from tests.conftest import stack_values
 
 ADMIN = "arn:aws:iam::210987654321:role/ml-platform-admins"
@@ -89,3 +89,8 @@ def test_a_real_run_with_credentials_for_another_account_stops(tmp_path: Any) ->
     with pytest.raises(ConfigError) as caught:
         plan_stack("dev", path, offline=False)
     assert [line.split(": ")[1] for line in caught.value.lines()] == ["ml-cluster:accountId"]
+
+
+def test_the_offline_plan_can_say_what_a_real_run_would_refuse() -> None:
+    assert placeholders_left(load_stack_file("dev")) == placeholder_problems(stack_values("dev"), deploying=True)
+    assert placeholders_left(load_stack_file("onprem")) == []  # its secrets are never looked at

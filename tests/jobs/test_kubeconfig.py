@@ -84,3 +84,28 @@ def test_verify_stack_reads_the_stacks_kubeconfig_by_default(home: Path, monkeyp
                        '"storageClasses": [], "datasetClaims": {}, "sharedClaims": []}}')
     assert verify_stack.main(["--outputs", str(outputs), "--stack", "dev", "--skip-aws"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {home}/.kube/ml-dev: no kubeconfig for stack dev")
+
+
+def test_submit_with_a_stack_reads_its_facts_from_the_stack_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    import yaml
+
+    from tests.jobs.facts import dev_facts
+    from workloads.cluster_facts import facts_to_dict
+    from workloads.submit import main
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(facts_to_dict(dev_facts())))
+    calls = tmp_path / "calls"
+    fake = bin_dir / "pulumi"  # stands in for the CLI: records its arguments, prints the output
+    fake.write_text(f'#!/bin/sh\necho "$@" > {calls}\ncat {facts}\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert main(["--stack", "dev", "render", "workloads/jobs/resnet50-s3-copy.yaml"]) == 0
+    assert calls.read_text().split() == ["stack", "output", "jobFacts", "--json", "--stack", "dev"]
+    (job,) = yaml.safe_load_all(capsys.readouterr().out)
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == f"{dev_facts().image_repository}:0.1.0"

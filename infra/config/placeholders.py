@@ -44,6 +44,8 @@ def _walk(value: Any, path: str) -> Iterator[tuple[str, str]]:
             yield from _walk(item, f"{path}[{index}]")
     elif isinstance(value, str):
         yield path, value
+    elif isinstance(value, int) and not isinstance(value, bool):  # an unquoted account id read straight from YAML
+        yield path, str(value)
 
 
 def _what_goes_here(path: str) -> str:

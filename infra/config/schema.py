@@ -196,7 +196,7 @@ class StackConfig(StrictModel):
     region: str | None = Field(default=None, description="from aws:region")
     protected: bool = Field(default=False, description="prod: stateful resources protected and retained")
     # A deploying run refuses credentials for any other account (infra.config.placeholders.account_problems).
-    account_id: str | None = Field(default=None, pattern=r"^\d{12}$", description="the AWS account; optional pin")
+    account_id: str | None = Field(default=None, description="the AWS account; optional pin")
     label_prefix: str = "ml-cluster.io"
     tags: dict[str, str] = {}
     network: NetworkConfig | None = None
@@ -212,6 +212,17 @@ class StackConfig(StrictModel):
     kubeconfig: SecretStr | None = None
     cos_hmac_access_key_id: SecretStr | None = None
     cos_hmac_secret_access_key: SecretStr | None = None
+
+    @field_validator("account_id", mode="before")
+    @classmethod
+    def _account_id(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):  # unquoted in YAML; Pulumi passes text
+            value = f"{value:012d}"
+        if not isinstance(value, str):
+            return value
+        if not re.fullmatch(r"\d{12}", value):
+            raise ValueError(f"{value!r} is not a 12-digit AWS account id (quote it in YAML: \"012345678901\")")
+        return value
 
     @field_validator("label_prefix")
     @classmethod

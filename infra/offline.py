@@ -284,8 +284,22 @@ def validate_stack_file(stack_file: StackFile) -> None:
     parse_stack_config({key: decode_config_value(value) for key, value in config.items()}, secret_keys)
 
 
-def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixtures | None = None) -> dict[str, Any]:
+def placeholders_left(stack_file: StackFile) -> list[tuple[str, str]]:
+    """What a real `pulumi preview`/`up` of this stack file would refuse as placeholders (the offline plan accepts
+    them: they are its fixtures' world), so the plan can say so."""
+    from infra.config.placeholders import placeholder_problems
+    from infra.config.schema import decode_config_value
+
+    values = {key: decode_config_value(value) for key, value in stack_file.values.items()}
+    return placeholder_problems(values, deploying=True, secret_keys=stack_file.secure_keys)
+
+
+def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixtures | None = None,
+               offline: bool = True) -> dict[str, Any]:
     """Run the real program for `stack` offline; return the plan document (see scripts/plan.py --json).
+
+    `offline=False` runs the program as a real `pulumi up` would (still under the mock engine): the checks only a
+    deploying run makes (placeholders, the pinned account) apply.
 
     Raises ConfigError for an invalid stack file (before any resource is registered) and FixtureError for a data
     source the fixtures cannot answer.
@@ -316,7 +330,7 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
     stopped: list[ConfigError] = []
     try:
         with contextlib.redirect_stderr(program_stderr):
-            _sync_await(run_pulumi_func(lambda: _run_program(main, stopped)))
+            _sync_await(run_pulumi_func(lambda: _run_program(main, stopped, offline)))
     except Exception:
         if mocks.errors and not stopped:
             raise mocks.errors[0] from None
@@ -359,10 +373,13 @@ def _shared_names(recorded: list[RecordedResource]) -> list[str]:
     return problems
 
 
-def _run_program(main: str, stopped: list[ConfigError]) -> None:
-    """Run __main__.py; a ConfigExit (exit status 2 for a bad config) is kept rather than sent through asyncio."""
+def _run_program(main: str, stopped: list[ConfigError], offline: bool) -> None:
+    """Run __main__.py; a ConfigExit (exit status 2 for a bad config) is kept rather than sent through asyncio.
+
+    The program learns that it runs offline from its own globals (OFFLINE_PLAN), set only here: nothing a stack
+    file or the environment holds can make a real `pulumi up` skip its deploy-time checks."""
     try:
-        runpy.run_path(main, run_name="__pulumi_main__")
+        runpy.run_path(main, init_globals={"OFFLINE_PLAN": offline}, run_name="__pulumi_main__")
     except ConfigExit as exc:
         stopped.append(exc.error)
 
@@ -446,6 +463,7 @@ __all__ = [
     "FixtureError",
     "kubernetes_objects",
     "load_stack_file",
+    "placeholders_left",
     "plan_stack",
     "validate_kubernetes_objects",
     "validate_stack_file",

@@ -10,6 +10,7 @@ import pulumi_aws as aws
 
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from infra.config import ConfigError, StackConfig
+from infra.config.deploy import public_access_cidrs
 from infra.config.names import JOBS_NAMESPACE, stack_prefix
 from infra.config.stackcheck import check_stack, job_bucket_names, unpinned_addons_with_minimum
 from infra.context import ClusterInfo, NetworkInfo, StackContext
@@ -75,7 +76,9 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         assert cfg.network is not None and cfg.cluster is not None
         network = Network(f"{ctx.prefix}-network", NetworkArgs(
             ctx=ctx, config=cfg.network, cluster_name=cfg.cluster.name, existing_subnets=existing_subnets)).info
-        eks = EksCluster(f"{ctx.prefix}-cluster", EksClusterArgs(ctx=ctx, config=cfg.cluster, network=network))
+        eks = EksCluster(f"{ctx.prefix}-cluster", EksClusterArgs(
+            ctx=ctx, config=cfg.cluster, network=network,
+            public_access_cidrs=tuple(public_access_cidrs(cfg.cluster, cfg.deploy))))
         cluster = eks.info
         outputs.update({
             "region": cfg.region,

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.config import ConfigError  # noqa: E402
-from infra.offline import FixtureError, plan_stack  # noqa: E402
+from infra.offline import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
 from infra.planview import diff, format_diff, summary, write_manifests  # noqa: E402
 
 
@@ -56,6 +56,12 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc.fixture}: {exc.why}", file=sys.stderr)
         return 2
 
+    left = placeholders_left(load_stack_file(args.stack, args.config))
+    if left:  # the plan is fine offline; say that a real run is not, and where to start
+        path, why = left[0]
+        more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+        print(f"note: a real preview/up of {args.stack} refuses its placeholders{more}: {path}: {why}",
+              file=sys.stderr)
     if args.manifests is not None:
         try:
             written = write_manifests(plan, args.manifests)

@@ -3,12 +3,17 @@ classes, GPU/NVMe node labels and a test PVC (Kubernetes). Prints a pass/fail ta
 
     verify_stack.py --stack dev                       # runs `pulumi stack output --json -s dev`
     verify_stack.py --outputs outputs.json --skip-kubernetes
+    verify_stack.py --stack dev --outputs outputs.json  # outputs from a file, the stack's kubeconfig
+
+The Kubernetes checks use the stack's kubeconfig (~/.kube/ml-<stack>, from `make kubeconfig STACK=<stack>`), or
+--kubeconfig, else KUBECONFIG, else ~/.kube/config (workloads.kubeconfig).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +29,7 @@ from infra.storage.verify import (  # noqa: E402
     render_table,
     storage_outputs,
 )
+from workloads.kubeconfig import KubeconfigError, load_kubernetes_config, resolve_kubeconfig  # noqa: E402
 
 
 class UsageError(Exception):
@@ -69,19 +75,22 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--stack", help="read the outputs of this Pulumi stack")
-    source.add_argument("--outputs", help="read the outputs from this JSON file ('-' for stdin)")
+    parser.add_argument("--stack", help="the Pulumi stack: its outputs (unless --outputs) and its kubeconfig")
+    parser.add_argument("--outputs", help="read the outputs from this JSON file ('-' for stdin)")
     parser.add_argument("--region", help="AWS region (default: the stack output `region`)")
     parser.add_argument("--endpoint-url", help="send AWS calls here (tests, S3-compatible stores)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG / ~/.kube/config)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: the stack's ~/.kube/ml-<stack>, else "
+                                             "KUBECONFIG, else ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context")
     parser.add_argument("--label-prefix", default="ml-cluster.io", help="node label prefix (%(default)s)")
     parser.add_argument("--pvc-timeout", type=float, default=120.0, help="seconds to wait for the test PVC")
     parser.add_argument("--skip-aws", action="store_true")
     parser.add_argument("--skip-kubernetes", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.stack is None and args.outputs is None:
+        parser.error("give --stack or --outputs")
+    return args
 
 
 def run(args: argparse.Namespace) -> list[Check]:
@@ -97,12 +106,13 @@ def run(args: argparse.Namespace) -> list[Check]:
         session = boto3.session.Session(region_name=region)
         checks += aws_checks(outputs, lambda service: session.client(service, endpoint_url=args.endpoint_url))
     if not args.skip_kubernetes:
-        from kubernetes import client, config
+        from kubernetes import client
 
         try:
-            config.load_kube_config(config_file=args.kubeconfig, context=args.context)
-        except (config.ConfigException, OSError) as exc:
-            raise UsageError(args.kubeconfig or "kubeconfig", str(exc)) from None
+            choice = resolve_kubeconfig(args.kubeconfig, args.stack, os.environ, Path.home())
+            load_kubernetes_config(choice, args.context)
+        except KubeconfigError as exc:
+            raise UsageError(exc.where, exc.why) from None
         checks += kubernetes_checks(
             outputs, client.CoreV1Api(), client.StorageV1Api(), args.label_prefix, args.pvc_timeout
         )

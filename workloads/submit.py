@@ -1,13 +1,15 @@
 """Ad-hoc training runs on a provisioned cluster, outside `pulumi up`: render, submit, status, logs, delete.
 
-    python -m workloads.submit render workloads/jobs/resnet50-s3-copy.yaml --facts facts.json
-    python -m workloads.submit submit workloads/jobs/resnet50-s3-copy.yaml --facts facts.json
-    python -m workloads.submit status resnet50-s3-copy-1a2b3c4d
-    python -m workloads.submit start resnet50-s3-copy-1a2b3c4d      # a Job the stack created suspended
-    python -m workloads.submit logs resnet50-s3-copy-1a2b3c4d [--container stage] [--index 1] [--follow]
-    python -m workloads.submit delete resnet50-s3-copy-1a2b3c4d
+    python -m workloads.submit --stack dev render workloads/jobs/resnet50-s3-copy.yaml
+    python -m workloads.submit --stack dev submit workloads/jobs/resnet50-s3-copy.yaml
+    python -m workloads.submit --stack dev status resnet50-s3-copy-1a2b3c4d
+    python -m workloads.submit --stack dev start resnet50-s3-copy-1a2b3c4d      # a Job the stack created suspended
+    python -m workloads.submit --stack dev logs resnet50-s3-copy-1a2b3c4d [--container stage] [--index 1] [--follow]
+    python -m workloads.submit --stack dev delete resnet50-s3-copy-1a2b3c4d
 
-`--facts` is the cluster's ClusterFacts as JSON (`pulumi stack output jobFacts --json > facts.json`).
+`--stack S` talks to the kubeconfig `make kubeconfig STACK=S` wrote (~/.kube/ml-S; see workloads.kubeconfig for
+the order with --kubeconfig and KUBECONFIG) and reads the cluster's ClusterFacts from the stack output jobFacts;
+`--facts FILE` gives them as JSON instead (`pulumi stack output jobFacts --json --stack S > facts.json`).
 The phase of a run is derived by `job_phase` from the Job, its Pods and their (init) container states; it
 is a pure function over API objects in their JSON shape (camelCase keys), tested without a cluster.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -26,6 +30,7 @@ import yaml
 
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, TRAIN_CONTAINER, JobSpecError, load_job_file, render_job
+from workloads.kubeconfig import KubeconfigError, load_kubernetes_config, resolve_kubeconfig
 
 Phase = Literal["Suspended", "Pending", "Staging", "Running", "Succeeded", "Failed"]
 # Waiting reasons that will not resolve by waiting: the run is reported Failed although the Job is not yet.
@@ -202,8 +207,27 @@ def _load_facts(path: str) -> ClusterFacts:
         raise UsageError(path, str(exc)) from None
 
 
-def _render(job_file: str, facts_file: str) -> list[dict[str, Any]]:
-    facts = _load_facts(facts_file)
+def _stack_facts(stack: str) -> ClusterFacts:
+    """The stack's ClusterFacts from its `jobFacts` output (the Pulumi CLI, logged in to the stack's backend)."""
+    where = f"pulumi stack output jobFacts --stack {stack}"
+    try:
+        done = subprocess.run(["pulumi", "stack", "output", "jobFacts", "--json", "--stack", stack],
+                              capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise UsageError("pulumi", "not installed: pass --facts FILE instead of reading the stack") from None
+    if done.returncode != 0:
+        raise UsageError(where, (done.stderr.strip().splitlines() or ["failed"])[-1])
+    try:
+        data = json.loads(done.stdout)
+        return facts_from_dict(data)
+    except (json.JSONDecodeError, ValueError, AttributeError) as exc:
+        raise UsageError(where, f"not cluster facts ({exc}); run make up first") from None
+
+
+def _render(job_file: str, facts_file: str | None, stack: str | None) -> list[dict[str, Any]]:
+    if facts_file is None and stack is None:
+        raise UsageError("arguments", "give --stack S (facts from the stack) or --facts FILE")
+    facts = _load_facts(facts_file) if facts_file is not None else _stack_facts(str(stack))
     _check_yaml_nesting(job_file)
     specs = load_job_file(job_file)
     manifests: list[dict[str, Any]] = []
@@ -216,16 +240,11 @@ def _render(job_file: str, facts_file: str) -> list[dict[str, Any]]:
     return manifests
 
 
-def _apis(context: str | None) -> tuple[Any, Any, Any]:
-    from kubernetes import client, config
+def _apis(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from kubernetes import client
 
-    try:
-        config.load_kube_config(context=context)
-    except Exception:  # noqa: BLE001 - inside a pod there is no kubeconfig
-        try:
-            config.load_incluster_config()
-        except Exception as exc:  # noqa: BLE001
-            raise UsageError("kubeconfig", f"no cluster credentials ({exc})") from None
+    choice = resolve_kubeconfig(args.kubeconfig, args.stack, os.environ, Path.home())
+    load_kubernetes_config(choice, args.context)
     return client.BatchV1Api(), client.CoreV1Api(), client.NetworkingV1Api()
 
 
@@ -272,14 +291,17 @@ def _read_job(batch: Any, namespace: str, name: str) -> dict[str, Any]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workloads.submit", description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", help="the stack: its kubeconfig (make kubeconfig STACK=S) and its jobFacts")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: the stack's, else KUBECONFIG, else "
+                                             "~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: current)")
     parser.add_argument("--namespace", "-n", default="training")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in ("render", "submit"):
         sub = commands.add_parser(command, help=f"{command} the Jobs of a spec file")
         sub.add_argument("job_file", help="YAML spec file, e.g. workloads/jobs/resnet50-s3-copy.yaml")
-        sub.add_argument("--facts", required=True,
-                         help="ClusterFacts JSON (pulumi stack output jobFacts --json)")
+        sub.add_argument("--facts", help="ClusterFacts JSON (pulumi stack output jobFacts --json); default: "
+                                         "read from --stack")
     start = commands.add_parser("start", help="start a suspended run (the stack creates its Jobs suspended)")
     start.add_argument("name")
     status = commands.add_parser("status", help="phase of a submitted run")
@@ -354,14 +376,14 @@ def _delete(batch: Any, core: Any, networking: Any, namespace: str, name: str) -
 
 def _run(args: argparse.Namespace) -> int:
     if args.command in ("render", "submit"):
-        manifests = _render(args.job_file, args.facts)
+        manifests = _render(args.job_file, args.facts, args.stack)
         if args.command == "render":
             sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
             return 0
-        batch, core, networking = _apis(args.context)
+        batch, core, networking = _apis(args)
         print("\n".join(_submit(manifests, batch, core, networking)))
         return 0
-    batch, core, networking = _apis(args.context)
+    batch, core, networking = _apis(args)
     if args.command == "status":
         return _status(batch, core, args.namespace, args.name, args.json)
     if args.command == "start":
@@ -375,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _run(args)
-    except (JobSpecError, UsageError) as exc:
+    except (JobSpecError, UsageError, KubeconfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # API and connection errors: one line, no traceback

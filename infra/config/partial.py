@@ -19,7 +19,7 @@ from infra.config.schema import NAMESPACE, SECRET_KEYS, ConfigError, StackConfig
 
 # Sections a pool check does not need: dropped from the partial config when they fail validation.
 _OPTIONAL = {"jobs", "storage", "gpu", "tags", "labelPrefix", "protected", "kubeconfig", "cosHmacAccessKeyId",
-             "cosHmacSecretAccessKey"}
+             "cosHmacSecretAccessKey", "deploy", "accountId"}
 
 
 def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]] | None:

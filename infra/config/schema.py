@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from infra.config.base import DnsLabel, StrictModel
+from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.registry import RegistryConfig
@@ -194,6 +195,8 @@ class StackConfig(StrictModel):
     platform: Literal["eks", "onprem"]
     region: str | None = Field(default=None, description="from aws:region")
     protected: bool = Field(default=False, description="prod: stateful resources protected and retained")
+    # A deploying run refuses credentials for any other account (infra.config.placeholders.account_problems).
+    account_id: str | None = Field(default=None, description="the AWS account; optional pin")
     label_prefix: str = "ml-cluster.io"
     tags: dict[str, str] = {}
     network: NetworkConfig | None = None
@@ -204,10 +207,22 @@ class StackConfig(StrictModel):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)
+    deploy: DeployConfig = Field(default_factory=DeployConfig)
     jobs: list[TrainingJobSpec] = []
     kubeconfig: SecretStr | None = None
     cos_hmac_access_key_id: SecretStr | None = None
     cos_hmac_secret_access_key: SecretStr | None = None
+
+    @field_validator("account_id", mode="before")
+    @classmethod
+    def _account_id(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):  # unquoted in YAML; Pulumi passes text
+            value = f"{value:012d}"
+        if not isinstance(value, str):
+            return value
+        if not re.fullmatch(r"\d{12}", value):
+            raise ValueError(f"{value!r} is not a 12-digit AWS account id (quote it in YAML: \"012345678901\")")
+        return value
 
     @field_validator("label_prefix")
     @classmethod
@@ -315,9 +330,23 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
     except ValidationError as exc:
         problems.extend(_problem(err) for err in exc.errors())
         raise ConfigError(problems) from None
+    problems += unused_secret_problems(config, [key for key in raw if key in secret])
+    if config.cluster is not None:  # the deploy workflow's runner must reach the API server
+        problems += reachability_problems(config.cluster, config.deploy)
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def unused_secret_problems(config: StackConfig, secret_keys: Iterable[str]) -> list[tuple[str, str]]:
+    """A secret nothing in the stack reads (the COS keys without COS storage): refused, not ignored."""
+    cos_keys = (f"{NAMESPACE}cosHmacAccessKeyId", f"{NAMESPACE}cosHmacSecretAccessKey")
+    problems = []
+    for key in secret_keys:
+        if key in cos_keys and config.storage.cos is None:
+            problems.append((key, f"stack has no {NAMESPACE}storage.cos, so nothing uses this secret: "
+                                  f"pulumi config rm {key}"))
+    return problems
 
 
 def decode_config_value(value: Any) -> Any:
@@ -369,10 +398,15 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], list[str]]:
 
 def load_pulumi_config() -> StackConfig:
     """The running program's stack config (as the Pulumi CLI, or the offline engine, hands it over)."""
+
+    return parse_stack_config(runtime_config_values(), runtime_secret_keys())
+
+
+def runtime_secret_keys() -> set[str]:
+    """The config keys the Pulumi CLI (or the offline engine) marks as secrets."""
     from pulumi.runtime import config as runtime_config
 
-    secret = set(runtime_config.get_config_secret_keys_env()) | set(runtime_config._SECRET_KEYS.get())
-    return parse_stack_config(runtime_config_values(), secret)
+    return set(runtime_config.get_config_secret_keys_env()) | set(runtime_config._SECRET_KEYS.get())
 
 
 def runtime_config_values() -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,19 @@ def test_example_renders_a_valid_job(file_name: str) -> None:
 
 def test_examples_cover_the_four_kinds() -> None:
     specs = [spec for name in TARGET_STACK for spec in load_job_file(JOBS_DIR / name)]
-    assert any(s.gpus == 1 and s.dataset and s.dataset.uri and s.dataset.staging == "copy" for s in specs)
+    assert any(s.gpus == 1 and s.dataset and s.dataset.bucket and s.dataset.staging == "copy" for s in specs)
     assert any(s.dataset and s.dataset.claim_name and s.dataset.staging == "none" for s in specs)
     assert any(s.dataset and s.dataset.staging == "rolling" for s in specs)
     assert any(s.nodes > 1 for s in specs)
+
+
+def test_examples_name_no_account_region_or_physical_bucket() -> None:
+    """Each example runs on any stack that has its pools: image by tag, data by the stack's logical bucket."""
+    for path in JOBS_DIR.glob("*.yaml"):
+        text = path.read_text()
+        assert "dkr.ecr" not in text and "s3://" not in text and not re.search(r"\d{12}", text), path.name
+        for spec in load_job_file(path):
+            assert spec.image is None and spec.image_tag, path.name
 
 
 def test_job_file_errors_name_the_file_and_the_field(tmp_path: Path) -> None:

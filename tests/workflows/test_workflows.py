@@ -109,9 +109,12 @@ def test_preview_cloud_job_is_gated_on_the_role_and_applies_the_policy_pack() ->
 def test_deploy_goes_dev_then_staging_then_prod_each_refreshing_first() -> None:
     workflow = load("deploy.yml")
     assert workflow["on"] == {"push": {"branches": ["main"]}}
-    jobs = workflow["jobs"]
+    jobs = dict(workflow["jobs"])
+    runners = jobs.pop("runners")
     assert list(jobs) == ["dev", "staging", "prod"]
-    assert "needs" not in jobs["dev"] and jobs["staging"]["needs"] == "dev" and jobs["prod"]["needs"] == "staging"
+    assert jobs["dev"]["needs"] == "runners" and jobs["staging"]["needs"] == ["runners", "dev"]
+    assert jobs["prod"]["needs"] == ["runners", "staging"]
+    assert runners["if"] == "vars.DEPLOY_ENABLED == 'true'"  # the gate: every stage needs this job
     for stack, job in jobs.items():
         assert job["environment"] == stack  # reviewers and the environment's OIDC role
         assert job["concurrency"] == {"group": f"pulumi-{stack}", "cancel-in-progress": False}
@@ -136,3 +139,18 @@ def test_destroy_is_manual_confirmed_guarded_and_refreshes_first() -> None:
     assert "${{ inputs." not in runs(guard) + runs(destroy)
     commands = [s["with"]["command"] for s in uses(destroy, "pulumi/actions")]
     assert commands == ["refresh", "destroy"]
+
+
+@pytest.mark.parametrize(("name", "job", "stack"), [
+    ("deploy.yml", "dev", ".dev"), ("deploy.yml", "staging", ".staging"), ("deploy.yml", "prod", ".prod"),
+    ("preview.yml", "preview", "[matrix.stack]"), ("destroy.yml", "destroy", "[inputs.stack]")])
+def test_each_stack_runs_on_the_runner_its_stack_file_names(name: str, job: str, stack: str) -> None:
+    jobs = load(name)["jobs"]
+    source = "guard" if name == "destroy.yml" else "runners"
+    assert jobs[job]["runs-on"] == "${{ fromJSON(needs." + source + ".outputs.labels)" + stack + " }}"
+    assert source in jobs[job]["needs"]
+    runners = jobs[source]
+    assert runners["outputs"] == {"labels": "${{ steps.labels.outputs.labels }}"}
+    stacks = '"$STACK"' if name == "destroy.yml" else "dev staging prod"
+    assert f'scripts/deploy_runner.py {stacks} --github-output "$GITHUB_OUTPUT"' in runs(runners)
+    assert "permissions" not in runners  # no credentials: it only reads the stack files

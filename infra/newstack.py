@@ -1,0 +1,108 @@
+"""A new stack file from the account's facts: what only the user knows (account, region, zones, the admin role)
+comes in as arguments, everything else is a small dev-shaped default that runs the example Jobs under
+workloads/jobs/ (an A10G pool, the `datasets`/`checkpoints` buckets, the EFS claims they mount).
+
+Pure: the facts in, the YAML text out, validated by the same schema `pulumi up` uses before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+from infra.config.names import check_stack_name
+from infra.config.placeholders import placeholder_problems
+from infra.config.schema import ConfigError, parse_stack_config
+
+ZONES = 3  # EKS needs two; three spreads the node groups and EFS mount targets
+
+
+@dataclass(frozen=True)
+class NewStackFacts:
+    stack: str
+    account_id: str
+    region: str
+    availability_zones: tuple[str, ...]
+    admin_role_arn: str
+    researcher_role_arn: str | None = None
+    public_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    deploy_runner_labels: tuple[str, ...] = field(default=())  # self-hosted runner labels; () = GitHub-hosted
+    kubernetes_version: str = "1.33"
+    vpc_cidr: str = "10.0.0.0/16"
+
+
+def _flow(value: object) -> str:
+    """A YAML flow value (JSON is YAML) on one line."""
+    return json.dumps(value)
+
+
+def render_stack_file(facts: NewStackFacts) -> str:
+    """The stack file's text. Raises ConfigError (one line per problem) if the facts do not make a deployable
+    stack: a bad name, an ARN or CIDR the schema refuses, or a placeholder left in an argument."""
+    problems = check_stack_name(facts.stack)
+    if problems:
+        raise ConfigError(problems)
+    zones = list(facts.availability_zones[:ZONES])
+    if not re.fullmatch(r"\d{12}", facts.account_id):
+        raise ConfigError([("arguments", f"--account {facts.account_id!r} is not a 12-digit AWS account id")])
+    if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d", facts.region):
+        raise ConfigError([("arguments", f"--region {facts.region!r} is not an AWS region like us-west-2")])
+    # Every value the user gave goes in as a JSON string (valid YAML): no argument can change the file's shape.
+    access = f"      - {{principalArn: {_flow(facts.admin_role_arn)}, policy: cluster-admin}}"
+    if facts.researcher_role_arn:
+        access += (f"\n      - {{principalArn: {_flow(facts.researcher_role_arn)}, policy: edit, "
+                   "namespaces: [training]}")
+    deploy = (f"  ml-cluster:deploy:\n    runner: self-hosted\n    labels: {_flow(list(facts.deploy_runner_labels))}\n"
+              if facts.deploy_runner_labels else
+              "  ml-cluster:deploy:\n    runner: github-hosted  # needs the public endpoint open to it (0.0.0.0/0)\n")
+    text = f"""\
+# {facts.stack}: written by scripts/new_stack.py for account {facts.account_id} in {facts.region}. Edit freely;
+# check offline with `make plan STACK={facts.stack}`. Dev-shaped: unprotected (destroy removes everything), one GPU
+# pool that scales from zero. For production data set ml-cluster:protected: true.
+config:
+  aws:region: {facts.region}
+  ml-cluster:accountId: "{facts.account_id}"  # a real run refuses credentials for any other account
+  ml-cluster:platform: eks
+  ml-cluster:protected: false
+  ml-cluster:tags:
+    environment: {facts.stack}
+  ml-cluster:network:
+    create:
+      cidr: {facts.vpc_cidr}
+      availabilityZones: {_flow(zones)}
+      natGateways: single
+  ml-cluster:cluster:
+    name: ml-{facts.stack}
+    kubernetesVersion: "{facts.kubernetes_version}"
+    endpointPublicAccess: true
+    endpointPrivateAccess: true
+    publicAccessCidrs: {_flow(list(facts.public_access_cidrs))}
+    accessEntries:
+{access}
+{deploy}  ml-cluster:nodePools:
+    - {{name: system, instanceTypes: [m6i.large], minSize: 2, desiredSize: 2, maxSize: 3}}
+    - {{name: gpu-a10g, instanceTypes: [g5.xlarge], capacityType: SPOT, minSize: 0, desiredSize: 0, maxSize: 2,
+       gpu: true, diskSizeGib: 100}}
+  ml-cluster:gpu:
+    devicePlugin: {{chartVersion: 0.18.0}}
+    dcgmExporter: {{enabled: false}}
+    autoscaler: {{chartVersion: 9.50.1, scaleDownUnneededTime: 5m}}
+  ml-cluster:storage:
+    efs: {{throughputMode: elastic, backup: false}}
+    gp3: {{name: gp3, default: true}}
+    buckets:
+      - {{name: datasets, mount: true}}
+      - {{name: checkpoints, scratchPrefixes: [tmp/], scratchExpiryDays: 3}}
+    sharedVolumes:
+      - {{name: checkpoints-efs, storageClass: efs-ap, size: 500Gi}}
+      - {{name: datasets-efs, storageClass: efs-ap, size: 200Gi}}
+"""
+    values = yaml.safe_load(text)["config"]
+    left = placeholder_problems(values, deploying=True)  # first: the most specific message for an example value
+    if left:
+        raise ConfigError(left)
+    parse_stack_config(values)  # ConfigError: a flag the schema refuses (ARN, CIDR, zone, region...)
+    return text

@@ -2,8 +2,9 @@
 Quotas values, the Price List API, EKS cluster versions), so boto3 talks to it unmodified through endpoint_url.
 
 JSON protocol services (service-quotas, pricing) are routed by the X-Amz-Target header (`<prefix>.<Operation>`),
-rest-json ones (EKS) by method and path. A handler returns (status, body); an error body is the AWS JSON error shape
-`{"__type": code, "message": ...}`, sent with the x-amzn-ErrorType header as AWS does. Requests are recorded so tests
+rest-json ones (EKS) by method and path, S3 HeadBucket by path (`heads`). A handler returns (status, body); an
+error body is the AWS JSON error shape `{"__type": code, "message": ...}`, sent with the x-amzn-ErrorType header as
+AWS does. Requests are recorded so tests
 can assert what was asked. Started and stopped by the test that owns it (thread, not process: nothing to kill).
 """
 
@@ -24,6 +25,7 @@ class AwsStub:
         self.targets: dict[str, Handler] = {}  # "ServiceQuotasV20190624.GetServiceQuota" -> handler(body)
         self.routes: dict[tuple[str, str], Handler] = {}  # ("GET", "/cluster-versions") -> handler(query)
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.heads: dict[str, int] = {}  # rest-xml HEAD (S3 HeadBucket): path -> status, 404 when not listed
         stub = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -50,6 +52,13 @@ class AwsStub:
                     self._reply(400, {"__type": "UnknownOperationException", "message": f"no stub for {target}"})
                     return
                 self._reply(*handler(body))
+
+            def do_HEAD(self) -> None:  # noqa: N802 - S3 HeadBucket answers with a status and no body
+                path = urlsplit(self.path).path
+                stub.requests.append((f"HEAD {path}", {}))
+                self.send_response(stub.heads.get(path, 404))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
 
             def do_GET(self) -> None:  # noqa: N802
                 parts = urlsplit(self.path)

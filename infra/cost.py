@@ -448,5 +448,5 @@ def format_cost_diff(old: CostReport, new: CostReport) -> str:
             if line is None:
                 return "(none)"
             return f"{line.detail}: " + " / ".join(_money(h * HOURS_PER_MONTH) for h in line.hourly) + " per month"
-        lines.append(f"  {mark} {item}: {show(was)} -> {show(now)}")
+        lines.append(f"{mark} {item}: {show(was)} -> {show(now)}")  # the mark first: ```diff colours it
     return "\n".join(lines) + "\n"

@@ -144,8 +144,11 @@ def check_offerings(ec2: Any, cfg: StackConfig, zones: Sequence[str]) -> list[Ch
     include a zone without the type)."""
     pools = [(i, pool) for i, pool in enumerate(cfg.node_pools) if pool.instance_types]
     types = sorted({t for _, pool in pools for t in pool.instance_types})
-    if not pools or not zones:
+    if not pools:
         return []
+    if not zones:  # the zone check failed and said why; say that offerings went unchecked rather than pass them
+        return [Check(WARN, "instance offerings", "not checked: the stack's availability zones are unknown",
+                      "fix the availability zones check first")]
     offered: set[tuple[str, str]] = set()
     try:
         paginator = ec2.get_paginator("describe_instance_type_offerings")

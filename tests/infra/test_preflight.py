@@ -258,6 +258,7 @@ def test_offerings_per_pool_zone(world: AwsStub) -> None:
     checks = check_offerings(client("ec2"), config("dev", pools), ["us-west-2a", "us-west-2b", "us-west-2d"])
     assert statuses(checks) == {"offering system m6i.large": PASS, "offering gpu-a10g g5.xlarge": FAIL}
     assert checks[1].detail == "not offered in any of us-west-2d"
+    assert statuses(check_offerings(client("ec2"), config("dev"), [])) == {"instance offerings": WARN}
 
 
 def test_quota_default_fallback_unreadable_and_other_families(world: AwsStub) -> None:

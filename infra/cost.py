@@ -449,4 +449,21 @@ def format_cost_diff(old: CostReport, new: CostReport) -> str:
                 return "(none)"
             return f"{line.detail}: " + " / ".join(_money(h * HOURS_PER_MONTH) for h in line.hourly) + " per month"
         lines.append(f"{mark} {item}: {show(was)} -> {show(now)}")  # the mark first: ```diff colours it
+    old_jobs = {job.name: job for job in old.jobs}
+    new_jobs = {job.name: job for job in new.jobs}
+    for name in sorted(old_jobs.keys() | new_jobs.keys()):
+        before_job, after_job = old_jobs.get(name), new_jobs.get(name)
+        if before_job == after_job:
+            continue
+        mark = "+" if before_job is None else "-" if after_job is None else "~"
+
+        def at_deadline(job: JobCost | None) -> str:
+            if job is None:
+                return "(none)"
+            if job.cost is None:
+                return f"{job.gpus} GPUs, no deadline"
+            return f"{job.gpu_hours:g} GPU-hours, {_money(job.cost)}"
+        lines.append(f"{mark} job {name} at its deadline: {at_deadline(before_job)} -> {at_deadline(after_job)}")
+    if len(lines) == 4 and before == after:
+        lines.append("  no cost change")
     return "\n".join(lines) + "\n"

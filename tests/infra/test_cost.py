@@ -228,7 +228,14 @@ def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path
     text = capsys.readouterr().out
     assert "diff  +$70.08 / +$70.08 / +$0.00" in text  # one more m6i.large at min and desired: 0.096 x 730
     assert "~ node pool system: m6i.large on-demand x 1/1/3" in text
-    assert format_cost_diff(estimate(base, PRICES_DEV, "x"), estimate(base, PRICES_DEV, "x")).count("\n") == 4
+    same = estimate(base, PRICES_DEV, "x")
+    assert format_cost_diff(same, same).splitlines()[4:] == ["  no cost change"]
+    longer = json.loads(json.dumps(base))
+    for resource in longer["resources"]:
+        if resource["name"] == "mlc-dev-jobs-resnet50-s3-copy":
+            resource["inputs"]["spec"]["activeDeadlineSeconds"] = 3600 * 96
+    assert format_cost_diff(same, estimate(longer, PRICES_DEV, "x")).splitlines()[4:] == [
+        "~ job resnet50-s3-copy at its deadline: 48 GPU-hours, $19.20 -> 96 GPU-hours, $38.40"]
 
 
 PRICES_DEV = {"ec2:us-west-2:m6i.large:on-demand": 0.096, "ec2:us-west-2:g5.xlarge:spot": 0.4, "nat:us-west-2": 0.045,

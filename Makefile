@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup setup-plan plan test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy clean
+.PHONY: setup setup-plan plan preflight cost test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy clean
 
 # Idempotent: re-installs only when pyproject.toml changed.
 $(BIN)/python:
@@ -38,6 +38,12 @@ setup: $(VENV)/.dev-deps $(POLICY_VENV)/.deps .github/lint/node_modules/.install
 
 plan: setup-plan
 	$(BIN)/python scripts/plan.py --stack $(STACK)
+
+preflight: setup-plan  # read-only checks of the AWS account against the stack (credentials needed)
+	$(BIN)/python scripts/preflight.py --stack $(STACK)
+
+cost: setup-plan  # the stack's $/hour and $/month from offline prices (PRICES=aws asks AWS)
+	$(BIN)/python scripts/plan.py --stack $(STACK) --cost --prices $(or $(PRICES),fixture)
 
 test: setup
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests

@@ -240,3 +240,16 @@ def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path
 
 PRICES_DEV = {"ec2:us-west-2:m6i.large:on-demand": 0.096, "ec2:us-west-2:g5.xlarge:spot": 0.4, "nat:us-west-2": 0.045,
               "eks:us-west-2": 0.1, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
+
+
+def test_aws_prices_without_credentials_is_one_error_line(stack_plan: PlanGetter, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(plan_cli, "plan_stack", lambda stack, config=None: stack_plan(stack))
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    for key in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(key, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert plan_cli.main(["--stack", "dev", "--cost", "--prices", "aws"]) == 2
+    assert capsys.readouterr().err == "error: aws: Unable to locate credentials\n"

@@ -8,6 +8,7 @@ AWS or from the committed fixture (infra.prices).
 
 What is priced, and how:
 - node groups: instances x the type's Linux on-demand hourly rate, or its Spot rate for SPOT pools, at each size;
+- node volumes: the launch template's gp3 volumes (or the node group's diskSize) per node, at each size;
 - NAT gateways and the EKS control plane: their hourly rate (data processed is usage, not priced);
 - EFS: the sum of the PersistentVolumeClaims on EFS storage classes, all in Standard storage (an upper bound:
   lifecycle moves cold files to Infrequent Access);
@@ -25,11 +26,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.offline import offline_id
+
 HOURS_PER_MONTH = 730  # AWS's own convention in its pricing pages and calculator
 GB_PER_GIB = 1024**3 / 1000**3
 SIZES = ("min", "desired", "max")
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 NAT_GATEWAY = "aws:ec2/natGateway:NatGateway"
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 EFS_FILE_SYSTEM = "aws:efs/fileSystem:FileSystem"
@@ -92,6 +96,12 @@ def eks_query(region: str) -> PriceQuery:
     return PriceQuery(key=f"eks:{region}", kind="list", service_code="AmazonEKS",
                       filters=(("regionCode", region), ("productFamily", "Compute")),
                       unit="Hrs", usagetype_suffix="AmazonEKS-Hours:perCluster")
+
+
+def gp3_query(region: str) -> PriceQuery:
+    return PriceQuery(key=f"gp3:{region}", kind="list", service_code="AmazonEC2",
+                      filters=(("regionCode", region), ("productFamily", "Storage"), ("volumeApiName", "gp3")),
+                      unit="GB-Mo", usagetype_suffix="EBS:VolumeUsage.gp3")
 
 
 def efs_query(region: str) -> PriceQuery:
@@ -168,6 +178,7 @@ class Pool:
     zones: tuple[str, ...]
     gpus_per_node: int
     labels: Mapping[str, str]
+    disk_gib: float = 0.0  # gp3 GiB per node (root, and Bottlerocket's data volume)
 
 
 @dataclass(frozen=True)
@@ -200,6 +211,12 @@ def plan_region(plan: Mapping[str, Any]) -> str | None:
 
 def pools_of(plan: Mapping[str, Any]) -> list[Pool]:
     subnet_azs = (plan.get("outputs") or {}).get("subnetAzs") or {}
+    # A node group names its launch template by id; offline, that id is derived from the template's name.
+    disks: dict[str, float] = {}
+    for template in _of(plan, LAUNCH_TEMPLATE):
+        disks[offline_id(LAUNCH_TEMPLATE, template["name"])] = float(sum(
+            float((m.get("ebs") or {}).get("volumeSize") or 0) for m in template["inputs"].get("blockDeviceMappings")
+            or [] if (m.get("ebs") or {}).get("volumeType") == "gp3"))
     pools = []
     for resource in _of(plan, NODE_GROUP):
         inputs = resource["inputs"]
@@ -215,7 +232,9 @@ def pools_of(plan: Mapping[str, Any]) -> list[Pool]:
                               sizes=(low, int(desired) if desired is not None else low, high),
                               zones=tuple(sorted({str(subnet_azs[s]) for s in inputs.get("subnetIds") or []
                                                   if s in subnet_azs})),
-                              gpus_per_node=gpus, labels=labels))
+                              gpus_per_node=gpus, labels=labels,
+                              disk_gib=disks.get(str((inputs.get("launchTemplate") or {}).get("id")),
+                                                 float(inputs.get("diskSize") or 0))))
     return sorted(pools, key=lambda pool: pool.name)
 
 
@@ -265,6 +284,8 @@ def price_queries(plan: Mapping[str, Any]) -> list[PriceQuery]:
         if query.key in queries and query.kind == "spot":  # two Spot pools of one type: every zone of both
             query = spot_query(region, pool.instance_type, queries[query.key].zones + query.zones)
         queries[query.key] = query
+    if any(pool.disk_gib for pool in pools_of(plan)):
+        queries.setdefault(f"gp3:{region}", gp3_query(region))
     if _of(plan, NAT_GATEWAY):
         queries.setdefault(f"nat:{region}", nat_query(region))
     if _of(plan, EKS_CLUSTER):
@@ -349,6 +370,15 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str) 
             item=f"node pool {pool.name}",
             detail=f"{pool.instance_type} {'spot' if spot else 'on-demand'} x {'/'.join(map(str, pool.sizes))}",
             unit_price=rate, unit="hour", hourly=(rate * pool.sizes[0], rate * pool.sizes[1], rate * pool.sizes[2])))
+    with_disks = [pool for pool in pools if pool.disk_gib]
+    if with_disks:
+        rate = price(gp3_query(region))
+        per_node = [pool.disk_gib * GB_PER_GIB * rate / HOURS_PER_MONTH for pool in with_disks]
+        hourly = tuple(sum(cost * pool.sizes[i] for cost, pool in zip(per_node, with_disks, strict=True))
+                       for i in range(3))
+        sizes = sorted({pool.disk_gib for pool in with_disks})
+        detail = f"gp3, {'/'.join(f'{size:g}' for size in sizes)} GiB per node"
+        report.lines.append(CostLine("node volumes", detail, rate, "GB-month", (hourly[0], hourly[1], hourly[2])))
     nats = len(_of(plan, NAT_GATEWAY))
     if nats:
         rate = price(nat_query(region))
@@ -361,9 +391,9 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str) 
                                      (rate * clusters,) * 3))
     if _of(plan, EFS_FILE_SYSTEM):
         rate, gib = price(efs_query(region)), efs_gib(plan)
-        hourly = rate * gib * GB_PER_GIB / HOURS_PER_MONTH
+        efs_hourly = rate * gib * GB_PER_GIB / HOURS_PER_MONTH
         report.lines.append(CostLine("EFS storage", f"{gib:g} GiB claimed, Standard", rate, "GB-month",
-                                     (hourly,) * 3))
+                                     (efs_hourly, efs_hourly, efs_hourly)))
     buckets = _of(plan, BUCKET)
     if buckets:
         rate = price(s3_query(region))

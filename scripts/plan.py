@@ -101,8 +101,9 @@ def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str
         import boto3
         from botocore.exceptions import BotoCoreError, ClientError
 
+        session = boto3.session.Session()  # its own credential chain, not boto3's process-wide default session
         try:
-            prices = aws_prices(unique, lambda service, region: boto3.client(service, region_name=region))
+            prices = aws_prices(unique, lambda service, region: session.client(service, region_name=region))
         except (BotoCoreError, ClientError) as exc:
             raise PriceError("aws", str(exc).replace("\n", " ")) from None
         label = AWS_SOURCE

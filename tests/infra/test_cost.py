@@ -40,13 +40,15 @@ def _resource(token: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 def small_plan() -> dict[str, Any]:
-    """Two pools (on-demand 1/2/4 of m6i.large, Spot 0/0/3 of g5.xlarge with 1 GPU), a NAT gateway, a cluster, EFS
+    """Two pools (on-demand 1/2/4 of m6i.large with 50 GiB disks, Spot 0/0/3 of g5.xlarge with 1 GPU and no disk
+    size), a NAT gateway, a cluster, EFS
     with 100Gi and 50Gi claims (plus one claim on another class), a bucket, and a 2-pod Job of 1 GPU for 10 h."""
     subnets = {"subnet-a": "us-west-2a", "subnet-b": "us-west-2b"}
     return {"project": "ml-cluster", "stack": "t", "outputs": {"region": "us-west-2", "subnetAzs": subnets},
             "resources": [
                 _resource("aws:eks/nodeGroup:NodeGroup", "sys", {
                     "instanceTypes": ["m6i.large"], "capacityType": "ON_DEMAND", "subnetIds": ["subnet-a"],
+                    "diskSize": 50,
                     "scalingConfig": {"minSize": 1, "desiredSize": 2, "maxSize": 4},
                     "labels": {"x.io/pool": "system"}}),
                 _resource("aws:eks/nodeGroup:NodeGroup", "gpu", {
@@ -72,17 +74,20 @@ def small_plan() -> dict[str, Any]:
             ]}
 
 
-PRICES = {"ec2:us-west-2:m6i.large:on-demand": 0.1, "ec2:us-west-2:g5.xlarge:spot": 0.5, "nat:us-west-2": 0.05,
+PRICES = {"gp3:us-west-2": 0.1,
+          "ec2:us-west-2:m6i.large:on-demand": 0.1, "ec2:us-west-2:g5.xlarge:spot": 0.5, "nat:us-west-2": 0.05,
           "eks:us-west-2": 0.1, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
 
 
 def test_known_prices_give_known_totals() -> None:
     report = estimate(small_plan(), PRICES, "test prices")
     efs_hourly = 150 * GB_PER_GIB * 0.3 / HOURS_PER_MONTH
+    disk = 50 * GB_PER_GIB * 0.1 / HOURS_PER_MONTH  # per m6i.large node
     fixed = 0.05 + 0.1 + efs_hourly
-    assert report.hourly() == pytest.approx((0.1 + fixed, 0.2 + fixed, 0.4 + 1.5 + fixed), abs=1e-6)
+    assert report.hourly() == pytest.approx((0.1 + disk + fixed, 0.2 + 2 * disk + fixed,
+                                             0.4 + 4 * disk + 1.5 + fixed), abs=1e-6)
     assert report.monthly() == pytest.approx(tuple(round(h * 730, 2) for h in report.hourly()))
-    assert report.monthly()[0] == pytest.approx(230.82, abs=0.01)  # (0.1 + 0.05 + 0.1 + 0.0662) x 730
+    assert report.monthly()[0] == pytest.approx(236.19, abs=0.01)  # (0.1 + 0.0074 + 0.05 + 0.1 + 0.0662) x 730
     bucket = next(line for line in report.lines if line.item == "S3 buckets")
     assert bucket.per_gib_month and bucket.unit_price == 0.023 and bucket.hourly == (0.0, 0.0, 0.0)
     [job] = report.jobs
@@ -139,10 +144,13 @@ def test_every_committed_stack_is_priced_from_the_fixture(stack_plan: PlanGetter
     dev = stack_plan("dev")
     report = estimate(dev, fixture_prices(price_queries(dev)), "fixture")
     # system 2 x m6i.large 0.096, one NAT 0.045, EKS 0.10, EFS 700Gi x 0.30/GB-month; Spot g5.xlarge: the highest
-    # newest price of dev's zones a-c (0.4127 in us-west-2b; us-west-2d's 0.6012 is not a dev zone)
+    # newest price of dev's zones a-c (0.4127 in us-west-2b; us-west-2d's 0.6012 is not a dev zone); 100 GiB gp3
+    # ($0.08/GB-month) per node of either pool
     efs = 700 * GB_PER_GIB * 0.30 / HOURS_PER_MONTH
-    assert report.hourly()[0] == pytest.approx(2 * 0.096 + 0.045 + 0.10 + efs, abs=1e-6)
-    assert report.hourly()[2] == pytest.approx(3 * 0.096 + 2 * 0.4127 + 0.045 + 0.10 + efs, abs=1e-6)
+    disk = 100 * GB_PER_GIB * 0.08 / HOURS_PER_MONTH
+    assert report.hourly()[0] == pytest.approx(2 * (0.096 + disk) + 0.045 + 0.10 + efs, abs=1e-6)
+    assert report.hourly()[2] == pytest.approx(3 * (0.096 + disk) + 2 * (0.4127 + disk) + 0.045 + 0.10 + efs,
+                                               abs=1e-6)
     for stack in ("staging", "prod"):
         plan = stack_plan(stack)
         assert estimate(plan, fixture_prices(price_queries(plan)), "fixture").monthly()[2] > 0
@@ -226,7 +234,7 @@ def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path
     old.write_text(json.dumps(base))
     assert plan_cli.main(["--stack", "dev", "--cost", "--diff", str(old)]) == 0
     text = capsys.readouterr().out
-    assert "diff  +$70.08 / +$70.08 / +$0.00" in text  # one more m6i.large at min and desired: 0.096 x 730
+    assert "diff  +$78.67 / +$78.67 / +$0.00" in text  # one more m6i.large (0.096 x 730) and its 100 GiB gp3 (8.59)
     assert "~ node pool system: m6i.large on-demand x 1/1/3" in text
     same = estimate(base, PRICES_DEV, "x")
     assert format_cost_diff(same, same).splitlines()[4:] == ["  no cost change"]
@@ -238,7 +246,8 @@ def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path
         "~ job resnet50-s3-copy at its deadline: 48 GPU-hours, $19.20 -> 96 GPU-hours, $38.40"]
 
 
-PRICES_DEV = {"ec2:us-west-2:m6i.large:on-demand": 0.096, "ec2:us-west-2:g5.xlarge:spot": 0.4, "nat:us-west-2": 0.045,
+PRICES_DEV = {"gp3:us-west-2": 0.08,
+              "ec2:us-west-2:m6i.large:on-demand": 0.096, "ec2:us-west-2:g5.xlarge:spot": 0.4, "nat:us-west-2": 0.045,
               "eks:us-west-2": 0.1, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
 
 

@@ -434,18 +434,18 @@ def format_report(report: CostReport) -> str:
     lines = [f"cost of stack {report.stack} ({report.region or 'no region'}), {report.source}"]
     if report.note:
         return "\n".join([*lines, report.note]) + "\n"
-    header = f"  {'item':<26} {'detail':<44} {'unit price':>17} {'$/h min':>10} {'$/h desired':>12} {'$/h max':>10}"
+    header = f"  {'item':<26} {'detail':<44} {'unit price':>17} {'$/h min':>12} {'$/h desired':>12} {'$/h max':>12}"
     lines += ["", header]
     for line in report.lines:
         unit_price = f"${line.unit_price:.4f}/{'GB-month' if line.per_gib_month else line.unit}"
         cells = ("per GB", "per GB", "per GB") if line.per_gib_month else tuple(_money(h) for h in line.hourly)
-        lines.append(f"  {line.item:<26} {line.detail:<44} {unit_price:>17} {cells[0]:>10} {cells[1]:>12} "
-                     f"{cells[2]:>10}")
+        lines.append(f"  {line.item:<26} {line.detail:<44} {unit_price:>17} {cells[0]:>12} {cells[1]:>12} "
+                     f"{cells[2]:>12}")
     hourly, monthly = report.hourly(), report.monthly()
-    lines.append(f"  {'total per hour':<71} {'':>17} {_money(hourly[0]):>10} {_money(hourly[1]):>12} "
-                 f"{_money(hourly[2]):>10}")
-    lines.append(f"  {'total per month (730 h)':<71} {'':>17} {_money(monthly[0]):>10} {_money(monthly[1]):>12} "
-                 f"{_money(monthly[2]):>10}")
+    lines.append(f"  {'total per hour':<71} {'':>17} {_money(hourly[0]):>12} {_money(hourly[1]):>12} "
+                 f"{_money(hourly[2]):>12}")
+    lines.append(f"  {'total per month (730 h)':<71} {'':>17} {_money(monthly[0]):>12} {_money(monthly[1]):>12} "
+                 f"{_money(monthly[2]):>12}")
     if report.jobs:
         lines += ["", f"  {'job':<24} {'pool':<14} {'nodes':>5} {'GPUs':>5} {'deadline h':>10} {'GPU-hours':>10} "
                       f"{'$/h':>10} {'cost at deadline':>17}"]

@@ -26,6 +26,7 @@ from infra.preflight import (
     WARN,
     Check,
     check_buckets,
+    check_identity,
     check_kubernetes_version,
     check_offerings,
     check_quotas,
@@ -221,6 +222,18 @@ def test_no_credentials_is_one_fail(world: AwsStub, tmp_path: Path, monkeypatch:
     out, err = capsys.readouterr()
     assert err.startswith("error: credentials: sts:GetCallerIdentity failed: NoCredentialsError")
     assert "1 FAIL, 0 WARN, 0 PASS" in out
+
+
+def test_identity_account_and_access_entries(world: AwsStub) -> None:
+    sts = client("sts")
+    checks, account = check_identity(sts, config("dev"), None)
+    assert account == MOTO_ACCOUNT
+    assert statuses(checks) == {"credentials": PASS, "access entries": WARN}  # the stack file's example account
+    assert "111122223333" in checks[1].detail
+    checks, _ = check_identity(sts, config("dev", own_account), MOTO_ACCOUNT)
+    assert statuses(checks) == {"credentials": PASS}
+    checks, _ = check_identity(sts, config("dev", own_account), "210987654321")
+    assert statuses(checks) == {"credentials": PASS, "account": FAIL}
 
 
 def test_region_zone_and_subnet_checks(world: AwsStub) -> None:

@@ -9,7 +9,7 @@ has no pair for is an error naming the request, never a guessed price.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from infra.cost import (
     get_products_request,
     parse_get_products,
     parse_spot_history,
+    price_queries,
     spot_history_request,
 )
 
@@ -91,3 +92,17 @@ def aws_prices(queries: Sequence[PriceQuery], client: ClientFactory,
                 items.extend(page.get("PriceList") or [])
             prices[query.key] = parse_get_products({"FormatVersion": "aws_v1", "PriceList": items}, query)
     return prices
+
+
+def prices_for(plans: Sequence[Mapping[str, Any]], client: ClientFactory | None) -> tuple[dict[str, float], str]:
+    """Every price the plans need, once, and the source's label: from AWS when `client` is given, otherwise from
+    the fixture. Raises PriceError (AWS errors become PriceError("aws", why), one line)."""
+    unique = list({query.key: query for plan in plans for query in price_queries(plan)}.values())
+    if client is None:
+        return fixture_prices(unique), FIXTURE_SOURCE
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return aws_prices(unique, client), AWS_SOURCE
+    except (BotoCoreError, ClientError) as exc:
+        raise PriceError("aws", str(exc).replace("\n", " ")) from None

@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.config import ConfigError  # noqa: E402
-from infra.cost import PriceError, estimate, format_cost_diff, format_report, price_queries  # noqa: E402
+from infra.cost import PriceError, estimate, format_cost_diff, format_report  # noqa: E402
 from infra.offline import FixtureError, plan_stack  # noqa: E402
 from infra.planview import diff, format_diff, summary, write_manifests  # noqa: E402
 
@@ -93,22 +93,15 @@ def main(argv: list[str]) -> int:
 
 def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str) -> str:
     """The cost table of `plan`, or the cost diff from `old_plan` to it, both priced from one source."""
-    from infra.prices import AWS_SOURCE, FIXTURE_SOURCE, aws_prices, fixture_prices
+    from infra.prices import prices_for
 
-    queries = price_queries(plan) + (price_queries(old_plan) if old_plan is not None else [])
-    unique = list({query.key: query for query in queries}.values())
+    client = None
     if source == "aws":
         import boto3
-        from botocore.exceptions import BotoCoreError, ClientError
 
         session = boto3.session.Session()  # its own credential chain, not boto3's process-wide default session
-        try:
-            prices = aws_prices(unique, lambda service, region: session.client(service, region_name=region))
-        except (BotoCoreError, ClientError) as exc:
-            raise PriceError("aws", str(exc).replace("\n", " ")) from None
-        label = AWS_SOURCE
-    else:
-        prices, label = fixture_prices(unique), FIXTURE_SOURCE
+        client = lambda service, region: session.client(service, region_name=region)  # noqa: E731
+    prices, label = prices_for([plan] + ([old_plan] if old_plan is not None else []), client)
     report = estimate(plan, prices, label)
     if old_plan is None:
         return format_report(report)

@@ -4,6 +4,7 @@ the committed fixture offline and from a stub Price List API over HTTP (boto3 un
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import boto3
 import pytest
+from moto.server import ThreadedMotoServer
 
 from infra.cost import (
     GB_PER_GIB,
@@ -176,9 +178,9 @@ def stub() -> Iterator[AwsStub]:
     server.stop()
 
 
-def test_real_runs_ask_the_price_list_api_and_spot_history(stub: AwsStub, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_runs_ask_the_price_list_api(stub: AwsStub, monkeypatch: pytest.MonkeyPatch) -> None:
     """The boto3 path against a Price List API stub that answers from the fixture's recorded responses (paginated in
-    two pages, as AWS does), and a Spot history stub: the prices equal the offline ones."""
+    two pages, as AWS does): the prices equal the offline ones."""
     for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
         monkeypatch.setenv(key, value)
     recorded = json.loads(FIXTURE.read_text())
@@ -202,20 +204,31 @@ def test_real_runs_ask_the_price_list_api_and_spot_history(stub: AwsStub, monkey
             "Filters": get_products_request(s3_query("us-west-2"))["Filters"]} in sent
     assert any(body.get("NextToken") == "page-2" for body in sent)
 
-    spot = spot_query("us-east-1", "p4d.24xlarge", ["us-east-1a", "us-east-1b"])
-    history = next(p for p in recorded["describeSpotPriceHistory"] if p["region"] == "us-east-1")["response"]
 
-    class Ec2:  # EC2 is a query-protocol service moto serves, but moto has no Spot price history to serve
-        def get_paginator(self, name: str) -> Any:
-            assert name == "describe_spot_price_history"
-            return self
-
-        def paginate(self, **kwargs: Any) -> list[dict[str, Any]]:
-            assert kwargs["InstanceTypes"] == ["p4d.24xlarge"] and kwargs["StartTime"].tzinfo is not None
-            return [history]
-
-    now = datetime(2026, 11, 2, tzinfo=UTC)
-    assert aws_prices([spot], lambda service, region: Ec2(), now=lambda: now) == {spot.key: 10.4521}
+def test_real_runs_read_spot_history_over_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """describe_spot_price_history against moto in server mode (it serves one price per offered zone), paginated by
+    boto3 with StartTime=now: the pool's zones only, their highest newest price."""
+    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")):
+        monkeypatch.setenv(key, value)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        spot = spot_query("us-east-1", "p4d.24xlarge", ["us-east-1a", "us-east-1b"])
+        now = datetime(2026, 11, 2, tzinfo=UTC)
+        prices = aws_prices([spot], lambda service, region: boto3.client(service, region_name=region,
+                                                                         endpoint_url=url), now=lambda: now)
+        assert prices == {spot.key: 0.00001}  # moto's constant Spot price
+        missing = spot_query("us-east-1", "p4d.24xlarge", ["us-east-1z"])
+        with pytest.raises(PriceError, match="no Spot price for p4d.24xlarge in us-east-1z"):
+            aws_prices([missing], lambda service, region: boto3.client(service, region_name=region,
+                                                                       endpoint_url=url), now=lambda: now)
+    finally:
+        server.stop()
 
 
 def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path: Path,

@@ -23,7 +23,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.offline import offline_id
@@ -423,6 +423,14 @@ def _job_cost(job: JobUse, pools: Sequence[Pool], rate_of: Callable[[Pool], floa
 
 
 # --------------------------------------------------------------------------------------------- text
+
+
+def report_document(report: CostReport) -> dict[str, Any]:
+    """The estimate as JSON-ready data (scripts/plan.py --cost --json): every line and Job, and the totals."""
+    return {"stack": report.stack, "region": report.region, "source": report.source, "note": report.note,
+            "hoursPerMonth": HOURS_PER_MONTH, "sizes": list(SIZES),
+            "hourly": list(report.hourly()), "monthly": list(report.monthly()),
+            "lines": [asdict(line) for line in report.lines], "jobs": [asdict(job) for job in report.jobs]}
 
 
 def _money(value: float) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.config import ConfigError  # noqa: E402
-from infra.cost import PriceError, estimate, format_cost_diff, format_report  # noqa: E402
+from infra.cost import PriceError, estimate, format_cost_diff, format_report, report_document  # noqa: E402
 from infra.offline import FixtureError, plan_stack  # noqa: E402
 from infra.planview import diff, format_diff, summary, write_manifests  # noqa: E402
 
@@ -41,7 +41,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON document")
     parser.add_argument("--manifests", type=Path, metavar="DIR", help="write every Kubernetes object as YAML")
     parser.add_argument("--diff", type=Path, metavar="OLD.json", help="compare with an earlier --json output")
-    parser.add_argument("--cost", action="store_true", help="print the cost estimate (with --diff: the cost diff)")
+    parser.add_argument("--cost", action="store_true",
+                        help="print the cost estimate (with --diff: the cost diff; with --json: as JSON)")
     parser.add_argument("--prices", choices=("fixture", "aws"), default="fixture",
                         help="where --cost gets prices: the offline fixture (default) or AWS (credentials needed)")
     args = parser.parse_args(argv)
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> int:
         print(f"wrote {len(written)} manifests to {args.manifests}", file=sys.stderr)
     if args.cost:
         try:
-            text = cost_text(plan, old_plan, args.prices)
+            text = cost_text(plan, old_plan, args.prices, as_json=args.json)
         except PriceError as exc:
             print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
             return 2
@@ -91,8 +92,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str) -> str:
-    """The cost table of `plan`, or the cost diff from `old_plan` to it, both priced from one source."""
+def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str, as_json: bool = False) -> str:
+    """The cost table of `plan` (or its JSON document), or the cost diff from `old_plan` to it, both priced from one
+    source (with --json, the two documents as {"base": ..., "head": ...})."""
     from infra.prices import prices_for
 
     client = None
@@ -103,9 +105,15 @@ def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str
         client = lambda service, region: session.client(service, region_name=region)  # noqa: E731
     prices, label = prices_for([plan] + ([old_plan] if old_plan is not None else []), client)
     report = estimate(plan, prices, label)
-    if old_plan is None:
+    old_report = estimate(old_plan, prices, label) if old_plan is not None else None
+    if as_json:
+        document = report_document(report)
+        if old_report is not None:
+            document = {"base": report_document(old_report), "head": document}
+        return json.dumps(document, indent=2) + "\n"
+    if old_report is None:
         return format_report(report)
-    return format_cost_diff(estimate(old_plan, prices, label), report)
+    return format_cost_diff(old_report, report)
 
 
 if __name__ == "__main__":

@@ -239,6 +239,11 @@ def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path
     table = capsys.readouterr().out
     assert table.startswith("cost of stack dev (us-west-2), offline prices")
     assert "node pool gpu-a10g" in table and "resnet50-s3-copy" in table and "total per month (730 h)" in table
+    assert plan_cli.main(["--stack", "dev", "--cost", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["stack"] == "dev" and document["sizes"] == ["min", "desired", "max"]
+    assert document["monthly"] == [round(h * 730, 2) for h in document["hourly"]]
+    assert {job["name"] for job in document["jobs"]} == {"finetune-efs", "resnet50-s3-copy"}
     base = json.loads(json.dumps(stack_plan("dev")))
     for resource in base["resources"]:
         if resource["name"] == "mlc-dev-nodepools-system-ng":

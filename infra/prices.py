@@ -2,7 +2,7 @@
 
 Both sources answer the same `infra.cost.PriceQuery`s with a response in the real AWS shape (pricing.get_products,
 ec2.describe_spot_price_history), read by the same parsers, so the offline plan and a real run differ only in where
-the response came from. The fixture (stacks/fixtures/prices.json) holds recorded request/response pairs; a query it
+the response came from. The fixture (stacks/fixtures/prices.json) holds request/response pairs; a query it
 has no pair for is an error naming the request, never a guessed price.
 """
 
@@ -28,7 +28,7 @@ FIXTURE = Path(__file__).resolve().parent.parent / "stacks" / "fixtures" / "pric
 # The Price List API is served from a few regions only; its prices cover every region.
 PRICING_REGION = "us-east-1"
 
-FIXTURE_SOURCE = "offline prices (stacks/fixtures/prices.json; Spot from its recorded price history)"
+FIXTURE_SOURCE = "offline prices (stacks/fixtures/prices.json; Spot from its price history)"
 AWS_SOURCE = ("AWS prices (pricing.get_products, on-demand list prices; Spot from ec2.describe_spot_price_history, "
               "newest price per zone, highest zone)")
 
@@ -41,7 +41,7 @@ def _where(path: Path) -> str:
 
 
 def fixture_prices(queries: Sequence[PriceQuery], path: Path = FIXTURE) -> dict[str, float]:
-    """Answer `queries` from the recorded responses in `path`. Raises PriceError naming the file."""
+    """Answer `queries` from the responses in `path`. Raises PriceError naming the file."""
     where = _where(path)
     try:
         document = json.loads(path.read_text())
@@ -58,7 +58,7 @@ def fixture_prices(queries: Sequence[PriceQuery], path: Path = FIXTURE) -> dict[
             request = get_products_request(query)
             pair = next((p for p in products if p.get("request") == request), None)
         if pair is None:
-            raise PriceError(where, f"no recorded response for {query.key} "
+            raise PriceError(where, f"no fixture response for {query.key} "
                                     f"({json.dumps(request, sort_keys=True)}); add one to price this offline")
         parse = parse_spot_history if query.kind == "spot" else parse_get_products
         try:

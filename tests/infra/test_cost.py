@@ -163,7 +163,7 @@ def test_every_committed_stack_is_priced_from_the_fixture(stack_plan: PlanGetter
 def test_fixture_without_a_price_names_the_request(tmp_path: Path) -> None:
     empty = tmp_path / "prices.json"
     empty.write_text(json.dumps({"getProducts": [], "describeSpotPriceHistory": []}))
-    with pytest.raises(PriceError, match=r"no recorded response for ec2:eu-west-1:m6i.large:on-demand"):
+    with pytest.raises(PriceError, match=r"no fixture response for ec2:eu-west-1:m6i.large:on-demand"):
         fixture_prices([instance_query("eu-west-1", "m6i.large")], empty)
     broken = tmp_path / "broken.json"
     broken.write_text("{")

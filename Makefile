@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup setup-plan plan test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy \
-	kubeconfig new-stack clean
+.PHONY: help setup setup-plan plan preflight cost test lint lint-workflows scan image push bench bench-objectstore bench-gpu \
+	preview up destroy kubeconfig new-stack clean
 
 .DEFAULT_GOAL := help
 
@@ -44,6 +44,12 @@ setup: $(VENV)/.dev-deps $(POLICY_VENV)/.deps .github/lint/node_modules/.install
 
 plan: setup-plan ## render STACK (default dev) offline: no cloud, no Pulumi CLI
 	$(BIN)/python scripts/plan.py --stack $(STACK)
+
+preflight: setup-plan ## read-only checks of the AWS account against STACK (credentials needed)
+	$(BIN)/python scripts/preflight.py --stack $(STACK)
+
+cost: setup-plan ## STACK's $/hour and $/month from offline prices (PRICES=aws asks AWS)
+	$(BIN)/python scripts/plan.py --stack $(STACK) --cost --prices $(or $(PRICES),fixture)
 
 test: setup ## the whole offline suite
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests

@@ -1,6 +1,12 @@
 """Plan a stack offline: the real program under the Pulumi SDK mock engine, data sources from fixtures.
 
     python scripts/plan.py --stack NAME [--config FILE] [--json] [--manifests DIR] [--diff OLD.json]
+                           [--cost [--prices fixture|aws]]
+
+--cost prints what the stack costs per hour and month at its pools' min, desired and max sizes, and each Job's
+GPU-hours and cost at its deadline (infra.cost); with --diff, the cost of the old plan against this one. Prices come
+from stacks/fixtures/prices.json (offline, the default) or, with --prices aws, from the AWS Price List API and the
+Spot price history (needs AWS credentials).
 
 Exit 0 on success; 2 with `error: <where>: <why>` lines for a bad stack file, a fixture that cannot answer, or bad
 arguments.
@@ -12,10 +18,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.config import ConfigError  # noqa: E402
+from infra.cost import PriceError, estimate, format_cost_diff, format_report, report_document  # noqa: E402
 from infra.offline import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
 from infra.planview import diff, format_diff, summary, write_manifests  # noqa: E402
 
@@ -33,6 +41,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON document")
     parser.add_argument("--manifests", type=Path, metavar="DIR", help="write every Kubernetes object as YAML")
     parser.add_argument("--diff", type=Path, metavar="OLD.json", help="compare with an earlier --json output")
+    parser.add_argument("--cost", action="store_true",
+                        help="print the cost estimate (with --diff: the cost diff; with --json: as JSON)")
+    parser.add_argument("--prices", choices=("fixture", "aws"), default="fixture",
+                        help="where --cost gets prices: the offline fixture (default) or AWS (credentials needed)")
     args = parser.parse_args(argv)
 
     if args.manifests is not None and args.manifests.exists() and not args.manifests.is_dir():
@@ -69,7 +81,14 @@ def main(argv: list[str]) -> int:
             print(f"error: {args.manifests}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         print(f"wrote {len(written)} manifests to {args.manifests}", file=sys.stderr)
-    if old_plan is not None:
+    if args.cost:
+        try:
+            text = cost_text(plan, old_plan, args.prices, as_json=args.json)
+        except PriceError as exc:
+            print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
+            return 2
+        print(text, end="")
+    elif old_plan is not None:
         changes = diff(old_plan, plan)
         print(json.dumps(changes, indent=2) if args.json else format_diff(changes), end="\n" if args.json else "")
     elif args.json:
@@ -77,6 +96,30 @@ def main(argv: list[str]) -> int:
     else:
         print(summary(plan), end="")
     return 0
+
+
+def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str, as_json: bool = False) -> str:
+    """The cost table of `plan` (or its JSON document), or the cost diff from `old_plan` to it, both priced from one
+    source (with --json, the two documents as {"base": ..., "head": ...})."""
+    from infra.prices import prices_for
+
+    client = None
+    if source == "aws":
+        import boto3
+
+        session = boto3.session.Session()  # its own credential chain, not boto3's process-wide default session
+        client = lambda service, region: session.client(service, region_name=region)  # noqa: E731
+    prices, label = prices_for([plan] + ([old_plan] if old_plan is not None else []), client)
+    report = estimate(plan, prices, label)
+    old_report = estimate(old_plan, prices, label) if old_plan is not None else None
+    if as_json:
+        document = report_document(report)
+        if old_report is not None:
+            document = {"base": report_document(old_report), "head": document}
+        return json.dumps(document, indent=2) + "\n"
+    if old_report is None:
+        return format_report(report)
+    return format_cost_diff(old_report, report)
 
 
 if __name__ == "__main__":

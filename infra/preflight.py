@@ -1,0 +1,351 @@
+"""Preflight: what a fresh AWS account must offer before `pulumi up` of a stack can succeed, asked with boto3.
+
+Each check is a function of the parsed stack config and AWS clients, returning `Check`s (PASS / WARN / FAIL, what was
+found, and for a FAIL the fix). They read only (Describe*/Get*/Head* calls), so they are safe to run from the deploy
+workflow with the deploy role before `pulumi up`, and on a workstation with any read-only credentials.
+
+Checks, in order: the credentials (sts:GetCallerIdentity) and the account the stack file's access entries name; the
+region is enabled; the stack's availability zones (or adopted subnets) exist; every node pool instance type is
+offered in every zone it may launch in; the EC2 vCPU quotas of the pools' families cover the pools at max size; the
+Kubernetes version is offered by EKS; the stack's bucket names are free or already ours; the stack's ECR repository
+is free or already this stack's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from infra.config.names import derived_names
+from infra.config.schema import StackConfig
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+
+# EC2 vCPU quotas (Service Quotas, service code `ec2`) by instance family and purchase option. The codes are those
+# of AWS's quota pages, e.g. https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/L-417A185B
+# (Running On-Demand P instances); a quota counts the vCPUs of all running instances of its families in the region.
+QUOTAS: dict[tuple[str, str], tuple[str, str]] = {
+    ("P", "ON_DEMAND"): ("L-417A185B", "Running On-Demand P instances"),
+    ("G", "ON_DEMAND"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("Standard", "ON_DEMAND"): ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
+    ("P", "SPOT"): ("L-7212CCBC", "All P Spot Instance Requests"),
+    ("G", "SPOT"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("Standard", "SPOT"): ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
+}
+_STANDARD_FAMILIES = set("acdhimrtz")
+
+ClientFactory = Callable[[str], Any]  # service name -> boto3 client in the stack's region
+
+
+@dataclass(frozen=True)
+class Check:
+    status: str
+    name: str
+    detail: str
+    fix: str = ""
+
+
+def quota_family(instance_type: str) -> str | None:
+    """`P`, `G` (G and VT) or `Standard` for an instance type; None for families with quotas of their own
+    (Inf, Trn, DL, X, U, F, HPC ...), which preflight does not check."""
+    letters = re.match(r"^([a-z]+)", instance_type)
+    family = letters.group(1) if letters else ""
+    if family == "p":
+        return "P"
+    if family in ("g", "vt"):
+        return "G"
+    if len(family) == 1 and family in _STANDARD_FAMILIES:
+        return "Standard"
+    return None
+
+
+def _error(exc: Exception) -> tuple[str, str]:
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error") or {}
+        return str(error.get("Code") or "error"), str(error.get("Message") or exc)
+    return type(exc).__name__, str(exc)
+
+
+# ------------------------------------------------------------------------------------------------- checks
+
+
+def check_identity(sts: Any, cfg: StackConfig, expected_account: str | None) -> tuple[list[Check], str | None]:
+    """The caller's account; a FAIL when there are no usable credentials or they are another account's."""
+    try:
+        identity = sts.get_caller_identity()
+    except (BotoCoreError, ClientError) as exc:
+        code, message = _error(exc)
+        fix = "configure AWS credentials for the stack's account (aws configure sso, or the deploy role)"
+        return [Check(FAIL, "credentials", f"sts:GetCallerIdentity failed: {code}: {message}", fix)], None
+    account, arn = str(identity["Account"]), str(identity["Arn"])
+    checks = [Check(PASS, "credentials", f"account {account} as {arn}")]
+    if expected_account and expected_account != account:
+        checks.append(Check(FAIL, "account", f"credentials are for account {account}, expected {expected_account}",
+                            f"use credentials of account {expected_account} (or drop --account)"))
+    named = sorted({entry.principal_arn.split(":")[4] for entry in (cfg.cluster.access_entries if cfg.cluster else [])})
+    foreign = [other for other in named if other != account]
+    if foreign:
+        checks.append(Check(WARN, "access entries", f"ml-cluster:cluster.accessEntries name account(s) "
+                            f"{', '.join(foreign)}, the credentials are account {account}",
+                            "point accessEntries at roles of the stack's account"))
+    return checks, account
+
+
+def check_region(ec2: Any, region: str, session_region: str | None) -> list[Check]:
+    checks = []
+    try:
+        regions = {r["RegionName"] for r in ec2.describe_regions()["Regions"]}
+    except (BotoCoreError, ClientError) as exc:
+        code, message = _error(exc)
+        return [Check(FAIL, "region", f"{region}: ec2:DescribeRegions failed: {code}: {message}",
+                      "grant ec2:DescribeRegions, or check that the region name is right")]
+    if region in regions:
+        checks.append(Check(PASS, "region", f"{region} is enabled for the account"))
+    else:
+        checks.append(Check(FAIL, "region", f"{region} is not enabled for the account",
+                            f"enable it (aws account enable-region --region-name {region}) or change aws:region"))
+    if session_region and session_region != region:
+        checks.append(Check(WARN, "credentials region", f"the shell's default region is {session_region}; the "
+                            f"stack deploys to {region} (aws:region), preflight checked {region}",
+                            f"export AWS_REGION={region} so aws/kubectl commands talk to the stack's region"))
+    return checks
+
+
+def stack_zones(ec2: Any, cfg: StackConfig) -> tuple[list[Check], list[str]]:
+    """The zones the stack's private subnets are in: configured ones must exist; adopted subnets must exist."""
+    assert cfg.network is not None
+    try:
+        if cfg.network.create is not None:
+            wanted = cfg.network.create.availability_zones
+            found = {z["ZoneName"] for z in ec2.describe_availability_zones(
+                Filters=[{"Name": "zone-name", "Values": wanted}])["AvailabilityZones"]}
+            missing = [zone for zone in wanted if zone not in found]
+            if missing:
+                return [Check(FAIL, "availability zones", f"{', '.join(missing)} not in the region",
+                              f"use zones of the region in ml-cluster:network.create.availabilityZones "
+                              f"({', '.join(sorted(found)) or 'none found'} exist)")], sorted(found)
+            return [Check(PASS, "availability zones", ", ".join(wanted))], list(wanted)
+        ids = cfg.network.existing.private_subnet_ids if cfg.network.existing else []
+        subnets = ec2.describe_subnets(SubnetIds=ids)["Subnets"]
+    except (BotoCoreError, ClientError) as exc:
+        code, message = _error(exc)
+        return [Check(FAIL, "availability zones", f"{code}: {message}",
+                      "check ml-cluster:network (adopted subnets must exist in the stack's region and account)")], []
+    zones = sorted({s["AvailabilityZone"] for s in subnets})
+    return [Check(PASS, "availability zones", f"{', '.join(zones)} (from {len(subnets)} adopted subnets)")], zones
+
+
+def check_offerings(ec2: Any, cfg: StackConfig, zones: Sequence[str]) -> list[Check]:
+    """Every pool's instance types in every zone the pool may launch in (EKS rejects a node group whose subnets
+    include a zone without the type)."""
+    pools = [(i, pool) for i, pool in enumerate(cfg.node_pools) if pool.instance_types]
+    types = sorted({t for _, pool in pools for t in pool.instance_types})
+    if not pools:
+        return []
+    if not zones:  # the zone check failed and said why; say that offerings went unchecked rather than pass them
+        return [Check(WARN, "instance offerings", "not checked: the stack's availability zones are unknown",
+                      "fix the availability zones check first")]
+    offered: set[tuple[str, str]] = set()
+    try:
+        paginator = ec2.get_paginator("describe_instance_type_offerings")
+        for page in paginator.paginate(LocationType="availability-zone", Filters=[
+                {"Name": "instance-type", "Values": types}, {"Name": "location", "Values": list(zones)}]):
+            offered |= {(o["InstanceType"], o["Location"]) for o in page["InstanceTypeOfferings"]}
+    except (BotoCoreError, ClientError) as exc:
+        code, message = _error(exc)
+        return [Check(FAIL, "instance offerings", f"{code}: {message}", "grant ec2:DescribeInstanceTypeOfferings")]
+    checks = []
+    for index, pool in pools:
+        pool_zones = [z for z in zones if not pool.availability_zones or z in pool.availability_zones]
+        for instance_type in pool.instance_types:
+            have = [z for z in pool_zones if (instance_type, z) in offered]
+            name = f"offering {pool.name} {instance_type}"
+            if len(have) == len(pool_zones):
+                checks.append(Check(PASS, name, f"offered in {', '.join(pool_zones)}"))
+            elif have:
+                lacking = [z for z in pool_zones if z not in have]
+                checks.append(Check(FAIL, name, f"not offered in {', '.join(lacking)}",
+                                    f"set ml-cluster:nodePools[{index}].availabilityZones: [{', '.join(have)}]"))
+            else:
+                checks.append(Check(FAIL, name, f"not offered in any of {', '.join(pool_zones)}",
+                                    f"pick another type for ml-cluster:nodePools[{index}] or another region"))
+    return checks
+
+
+def _vcpus(ec2: Any, types: Iterable[str]) -> dict[str, int]:
+    wanted, found = sorted(set(types)), {}
+    for start in range(0, len(wanted), 100):  # DescribeInstanceTypes takes at most 100 names
+        try:
+            for item in ec2.describe_instance_types(InstanceTypes=wanted[start:start + 100])["InstanceTypes"]:
+                found[item["InstanceType"]] = int(item["VCpuInfo"]["DefaultVCpus"])
+        except ClientError:
+            for name in wanted[start:start + 100]:  # one unknown name fails the call: ask one by one
+                try:
+                    item = ec2.describe_instance_types(InstanceTypes=[name])["InstanceTypes"][0]
+                    found[name] = int(item["VCpuInfo"]["DefaultVCpus"])
+                except (ClientError, IndexError):
+                    continue
+    return found
+
+
+def check_quotas(ec2: Any, quotas: Any, cfg: StackConfig, region: str) -> list[Check]:
+    """vCPUs the pools need at max size, per quota (family x purchase option), against the account's value."""
+    pools = [pool for pool in cfg.node_pools if pool.instance_types]
+    vcpus = _vcpus(ec2, (t for pool in pools for t in pool.instance_types))
+    need: dict[tuple[str, str], tuple[int, list[str]]] = {}
+    checks = []
+    for pool in pools:
+        families = {quota_family(t) for t in pool.instance_types}
+        known = [vcpus[t] for t in pool.instance_types if t in vcpus]
+        if None in families:
+            checks.append(Check(WARN, f"quota {pool.name}", f"{', '.join(pool.instance_types)}: a family with its "
+                                "own quota, not checked", "check its quota in the Service Quotas console"))
+        if not known:
+            continue
+        for family in sorted(f for f in families if f is not None):
+            # The widest listed type at max size: the most the pool can hold.
+            total, users = need.get((family, pool.capacity_type), (0, []))
+            need[(family, pool.capacity_type)] = (total + pool.max_size * max(known),
+                                                  [*users, f"{pool.name} {pool.max_size} x {max(known)}"])
+    for (family, capacity), (needed, users) in sorted(need.items()):
+        code, title = QUOTAS[(family, capacity)]
+        name = f"quota {code}"
+        try:
+            try:
+                quota = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+                origin = "applied"
+            except ClientError as exc:
+                if _error(exc)[0] != "NoSuchResourceException":
+                    raise
+                quota = quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
+                origin = "AWS default"
+        except (BotoCoreError, ClientError) as exc:
+            error, message = _error(exc)
+            checks.append(Check(WARN, name, f"{title}: cannot read ({error}: {message}); the pools need {needed} "
+                                "vCPUs", "grant servicequotas:GetServiceQuota to check it"))
+            continue
+        value = int(float(quota.get("Value") or 0))
+        detail = f"{title}: {value} vCPUs ({origin}), pools at max need {needed} ({'; '.join(users)})"
+        if needed > value:
+            checks.append(Check(FAIL, name, detail, f"aws service-quotas request-service-quota-increase --region "
+                                f"{region} --service-code ec2 --quota-code {code} --desired-value {needed}"))
+        else:
+            checks.append(Check(PASS, name, detail))
+    return checks
+
+
+def check_kubernetes_version(eks: Any, version: str) -> list[Check]:
+    """EKS must offer the version; extended support works but bills the control plane at the extended rate."""
+    name = f"kubernetes {version}"
+    offered: dict[str, str] = {}
+    try:
+        for page in eks.get_paginator("describe_cluster_versions").paginate(clusterType="eks", includeAll=True):
+            for item in page.get("clusterVersions") or []:
+                offered[str(item["clusterVersion"])] = str(item.get("versionStatus") or item.get("status") or "")
+    except (BotoCoreError, ClientError) as exc:
+        code, message = _error(exc)
+        return [Check(WARN, name, f"eks:DescribeClusterVersions failed: {code}: {message}",
+                      "grant eks:DescribeClusterVersions to check it")]
+    standard = sorted((v for v, s in offered.items() if s.upper().replace("-", "_") == "STANDARD_SUPPORT"),
+                      key=lambda v: tuple(int(p) for p in v.split(".")))
+    status = offered.get(version, "").upper().replace("-", "_")
+    fix = f"set ml-cluster:cluster.kubernetesVersion to one of {', '.join(standard) or 'the offered versions'}"
+    if status == "STANDARD_SUPPORT":
+        return [Check(PASS, name, "offered by EKS, standard support")]
+    if status == "EXTENDED_SUPPORT":
+        return [Check(WARN, name, "offered in extended support only (the control plane bills at the extended rate)",
+                      fix)]
+    return [Check(FAIL, name, "not offered by EKS" if not status else f"EKS status {status}", fix)]
+
+
+def check_buckets(s3: Any, cfg: StackConfig, stack: str, account: str) -> list[Check]:
+    """HeadBucket per bucket name: 404 free, 200 ours (this account can read it), 403 someone else's."""
+    checks = []
+    for item in derived_names(cfg, stack, account):
+        if item.service != "s3":
+            continue
+        name = f"bucket {item.name}"
+        try:
+            s3.head_bucket(Bucket=item.name)
+            checks.append(Check(PASS, name, "exists and this account can use it (the stack's own, or import it)"))
+        except ClientError as exc:
+            status = int((exc.response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or 0)
+            code = _error(exc)[0]
+            if status == 404 or code in ("404", "NoSuchBucket", "NotFound"):
+                checks.append(Check(PASS, name, "free: pulumi up creates it"))
+            elif status == 403 or code in ("403", "Forbidden", "AccessDenied"):
+                checks.append(Check(FAIL, name, "taken: it exists and belongs to someone else (HeadBucket 403)",
+                                    f"name the bucket yourself: {item.path.rsplit('.', 1)[0]}.bucketName"))
+            else:
+                checks.append(Check(FAIL, name, f"HeadBucket answered {status or code}",
+                                    f"name the bucket yourself: {item.path.rsplit('.', 1)[0]}.bucketName"))
+        except BotoCoreError as exc:
+            checks.append(Check(FAIL, name, f"HeadBucket failed: {exc}", "check network access to S3"))
+    return checks
+
+
+def check_registry(ecr: Any, cfg: StackConfig, stack: str) -> list[Check]:
+    """The stack's ECR repository: absent (created by pulumi up) or tagged as this stack's; an untagged or other
+    stack's repository of that name makes `pulumi up` fail with RepositoryAlreadyExistsException."""
+    repos = [item for item in derived_names(cfg, stack) if item.service == "ecr"]
+    checks = []
+    for item in repos:
+        name = f"repository {item.name}"
+        try:
+            found = ecr.describe_repositories(repositoryNames=[item.name])["repositories"][0]
+        except ClientError as exc:
+            code, message = _error(exc)
+            if code == "RepositoryNotFoundException":
+                checks.append(Check(PASS, name, "free: pulumi up creates it"))
+            else:
+                checks.append(Check(FAIL, name, f"{code}: {message}", "grant ecr:DescribeRepositories"))
+            continue
+        except BotoCoreError as exc:
+            checks.append(Check(FAIL, name, f"DescribeRepositories failed: {exc}", "check network access to ECR"))
+            continue
+        tags = {t["Key"]: t["Value"] for t in ecr.list_tags_for_resource(
+            resourceArn=found["repositoryArn"]).get("tags") or []}
+        if tags.get("project") == "ml-cluster" and tags.get("stack") == stack:
+            checks.append(Check(PASS, name, "exists, tagged as this stack's"))
+        else:
+            checks.append(Check(FAIL, name, "exists and is not this stack's (no project=ml-cluster, "
+                                f"stack={stack} tags): pulumi up would fail to create it",
+                                f"import it (pulumi import aws:ecr/repository:Repository ... {item.name}) or set "
+                                f"{item.path} to another name"))
+    return checks
+
+
+def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_region: str | None = None,
+                  expected_account: str | None = None) -> list[Check]:
+    """Every check, in order. Without working credentials only that FAIL is returned (the rest would repeat it)."""
+    assert cfg.platform == "eks" and cfg.region is not None and cfg.cluster is not None
+    checks, account = check_identity(client("sts"), cfg, expected_account)
+    if account is None:
+        return checks
+    ec2 = client("ec2")
+    checks += check_region(ec2, cfg.region, session_region)
+    zone_checks, zones = stack_zones(ec2, cfg)
+    checks += zone_checks
+    checks += check_offerings(ec2, cfg, zones)
+    checks += check_quotas(ec2, client("service-quotas"), cfg, cfg.region)
+    checks += check_kubernetes_version(client("eks"), cfg.cluster.kubernetes_version)
+    checks += check_buckets(client("s3"), cfg, stack, account)
+    checks += check_registry(client("ecr"), cfg, stack)
+    return checks
+
+
+def format_checks(stack: str, region: str, checks: Sequence[Check]) -> str:
+    """The table: one row per check, the fix under each FAIL and WARN that has one, then the counts."""
+    width = max([len(check.name) for check in checks] + [5])
+    lines = [f"preflight of stack {stack} ({region})", "", f"  {'status':<6}  {'check':<{width}}  detail"]
+    for check in checks:
+        lines.append(f"  {check.status:<6}  {check.name:<{width}}  {check.detail}")
+        if check.fix and check.status != PASS:
+            lines.append(f"  {'':<6}  {'':<{width}}  fix: {check.fix}")
+    counts = {status: sum(1 for c in checks if c.status == status) for status in (FAIL, WARN, PASS)}
+    lines += ["", ", ".join(f"{n} {status}" for status, n in counts.items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,69 @@
+"""Check an AWS account against a stack before `pulumi up`: credentials, region, zones, instance offerings, vCPU
+quotas, the Kubernetes version, bucket names and the image repository (infra.preflight).
+
+    python scripts/preflight.py --stack NAME [--config FILE] [--account ID]
+
+Uses the standard AWS credential chain; every call is a read (Describe/Get/Head). Prints a PASS/WARN/FAIL table
+(with the fix under each FAIL) and exits 2 with one `error: <check>: <why>` line per FAIL, 0 otherwise; a bad stack
+file or an onprem stack is an `error:` line and exit 2 too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from infra.config import ConfigError  # noqa: E402
+from infra.offline import load_stack_file, offline_config  # noqa: E402
+from infra.preflight import FAIL, format_checks, run_preflight  # noqa: E402
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: arguments: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(description="Check an AWS account against a stack before pulumi up (read-only calls).")
+    parser.add_argument("--stack", required=True, help="stack name: dev, staging, prod, ...")
+    parser.add_argument("--config", type=Path, help="check this Pulumi.<stack>.yaml instead of stacks/'s")
+    parser.add_argument("--account", help="the 12-digit account the credentials must belong to")
+    args = parser.parse_args(argv)
+    if args.account is not None and not re.fullmatch(r"\d{12}", args.account):
+        print(f"error: --account: {args.account!r} is not a 12-digit AWS account id", file=sys.stderr)
+        return 2
+
+    from infra.config.schema import decode_config_value, parse_stack_config
+
+    try:
+        stack_file = load_stack_file(args.stack, args.config)
+        config, secret_keys = offline_config(stack_file)
+        cfg = parse_stack_config({key: decode_config_value(value) for key, value in config.items()}, secret_keys)
+    except ConfigError as exc:
+        print("\n".join(exc.lines()), file=sys.stderr)
+        return 2
+    if cfg.platform != "eks" or cfg.region is None:
+        print(f"error: {stack_file.path}: ml-cluster:platform is {cfg.platform}: preflight checks AWS (eks) stacks "
+              "only", file=sys.stderr)
+        return 2
+
+    import boto3
+
+    session = boto3.session.Session()
+    region = cfg.region
+    checks = run_preflight(cfg, args.stack, lambda service: session.client(service, region_name=region),
+                           session_region=session.region_name, expected_account=args.account)
+    print(format_checks(args.stack, region, checks), end="")
+    failures = [check for check in checks if check.status == FAIL]
+    for check in failures:
+        print(f"error: {check.name}: {check.detail}" + (f"; fix: {check.fix}" if check.fix else ""), file=sys.stderr)
+    return 2 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,84 @@
+"""A small HTTP server on 127.0.0.1 that speaks the real AWS wire protocols for APIs moto does not cover (Service
+Quotas values, the Price List API, EKS cluster versions), so boto3 talks to it unmodified through endpoint_url.
+
+JSON protocol services (service-quotas, pricing) are routed by the X-Amz-Target header (`<prefix>.<Operation>`),
+rest-json ones (EKS) by method and path, S3 HeadBucket by path (`heads`). A handler returns (status, body); an
+error body is the AWS JSON error shape `{"__type": code, "message": ...}`, sent with the x-amzn-ErrorType header as
+AWS does. Requests are recorded so tests
+can assert what was asked. Started and stopped by the test that owns it (thread, not process: nothing to kill).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Handler = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
+
+
+class AwsStub:
+    def __init__(self) -> None:
+        self.targets: dict[str, Handler] = {}  # "ServiceQuotasV20190624.GetServiceQuota" -> handler(body)
+        self.routes: dict[tuple[str, str], Handler] = {}  # ("GET", "/cluster-versions") -> handler(query)
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.heads: dict[str, int] = {}  # rest-xml HEAD (S3 HeadBucket): path -> status, 404 when not listed
+        stub = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # quiet test output
+                return
+
+            def _reply(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.1")
+                if status >= 400 and "__type" in body:
+                    self.send_header("x-amzn-ErrorType", str(body["__type"]))
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                target = self.headers.get("X-Amz-Target", "")
+                stub.requests.append((target, body))
+                handler = stub.targets.get(target)
+                if handler is None:
+                    self._reply(400, {"__type": "UnknownOperationException", "message": f"no stub for {target}"})
+                    return
+                self._reply(*handler(body))
+
+            def do_HEAD(self) -> None:  # noqa: N802 - S3 HeadBucket answers with a status and no body
+                path = urlsplit(self.path).path
+                stub.requests.append((f"HEAD {path}", {}))
+                self.send_response(stub.heads.get(path, 404))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:  # noqa: N802
+                parts = urlsplit(self.path)
+                query = {key: values if len(values) > 1 else values[0] for key, values in parse_qs(parts.query).items()}
+                stub.requests.append((f"GET {parts.path}", query))
+                handler = stub.routes.get(("GET", parts.path))
+                if handler is None:
+                    self._reply(404, {"__type": "NotFoundException", "message": f"no stub for {parts.path}"})
+                    return
+                self._reply(*handler(query))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def start(self) -> AwsStub:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=10)

@@ -1,0 +1,282 @@
+"""The cost estimate: a pure function of a plan and unit prices; the parsers read the real AWS response shapes, from
+the committed fixture offline and from a stub Price List API over HTTP (boto3 unmodified)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from infra.cost import (
+    GB_PER_GIB,
+    HOURS_PER_MONTH,
+    PriceError,
+    eks_query,
+    estimate,
+    format_cost_diff,
+    format_report,
+    get_products_request,
+    instance_query,
+    parse_get_products,
+    parse_spot_history,
+    price_queries,
+    s3_query,
+    spot_query,
+)
+from infra.prices import FIXTURE, aws_prices, fixture_prices
+from scripts import plan as plan_cli
+from tests.awsstub import AwsStub
+
+PlanGetter = Callable[[str], dict[str, Any]]
+
+
+def _resource(token: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    return {"type": token, "name": name, "parent": None, "provider": None, "inputs": inputs, "options": {}}
+
+
+def small_plan() -> dict[str, Any]:
+    """Two pools (on-demand 1/2/4 of m6i.large with 50 GiB disks, Spot 0/0/3 of g5.xlarge with 1 GPU and no disk
+    size), a NAT gateway, a cluster, EFS
+    with 100Gi and 50Gi claims (plus one claim on another class), a bucket, and a 2-pod Job of 1 GPU for 10 h."""
+    subnets = {"subnet-a": "us-west-2a", "subnet-b": "us-west-2b"}
+    return {"project": "ml-cluster", "stack": "t", "outputs": {"region": "us-west-2", "subnetAzs": subnets},
+            "resources": [
+                _resource("aws:eks/nodeGroup:NodeGroup", "sys", {
+                    "instanceTypes": ["m6i.large"], "capacityType": "ON_DEMAND", "subnetIds": ["subnet-a"],
+                    "diskSize": 50,
+                    "scalingConfig": {"minSize": 1, "desiredSize": 2, "maxSize": 4},
+                    "labels": {"x.io/pool": "system"}}),
+                _resource("aws:eks/nodeGroup:NodeGroup", "gpu", {
+                    "instanceTypes": ["g5.xlarge"], "capacityType": "SPOT", "subnetIds": ["subnet-a", "subnet-b"],
+                    "scalingConfig": {"minSize": 0, "desiredSize": 0, "maxSize": 3},
+                    "labels": {"x.io/pool": "gpu", "x.io/gpu-count": "1", "x.io/gpu-type": "a10g"}}),
+                _resource("aws:ec2/natGateway:NatGateway", "nat", {}),
+                _resource("aws:eks/cluster:Cluster", "eks", {"name": "c"}),
+                _resource("aws:efs/fileSystem:FileSystem", "fs", {}),
+                _resource("aws:s3/bucket:Bucket", "b", {"bucket": "b"}),
+                _resource("kubernetes:storage.k8s.io/v1:StorageClass", "efs", {
+                    "metadata": {"name": "efs-ap"}, "provisioner": "efs.csi.aws.com"}),
+                _resource("kubernetes:storage.k8s.io/v1:StorageClass", "gp3", {
+                    "metadata": {"name": "gp3"}, "provisioner": "ebs.csi.aws.com"}),
+                *[_resource("kubernetes:core/v1:PersistentVolumeClaim", f"pvc{i}", {"spec": {
+                    "storageClassName": cls, "resources": {"requests": {"storage": size}}}})
+                  for i, (cls, size) in enumerate((("efs-ap", "100Gi"), ("efs-ap", "50Gi"), ("gp3", "1Ti")))],
+                _resource("kubernetes:batch/v1:Job", "job", {
+                    "metadata": {"name": "train-1234", "labels": {"app.kubernetes.io/name": "train"}},
+                    "spec": {"parallelism": 2, "activeDeadlineSeconds": 36000, "template": {"spec": {
+                        "nodeSelector": {"x.io/gpu-type": "a10g"},
+                        "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}),
+            ]}
+
+
+PRICES = {"gp3:us-west-2": 0.1,
+          "ec2:us-west-2:m6i.large:on-demand": 0.1, "ec2:us-west-2:g5.xlarge:spot": 0.5, "nat:us-west-2": 0.05,
+          "eks:us-west-2": 0.1, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
+
+
+def test_known_prices_give_known_totals() -> None:
+    report = estimate(small_plan(), PRICES, "test prices")
+    efs_hourly = 150 * GB_PER_GIB * 0.3 / HOURS_PER_MONTH
+    disk = 50 * GB_PER_GIB * 0.1 / HOURS_PER_MONTH  # per m6i.large node
+    fixed = 0.05 + 0.1 + efs_hourly
+    assert report.hourly() == pytest.approx((0.1 + disk + fixed, 0.2 + 2 * disk + fixed,
+                                             0.4 + 4 * disk + 1.5 + fixed), abs=1e-6)
+    assert report.monthly() == pytest.approx(tuple(round(h * 730, 2) for h in report.hourly()))
+    assert report.monthly()[0] == pytest.approx(236.19, abs=0.01)  # (0.1 + 0.0074 + 0.05 + 0.1 + 0.0662) x 730
+    bucket = next(line for line in report.lines if line.item == "S3 buckets")
+    assert bucket.per_gib_month and bucket.unit_price == 0.023 and bucket.hourly == (0.0, 0.0, 0.0)
+    [job] = report.jobs
+    assert (job.name, job.pool, job.nodes, job.gpus, job.hours, job.gpu_hours) == ("train", "gpu", 2, 2, 10, 20)
+    assert job.cost == pytest.approx(2 * 0.5 * 10)
+
+
+def test_a_missing_price_is_an_error_not_a_zero() -> None:
+    prices = {k: v for k, v in PRICES.items() if not k.startswith("nat:")}
+    with pytest.raises(PriceError, match="no price for nat:us-west-2"):
+        estimate(small_plan(), prices, "test prices")
+
+
+def test_spot_pools_ask_spot_history_for_their_zones_only() -> None:
+    queries = {q.key: q for q in price_queries(small_plan())}
+    spot = queries["ec2:us-west-2:g5.xlarge:spot"]
+    assert spot.kind == "spot" and spot.zones == ("us-west-2a", "us-west-2b")
+    history = {"SpotPriceHistory": [
+        {"AvailabilityZone": "us-west-2a", "InstanceType": "g5.xlarge", "SpotPrice": "0.40",
+         "Timestamp": "2026-11-02T10:00:00+00:00"},
+        {"AvailabilityZone": "us-west-2a", "InstanceType": "g5.xlarge", "SpotPrice": "0.90",  # older: ignored
+         "Timestamp": "2026-11-01T10:00:00+00:00"},
+        {"AvailabilityZone": "us-west-2b", "InstanceType": "g5.xlarge", "SpotPrice": "0.45",
+         "Timestamp": "2026-11-02T09:00:00+00:00"},
+        {"AvailabilityZone": "us-west-2d", "InstanceType": "g5.xlarge", "SpotPrice": "2.00",  # not a pool zone
+         "Timestamp": "2026-11-02T10:00:00+00:00"}]}
+    assert parse_spot_history(history, spot) == 0.45
+    with pytest.raises(PriceError, match="no Spot price"):
+        parse_spot_history({"SpotPriceHistory": []}, spot)
+
+
+def _item(usagetype: str, dimensions: list[tuple[str, str, str]]) -> str:
+    return json.dumps({"product": {"attributes": {"usagetype": usagetype}, "sku": "SKU"}, "terms": {"OnDemand": {
+        "SKU.T": {"priceDimensions": {f"SKU.T.{i}": {"unit": unit, "beginRange": begin, "pricePerUnit": {"USD": usd}}
+                                      for i, (unit, begin, usd) in enumerate(dimensions)}}}}})
+
+
+def test_get_products_parser_picks_the_first_tier_of_the_named_usage_type() -> None:
+    s3 = s3_query("us-west-2")
+    response = {"FormatVersion": "aws_v1", "PriceList": [
+        _item("USW2-TimedStorage-ByteHrs", [("GB-Mo", "0", "0.0230000000"), ("GB-Mo", "51200", "0.022")]),
+        _item("USW2-Requests-Tier1", [("Requests", "0", "0.000005")])]}
+    assert parse_get_products(response, s3) == 0.023
+    eks = eks_query("us-west-2")
+    ambiguous = {"PriceList": [_item("USW2-AmazonEKS-Hours:perCluster", [("Hrs", "0", "0.10")]),
+                               _item("X-AmazonEKS-Hours:perCluster", [("Hrs", "0", "0.60")])]}
+    with pytest.raises(PriceError, match="2 different prices"):
+        parse_get_products(ambiguous, eks)
+    with pytest.raises(PriceError, match="no Hrs on-demand price"):
+        parse_get_products({"PriceList": []}, eks)
+
+
+def test_every_committed_stack_is_priced_from_the_fixture(stack_plan: PlanGetter) -> None:
+    dev = stack_plan("dev")
+    report = estimate(dev, fixture_prices(price_queries(dev)), "fixture")
+    # system 2 x m6i.large 0.096, one NAT 0.045, EKS 0.10, EFS 700Gi x 0.30/GB-month; Spot g5.xlarge: the highest
+    # newest price of dev's zones a-c (0.4127 in us-west-2b; us-west-2d's 0.6012 is not a dev zone); 100 GiB gp3
+    # ($0.08/GB-month) per node of either pool
+    efs = 700 * GB_PER_GIB * 0.30 / HOURS_PER_MONTH
+    disk = 100 * GB_PER_GIB * 0.08 / HOURS_PER_MONTH
+    assert report.hourly()[0] == pytest.approx(2 * (0.096 + disk) + 0.045 + 0.10 + efs, abs=1e-6)
+    assert report.hourly()[2] == pytest.approx(3 * (0.096 + disk) + 2 * (0.4127 + disk) + 0.045 + 0.10 + efs,
+                                               abs=1e-6)
+    for stack in ("staging", "prod"):
+        plan = stack_plan(stack)
+        assert estimate(plan, fixture_prices(price_queries(plan)), "fixture").monthly()[2] > 0
+    onprem = estimate(stack_plan("onprem"), {}, "fixture")
+    assert onprem.lines == [] and "not priced" in format_report(onprem)
+
+
+def test_fixture_without_a_price_names_the_request(tmp_path: Path) -> None:
+    empty = tmp_path / "prices.json"
+    empty.write_text(json.dumps({"getProducts": [], "describeSpotPriceHistory": []}))
+    with pytest.raises(PriceError, match=r"no fixture response for ec2:eu-west-1:m6i.large:on-demand"):
+        fixture_prices([instance_query("eu-west-1", "m6i.large")], empty)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(PriceError, match="unreadable price fixture"):
+        fixture_prices([], broken)
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[AwsStub]:
+    server = AwsStub().start()
+    yield server
+    server.stop()
+
+
+def test_real_runs_ask_the_price_list_api(stub: AwsStub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The boto3 path against a Price List API stub that answers from the fixture's recorded responses (paginated in
+    two pages, as AWS does): the prices equal the offline ones."""
+    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(key, value)
+    recorded = json.loads(FIXTURE.read_text())
+
+    def get_products(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        request = {key: body[key] for key in ("ServiceCode", "FormatVersion", "Filters")}
+        pair = next(p for p in recorded["getProducts"] if p["request"] == request)
+        items = pair["response"]["PriceList"]
+        if body.get("NextToken") == "page-2":
+            return 200, {"FormatVersion": "aws_v1", "PriceList": items[1:]}
+        return 200, {"FormatVersion": "aws_v1", "PriceList": items[:1], **({"NextToken": "page-2"}
+                                                                             if len(items) > 1 else {})}
+
+    stub.targets["AWSPriceListService.GetProducts"] = get_products
+    queries = [instance_query("us-west-2", "g5.xlarge"), s3_query("us-west-2"), eks_query("us-east-1")]
+    prices = aws_prices(queries, lambda service, region: boto3.client(service, region_name=region,
+                                                                      endpoint_url=stub.url))
+    assert prices == fixture_prices(queries)
+    sent = [body for target, body in stub.requests if target == "AWSPriceListService.GetProducts"]
+    assert {"ServiceCode": "AmazonS3", "FormatVersion": "aws_v1",
+            "Filters": get_products_request(s3_query("us-west-2"))["Filters"]} in sent
+    assert any(body.get("NextToken") == "page-2" for body in sent)
+
+
+def test_real_runs_read_spot_history_over_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """describe_spot_price_history against moto in server mode (it serves one price per offered zone), paginated by
+    boto3 with StartTime=now: the pool's zones only, their highest newest price."""
+    for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")):
+        monkeypatch.setenv(key, value)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        spot = spot_query("us-east-1", "p4d.24xlarge", ["us-east-1a", "us-east-1b"])
+        now = datetime(2026, 11, 2, tzinfo=UTC)
+        prices = aws_prices([spot], lambda service, region: boto3.client(service, region_name=region,
+                                                                         endpoint_url=url), now=lambda: now)
+        assert prices == {spot.key: 0.00001}  # moto's constant Spot price
+        missing = spot_query("us-east-1", "p4d.24xlarge", ["us-east-1z"])
+        with pytest.raises(PriceError, match="no Spot price for p4d.24xlarge in us-east-1z"):
+            aws_prices([missing], lambda service, region: boto3.client(service, region_name=region,
+                                                                       endpoint_url=url), now=lambda: now)
+    finally:
+        server.stop()
+
+
+def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(plan_cli, "plan_stack", lambda stack, config=None: stack_plan(stack))
+    assert plan_cli.main(["--stack", "dev", "--cost"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("cost of stack dev (us-west-2), offline prices")
+    assert "node pool gpu-a10g" in table and "resnet50-s3-copy" in table and "total per month (730 h)" in table
+    assert plan_cli.main(["--stack", "dev", "--cost", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["stack"] == "dev" and document["sizes"] == ["min", "desired", "max"]
+    assert document["monthly"] == [round(h * 730, 2) for h in document["hourly"]]
+    assert {job["name"] for job in document["jobs"]} == {"finetune-efs", "resnet50-s3-copy"}
+    base = json.loads(json.dumps(stack_plan("dev")))
+    for resource in base["resources"]:
+        if resource["name"] == "mlc-dev-nodepools-system-ng":
+            resource["inputs"]["scalingConfig"] = {"minSize": 1, "desiredSize": 1, "maxSize": 3}
+    old = tmp_path / "base.json"
+    old.write_text(json.dumps(base))
+    assert plan_cli.main(["--stack", "dev", "--cost", "--diff", str(old)]) == 0
+    text = capsys.readouterr().out
+    assert "diff  +$78.67 / +$78.67 / +$0.00" in text  # one more m6i.large (0.096 x 730) and its 100 GiB gp3 (8.59)
+    assert "~ node pool system: m6i.large on-demand x 1/1/3" in text
+    same = estimate(base, PRICES_DEV, "x")
+    assert format_cost_diff(same, same).splitlines()[4:] == ["  no cost change"]
+    longer = json.loads(json.dumps(base))
+    for resource in longer["resources"]:
+        if resource["name"] == "mlc-dev-jobs-resnet50-s3-copy":
+            resource["inputs"]["spec"]["activeDeadlineSeconds"] = 3600 * 96
+    assert format_cost_diff(same, estimate(longer, PRICES_DEV, "x")).splitlines()[4:] == [
+        "~ job resnet50-s3-copy at its deadline: 48 GPU-hours, $19.20 -> 96 GPU-hours, $38.40"]
+
+
+PRICES_DEV = {"gp3:us-west-2": 0.08,
+              "ec2:us-west-2:m6i.large:on-demand": 0.096, "ec2:us-west-2:g5.xlarge:spot": 0.4, "nat:us-west-2": 0.045,
+              "eks:us-west-2": 0.1, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
+
+
+def test_aws_prices_without_credentials_is_one_error_line(stack_plan: PlanGetter, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(plan_cli, "plan_stack", lambda stack, config=None: stack_plan(stack))
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    for key in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(key, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert plan_cli.main(["--stack", "dev", "--cost", "--prices", "aws"]) == 2
+    assert capsys.readouterr().err == "error: aws: Unable to locate credentials\n"

@@ -279,4 +279,5 @@ def test_aws_prices_without_credentials_is_one_error_line(stack_plan: PlanGetter
         monkeypatch.setenv(key, str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     assert plan_cli.main(["--stack", "dev", "--cost", "--prices", "aws"]) == 2
-    assert capsys.readouterr().err == "error: aws: Unable to locate credentials\n"
+    errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("note: ")]
+    assert errors == ["error: aws: Unable to locate credentials"]

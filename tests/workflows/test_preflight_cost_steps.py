@@ -6,7 +6,9 @@ from tests.workflows.test_workflows import load, runs, steps, uses
 
 
 def test_deploy_runs_preflight_after_credentials_and_before_refresh_and_up() -> None:
-    for stack, job in load("deploy.yml")["jobs"].items():
+    deploy_jobs = {stack: job for stack, job in load("deploy.yml")["jobs"].items() if uses(job, "pulumi/actions")}
+    assert set(deploy_jobs) == {"dev", "staging", "prod"}
+    for stack, job in deploy_jobs.items():
         names = [s.get("name") or s.get("uses", "").split("@")[0] for s in steps(job)]
         preflight = next(i for i, s in enumerate(steps(job)) if "scripts/preflight.py" in s.get("run", ""))
         assert f"scripts/preflight.py --stack {stack}" in steps(job)[preflight]["run"]

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data import TOOL_VERSION  # noqa: E402
 from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo, shard_name  # noqa: E402
-from workloads.data.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data.s3 import S3Uri, make_client  # noqa: E402
 from workloads.data.stage import StageOptions, stage  # noqa: E402
 

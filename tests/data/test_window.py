@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.netem import FaultProxy
 from tests.data.helpers import FAST_RETRY, uploaded
 from workloads.data.format import MANIFEST_NAME, WINDOW_DIR, load_manifest
-from workloads.data.netem import FaultProxy
 from workloads.data.s3 import DataToolError, RetryPolicy, make_client
 from workloads.data.stage import StageOptions, stage
 from workloads.data.verify import sha256_file

@@ -4,10 +4,12 @@
 Every loader delivers the same uint8 (N, S, S, 3) batches; random-resized-crop, flip and normalisation are per
 batch on the training device and identical for all, so they are not part of what is timed here. Decoding:
 the folder and WebDataset paths decode as torchvision's ImageFolder and webdataset's "pil" decoder do (full
-resolution); the HDF5 encoded path uses libjpeg's reduced-scale decode (PIL draft). The "ablations" entries give
-the folder and WebDataset paths that same fast decode, to separate the storage effect from the decode effect.
+resolution); the HDF5 encoded path uses libjpeg's reduced-scale decode (simplejpeg where installed, else PIL
+draft). The "ablations" entries give the folder and WebDataset paths PIL's draft decode, to separate the storage
+effect from the decode effect, and run the HDF5 encoded path with PIL's draft decode instead of simplejpeg.
+--decode-only runs just the two HDF5 encoded decoders (the decode ablation) at 0 and 2 workers.
 
-    python scripts/bench_loader.py [--quick] [--json] [--images N] [--size S] [--workdir DIR]
+    python scripts/bench_loader.py [--quick] [--decode-only] [--json] [--images N] [--size S] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from torch.utils.data import default_collate  # noqa: E402
 
 from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
 from workloads.data.format import atomic_write_bytes  # noqa: E402
+from workloads.data.jpeg import fast_decoder_available  # noqa: E402
 from workloads.data.pack import PackOptions, pack  # noqa: E402
 from workloads.data.sampler import BlockShuffleBatchSampler  # noqa: E402
 from workloads.data.transforms import decode_bytes  # noqa: E402
@@ -146,7 +149,8 @@ def raw_read(paths: list[Path], sample_bytes: int, min_seconds: float, fresh_bat
             return total / sample_bytes / elapsed
 
 
-def run(images: int, size: int, workdir: Path, min_seconds: float, repeats: int) -> dict[str, Any]:
+def run(images: int, size: int, workdir: Path, min_seconds: float, repeats: int,
+        decode_only: bool = False) -> dict[str, Any]:
     folder = workdir / "folder"
     if not folder.exists():
         generate(folder, images)
@@ -156,11 +160,17 @@ def run(images: int, size: int, workdir: Path, min_seconds: float, repeats: int)
         pack(folder, encoded, PackOptions(layout="encoded", **common))
     if not (decoded / "manifest.json").exists():
         pack(folder, decoded, PackOptions(layout="decoded", **common))
-    urls = write_webdataset(folder, workdir / "webdataset", shards=8)
+    urls = [] if decode_only else write_webdataset(folder, workdir / "webdataset", shards=8)
     shard_paths = sorted(decoded.glob("shard-*.h5"))
     sample_bytes = size * size * 3
 
     def loaders(workers: int) -> dict[str, Callable[[], Iterable[Any]]]:
+        if decode_only:
+            return {
+                "hdf5-encoded": lambda: map_loader(HDF5Dataset(encoded, image_size=size), workers),
+                "hdf5-encoded-pil-decode": lambda: map_loader(
+                    HDF5Dataset(encoded, image_size=size, fast_decode=False), workers),
+            }
         return {
             "folder": lambda: map_loader(JpegFolderDataset(folder, image_size=size), workers),
             "hdf5-encoded": lambda: map_loader(HDF5Dataset(encoded, image_size=size), workers),
@@ -168,9 +178,10 @@ def run(images: int, size: int, workdir: Path, min_seconds: float, repeats: int)
             "webdataset": lambda: webdataset_loader(urls, size, False, workers),
         }
 
-    ablation_loaders = {
+    ablation_loaders = {} if decode_only else {
         "folder-draft-decode": lambda: map_loader(JpegFolderDataset(folder, image_size=size, draft=True), 2),
         "webdataset-draft-decode": lambda: webdataset_loader(urls, size, True, 2),
+        "hdf5-encoded-pil-decode": lambda: map_loader(HDF5Dataset(encoded, image_size=size, fast_decode=False), 2),
     }
     # Every configuration runs once per round, rounds interleave, and the best round counts: other processes
     # on a shared machine only ever slow a run down.
@@ -186,9 +197,11 @@ def run(images: int, size: int, workdir: Path, min_seconds: float, repeats: int)
             loader = make()
             best[name, 2] = max(best.get((name, 2), 0.0), throughput(loader, min_seconds))
             del loader
-        for name, fresh in (("raw-read", True), ("raw-read-reused-buffer", False)):
+        for name, fresh in () if decode_only else (("raw-read", True), ("raw-read-reused-buffer", False)):
             best[name, 0] = max(best.get((name, 0), 0.0), raw_read(shard_paths, sample_bytes, min_seconds, fresh))
     main_names = {"folder", "hdf5-encoded", "hdf5-decoded", "webdataset", "raw-read"}
+    if decode_only:
+        main_names = {"hdf5-encoded", "hdf5-encoded-pil-decode"}
     entries = [{"loader": name, "workers": workers, "samples_per_s": rate} for (name, workers), rate in best.items()]
     return {
         "results": [entry for entry in entries if entry["loader"] in main_names],
@@ -199,12 +212,19 @@ def run(images: int, size: int, workdir: Path, min_seconds: float, repeats: int)
         "ablations": [entry for entry in entries if entry["loader"] not in main_names],
         "load_average": os.getloadavg()[0],
         "cpus": os.cpu_count(),
+        "decode_only": decode_only,
+        "fast_decoder": fast_decoder_available(),
     }
 
 
 def ratios(report: dict[str, Any]) -> dict[str, float]:
-    at = {(r["loader"], r["workers"]): r["samples_per_s"] for r in report["results"]}
-    return {
+    at = {(r["loader"], r["workers"]): r["samples_per_s"] for r in report["results"] + report["ablations"]}
+    decode = {f"encoded fast decode / PIL draft decode @{workers}": at["hdf5-encoded", workers]
+              / at["hdf5-encoded-pil-decode", workers] for workers in (0, 2)
+              if ("hdf5-encoded-pil-decode", workers) in at}
+    if report.get("decode_only"):
+        return decode
+    return decode | {
         "decoded/folder @2 (target >= 5)": at["hdf5-decoded", 2] / at["folder", 2],
         "encoded/folder @2 (target >= 1.2)": at["hdf5-encoded", 2] / at["folder", 2],
         "encoded/webdataset @2 (target >= 1.2)": at["hdf5-encoded", 2] / at["webdataset", 2],
@@ -221,6 +241,7 @@ def table(report: dict[str, Any]) -> str:
     rows.extend(f"{name:<44}{value:>8.2f}" for name, value in ratios(report).items())
     rows.append(
         f"\n{report['images']} images, {report['image_size']}px, batch {report['batch_size']}, "
+        f"fast decoder (simplejpeg) {'installed' if report['fast_decoder'] else 'missing: PIL everywhere'}, "
         f"load average {report['load_average']:.1f} on {report['cpus']} CPUs"
     )
     return "\n".join(rows)
@@ -230,6 +251,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small dataset, 3 rounds (under 3 minutes)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--decode-only", action="store_true", help="only the encoded HDF5 decoders (the ablation)")
     parser.add_argument("--images", type=int, default=None)
     parser.add_argument("--size", type=int, default=160, help="decoded image side S")
     parser.add_argument("--plot", type=Path, default=None, help="also write an SVG bar chart here")
@@ -243,10 +265,10 @@ def main() -> int:
     torch.set_num_threads(1)
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        report = run(images, args.size, args.workdir, min_seconds, repeats)
+        report = run(images, args.size, args.workdir, min_seconds, repeats, args.decode_only)
     else:
         with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
-            report = run(images, args.size, Path(tmp), min_seconds, repeats)
+            report = run(images, args.size, Path(tmp), min_seconds, repeats, args.decode_only)
     report["ratios"] = ratios(report)
     if args.plot:
         bars = [

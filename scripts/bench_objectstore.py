@@ -34,9 +34,9 @@ import torch  # noqa: E402
 from bench_loader import generate  # noqa: E402
 from svgbars import bar_chart_svg  # noqa: E402
 
+from benchmarks.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
 from workloads.data.format import atomic_write_bytes  # noqa: E402
-from workloads.data.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data.pack import PackOptions, pack  # noqa: E402
 from workloads.data.s3 import S3Uri, make_client  # noqa: E402
 from workloads.data.sampler import BlockShuffleBatchSampler  # noqa: E402

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from workloads.data.netem import FaultProxy, LatencyProxy
+from benchmarks.netem import FaultProxy, LatencyProxy
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.netem import FaultProxy
 from tests.data.helpers import shard_files, stage_options, uploaded
 from workloads.data.__main__ import main
 from workloads.data.format import MANIFEST_NAME, load_manifest
-from workloads.data.netem import FaultProxy
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, make_client
 from workloads.data.stage import stage
 from workloads.data.upload import UploadOptions, upload

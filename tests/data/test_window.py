@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.netem import FaultProxy
 from tests.data.helpers import FAST_RETRY, uploaded
 from workloads.data.format import MANIFEST_NAME, WINDOW_DIR, load_manifest
-from workloads.data.netem import FaultProxy
 from workloads.data.s3 import DataToolError, RetryPolicy, make_client
 from workloads.data.stage import StageOptions, stage
 from workloads.data.verify import sha256_file
@@ -173,3 +173,36 @@ def test_lingering_sidecar_keeps_deleting_until_sigterm(packed: Path, s3_url: st
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0, err
+
+
+def test_a_small_window_still_fetches_each_shard_as_parallel_parts(packed: Path, s3_url: str, bucket: str,
+                                                                    moto_port: int, tmp_path: Path) -> None:
+    """A window of two shards holds at most one shard in flight while the reader reads the other: unless that shard
+    is split into several ranged GETs, most connections sit idle (min_part_bytes is lowered to the test's scale)."""
+    target = uploaded(packed, s3_url, bucket)
+    manifest = load_manifest(packed)
+    largest = max(s.bytes for s in manifest.shards)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    failures: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            helper = WindowReader(dest, poll_interval_s=0.005)
+            for shard in manifest.shards:
+                assert sha256_file(helper.wait_ready(shard.path, timeout=60)) == shard.sha256
+                helper.mark_consumed(shard.path)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    with FaultProxy(moto_port) as proxy:  # no faults: it only counts the GETs
+        result = stage(make_client(proxy.url, 4), target, dest, StageOptions(
+            workers=4, window_bytes=2 * largest, min_part_bytes=1024, retry=FAST_RETRY, progress=False,
+            poll_interval_s=0.005))
+    thread.join(60)
+    assert failures == []
+    assert result.peak_window_bytes <= 2 * largest
+    # One GET for the manifest, then at least 2 ranges per shard (the default 16 MiB part would make it 1).
+    assert proxy.counts.requests >= 1 + 2 * len(manifest.shards)

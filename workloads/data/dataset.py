@@ -36,7 +36,8 @@ from workloads.data.format import (
     load_manifest,
     manifest_error,
 )
-from workloads.data.transforms import decode_bytes, decode_file
+from workloads.data.jpeg import decode_into
+from workloads.data.transforms import decode_file
 from workloads.data.window import WindowReader, WindowStagerError, read_consumed
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -105,8 +106,9 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
     """Samples of a packed dataset (a directory holding manifest.json, or the manifest path itself).
 
     decoded layout: images come back as stored (S x S x 3).
-    encoded layout: stored bytes are decoded in the calling process (a worker) to image_size x image_size x 3;
-    `draft` allows libjpeg's reduced-scale decoding when the source is at least twice that size.
+    encoded layout: stored bytes are decoded in the calling process (a worker) to image_size x image_size x 3,
+    straight into the batch; `draft` allows libjpeg's reduced-scale decoding when the source is at least twice that
+    size; `fast_decode` uses simplejpeg where it is installed (workloads/data/jpeg.py), PIL otherwise.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         *,
         image_size: int | None = None,
         draft: bool = True,
+        fast_decode: bool = True,
         shard_wait_s: float | None = 3600.0,
     ) -> None:
         path = Path(root)
@@ -136,6 +139,7 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         else:
             self.image_size = int(image_size or self.manifest.image_size or 224)
         self.draft = draft
+        self.fast_decode = fast_decode
         self.transport: Transport = "shm"
         self.shard_paths = [self.root / shard.path for shard in self.manifest.shards]
         # A rolling-window stager fills this directory while we read: wait for each shard, in its order.
@@ -279,7 +283,8 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
                 start = int(shard.offsets[local + k]) - begin
                 stop = int(shard.offsets[local + k + 1]) - begin
                 try:
-                    out[position + k] = decode_bytes(blob.data[start:stop], size, draft=self.draft)
+                    decode_into(blob.data[start:stop], out[position + k], draft=self.draft,
+                                use_simplejpeg=self.fast_decode)
                 except OSError as exc:
                     path = self.shard_paths[shard_index]
                     raise DatasetError(f"{path}: sample {local + k} does not decode: {exc}") from exc

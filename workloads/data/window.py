@@ -88,7 +88,7 @@ def read_consumed(dest: str | os.PathLike[str]) -> set[str]:
 class WindowReader:
     """The reader's side: wait for a shard to be staged, then say when it has been consumed."""
 
-    def __init__(self, dest: str | os.PathLike[str], poll_interval_s: float = 0.05) -> None:
+    def __init__(self, dest: str | os.PathLike[str], poll_interval_s: float = 0.01) -> None:
         self.dest = Path(dest)
         self.poll_interval_s = poll_interval_s
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 LOCALHOST = "127.0.0.1"
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHUNK = 64 * 1024
 _SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
                   b"<Message>Please reduce your request rate.</Message><RequestId>netem</RequestId></Error>")
@@ -280,7 +282,9 @@ def free_port() -> int:
 @contextlib.contextmanager
 def _child(command: list[str], ready: str) -> Iterator[str]:
     """Start a server process, wait for its output line containing `ready`, stop it (and only it) afterwards."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The proxy runs as `python -m benchmarks.netem`: give the child this checkout on its path, whatever the cwd.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_REPO_ROOT, os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         assert process.stdout is not None
         for line in process.stdout:
@@ -309,7 +313,7 @@ def local_s3_behind_latency(latency_ms: float, per_connection_mb_s: float | None
     a GIL with the client being measured); both are stopped on exit. For benchmarks."""
     server_port = free_port()
     server = [sys.executable, "-m", "moto.server", "-H", LOCALHOST, "-p", str(server_port)]
-    proxy = [sys.executable, "-m", "workloads.data.netem", "--upstream-port", str(server_port),
+    proxy = [sys.executable, "-m", "benchmarks.netem", "--upstream-port", str(server_port),
              "--latency-ms", str(latency_ms)]
     if per_connection_mb_s:
         proxy += ["--per-connection-mb-s", str(per_connection_mb_s)]
@@ -321,13 +325,13 @@ def local_s3_behind_latency(latency_ms: float, per_connection_mb_s: float | None
 def main(argv: list[str] | None = None) -> int:
     """Run a LatencyProxy as its own process (so its CPU use does not share a GIL with the measured client):
 
-    python -m workloads.data.netem --upstream-port 9000 --latency-ms 20 [--per-connection-mb-s 100] [--port 0]
+    python -m benchmarks.netem --upstream-port 9000 --latency-ms 20 [--per-connection-mb-s 100] [--port 0]
     Prints `listening 127.0.0.1:<port>` once ready; stops on SIGTERM or SIGINT.
     """
     import argparse
     import signal
 
-    parser = argparse.ArgumentParser(prog="python -m workloads.data.netem", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.netem", description=main.__doc__)
     parser.add_argument("--upstream-port", type=int, required=True)
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--per-connection-mb-s", type=float, default=None)

@@ -1,0 +1,1 @@
+"""Test and benchmark machinery (network emulation, peer contenders): used by scripts/ and tests/, never shipped."""

@@ -1,0 +1,77 @@
+"""The fast JPEG path gives PIL's pixels (within libjpeg-turbo rounding), and PIL stays the fallback."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from workloads.data import jpeg
+from workloads.data.jpeg import decode_into
+from workloads.data.transforms import decode_bytes
+
+needs_simplejpeg = pytest.mark.skipif(not jpeg.fast_decoder_available(), reason="simplejpeg is not installed")
+
+
+def _photo(width: int, height: int, seed: int = 0, mode: str = "RGB", fmt: str = "JPEG", **save: object) -> bytes:
+    """Smooth structure plus noise, like a photo (flat random noise would make every decoder look different)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([127 + 100 * np.sin(x / (17 + 5 * c) + y / (23 + 3 * c)) for c in range(3)], -1)
+    pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(buffer, format=fmt, **({"quality": 90} | save if fmt == "JPEG"
+                                                                       else save))
+    return buffer.getvalue()
+
+
+def _decoded(payload: bytes, size: int, **kwargs: object) -> np.ndarray:
+    out = np.full((size, size, 3), 7, dtype=np.uint8)
+    decode_into(payload, out, **kwargs)  # type: ignore[arg-type]
+    return out
+
+
+@needs_simplejpeg
+@pytest.mark.parametrize(("width", "height", "size", "draft"), [
+    (450, 340, 160, True),  # DCT scale 1/2, as PIL's draft picks it
+    (700, 680, 80, True),  # 1/8
+    (200, 150, 96, True),  # too small to scale: full decode
+    (450, 340, 160, False),
+    (330, 500, 64, True),  # portrait
+])
+def test_simplejpeg_matches_pil_within_rounding(width: int, height: int, size: int, draft: bool) -> None:
+    payload = _photo(width, height)
+    fast = _decoded(payload, size, draft=draft)
+    reference = decode_bytes(payload, size, draft=draft)
+    difference = np.abs(fast.astype(np.int16) - reference.astype(np.int16))
+    assert fast.shape == reference.shape == (size, size, 3)
+    assert difference.mean() < 1.0 and difference.max() <= 16
+
+
+@pytest.mark.parametrize("payload", [
+    _photo(120, 90, mode="CMYK"),  # Adobe inverted CMYK: PIL's rules
+    _photo(120, 90, mode="L"),
+    _photo(120, 90, fmt="PNG"),
+    _photo(240, 180, progressive=True),
+], ids=["cmyk", "grey", "png", "progressive"])
+def test_every_kind_of_image_decodes_like_pil(payload: bytes) -> None:
+    fast = _decoded(payload, 40)
+    reference = decode_bytes(payload, 40)
+    assert np.abs(fast.astype(np.int16) - reference.astype(np.int16)).mean() < 1.0
+
+
+def test_without_simplejpeg_pil_does_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jpeg, "_SIMPLEJPEG", None)
+    payload = _photo(450, 340, seed=3)
+    assert not jpeg.fast_decoder_available()
+    assert np.array_equal(_decoded(payload, 160), decode_bytes(payload, 160))
+    assert np.array_equal(_decoded(payload, 160, use_simplejpeg=True, draft=False), decode_bytes(payload, 160,
+                                                                                                    draft=False))
+
+
+def test_a_broken_jpeg_is_an_oserror() -> None:
+    payload = _photo(200, 150)
+    with pytest.raises(OSError):
+        _decoded(payload[: len(payload) // 3], 64)

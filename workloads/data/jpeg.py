@@ -1,0 +1,66 @@
+"""JPEG bytes -> (size, size, 3) uint8, written straight into a caller's buffer (a row of the batch).
+
+With the optional `simplejpeg` package (it bundles libjpeg-turbo), the header is read without building a PIL image
+and the DCT-domain downscale (1/2, 1/4, 1/8) is asked for directly through min_width/min_height, the same scale PIL's
+draft mode picks; the center square is then resized with PIL's bilinear filter exactly as the PIL path does, so
+both paths give the same pixels up to libjpeg-turbo build differences. Without simplejpeg, or for anything it
+cannot decode (CMYK, progressive files with odd markers, not a JPEG), PIL does the whole job.
+"""
+
+from __future__ import annotations
+
+import io
+from types import ModuleType
+
+import numpy as np
+from PIL import Image
+
+from workloads.data.transforms import _square_center_box, decode_image
+
+
+def _load_simplejpeg() -> ModuleType | None:
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+    return simplejpeg
+
+
+_SIMPLEJPEG = _load_simplejpeg()
+
+
+def fast_decoder_available() -> bool:
+    return _SIMPLEJPEG is not None
+
+
+def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = True,
+                use_simplejpeg: bool = True) -> None:
+    """Decode one image into `out` (shape (size, size, 3), uint8). Raises OSError when it does not decode."""
+    size = out.shape[0]
+    if use_simplejpeg and _SIMPLEJPEG is not None and bytes(payload[:2]) == b"\xff\xd8":
+        pixels = _decode_simplejpeg(_SIMPLEJPEG, payload, size, draft)
+        if pixels is not None:
+            out[...] = pixels
+            return
+    with Image.open(io.BytesIO(payload)) as image:
+        out[...] = decode_image(image, size, draft=draft)
+
+
+def _decode_simplejpeg(simplejpeg: ModuleType, payload: bytes | memoryview, size: int,
+                       draft: bool) -> np.ndarray | None:
+    """The simplejpeg path, or None where only PIL gives the right answer (PIL then decodes)."""
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(payload)
+        if colorspace not in ("RGB", "YCbCr", "Gray"):  # CMYK/YCCK: PIL's inversion rules apply
+            return None
+        # min_* picks the largest DCT scale that keeps both sides >= size, as PIL's draft((size, size)) does;
+        # without draft the image is decoded at full size.
+        limits = {"min_width": size, "min_height": size} if draft and min(width, height) >= 2 * size else {}
+        decoded = simplejpeg.decode_jpeg(payload, colorspace="RGB", **limits)
+    except (ValueError, RuntimeError):
+        return None
+    image = Image.fromarray(decoded)
+    box = _square_center_box(*image.size)
+    if image.size != (size, size) or box != (0, 0, size, size):
+        image = image.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=None)
+    return np.asarray(image)

@@ -21,6 +21,7 @@ from infra.poolplan import plan_node_pools, pool_facts
 from infra.registry import ImageRegistry, ImageRegistryArgs, repository_name, repository_url
 from infra.storage import Storage, StorageArgs, job_storage_facts
 from workloads.cluster_facts import ClusterFacts, facts_to_dict
+from workloads.jobspec import metrics_ports
 
 __all__ = ["JOBS_NAMESPACE", "build_stack", "stack_context"]  # JOBS_NAMESPACE: Jobs, claims, the COS Secret
 
@@ -110,8 +111,11 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     } for plan in pool_plans}
 
     # --- the Jobs' namespace (issue 5): storage puts its claims and the COS Secret in it ---
-    namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(cluster=cluster, facts=job_facts,
-                                                             egress=cfg.job_egress.rules(cfg.platform)))
+    monitoring = cfg.monitoring
+    namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(
+        cluster=cluster, facts=job_facts, egress=cfg.job_egress.rules(cfg.platform),
+        metrics_namespace=monitoring.namespace if monitoring.enabled else None,
+        metrics_ports=metrics_ports(max((pool.gpus_per_node for pool in job_facts.pools), default=1))))
 
     # --- storage (issue 4) ---
     storage = Storage(ctx, StorageArgs(

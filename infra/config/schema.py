@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 
 from infra.config.base import DnsLabel, StrictModel
 from infra.config.egress import JobEgressConfig
+from infra.config.monitoring import MonitoringConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
@@ -204,6 +205,7 @@ class StackConfig(StrictModel):
     storage: StorageConfig = Field(default_factory=StorageConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     jobs: list[TrainingJobSpec] = []
     kubeconfig: SecretStr | None = None
     cos_hmac_access_key_id: SecretStr | None = None

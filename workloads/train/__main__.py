@@ -11,6 +11,7 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 from workloads.data.dataset import DatasetError
 from workloads.data.s3 import DataToolError
@@ -213,7 +214,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     env = Distributed.from_env()
-    metrics = TrainMetrics(gpu_index=env.local_rank if _has_cuda() else None)
+    metrics = TrainMetrics(gpu_index=env.local_rank if _has_cuda() else None, volumes=_volumes(config))
     try:
         port = metrics_port_for(config.metrics_port, env.local_rank)
         if port:
@@ -228,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         metrics.close()
     return 0
+
+
+def _volumes(config: TrainConfig) -> dict[str, str]:
+    """The file systems whose fill level the metrics report: /dev/shm and the data directory."""
+    data = Path(config.data)
+    return {"shm": "/dev/shm", "data": str(data if data.is_dir() else data.parent)}
 
 
 def _has_cuda() -> bool:

@@ -94,6 +94,29 @@ class _GpuCollector(Collector):
         yield total
 
 
+class _FilesystemCollector(Collector):
+    """Size and use of the file systems a run depends on, read at scrape time: /dev/shm (DataLoader batches; a full
+    one is a bus error) and the data directory (on staged Jobs the node's NVMe RAID, shared with the stager)."""
+
+    def __init__(self, volumes: dict[str, str]) -> None:
+        self.volumes = dict(volumes)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        size = GaugeMetricFamily("ml_train_filesystem_size_bytes", "Size of the file system holding a volume the "
+                                 "run uses", labels=["volume"])
+        used = GaugeMetricFamily("ml_train_filesystem_used_bytes", "Bytes in use on that file system",
+                                 labels=["volume"])
+        for volume, path in sorted(self.volumes.items()):
+            try:
+                stat = os.statvfs(path)
+            except OSError:  # not there (a CPU laptop run without /dev/shm, a manifest path): no series
+                continue
+            size.add_metric([volume], float(stat.f_blocks * stat.f_frsize))
+            used.add_metric([volume], float((stat.f_blocks - stat.f_bfree) * stat.f_frsize))
+        yield size
+        yield used
+
+
 @dataclass(frozen=True)
 class RunShape:
     """What the run will do, known once the data is indexed: the denominators of progress and ETA."""
@@ -108,7 +131,8 @@ class RunShape:
 class TrainMetrics:
     """The trainer's metrics in a registry of their own (no process-global state: tests run several trainers)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, gpu_index: int | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, gpu_index: int | None = None,
+                 volumes: dict[str, str] | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.step_seconds = Histogram("ml_train_step_seconds", "Wall time of a training step: waiting for the batch "
@@ -130,6 +154,8 @@ class TrainMetrics:
         self._server: Any = None
         if gpu_index is not None:
             r.register(_GpuCollector(gpu_index))
+        if volumes:
+            r.register(_FilesystemCollector(volumes))
 
     # -- what the loop reports ----------------------------------------------------------------------------------
     def started(self, shape: RunShape) -> None:

@@ -15,6 +15,7 @@ from infra.config.stackcheck import check_stack, job_bucket_names
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
+from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
 from infra.nodepools import NodePools, NodePoolsArgs
 from infra.poolplan import plan_node_pools, pool_facts
@@ -125,10 +126,20 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         cos_access_key_id=cfg.cos_hmac_access_key_id, cos_secret_access_key=cfg.cos_hmac_secret_access_key))
     outputs["storage"] = storage.outputs(cluster, network)
 
+    # --- metrics collection: before the GPU plumbing, whose DCGM ServiceMonitor needs the operator's CRDs ---
+    max_processes = max((pool.gpus_per_node for pool in job_facts.pools), default=1)
+    monitors: tuple[pulumi.Resource, ...] = ()
+    if monitoring.enabled:
+        collection = Monitoring(f"{ctx.prefix}-monitoring", MonitoringArgs(
+            ctx=ctx, cluster=cluster, config=monitoring, training_namespace=JOBS_NAMESPACE,
+            max_processes_per_pod=max_processes, depends_on=(*node_groups, *storage.driver_resources)))
+        monitors = (collection.release,)
+        outputs["monitoringNamespace"] = monitoring.namespace
+
     # --- GPU plumbing (issue 3) ---
     gpu = GpuPlumbing(f"{ctx.prefix}-gpu", GpuPlumbingArgs(
         ctx=ctx, cluster=cluster, config=cfg.gpu, pools=pool_plans, cluster_name=cfg.cluster_name,
-        kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources)))
+        kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources, *monitors)))
 
     # --- training jobs (issue 5) ---
     # The Jobs were checked against claim names derived from config; they must be the claims Storage made.

@@ -3,11 +3,7 @@ pinned chart (tests/charts/upstream) strictly, and against what the Job renderer
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,25 +15,12 @@ from infra.monitoring import kps_values, monitoring_manifests
 from tests.jobs.facts import prod_facts
 from tests.jobs.jobrules import validate_strict
 from tests.jobs.test_jobspec import S3_COPY, spec
+from tests.monitoring.crds import kps_crds, render_charts
 from workloads.jobspec import render_job
 
-ROOT = Path(__file__).resolve().parents[2]
-KPS = ROOT / "tests" / "charts" / "upstream" / f"kube-prometheus-stack-{MonitoringConfig().chart_version}.tgz"
 
-
-@functools.cache
-def _render_charts() -> Any:
-    loaded = importlib.util.spec_from_file_location("render_charts", ROOT / "scripts" / "render_charts.py")
-    assert loaded is not None and loaded.loader is not None
-    module = importlib.util.module_from_spec(loaded)
-    sys.modules.setdefault("render_charts", module)
-    loaded.loader.exec_module(module)
-    return module
-
-
-@functools.cache
 def _crds() -> dict:
-    return _render_charts().chart_crds(KPS)
+    return kps_crds()
 
 
 def _manifests(**config: Any) -> dict[str, dict]:
@@ -49,11 +32,11 @@ def test_monitors_and_rules_are_valid_for_the_pinned_operator() -> None:
     manifests = _manifests()
     assert set(manifests) == {"PodMonitor", "PrometheusRule", "ConfigMap"}
     for kind in ("PodMonitor", "PrometheusRule"):
-        assert _render_charts().validate_custom(manifests[kind], _crds()) == [], kind
+        assert render_charts().validate_custom(manifests[kind], _crds()) == [], kind
     validate_strict(manifests["ConfigMap"])
     typo = json.loads(json.dumps(manifests["PodMonitor"]))
     typo["spec"]["podMetricsEndpoints"][0]["relabellings"] = []
-    assert _render_charts().validate_custom(typo, _crds()) == [
+    assert render_charts().validate_custom(typo, _crds()) == [
         "spec.podMetricsEndpoints.0: Additional properties are not allowed ('relabellings' was unexpected)"]
 
 
@@ -109,7 +92,7 @@ def test_stack_plans_install_monitoring_in_order(stack: str, stack_plan: Any) ->
     for kind in ("PodMonitor", "PrometheusRule"):
         monitor = next(r for r in resources.values() if r["type"] == f"kubernetes:monitoring.coreos.com/v1:{kind}")
         assert release["name"] in monitor["options"]["dependsOn"]
-        assert _render_charts().validate_custom(monitor["inputs"], _crds()) == [], kind
+        assert render_charts().validate_custom(monitor["inputs"], _crds()) == [], kind
     dcgm = resources[f"mlc-{stack}-gpu-dcgm-exporter"]
     assert dcgm["inputs"]["values"]["serviceMonitor"] == {"enabled": True, "honorLabels": True}
     assert release["name"] in dcgm["options"]["dependsOn"]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import socket
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workloads.data.__main__ import main as data_main
 from workloads.data.metrics import StageMetrics
+from workloads.train.__main__ import main as train_main
 from workloads.train.__main__ import parse_args
 from workloads.train.metrics import RunShape, TrainMetrics, metrics_port_for
 
@@ -92,3 +95,29 @@ def test_stager_metrics_names() -> None:
     assert get("ml_stage_window_capacity_bytes") == 2048 and get("ml_stage_window_used_bytes") == 2048
     assert get("ml_stage_shards_ready") == 2 and get("ml_stage_shards_consumed") == 1 and get("ml_stage_done") == 0
     assert get("ml_stage_bytes_total") == 0 and get("ml_stage_retries_total") == 0
+
+
+def test_trainer_cli_serves_while_it_runs_and_frees_the_port_on_a_config_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = _free_port()
+    assert train_main(["--data", str(tmp_path / "missing"), "--metrics-port", str(port)]) == 2
+    assert "error: " in capsys.readouterr().err
+    with socket.socket() as sock:  # the endpoint is closed again: the port can be bound
+        sock.bind(("127.0.0.1", port))
+
+
+def test_trainer_cli_reports_a_busy_metrics_port_in_one_line(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert train_main(["--data", str(tmp_path), "--metrics-port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --metrics-port: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

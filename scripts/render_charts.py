@@ -17,6 +17,7 @@ OpenShift's SecurityContextConstraints, is an error). Output: `error: <release>:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Iterator, Mapping
@@ -108,7 +109,14 @@ def _crd_loader() -> Any:
 
 def chart_crds(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
     """{(apiVersion, kind): openAPIV3Schema} of every CRD in a chart's crds/ directories (subcharts included),
-    the schemas the API server will enforce once Helm has applied them."""
+    the schemas the API server will enforce once Helm has applied them. Parsed once per chart file and process:
+    the Prometheus operator's CRDs are megabytes."""
+    stat = path.stat()
+    return _chart_crds(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _chart_crds(path: Path, _mtime_ns: int, _size: int) -> dict[tuple[str, str], dict[str, Any]]:
     import tarfile
 
     import yaml

@@ -11,23 +11,29 @@ docs/monitoring.md); the cluster itself goes with an EKS stack's destroy.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
+import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.alerts import rule_groups
 from infra.config.monitoring import MonitoringConfig
 from infra.context import ClusterInfo, StackContext
 from infra.dashboard import dashboard_json
+from infra.iam import pod_identity_trust_policy
 from workloads.jobspec import METRICS_LABEL, STAGE_METRICS_PORT_NAME, train_metrics_port_name
 
 KPS_CHART = "kube-prometheus-stack"
 KPS_REPO = "https://prometheus-community.github.io/helm-charts"
 # The release name prefixes every object of the chart; short keeps them under Kubernetes' 63-character limits.
 KPS_RELEASE = "kps"
+# Named, not derived by the chart's templates: an EKS Pod Identity association (remote write to Amazon Managed
+# Service for Prometheus, SigV4) binds to it by name (chart values.yaml:3659-3661, prometheus.serviceAccount).
+PROMETHEUS_SERVICE_ACCOUNT = "prometheus"
 # kube-prometheus-stack's Grafana sidecar loads ConfigMaps with this label (chart values.yaml:1539-1540).
 DASHBOARD_LABEL = ("grafana_dashboard", "1")
 JOB_NAME_SOURCE = "__meta_kubernetes_pod_label_app_kubernetes_io_instance"
@@ -65,11 +71,27 @@ def kps_values(cfg: MonitoringConfig) -> dict[str, Any]:
             target["sigv4"] = {"region": cfg.remote_write.sigv4_region}
         spec["remoteWrite"] = [target]
     return {
-        "prometheus": {"prometheusSpec": spec},
+        "prometheus": {"prometheusSpec": spec,
+                       "serviceAccount": {"create": True, "name": PROMETHEUS_SERVICE_ACCOUNT}},
         "grafana": {"enabled": cfg.grafana and cfg.mode == "in-cluster"},
         # Node agents must run on GPU nodes, which carry NoSchedule (and possibly configured NoExecute) taints.
         "prometheus-node-exporter": {"tolerations": [{"operator": "Exists"}]},
     }
+
+
+def amp_workspace_arn(url: str, region: str, account_id: str) -> str:
+    """The workspace a remote-write URL of Amazon Managed Service for Prometheus names, as an IAM resource ARN
+    (https://aps-workspaces.<region>.amazonaws.com/workspaces/<id>/api/v1/remote_write); "*" for another URL."""
+    parts = url.split("/workspaces/", 1)
+    if len(parts) != 2 or not parts[1].split("/", 1)[0]:
+        return "*"
+    return f"arn:aws:aps:{region}:{account_id}:workspace/{parts[1].split('/', 1)[0]}"
+
+
+def remote_write_policy(workspace_arn: str) -> str:
+    """Least privilege for Prometheus writing to AMP: RemoteWrite on the one workspace."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "RemoteWrite", "Effect": "Allow", "Action": ["aps:RemoteWrite"], "Resource": workspace_arn}]})
 
 
 def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_processes_per_pod: int,
@@ -134,6 +156,7 @@ class MonitoringArgs:
     config: MonitoringConfig
     training_namespace: str
     max_processes_per_pod: int
+    account_id: str | None = None  # EKS: scopes the AMP remote-write permission to the workspace
     depends_on: Sequence[pulumi.Resource] = ()  # node groups (the operator needs somewhere to run), storage drivers
 
 
@@ -149,6 +172,23 @@ class Monitoring(pulumi.ComponentResource):
             ctx.name("monitoring", "namespace"), metadata={"name": cfg.namespace, "labels": labels},
             opts=pulumi.ResourceOptions(parent=self, provider=provider,
                                         depends_on=list(args.cluster.eks_dependencies)))
+        identity: list[pulumi.Resource] = []
+        remote = cfg.remote_write
+        if args.cluster.is_eks and remote is not None and remote.sigv4_region and args.account_id:
+            # SigV4 signs with the pod's credentials: an IAM role for Prometheus' service account (Pod Identity).
+            child = pulumi.ResourceOptions(parent=self)
+            role = aws.iam.Role(ctx.name("monitoring", "remote-write-role"),
+                                assume_role_policy=pod_identity_trust_policy(), tags=ctx.tags, opts=child)
+            policy = aws.iam.RolePolicy(
+                ctx.name("monitoring", "remote-write"), role=role.id,
+                policy=remote_write_policy(amp_workspace_arn(remote.url, remote.sigv4_region, args.account_id)),
+                opts=child)
+            association = aws.eks.PodIdentityAssociation(
+                ctx.name("monitoring", "remote-write-identity"), cluster_name=args.cluster.name,
+                namespace=cfg.namespace, service_account=PROMETHEUS_SERVICE_ACCOUNT, role_arn=role.arn,
+                tags=ctx.tags,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.cluster.eks_dependencies)))
+            identity = [policy, association]
         self.release = k8s.helm.v3.Release(
             ctx.name("monitoring", KPS_RELEASE),
             name=KPS_RELEASE,
@@ -157,7 +197,8 @@ class Monitoring(pulumi.ComponentResource):
             namespace=cfg.namespace,
             repository_opts={"repo": KPS_REPO},
             values=kps_values(cfg),
-            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace, *args.depends_on]),
+            opts=pulumi.ResourceOptions(parent=self, provider=provider,
+                                        depends_on=[namespace, *identity, *args.depends_on]),
         )
         after_crds = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.release])
         for manifest in monitoring_manifests(cfg, ctx.stack, ctx.label_prefix, args.training_namespace,

@@ -98,3 +98,23 @@ def test_stack_plans_install_monitoring_in_order(stack: str, stack_plan: Any) ->
     assert release["name"] in dcgm["options"]["dependsOn"]
     scrape = resources[f"mlc-{stack}-jobs-netpol-allow-metrics-scrape"]["inputs"]["spec"]["ingress"][0]
     assert scrape["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def test_remote_write_to_amp_gets_a_role_scoped_to_the_workspace(plan_config: Any) -> None:
+    """dev with monitoring in remote-write mode to an AMP workspace: Prometheus' named service account gets a Pod
+    Identity role that may only RemoteWrite to that workspace, in place before the release starts Prometheus."""
+    url = "https://aps-workspaces.us-west-2.amazonaws.com/workspaces/ws-0123abcd/api/v1/remote_write"
+    plan = plan_config("dev", {"ml-cluster:monitoring": {
+        "enabled": True, "mode": "remote-write", "remoteWrite": {"url": url, "sigv4Region": "us-west-2"}}})
+    resources = {r["name"]: r for r in plan["resources"]}
+    policy = json.loads(resources["mlc-dev-monitoring-remote-write"]["inputs"]["policy"])
+    assert policy["Statement"] == [{"Sid": "RemoteWrite", "Effect": "Allow", "Action": ["aps:RemoteWrite"],
+                                    "Resource": "arn:aws:aps:us-west-2:111122223333:workspace/ws-0123abcd"}]
+    association = resources["mlc-dev-monitoring-remote-write-identity"]["inputs"]
+    release = resources["mlc-dev-monitoring-kps"]
+    assert (association["namespace"], association["serviceAccount"]) == (
+        "monitoring", release["inputs"]["values"]["prometheus"]["serviceAccount"]["name"])
+    assert "mlc-dev-monitoring-remote-write-identity" in release["options"]["dependsOn"]
+    assert release["inputs"]["values"]["prometheus"]["prometheusSpec"]["remoteWrite"] == [
+        {"url": url, "sigv4": {"region": "us-west-2"}}]
+    assert not any(r["type"] == "kubernetes:core/v1:ConfigMap" and "dashboard" in r["name"] for r in resources.values())

@@ -3,10 +3,14 @@ the namespace policy that lets the monitoring namespace (and nothing else) reach
 
 from __future__ import annotations
 
+import pytest
+
 from tests.jobs.facts import dev_facts, prod_facts
 from tests.jobs.jobrules import check_job, validate_strict
 from tests.jobs.test_jobspec import S3_COPY, spec, train_container
+from workloads.data.__main__ import build_parser
 from workloads.jobspec import metrics_ports, namespace_network_policies, render_job
+from workloads.train.__main__ import parse_args
 
 
 def _ports(container: dict) -> dict[str, int]:
@@ -43,3 +47,21 @@ def test_scrape_policy_covers_every_metrics_port_a_pod_can_declare() -> None:
     rule, = scrape["spec"]["ingress"]
     assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert {port["port"] for port in rule["ports"]} == declared
+
+
+def test_the_rendered_commands_are_accepted_by_the_clis_they_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stager's argv parses with the data CLI and serves on its declared port; the trainer's env port is the
+    one its container declares for local rank 0."""
+    job, *_ = render_job(spec(gpus=8, gpuType="h100", nodes=2,
+                              dataset={**S3_COPY, "staging": "rolling"}), prod_facts())
+    pod = job["spec"]["template"]["spec"]
+    stager = pod["initContainers"][0]
+    python, dash_m, module, *argv = stager["command"]
+    assert (python, dash_m, module) == ("python", "-m", "workloads.data")
+    args = build_parser().parse_args(argv)
+    assert args.metrics_port == _ports(stager)["metrics-stage"]
+    env = {item["name"]: item["value"] for item in train_container(job)["env"] if "value" in item}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = parse_args(["--data", "/data"])
+    assert (config.metrics_port, config.metrics_addr) == (_ports(train_container(job))["metrics-r0"], "0.0.0.0")

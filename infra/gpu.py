@@ -86,7 +86,10 @@ def dcgm_exporter_values(cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], lab
     return {
         "affinity": _required_affinity(f"{label_prefix}/gpu-type", "Exists"),
         "tolerations": gpu_tolerations(plans),
-        "serviceMonitor": {"enabled": cfg.service_monitor},
+        # honorLabels: keep the `namespace`/`pod` dcgm-exporter puts on each GPU's series (the workload holding it)
+        # instead of renaming them exported_*; the alerts join them with the trainer's series on those labels.
+        # Chart 4.7.1 values.yaml:120-127 (serviceMonitor.enabled, interval, honorLabels, additionalLabels).
+        "serviceMonitor": {"enabled": cfg.service_monitor, "honorLabels": True},
         "resources": DCGM_EXPORTER_RESOURCES,
     }
 

@@ -123,6 +123,9 @@ class TrainingNamespaceArgs:
     cluster: ClusterInfo
     facts: ClusterFacts
     egress: EgressRules | None = None  # None: egress open
+    # The namespace whose Prometheus scrapes the Jobs (None: monitoring off, no ingress at all), and the ports.
+    metrics_namespace: str | None = None
+    metrics_ports: tuple[int, ...] = ()
 
 
 class TrainingNamespace(pulumi.ComponentResource):
@@ -139,7 +142,8 @@ class TrainingNamespace(pulumi.ComponentResource):
                                         depends_on=list(args.cluster.eks_dependencies)))
         labels = manifest["metadata"]["labels"]
         policy_labels = {k: v for k, v in labels.items() if not k.startswith("pod-security.")}
-        for policy in namespace_network_policies(self.name, policy_labels, egress=args.egress):
+        for policy in namespace_network_policies(self.name, policy_labels, metrics_namespace=args.metrics_namespace,
+                                                 metrics_ports=args.metrics_ports, egress=args.egress):
             k8s.networking.v1.NetworkPolicy(
                 ctx.name("jobs", f"netpol-{policy['metadata']['name']}"), metadata=policy["metadata"],
                 spec=policy["spec"], opts=pulumi.ResourceOptions(parent=self, provider=args.cluster.provider,

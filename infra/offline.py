@@ -13,7 +13,7 @@ import io
 import json
 import runpy
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -441,13 +441,23 @@ def kubernetes_objects(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
             yield resource
 
 
-def validate_kubernetes_objects(plan: dict[str, Any], kubernetes_version: str) -> list[str]:
-    """kubernetes-validate (strict) on every object; returns one problem line per invalid object."""
+def validate_kubernetes_objects(
+    plan: dict[str, Any], kubernetes_version: str,
+    custom: Callable[[dict[str, Any]], list[str] | None] | None = None,
+) -> list[str]:
+    """kubernetes-validate (strict) on every object; returns one problem line per invalid object.
+
+    `custom` validates the kinds a CRD defines (it returns None for a kind it does not know): kubernetes-validate
+    only has the built-in API's schemas."""
     import kubernetes_validate
 
-    problems = []
+    problems: list[str] = []
     for resource in kubernetes_objects(plan):
         manifest = resource["inputs"]
+        found = custom(manifest) if custom is not None else None
+        if found is not None:
+            problems.extend(f"{resource['type']} {resource['name']}: {problem}" for problem in found)
+            continue
         try:
             kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
         except kubernetes_validate.ValidationError as exc:

@@ -16,12 +16,14 @@ from infra.config.stackcheck import check_stack, job_bucket_names, unpinned_addo
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
+from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
 from infra.nodepools import NodePools, NodePoolsArgs
 from infra.poolplan import plan_node_pools, pool_facts
 from infra.registry import ImageRegistry, ImageRegistryArgs, repository_name, repository_url
 from infra.storage import Storage, StorageArgs, job_storage_facts
 from workloads.cluster_facts import ClusterFacts, facts_to_dict
+from workloads.jobspec import metrics_ports
 
 __all__ = ["JOBS_NAMESPACE", "build_stack", "stack_context"]  # JOBS_NAMESPACE: Jobs, claims, the COS Secret
 
@@ -116,8 +118,11 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     } for plan in pool_plans}
 
     # --- the Jobs' namespace (issue 5): storage puts its claims and the COS Secret in it ---
-    namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(cluster=cluster, facts=job_facts,
-                                                             egress=cfg.job_egress.rules(cfg.platform)))
+    monitoring = cfg.monitoring
+    namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(
+        cluster=cluster, facts=job_facts, egress=cfg.job_egress.rules(cfg.platform),
+        metrics_namespace=monitoring.namespace if monitoring.enabled else None,
+        metrics_ports=metrics_ports(max((pool.gpus_per_node for pool in job_facts.pools), default=1))))
 
     # --- storage (issue 4) ---
     storage = Storage(ctx, StorageArgs(
@@ -127,10 +132,21 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         cos_access_key_id=cfg.cos_hmac_access_key_id, cos_secret_access_key=cfg.cos_hmac_secret_access_key))
     outputs["storage"] = storage.outputs(cluster, network)
 
+    # --- metrics collection: before the GPU plumbing, whose DCGM ServiceMonitor needs the operator's CRDs ---
+    max_processes = max((pool.gpus_per_node for pool in job_facts.pools), default=1)
+    monitors: tuple[pulumi.Resource, ...] = ()
+    if monitoring.enabled:
+        collection = Monitoring(f"{ctx.prefix}-monitoring", MonitoringArgs(
+            ctx=ctx, cluster=cluster, config=monitoring, training_namespace=JOBS_NAMESPACE,
+            max_processes_per_pod=max_processes, account_id=account_id,
+            depends_on=(*node_groups, *storage.driver_resources)))
+        monitors = (collection.release,)
+        outputs["monitoringNamespace"] = monitoring.namespace
+
     # --- GPU plumbing (issue 3) ---
     gpu = GpuPlumbing(f"{ctx.prefix}-gpu", GpuPlumbingArgs(
         ctx=ctx, cluster=cluster, config=cfg.gpu, pools=pool_plans, cluster_name=cfg.cluster_name,
-        kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources)))
+        kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources, *monitors)))
 
     # --- training jobs (issue 5) ---
     # The Jobs were checked against claim names derived from config; they must be the claims Storage made.

@@ -17,6 +17,7 @@ OpenShift's SecurityContextConstraints, is an error). Output: `error: <release>:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Iterator, Mapping
@@ -94,7 +95,87 @@ def _documents(rendered: Mapping[str, str]) -> Iterator[tuple[str, dict[str, Any
                 yield template, document
 
 
-def render_release(release: Mapping[str, Any], charts: Path, kubernetes_version: str) -> int:
+def _crd_loader() -> Any:
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the operator's CRDs are megabytes of YAML
+
+    class Loader(base):  # type: ignore[misc,valid-type]
+        """PyYAML cannot construct a plain `=` scalar (YAML's obsolete value tag), which some CRDs' enums hold."""
+
+    Loader.add_constructor("tag:yaml.org,2002:value", lambda loader, node: loader.construct_scalar(node))
+    return Loader
+
+
+def chart_crds(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """{(apiVersion, kind): openAPIV3Schema} of every CRD in a chart's crds/ directories (subcharts included),
+    the schemas the API server will enforce once Helm has applied them. Parsed once per chart file and process:
+    the Prometheus operator's CRDs are megabytes."""
+    stat = path.stat()
+    return _chart_crds(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _chart_crds(path: Path, _mtime_ns: int, _size: int) -> dict[tuple[str, str], dict[str, Any]]:
+    import tarfile
+
+    import yaml
+
+    texts: list[str] = []
+    if path.is_file():
+        with tarfile.open(path) as archive:
+            for member in archive.getmembers():
+                # Helm applies the files directly in a crds/ directory (not templates under a chart named crds).
+                if Path(member.name).parent.name == "crds" and member.name.endswith((".yaml", ".yml")) \
+                        and member.isfile():
+                    handle = archive.extractfile(member)
+                    if handle is not None:
+                        texts.append(handle.read().decode())
+    else:
+        texts = [p.read_text() for p in sorted(path.rglob("*.y*ml")) if p.parent.name == "crds"]
+    schemas: dict[tuple[str, str], dict[str, Any]] = {}
+    for text in texts:
+        for document in yaml.load_all(text, Loader=_crd_loader()):
+            if not document or document.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = document["spec"]
+            for version in spec["versions"]:
+                if version.get("served", True):
+                    schemas[(f"{spec['group']}/{version['name']}", spec["names"]["kind"])] = (
+                        version["schema"]["openAPIV3Schema"])
+    return schemas
+
+
+def strict_schema(schema: Any) -> Any:
+    """A CRD's structural schema as JSON Schema that rejects unknown fields, as the API server prunes/rejects them
+    (`kubectl apply --validate=strict`): additionalProperties false wherever properties are listed and unknown
+    fields are not preserved; int-or-string accepted as either."""
+    if isinstance(schema, list):
+        return [strict_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict_schema(value) for key, value in schema.items()}
+    if out.pop("x-kubernetes-int-or-string", False):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields") and \
+            "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def validate_custom(manifest: Mapping[str, Any], crds: Mapping[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """Problems of a custom resource against its CRD's schema ([] when valid); raises KeyError for an unknown kind."""
+    import jsonschema
+
+    schema = strict_schema(crds[(str(manifest.get("apiVersion")), str(manifest.get("kind")))])
+    validator = jsonschema.Draft7Validator(schema)
+    return [f"{'.'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+            for error in sorted(validator.iter_errors(dict(manifest)), key=lambda e: list(e.absolute_path))]
+
+
+def render_release(release: Mapping[str, Any], charts: Path, kubernetes_version: str,
+                   crds: Mapping[tuple[str, str], dict[str, Any]] | None = None) -> int:
     """Render one release; returns the number of objects, raises RenderProblem on the first class of failure."""
     import kubernetes_validate
     from helm_python import Chart, HelmError
@@ -128,6 +209,10 @@ def render_release(release: Mapping[str, Any], charts: Path, kubernetes_version:
     for template, manifest in _documents(rendered):
         count += 1
         what = f"{template}: {manifest.get('kind')}/{(manifest.get('metadata') or {}).get('name')}"
+        key = (str(manifest.get("apiVersion")), str(manifest.get("kind")))
+        if crds and key in crds:  # a kind another release's chart defines (the Prometheus operator's monitors)
+            problems.extend(f"{what}: {problem}" for problem in validate_custom(manifest, crds))
+            continue
         try:
             kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
@@ -156,10 +241,15 @@ def rendered_objects(release: Mapping[str, Any], charts: Path) -> list[dict[str,
 def check_plan(plan: Mapping[str, Any], charts: Path, kubernetes_version: str) -> list[str]:
     """One `error: ...` or `ok: ...` line per release."""
     lines = []
+    crds: dict[tuple[str, str], dict[str, Any]] = {}
+    for release in helm_releases(plan):  # the CRDs every chart of the plan brings, for every other release
+        path = find_chart(charts, release["inputs"]["chart"], str(release["inputs"].get("version") or ""))
+        if path is not None:
+            crds.update(chart_crds(path))
     for release in helm_releases(plan):
         inputs = release["inputs"]
         try:
-            count = render_release(release, charts, kubernetes_version)
+            count = render_release(release, charts, kubernetes_version, crds)
         except RenderProblem as exc:
             lines.append(f"error: {release['name']}: {exc}")
         else:

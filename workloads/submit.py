@@ -3,6 +3,7 @@
     python -m workloads.submit --stack dev render workloads/jobs/resnet50-s3-copy.yaml
     python -m workloads.submit --stack dev submit workloads/jobs/resnet50-s3-copy.yaml
     python -m workloads.submit --stack dev status resnet50-s3-copy-1a2b3c4d
+    python -m workloads.submit --stack dev watch resnet50-s3-copy-1a2b3c4d [--interval 10]  # a line per poll
     python -m workloads.submit --stack dev start resnet50-s3-copy-1a2b3c4d      # a Job the stack created suspended
     python -m workloads.submit --stack dev logs resnet50-s3-copy-1a2b3c4d [--container stage] [--index 1] [--follow]
     python -m workloads.submit --stack dev delete resnet50-s3-copy-1a2b3c4d
@@ -12,6 +13,8 @@ the order with --kubeconfig and KUBECONFIG) and reads the cluster's ClusterFacts
 `--facts FILE` gives them as JSON instead (`pulumi stack output jobFacts --json --stack S > facts.json`).
 The phase of a run is derived by `job_phase` from the Job, its Pods and their (init) container states; it
 is a pure function over API objects in their JSON shape (camelCase keys), tested without a cluster.
+Progress (epoch, samples/s, data-wait share, ETA, staging) comes from the pods' metrics endpoints, read through
+the API server's pod proxy (no port-forward, nothing exposed), and is computed by workloads.progress.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import yaml
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, TRAIN_CONTAINER, JobSpecError, load_job_file, render_job
 from workloads.kubeconfig import KubeconfigError, load_kubernetes_config, resolve_kubeconfig
+from workloads.progress import MetricsParseError, Progress, Snapshot, parse_metrics, progress, progress_line, snapshot
 
 Phase = Literal["Suspended", "Pending", "Staging", "Running", "Succeeded", "Failed"]
 # Waiting reasons that will not resolve by waiting: the run is reported Failed although the Job is not yet.
@@ -304,9 +308,12 @@ def _parser() -> argparse.ArgumentParser:
                                          "read from --stack")
     start = commands.add_parser("start", help="start a suspended run (the stack creates its Jobs suspended)")
     start.add_argument("name")
-    status = commands.add_parser("status", help="phase of a submitted run")
+    status = commands.add_parser("status", help="phase and progress of a submitted run")
     status.add_argument("name")
     status.add_argument("--json", action="store_true")
+    watch = commands.add_parser("watch", help="status every --interval seconds until the run ends")
+    watch.add_argument("name")
+    watch.add_argument("--interval", type=_interval, default=10.0, metavar="SECONDS")
     logs = commands.add_parser("logs", help="logs of a run's pod")
     logs.add_argument("name")
     logs.add_argument("--container", default=TRAIN_CONTAINER)
@@ -317,14 +324,81 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _status(batch: Any, core: Any, namespace: str, name: str, as_json: bool) -> int:
-    phase = job_phase(_read_job(batch, namespace, name), _pods(core, namespace, name))
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be 1-3600 seconds, got {text}")
+    return value
+
+
+def metrics_endpoints(pod: dict[str, Any]) -> list[str]:
+    """`<pod>:<port>` of every metrics port a pod declares (trainer ranks, stager), for the pod proxy."""
+    spec = pod.get("spec") or {}
+    name = (pod.get("metadata") or {}).get("name", "")
+    return [f"{name}:{port['containerPort']}"
+            for container in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+            for port in container.get("ports") or [] if str(port.get("name", "")).startswith("metrics-")]
+
+
+def _metrics_pages(core: Any, namespace: str, pods: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The metrics of every live pod's endpoints; an endpoint that is not up (yet, or any more) is skipped."""
+    from kubernetes.client.exceptions import ApiException
+
+    pages = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") not in ("Pending", "Running"):
+            continue
+        for endpoint in metrics_endpoints(pod):
+            try:
+                text = core.connect_get_namespaced_pod_proxy_with_path(endpoint, namespace, "metrics")
+                pages.append(parse_metrics(str(text)))
+            except (ApiException, MetricsParseError):
+                continue
+    return pages
+
+
+def _observe(batch: Any, core: Any, namespace: str, name: str, clock: Any) -> tuple[RunPhase, Snapshot]:
+    pods = _pods(core, namespace, name)
+    phase = job_phase(_read_job(batch, namespace, name), pods)
+    return phase, snapshot(_metrics_pages(core, namespace, pods), clock())
+
+
+def _status_line(name: str, phase: RunPhase, figures: Progress | None) -> str:
+    reason = f" ({phase.reason})" if phase.reason else ""
+    line = progress_line(name, f"{phase.phase}{reason}", figures)
+    return f"{line}  {phase.detail}" if phase.detail else line
+
+
+def _status(batch: Any, core: Any, namespace: str, name: str, as_json: bool, clock: Any = None) -> int:
+    import time
+
+    phase, now = _observe(batch, core, namespace, name, clock or time.time)
+    figures = progress(now) if now.ranks or now.stage_shards is not None else None
     if as_json:
-        print(json.dumps({"name": name, **asdict(phase)}))
+        print(json.dumps({"name": name, **asdict(phase), "progress": asdict(figures) if figures else None}))
     else:
-        reason = f" ({phase.reason})" if phase.reason else ""
-        print(f"{name}: {phase.phase}{reason} {phase.detail}")
+        print(_status_line(name, phase, figures))
     return 1 if phase.phase == "Failed" else 0
+
+
+def _watch(batch: Any, core: Any, namespace: str, name: str, interval: float, clock: Any = None,
+           sleep: Any = None) -> int:
+    """A line per poll; rates over the last interval; returns when the run has succeeded or failed."""
+    import time
+
+    clock, sleep = clock or time.time, sleep or time.sleep
+    before: Snapshot | None = None
+    while True:
+        phase, now = _observe(batch, core, namespace, name, clock)
+        figures = progress(now, before) if now.ranks or now.stage_shards is not None else None
+        print(_status_line(name, phase, figures), flush=True)
+        if phase.phase in ("Succeeded", "Failed"):
+            return 1 if phase.phase == "Failed" else 0
+        before = now if now.ranks else before
+        sleep(interval)
 
 
 def _logs(batch: Any, core: Any, namespace: str, name: str, container: str, index: int, follow: bool) -> int:
@@ -386,6 +460,11 @@ def _run(args: argparse.Namespace) -> int:
     batch, core, networking = _apis(args)
     if args.command == "status":
         return _status(batch, core, args.namespace, args.name, args.json)
+    if args.command == "watch":
+        try:
+            return _watch(batch, core, args.namespace, args.name, args.interval)
+        except KeyboardInterrupt:
+            return 130
     if args.command == "start":
         return _start(batch, args.namespace, args.name)
     if args.command == "logs":

@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from infra.config.base import DnsLabel, StrictModel
 from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
+from infra.config.monitoring import MonitoringConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
@@ -208,6 +209,7 @@ class StackConfig(StrictModel):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)
     deploy: DeployConfig = Field(default_factory=DeployConfig)
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
     jobs: list[TrainingJobSpec] = []
     kubeconfig: SecretStr | None = None
     cos_hmac_access_key_id: SecretStr | None = None

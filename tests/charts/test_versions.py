@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.config.monitoring import MonitoringConfig
 from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, DevicePluginConfig
 from infra.storage.drivers import CSI_S3_CHART, IBM_COS_CHART, NFS_CHART
 
@@ -29,6 +30,7 @@ def pinned() -> set[tuple[str, str]]:
         ("nvidia-device-plugin", DevicePluginConfig().chart_version),
         ("dcgm-exporter", DcgmExporterConfig().chart_version),
         ("cluster-autoscaler", AutoscalerConfig().chart_version),
+        ("kube-prometheus-stack", MonitoringConfig().chart_version),
         *((chart.chart, chart.version) for chart in (IBM_COS_CHART, CSI_S3_CHART, NFS_CHART)),
     }
     charts = {
@@ -42,6 +44,9 @@ def pinned() -> set[tuple[str, str]]:
             version = ((config.get("ml-cluster:gpu") or {}).get(key) or {}).get("chartVersion")
             if version:
                 versions.add((chart, str(version)))
+        version = (config.get("ml-cluster:monitoring") or {}).get("chartVersion")
+        if version:
+            versions.add(("kube-prometheus-stack", str(version)))
         for addon, version in ((config.get("ml-cluster:storage") or {}).get("addonVersions") or {}).items():
             versions.add((addon, str(version)))
     return versions

@@ -12,6 +12,7 @@ from benchmarks.netem import FaultProxy
 from tests.data.helpers import shard_files, stage_options, uploaded
 from workloads.data.__main__ import main
 from workloads.data.format import MANIFEST_NAME, load_manifest
+from workloads.data.metrics import StageMetrics
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, make_client
 from workloads.data.stage import stage
 from workloads.data.upload import UploadOptions, upload
@@ -29,8 +30,15 @@ def test_round_trip_is_byte_identical_and_idempotent(packed: Path, s3_url: str, 
     assert again.uploaded == [] and len(again.skipped) == len(manifest.shards) + 1
 
     dest = tmp_path / "dest"
-    result = stage(make_client(s3_url, 4), target, dest, stage_options())
+    metrics = StageMetrics()
+    result = stage(make_client(s3_url, 4), target, dest, stage_options(metrics=metrics))
     assert sorted(result.fetched) == [s.path for s in manifest.shards]
+    shard_bytes = sum(s.bytes for s in manifest.shards)
+    assert _sample(metrics, "ml_stage_bytes_total") == shard_bytes == _sample(metrics, "ml_stage_dataset_bytes")
+    assert _sample(metrics, "ml_stage_shards_ready") == len(manifest.shards) == _sample(metrics, "ml_stage_shards")
+    assert _sample(metrics, "ml_stage_shards_staged_total") == len(manifest.shards)
+    assert _sample(metrics, "ml_stage_window_used_bytes") == shard_bytes  # copy mode: the whole dataset
+    assert _sample(metrics, "ml_stage_done") == 1 and _sample(metrics, "ml_stage_retries_total") == 0
     assert shard_files(dest) == shard_files(packed)
     assert not [p for p in dest.iterdir() if p.name.startswith(".")]
 
@@ -75,14 +83,16 @@ def test_faults_never_expose_a_partial_file(packed: Path, s3_url: str, bucket: s
     watcher.start()
     try:
         # About a third of GETs fail; 10 attempts per part make giving up a one-in-100,000 event.
+        metrics = StageMetrics()
         with FaultProxy(moto_port, slowdown_every=5, drop_every=7) as proxy:
             result = stage(make_client(proxy.url, 4), target, dest,
-                           stage_options(part_bytes=8192, retry=RetryPolicy(10, 0.01, 0.05)))
+                           stage_options(part_bytes=8192, retry=RetryPolicy(10, 0.01, 0.05), metrics=metrics))
             counts = proxy.counts
     finally:
         stop.set()
         watcher.join()
     assert counts.slowdowns and counts.drops
+    assert _sample(metrics, "ml_stage_retries_total") == counts.slowdowns + counts.drops  # every fault retried once
     assert seen_bad == []
     assert sorted(result.fetched) == sorted(expected)
     assert shard_files(dest) == shard_files(packed)
@@ -115,9 +125,12 @@ def test_corrupted_body_is_refetched(packed: Path, s3_url: str, bucket: str, mot
                                      tmp_path: Path) -> None:
     target = uploaded(packed, s3_url, bucket)
     dest = tmp_path / "dest"
+    metrics = StageMetrics()
     with FaultProxy(moto_port, corrupt_every=2, skip_first=1, max_faults=2) as proxy:
-        result = stage(make_client(proxy.url, 4), target, dest, stage_options(part_bytes=8192))
+        result = stage(make_client(proxy.url, 4), target, dest, stage_options(part_bytes=8192, metrics=metrics))
     assert proxy.counts.corruptions == 2
+    # two corrupted parts cost one re-download when they fall in the same shard
+    assert _sample(metrics, "ml_stage_checksum_mismatches_total") in (1, 2)
     assert sorted(result.fetched) == sorted(shard_files(packed))
     assert shard_files(dest) == shard_files(packed)
 
@@ -183,3 +196,7 @@ def test_short_writes_are_completed_not_left_as_holes(packed: Path, s3_url: str,
     dest = tmp_path / "dest"
     stage(make_client(s3_url, 4), target, dest, stage_options())
     assert shard_files(dest) == shard_files(packed)
+
+
+def _sample(metrics: StageMetrics, name: str) -> float | None:
+    return metrics.registry.get_sample_value(name)

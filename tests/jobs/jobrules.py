@@ -106,7 +106,34 @@ def check_job(job: dict[str, Any], label_prefix: str = "ml-cluster.io",
         assert env["PET_RDZV_ENDPOINT"].startswith(f"{name}-0.{name}."), name
         # Pod hostnames are <job>-<index>: they must be DNS labels too.
         assert len(f"{name}-{spec['completions'] - 1}") <= 63, name
+    check_metrics_ports(job, label_prefix)
     validate_strict(job, kubernetes_version)
+
+
+def check_metrics_ports(job: dict[str, Any], label_prefix: str = "ml-cluster.io") -> None:
+    """Every trainer process (one per GPU) and the S3 stager serve metrics on a named port the pod declares;
+    the pod carries the label and annotations Prometheus discovers it by."""
+    name = job["metadata"]["name"]
+    template = job["spec"]["template"]
+    pod = template["spec"]
+    assert template["metadata"]["labels"][f"{label_prefix}/metrics"] == "true", name
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true", name
+    train = pod["containers"][0]
+    env = {item["name"]: item.get("value") for item in train["env"]}
+    gpus = int(train["resources"]["limits"].get("nvidia.com/gpu", "0"))
+    declared = {port["name"]: port["containerPort"] for port in train.get("ports", [])}
+    base = int(env["METRICS_PORT"])
+    assert annotations["prometheus.io/port"] == str(base), name
+    assert env["METRICS_ADDR"] == "0.0.0.0", f"{name}: the trainer's endpoint would be unreachable from Prometheus"
+    assert {f"metrics-r{rank}": base + rank for rank in range(max(gpus, 1))}.items() <= declared.items(), name
+    for stager in pod.get("initContainers", []):
+        command = stager["command"]
+        if "workloads.data" not in command:
+            continue  # a plain copy from a claim: no endpoint
+        port = int(command[command.index("--metrics-port") + 1])
+        assert [p for p in stager["ports"] if p["name"] == "metrics-stage"][0]["containerPort"] == port, name
+        assert {"name": "METRICS_ADDR", "value": "0.0.0.0"} in stager["env"], name
 
 
 def check_service(service: dict[str, Any], job: dict[str, Any], kubernetes_version: str = "1.33") -> None:

@@ -113,7 +113,7 @@ def test_s3_copy_staging_uses_the_stager_on_nvme_with_ephemeral_storage() -> Non
     pod = job["spec"]["template"]["spec"]
     stage = pod["initContainers"][0]
     assert stage["command"] == ["python", "-m", "workloads.data", "stage", "s3://mlc-dev-datasets/imagenet/",
-                                "/data", "--workers", "16"]
+                                "/data", "--workers", "16", "--metrics-port", "9449"]
     assert "restartPolicy" not in stage  # a classic init container: training starts after the copy
     assert pod["nodeSelector"]["ml-cluster.io/disktype"] == "nvme"
     scratch = next(volume for volume in pod["volumes"] if volume["name"] == "dataset")
@@ -185,7 +185,8 @@ def test_staging_without_nvme_or_beyond_it_is_rejected() -> None:
 def test_cos_stager_gets_endpoint_and_hmac_secret() -> None:
     job, = render_job(spec(gpus=8, gpuType="a100", dataset=S3_COPY), onprem_facts())
     stage = job["spec"]["template"]["spec"]["initContainers"][0]
-    assert stage["command"][-2:] == ["--endpoint-url", "https://s3.us-south.cloud-object-storage.appdomain.cloud"]
+    endpoint = stage["command"].index("--endpoint-url") + 1
+    assert stage["command"][endpoint] == "https://s3.us-south.cloud-object-storage.appdomain.cloud"
     assert stage["envFrom"] == [{"secretRef": {"name": "cos-credentials"}}]
     assert "AKIA" not in str(job)
 

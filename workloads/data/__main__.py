@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from workloads.data.format import MAX_IMAGE_SIZE
+from workloads.data.metrics import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, STAGE_METRICS_PORT_ENV, StageMetrics
 from workloads.data.s3 import DataToolError, parse_s3_uri
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -47,6 +48,15 @@ def parse_size(text: str, minimum: int = 1, maximum: int = 1 << 50, why_minimum:
     if value > maximum:
         raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes, above the maximum of {maximum} bytes")
     return value
+
+
+def _env_port(name: str) -> int:
+    """A port from the environment, checked like the flag (a bad value in a Job's env is one line, exit 2)."""
+    text = os.environ.get(name, "").strip()
+    try:
+        return _port(text) if text else 0
+    except argparse.ArgumentTypeError as exc:
+        raise DataToolError(name, str(exc)) from None
 
 
 def _size(minimum: int = 1, maximum: int = 1 << 50, why: str = "") -> Callable[[str], int]:
@@ -82,6 +92,16 @@ def _int_upto(maximum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         return _positive_int(text, maximum)
     return parse
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535) or 0 for off: {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -148,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --window: give up (exit 2) when the reader has consumed nothing for this long "
                             "while the window is full; default: wait forever, logging what it waits for")
     stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
+    stage.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                       help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
+                            f"listens on ${METRICS_ADDR_ENV} (default {DEFAULT_METRICS_ADDR})")
     for sub in (pack, upload, stage):
         sub.add_argument("--no-progress", action="store_true")
     return parser
@@ -194,11 +217,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.linger and args.window is None:
         raise DataToolError("--linger", "only meaningful with --window")
+    port = args.metrics_port if args.metrics_port is not None else _env_port(STAGE_METRICS_PORT_ENV)
     client = make_client(args.endpoint_url, max_connections=args.workers)
-    staged = stage(client, uri, args.dest, StageOptions(
-        workers=args.workers, part_bytes=args.part_size, window_bytes=args.window,
-        retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger,
-        wait_timeout_s=args.wait_timeout))
+    metrics = StageMetrics()
+    try:
+        if port:
+            metrics.serve(port, os.environ.get(METRICS_ADDR_ENV) or DEFAULT_METRICS_ADDR)
+        staged = stage(client, uri, args.dest, StageOptions(
+            workers=args.workers, part_bytes=args.part_size, window_bytes=args.window,
+            retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger,
+            wait_timeout_s=args.wait_timeout, metrics=metrics))
+    finally:
+        metrics.close()
     print(f"staged {len(staged.fetched)} shards ({staged.fetched_bytes} bytes), kept {len(staged.kept)} "
           f"already verified, into {args.dest}")
     return 0

@@ -128,8 +128,11 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
 
 
-def with_retries(action: Callable[[], T], where: str, policy: RetryPolicy) -> T:
-    """Run `action`, retrying throttling and dropped connections; raise DataToolError when it cannot succeed."""
+def with_retries(
+    action: Callable[[], T], where: str, policy: RetryPolicy, on_retry: Callable[[], None] | None = None
+) -> T:
+    """Run `action`, retrying throttling and dropped connections; raise DataToolError when it cannot succeed.
+    `on_retry` is told of every retry (the stager counts them for its metrics)."""
     for attempt in range(1, policy.attempts + 1):
         try:
             return action()
@@ -139,5 +142,7 @@ def with_retries(action: Callable[[], T], where: str, policy: RetryPolicy) -> T:
             if attempt == policy.attempts:
                 reason = error_code(exc) or f"{type(exc).__name__}: {exc}"
                 raise DataToolError(where, f"gave up after {attempt} attempts: {reason}") from exc
+            if on_retry is not None:
+                on_retry()
             time.sleep(policy.delay(attempt))
     raise AssertionError("unreachable")

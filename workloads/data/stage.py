@@ -24,8 +24,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from workloads.data.format import (
     fsync_dir,
     manifest_error,
 )
+from workloads.data.metrics import StageMetrics
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.data.verify import sha256_file
 from workloads.data.window import StagerState, write_stager_state
@@ -70,6 +72,8 @@ class StageOptions:
     linger: bool = False
     # Window mode: give up when the window is full and the reader has consumed nothing for this long (None: forever).
     wait_timeout_s: float | None = None
+    # Where progress, window occupancy and retries are counted (the CLI serves them); None: a private registry.
+    metrics: StageMetrics | None = None
 
 
 @dataclass
@@ -81,14 +85,16 @@ class StageResult:
     peak_window_bytes: int = 0  # most shard bytes (final + temp) held at once
 
 
-def fetch_manifest(client: Any, source: S3Uri, retry: RetryPolicy) -> tuple[Manifest, bytes]:
+def fetch_manifest(
+    client: Any, source: S3Uri, retry: RetryPolicy, on_retry: Callable[[], None] | None = None
+) -> tuple[Manifest, bytes]:
     where = f"s3://{source.bucket}/{source.key(MANIFEST_NAME)}"
 
     def get() -> bytes:
         return client.get_object(Bucket=source.bucket, Key=source.key(MANIFEST_NAME))["Body"].read()
 
     try:
-        payload = with_retries(get, where, retry)
+        payload = with_retries(get, where, retry, on_retry)
     except DataToolError as exc:
         if exc.why == "object not found":
             raise DataToolError(where, "not found: nothing uploaded here, or the upload has not finished") from exc
@@ -172,6 +178,9 @@ class _Stager:
         self.bar_lock = threading.Lock()
         self.bar: tqdm | None = None
         self.aborted = threading.Event()
+        self.finished = False
+        self.metrics = options.metrics or StageMetrics()
+        self.metrics.dataset(len(manifest.shards), sum(s.bytes for s in manifest.shards), options.window_bytes)
 
     # -- pieces run in the pool -------------------------------------------------------------------------------
     def _fetch_part(self, fetch: _ShardFetch, start: int, end: int) -> int:
@@ -192,7 +201,9 @@ class _Stager:
                 raise TransientError(f"short body: {offset - start} of {expected} bytes")
             return expected
 
-        got = with_retries(attempt, f"s3://{self.source.bucket}/{key}", self.options.retry)
+        got = with_retries(attempt, f"s3://{self.source.bucket}/{key}", self.options.retry,
+                           on_retry=self.metrics.retries.inc)
+        self.metrics.bytes.inc(got)
         fetch.part_done(start, end + 1)
         if self.bar is not None:
             with self.bar_lock:
@@ -227,9 +238,16 @@ class _Stager:
         self.outstanding_parts += len(ranges)
 
     def publish(self, done: bool = False, error: str | None = None) -> None:
+        self.finished = done
+        self._report()
         if self.windowed:
             write_stager_state(self.dest, StagerState(order=[s.path for s in self.manifest.shards],
                                                       ready=list(self.ready), done=done, error=error))
+
+    def _report(self) -> None:
+        on_disk = set(self.ready) - self.deleted
+        self.metrics.state(ready=len(on_disk), consumed=len(self.deleted), held_bytes=self.held_bytes,
+                           done=self.finished)
 
     _waiting_since: float | None = None
 
@@ -255,6 +273,7 @@ class _Stager:
             (self.dest / name).unlink(missing_ok=True)
             self.deleted.add(name)
             self.held_bytes -= self._bytes_of[name]
+            self._report()
 
     def _fits(self, info: ShardInfo) -> bool:
         if self.outstanding_parts >= 2 * self.options.workers:
@@ -318,11 +337,13 @@ class _Stager:
             self.ready.append(name)
             self.result.fetched.append(name)
             self.result.fetched_bytes += fetch.info.bytes
+            self.metrics.shards_staged.inc()
             self.publish()
             return
         if fetch.attempt >= self.options.shard_attempts:
             raise DataToolError(f"s3://{self.source.bucket}/{self.source.key(name)}",
                                 f"sha256 does not match the manifest after {fetch.attempt} downloads")
+        self.metrics.mismatches.inc()
         self._start_fetch(pool, fetch.info, attempt=fetch.attempt + 1)
 
     def _discard_temps(self) -> None:
@@ -357,7 +378,9 @@ def _is_verified(path: Path, info: ShardInfo) -> bool:
 
 
 def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> StageResult:
-    manifest, manifest_bytes = fetch_manifest(client, source, options.retry)
+    metrics = options.metrics or StageMetrics()
+    options = replace(options, metrics=metrics)
+    manifest, manifest_bytes = fetch_manifest(client, source, options.retry, metrics.retries.inc)
     if options.window_bytes is not None:
         largest = max(manifest.shards, key=lambda s: s.bytes, default=None)
         if largest is not None and largest.bytes > options.window_bytes:

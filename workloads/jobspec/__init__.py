@@ -26,13 +26,16 @@ imports here: the same code runs in `workloads.submit` and inside the cluster.
 
 from workloads.jobspec.loading import load_job_file, parse_spec
 from workloads.jobspec.network import EgressRules, job_network_policy, namespace_network_policies
-from workloads.jobspec.render import job_name, render_job, spec_hash
+from workloads.jobspec.render import METRICS_LABEL, job_name, render_job, spec_hash
 from workloads.jobspec.spec import (
     CONFIG_ERROR_EXIT_CODE,
     RUN_AS_UID,
     STAGE_CONTAINER,
+    STAGE_METRICS_PORT,
+    STAGE_METRICS_PORT_NAME,
     TMP_DIR,
     TRAIN_CONTAINER,
+    TRAIN_METRICS_PORT,
     CheckpointSpec,
     DatasetSpec,
     JobSpecError,
@@ -40,10 +43,18 @@ from workloads.jobspec.spec import (
     SecretKeyRef,
     TolerationSpec,
     TrainingJobSpec,
+    metrics_ports,
+    train_metrics_port_name,
 )
 
 __all__ = [
     "EgressRules",
+    "METRICS_LABEL",
+    "STAGE_METRICS_PORT",
+    "STAGE_METRICS_PORT_NAME",
+    "TRAIN_METRICS_PORT",
+    "metrics_ports",
+    "train_metrics_port_name",
     "CONFIG_ERROR_EXIT_CODE",
     "RUN_AS_UID",
     "STAGE_CONTAINER",

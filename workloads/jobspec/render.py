@@ -18,11 +18,15 @@ from workloads.jobspec.spec import (
     ROLLING_START_TIMEOUT_S,
     RUN_AS_UID,
     STAGE_CONTAINER,
+    STAGE_METRICS_PORT,
+    STAGE_METRICS_PORT_NAME,
     STAGER_RESOURCES,
     TMP_DIR,
     TRAIN_CONTAINER,
+    TRAIN_METRICS_PORT,
     JobSpecError,
     TrainingJobSpec,
+    train_metrics_port_name,
 )
 from workloads.quantity import (
     format_bytes,
@@ -65,6 +69,12 @@ def _image_fields(spec: TrainingJobSpec, facts: ClusterFacts) -> dict[str, str]:
 
 # HOME moves to the writable /tmp: Python, torch and boto3 write caches and config under it.
 _HOME_ENV = {"name": "HOME", "value": TMP_DIR}
+# Metrics endpoints listen on every interface of the pod (their default is loopback); the namespace's NetworkPolicy
+# admits only the monitoring namespace to these ports.
+_METRICS_ADDR_ENV = {"name": "METRICS_ADDR", "value": "0.0.0.0"}
+# Discovery by annotation, for a Prometheus configured the classic way (kubernetes_sd + prometheus.io/*): it names one
+# port, local rank 0's. The PodMonitor (infra/monitoring.py) scrapes every rank and the stager by port name.
+METRICS_LABEL = "metrics"
 _TMP_MOUNT = {"name": "tmp", "mountPath": TMP_DIR}
 
 
@@ -101,12 +111,15 @@ def _stage_container(
         ]
         if facts.object_store_endpoint:
             command += ["--endpoint-url", facts.object_store_endpoint]
+        command += ["--metrics-port", str(STAGE_METRICS_PORT)]
+        container["ports"] = [{"name": STAGE_METRICS_PORT_NAME, "containerPort": STAGE_METRICS_PORT,
+                               "protocol": "TCP"}]
         if dataset.staging == "rolling":
             # --linger: keep serving the window until the pod stops it (a native sidecar that exits is restarted).
             command += ["--window", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB)), "--linger"]
             container["restartPolicy"] = "Always"  # native sidecar: runs beside the trainer, stops after it
         env, env_from = _object_store_env(facts)
-        container["env"] = [_HOME_ENV, *env]
+        container["env"] = [_HOME_ENV, _METRICS_ADDR_ENV, *env]
         if env_from:
             container["envFrom"] = env_from
     else:
@@ -161,6 +174,7 @@ def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> lis
     ]
     env.append({"name": "CONFIG_ERROR_EXIT_CODE", "value": str(CONFIG_ERROR_EXIT_CODE)})
     env.append(_HOME_ENV)
+    env += [{"name": "METRICS_PORT", "value": str(TRAIN_METRICS_PORT)}, _METRICS_ADDR_ENV]
     if spec.dataset is not None:
         env.append({"name": "DATA_DIR", "value": spec.dataset.mount_path})
         env.append({"name": "DATA_STAGING", "value": spec.dataset.staging})
@@ -303,8 +317,13 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         train["env"] = [*train.get("env", []), *(e for e in object_env if e not in train.get("env", []))]
         if object_env_from:
             train["envFrom"] = object_env_from
+    # One metrics port per trainer process (torchrun: one per GPU), named so a PodMonitor can list them.
+    train["ports"] = [
+        {"name": train_metrics_port_name(rank), "containerPort": TRAIN_METRICS_PORT + rank, "protocol": "TCP"}
+        for rank in range(max(spec.gpus, 1))
+    ]
     if spec.nodes > 1:
-        train["ports"] = [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"}]
+        train["ports"].append({"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"})
 
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []
@@ -372,8 +391,11 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         "template": {
             # A running training pod is never a scale-down candidate: evicting it loses the work since the last
             # checkpoint.
-            "metadata": {"labels": dict(labels),
-                         "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
+            "metadata": {"labels": {**labels, f"{prefix}/{METRICS_LABEL}": "true"},
+                         "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+                                         "prometheus.io/scrape": "true",
+                                         "prometheus.io/port": str(TRAIN_METRICS_PORT),
+                                         "prometheus.io/path": "/metrics"}},
             "spec": pod_spec,
         },
     }

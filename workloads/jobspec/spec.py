@@ -32,6 +32,23 @@ ROLLING_START_TIMEOUT_S = 600  # how long the trainer waits for the rolling-wind
 TRAIN_CONTAINER = "train"
 STAGE_CONTAINER = "stage"
 RENDEZVOUS_PORT = 29500
+# Prometheus endpoints (workloads/train/metrics.py, workloads/data/metrics.py). torchrun starts one trainer process
+# per GPU; each serves TRAIN_METRICS_PORT + its local rank, so every rank is scraped on its own port.
+TRAIN_METRICS_PORT = 9450
+STAGE_METRICS_PORT = 9449
+STAGE_METRICS_PORT_NAME = "metrics-stage"
+
+
+def train_metrics_port_name(local_rank: int) -> str:
+    """IANA service names (at most 15 characters): metrics-r0 ... metrics-r99."""
+    return f"metrics-r{local_rank}"
+
+
+def metrics_ports(max_processes_per_pod: int) -> tuple[int, ...]:
+    """Every port a training pod may serve metrics on (the stager's, then one per local rank)."""
+    return (STAGE_METRICS_PORT, *range(TRAIN_METRICS_PORT, TRAIN_METRICS_PORT + max(1, max_processes_per_pod)))
+
+
 # The training image's non-root user (workloads/Dockerfile). High and fixed, so it matches no user of the
 # node (uids below 10000 are where distributions and admins put theirs).
 RUN_AS_UID = 10001

@@ -11,11 +11,13 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 from workloads.data.dataset import DatasetError
 from workloads.data.s3 import DataToolError
 from workloads.train.checkpoint import CheckpointStoreError
-from workloads.train.loop import TrainConfig, train
+from workloads.train.loop import Distributed, TrainConfig, train
+from workloads.train.metrics import METRICS_PORT_ENV, TrainMetrics, metrics_addr, metrics_port_for
 from workloads.train.models import MODELS
 
 EPILOG = """\
@@ -24,6 +26,8 @@ environment:
                         endpoint of an S3-compatible store (COS, MinIO) for --checkpoint-uri; the S3-specific
                         one wins. Credentials come from the usual AWS chain (AWS_ACCESS_KEY_ID, ...).
   CHECKPOINT_URI        default for --checkpoint-uri
+  METRICS_PORT          default for --metrics-port (0: metrics off)
+  METRICS_ADDR          address the metrics endpoint listens on (default 127.0.0.1; the rendered Jobs: 0.0.0.0)
   CONFIG_ERROR_EXIT_CODE
                         exit status for configuration errors (default 2; the rendered Jobs set 42)
 
@@ -69,6 +73,28 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535) or 0 for off, got {value}")
+    return value
+
+
+def _port_from_env(parser: argparse.ArgumentParser) -> int:
+    """$METRICS_PORT, checked like the flag: a bad value in a Job's env is a config error, not a traceback."""
+    text = os.environ.get(METRICS_PORT_ENV, "").strip()
+    if not text:
+        return 0
+    try:
+        return _port(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"{METRICS_PORT_ENV}: {exc}")
+        raise  # unreachable: error() exits
 
 
 def config_error_exit_code() -> int:
@@ -138,6 +164,13 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         help="resume from a checkpoint without a sha256 sidecar/metadata (written by an older trainer); warns",
     )
     parser.add_argument("--log-every", type=_positive, default=10)
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=_port_from_env(parser),
+        metavar="PORT",
+        help="serve Prometheus metrics on PORT + local rank (default: $METRICS_PORT; 0 = off)",
+    )
     parser.add_argument("--mp-context", choices=["fork", "spawn", "forkserver"], default=None)
     parser.add_argument(
         "--stop-after-steps",
@@ -173,20 +206,41 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         mp_context=args.mp_context,
         stop_after_steps=args.stop_after_steps,
         allow_unverified_checkpoint=args.allow_unverified_checkpoint,
+        metrics_port=args.metrics_port,
+        metrics_addr=metrics_addr(),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
+    env = Distributed.from_env()
+    metrics = TrainMetrics(gpu_index=env.local_rank if _has_cuda() else None, volumes=_volumes(config))
     try:
-        train(config)
+        port = metrics_port_for(config.metrics_port, env.local_rank)
+        if port:
+            metrics.serve(port, config.metrics_addr)
+        train(config, metrics=metrics)
     except (DatasetError, DataToolError, ValueError) as exc:
         _print_error(exc)
         return config_error_exit_code()
     except CheckpointStoreError as exc:
         _print_error(exc)
         return 1
+    finally:
+        metrics.close()
     return 0
+
+
+def _volumes(config: TrainConfig) -> dict[str, str]:
+    """The file systems whose fill level the metrics report: /dev/shm and the data directory."""
+    data = Path(config.data)
+    return {"shm": "/dev/shm", "data": str(data if data.is_dir() else data.parent)}
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _print_error(exc: BaseException) -> None:

@@ -42,6 +42,7 @@ from workloads.train.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from workloads.train.metrics import RunShape, TrainMetrics
 from workloads.train.models import MODELS
 from workloads.train.shm import plan_shared_memory, shm_available_bytes
 
@@ -75,6 +76,8 @@ class TrainConfig:
     mp_context: str | None = None
     stop_after_steps: int | None = None  # SIGKILL itself after this many steps (preemption drills, tests)
     allow_unverified_checkpoint: bool = False  # resume from a checkpoint without a sha256 (older trainers)
+    metrics_port: int = 0  # Prometheus endpoint of local rank 0 (rank r: port + r); 0 = not served
+    metrics_addr: str = "127.0.0.1"  # a pod listens on 0.0.0.0 (METRICS_ADDR)
 
     def validate(self) -> None:
         """Every numeric field finite and in range, before anything is read or built (ValueError per field)."""
@@ -88,6 +91,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {value!r}")
+        if not isinstance(self.metrics_port, int) or not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"--metrics-port: must be a TCP port (1-65535) or 0 for off, got {self.metrics_port!r}")
         for name, value in (("image_size", self.image_size), ("stop_after_steps", self.stop_after_steps)):
             if value is not None and value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be positive, got {value!r}")
@@ -427,8 +432,13 @@ def check_worker_tmpdir(workers: int) -> None:
                          f"(at most {limit}); point TMPDIR at a shorter directory or use --workers 0")
 
 
-def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Run the configured training; returns the last epoch's summary (also emitted as an "epoch" event)."""
+def train(
+    config: TrainConfig, reporter: Reporter | None = None, metrics: TrainMetrics | None = None
+) -> dict[str, Any]:
+    """Run the configured training; returns the last epoch's summary (also emitted as an "epoch" event).
+
+    `metrics` receives every step's figures (the CLI serves them over HTTP); without it they go to a private
+    registry nobody reads, which keeps the loop free of "is monitoring on" branches."""
     if config.model not in MODELS:
         raise ValueError(f"--model: unknown model {config.model!r} (choose from {', '.join(MODELS)})")
     if config.amp not in (None, "bf16"):
@@ -447,6 +457,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
     if mirror is not None and env.local_rank == 0:
         mirror.probe()
     reporter = reporter or Reporter(env.rank)
+    metrics = metrics or TrainMetrics()
     if env.world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
     device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
@@ -466,6 +477,8 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         image_size=data.dataset.image_size,
         batches_per_epoch=sampler.batches_per_epoch,
     )
+    metrics.started(RunShape(epochs=config.epochs, batches_per_epoch=sampler.batches_per_epoch,
+                             batch_size=config.batch_size, world_size=env.world_size, rank=env.rank))
     started = time.perf_counter()
     state = _prepare_model(config, env, device, data.dataset, reporter, mirror)
     reporter.emit(
@@ -519,6 +532,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         window_ends = sampler.window_end_batches
         if data.releaser:
             data.releaser.release(window_ends, first_batch)  # a resumed run: earlier windows are finished
+        metrics.epoch_started(epoch, first_batch)
         epoch_start = time.perf_counter()
         data_time = compute_time = checkpoint_time = 0.0
         samples = 0
@@ -582,6 +596,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
             data_time += step_data
             compute_time += step_compute
             samples += len(labels)
+            metrics.step(step_data, step_compute, len(labels), loss_value)
             batch_index += 1
             state.step += 1
             if state.step % max(1, config.log_every) == 0:
@@ -629,6 +644,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> dict[str, An
         }
         reporter.emit("epoch", **summary)
         checkpoint(epoch + 1, 0)  # after the epoch line: epoch_time above excludes this one
+    metrics.finished()
     reporter.emit("done", total_seconds=time.perf_counter() - run_start, steps=state.step)
     if env.world_size > 1:
         dist.barrier()

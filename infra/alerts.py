@@ -1,0 +1,111 @@
+"""The alerts on training Jobs, as data: what each one watches (a PromQL signal), when it fires, and why.
+
+Kept apart from the Kubernetes objects that carry them (infra/monitoring.py) so the same rules are checked by
+`promtool check rules` and evaluated against a real Prometheus in the tests, and can be handed to a Prometheus that
+is not ours (remote-write mode) as a plain rule file.
+
+Label conventions (set by the PodMonitor's relabelings, see infra/monitoring.py): every trainer and stager series
+carries `namespace`, `pod`, `job_name` (the Job, from app.kubernetes.io/instance) and `node`; DCGM series carry the
+`namespace` and `pod` of the workload holding the GPU (dcgm-exporter's pod mapping, scraped with honorLabels) and
+`Hostname`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infra.config.monitoring import AlertThresholds
+
+RULE_GROUP = "ml-cluster-training"
+
+
+def data_wait_share(window: str, by: str = "namespace, job_name", selector: str = "") -> str:
+    """Share of step time spent waiting for the next batch, per Job: 0 = the loader keeps up, 1 = pure waiting."""
+    match = f"{{{selector}}}" if selector else ""
+    return (f"sum by ({by}) (rate(ml_train_data_wait_seconds_sum{match}[{window}]))"
+            f" / sum by ({by}) (rate(ml_train_step_seconds_sum{match}[{window}]))")
+
+
+def gpu_utilisation_of_training_pods(namespace: str) -> str:
+    """DCGM's utilisation (percent) of the GPUs held by training pods, as a 0..1 ratio per pod."""
+    return f'avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}) / 100'
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    name: str
+    signal: str  # the PromQL whose value is compared: the dashboards and tests query it on its own
+    comparison: str  # "> 0.3"
+    for_minutes: int
+    severity: str
+    summary: str
+    description: str
+
+    @property
+    def expr(self) -> str:
+        return f"({self.signal}) {self.comparison}"
+
+    def to_rule(self) -> dict[str, Any]:
+        return {
+            "alert": self.name,
+            "expr": self.expr,
+            "for": f"{self.for_minutes}m",
+            "labels": {"severity": self.severity},
+            "annotations": {"summary": self.summary, "description": self.description},
+        }
+
+
+def alert_rules(thresholds: AlertThresholds, training_namespace: str) -> list[AlertRule]:
+    ns = training_namespace
+    return [
+        AlertRule(
+            name="TrainingGpuIdle",
+            # Only pods whose trainer is still running: a finished run's GPU is released, not idle.
+            signal=f"{gpu_utilisation_of_training_pods(ns)} and on (namespace, pod) "
+                   f'(max by (namespace, pod) (ml_train_done{{namespace="{ns}"}}) == 0)',
+            comparison=f"< {thresholds.gpu_idle_utilization}",
+            for_minutes=thresholds.for_minutes,
+            severity="warning",
+            summary="GPU idle while its training Job runs",
+            description="{{ $labels.namespace }}/{{ $labels.pod }}: GPU utilisation {{ $value | humanizePercentage }}"
+                        " while the trainer has not finished. Check the data-wait share and the stager.",
+        ),
+        AlertRule(
+            name="TrainingDataStarved",
+            signal=data_wait_share("5m"),
+            comparison=f"> {thresholds.data_wait_share}",
+            for_minutes=thresholds.for_minutes,
+            severity="warning",
+            summary="Training Job spends a large share of each step waiting for data",
+            description="{{ $labels.job_name }} waits for its next batch {{ $value | humanizePercentage }} of the "
+                        "time: more DataLoader workers, a staged (NVMe) copy instead of a network mount, or a larger "
+                        "rolling window.",
+        ),
+        AlertRule(
+            name="TrainingNvmeAlmostFull",
+            signal="max by (node) (ml_train_filesystem_used_bytes{volume=\"data\"}"
+                   " / ml_train_filesystem_size_bytes{volume=\"data\"})",
+            comparison=f"> {thresholds.nvme_full_ratio}",
+            for_minutes=5,
+            severity="critical",
+            summary="The node's NVMe scratch (staged datasets) is almost full",
+            description="{{ $labels.node }}: {{ $value | humanizePercentage }} used; staging will fail with ENOSPC.",
+        ),
+        AlertRule(
+            name="TrainingJobStuckPending",
+            # kube-state-metrics: a pod of a training Job that the scheduler has not placed.
+            signal=f'max by (namespace, pod) (kube_pod_status_phase{{namespace="{ns}", phase="Pending"}})',
+            comparison="== 1",
+            for_minutes=thresholds.pending_minutes,
+            severity="warning",
+            summary="Training pod Pending",
+            description="{{ $labels.namespace }}/{{ $labels.pod }} has been Pending: no node with free GPUs/NVMe, "
+                        "a pool at its max size, or a quota. `kubectl describe pod` shows the scheduler's reason.",
+        ),
+    ]
+
+
+def rule_groups(thresholds: AlertThresholds, training_namespace: str) -> list[dict[str, Any]]:
+    """The `groups:` of a Prometheus rule file (also PrometheusRule.spec.groups)."""
+    return [{"name": RULE_GROUP, "rules": [rule.to_rule() for rule in alert_rules(thresholds, training_namespace)]}]

@@ -1,0 +1,70 @@
+"""`ml-cluster:monitoring`: collect the Jobs', the stager's and DCGM's metrics.
+
+Off by default. When on, the Jobs' namespace admits the monitoring namespace to the metrics ports (it denies all
+other ingress), and one of:
+
+- `in-cluster`: kube-prometheus-stack in `namespace` (Prometheus, operator, Grafana, node exporter), retention and
+  storage sized here, alerts and the "is my GPU starving?" dashboard installed with it;
+- `remote-write`: a Prometheus that already runs elsewhere, or Amazon Managed Service for Prometheus (sigv4), is
+  the store; the scrape side still runs here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from infra.config.base import DnsLabel, Quantity, StrictModel
+
+# Prometheus durations as its flags accept them (--storage.tsdb.retention.time, scrape_interval): 15d, 12h, 30s.
+_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
+
+
+class AlertThresholds(StrictModel):
+    data_wait_share: float = Field(default=0.3, gt=0, lt=1, description="share of step time spent waiting for data")
+    gpu_idle_utilization: float = Field(default=0.05, ge=0, lt=1, description="below this the GPU counts as idle")
+    nvme_full_ratio: float = Field(default=0.9, gt=0, lt=1, description="share of the node's NVMe file system used")
+    for_minutes: int = Field(default=10, ge=1, le=1440, description="how long a condition holds before it fires")
+    pending_minutes: int = Field(default=15, ge=1, le=1440, description="a Job's pod Pending this long is stuck")
+
+
+class RemoteWriteConfig(StrictModel):
+    url: str = Field(description="remote-write endpoint (https)")
+    sigv4_region: str | None = Field(default=None, description="Amazon Managed Service for Prometheus: sign with "
+                                                                "SigV4 in this region")
+
+    @field_validator("url")
+    @classmethod
+    def _https(cls, value: str) -> str:
+        if not value.startswith("https://"):
+            raise ValueError(f"{value!r}: remote write must use https (samples carry Job and node names)")
+        return value
+
+
+class MonitoringConfig(StrictModel):
+    enabled: bool = False
+    mode: Literal["in-cluster", "remote-write"] = "in-cluster"
+    namespace: DnsLabel = "monitoring"
+    chart_version: str = Field(default="88.5.3", description="kube-prometheus-stack chart")
+    scrape_interval: str = "15s"
+    retention: str = Field(default="15d", description="how long Prometheus keeps samples")
+    storage_size: Quantity = Field(default="50Gi", description="Prometheus' volume (gp3 on EKS)")
+    storage_class: str | None = Field(default=None, description="None: the cluster's default class")
+    grafana: bool = Field(default=True, description="Grafana with the dashboard (in-cluster mode)")
+    remote_write: RemoteWriteConfig | None = None
+    alerts: AlertThresholds = Field(default_factory=AlertThresholds)
+
+    @field_validator("scrape_interval", "retention")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if not _DURATION.match(value):
+            raise ValueError(f"{value!r} is not a Prometheus duration (e.g. 15s, 12h, 15d)")
+        return value
+
+    @model_validator(mode="after")
+    def _remote_write_needs_a_target(self) -> MonitoringConfig:
+        if self.mode == "remote-write" and self.remote_write is None:
+            raise ValueError("mode remote-write needs remoteWrite.url")
+        return self

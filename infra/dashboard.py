@@ -1,0 +1,122 @@
+"""The "is my GPU starving?" Grafana dashboard, as code (grafana-foundation-sdk builders, not a JSON blob).
+
+Read it top to bottom: GPU utilisation (DCGM) beside the trainer's data-wait share and samples/s answers the
+question; step and wait latencies say how badly; the staging row says whether the bytes are arriving (bytes/s,
+shards ready, window occupancy, retries); the node row says whether NVMe or /dev/shm is about to run out.
+
+Every query is in `PANELS`, so the tests can run each one against a real Prometheus (Grafana's `$__rate_interval`
+and the template variables substituted as Grafana would).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, QueryVariable, Row
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+from infra.alerts import data_wait_share
+
+DASHBOARD_UID = "ml-cluster-gpu-starving"
+_DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+# Grafana's variables as the queries use them.
+_JOB = 'namespace="$namespace", job_name=~"$job"'
+_RATE = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    row: str
+    title: str
+    unit: str
+    queries: tuple[tuple[str, str], ...]  # (PromQL, legend)
+    description: str = ""
+
+
+PANELS: tuple[PanelSpec, ...] = (
+    PanelSpec("Is the GPU starving?", "GPU utilisation (DCGM) per pod", "percentunit", (
+        ('avg by (pod) (DCGM_FI_DEV_GPU_UTIL{namespace="$namespace"}) / 100', "{{pod}}"),
+    ), "Share of time a kernel was running on the pod's GPUs. Low here and high data-wait beside it: starving."),
+    PanelSpec("Is the GPU starving?", "Data-wait share per Job", "percentunit", (
+        (data_wait_share(_RATE, by="job_name", selector=_JOB), "{{job_name}}"),
+    ), "Time steps spent waiting for their batch / step time. Above ~0.1 the input pipeline is the bottleneck."),
+    PanelSpec("Is the GPU starving?", "Samples/s per Job", "short", (
+        (f"sum by (job_name) (rate(ml_train_samples_total{{{_JOB}}}[{_RATE}]))", "{{job_name}}"),
+    )),
+    PanelSpec("Step time", "Step and data-wait time, p50 / p95", "s", (
+        (f"histogram_quantile(0.95, sum by (job_name, le) (rate(ml_train_step_seconds_bucket{{{_JOB}}}[{_RATE}])))",
+         "step p95 {{job_name}}"),
+        (f"histogram_quantile(0.5, sum by (job_name, le) (rate(ml_train_step_seconds_bucket{{{_JOB}}}[{_RATE}])))",
+         "step p50 {{job_name}}"),
+        (f"histogram_quantile(0.95, sum by (job_name, le) "
+         f"(rate(ml_train_data_wait_seconds_bucket{{{_JOB}}}[{_RATE}])))", "wait p95 {{job_name}}"),
+    )),
+    PanelSpec("Step time", "Progress (epochs done, fraction)", "percentunit", (
+        (f"max by (job_name) ((ml_train_epoch{{{_JOB}}} + ml_train_epoch_batches_done{{{_JOB}}}"
+         f" / ml_train_epoch_batches{{{_JOB}}}) / ml_train_epochs{{{_JOB}}})", "{{job_name}}"),
+    )),
+    PanelSpec("Staging", "Staged bytes/s", "Bps", (
+        (f"sum by (job_name) (rate(ml_stage_bytes_total{{{_JOB}}}[{_RATE}]))", "{{job_name}}"),
+    )),
+    PanelSpec("Staging", "Shards ready / consumed / total", "short", (
+        (f"sum by (job_name) (ml_stage_shards_ready{{{_JOB}}})", "ready {{job_name}}"),
+        (f"sum by (job_name) (ml_stage_shards_consumed{{{_JOB}}})", "consumed {{job_name}}"),
+        (f"sum by (job_name) (ml_stage_shards{{{_JOB}}})", "total {{job_name}}"),
+    )),
+    PanelSpec("Staging", "Window occupancy and S3 retries/s", "percentunit", (
+        (f"max by (job_name) (ml_stage_window_used_bytes{{{_JOB}}} / ml_stage_window_capacity_bytes{{{_JOB}}})",
+         "window {{job_name}}"),
+        (f"sum by (job_name) (rate(ml_stage_retries_total{{{_JOB}}}[{_RATE}]))", "retries/s {{job_name}}"),
+    )),
+    PanelSpec("Nodes", "GPU utilisation (DCGM) per node", "percentunit", (
+        ("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL) / 100", "{{Hostname}}"),
+    )),
+    PanelSpec("Nodes", "NVMe scratch and /dev/shm use", "percentunit", (
+        ('max by (node) (ml_train_filesystem_used_bytes{volume="data"}'
+         ' / ml_train_filesystem_size_bytes{volume="data"})', "NVMe {{node}}"),
+        ('max by (pod) (ml_train_filesystem_used_bytes{volume="shm"} / ml_train_filesystem_size_bytes{volume="shm"})',
+         "/dev/shm {{pod}}"),
+    )),
+)
+
+
+def build_dashboard() -> Dashboard:
+    builder = (
+        Dashboard("Training: is my GPU starving?")
+        .uid(DASHBOARD_UID)
+        .tags(["ml-cluster", "training", "gpu"])
+        .refresh("30s")
+        .time("now-1h", "now")
+        .with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+        .with_variable(QueryVariable("namespace").label("Namespace").datasource(_DATASOURCE)
+                       .query("label_values(ml_train_steps_total, namespace)"))
+        .with_variable(QueryVariable("job").label("Job").datasource(_DATASOURCE).multi(True).include_all(True)
+                       .all_value(".*").query('label_values(ml_train_steps_total{namespace="$namespace"}, job_name)'))
+    )
+    row = None
+    for panel in PANELS:
+        if panel.row != row:
+            row = panel.row
+            builder = builder.with_row(Row(row))
+        timeseries = Timeseries().title(panel.title).unit(panel.unit).datasource(_DATASOURCE).height(8).span(12)
+        if panel.description:
+            timeseries = timeseries.description(panel.description)
+        for index, (expr, legend) in enumerate(panel.queries):
+            timeseries = timeseries.with_target(Dataquery().expr(expr).legend_format(legend).ref_id("ABCDEFGH"[index]))
+        builder = builder.with_panel(timeseries)
+    return builder
+
+
+def dashboard_json() -> str:
+    """The dashboard model as Grafana imports it (sorted keys: the same code gives the same bytes, a stable plan)."""
+    model: Any = json.loads(JSONEncoder(sort_keys=True).encode(build_dashboard().build()))
+    return json.dumps(model, sort_keys=True, indent=1)
+
+
+def panel_queries() -> list[str]:
+    return [expr for panel in PANELS for expr, _legend in panel.queries]

@@ -1,0 +1,121 @@
+"""End to end against a real Prometheus: the stager stages a dataset from S3 (moto server), the trainer trains on the
+staged copy, both serve their metrics, Prometheus scrapes them; every dashboard query and every alert signal returns
+series, every alert rule passes promtool and parses on the server."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from infra.alerts import alert_rules, rule_groups
+from infra.config.monitoring import AlertThresholds
+from infra.dashboard import panel_queries
+from tests.data.helpers import stage_options, uploaded
+from tests.monitoring.prom import PROMETHEUS, PROMTOOL, prometheus, static_exporter
+from workloads.data.metrics import StageMetrics
+from workloads.data.s3 import make_client
+from workloads.data.stage import stage
+from workloads.train.__main__ import parse_args
+from workloads.train.loop import Reporter, train
+from workloads.train.metrics import TrainMetrics
+
+pytestmark = pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
+                                reason="Debian's prometheus package is not installed (.ci/run installs it)")
+
+NAMESPACE = "training"
+POD = {"namespace": NAMESPACE, "pod": "tiny-3f2a9c1d-0", "job_name": "tiny-3f2a9c1d", "node": "node-a"}
+
+# What dcgm-exporter (GPU mapped to the training pod, scraped with honorLabels) and kube-state-metrics would expose
+# for that pod: neither can run here (no GPU, no API server).
+STAND_INS = f"""\
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-0",Hostname="node-a",modelName="NVIDIA H100",namespace="{NAMESPACE}",\
+pod="{POD['pod']}",container="train"}} 3
+# TYPE kube_pod_status_phase gauge
+kube_pod_status_phase{{namespace="{NAMESPACE}",pod="{POD['pod']}",phase="Pending"}} 0
+kube_pod_status_phase{{namespace="{NAMESPACE}",pod="{POD['pod']}",phase="Running"}} 1
+"""
+
+SUBSTITUTIONS = {"$__rate_interval": "1m", "$namespace": NAMESPACE, "$job": ".*"}
+
+
+def _grafana(expr: str) -> str:
+    """Template variables replaced as Grafana does before it sends a query."""
+    for variable, value in SUBSTITUTIONS.items():
+        expr = expr.replace(variable, value)
+    return expr
+
+
+def test_real_prometheus_scrapes_stager_and_trainer(packed: Path, s3_url: str, bucket: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": rule_groups(AlertThresholds(), NAMESPACE)}))
+    checked = subprocess.run([str(PROMTOOL), "check", "rules", str(rules)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(alert_rules(AlertThresholds(), NAMESPACE))} rules found" in checked.stdout
+
+    staged_dir = tmp_path / "staged"
+    stage_metrics, train_metrics = StageMetrics(), TrainMetrics(volumes={"shm": "/dev/shm", "data": str(staged_dir)})
+    stage_port, train_port = stage_metrics.serve(0, "127.0.0.1"), train_metrics.serve(0, "127.0.0.1")
+    try:
+        with static_exporter(STAND_INS) as stand_in_port:
+            targets = [
+                {"job_name": "trainer", "static_configs": [{"targets": [f"127.0.0.1:{train_port}"], "labels": POD}]},
+                {"job_name": "stager", "static_configs": [{"targets": [f"127.0.0.1:{stage_port}"], "labels": POD}]},
+                {"job_name": "stand-ins", "honor_labels": True,
+                 "static_configs": [{"targets": [f"127.0.0.1:{stand_in_port}"]}]},
+            ]
+            with prometheus(tmp_path / "prom", targets, [rules]) as prom:
+                prom.wait_for('sum(up{job=~"trainer|stager"})', lambda r: r and float(r[0]["value"][1]) == 2)
+                prom.wait_for("ml_train_steps_total", lambda r: len(r) == 1)  # a sample before the run: rate base
+                # Before the run the stand-in GPU idles at 3% beside a trainer that has not finished: idle alert.
+                gpu_idle = next(r for r in alert_rules(AlertThresholds(), NAMESPACE) if r.name == "TrainingGpuIdle")
+                firing = prom.wait_for(gpu_idle.expr, lambda r: len(r) == 1)
+                assert firing[0]["metric"] == {"namespace": NAMESPACE, "pod": POD["pod"]}
+
+                target = uploaded(packed, s3_url, bucket)
+                stage(make_client(s3_url, 4), target, staged_dir, stage_options(metrics=stage_metrics))
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    summary = train(parse_args(["--data", str(staged_dir), "--model", "resnet18", "--width", "8",
+                                                "--batch-size", "8", "--crop-size", "32", "--workers", "0",
+                                                "--epochs", "2", "--lr", "0.01"]),
+                                    Reporter(0, open("/dev/null", "w")), metrics=train_metrics)  # noqa: SIM115
+                finally:
+                    torch.set_num_threads(threads)
+                steps = 2 * summary["batches"]
+                prom.wait_for("ml_train_steps_total", lambda r: r and float(r[0]["value"][1]) == steps)
+                prom.wait_for("ml_train_done", lambda r: r and float(r[0]["value"][1]) == 1)
+
+                figures = {}
+                for expr in ("sum by (job_name) (rate(ml_train_samples_total[1m]))",
+                             'sum by (job_name) (rate(ml_train_data_wait_seconds_sum[1m]))'
+                             ' / sum by (job_name) (rate(ml_train_step_seconds_sum[1m]))',
+                             "ml_train_samples_total", "ml_stage_bytes_total", "ml_stage_shards_ready",
+                             'ml_train_filesystem_used_bytes{volume="data"}'):
+                    result = prom.query(expr)["data"]["result"]
+                    assert result, expr
+                    figures[expr] = float(result[0]["value"][1])
+                print("\nqueried figures:", *(f"  {expr} = {value:.6g}" for expr, value in figures.items()), sep="\n")
+                assert figures["ml_train_samples_total"] == 2 * 24  # two epochs of the 24-sample dataset
+                assert figures["ml_stage_shards_ready"] == len(list(staged_dir.glob("shard-*.h5")))
+
+                for expr in panel_queries():
+                    answer = prom.query(_grafana(expr))
+                    assert answer["status"] == "success", (expr, answer)
+                    assert answer["data"]["result"], f"dashboard query returns no series: {expr}"
+                for rule in alert_rules(AlertThresholds(), NAMESPACE):
+                    assert prom.query(rule.expr)["status"] == "success", rule.name
+                    if rule.name != gpu_idle.name:  # its signal (running trainers' GPUs) was checked before the run
+                        assert prom.query(rule.signal)["data"]["result"], f"{rule.name}: signal has no series"
+                # The trainer has finished: its GPU is released, not idle.
+                assert prom.query(gpu_idle.expr)["data"]["result"] == []
+    finally:
+        stage_metrics.close()
+        train_metrics.close()

@@ -1,0 +1,71 @@
+"""Prometheus metrics of the stager: how far staging is, how full the rolling window is, how often S3 pushed back.
+
+Next to the trainer's data-wait share these answer "is the GPU waiting on staging": a window that stays full while
+the trainer waits means the reader is slow; an empty window and a flat bytes rate mean the object store is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from workloads.data.s3 import DataToolError
+
+STAGE_METRICS_PORT_ENV = "STAGE_METRICS_PORT"
+METRICS_ADDR_ENV = "METRICS_ADDR"
+# Local by default: a pod sets METRICS_ADDR=0.0.0.0 (the rendered Jobs do, behind their NetworkPolicy).
+DEFAULT_METRICS_ADDR = "127.0.0.1"
+
+
+class StageMetrics:
+    """The stager's metrics in a registry of their own (no process-global state)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.bytes = Counter("ml_stage_bytes", "Shard bytes downloaded (every ranged GET that completed)", registry=r)
+        self.retries = Counter("ml_stage_retries", "Requests retried after throttling or a dropped connection",
+                               registry=r)
+        self.mismatches = Counter("ml_stage_checksum_mismatches", "Shards downloaded again after a sha256 mismatch",
+                                  registry=r)
+        self.shards_staged = Counter("ml_stage_shards_staged", "Shards downloaded and verified by this stager",
+                                     registry=r)
+        self.shards = Gauge("ml_stage_shards", "Shards in the dataset's manifest", registry=r)
+        self.dataset_bytes = Gauge("ml_stage_dataset_bytes", "Bytes of all shards in the manifest", registry=r)
+        self.shards_ready = Gauge("ml_stage_shards_ready", "Shards verified on local disk and readable now",
+                                  registry=r)
+        self.shards_consumed = Gauge("ml_stage_shards_consumed", "Shards the reader finished and the stager deleted "
+                                     "(rolling window)", registry=r)
+        self.window_used = Gauge("ml_stage_window_used_bytes", "Shard bytes held on local disk, including "
+                                 "downloads in flight", registry=r)
+        self.window_capacity = Gauge("ml_stage_window_capacity_bytes", "Rolling-window size (copy mode: the "
+                                     "dataset's size)", registry=r)
+        self.done = Gauge("ml_stage_done", "1 once every shard has been staged", registry=r)
+        self._server: Any = None
+
+    def dataset(self, shards: int, total_bytes: int, window_bytes: int | None) -> None:
+        self.shards.set(shards)
+        self.dataset_bytes.set(total_bytes)
+        self.window_capacity.set(total_bytes if window_bytes is None else window_bytes)
+
+    def state(self, ready: int, consumed: int, held_bytes: int, done: bool) -> None:
+        self.shards_ready.set(ready)
+        self.shards_consumed.set(consumed)
+        self.window_used.set(held_bytes)
+        self.done.set(1 if done else 0)
+
+    def serve(self, port: int, addr: str) -> int:
+        """Serve /metrics on addr:port (0: a free port); returns the port."""
+        try:
+            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise DataToolError("--metrics-port", f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from exc
+        self._server = server
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

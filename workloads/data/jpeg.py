@@ -15,7 +15,8 @@ from types import ModuleType
 import numpy as np
 from PIL import Image
 
-from workloads.data.transforms import _square_center_box, decode_image
+# transforms (and with it torch) is imported where decoding happens, not here: pack uses decodes_strictly and
+# must not pay for importing torch in every worker.
 
 
 def _load_simplejpeg() -> ModuleType | None:
@@ -33,9 +34,23 @@ def fast_decoder_available() -> bool:
     return _SIMPLEJPEG is not None
 
 
+def decodes_strictly(payload: bytes | memoryview) -> bool:
+    """True when libjpeg-turbo decodes the whole file without a warning (truncation and corrupt entropy-coded data
+    are warnings it would otherwise paper over with grey); False when it does not or simplejpeg is missing."""
+    if _SIMPLEJPEG is None:
+        return False
+    try:
+        _SIMPLEJPEG.decode_jpeg(payload, colorspace="RGB", strict=True, min_width=1, min_height=1)
+    except (ValueError, RuntimeError):
+        return False
+    return True
+
+
 def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = True,
                 use_simplejpeg: bool = True) -> None:
     """Decode one image into `out` (shape (size, size, 3), uint8). Raises OSError when it does not decode."""
+    from workloads.data.transforms import decode_image
+
     size = out.shape[0]
     if use_simplejpeg and _SIMPLEJPEG is not None and bytes(payload[:2]) == b"\xff\xd8":
         pixels = _decode_simplejpeg(_SIMPLEJPEG, payload, size, draft)
@@ -49,6 +64,8 @@ def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = T
 def _decode_simplejpeg(simplejpeg: ModuleType, payload: bytes | memoryview, size: int,
                        draft: bool) -> np.ndarray | None:
     """The simplejpeg path, or None where only PIL gives the right answer (PIL then decodes)."""
+    from workloads.data.transforms import _square_center_box
+
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(payload)
         if colorspace not in ("RGB", "YCbCr", "Gray"):  # CMYK/YCCK: PIL's inversion rules apply

@@ -41,6 +41,7 @@ def _decoded(payload: bytes, size: int, **kwargs: object) -> np.ndarray:
 @pytest.mark.parametrize(("width", "height", "size", "draft"), [
     (450, 340, 160, True),  # DCT scale 1/2, as PIL's draft picks it
     (700, 680, 80, True),  # 1/8
+    (560, 560, 160, True),  # 1/2 where libjpeg-turbo alone would pick 3/8
     (200, 150, 96, True),  # too small to scale: full decode
     (450, 340, 160, False),
     (330, 500, 64, True),  # portrait
@@ -52,6 +53,23 @@ def test_simplejpeg_matches_pil_within_rounding(width: int, height: int, size: i
     difference = np.abs(fast.astype(np.int16) - reference.astype(np.int16))
     assert fast.shape == reference.shape == (size, size, 3)
     assert difference.mean() < 1.0 and difference.max() <= 16
+
+
+@needs_simplejpeg
+def test_simplejpeg_decodes_at_the_scale_pil_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import simplejpeg
+
+    sizes: list[tuple[int, ...]] = []
+    real = simplejpeg.decode_jpeg
+
+    def spy(*args: object, **kwargs: object) -> np.ndarray:
+        decoded = real(*args, **kwargs)
+        sizes.append(decoded.shape)
+        return decoded
+
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", spy)
+    _decoded(_photo(560, 560), 160)
+    assert sizes == [(280, 280, 3)]  # PIL's draft: 1/2 (560 // 160 = 3 -> 2); not libjpeg-turbo's 3/8 (210)
 
 
 @pytest.mark.parametrize("payload", [

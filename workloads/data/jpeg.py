@@ -1,8 +1,8 @@
 """JPEG bytes -> (size, size, 3) uint8, written straight into a caller's buffer (a row of the batch).
 
 With the optional `simplejpeg` package (it bundles libjpeg-turbo), the header is read without building a PIL image
-and the DCT-domain downscale (1/2, 1/4, 1/8) is asked for directly through min_width/min_height, the same scale PIL's
-draft mode picks; the center square is then resized with PIL's bilinear filter exactly as the PIL path does, so
+and the DCT-domain downscale (1/2, 1/4, 1/8) is asked for directly through min_width/min_height, exactly the scale
+PIL's draft mode picks; the center square is then resized with PIL's bilinear filter exactly as the PIL path does, so
 both paths give the same pixels up to libjpeg-turbo build differences. Without simplejpeg, or for anything it
 cannot decode (CMYK, progressive files with odd markers, not a JPEG), PIL does the whole job.
 """
@@ -70,9 +70,12 @@ def _decode_simplejpeg(simplejpeg: ModuleType, payload: bytes | memoryview, size
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(payload)
         if colorspace not in ("RGB", "YCbCr", "Gray"):  # CMYK/YCCK: PIL's inversion rules apply
             return None
-        # min_* picks the largest DCT scale that keeps both sides >= size, as PIL's draft((size, size)) does;
-        # without draft the image is decoded at full size.
-        limits = {"min_width": size, "min_height": size} if draft and min(width, height) >= 2 * size else {}
+        # PIL's draft((size, size)) takes the largest of 1/2, 1/4, 1/8 that keeps both sides >= size. simplejpeg
+        # would also take libjpeg-turbo's other eighths (3/8 of a 560 px side, where PIL decodes 1/2), so it is
+        # asked for PIL's scale exactly: the smallest eighth whose result covers side / scale is 1 / scale.
+        ratio = min(width // size, height // size)
+        scale = next((factor for factor in (8, 4, 2) if ratio >= factor), 1) if draft else 1
+        limits = {"min_width": -(-width // scale), "min_height": -(-height // scale)} if scale > 1 else {}
         decoded = simplejpeg.decode_jpeg(payload, colorspace="RGB", **limits)
     except (ValueError, RuntimeError):
         return None

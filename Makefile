@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup setup-plan plan preflight cost test lint lint-workflows scan image push bench bench-objectstore bench-gpu \
-	preview up destroy kubeconfig new-stack clean
+.PHONY: help setup setup-plan plan preflight cost test lint lint-workflows scan image push bench bench-peers bench-objectstore \
+	bench-gpu preview up destroy kubeconfig new-stack clean
 
 .DEFAULT_GOAL := help
 
@@ -91,6 +91,21 @@ scan: setup-plan $(SCAN_VENV)/.deps-$(CHECKOV_VERSION) ## checkov on every stack
 bench: setup ## quick loader and stager benchmarks
 	$(BIN)/python scripts/bench_loader.py --quick
 	$(BIN)/python scripts/bench_stage.py
+
+# Our data path against MosaicML Streaming, LitData, WebDataset and s3torchconnector on the same S3 path. The peers
+# live in their own venv (.venv-bench, torch pinned by scripts/bench-constraints.txt), never in .venv.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.deps: pyproject.toml scripts/bench-constraints.txt
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --disable-pip-version-check -c scripts/bench-constraints.txt \
+	  -e ".[train,bench]"
+	# streaming and litdata pull torchvision; PyPI's wheels are CUDA builds that cannot load beside the CPU torch
+	# (libc10_cuda.so). Neither needs it for what is measured (benchmarks/peers.py stubs streaming's import).
+	$(BENCH_VENV)/bin/python -m pip uninstall -q -y torchvision
+	@touch $@
+
+bench-peers: $(BENCH_VENV)/.deps ## our data path against Streaming, LitData, WebDataset, s3torchconnector
+	$(BENCH_VENV)/bin/python scripts/bench_peers.py
 
 # The study's setting: a JPEG folder on an s3fs mount behind added latency. Needs root, /dev/fuse and Debian's s3fs.
 bench-objectstore: setup ## the study's s3fs-over-latency benchmark (root, /dev/fuse)

@@ -1,8 +1,8 @@
 """JPEG bytes -> (size, size, 3) uint8, written straight into a caller's buffer (a row of the batch).
 
 With the optional `simplejpeg` package (it bundles libjpeg-turbo), the header is read without building a PIL image
-and the DCT-domain downscale (1/2, 1/4, 1/8) is asked for directly through min_width/min_height, the same scale PIL's
-draft mode picks; the center square is then resized with PIL's bilinear filter exactly as the PIL path does, so
+and the DCT-domain downscale (1/2, 1/4, 1/8) is asked for directly through min_width/min_height, exactly the scale
+PIL's draft mode picks; the center square is then resized with PIL's bilinear filter exactly as the PIL path does, so
 both paths give the same pixels up to libjpeg-turbo build differences. Without simplejpeg, or for anything it
 cannot decode (CMYK, progressive files with odd markers, not a JPEG), PIL does the whole job.
 """
@@ -15,7 +15,8 @@ from types import ModuleType
 import numpy as np
 from PIL import Image
 
-from workloads.data.transforms import _square_center_box, decode_image
+# transforms (and with it torch) is imported where decoding happens, not here: pack uses decodes_strictly and
+# must not pay for importing torch in every worker.
 
 
 def _load_simplejpeg() -> ModuleType | None:
@@ -33,9 +34,23 @@ def fast_decoder_available() -> bool:
     return _SIMPLEJPEG is not None
 
 
+def decodes_strictly(payload: bytes | memoryview) -> bool:
+    """True when libjpeg-turbo decodes the whole file without a warning (truncation and corrupt entropy-coded data
+    are warnings it would otherwise paper over with grey); False when it does not or simplejpeg is missing."""
+    if _SIMPLEJPEG is None:
+        return False
+    try:
+        _SIMPLEJPEG.decode_jpeg(payload, colorspace="RGB", strict=True, min_width=1, min_height=1)
+    except (ValueError, RuntimeError):
+        return False
+    return True
+
+
 def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = True,
                 use_simplejpeg: bool = True) -> None:
     """Decode one image into `out` (shape (size, size, 3), uint8). Raises OSError when it does not decode."""
+    from workloads.data.transforms import decode_image
+
     size = out.shape[0]
     if use_simplejpeg and _SIMPLEJPEG is not None and bytes(payload[:2]) == b"\xff\xd8":
         pixels = _decode_simplejpeg(_SIMPLEJPEG, payload, size, draft)
@@ -49,13 +64,18 @@ def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = T
 def _decode_simplejpeg(simplejpeg: ModuleType, payload: bytes | memoryview, size: int,
                        draft: bool) -> np.ndarray | None:
     """The simplejpeg path, or None where only PIL gives the right answer (PIL then decodes)."""
+    from workloads.data.transforms import _square_center_box
+
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(payload)
         if colorspace not in ("RGB", "YCbCr", "Gray"):  # CMYK/YCCK: PIL's inversion rules apply
             return None
-        # min_* picks the largest DCT scale that keeps both sides >= size, as PIL's draft((size, size)) does;
-        # without draft the image is decoded at full size.
-        limits = {"min_width": size, "min_height": size} if draft and min(width, height) >= 2 * size else {}
+        # PIL's draft((size, size)) takes the largest of 1/2, 1/4, 1/8 that keeps both sides >= size. simplejpeg
+        # would also take libjpeg-turbo's other eighths (3/8 of a 560 px side, where PIL decodes 1/2), so it is
+        # asked for PIL's scale exactly: the smallest eighth whose result covers side / scale is 1 / scale.
+        ratio = min(width // size, height // size)
+        scale = next((factor for factor in (8, 4, 2) if ratio >= factor), 1) if draft else 1
+        limits = {"min_width": -(-width // scale), "min_height": -(-height // scale)} if scale > 1 else {}
         decoded = simplejpeg.decode_jpeg(payload, colorspace="RGB", **limits)
     except (ValueError, RuntimeError):
         return None

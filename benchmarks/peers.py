@@ -1,0 +1,325 @@
+"""Contenders for the peer benchmark (scripts/bench_peers.py): the same images, the same S3 path, the same batches.
+
+Each contender is a function run in its own process (so its memory and its library state are its own):
+
+    contender(ctx) -> Measured
+
+It converts the local JPEG folder ctx.jpegs into its own format, uploads it to s3://ctx.bucket/<name>/ through
+the latency proxy (ctx.endpoint), then reads it back with 2 DataLoader workers as uint8 batches
+(batch, size, size, 3), timing the first batch and each epoch. Local copies (a stager's destination, a peer's
+cache) live under ctx.local, which the parent watches for its peak size.
+
+Layouts: "decoded" stores uint8 size x size x 3 arrays; "encoded" stores the JPEG bytes and decodes them in the
+workers. Peers decode with PIL's reduced-scale decode (draft mode, the fastest PIL path); ours uses its own
+decoder (workloads.data.transforms). The peer libraries are imported only inside their contender.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
+from workloads.data.pack import PackOptions, pack
+from workloads.data.s3 import S3Uri, make_client
+from workloads.data.sampler import BlockShuffleBatchSampler
+from workloads.data.stage import StageOptions, stage
+from workloads.data.transforms import decode_bytes, decode_file
+from workloads.data.upload import UploadOptions, upload
+
+BATCH = 128
+WORKERS = 2
+SHARD_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Context:
+    jpegs: Path  # ROOT/<class>/<file>.jpg
+    local: Path  # where this contender may keep local copies (watched for peak disk)
+    scratch: Path  # conversion output before upload (not counted as the reader's disk)
+    endpoint: str  # the S3 server behind the latency proxy
+    bucket: str
+    layout: str  # "decoded" | "encoded"
+    size: int
+    epochs: int  # measured epochs (>= 2: one cold, the rest warm)
+
+
+@dataclass
+class Measured:
+    convert_s: float = 0.0  # conversion + upload
+    first_batch_s: float = 0.0  # from creating the loader to holding the first batch (staging/download included)
+    epoch_s: list[float] = field(default_factory=list)
+    samples: int = 0
+
+
+def samples_of(root: Path) -> list[tuple[Path, int]]:
+    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir())
+    return [(path, label) for label, name in enumerate(classes) for path in sorted((root / name).glob("*.jpg"))]
+
+
+def _payload(path: Path, layout: str, size: int) -> bytes:
+    """What a peer stores per sample: the decoded pixels, or the JPEG file as it is."""
+    return decode_file(path, size, draft=True).tobytes() if layout == "decoded" else path.read_bytes()
+
+
+def _pixels(payload: bytes | memoryview, layout: str, size: int) -> np.ndarray:
+    if layout == "decoded":
+        return np.frombuffer(payload, dtype=np.uint8).reshape(size, size, 3)
+    return decode_bytes(payload, size, draft=True)
+
+
+def _upload_dir(ctx: Context, folder: Path, prefix: str) -> None:
+    client = make_client(ctx.endpoint, 16, botocore_attempts=3)
+    files = [path for path in sorted(folder.rglob("*")) if path.is_file()]
+
+    def put(path: Path) -> None:
+        client.upload_file(str(path), ctx.bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, files))
+
+
+def _run_epochs(ctx: Context, make_epoch: Callable[[int], Iterable[Any]], measured: Measured,
+                started: float) -> Measured:
+    """Iterate `epochs` epochs; the first batch is timed from `started` (before any download)."""
+    for epoch in range(ctx.epochs):
+        begin = started if epoch == 0 else time.perf_counter()
+        count = 0
+        for batch in make_epoch(epoch):
+            images = batch[0]
+            if count == 0 and epoch == 0:
+                measured.first_batch_s = time.perf_counter() - started
+            if tuple(images.shape[1:]) != (ctx.size, ctx.size, 3) or images.dtype != torch.uint8:
+                raise RuntimeError(f"batch of {tuple(images.shape)} {images.dtype}, expected uint8 "
+                                   f"(n, {ctx.size}, {ctx.size}, 3)")
+            count += int(images.shape[0])
+        measured.epoch_s.append(time.perf_counter() - begin)
+        measured.samples = count
+    return measured
+
+
+# -- ours: pack -> upload -> stage (parallel ranged GETs) -> HDF5Dataset ---------------------------------------------
+def ours(ctx: Context) -> Measured:
+    started = time.perf_counter()
+    packed = ctx.scratch / "packed"
+    pack(ctx.jpegs, packed, PackOptions(layout=ctx.layout, image_size=ctx.size, shard_bytes=SHARD_BYTES,
+                                        workers=WORKERS, progress=False))
+    upload(make_client(ctx.endpoint, 16), packed, S3Uri(ctx.bucket, "ours"), UploadOptions(progress=False))
+    measured = Measured(convert_s=time.perf_counter() - started)
+    started = time.perf_counter()
+    dest = ctx.local / "staged"
+    stage(make_client(ctx.endpoint, 16), S3Uri(ctx.bucket, "ours"), dest, StageOptions(workers=16, progress=False))
+    dataset = HDF5Dataset(dest, image_size=ctx.size if ctx.layout == "encoded" else None)
+    sampler = BlockShuffleBatchSampler(len(dataset), BATCH, block_size=32, seed=0)
+    loader = make_loader(dataset, sampler, workers=WORKERS, persistent_workers=True)
+
+    def epoch(number: int) -> Iterator[Any]:
+        sampler.set_epoch(number)
+        for batch in loader:
+            yield to_tensors(batch)
+
+    return _run_epochs(ctx, epoch, measured, started)
+
+
+# -- MosaicML Streaming: MDSWriter -> StreamingDataset (downloads shards into a local cache) -------------------------
+class _Pixels:
+    """Sample dict -> (uint8 tensor, label), in the worker (a module-level class: workers unpickle it)."""
+
+    def __init__(self, layout: str, size: int) -> None:
+        self.layout, self.size = layout, size
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        return torch.from_numpy(_pixels(sample["image"], self.layout, self.size).copy()), int(sample["label"])
+
+
+class _Mapped(torch.utils.data.IterableDataset):
+    def __init__(self, inner: Any, fn: Callable[[Any], Any]) -> None:
+        self.inner, self.fn = inner, fn
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.fn, self.inner)
+
+
+def _stub_torchvision() -> None:
+    """streaming.vision imports torchvision at package import; PyPI's torchvision wheels are CUDA builds that do not
+    load beside the CPU torch used here, and nothing MDS reading does needs it. Only the two names it imports."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    import types
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    for name in ("torchvision", "torchvision.datasets", "torchvision.transforms", "torchvision.transforms.functional"):
+        sys.modules[name] = types.ModuleType(name)
+        sys.modules[name].__spec__ = importlib.machinery.ModuleSpec(name, None)
+    sys.modules["torchvision.datasets"].VisionDataset = torch.utils.data.Dataset  # type: ignore[attr-defined]
+    sys.modules["torchvision.transforms.functional"].to_tensor = torch.as_tensor  # type: ignore[attr-defined]
+
+
+def streaming(ctx: Context) -> Measured:
+    _stub_torchvision()
+    from streaming import MDSWriter, StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    os.environ["S3_ENDPOINT_URL"] = ctx.endpoint
+    clean_stale_shared_memory()
+    started = time.perf_counter()
+    out = ctx.scratch / "mds"
+    with MDSWriter(out=str(out), columns={"image": "bytes", "label": "int"}, size_limit=SHARD_BYTES) as writer:
+        for path, label in samples_of(ctx.jpegs):
+            writer.write({"image": _payload(path, ctx.layout, ctx.size), "label": label})
+    _upload_dir(ctx, out, "mds")
+    measured = Measured(convert_s=time.perf_counter() - started)
+
+    started = time.perf_counter()
+    dataset = StreamingDataset(remote=f"s3://{ctx.bucket}/mds", local=str(ctx.local / "cache"), shuffle=True,
+                               batch_size=BATCH, shuffle_seed=0)
+    loader = torch.utils.data.DataLoader(_Mapped(dataset, _Pixels(ctx.layout, ctx.size)), batch_size=BATCH,
+                                         num_workers=WORKERS, persistent_workers=True)
+    return _run_epochs(ctx, lambda _: loader, measured, started)
+
+
+# -- LitData: optimize -> StreamingDataset / StreamingDataLoader -----------------------------------------------------
+def _lit_sample(item: tuple[str, int, str, int]) -> dict[str, Any]:
+    path, label, layout, size = item
+    return {"image": _payload(Path(path), layout, size), "label": label}
+
+
+def _litdata_allow_http(_worker: int = 0) -> None:
+    """litdata fetches chunks with obstore (Rust object_store), which refuses a plain-HTTP endpoint unless its client
+    options say allow_http; litdata passes a fixed options dict, so it is amended in each (spawned) worker."""
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
+
+
+def litdata(ctx: Context) -> Measured:
+    import litdata as ld
+
+    _litdata_allow_http()
+
+    started = time.perf_counter()
+    out = ctx.scratch / "lit"
+    inputs = [(str(path), label, ctx.layout, ctx.size) for path, label in samples_of(ctx.jpegs)]
+    ld.optimize(fn=_lit_sample, inputs=inputs, output_dir=str(out), chunk_bytes=SHARD_BYTES, num_workers=WORKERS,
+                mode="overwrite")
+    _upload_dir(ctx, out, "lit")
+    measured = Measured(convert_s=time.perf_counter() - started)
+    started = time.perf_counter()
+    dataset = ld.StreamingDataset(f"s3://{ctx.bucket}/lit", shuffle=True, seed=0, cache_dir=str(ctx.local / "cache"),
+                                  storage_options={"endpoint_url": ctx.endpoint},
+                                  transform=_Pixels(ctx.layout, ctx.size))
+    loader = ld.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True,
+                                    worker_init_fn=_litdata_allow_http)
+    return _run_epochs(ctx, lambda _: loader, measured, started)
+
+
+# -- WebDataset: tar shards read over HTTP (curl) through the proxy, batched in the workers --------------------------
+def _wds_decode(layout: str, size: int, sample: tuple[bytes, bytes]) -> tuple[torch.Tensor, int]:
+    payload, label = sample
+    return torch.from_numpy(_pixels(payload, layout, size).copy()), int(label)
+
+
+def webdataset(ctx: Context) -> Measured:
+    import functools
+
+    import webdataset as wds
+
+    started = time.perf_counter()
+    out = ctx.scratch / "wds"
+    out.mkdir(parents=True)
+    samples = samples_of(ctx.jpegs)
+    shards = max(WORKERS * 2, sum(p.stat().st_size for p, _ in samples) // SHARD_BYTES + 1)
+    per_shard = -(-len(samples) // shards)
+    names = []
+    for shard in range(shards):
+        name = f"shard-{shard:06d}.tar"
+        with wds.TarWriter(str(out / name)) as sink:
+            for index in range(shard * per_shard, min(len(samples), (shard + 1) * per_shard)):
+                path, label = samples[index]
+                sink.write({"__key__": f"{index:08d}", "img": _payload(path, ctx.layout, ctx.size),
+                            "cls": str(label).encode()})
+        names.append(name)
+    _upload_dir(ctx, out, "wds")
+    measured = Measured(convert_s=time.perf_counter() - started)
+    # Presigned GETs (moto, like S3, refuses anonymous reads of a private bucket); curl fetches them.
+    signer = make_client(ctx.endpoint, 1)
+    urls = [signer.generate_presigned_url("get_object", Params={"Bucket": ctx.bucket, "Key": f"wds/{name}"},
+                                          ExpiresIn=24 * 3600) for name in names]
+    started = time.perf_counter()
+    dataset = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, seed=0,
+                              empty_check=False)
+               .shuffle(1000).to_tuple("img", "cls").map(functools.partial(_wds_decode, ctx.layout, ctx.size))
+               .batched(BATCH, partial=True))
+    loader = wds.WebLoader(dataset, batch_size=None, num_workers=WORKERS, persistent_workers=True)
+    return _run_epochs(ctx, lambda _: loader, measured, started)
+
+
+# -- s3torchconnector: one GET per JPEG object (the AWS CRT client), no conversion ----------------------------------
+class _S3Decode:
+    def __init__(self, size: int, labels: dict[str, int]) -> None:
+        self.size, self.labels = size, labels
+
+    def __call__(self, reader: Any) -> tuple[torch.Tensor, int]:
+        return torch.from_numpy(decode_bytes(reader.read(), self.size, draft=True)), self.labels[reader.key]
+
+
+def s3torchconnector(ctx: Context) -> Measured:
+    if ctx.layout != "encoded":
+        raise NotApplicable("s3torchconnector reads objects as stored (one JPEG per object); it has no packed "
+                            "or decoded format of its own")
+    from s3torchconnector import S3ClientConfig, S3MapDataset
+
+    started = time.perf_counter()
+    _upload_dir(ctx, ctx.jpegs, "jpegs")
+    measured = Measured(convert_s=time.perf_counter() - started)
+    classes = sorted(entry.name for entry in ctx.jpegs.iterdir() if entry.is_dir())
+    labels = {f"jpegs/{path.relative_to(ctx.jpegs).as_posix()}": classes.index(path.parent.name)
+              for path, _ in samples_of(ctx.jpegs)}
+    started = time.perf_counter()
+    dataset = S3MapDataset.from_prefix(f"s3://{ctx.bucket}/jpegs/", region="us-east-1", endpoint=ctx.endpoint,
+                                       transform=_S3Decode(ctx.size, labels),
+                                       s3client_config=S3ClientConfig(force_path_style=True))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
+                                         persistent_workers=True, generator=torch.Generator().manual_seed(0))
+    return _run_epochs(ctx, lambda _: loader, measured, started)
+
+
+class NotApplicable(Exception):
+    """The contender has no way to run this layout; the table says why instead of showing a number."""
+
+
+CONTENDERS: dict[str, Callable[[Context], Measured]] = {
+    "ours": ours,
+    "streaming": streaming,
+    "litdata": litdata,
+    "webdataset": webdataset,
+    "s3torchconnector": s3torchconnector,
+}
+PACKAGES = {"streaming": "mosaicml-streaming", "litdata": "litdata", "webdataset": "webdataset",
+            "s3torchconnector": "s3torchconnector"}
+
+
+def tree_bytes(root: Path) -> int:
+    total = 0
+    for directory, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # deleted while we walked
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+    return total
+
+
+def clear(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+

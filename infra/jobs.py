@@ -31,7 +31,14 @@ from infra.config.stackcheck import JobBucketAccess
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from workloads.cluster_facts import ClusterFacts
-from workloads.jobspec import EgressRules, JobSpecError, TrainingJobSpec, namespace_network_policies, render_job
+from workloads.jobspec import (
+    KUEUE_QUEUE_LABEL,
+    EgressRules,
+    JobSpecError,
+    TrainingJobSpec,
+    namespace_network_policies,
+    render_job,
+)
 
 CONFIG_KEY = "ml-cluster:jobs"
 
@@ -215,7 +222,9 @@ class TrainingJobs(pulumi.ComponentResource):
                 ctx.name("jobs", spec.name), metadata=job["metadata"], spec=job["spec"],
                 opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
                     delete_before_replace=True, depends_on=[*job_needs, *service_resources],
-                    # `submit start` and Kueue resume suspended Jobs; that is not drift to undo on the next `up`.
-                    ignore_changes=["spec.suspend"])))
+                    # `submit start` and Kueue resume suspended Jobs, and `submit start` puts a held Job in its
+                    # Kueue queue; neither is drift to undo on the next `up` (Kueue refuses a queue change on a
+                    # running Job).
+                    ignore_changes=["spec.suspend", f'metadata.labels["{KUEUE_QUEUE_LABEL}"]'])))
             self.job_names[spec.name] = job["metadata"]["name"]
         self.register_outputs({"jobNames": self.job_names})

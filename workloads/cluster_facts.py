@@ -41,6 +41,12 @@ class ClusterFacts:
     image_repository: str | None = None
     # The stack's buckets by logical name -> physical bucket name: a spec's `bucket: datasets` reads from there.
     buckets: dict[str, str] | None = None
+    # Kueue: whether the stack runs it, the LocalQueue a Job goes through unless its spec names one, every LocalQueue
+    # in `namespace` and the WorkloadPriorityClasses (None: unknown, not checked).
+    kueue: bool = False
+    local_queue: str | None = None
+    local_queues: tuple[str, ...] | None = None
+    workload_priority_classes: tuple[str, ...] | None = None
 
 
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:
@@ -52,8 +58,8 @@ def facts_from_dict(data: dict[str, Any]) -> ClusterFacts:
     """Inverse of facts_to_dict; raises ValueError naming the unknown or missing key."""
     try:
         pools = tuple(PoolFacts(**pool) for pool in data.get("pools", ()))
-        claims = data.get("volume_claims")
-        return ClusterFacts(**{**data, "pools": pools,
-                               "volume_claims": tuple(claims) if claims is not None else None})
+        tuples = {key: tuple(data[key]) for key in ("volume_claims", "local_queues", "workload_priority_classes")
+                  if data.get(key) is not None}
+        return ClusterFacts(**{**data, "pools": pools, **tuples})
     except TypeError as exc:
         raise ValueError(f"cluster facts: {exc}") from None

@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from infra.config.base import DnsLabel, StrictModel
 from infra.config.egress import JobEgressConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
+from infra.config.queueing import KueueConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
 from workloads.jobspec import TrainingJobSpec
@@ -201,6 +202,7 @@ class StackConfig(StrictModel):
     onprem: OnpremConfig | None = None
     node_pools: list[NodePoolConfig] = []
     gpu: GpuConfig = Field(default_factory=GpuConfig)
+    kueue: KueueConfig = Field(default_factory=KueueConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, DevicePluginConfig
+from infra.config.queueing import KueueConfig
 from infra.storage.drivers import CSI_S3_CHART, IBM_COS_CHART, NFS_CHART
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,7 @@ def pinned() -> set[tuple[str, str]]:
         ("nvidia-device-plugin", DevicePluginConfig().chart_version),
         ("dcgm-exporter", DcgmExporterConfig().chart_version),
         ("cluster-autoscaler", AutoscalerConfig().chart_version),
+        ("kueue", KueueConfig().chart_version),
         *((chart.chart, chart.version) for chart in (IBM_COS_CHART, CSI_S3_CHART, NFS_CHART)),
     }
     charts = {
@@ -42,6 +44,9 @@ def pinned() -> set[tuple[str, str]]:
             version = ((config.get("ml-cluster:gpu") or {}).get(key) or {}).get("chartVersion")
             if version:
                 versions.add((chart, str(version)))
+        kueue_version = (config.get("ml-cluster:kueue") or {}).get("chartVersion")
+        if kueue_version:
+            versions.add(("kueue", str(kueue_version)))
         for addon, version in ((config.get("ml-cluster:storage") or {}).get("addonVersions") or {}).items():
             versions.add((addon, str(version)))
     return versions

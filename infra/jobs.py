@@ -37,6 +37,7 @@ from workloads.jobspec import (
     JobSpecError,
     TrainingJobSpec,
     namespace_network_policies,
+    queue_annotation,
     render_job,
 )
 
@@ -165,6 +166,9 @@ class TrainingJobsArgs:
     # Storage drivers, dataset/checkpoint claims, COS Secret, NVIDIA device plugin: what a Job needs to start and
     # what `destroy` must keep until the Jobs are gone.
     depends_on: Sequence[pulumi.Resource] = ()
+    # Kueue LocalQueues by name: a queued Job depends on its queue, so `destroy` deletes the Job (and its Workload)
+    # before the queue, whose finalizer waits for its workloads.
+    local_queues: Mapping[str, pulumi.Resource] = field(default_factory=dict)
 
 
 class TrainingJobs(pulumi.ComponentResource):
@@ -218,10 +222,13 @@ class TrainingJobs(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
                         depends_on=[args.namespace], delete_before_replace=True)))
                 for policy in policies]
+            queue = job["metadata"]["labels"].get(KUEUE_QUEUE_LABEL) or job["metadata"]["annotations"].get(
+                queue_annotation(ctx.label_prefix))
+            queue_needs = [args.local_queues[queue]] if queue in args.local_queues else []
             k8s.batch.v1.Job(
                 ctx.name("jobs", spec.name), metadata=job["metadata"], spec=job["spec"],
                 opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
-                    delete_before_replace=True, depends_on=[*job_needs, *service_resources],
+                    delete_before_replace=True, depends_on=[*job_needs, *service_resources, *queue_needs],
                     # `submit start` and Kueue resume suspended Jobs, and `submit start` puts a held Job in its
                     # Kueue queue; neither is drift to undo on the next `up` (Kueue refuses a queue change on a
                     # running Job).

@@ -489,17 +489,25 @@ class Queueing(pulumi.ComponentResource):
         # queues (whose finalizers wait for their workloads) after the Jobs that depend on them.
         after_release = pulumi.ResourceOptions(parent=self, provider=args.cluster.provider, depends_on=[self.release])
         self.resources = []
-        previous: dict[str, list[pulumi.Resource]] = {}
+        self.local_queues: dict[str, pulumi.Resource] = {}
+        flavor_resources: list[pulumi.Resource] = []
+        cluster_queues: dict[str, pulumi.Resource] = {}
         for manifest in args.manifests:
-            kind, metadata = manifest["kind"], manifest["metadata"]
-            # A LocalQueue needs its ClusterQueue, a ClusterQueue its flavors and priority classes.
-            needs = {"ClusterQueue": ["ResourceFlavor", "WorkloadPriorityClass"],
-                     "LocalQueue": ["ClusterQueue"]}.get(kind, [])
+            kind, name = manifest["kind"], manifest["metadata"]["name"]
+            # A ClusterQueue needs its flavors, a LocalQueue its ClusterQueue (and nothing else, so adding a team
+            # changes no other queue's dependencies).
+            needs = {"ClusterQueue": flavor_resources,
+                     "LocalQueue": [cluster_queues[manifest.get("spec", {}).get("clusterQueue", "")]]
+                     if kind == "LocalQueue" else []}.get(kind, [])
             resource = KubernetesObject(
-                ctx.name("kueue", f"{_kebab(kind)}-{metadata['name']}"), manifest,
-                after_release.merge(pulumi.ResourceOptions(
-                    depends_on=[self.release, *(r for k in needs for r in previous.get(k, []))])))
-            previous.setdefault(kind, []).append(resource)
+                ctx.name("kueue", f"{_kebab(kind)}-{name}"), manifest,
+                after_release.merge(pulumi.ResourceOptions(depends_on=[self.release, *needs])))
+            if kind == "ResourceFlavor":
+                flavor_resources.append(resource)
+            elif kind == "ClusterQueue":
+                cluster_queues[name] = resource
+            elif kind == "LocalQueue":
+                self.local_queues[name] = resource
             self.resources.append(resource)
         self.register_outputs({"release": self.release.status,
                                "localQueues": [m["metadata"]["name"] for m in args.manifests

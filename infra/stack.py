@@ -131,13 +131,13 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources)))
 
     # --- Kueue: gang admission and the GPU quota shared between teams ---
-    queue_resources: list[pulumi.Resource] = []
+    local_queues: dict[str, pulumi.Resource] = {}
     if cfg.kueue.enabled:
         queueing = Queueing(f"{ctx.prefix}-kueue", QueueingArgs(
             ctx=ctx, cluster=cluster, config=cfg.kueue,
             manifests=tuple(queue_manifests(cfg.kueue, pool_plans, JOBS_NAMESPACE, ctx.stack, cfg.label_prefix)),
             depends_on=(*node_groups, namespace.namespace)))
-        queue_resources = [queueing.release, *queueing.resources]
+        local_queues = queueing.local_queues
 
     # --- training jobs (issue 5) ---
     # The Jobs were checked against claim names derived from config; they must be the claims Storage made.
@@ -146,8 +146,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     jobs = TrainingJobs(ctx, TrainingJobsArgs(
         cluster=cluster, facts=job_facts, specs=cfg.jobs, namespace=namespace.namespace,
         bucket_arns=dict(storage.bucket_arns), bucket_access=job_access,
-        depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values(),
-                    *queue_resources)))
+        depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values()),
+        local_queues=local_queues))
     outputs["jobFacts"] = facts_to_dict(job_facts)  # `python -m workloads.submit ... --facts` reads this
     outputs["jobs"] = jobs.job_names
 

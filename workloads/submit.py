@@ -400,9 +400,9 @@ def _kueue_state(namespace: str, job: dict[str, Any]) -> tuple[dict[str, Any] | 
     if not uid:
         return None, None
     custom = client.CustomObjectsApi()
-    found = custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads",
-                                                 label_selector=f"{JOB_UID_LABEL}={uid}")
-    items = found.get("items") or []
+    found = custom.list_namespaced_custom_object(
+        KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}")
+    items = (found.get("items") if isinstance(found, dict) else None) or []
     if not items:
         return None, None
     workload = max(items, key=_created)

@@ -499,9 +499,13 @@ class Queueing(pulumi.ComponentResource):
             needs = {"ClusterQueue": flavor_resources,
                      "LocalQueue": [cluster_queues[manifest.get("spec", {}).get("clusterQueue", "")]]
                      if kind == "LocalQueue" else []}.get(kind, [])
+            # A LocalQueue's clusterQueue is immutable (CRD rule `self == oldSelf`): pointing it elsewhere replaces it.
+            replace = ["spec.clusterQueue"] if kind == "LocalQueue" else None
             resource = KubernetesObject(
                 ctx.name("kueue", f"{_kebab(kind)}-{name}"), manifest,
-                after_release.merge(pulumi.ResourceOptions(depends_on=[self.release, *needs])))
+                after_release.merge(pulumi.ResourceOptions(depends_on=[self.release, *needs],
+                                                           replace_on_changes=replace,
+                                                           delete_before_replace=kind == "LocalQueue")))
             if kind == "ResourceFlavor":
                 flavor_resources.append(resource)
             elif kind == "ClusterQueue":

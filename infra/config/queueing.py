@@ -50,6 +50,14 @@ class PreemptionConfig(StrictModel):
     within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "LowerPriority"
     borrow_within_cohort: Literal["Never", "LowerPriority"] = "Never"
 
+    @model_validator(mode="after")
+    def _consistent(self) -> PreemptionConfig:
+        # The ClusterQueue CRD's CEL rule at v0.19.2 (kueue.x-k8s.io_clusterqueues.yaml, spec.preemption), which the
+        # offline schema check cannot evaluate.
+        if self.reclaim_within_cohort == "Never" and self.borrow_within_cohort != "Never":
+            raise ValueError("borrowWithinCohort needs reclaimWithinCohort other than Never")
+        return self
+
 
 class PriorityClassConfig(StrictModel):
     """A WorkloadPriorityClass: a Job's queue priority (spec `workloadPriority`), independent of pod priority."""

@@ -7,6 +7,7 @@ these tests read the session's stack plans or build pool plans in memory from th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -22,6 +23,7 @@ from infra.queueing import Amounts, check_queueing, job_podsets, kueue_facts, po
 from tests.conftest import resources_of, stack_values
 from tests.jobs.facts import GIB, dev_facts, prod_facts
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
+from workloads.cluster_facts import facts_from_dict, facts_to_dict
 from workloads.jobspec import JobSpecError, parse_spec, render_job
 
 Plan = dict[str, Any]
@@ -112,6 +114,12 @@ def test_the_stacks_multi_node_job_is_one_gang_held_until_started(stack_plan: Ca
 def kueue_prod_facts() -> Any:
     return replace(prod_facts(), **kueue_facts(KueueConfig.model_validate(
         {"enabled": True, "teams": [{"name": "vision"}], "priorityClasses": [{"name": "high", "value": 1000}]})))
+
+
+def test_facts_carry_the_queues_through_the_stack_output() -> None:
+    facts = kueue_prod_facts()
+    assert (facts.kueue, facts.local_queue, facts.local_queues) == (True, "training", ("training", "vision"))
+    assert facts_from_dict(json.loads(json.dumps(facts_to_dict(facts)))) == facts  # `--facts facts.json`
 
 
 def test_submitted_multi_node_job_carries_the_queue_label_and_starts_suspended() -> None:
@@ -214,6 +222,8 @@ def test_the_same_gang_fits_when_the_team_may_borrow() -> None:
     ({"cohort": None, "teams": [{"name": "a", "quotas": [{"flavor": "a10g", "gpus": 1, "borrowingLimit": 1}]}]},
      "need a cohort"),
     ({"integrations": ["jobset.x-k8s.io/jobset"]}, "must include batch/job"),
+    ({"preemption": {"reclaimWithinCohort": "Never", "borrowWithinCohort": "LowerPriority"}},
+     "needs reclaimWithinCohort other than Never"),
 ])
 def test_kueue_config_rules(raw: dict[str, Any], words: str) -> None:
     with pytest.raises(ValidationError, match=words):

@@ -295,7 +295,8 @@ def plan_existing_pool(pool: NodePoolConfig, gpu_cfg: GpuConfig, label_prefix: s
             gpu_present=gpus > 0,
         ),
         taints=(),  # existing nodes keep the taints their owners gave them
-        ephemeral_storage_bytes=int(existing.nvme_gib * GIB * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
+        ephemeral_storage_bytes=int((existing.nvme_gib or existing.kubelet_disk_gib or 0) * GIB
+                                    * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
     )
     allocatable = node_allocatable(
         existing.vcpus,

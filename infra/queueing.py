@@ -404,6 +404,13 @@ def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: st
             problems.append((f"{CONFIG_KEY}.teams[{t_index}].quotas[{q_index}].gpus",
                              f"the teams are guaranteed {total} {flavor.name} GPUs but the pools hold "
                              f"{flavor.capacity.gpus} at their maximum size ({pools})"))
+    if cfg.enabled:
+        for index, plan in enumerate(plans):
+            if plan.ephemeral_storage_bytes == 0 and plan.config.existing is not None:
+                # Every Job requests ephemeral storage: a flavor whose quota has none admits nothing.
+                problems.append((f"ml-cluster:nodePools[{index}].existing.kubeletDiskGib",
+                                 f"pool {plan.name} declares no kubelet disk (nvmeGib or kubeletDiskGib): Kueue's "
+                                 "ephemeral-storage quota for its nodes would be 0 and no Job could be admitted"))
     if problems:
         raise ConfigError(problems)
     for index, (manifests, queue) in enumerate(zip(jobs, job_queues, strict=True)):

@@ -230,6 +230,19 @@ def test_kueue_config_rules(raw: dict[str, Any], words: str) -> None:
         KueueConfig.model_validate(raw)
 
 
+def test_existing_nodes_without_a_declared_disk_would_admit_nothing() -> None:
+    from infra.config.schema import parse_stack_config
+    from infra.poolplan import plan_node_pools as plan_pools
+
+    raw = {"ml-cluster:platform": "onprem", "ml-cluster:onprem": {"clusterName": "lab", "kubernetesVersion": "1.31"},
+           "ml-cluster:kubeconfig": "k", "ml-cluster:nodePools": [
+               {"name": "cpu", "existing": {"nodes": ["cpu-01"], "vcpus": 64, "memory": "256Gi"}}]}
+    plans = plan_pools(parse_stack_config(raw, ["ml-cluster:kubeconfig"]))
+    with pytest.raises(ConfigError) as caught:
+        check_queueing(KueueConfig(enabled=True), plans, "ml-cluster.io")
+    assert [path for path, _ in caught.value.shown()] == ["ml-cluster:nodePools[0].existing.kubeletDiskGib"]
+
+
 def test_a_stack_job_queue_without_kueue_is_a_config_error_before_anything_is_registered(
         plan_config: Callable[..., Plan]) -> None:
     jobs = stack_values("dev")["ml-cluster:jobs"]

@@ -272,6 +272,10 @@ def manager_config(cfg: KueueConfig) -> dict[str, Any]:
         "waitForPodsReady": {"timeout": wait.timeout, "recoveryTimeout": wait.recovery_timeout,
                              "blockAdmission": wait.block_admission, "requeuingStrategy": requeuing},
         "integrations": {"frameworks": list(cfg.integrations)},
+        # Present means on (pkg/scheduler/preemption/fairsharing/strategy.go:50); the strategies are the chart's
+        # documented ones (charts/kueue/values.yaml, commented `fairSharing`).
+        **({"fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}}
+           if cfg.fair_sharing else {}),
     }
 
 

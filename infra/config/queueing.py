@@ -105,6 +105,9 @@ class KueueConfig(StrictModel):
     cohort: DnsLabel | None = Field(default="gpus", description="None: no borrowing between queues")
     queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = "BestEffortFIFO"
     preemption: PreemptionConfig = PreemptionConfig()
+    # Fair sharing: borrowers are preempted towards each queue's weighted share of the cohort (teams'
+    # fairSharingWeight). Off: borrowing is first come, first served, and owners reclaim by preemption.
+    fair_sharing: bool = False
     priority_classes: list[PriorityClassConfig] = []
     teams: list[TeamConfig] = []
 
@@ -129,6 +132,9 @@ class KueueConfig(StrictModel):
         twice = sorted({name for name in classes if classes.count(name) > 1})
         if twice:
             raise ValueError(f"priority class names must be unique: {', '.join(twice)}")
+        weighted = [team.name for team in self.teams if team.fair_sharing_weight is not None]
+        if weighted and not self.fair_sharing:
+            raise ValueError(f"fairSharingWeight ({', '.join(weighted)}) has no effect without fairSharing: true")
         if self.cohort is None and any(quota.borrowing_limit is not None or quota.lending_limit is not None
                                        for team in self.teams for quota in team.quotas):
             raise ValueError("borrowingLimit and lendingLimit need a cohort (cohort is null)")

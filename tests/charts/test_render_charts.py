@@ -163,6 +163,32 @@ def test_custom_resources_are_checked_strictly_against_the_crds() -> None:
         "mlc-dev-kueue-cq-shared: kueue.x-k8s.io/v1alpha1 ClusterQueue is not served by the CRDs"]
 
 
+def test_every_kind_of_queue_object_the_config_can_produce_is_valid_against_the_crds() -> None:
+    from infra.config.queueing import KueueConfig
+    from infra.poolplan import plan_node_pools
+    from infra.queueing import queue_manifests
+    from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
+
+    crds = [m for m in release_objects("dev", "mlc-dev-kueue-release") if m["kind"] == "CustomResourceDefinition"]
+    pools = plan_node_pools(eks_config([{"name": "system", "instanceTypes": ["m6i.large"]},
+                                        gpu_pool("gpu-a10g", ["g5.xlarge"], maxSize=8, taints=[
+                                            {"key": "team", "value": "vision", "effect": "NO_SCHEDULE"}])]),
+                            fixture_lookup)
+    config = KueueConfig.model_validate({
+        "enabled": True, "fairSharing": True, "queueingStrategy": "StrictFIFO",
+        "preemption": {"borrowWithinCohort": "LowerPriority", "withinClusterQueue": "LowerOrNewerEqualPriority"},
+        "priorityClasses": [{"name": "production", "value": 1000, "description": "deadline runs"},
+                            {"name": "research", "value": -10}],
+        "teams": [{"name": "vision", "fairSharingWeight": 2,
+                   "quotas": [{"flavor": "a10g", "gpus": 4, "borrowingLimit": 2, "lendingLimit": 1}]},
+                  {"name": "nlp", "quotas": [{"flavor": "a10g", "gpus": 2}]}]})
+    manifests = queue_manifests(config, pools, "training", "dev", "ml-cluster.io")
+    assert {m["kind"] for m in manifests} == {"ResourceFlavor", "WorkloadPriorityClass", "ClusterQueue", "LocalQueue"}
+    plan = {"resources": [{"type": f"kubernetes:{m['apiVersion']}:{m['kind']}", "name": m["metadata"]["name"],
+                           "inputs": m} for m in manifests]}
+    assert render_charts.custom_resource_problems(plan, crds) == (len(manifests), [])
+
+
 # --- the check's failure modes, on small charts written to tmp ---
 
 

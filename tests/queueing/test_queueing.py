@@ -222,6 +222,7 @@ def test_the_same_gang_fits_when_the_team_may_borrow() -> None:
     ({"cohort": None, "teams": [{"name": "a", "quotas": [{"flavor": "a10g", "gpus": 1, "borrowingLimit": 1}]}]},
      "need a cohort"),
     ({"integrations": ["jobset.x-k8s.io/jobset"]}, "must include batch/job"),
+    ({"teams": [{"name": "a", "fairSharingWeight": 2}]}, "has no effect without fairSharing"),
     ({"preemption": {"reclaimWithinCohort": "Never", "borrowWithinCohort": "LowerPriority"}},
      "needs reclaimWithinCohort other than Never"),
 ])

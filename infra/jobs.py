@@ -5,7 +5,9 @@
 only the stack's own buckets (and write checkpoints only to the buckets that specs checkpoint to), and one
 batch/v1 Job (plus a headless Service for multi-node) per spec, rendered by `workloads.jobspec.render_job`.
 
-Lifecycle under `pulumi up`: the Job carries `pulumi.com/skipAwait`, so `up` returns at once; its name holds
+Lifecycle under `pulumi up`: a Job is created held (suspended; on a stack with Kueue without the queue label, its
+queue recorded in an annotation) until `workloads.submit start` releases it; it carries `pulumi.com/skipAwait`, so
+`up` returns at once; a queued Job depends on its Kueue LocalQueue, so `destroy` removes it first; its name holds
 the spec's hash, so a changed spec replaces the Job (deleteBeforeReplace: the old run stops first) instead of
 failing on an immutable field; every Job depends on the storage drivers, claims and device plugin it needs, so
 `destroy` removes Jobs before the volumes under them.

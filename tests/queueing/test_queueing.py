@@ -137,6 +137,15 @@ def test_submitted_multi_node_job_carries_the_queue_label_and_starts_suspended()
     assert team["metadata"]["labels"][QUEUE_LABEL] == "vision"
 
 
+def test_a_spec_that_asks_to_be_held_is_kept_out_of_the_queue_until_started() -> None:
+    spec = parse_spec({"name": "later", "image": IMAGE, "gpuType": "h100", "suspend": True})
+    job, = render_job(spec, kueue_prod_facts())
+    assert job["spec"]["suspend"] is True and QUEUE_LABEL not in job["metadata"]["labels"]
+    assert job["metadata"]["annotations"]["ml-cluster.io/queue-name"] == "training"
+    plain, = render_job(parse_spec({"name": "now", "image": IMAGE, "gpuType": "h100"}), prod_facts())
+    assert plain["spec"]["suspend"] is False and "ml-cluster.io/queue-name" not in plain["metadata"]["annotations"]
+
+
 @pytest.mark.parametrize(("fields", "path", "words"), [
     ({"queue": "nlp"}, "queue", "is not a LocalQueue of stack prod"),
     ({"workloadPriority": "urgent"}, "workloadPriority", "is not a WorkloadPriorityClass"),

@@ -284,3 +284,27 @@ def test_adding_a_team_reads_as_its_queues_and_the_shared_quota_it_takes(
         '    inputs.spec.resourceGroups[0].flavors[0].resources[2].nominalQuota: "416Gi" -> "208Gi"',
         '    inputs.spec.resourceGroups[0].flavors[0].resources[3].nominalQuota: "2" -> "1"',
     ]
+
+
+# --- after `up`: scripts/verify_stack.py ---------------------------------------------------------------------------
+
+
+def test_verify_stack_reports_inactive_or_missing_queues() -> None:
+    from infra.storage.verify import check_queues
+
+    outputs = {"jobFacts": {"kueue": True, "namespace": "training", "local_queues": ["training", "vision"]}}
+
+    def queue(kind: str, name: str, active: str, message: str, **spec: str) -> dict[str, Any]:
+        metadata = {"name": name, **({"namespace": "training"} if kind == "LocalQueue" else {})}
+        return {"kind": kind, "metadata": metadata, "spec": spec, "status": {"conditions": [
+            {"type": "Active", "status": active, "reason": "Ready" if active == "True" else "FlavorNotFound",
+             "message": message}]}}
+
+    checks = check_queues(outputs, [queue("ClusterQueue", "shared", "False", "Can't admit new workloads: "
+                                          "references missing ResourceFlavor(s): h100")],
+                          [queue("LocalQueue", "training", "True", "Can submit new workloads to localQueue",
+                                 clusterQueue="shared")])
+    assert [(c.name, c.status) for c in checks] == [("localqueue training/training", "FAIL"),
+                                                    ("localqueue training/vision", "FAIL")]
+    assert "missing ResourceFlavor(s): h100" in checks[0].detail and checks[1].detail == "missing"
+    assert check_queues({"jobFacts": {"kueue": False}}, [], [])[0].status == "SKIP"

@@ -5,7 +5,9 @@
 only the stack's own buckets (and write checkpoints only to the buckets that specs checkpoint to), and one
 batch/v1 Job (plus a headless Service for multi-node) per spec, rendered by `workloads.jobspec.render_job`.
 
-Lifecycle under `pulumi up`: the Job carries `pulumi.com/skipAwait`, so `up` returns at once; its name holds
+Lifecycle under `pulumi up`: a Job is created held (suspended; on a stack with Kueue without the queue label, its
+queue recorded in an annotation) until `workloads.submit start` releases it; it carries `pulumi.com/skipAwait`, so
+`up` returns at once; a queued Job depends on its Kueue LocalQueue, so `destroy` removes it first; its name holds
 the spec's hash, so a changed spec replaces the Job (deleteBeforeReplace: the old run stops first) instead of
 failing on an immutable field; every Job depends on the storage drivers, claims and device plugin it needs, so
 `destroy` removes Jobs before the volumes under them.
@@ -31,7 +33,15 @@ from infra.config.stackcheck import JobBucketAccess
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from workloads.cluster_facts import ClusterFacts
-from workloads.jobspec import EgressRules, JobSpecError, TrainingJobSpec, namespace_network_policies, render_job
+from workloads.jobspec import (
+    KUEUE_QUEUE_LABEL,
+    EgressRules,
+    JobSpecError,
+    TrainingJobSpec,
+    namespace_network_policies,
+    queue_annotation,
+    render_job,
+)
 
 CONFIG_KEY = "ml-cluster:jobs"
 
@@ -162,6 +172,9 @@ class TrainingJobsArgs:
     # Storage drivers, dataset/checkpoint claims, COS Secret, NVIDIA device plugin: what a Job needs to start and
     # what `destroy` must keep until the Jobs are gone.
     depends_on: Sequence[pulumi.Resource] = ()
+    # Kueue LocalQueues by name: a queued Job depends on its queue, so `destroy` deletes the Job (and its Workload)
+    # before the queue, whose finalizer waits for its workloads.
+    local_queues: Mapping[str, pulumi.Resource] = field(default_factory=dict)
 
 
 class TrainingJobs(pulumi.ComponentResource):
@@ -215,11 +228,16 @@ class TrainingJobs(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
                         depends_on=[args.namespace], delete_before_replace=True)))
                 for policy in policies]
+            queue = job["metadata"]["labels"].get(KUEUE_QUEUE_LABEL) or job["metadata"]["annotations"].get(
+                queue_annotation(ctx.label_prefix))
+            queue_needs = [args.local_queues[queue]] if queue in args.local_queues else []
             k8s.batch.v1.Job(
                 ctx.name("jobs", spec.name), metadata=job["metadata"], spec=job["spec"],
                 opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
-                    delete_before_replace=True, depends_on=[*job_needs, *service_resources],
-                    # `submit start` and Kueue resume suspended Jobs; that is not drift to undo on the next `up`.
-                    ignore_changes=["spec.suspend"])))
+                    delete_before_replace=True, depends_on=[*job_needs, *service_resources, *queue_needs],
+                    # `submit start` and Kueue resume suspended Jobs, and `submit start` puts a held Job in its
+                    # Kueue queue; neither is drift to undo on the next `up` (Kueue refuses a queue change on a
+                    # running Job).
+                    ignore_changes=["spec.suspend", f'metadata.labels["{KUEUE_QUEUE_LABEL}"]'])))
             self.job_names[spec.name] = job["metadata"]["name"]
         self.register_outputs({"jobNames": self.job_names})

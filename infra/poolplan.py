@@ -67,6 +67,8 @@ class PoolPlan:
     ephemeral_storage_bytes: int = 0  # what pods can use of the kubelet's disk (allocatable estimate)
     cpu_per_gpu_millicores: int | None = None
     memory_per_gpu_bytes: int | None = None
+    allocatable_cpu_millicores: int = 0  # per node, after kubelet and system reservations
+    allocatable_memory_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -257,8 +259,6 @@ def plan_instance_pool(
         taints=_taints(pool, pool.gpu),
         ephemeral_storage_bytes=int(disk_gib * GIB * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
     )
-    if not gpus:
-        return plan
     allocatable = node_allocatable(
         smallest.vcpus,
         smallest.memory_mib,
@@ -266,6 +266,10 @@ def plan_instance_pool(
         quantity_millicores(gpu_cfg.sizing.system_reserved_cpu),
         quantity_bytes(gpu_cfg.sizing.system_reserved_memory),
     )
+    plan = replace(plan, allocatable_cpu_millicores=allocatable.cpu_millicores,
+                   allocatable_memory_bytes=allocatable.memory_bytes)
+    if not gpus:
+        return plan
     cpu, memory = per_gpu_size(allocatable, gpus)
     return _with_sizes(plan, cpu, memory)
 
@@ -291,10 +295,9 @@ def plan_existing_pool(pool: NodePoolConfig, gpu_cfg: GpuConfig, label_prefix: s
             gpu_present=gpus > 0,
         ),
         taints=(),  # existing nodes keep the taints their owners gave them
-        ephemeral_storage_bytes=int(existing.nvme_gib * GIB * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
+        ephemeral_storage_bytes=int((existing.nvme_gib or existing.kubelet_disk_gib or 0) * GIB
+                                    * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
     )
-    if not gpus:
-        return plan
     allocatable = node_allocatable(
         existing.vcpus,
         quantity_bytes(existing.memory) // 2**20,
@@ -303,6 +306,10 @@ def plan_existing_pool(pool: NodePoolConfig, gpu_cfg: GpuConfig, label_prefix: s
         quantity_bytes(gpu_cfg.sizing.system_reserved_memory),
         ec2_memory=False,
     )
+    plan = replace(plan, allocatable_cpu_millicores=allocatable.cpu_millicores,
+                   allocatable_memory_bytes=allocatable.memory_bytes)
+    if not gpus:
+        return plan
     cpu, memory = per_gpu_size(allocatable, gpus)
     return _with_sizes(plan, cpu, memory)
 

@@ -20,6 +20,7 @@ from infra.monitoring import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
 from infra.nodepools import NodePools, NodePoolsArgs
 from infra.poolplan import plan_node_pools, pool_facts
+from infra.queueing import Queueing, QueueingArgs, check_queueing, kueue_facts, queue_manifests, stack_job_queues
 from infra.registry import ImageRegistry, ImageRegistryArgs, repository_name, repository_url
 from infra.storage import Storage, StorageArgs, job_storage_facts
 from workloads.cluster_facts import ClusterFacts, facts_to_dict
@@ -54,7 +55,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                              object_store_endpoint=storage_facts.object_store_endpoint,
                              object_store_secret=storage_facts.object_store_secret,
                              volume_claims=storage_facts.volume_claims, image_repository=image_repository,
-                             buckets=job_bucket_names(cfg, ctx.stack, account_id))
+                             buckets=job_bucket_names(cfg, ctx.stack, account_id), **kueue_facts(cfg.kueue))
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
                      else None)
@@ -70,6 +71,9 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                                                       most_recent=False).version
                       for name in unpinned_addons_with_minimum(cfg)}
     job_access = check_stack(cfg, ctx.stack, account_id, private_zones, rendered_jobs, addon_defaults)
+    # Flavors known to the pools, team quotas that fit them, every stack Job's gang within its queue's reach.
+    check_queueing(cfg.kueue, pool_plans, cfg.label_prefix, rendered_jobs,
+                   stack_job_queues(rendered_jobs, cfg.label_prefix))
 
     # --- network + cluster ---
     network: NetworkInfo | None = None
@@ -148,6 +152,15 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         ctx=ctx, cluster=cluster, config=cfg.gpu, pools=pool_plans, cluster_name=cfg.cluster_name,
         kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources, *monitors)))
 
+    # --- Kueue: gang admission and the GPU quota shared between teams ---
+    local_queues: dict[str, pulumi.Resource] = {}
+    if cfg.kueue.enabled:
+        queueing = Queueing(f"{ctx.prefix}-kueue", QueueingArgs(
+            ctx=ctx, cluster=cluster, config=cfg.kueue,
+            manifests=tuple(queue_manifests(cfg.kueue, pool_plans, JOBS_NAMESPACE, ctx.stack, cfg.label_prefix)),
+            depends_on=(*node_groups, namespace.namespace)))
+        local_queues = queueing.local_queues
+
     # --- training jobs (issue 5) ---
     # The Jobs were checked against claim names derived from config; they must be the claims Storage made.
     created_claims = {*storage.dataset_claim_names.values(), *storage.shared_claim_names}
@@ -155,7 +168,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     jobs = TrainingJobs(ctx, TrainingJobsArgs(
         cluster=cluster, facts=job_facts, specs=cfg.jobs, namespace=namespace.namespace,
         bucket_arns=dict(storage.bucket_arns), bucket_access=job_access,
-        depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values())))
+        depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values()),
+        local_queues=local_queues))
     outputs["jobFacts"] = facts_to_dict(job_facts)  # `python -m workloads.submit ... --facts` reads this
     outputs["jobs"] = jobs.job_names
 

@@ -10,7 +10,8 @@ directory `<chart>-<version>/<chart>/`, `<chart>-<version>/` or `<chart>/` whose
 A release fails when: its chart at the pinned version is not in DIR; the plan's values name a key the chart does
 not have (or its values.schema.json rejects them); the chart does not render; or a rendered object is not valid,
 strictly, for the stack's Kubernetes version (kubernetes-validate; a kind the cluster does not serve, such as
-OpenShift's SecurityContextConstraints, is an error). Output: `error: <release>: <why>` lines, exit 2 on failure;
+OpenShift's SecurityContextConstraints, is an error). The plan's custom resources (Kueue's queues) are validated,
+strictly, against the CRDs the charts render. Output: `error: <release>: <why>` lines, exit 2 on failure;
 `ok: <release>: <chart> <version>: <n> objects` otherwise.
 """
 
@@ -46,6 +47,11 @@ def helm_releases(plan: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     for resource in plan["resources"]:
         if resource["type"] == "kubernetes:helm.sh/v3:Release":
             yield resource
+
+
+def chart_name(chart: str) -> str:
+    """A release's chart as `helm pull` names the package: `oci://registry.k8s.io/kueue/charts/kueue` -> kueue."""
+    return chart.rstrip("/").rsplit("/", 1)[-1] if chart.startswith("oci://") else chart
 
 
 def find_chart(charts: Path, chart: str, version: str) -> Path | None:
@@ -87,10 +93,12 @@ def unknown_keys(values: Any, defaults: Any, subcharts: frozenset[str], path: st
 def _documents(rendered: Mapping[str, str]) -> Iterator[tuple[str, dict[str, Any]]]:
     import yaml
 
+    # libyaml where PyYAML has it: a chart with large CRDs (Kueue's) takes seconds to parse in pure Python.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for template, text in sorted(rendered.items()):
         if template.endswith(NOT_MANIFESTS) or "/tests/" in template:
             continue
-        for document in yaml.safe_load_all(text):
+        for document in yaml.load_all(text, Loader=loader):
             if document:
                 yield template, document
 
@@ -136,13 +144,8 @@ def _chart_crds(path: Path, _mtime_ns: int, _size: int) -> dict[tuple[str, str],
     schemas: dict[tuple[str, str], dict[str, Any]] = {}
     for text in texts:
         for document in yaml.load_all(text, Loader=_crd_loader()):
-            if not document or document.get("kind") != "CustomResourceDefinition":
-                continue
-            spec = document["spec"]
-            for version in spec["versions"]:
-                if version.get("served", True):
-                    schemas[(f"{spec['group']}/{version['name']}", spec["names"]["kind"])] = (
-                        version["schema"]["openAPIV3Schema"])
+            if document and document.get("kind") == "CustomResourceDefinition":
+                schemas.update(crd_schemas(document))
     return schemas
 
 
@@ -174,24 +177,32 @@ def validate_custom(manifest: Mapping[str, Any], crds: Mapping[tuple[str, str], 
             for error in sorted(validator.iter_errors(dict(manifest)), key=lambda e: list(e.absolute_path))]
 
 
+def crd_schemas(document: Mapping[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """{(apiVersion, kind): openAPIV3Schema} of one CustomResourceDefinition's served versions."""
+    spec = document["spec"]
+    return {(f"{spec['group']}/{version['name']}", spec["names"]["kind"]): version["schema"]["openAPIV3Schema"]
+            for version in spec["versions"] if version.get("served", True)}
+
+
 def render_release(release: Mapping[str, Any], charts: Path, kubernetes_version: str,
-                   crds: Mapping[tuple[str, str], dict[str, Any]] | None = None) -> int:
-    """Render one release; returns the number of objects, raises RenderProblem on the first class of failure."""
+                   crds: dict[tuple[str, str], dict[str, Any]] | None = None) -> int:
+    """Render one release; returns the number of objects, raises RenderProblem on the first class of failure.
+    Custom resources are validated against `crds`; the CRDs a chart renders as templates (Kueue's) are added."""
     import kubernetes_validate
     from helm_python import Chart, HelmError
 
     inputs = release["inputs"]
-    chart_name, version = inputs["chart"], str(inputs.get("version") or "")
+    name, version = chart_name(inputs["chart"]), str(inputs.get("version") or "")
     if not version:
-        raise RenderProblem(f"chart {chart_name} has no pinned version")
-    path = find_chart(charts, chart_name, version)
+        raise RenderProblem(f"chart {name} has no pinned version")
+    path = find_chart(charts, name, version)
     if path is None:
-        raise RenderProblem(f"chart {chart_name} {version} is not in {charts} (was it ever published?)")
+        raise RenderProblem(f"chart {name} {version} is not in {charts} (was it ever published?)")
     values = inputs.get("values") or {}
     try:
         chart = Chart.load(path)
     except HelmError as exc:
-        raise RenderProblem(f"chart {chart_name} {version} does not load: {exc}") from exc
+        raise RenderProblem(f"chart {name} {version} does not load: {exc}") from exc
     if str(chart.version) != version:
         raise RenderProblem(f"{path} is chart version {chart.version}, the plan pins {version}")
     subcharts = frozenset(
@@ -199,15 +210,17 @@ def render_release(release: Mapping[str, Any], charts: Path, kubernetes_version:
     ) | frozenset(str(dep.get("name")) for dep in chart.dependencies)
     unknown = unknown_keys(values, chart.values, subcharts)
     if unknown:
-        raise RenderProblem(f"values key(s) the chart {chart_name} {version} does not have: {', '.join(unknown)}")
+        raise RenderProblem(f"values key(s) the chart {name} {version} does not have: {', '.join(unknown)}")
     try:
-        rendered = chart.render(values, name=inputs.get("name") or chart_name,
+        rendered = chart.render(values, name=inputs.get("name") or name,
                                 namespace=inputs.get("namespace") or "default", is_install=True)
     except HelmError as exc:
         raise RenderProblem(f"helm template fails: {exc}") from exc
     problems, count = [], 0
     for template, manifest in _documents(rendered):
         count += 1
+        if crds is not None and manifest.get("kind") == "CustomResourceDefinition":
+            crds.update(crd_schemas(manifest))
         what = f"{template}: {manifest.get('kind')}/{(manifest.get('metadata') or {}).get('name')}"
         key = (str(manifest.get("apiVersion")), str(manifest.get("kind")))
         if crds and key in crds:  # a kind another release's chart defines (the Prometheus operator's monitors)
@@ -230,20 +243,41 @@ def rendered_objects(release: Mapping[str, Any], charts: Path) -> list[dict[str,
     from helm_python import Chart
 
     inputs = release["inputs"]
-    path = find_chart(charts, inputs["chart"], str(inputs.get("version")))
+    path = find_chart(charts, chart_name(inputs["chart"]), str(inputs.get("version")))
     if path is None:
         raise RenderProblem(f"chart {inputs['chart']} {inputs.get('version')} is not in {charts}")
-    rendered = Chart.load(path).render(inputs.get("values") or {}, name=inputs.get("name") or inputs["chart"],
+    rendered = Chart.load(path).render(inputs.get("values") or {},
+                                       name=inputs.get("name") or chart_name(inputs["chart"]),
                                        namespace=inputs.get("namespace") or "default", is_install=True)
     return [manifest for _, manifest in _documents(rendered)]
 
 
+def custom_resource_problems(plan: Mapping[str, Any],
+                             crds: Mapping[tuple[str, str], dict[str, Any]]) -> tuple[int, list[str]]:
+    """Validate, strictly, every custom resource of the plan whose API group one of `crds` defines (Kueue's queues,
+    the Prometheus operator's monitors) against its served version's schema. CEL rules (x-kubernetes-validations)
+    are not evaluated here."""
+    groups = {api_version.split("/")[0] for api_version, _ in crds}
+    problems, count = [], 0
+    for resource in plan["resources"]:
+        manifest = resource["inputs"]
+        api_version = str(manifest.get("apiVersion") or "")
+        if not resource["type"].startswith("kubernetes:") or api_version.split("/")[0] not in groups:
+            continue
+        count += 1
+        if (api_version, str(manifest.get("kind"))) not in crds:
+            problems.append(f"{resource['name']}: {api_version} {manifest.get('kind')} is not served by the CRDs")
+            continue
+        problems.extend(f"{resource['name']}: {problem}" for problem in validate_custom(manifest, crds))
+    return count, problems
+
+
 def check_plan(plan: Mapping[str, Any], charts: Path, kubernetes_version: str) -> list[str]:
-    """One `error: ...` or `ok: ...` line per release."""
+    """One `error: ...` or `ok: ...` line per release, then one for the custom resources the charts define."""
     lines = []
     crds: dict[tuple[str, str], dict[str, Any]] = {}
     for release in helm_releases(plan):  # the CRDs every chart of the plan brings, for every other release
-        path = find_chart(charts, release["inputs"]["chart"], str(release["inputs"].get("version") or ""))
+        path = find_chart(charts, chart_name(release["inputs"]["chart"]), str(release["inputs"].get("version") or ""))
         if path is not None:
             crds.update(chart_crds(path))
     for release in helm_releases(plan):
@@ -254,6 +288,10 @@ def check_plan(plan: Mapping[str, Any], charts: Path, kubernetes_version: str) -
             lines.append(f"error: {release['name']}: {exc}")
         else:
             lines.append(f"ok: {release['name']}: {inputs['chart']} {inputs.get('version')}: {count} objects")
+    count, problems = custom_resource_problems(plan, crds)
+    lines += [f"error: custom resource {problem}" for problem in problems]
+    if count and not problems:
+        lines.append(f"ok: custom resources: {count} valid against the charts' CRDs")
     return lines
 
 

@@ -25,6 +25,7 @@ from infra.storage.verify import (  # noqa: E402
     Check,
     OutputsError,
     aws_checks,
+    check_queues,
     kubernetes_checks,
     render_table,
     storage_outputs,
@@ -116,6 +117,11 @@ def run(args: argparse.Namespace) -> list[Check]:
         checks += kubernetes_checks(
             outputs, client.CoreV1Api(), client.StorageV1Api(), args.label_prefix, args.pvc_timeout
         )
+        if (outputs.get("jobFacts") or {}).get("kueue"):
+            custom = client.CustomObjectsApi()
+            cluster_queues = custom.list_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues")
+            local_queues = custom.list_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "localqueues")
+            checks += check_queues(outputs, cluster_queues.get("items") or [], local_queues.get("items") or [])
     return checks
 
 

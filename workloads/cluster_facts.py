@@ -47,6 +47,12 @@ class ClusterFacts:
     image_repository: str | None = None
     # The stack's buckets by logical name -> physical bucket name: a spec's `bucket: datasets` reads from there.
     buckets: dict[str, str] | None = None
+    # Kueue: whether the stack runs it, the LocalQueue a Job goes through unless its spec names one, every LocalQueue
+    # in `namespace` and the WorkloadPriorityClasses (None: unknown, not checked).
+    kueue: bool = False
+    local_queue: str | None = None
+    local_queues: tuple[str, ...] | None = None
+    workload_priority_classes: tuple[str, ...] | None = None
 
 
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:

@@ -11,10 +11,15 @@
 `--stack S` talks to the kubeconfig `make kubeconfig STACK=S` wrote (~/.kube/ml-S; see workloads.kubeconfig for
 the order with --kubeconfig and KUBECONFIG) and reads the cluster's ClusterFacts from the stack output jobFacts;
 `--facts FILE` gives them as JSON instead (`pulumi stack output jobFacts --json --stack S > facts.json`).
-The phase of a run is derived by `job_phase` from the Job, its Pods and their (init) container states; it
-is a pure function over API objects in their JSON shape (camelCase keys), tested without a cluster.
+The phase of a run is derived by `job_phase` from the Job, its Pods and their (init) container states, and on a
+stack with Kueue from the Job's Workload (conditions, requeue state) and its position in the queue; it is a pure
+function over API objects in their JSON shape (camelCase keys), tested without a cluster.
 Progress (epoch, samples/s, data-wait share, ETA, staging) comes from the pods' metrics endpoints, read through
 the API server's pod proxy (no port-forward, nothing exposed), and is computed by workloads.progress.
+
+With Kueue, `submit` creates Jobs suspended with the queue label: Kueue unsuspends a Job once its whole gang fits
+the quota. The stack creates its Jobs held: suspended, the queue recorded in an annotation but no label, so Kueue
+leaves them alone until `start` puts them in their queue (on a stack without Kueue, `start` unsuspends them).
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from typing import Any, Literal
 import yaml
 
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
-from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, TRAIN_CONTAINER, JobSpecError, load_job_file, render_job
+from workloads.jobspec import (
+    CONFIG_ERROR_EXIT_CODE,
+    KUEUE_QUEUE_LABEL,
+    TRAIN_CONTAINER,
+    JobSpecError,
+    load_job_file,
+    render_job,
+)
 from workloads.kubeconfig import KubeconfigError, load_kubernetes_config, resolve_kubeconfig
 from workloads.progress import MetricsParseError, Progress, Snapshot, parse_metrics, progress, progress_line, snapshot
 
@@ -45,7 +57,20 @@ _STUCK_WAITING = {
     "CreateContainerConfigError": "CreateContainerConfigError",
     "CreateContainerError": "CreateContainerError",
 }
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+# Kueue labels each Workload with the UID of the Job it stands for (pkg/controller/constants/constants.go:43 at
+# v0.19.2); the Workload's name is derived from the Job's and is not guessed here.
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+# Why Kueue has not reserved quota (QuotaReserved=False reasons, apis/kueue/v1beta2/workload_types.go:945-977).
+_QUOTA_REASONS = {
+    "WaitingForQuota": "waiting for quota",
+    "NoMatchingFlavor": "no flavor fits (GPU type, taints, node labels)",
+    "ExceedsMaxQuota": "larger than the queue can ever hold",
+    "WaitingForPreemptedWorkloads": "waiting for preempted workloads to stop",
+    "WaitingForPodsReady": "waiting for an admitted gang to start first",
+    "Misconfigured": "queue misconfigured",
+    "Suspended": "queue stopped",
+}
 _GENERIC_JOB_FAILURES = {
     "BackoffLimitExceeded", "PodFailurePolicy", "FailedIndexes", "MaxFailedIndexesExceeded"}
 
@@ -106,8 +131,71 @@ def _is_staging(pod: dict[str, Any]) -> bool:
     return False
 
 
-def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]]) -> RunPhase:
-    """The phase of a training run from its Job and Pods (API JSON shapes)."""
+def _workload_condition(workload: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for condition in (workload.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return condition
+    return None
+
+
+def _is_true(condition: dict[str, Any] | None) -> bool:
+    return condition is not None and condition.get("status") == "True"
+
+
+def queue_position(pending: dict[str, Any] | None, workload: str) -> tuple[int, int] | None:
+    """(position in the LocalQueue, in the ClusterQueue), both from 0, from Kueue's visibility API answer
+    (PendingWorkloadsSummary, apis/visibility/v1beta2/types.go:76-79); None when the workload is not listed."""
+    for item in (pending or {}).get("items") or []:
+        if (item.get("metadata") or {}).get("name") == workload:
+            return int(item.get("positionInLocalQueue", 0)), int(item.get("positionInClusterQueue", 0))
+    return None
+
+
+def queued_phase(job: dict[str, Any], workload: dict[str, Any] | None,
+                 position: tuple[int, int] | None = None) -> RunPhase:
+    """Why a Job in a Kueue queue is still suspended, from its Workload (None: Kueue has not made one yet)."""
+    queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL, "?")
+    where = f"queue {queue}"
+    if position is not None:
+        where += f", position {position[0] + 1} (ClusterQueue: {position[1] + 1})"
+    if workload is None:
+        return RunPhase("Pending", "Queued", f"{where}: waiting for Kueue to create its Workload")
+    status = workload.get("status") or {}
+    cluster_queue = (status.get("admission") or {}).get("clusterQueue")
+    if cluster_queue:
+        where += f" -> ClusterQueue {cluster_queue}"
+    evicted = _workload_condition(workload, "Evicted")
+    requeue_at = (status.get("requeueState") or {}).get("requeueAt")
+    if _is_true(_workload_condition(workload, "Admitted")):
+        return RunPhase("Pending", "Admitted", f"{where}: admitted, Kueue is starting the gang")
+    if _is_true(evicted) or (evicted is not None and requeue_at):
+        assert evicted is not None
+        why = {"PodsReadyTimeout": "its gang did not get every pod ready in time (waitForPodsReady)",
+               "Preempted": "preempted by a higher-priority or reclaiming workload"}.get(
+            str(evicted.get("reason")), str(evicted.get("reason") or "evicted"))
+        retry = f"; requeued, retried after {requeue_at}" if requeue_at else "; requeued"
+        count = (status.get("requeueState") or {}).get("count")
+        retry += f" (eviction {count})" if count else ""
+        detail = f"{where}: evicted: {why}{retry}: {evicted.get('message', '')}"
+        return RunPhase("Pending", "Evicted", detail.rstrip(": "))
+    reserved = _workload_condition(workload, "QuotaReserved")
+    if _is_true(reserved):
+        return RunPhase("Pending", "QuotaReserved", f"{where}: quota reserved, waiting for admission checks")
+    if reserved is not None:
+        reason = str(reserved.get("reason") or "Pending")
+        message = str(reserved.get("message") or "")
+        if reason not in _QUOTA_REASONS and "insufficient" in message:
+            reason = "WaitingForQuota"
+        why = _QUOTA_REASONS.get(reason, reason)
+        return RunPhase("Pending", reason if reason in _QUOTA_REASONS else "Queued",
+                        f"{where}: {why}: {message}".rstrip(": "))
+    return RunPhase("Pending", "Queued", f"{where}: waiting for Kueue to consider it")
+
+
+def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]], workload: dict[str, Any] | None = None,
+              position: tuple[int, int] | None = None) -> RunPhase:
+    """The phase of a training run from its Job and Pods (API JSON shapes), with its Kueue Workload and queue
+    position when it is in a queue."""
     newest_first = sorted(pods, key=_created, reverse=True)
     failures = [failure for pod in newest_first if (failure := _pod_failure(pod))]
     failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
@@ -132,7 +220,8 @@ def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]]) -> RunPhase:
     retry_note = f" (retrying after {failures[0][0]}: {failures[0][1]})" if failures else ""
     if (job.get("spec") or {}).get("suspend"):
         if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
-            return RunPhase("Pending", None, "suspended: waiting for admission (Kueue)" + retry_note)
+            queued = queued_phase(job, workload, position)
+            return RunPhase(queued.phase, queued.reason, "suspended by Kueue: " + queued.detail + retry_note)
         name = (job.get("metadata") or {}).get("name", "NAME")
         return RunPhase("Suspended", None,
                         f"start it once its data is in place: python -m workloads.submit start {name}")
@@ -140,8 +229,14 @@ def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]]) -> RunPhase:
         return RunPhase("Pending", None, "no pod yet" + retry_note)
     if any(_is_staging(pod) for pod in active):
         return RunPhase("Staging", None, "initContainer is staging the dataset onto local NVMe" + retry_note)
+    gang = (job.get("spec") or {}).get("parallelism") or 1
+    pods_ready = _workload_condition(workload, "PodsReady") if workload is not None else None
     if any((pod.get("status") or {}).get("phase") == "Running" for pod in active):
         running = sum((pod.get("status") or {}).get("phase") == "Running" for pod in active)
+        if pods_ready is not None and not _is_true(pods_ready) and running < gang:
+            return RunPhase("Pending", "WaitingForGang",
+                            f"admitted by Kueue; {running} of {gang} pods running, waiting for the whole gang "
+                            "(evicted and requeued if it does not start in time)" + retry_note)
         return RunPhase("Running", None, f"{running} pod(s) running" + retry_note)
     pod_status = active[0].get("status") or {}
     unscheduled = next((c for c in pod_status.get("conditions") or []
@@ -324,6 +419,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _kueue_state(namespace: str, job: dict[str, Any]) -> tuple[dict[str, Any] | None, tuple[int, int] | None]:
+    """The Job's Workload and, while it is pending, its place in the queue (visibility API; None where the
+    caller may not read it)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    uid = (job.get("metadata") or {}).get("uid")
+    if not uid:
+        return None, None
+    custom = client.CustomObjectsApi()
+    found = custom.list_namespaced_custom_object(
+        KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}")
+    items = (found.get("items") if isinstance(found, dict) else None) or []
+    if not items:
+        return None, None
+    workload = max(items, key=_created)
+    queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    try:
+        pending = custom.api_client.call_api(
+            "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads",
+            "GET", path_params={"namespace": namespace, "name": queue}, response_type="object",
+            auth_settings=["BearerToken"], _return_http_data_only=True)
+    except ApiException:  # no RBAC for the visibility API, or it is not served: the position is optional
+        pending = None
+    return workload, queue_position(pending, workload["metadata"]["name"])
+
+
 def _interval(text: str) -> float:
     try:
         value = float(text)
@@ -361,8 +483,12 @@ def _metrics_pages(core: Any, namespace: str, pods: list[dict[str, Any]]) -> lis
 
 
 def _observe(batch: Any, core: Any, namespace: str, name: str, clock: Any) -> tuple[RunPhase, Snapshot]:
+    job = _read_job(batch, namespace, name)
+    workload, position = (None, None)
+    if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
+        workload, position = _kueue_state(namespace, job)
     pods = _pods(core, namespace, name)
-    phase = job_phase(_read_job(batch, namespace, name), pods)
+    phase = job_phase(job, pods, workload, position)
     return phase, snapshot(_metrics_pages(core, namespace, pods), clock())
 
 
@@ -401,6 +527,15 @@ def _watch(batch: Any, core: Any, namespace: str, name: str, interval: float, cl
         sleep(interval)
 
 
+def held_queue(job: dict[str, Any]) -> str | None:
+    """The Kueue LocalQueue a held Job joins on `start` (the renderer's `<label prefix>/queue-name` annotation; the
+    prefix is the stack's, so only the name part is matched)."""
+    for key, value in ((job.get("metadata") or {}).get("annotations") or {}).items():
+        if key.endswith("/queue-name") and key != KUEUE_QUEUE_LABEL:
+            return str(value)
+    return None
+
+
 def _logs(batch: Any, core: Any, namespace: str, name: str, container: str, index: int, follow: bool) -> int:
     _read_job(batch, namespace, name)
     index_key = "batch.kubernetes.io/job-completion-index"
@@ -420,12 +555,20 @@ def _logs(batch: Any, core: Any, namespace: str, name: str, container: str, inde
 
 
 def _start(batch: Any, namespace: str, name: str) -> int:
+    """Release a held Job: into its Kueue queue when the stack runs Kueue (Kueue unsuspends it once the whole gang
+    is admitted), else by unsuspending it."""
     job = _read_job(batch, namespace, name)
     if KUEUE_QUEUE_LABEL in (job["metadata"].get("labels") or {}):
         raise UsageError(f"job/{name}", "Kueue starts this Job when it admits it (queue "
                          f"{job['metadata']['labels'][KUEUE_QUEUE_LABEL]}); see `status`")
     if not (job.get("spec") or {}).get("suspend"):
         print(f"job/{name} is not suspended")
+        return 0
+    queue = held_queue(job)
+    if queue is not None:
+        # Kueue accepts a queue label on a suspended Job (pkg/controller/jobframework/validation.go:182).
+        batch.patch_namespaced_job(name, namespace, {"metadata": {"labels": {KUEUE_QUEUE_LABEL: queue}}})
+        print(f"queued job/{name} in {queue}: Kueue starts it when the whole gang fits the quota (see `status`)")
         return 0
     batch.patch_namespaced_job(name, namespace, {"spec": {"suspend": False}})
     print(f"started job/{name}")

@@ -178,6 +178,18 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
             add("kubernetes", manifest["kind"], cfg.monitoring.namespace, manifest["metadata"]["name"], where)
     for index, volume in enumerate(storage.shared_volumes):
         add("kubernetes", "PersistentVolumeClaim", ns, volume.name, f"{CONFIG}storage.sharedVolumes[{index}].name")
+    # Kueue's queues and priority classes (its ResourceFlavors are named after the pools' GPU types, which only the
+    # instance-type facts know).
+    kueue = cfg.kueue
+    if kueue.enabled:
+        add("kubernetes", "ClusterQueue", "", kueue.cluster_queue, f"{CONFIG}kueue.clusterQueue")
+        add("kubernetes", "LocalQueue", ns, kueue.local_queue, f"{CONFIG}kueue.localQueue")
+        for index, team in enumerate(kueue.teams):
+            add("kubernetes", "ClusterQueue", "", team.name, f"{CONFIG}kueue.teams[{index}].name")
+            add("kubernetes", "LocalQueue", ns, team.name, f"{CONFIG}kueue.teams[{index}].name")
+        for index, priority in enumerate(kueue.priority_classes):
+            add("kubernetes", "WorkloadPriorityClass", "", priority.name,
+                f"{CONFIG}kueue.priorityClasses[{index}].name")
     for index, manifests in enumerate(job_manifests):
         for manifest in manifests:
             metadata = manifest.get("metadata") or {}

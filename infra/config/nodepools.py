@@ -85,6 +85,8 @@ class ExistingNodesConfig(StrictModel):
     gpus_per_node: int = Field(default=0, ge=0)
     gpu_memory_gib: int | None = Field(default=None, ge=1)
     nvme_gib: int = Field(default=0, ge=0, description="NVMe-backed kubelet root dir (ephemeral storage), GiB")
+    # The kubelet's disk where it is not NVMe: what the nodes offer as ephemeral storage (Kueue's quota counts it).
+    kubelet_disk_gib: int | None = Field(default=None, ge=1, description="default: nvmeGib")
     max_pods: int = Field(default=110, ge=1)
 
     @model_validator(mode="after")

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 from infra.config.schema import NAMESPACE, SECRET_KEYS, ConfigError, StackConfig, config_path
 
 # Sections a pool check does not need: dropped from the partial config when they fail validation.
-_OPTIONAL = {"jobs", "storage", "gpu", "tags", "labelPrefix", "protected", "kubeconfig", "cosHmacAccessKeyId",
-             "cosHmacSecretAccessKey", "deploy", "accountId"}
+_OPTIONAL = {"jobs", "storage", "gpu", "kueue", "monitoring", "tags", "labelPrefix", "protected", "kubeconfig",
+             "cosHmacAccessKeyId", "cosHmacSecretAccessKey", "deploy", "accountId"}
 
 
 def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]] | None:

@@ -17,6 +17,7 @@ from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
 from infra.config.monitoring import MonitoringConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
+from infra.config.queueing import KueueConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
 from workloads.jobspec import TrainingJobSpec
@@ -205,6 +206,7 @@ class StackConfig(StrictModel):
     onprem: OnpremConfig | None = None
     node_pools: list[NodePoolConfig] = []
     gpu: GpuConfig = Field(default_factory=GpuConfig)
+    kueue: KueueConfig = Field(default_factory=KueueConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)

@@ -316,6 +316,44 @@ def kubernetes_checks(
     return checks
 
 
+def check_queues(outputs: Mapping[str, Any], cluster_queues: Iterable[Mapping[str, Any]],
+                 local_queues: Iterable[Mapping[str, Any]]) -> list[Check]:
+    """On a stack with Kueue: every LocalQueue of the jobFacts output exists in the Jobs' namespace and is Active
+    (condition `Active`, apis/kueue/v1beta2/localqueue_types.go:156 at v0.19.2), and so is the ClusterQueue each
+    points at (clusterqueue_types.go:29). An inactive queue admits nothing: its message says why (a missing flavor,
+    a stopped queue)."""
+    facts = outputs.get("jobFacts") or {}
+    if not facts.get("kueue"):
+        return [Check("kueue queues", "SKIP", "the stack runs no Kueue")]
+
+    def active(item: Mapping[str, Any]) -> tuple[bool, str]:
+        for condition in (item.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Active":
+                return condition.get("status") == "True", str(condition.get("message") or condition.get("reason"))
+        return False, "no Active condition yet"
+
+    namespace = facts.get("namespace") or "training"
+    by_name = {(item.get("metadata") or {}).get("name"): item for item in local_queues
+               if (item.get("metadata") or {}).get("namespace") == namespace}
+    cqs = {(item.get("metadata") or {}).get("name"): item for item in cluster_queues}
+    checks = []
+    for name in facts.get("local_queues") or ():
+        queue = by_name.get(name)
+        if queue is None:
+            checks.append(Check(f"localqueue {namespace}/{name}", "FAIL", "missing"))
+            continue
+        ok, why = active(queue)
+        target = (queue.get("spec") or {}).get("clusterQueue")
+        cluster_queue = cqs.get(target)
+        if ok and cluster_queue is None:
+            ok, why = False, f"its ClusterQueue {target} is missing"
+        elif ok and cluster_queue is not None:
+            ok, why = active(cluster_queue)
+            why = f"ClusterQueue {target}: {why}"
+        checks.append(Check(f"localqueue {namespace}/{name}", "PASS" if ok else "FAIL", why))
+    return checks
+
+
 def render_table(checks: Iterable[Check]) -> str:
     rows = [("CHECK", "RESULT", "DETAIL"), *((c.name, c.status, c.detail) for c in checks)]
     widths = [max(len(row[i]) for row in rows) for i in range(2)]

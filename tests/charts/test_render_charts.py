@@ -69,11 +69,18 @@ def gpu_taints(plan: dict[str, Any]) -> list[dict[str, str]]:
     return taints
 
 
+@functools.cache
+def release_objects(stack: str, release_name: str) -> list[dict[str, Any]]:
+    """What a committed stack's release renders (the Kueue chart alone takes seconds: render it once)."""
+    [release] = [r for r in render_charts.helm_releases(plan_stack(stack)) if r["name"] == release_name]
+    return render_charts.rendered_objects(release, UPSTREAM)
+
+
 def test_node_side_daemonsets_run_on_tainted_gpu_nodes(stack_plan: tuple[str, dict[str, Any]]) -> None:
-    _, plan = stack_plan
+    stack, plan = stack_plan
     daemonsets = 0
     for release in render_charts.helm_releases(plan):
-        for manifest in render_charts.rendered_objects(release, UPSTREAM):
+        for manifest in release_objects(stack, release["name"]):
             if manifest["kind"] != "DaemonSet":
                 continue
             daemonsets += 1
@@ -119,6 +126,67 @@ def test_dcgm_exporter_resources_are_the_projects_not_a_merge() -> None:
     [container] = daemonset["spec"]["template"]["spec"]["containers"]
     assert container["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
                                       "limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+def test_kueue_runs_with_wait_for_pods_ready_and_leaves_jobs_without_a_queue_alone() -> None:
+    objects = release_objects("dev", "mlc-dev-kueue-release")
+    [config_map] = [m for m in objects if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "kueue-manager-config"]
+    config = yaml.safe_load(config_map["data"]["controller_manager_config.yaml"])
+    assert config["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
+    assert config["waitForPodsReady"]["timeout"] == "15m"
+    assert config["waitForPodsReady"]["requeuingStrategy"]["timestamp"] == "Eviction"
+    assert config["manageJobsWithoutQueueName"] is False  # held stack Jobs carry no queue label
+    assert config["integrations"]["frameworks"] == ["batch/job"]
+    # The chart names its webhook Service after the release; the CRDs' conversion webhook expects kueue-...
+    assert config["internalCertManagement"]["webhookServiceName"] == "kueue-webhook-service"
+    [deployment] = [m for m in objects if m["kind"] == "Deployment"]
+    images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert images == {"registry.k8s.io/kueue/kueue:v0.19.2"}
+
+
+def test_custom_resources_are_checked_strictly_against_the_crds() -> None:
+    crds = [m for m in release_objects("dev", "mlc-dev-kueue-release") if m["kind"] == "CustomResourceDefinition"]
+    queue = next(r for r in plan_stack("dev")["resources"] if r["name"] == "mlc-dev-kueue-cq-shared")
+    assert render_charts.custom_resource_problems({"resources": [queue]}, crds) == (1, [])
+    bad = json.loads(json.dumps(queue))
+    bad["inputs"]["spec"]["cohort"] = bad["inputs"]["spec"].pop("cohortName")  # the v1beta1 spelling
+    bad["inputs"]["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0].pop("nominalQuota")
+    bad["inputs"]["spec"]["queueingStrategy"] = "FIFO"
+    count, problems = render_charts.custom_resource_problems({"resources": [bad]}, crds)
+    assert count == 1 and len(problems) == 3, problems
+    assert any("'cohort' was unexpected" in p for p in problems)
+    assert any("'nominalQuota' is a required property" in p for p in problems)
+    assert any("'FIFO' is not one of" in p for p in problems)
+    old = json.loads(json.dumps(queue))
+    old["inputs"]["apiVersion"] = "kueue.x-k8s.io/v1alpha1"
+    assert render_charts.custom_resource_problems({"resources": [old]}, crds)[1] == [
+        "mlc-dev-kueue-cq-shared: kueue.x-k8s.io/v1alpha1 ClusterQueue is not served by the CRDs"]
+
+
+def test_every_kind_of_queue_object_the_config_can_produce_is_valid_against_the_crds() -> None:
+    from infra.config.queueing import KueueConfig
+    from infra.poolplan import plan_node_pools
+    from infra.queueing import queue_manifests
+    from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
+
+    crds = [m for m in release_objects("dev", "mlc-dev-kueue-release") if m["kind"] == "CustomResourceDefinition"]
+    pools = plan_node_pools(eks_config([{"name": "system", "instanceTypes": ["m6i.large"]},
+                                        gpu_pool("gpu-a10g", ["g5.xlarge"], maxSize=8, taints=[
+                                            {"key": "team", "value": "vision", "effect": "NO_SCHEDULE"}])]),
+                            fixture_lookup)
+    config = KueueConfig.model_validate({
+        "enabled": True, "fairSharing": True, "queueingStrategy": "StrictFIFO",
+        "preemption": {"borrowWithinCohort": "LowerPriority", "withinClusterQueue": "LowerOrNewerEqualPriority"},
+        "priorityClasses": [{"name": "production", "value": 1000, "description": "deadline runs"},
+                            {"name": "research", "value": -10}],
+        "teams": [{"name": "vision", "fairSharingWeight": 2,
+                   "quotas": [{"flavor": "a10g", "gpus": 4, "borrowingLimit": 2, "lendingLimit": 1}]},
+                  {"name": "nlp", "quotas": [{"flavor": "a10g", "gpus": 2}]}]})
+    manifests = queue_manifests(config, pools, "training", "dev", "ml-cluster.io")
+    assert {m["kind"] for m in manifests} == {"ResourceFlavor", "WorkloadPriorityClass", "ClusterQueue", "LocalQueue"}
+    plan = {"resources": [{"type": f"kubernetes:{m['apiVersion']}:{m['kind']}", "name": m["metadata"]["name"],
+                           "inputs": m} for m in manifests]}
+    assert render_charts.custom_resource_problems(plan, crds) == (len(manifests), [])
 
 
 # --- the check's failure modes, on small charts written to tmp ---

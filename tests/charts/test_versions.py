@@ -10,6 +10,7 @@ import yaml
 
 from infra.config.monitoring import MonitoringConfig
 from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, DevicePluginConfig
+from infra.config.queueing import KueueConfig
 from infra.storage.drivers import CSI_S3_CHART, IBM_COS_CHART, NFS_CHART
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,7 @@ def pinned() -> set[tuple[str, str]]:
         ("dcgm-exporter", DcgmExporterConfig().chart_version),
         ("cluster-autoscaler", AutoscalerConfig().chart_version),
         ("kube-prometheus-stack", MonitoringConfig().chart_version),
+        ("kueue", KueueConfig().chart_version),
         *((chart.chart, chart.version) for chart in (IBM_COS_CHART, CSI_S3_CHART, NFS_CHART)),
     }
     charts = {
@@ -47,6 +49,9 @@ def pinned() -> set[tuple[str, str]]:
         version = (config.get("ml-cluster:monitoring") or {}).get("chartVersion")
         if version:
             versions.add(("kube-prometheus-stack", str(version)))
+        kueue_version = (config.get("ml-cluster:kueue") or {}).get("chartVersion")
+        if kueue_version:
+            versions.add(("kueue", str(kueue_version)))
         for addon, version in ((config.get("ml-cluster:storage") or {}).get("addonVersions") or {}).items():
             versions.add((addon, str(version)))
     return versions

@@ -45,8 +45,9 @@ def test_job_template_change_replaces_and_options_only_update(stack_plan: Any) -
     assert item["op"] == "replace"
     by_path = {change["path"]: change for change in item["changes"]}
     assert by_path["inputs.spec.template.spec.containers[0].image"]["replace"] is True
-    assert by_path["options.ignoreChanges"] == {"path": "options.ignoreChanges", "old": [], "new": ["spec.suspend"],
-                                                "replace": False}
+    assert by_path["options.ignoreChanges"] == {
+        "path": "options.ignoreChanges", "old": [],
+        "new": ["spec.suspend", 'metadata.labels["kueue.x-k8s.io/queue-name"]'], "replace": False}
 
 
 def test_secrets_stay_masked(stack_plan: Any) -> None:

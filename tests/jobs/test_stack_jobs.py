@@ -42,9 +42,15 @@ def test_every_stack_job_keeps_the_rules(stack: str, stack_plan: Callable[[str],
         assert resource["options"]["deleteBeforeReplace"] is True, resource["name"]
         # No GPU hours before the data exists: created suspended, started by `submit start`, which `up` keeps.
         assert job["spec"]["suspend"] is True, resource["name"]
-        assert resource["options"]["ignoreChanges"] == ["spec.suspend"], resource["name"]
+        assert resource["options"]["ignoreChanges"] == [
+            "spec.suspend", 'metadata.labels["kueue.x-k8s.io/queue-name"]'], resource["name"]
+        # Held out of Kueue's reach (no queue label) until `submit start` puts it in the recorded queue; destroy
+        # deletes it before its queue.
+        assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"], resource["name"]
+        assert job["metadata"]["annotations"]["ml-cluster.io/queue-name"] == "training", resource["name"]
         needs = set(resource["options"]["dependsOn"])
-        assert {f"mlc-{stack}-jobs-service-account", f"mlc-{stack}-jobs-ns-training"} <= needs
+        assert {f"mlc-{stack}-jobs-service-account", f"mlc-{stack}-jobs-ns-training",
+                f"mlc-{stack}-kueue-lq-training"} <= needs
         pod = job["spec"]["template"]["spec"]
         claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
         assert {f"mlc-{stack}-storage-pvc-{claim}" for claim in claims} <= needs, resource["name"]

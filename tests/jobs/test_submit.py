@@ -273,3 +273,83 @@ def test_submit_creates_job_and_service_and_treats_an_existing_hash_as_unchanged
     assert lines[0].startswith("created job/ddp-")
     again = FakeApi(existing={manifests[0]["metadata"]["name"]})
     assert _submit(manifests, again, again, again)[0].startswith("unchanged job/ddp-")
+
+
+# --- Kueue: holding, queueing and why a queued run is pending --------------------------------------------------
+
+
+def queued_job(*, parallelism: int = 1, suspend: bool = True) -> dict[str, Any]:
+    body = job(suspend=suspend)
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "training"}
+    body["spec"]["parallelism"] = body["spec"]["completions"] = parallelism
+    return body
+
+
+def workload(*conditions: dict[str, Any], **status: Any) -> dict[str, Any]:
+    """A Workload as Kueue v1beta2 writes it (status.conditions carry status True/False)."""
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": f"job-{JOB}-7f3a1", "namespace": "training",
+                         "labels": {"kueue.x-k8s.io/job-uid": "5f1c0b9e-3a53-4c1f-9a8e-0d4b2c6f7a11"}},
+            "spec": {"queueName": "training", "podSets": [{"name": "main", "count": 2}]},
+            "status": {"conditions": list(conditions), **status}}
+
+
+def wl_condition(kind: str, status: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-11-21T11:00:00Z"}
+
+
+def test_start_puts_a_held_job_in_its_queue_instead_of_unsuspending_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from workloads.submit import _start
+
+    held = job(suspend=True)
+    held["metadata"]["annotations"]["ml-cluster.io/queue-name"] = "training"
+    batch = FakeBatch(held)
+    assert _start(batch, "training", JOB) == 0
+    assert batch.patches == [("training", JOB, {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "training"}}})]
+    assert "queued job/" in capsys.readouterr().out
+
+
+def test_a_queued_job_waiting_for_quota_shows_its_place_and_why() -> None:
+    from workloads.submit import queue_position
+
+    pending = {"items": [{"metadata": {"name": "job-other-1"}, "positionInLocalQueue": 0,
+                          "positionInClusterQueue": 0},
+                         {"metadata": {"name": f"job-{JOB}-7f3a1"}, "positionInLocalQueue": 1,
+                          "positionInClusterQueue": 3}]}
+    position = queue_position(pending, f"job-{JOB}-7f3a1")
+    assert position == (1, 3)
+    waiting = workload(wl_condition("QuotaReserved", "False", "Pending",
+                                    "couldn't assign flavors to pod set main: insufficient unused quota for "
+                                    "nvidia.com/gpu in flavor h100, 8 more needed"))
+    phase = job_phase(queued_job(), [], waiting, position)
+    assert phase.phase == "Pending" and phase.reason == "WaitingForQuota"
+    assert "queue training, position 2 (ClusterQueue: 4): waiting for quota: couldn't assign flavors" in phase.detail
+
+
+def test_a_job_no_flavor_can_take_says_so() -> None:
+    wrong = workload(wl_condition("QuotaReserved", "False", "NoMatchingFlavor",
+                                  "couldn't assign flavors to pod set main: untolerated taint"))
+    phase = job_phase(queued_job(), [], wrong)
+    assert phase.reason == "NoMatchingFlavor" and "no flavor fits" in phase.detail
+
+
+def test_a_gang_that_did_not_start_in_time_was_evicted_and_requeued() -> None:
+    evicted = workload(wl_condition("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout"),
+                       wl_condition("QuotaReserved", "False", "Pending", "evicted"),
+                       requeueState={"count": 1, "requeueAt": "2026-11-21T11:01:00Z"})
+    phase = job_phase(queued_job(parallelism=2), [], evicted)
+    assert phase.phase == "Pending" and phase.reason == "Evicted"
+    assert "did not get every pod ready in time" in phase.detail and "2026-11-21T11:01:00Z" in phase.detail
+
+
+def test_an_admitted_gang_with_a_pod_still_pending_is_waiting_for_the_gang() -> None:
+    admitted = workload(wl_condition("QuotaReserved", "True", "QuotaReserved"),
+                        wl_condition("Admitted", "True", "Admitted"),
+                        wl_condition("PodsReady", "False", "WaitForStart", "Not all pods are ready or succeeded"))
+    running = pod("0-abcde", "Running", init=[container_status("stage", terminated(0, "Completed"))],
+                  containers=[container_status("train", RUNNING)])
+    waiting = pod("1-fghij", "Pending")
+    phase = job_phase(queued_job(parallelism=2, suspend=False), [running, waiting], admitted)
+    assert phase.phase == "Pending" and phase.reason == "WaitingForGang" and "1 of 2 pods running" in phase.detail
+    assert job_phase(queued_job(), [], None).detail.startswith("suspended by Kueue: queue training: waiting for Kueue")

@@ -26,7 +26,16 @@ imports here: the same code runs in `workloads.submit` and inside the cluster.
 
 from workloads.jobspec.loading import load_job_file, parse_spec
 from workloads.jobspec.network import EgressRules, job_network_policy, namespace_network_policies
-from workloads.jobspec.render import METRICS_LABEL, job_name, render_job, spec_hash
+from workloads.jobspec.render import (
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
+    METRICS_LABEL,
+    job_name,
+    job_queue,
+    queue_annotation,
+    render_job,
+    spec_hash,
+)
 from workloads.jobspec.spec import (
     CONFIG_ERROR_EXIT_CODE,
     RUN_AS_UID,
@@ -67,7 +76,11 @@ __all__ = [
     "SecretKeyRef",
     "TolerationSpec",
     "TrainingJobSpec",
+    "KUEUE_PRIORITY_LABEL",
+    "KUEUE_QUEUE_LABEL",
     "job_name",
+    "job_queue",
+    "queue_annotation",
     "job_network_policy",
     "load_job_file",
     "namespace_network_policies",

@@ -34,6 +34,10 @@ from workloads.quantity import (
     quantity_bytes,
 )
 
+# Kueue's Job labels (kubernetes-sigs/kueue v0.19.2 pkg/controller/constants/constants.go:23 and :48).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
 
 def _labels(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> dict[str, str]:
     return {
@@ -368,10 +372,21 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         pod_spec["subdomain"] = job_name
 
     job_labels = dict(labels)
-    if spec.queue:
-        job_labels["kueue.x-k8s.io/queue-name"] = spec.queue
+    job_annotations = {"pulumi.com/skipAwait": "true"}
+    queue = job_queue(spec, facts)
+    held = bool(spec.suspend)
+    if queue is not None:
+        # The queue is recorded on every queued Job; a held Job gets the label only when `submit start` releases it:
+        # Kueue leaves a Job without the label alone (manageJobsWithoutQueueName defaults to false), so it stays
+        # suspended until its data is in place. A queued Job is always created suspended: Kueue unsuspends it when the
+        # whole gang is admitted.
+        job_annotations[queue_annotation(facts.label_prefix)] = queue
+        if not held:
+            job_labels[KUEUE_QUEUE_LABEL] = queue
+        if spec.workload_priority:
+            job_labels[KUEUE_PRIORITY_LABEL] = spec.workload_priority
     job_spec: dict[str, Any] = {
-        "suspend": bool(spec.suspend),
+        "suspend": held or queue is not None,
         "backoffLimit": spec.backoff_limit,
         "activeDeadlineSeconds": spec.active_deadline_seconds,
         "podFailurePolicy": {
@@ -410,7 +425,7 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
             "name": job_name,
             "namespace": facts.namespace,
             "labels": job_labels,
-            "annotations": {"pulumi.com/skipAwait": "true"},
+            "annotations": job_annotations,
         },
         "spec": job_spec,
     }
@@ -441,6 +456,33 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         if policy is not None:
             manifests.append(policy)
     return manifests
+
+
+def queue_annotation(label_prefix: str) -> str:
+    """The annotation holding the LocalQueue a held Job joins when `submit start` releases it."""
+    return f"{label_prefix}/queue-name"
+
+
+def job_queue(spec: TrainingJobSpec, facts: ClusterFacts) -> str | None:
+    """The Kueue LocalQueue a spec's Job goes through: its own, else the stack's default when the stack runs Kueue."""
+    if spec.queue is not None:
+        if facts.local_queues is not None and spec.queue not in facts.local_queues:
+            known = ", ".join(facts.local_queues) or "none"
+            raise JobSpecError("queue", f"{spec.queue} is not a LocalQueue of stack {facts.stack} in namespace "
+                                        f"{facts.namespace} (its queues: {known})")
+        queue: str | None = spec.queue
+    else:
+        queue = facts.local_queue if facts.kueue else None
+    if spec.workload_priority is not None:
+        if queue is None:
+            raise JobSpecError("workloadPriority", f"stack {facts.stack} runs no Kueue: a workload priority needs "
+                                                   "a queue")
+        known_classes = facts.workload_priority_classes
+        if known_classes is not None and spec.workload_priority not in known_classes:
+            raise JobSpecError("workloadPriority", f"{spec.workload_priority} is not a WorkloadPriorityClass of "
+                                                   f"stack {facts.stack} (its classes: "
+                                                   f"{', '.join(known_classes) or 'none'})")
+    return queue
 
 
 def spec_hash(spec: TrainingJobSpec, facts: ClusterFacts) -> str:

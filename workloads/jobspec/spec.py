@@ -343,7 +343,9 @@ class TrainingJobSpec(_Spec):
     active_deadline_seconds: int = Field(default=3 * 86400, ge=60)
     ttl_seconds_after_finished: int | None = Field(default=7 * 86400, ge=0)
     priority_class: DnsSubdomain | None = None
-    queue: DnsSubdomain | None = None  # Kueue LocalQueue: the whole gang is admitted together
+    # Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue when it runs Kueue.
+    queue: DnsSubdomain | None = None
+    workload_priority: DnsSubdomain | None = None  # a Kueue WorkloadPriorityClass: order in the queue, preemption
     # An image that writes outside /tmp, the RAM disk and its mounts can opt out of the read-only root.
     read_only_root_filesystem: bool = True
     # Created suspended (spec.suspend) and started later, e.g. once its dataset is uploaded. None: the caller's

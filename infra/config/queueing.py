@@ -1,0 +1,145 @@
+"""Stack config: Kueue, the job queueing system (`ml-cluster:kueue`).
+
+Kueue admits a Job only when its whole gang fits the quota of its ClusterQueue, so a 2-node x 8-GPU Job never holds
+8 GPUs while its second pod waits. The flavors and the shared queue's quotas come from the node pools
+(infra.queueing); what is configured here is the release, the admission policy, priorities and the teams.
+Rules that need the pools (known flavors, quotas that fit) are checked by infra.queueing.check_queueing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from infra.config.base import DnsLabel, StrictModel
+
+# Kueue fills in queue-name `default` for a Job without one when a LocalQueue named `default` exists in its namespace
+# (kubernetes-sigs/kueue v0.19.2 pkg/controller/jobs/job/job_webhook.go:107, pkg/controller/constants/
+# constants.go:27): stack Jobs held suspended without a queue label would then be admitted and started at once.
+RESERVED_LOCAL_QUEUE = "default"
+# Integrations this project can name (the chart's list at v0.19.2, charts/kueue/values.yaml:166-184).
+Integration = Literal[
+    "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/rayservice", "ray.io/raycluster",
+    "jobset.x-k8s.io/jobset", "kubeflow.org/pytorchjob", "kubeflow.org/tfjob", "kubeflow.org/xgboostjob",
+    "kubeflow.org/paddlejob", "kubeflow.org/jaxjob", "trainer.kubeflow.org/trainjob",
+    "workload.codeflare.dev/appwrapper", "leaderworkerset.x-k8s.io/leaderworkerset",
+]
+Duration = str  # Go duration as Kueue's config reads it: 90s, 10m, 2h
+
+
+class WaitForPodsReadyConfig(StrictModel):
+    """An admitted gang that does not get all its pods ready in `timeout` is evicted (its quota freed, its pods
+    deleted) and requeued with exponential backoff; it never sits on GPUs while part of it waits for nodes."""
+
+    # Long enough for a GPU node to scale up from zero and pull the training image.
+    timeout: Duration = Field(default="15m", pattern=r"^\d+[smh]$")
+    # A running gang that loses a pod (spot reclaim) gets this long to replace it before it is requeued.
+    recovery_timeout: Duration = Field(default="10m", pattern=r"^\d+[smh]$")
+    backoff_base_seconds: int = Field(default=60, ge=1)
+    backoff_max_seconds: int = Field(default=3600, ge=1)
+    backoff_limit_count: int | None = Field(default=None, ge=0, description="None: requeue without limit")
+    # True: admit one gang at a time per queue until its pods are ready (slower, never two half-started gangs).
+    block_admission: bool = False
+
+
+class PreemptionConfig(StrictModel):
+    """ClusterQueue preemption (same values as the ClusterQueue's spec.preemption)."""
+
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Any"
+    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "LowerPriority"
+    borrow_within_cohort: Literal["Never", "LowerPriority"] = "Never"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PreemptionConfig:
+        # The ClusterQueue CRD's CEL rule at v0.19.2 (kueue.x-k8s.io_clusterqueues.yaml, spec.preemption), which the
+        # offline schema check cannot evaluate.
+        if self.reclaim_within_cohort == "Never" and self.borrow_within_cohort != "Never":
+            raise ValueError("borrowWithinCohort needs reclaimWithinCohort other than Never")
+        return self
+
+
+class PriorityClassConfig(StrictModel):
+    """A WorkloadPriorityClass: a Job's queue priority (spec `workloadPriority`), independent of pod priority."""
+
+    name: DnsLabel
+    value: int = Field(ge=-(2**31), le=2**31 - 1)
+    description: str = ""
+
+
+class TeamQuotaConfig(StrictModel):
+    """A team's guaranteed GPUs of one flavor (a GPU type); CPU, memory and disk follow per GPU of that type."""
+
+    flavor: DnsLabel
+    gpus: int = Field(ge=0)
+    borrowing_limit: int | None = Field(default=None, ge=0, description="GPUs it may borrow; None: no limit")
+    lending_limit: int | None = Field(default=None, ge=0, description="GPUs it lends idle; None: all")
+
+
+class TeamConfig(StrictModel):
+    """A team: its own ClusterQueue (guaranteed quota, borrowing from the cohort) and LocalQueue `<name>`."""
+
+    name: DnsLabel = Field(max_length=40)
+    quotas: list[TeamQuotaConfig] = []
+    fair_sharing_weight: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _flavors_once(self) -> TeamConfig:
+        flavors = [quota.flavor for quota in self.quotas]
+        twice = sorted({flavor for flavor in flavors if flavors.count(flavor) > 1})
+        if twice:
+            raise ValueError(f"team {self.name}: flavor(s) {', '.join(twice)} listed twice")
+        return self
+
+
+class KueueConfig(StrictModel):
+    enabled: bool = False
+    # oci://registry.k8s.io/kueue/charts/kueue (see docs/versions.md)
+    chart_version: str = Field(default="0.19.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    namespace: DnsLabel = "kueue-system"
+    integrations: list[Integration] = ["batch/job"]
+    wait_for_pods_ready: WaitForPodsReadyConfig = WaitForPodsReadyConfig()
+    # The queue every Job goes through unless its spec names another (a team's LocalQueue).
+    local_queue: DnsLabel = "training"
+    cluster_queue: DnsLabel = "shared"
+    cohort: DnsLabel | None = Field(default="gpus", description="None: no borrowing between queues")
+    queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = "BestEffortFIFO"
+    preemption: PreemptionConfig = PreemptionConfig()
+    # Fair sharing: borrowers are preempted towards each queue's weighted share of the cohort (teams'
+    # fairSharingWeight). Off: borrowing is first come, first served, and owners reclaim by preemption.
+    fair_sharing: bool = False
+    priority_classes: list[PriorityClassConfig] = []
+    teams: list[TeamConfig] = []
+
+    @model_validator(mode="after")
+    def _names(self) -> KueueConfig:
+        if "batch/job" not in self.integrations:
+            raise ValueError("integrations must include batch/job: the stack's training Jobs are batch/v1 Jobs")
+        if len(set(self.integrations)) != len(self.integrations):
+            raise ValueError("integrations must be distinct")
+        local_queues = [self.local_queue, *(team.name for team in self.teams)]
+        if RESERVED_LOCAL_QUEUE in local_queues:
+            raise ValueError(f"no LocalQueue may be named {RESERVED_LOCAL_QUEUE!r}: Kueue would put every Job without "
+                             "a queue label into it, starting held (suspended) stack Jobs before their data exists")
+        twice = sorted({name for name in local_queues if local_queues.count(name) > 1})
+        if twice:
+            raise ValueError(f"LocalQueue names must be unique (localQueue and team names): {', '.join(twice)}")
+        cluster_queues = [self.cluster_queue, *(team.name for team in self.teams)]
+        twice = sorted({name for name in cluster_queues if cluster_queues.count(name) > 1})
+        if twice:
+            raise ValueError(f"ClusterQueue names must be unique (clusterQueue and team names): {', '.join(twice)}")
+        classes = [priority.name for priority in self.priority_classes]
+        twice = sorted({name for name in classes if classes.count(name) > 1})
+        if twice:
+            raise ValueError(f"priority class names must be unique: {', '.join(twice)}")
+        weighted = [team.name for team in self.teams if team.fair_sharing_weight is not None]
+        if weighted and not self.fair_sharing:
+            raise ValueError(f"fairSharingWeight ({', '.join(weighted)}) has no effect without fairSharing: true")
+        if self.cohort is None and any(quota.borrowing_limit is not None or quota.lending_limit is not None
+                                       for team in self.teams for quota in team.quotas):
+            raise ValueError("borrowingLimit and lendingLimit need a cohort (cohort is null)")
+        return self
+
+    @property
+    def local_queues(self) -> tuple[str, ...]:
+        return (self.local_queue, *(team.name for team in self.teams))

@@ -144,8 +144,17 @@ def test_kueue_runs_with_wait_for_pods_ready_and_leaves_jobs_without_a_queue_alo
     assert images == {"registry.k8s.io/kueue/kueue:v0.19.2"}
 
 
+def kueue_crds() -> dict[tuple[str, str], dict[str, Any]]:
+    """The served schemas of the CRDs Kueue's chart renders (its CRDs are templates, not a crds/ directory)."""
+    crds: dict[tuple[str, str], dict[str, Any]] = {}
+    for manifest in release_objects("dev", "mlc-dev-kueue-release"):
+        if manifest["kind"] == "CustomResourceDefinition":
+            crds.update(render_charts.crd_schemas(manifest))
+    return crds
+
+
 def test_custom_resources_are_checked_strictly_against_the_crds() -> None:
-    crds = [m for m in release_objects("dev", "mlc-dev-kueue-release") if m["kind"] == "CustomResourceDefinition"]
+    crds = kueue_crds()
     queue = next(r for r in plan_stack("dev")["resources"] if r["name"] == "mlc-dev-kueue-cq-shared")
     assert render_charts.custom_resource_problems({"resources": [queue]}, crds) == (1, [])
     bad = json.loads(json.dumps(queue))
@@ -169,7 +178,7 @@ def test_every_kind_of_queue_object_the_config_can_produce_is_valid_against_the_
     from infra.queueing import queue_manifests
     from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
 
-    crds = [m for m in release_objects("dev", "mlc-dev-kueue-release") if m["kind"] == "CustomResourceDefinition"]
+    crds = kueue_crds()
     pools = plan_node_pools(eks_config([{"name": "system", "instanceTypes": ["m6i.large"]},
                                         gpu_pool("gpu-a10g", ["g5.xlarge"], maxSize=8, taints=[
                                             {"key": "team", "value": "vision", "effect": "NO_SCHEDULE"}])]),

@@ -121,14 +121,14 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         "cpuPerGpuMillicores": plan.cpu_per_gpu_millicores, "memoryPerGpuBytes": plan.memory_per_gpu_bytes,
     } for plan in pool_plans}
 
-    # --- the Jobs' namespace (issue 5): storage puts its claims and the COS Secret in it ---
+    # --- the Jobs' namespace: storage puts its claims and the COS Secret in it ---
     monitoring = cfg.monitoring
     namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(
         cluster=cluster, facts=job_facts, egress=cfg.job_egress.rules(cfg.platform),
         metrics_namespace=monitoring.namespace if monitoring.enabled else None,
         metrics_ports=metrics_ports(max((pool.gpus_per_node for pool in job_facts.pools), default=1))))
 
-    # --- storage (issue 4) ---
+    # --- storage ---
     storage = Storage(ctx, StorageArgs(
         config=cfg.storage, cluster=cluster, network=network, namespace=JOBS_NAMESPACE,
         namespace_resource=namespace.namespace,
@@ -147,7 +147,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         monitors = (collection.release,)
         outputs["monitoringNamespace"] = monitoring.namespace
 
-    # --- GPU plumbing (issue 3) ---
+    # --- GPU plumbing ---
     gpu = GpuPlumbing(f"{ctx.prefix}-gpu", GpuPlumbingArgs(
         ctx=ctx, cluster=cluster, config=cfg.gpu, pools=pool_plans, cluster_name=cfg.cluster_name,
         kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources, *monitors)))
@@ -161,7 +161,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
             depends_on=(*node_groups, namespace.namespace)))
         local_queues = queueing.local_queues
 
-    # --- training jobs (issue 5) ---
+    # --- training jobs ---
     # The Jobs were checked against claim names derived from config; they must be the claims Storage made.
     created_claims = {*storage.dataset_claim_names.values(), *storage.shared_claim_names}
     assert created_claims == set(job_facts.volume_claims or ()), "job_storage_facts disagrees with Storage"

@@ -1,4 +1,4 @@
-"""Config rules that come from upstream behaviour (issue 13): add-on version strings, Pod Identity minimums,
+"""Config rules that come from upstream behaviour: add-on version strings, Pod Identity minimums,
 IAM principals for access entries, Bottlerocket RAID0 without instance store, the autoscaler's GPU label."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile inputs for the data tools (issue 11): each test failed on the code before the fix.
+"""Hostile inputs for the data tools: each test failed on the code before the fix.
 
 Real files, a real moto server over HTTP, real subprocesses; ENOSPC comes from a real 1 MiB tmpfs (root only).
 """

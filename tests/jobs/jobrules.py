@@ -1,4 +1,4 @@
-"""The rules every rendered training Job must keep (issue 5, "Done when"), as one checker.
+"""The rules every rendered training Job must keep ("Done when" of the Jobs capability), as one checker.
 
 Used on specs rendered in unit tests and on the Jobs of every stack's offline plan.
 """

@@ -141,7 +141,9 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
     ns = JOBS_NAMESPACE
     add("kubernetes", "Namespace", "", ns, STACK_PATH)
     add("kubernetes", "ServiceAccount", ns, JOBS_SERVICE_ACCOUNT, STACK_PATH)
-    for policy in namespace_network_policies(ns, {}, egress=cfg.job_egress.rules(cfg.platform)):
+    metrics_namespace = cfg.monitoring.namespace if cfg.monitoring.enabled else None
+    for policy in namespace_network_policies(ns, {}, metrics_namespace=metrics_namespace, metrics_ports=(1,),
+                                             egress=cfg.job_egress.rules(cfg.platform)):
         add("kubernetes", "NetworkPolicy", ns, policy["metadata"]["name"], STACK_PATH)
     if eks and storage.gp3 is not None:
         add("kubernetes", "StorageClass", "", storage.gp3.name, f"{CONFIG}storage.gp3.name")

@@ -148,6 +148,10 @@ def test_one_path_style() -> None:
     assert config_path("stack") == "stack" and config_path("config") == "config"
 
 
+# The training namespace's own policies (a Job's per-gang policy is named after the Job, derived when it renders).
+NAMESPACE_POLICIES = ("default-deny-ingress", "allow-metrics-scrape", "restrict-egress")
+
+
 @pytest.mark.parametrize("stack", STACKS)
 def test_derived_names_match_the_plan(stack: str, stack_plan: Any) -> None:
     """The up-front list of physical names is the list the program creates (for Kubernetes objects and buckets)."""
@@ -161,7 +165,7 @@ def test_derived_names_match_the_plan(stack: str, stack_plan: Any) -> None:
                           r["inputs"]["metadata"]["name"]) for r in plan["resources"]
                          if r["type"].startswith("kubernetes:") and "helm.sh" not in r["type"]
                          and not (r["inputs"].get("kind") in ("Job", "Service", "NetworkPolicy")
-                                  and r["inputs"]["metadata"]["name"] != "default-deny-ingress")
+                                  and r["inputs"]["metadata"]["name"] not in NAMESPACE_POLICIES)
                          and r["inputs"]["metadata"].get("name")
                          and r["inputs"].get("kind") != "ResourceFlavor")  # named after GPU types (instance facts)
     derived_k8s = sorted((d.kind, d.namespace, d.name) for d in derived if d.service == "kubernetes")

@@ -81,7 +81,7 @@ def test_stager_metrics_port_errors_are_one_line(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("STAGE_METRICS_PORT", "70000")
     assert data_main(["stage", "s3://bucket/prefix", "/nonexistent-dest"]) == 2
     err = capsys.readouterr().err
-    assert err == "error: STAGE_METRICS_PORT: must be a TCP port (1-65535) or 0 for off: '70000'\n"
+    assert err == "error: STAGE_METRICS_PORT: must be a TCP port (1-65535) or 0 for off, got 70000\n"
     with pytest.raises(SystemExit) as exited:
         data_main(["stage", "s3://bucket/prefix", "/nonexistent-dest", "--metrics-port", "-1"])
     assert exited.value.code == 2

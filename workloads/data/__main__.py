@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from workloads.data.format import MAX_IMAGE_SIZE
-from workloads.data.metrics import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, STAGE_METRICS_PORT_ENV, StageMetrics
+from workloads.data.metrics import STAGE_METRICS_PORT_ENV, StageMetrics
 from workloads.data.s3 import DataToolError, parse_s3_uri
+from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _BINARY = {"B": 1, "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
@@ -54,7 +55,7 @@ def _env_port(name: str) -> int:
     """A port from the environment, checked like the flag (a bad value in a Job's env is one line, exit 2)."""
     text = os.environ.get(name, "").strip()
     try:
-        return _port(text) if text else 0
+        return port_number(text) if text else 0
     except argparse.ArgumentTypeError as exc:
         raise DataToolError(name, str(exc)) from None
 
@@ -92,16 +93,6 @@ def _int_upto(maximum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         return _positive_int(text, maximum)
     return parse
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535) or 0 for off: {text!r}")
-    return value
 
 
 def _seconds(text: str) -> float:
@@ -168,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --window: give up (exit 2) when the reader has consumed nothing for this long "
                             "while the window is full; default: wait forever, logging what it waits for")
     stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
-    stage.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+    stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                        help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
                             f"listens on ${METRICS_ADDR_ENV} (default {DEFAULT_METRICS_ADDR})")
     for sub in (pack, upload, stage):
@@ -222,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = StageMetrics()
     try:
         if port:
-            metrics.serve(port, os.environ.get(METRICS_ADDR_ENV) or DEFAULT_METRICS_ADDR)
+            metrics.serve(port, metrics_addr())
         staged = stage(client, uri, args.dest, StageOptions(
             workers=args.workers, part_bytes=args.part_size, window_bytes=args.window,
             retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger,

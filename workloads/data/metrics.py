@@ -6,16 +6,12 @@ the trainer waits means the reader is slow; an empty window and a flat bytes rat
 
 from __future__ import annotations
 
-from typing import Any
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from workloads.data.s3 import DataToolError
+from workloads.metrics_http import MetricsServer
 
 STAGE_METRICS_PORT_ENV = "STAGE_METRICS_PORT"
-METRICS_ADDR_ENV = "METRICS_ADDR"
-# Local by default: a pod sets METRICS_ADDR=0.0.0.0 (the rendered Jobs do, behind their NetworkPolicy).
-DEFAULT_METRICS_ADDR = "127.0.0.1"
 
 
 class StageMetrics:
@@ -42,7 +38,7 @@ class StageMetrics:
         self.window_capacity = Gauge("ml_stage_window_capacity_bytes", "Rolling-window size (copy mode: the "
                                      "dataset's size)", registry=r)
         self.done = Gauge("ml_stage_done", "1 once every shard has been staged", registry=r)
-        self._server: Any = None
+        self._endpoint = MetricsServer(self.registry)
 
     def dataset(self, shards: int, total_bytes: int, window_bytes: int | None) -> None:
         self.shards.set(shards)
@@ -58,14 +54,9 @@ class StageMetrics:
     def serve(self, port: int, addr: str) -> int:
         """Serve /metrics on addr:port (0: a free port); returns the port."""
         try:
-            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+            return self._endpoint.serve(port, addr)
         except OSError as exc:
             raise DataToolError("--metrics-port", f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from exc
-        self._server = server
-        return int(server.server_address[1])
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self._endpoint.close()

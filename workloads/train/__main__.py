@@ -15,9 +15,10 @@ from pathlib import Path
 
 from workloads.data.dataset import DatasetError
 from workloads.data.s3 import DataToolError
+from workloads.metrics_http import metrics_addr, port_number
 from workloads.train.checkpoint import CheckpointStoreError
 from workloads.train.loop import Distributed, TrainConfig, train
-from workloads.train.metrics import METRICS_PORT_ENV, TrainMetrics, metrics_addr, metrics_port_for
+from workloads.train.metrics import METRICS_PORT_ENV, TrainMetrics, metrics_port_for
 from workloads.train.models import MODELS
 
 EPILOG = """\
@@ -75,23 +76,13 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value < 65536:
-        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535) or 0 for off, got {value}")
-    return value
-
-
 def _port_from_env(parser: argparse.ArgumentParser) -> int:
     """$METRICS_PORT, checked like the flag: a bad value in a Job's env is a config error, not a traceback."""
     text = os.environ.get(METRICS_PORT_ENV, "").strip()
     if not text:
         return 0
     try:
-        return _port(text)
+        return port_number(text)
     except argparse.ArgumentTypeError as exc:
         parser.error(f"{METRICS_PORT_ENV}: {exc}")
         raise  # unreachable: error() exits
@@ -166,7 +157,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--log-every", type=_positive, default=10)
     parser.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port_number,
         default=_port_from_env(parser),
         metavar="PORT",
         help="serve Prometheus metrics on PORT + local rank (default: $METRICS_PORT; 0 = off)",

@@ -23,11 +23,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from workloads.data.metrics import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV
+from workloads.metrics_http import DEFAULT_METRICS_ADDR, MetricsServer
 
 METRICS_PORT_ENV = "METRICS_PORT"
 
@@ -151,7 +151,7 @@ class TrainMetrics:
         self.rank = Gauge("ml_train_rank", "This process's global rank", registry=r)
         self.start_time = Gauge("ml_train_start_time_seconds", "Unix time the run started", registry=r)
         self.done = Gauge("ml_train_done", "1 once the run has finished its last epoch", registry=r)
-        self._server: Any = None
+        self._endpoint = MetricsServer(self.registry)
         if gpu_index is not None:
             r.register(_GpuCollector(gpu_index))
         if volumes:
@@ -185,18 +185,11 @@ class TrainMetrics:
     def serve(self, port: int, addr: str = DEFAULT_METRICS_ADDR) -> int:
         """Serve /metrics on addr:port (port 0: a free one, for tests); returns the port."""
         try:
-            server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+            return self._endpoint.serve(port, addr)
         except OSError as exc:
             raise ValueError(f"--metrics-port: cannot listen on {addr}:{port}: {exc.strerror or exc}") from exc
-        self._server = server
-        return int(server.server_address[1])
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self._endpoint.close()
 
 
-def metrics_addr() -> str:
-    return os.environ.get(METRICS_ADDR_ENV) or DEFAULT_METRICS_ADDR

@@ -166,4 +166,4 @@ kubeconfig: ## write STACK's kubeconfig to ~/.kube/ml-STACK (after make up)
 	echo "wrote $(KUBE_DIR)/ml-$(STACK): python -m workloads.submit --stack $(STACK) ..., or KUBECONFIG=$(KUBE_DIR)/ml-$(STACK) kubectl get nodes"
 
 clean: ## remove the virtualenvs and caches
-	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) .tools .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) $(BENCH_VENV) .tools .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache

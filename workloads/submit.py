@@ -1,4 +1,4 @@
-"""Ad-hoc training runs on a provisioned cluster, outside `pulumi up`: render, submit, status, logs, delete.
+"""Training runs on a provisioned cluster, outside `pulumi up`: render, submit, start, status, watch, logs, delete.
 
     python -m workloads.submit --stack dev render workloads/jobs/resnet50-s3-copy.yaml
     python -m workloads.submit --stack dev submit workloads/jobs/resnet50-s3-copy.yaml

@@ -122,6 +122,37 @@ def _changed_paths(old: Any, new: Any, path: str) -> list[str]:
     return [leaf for leaf, _, _ in _changed_leaves(old, new, path)]
 
 
+class PlanDocumentError(ValueError):
+    """An earlier plan document (`--diff OLD.json`) that cannot be read or is not a plan of this stack."""
+
+
+def load_plan_document(path: Path, stack: str) -> dict[str, Any]:
+    """The `scripts/plan.py --json` document at `path`, checked to be a plan of `stack` whose every resource has the
+    shape diff() and the cost estimate read (type and name strings, inputs and options mappings)."""
+    try:
+        document = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise PlanDocumentError(exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise PlanDocumentError(f"is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except RecursionError:
+        raise PlanDocumentError("is nested too deeply to be a plan document") from None
+    except ValueError as exc:
+        raise PlanDocumentError(f"is not JSON ({exc})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("resources"), list):
+        raise PlanDocumentError("not a plan document (no resources list)")
+    if document.get("stack", stack) != stack:
+        raise PlanDocumentError(f"is a plan of stack {document.get('stack')}, not {stack}")
+    for index, resource in enumerate(document["resources"]):
+        if not (isinstance(resource, dict) and isinstance(resource.get("type"), str)
+                and isinstance(resource.get("name"), str)):
+            raise PlanDocumentError(f"resources[{index}]: not a resource (a mapping with type and name)")
+        for part in ("inputs", "options"):
+            if not isinstance(resource.setdefault(part, {}), dict):
+                raise PlanDocumentError(f"resources[{index}].{part}: not a mapping")
+    return document
+
+
 def diff(old_plan: dict[str, Any], new_plan: dict[str, Any]) -> dict[str, Any]:
     """Resources added, removed and changed, keyed by (type, name).
 

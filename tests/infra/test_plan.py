@@ -228,3 +228,25 @@ def test_a_job_on_a_claim_the_stack_does_not_make_stops_before_any_resource(plan
     with pytest.raises(ConfigError) as caught:
         plan_config("dev", {"ml-cluster:jobs": jobs})
     assert any("no-such-claim" in why for _, why in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize(("document", "why"), [
+    ({"stack": "dev", "resources": [1, "x"]}, "resources[0]: not a resource (a mapping with type and name)"),
+    ({"stack": "dev", "resources": [{"urn": 5}]}, "resources[0]: not a resource (a mapping with type and name)"),
+    ({"stack": "dev", "resources": [{"type": "t", "name": "n", "options": 5}]}, "resources[0].options: not a mapping"),
+    ({"stack": "staging", "resources": []}, "is a plan of stack staging, not dev"),
+])
+def test_cli_diff_refuses_a_malformed_or_foreign_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str], document: Any,
+                                                      why: str) -> None:
+    from scripts import plan as plan_cli
+
+    def no_plan(stack: str, config: Path | None = None) -> Any:
+        raise AssertionError("the old plan is checked before planning")
+
+    monkeypatch.setattr(plan_cli, "plan_stack", no_plan)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(document))
+    for extra in ([], ["--cost"]):
+        assert plan_cli.main(["--stack", "dev", "--diff", str(old), *extra]) == 2
+        assert capsys.readouterr().err == f"error: {old}: {why}\n"

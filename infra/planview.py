@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from infra.config.names import check_stack_name
 from infra.offline import canonical, kubernetes_objects
 
 Key = tuple[str, str]
@@ -126,9 +127,10 @@ class PlanDocumentError(ValueError):
     """An earlier plan document (`--diff OLD.json`) that cannot be read or is not a plan of this stack."""
 
 
-def load_plan_document(path: Path, stack: str) -> dict[str, Any]:
-    """The `scripts/plan.py --json` document at `path`, checked to be a plan of `stack` whose every resource has the
-    shape diff() and the cost estimate read (type and name strings, inputs and options mappings)."""
+def load_plan_document(path: Path, stack: str | None = None) -> dict[str, Any]:
+    """The `scripts/plan.py --json` document at `path`, checked to be a plan of `stack` (of any stack when None)
+    whose every resource has the shape diff(), the cost estimate and the chart renderer read (type and name
+    strings, inputs and options mappings)."""
     try:
         document = json.loads(path.read_bytes().decode("utf-8"))
     except OSError as exc:
@@ -141,8 +143,12 @@ def load_plan_document(path: Path, stack: str) -> dict[str, Any]:
         raise PlanDocumentError(f"is not JSON ({exc})") from None
     if not isinstance(document, dict) or not isinstance(document.get("resources"), list):
         raise PlanDocumentError("not a plan document (no resources list)")
-    if document.get("stack", stack) != stack:
-        raise PlanDocumentError(f"is a plan of stack {document.get('stack')}, not {stack}")
+    if "stack" in document:
+        named = document["stack"]
+        for _, why in check_stack_name(named) if isinstance(named, str) else [("", "stack: not a string")]:
+            raise PlanDocumentError(why)
+        if stack is not None and named != stack:
+            raise PlanDocumentError(f"is a plan of stack {named}, not {stack}")
     for index, resource in enumerate(document["resources"]):
         if not (isinstance(resource, dict) and isinstance(resource.get("type"), str)
                 and isinstance(resource.get("name"), str)):

@@ -250,3 +250,15 @@ def test_cli_diff_refuses_a_malformed_or_foreign_plan(tmp_path: Path, monkeypatc
     for extra in ([], ["--cost"]):
         assert plan_cli.main(["--stack", "dev", "--diff", str(old), *extra]) == 2
         assert capsys.readouterr().err == f"error: {old}: {why}\n"
+
+
+@pytest.mark.parametrize("stack", ["../x", "../stacks/Pulumi.dev", "/etc/passwd", "Dev"])
+def test_a_stack_name_with_path_characters_is_refused_before_any_file_is_read(
+        stack: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts import plan as plan_cli
+    from scripts import preflight as preflight_cli
+
+    for main in (plan_cli.main, preflight_cli.main):
+        assert main(["--stack", stack]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: stack: {stack!r} is not a valid stack name") and err.count("\n") == 1, err

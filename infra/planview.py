@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -253,13 +254,23 @@ def write_manifests(plan: dict[str, Any], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     manifests = sorted((canonical(resource["inputs"]) for resource in kubernetes_objects(plan)), key=_object_key)
-    for index, manifest in enumerate(manifests):
-        target = directory / _file_name(index, manifest)
-        partial = target.with_name(f".{target.name}.partial")
-        with open(partial, "w", encoding="utf-8") as handle:
-            handle.write(yaml.safe_dump(manifest, sort_keys=False))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, target)
-        written.append(target)
+    targets = [directory / _file_name(index, manifest) for index, manifest in enumerate(manifests)]
+    for target in targets:  # a name taken by a directory (or a socket...) would stop the renames half-way
+        if (target.exists() or target.is_symlink()) and not target.is_file():
+            raise IsADirectoryError(errno.EISDIR, "is in the way of a manifest: not a regular file", str(target))
+    partials: list[Path] = []
+    try:  # every file first under a temporary name, then the renames: all of the new set or none of it
+        for target, manifest in zip(targets, manifests, strict=True):
+            partial = target.with_name(f".{target.name}.partial")
+            partials.append(partial)
+            with open(partial, "w", encoding="utf-8") as handle:
+                handle.write(yaml.safe_dump(manifest, sort_keys=False))
+                handle.flush()
+                os.fsync(handle.fileno())
+        for partial, target in zip(partials, targets, strict=True):
+            os.replace(partial, target)
+            written.append(target)
+    finally:
+        for partial in partials:
+            partial.unlink(missing_ok=True)
     return written

@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
         try:
             written = write_manifests(plan, args.manifests)
         except OSError as exc:
-            print(f"error: {args.manifests}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"error: {exc.filename or args.manifests}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         print(f"wrote {len(written)} manifests to {args.manifests}", file=sys.stderr)
     if args.cost:

@@ -262,3 +262,17 @@ def test_a_stack_name_with_path_characters_is_refused_before_any_file_is_read(
         assert main(["--stack", stack]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: stack: {stack!r} is not a valid stack name") and err.count("\n") == 1, err
+
+
+def test_manifests_are_all_written_or_none(tmp_path: Path, stack_plan: Any) -> None:
+    """A target name taken by a directory stops the write before any file lands, and leaves no temporary file."""
+    from infra.planview import write_manifests
+
+    plan = stack_plan("onprem")
+    names = [path.name for path in write_manifests(plan, tmp_path / "first")]
+    target = tmp_path / "second"
+    (target / names[4]).mkdir(parents=True)
+    with pytest.raises(OSError) as caught:
+        write_manifests(plan, target)
+    assert caught.value.filename == str(target / names[4])
+    assert sorted(path.name for path in target.iterdir()) == [names[4]]

@@ -273,6 +273,11 @@ def stack_file_path(stack: str, config_path: str | Path | None = None) -> Path:
 
 
 def load_stack_file(stack: str, config_path: str | Path | None = None) -> StackFile:
+    from infra.config.names import check_stack_name
+
+    problems = check_stack_name(stack)  # `../x` would name a file outside stacks/ and a bucket S3 refuses
+    if problems:
+        raise ConfigError(problems)
     path = stack_file_path(stack, config_path)
     values, secure = read_stack_file(path)
     return StackFile(stack=stack, path=path, values=values, secure_keys=secure)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -11,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from infra.config.names import check_stack_name
 from infra.offline import canonical, kubernetes_objects
 
 Key = tuple[str, str]
@@ -122,6 +124,42 @@ def _changed_paths(old: Any, new: Any, path: str) -> list[str]:
     return [leaf for leaf, _, _ in _changed_leaves(old, new, path)]
 
 
+class PlanDocumentError(ValueError):
+    """An earlier plan document (`--diff OLD.json`) that cannot be read or is not a plan of this stack."""
+
+
+def load_plan_document(path: Path, stack: str | None = None) -> dict[str, Any]:
+    """The `scripts/plan.py --json` document at `path`, checked to be a plan of `stack` (of any stack when None)
+    whose every resource has the shape diff(), the cost estimate and the chart renderer read (type and name
+    strings, inputs and options mappings)."""
+    try:
+        document = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise PlanDocumentError(exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise PlanDocumentError(f"is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except RecursionError:
+        raise PlanDocumentError("is nested too deeply to be a plan document") from None
+    except ValueError as exc:
+        raise PlanDocumentError(f"is not JSON ({exc})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("resources"), list):
+        raise PlanDocumentError("not a plan document (no resources list)")
+    if "stack" in document:
+        named = document["stack"]
+        for _, why in check_stack_name(named) if isinstance(named, str) else [("", "stack: not a string")]:
+            raise PlanDocumentError(why)
+        if stack is not None and named != stack:
+            raise PlanDocumentError(f"is a plan of stack {named}, not {stack}")
+    for index, resource in enumerate(document["resources"]):
+        if not (isinstance(resource, dict) and isinstance(resource.get("type"), str)
+                and isinstance(resource.get("name"), str)):
+            raise PlanDocumentError(f"resources[{index}]: not a resource (a mapping with type and name)")
+        for part in ("inputs", "options"):
+            if not isinstance(resource.setdefault(part, {}), dict):
+                raise PlanDocumentError(f"resources[{index}].{part}: not a mapping")
+    return document
+
+
 def diff(old_plan: dict[str, Any], new_plan: dict[str, Any]) -> dict[str, Any]:
     """Resources added, removed and changed, keyed by (type, name).
 
@@ -216,13 +254,23 @@ def write_manifests(plan: dict[str, Any], directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     manifests = sorted((canonical(resource["inputs"]) for resource in kubernetes_objects(plan)), key=_object_key)
-    for index, manifest in enumerate(manifests):
-        target = directory / _file_name(index, manifest)
-        partial = target.with_name(f".{target.name}.partial")
-        with open(partial, "w", encoding="utf-8") as handle:
-            handle.write(yaml.safe_dump(manifest, sort_keys=False))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(partial, target)
-        written.append(target)
+    targets = [directory / _file_name(index, manifest) for index, manifest in enumerate(manifests)]
+    for target in targets:  # a name taken by a directory (or a socket...) would stop the renames half-way
+        if (target.exists() or target.is_symlink()) and not target.is_file():
+            raise IsADirectoryError(errno.EISDIR, "is in the way of a manifest: not a regular file", str(target))
+    partials: list[Path] = []
+    try:  # every file first under a temporary name, then the renames: all of the new set or none of it
+        for target, manifest in zip(targets, manifests, strict=True):
+            partial = target.with_name(f".{target.name}.partial")
+            partials.append(partial)
+            with open(partial, "w", encoding="utf-8") as handle:
+                handle.write(yaml.safe_dump(manifest, sort_keys=False))
+                handle.flush()
+                os.fsync(handle.fileno())
+        for partial, target in zip(partials, targets, strict=True):
+            os.replace(partial, target)
+            written.append(target)
+    finally:
+        for partial in partials:
+            partial.unlink(missing_ok=True)
     return written

@@ -89,7 +89,11 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print("\n".join(exc.lines()), file=sys.stderr)
         return 2
-    atomic_write_bytes(path, text.encode())
+    try:
+        atomic_write_bytes(path, text.encode())
+    except OSError as exc:  # --stacks-dir a file, a directory in the file's place, no permission, disk full
+        print(f"error: {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"wrote {path} (account {account}, {region}, zones {', '.join(zones[:3])}): "
           f"check it with make plan STACK={args.stack}")
     return 0

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra.config import ConfigError  # noqa: E402
 from infra.cost import PriceError, estimate, format_cost_diff, format_report, report_document  # noqa: E402
 from infra.offline import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
-from infra.planview import diff, format_diff, summary, write_manifests  # noqa: E402
+from infra.planview import PlanDocumentError, diff, format_diff, load_plan_document, summary, write_manifests  # noqa: E402
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,11 +53,9 @@ def main(argv: list[str]) -> int:
     old_plan = None
     if args.diff is not None:
         try:
-            old_plan = json.loads(args.diff.read_text())
-            if not isinstance(old_plan, dict) or not isinstance(old_plan.get("resources"), list):
-                raise ValueError("not a plan document (no resources list)")
-        except (OSError, ValueError) as exc:
-            print(f"error: {args.diff}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            old_plan = load_plan_document(args.diff, args.stack)
+        except PlanDocumentError as exc:
+            print(f"error: {args.diff}: {exc}", file=sys.stderr)
             return 2
     try:
         plan = plan_stack(args.stack, args.config)
@@ -78,7 +76,7 @@ def main(argv: list[str]) -> int:
         try:
             written = write_manifests(plan, args.manifests)
         except OSError as exc:
-            print(f"error: {args.manifests}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"error: {exc.filename or args.manifests}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         print(f"wrote {len(written)} manifests to {args.manifests}", file=sys.stderr)
     if args.cost:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -306,8 +305,14 @@ def stack_kubernetes_version(stack: str) -> str:
     raise RenderProblem(f"stacks/Pulumi.{stack}.yaml sets no kubernetesVersion")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: arguments: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _Parser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--stack", help="plan this stack offline first (dev, staging, prod, onprem)")
     source.add_argument("--plan", type=Path, help="a plan document (scripts/plan.py --json)")
@@ -316,7 +321,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.plan is not None:
-            plan = json.loads(args.plan.read_text())
+            from infra.planview import load_plan_document
+
+            plan = load_plan_document(args.plan)
+            if args.kubernetes_version is None and "stack" not in plan:
+                raise RenderProblem("names no stack: pass --kubernetes-version")
             version = args.kubernetes_version or stack_kubernetes_version(plan["stack"])
         else:
             from infra.offline import plan_stack

@@ -9,6 +9,7 @@ Order: `--kubeconfig FILE`, then `--stack S` (~/.kube/ml-S), then $KUBECONFIG, t
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +33,21 @@ class KubeconfigChoice:
         return not self.files
 
 
+# A stack name is a DNS label (infra.config.names.check_stack_name): it never carries a path into ~/.kube.
+_STACK_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def check_stack_name(stack: str) -> str:
+    """`stack`, or KubeconfigError when it is no stack name (`../x`, `/etc/passwd`, empty)."""
+    if not _STACK_NAME.fullmatch(stack) or len(stack) > 63:
+        raise KubeconfigError("--stack", f"{stack!r} is not a valid stack name: use lower-case letters, digits "
+                                         "and '-', starting and ending with a letter or digit")
+    return stack
+
+
 def stack_kubeconfig_path(stack: str, home: Path) -> Path:
     """Where `make kubeconfig STACK=<stack>` writes the stack's kubeconfig."""
-    return home / ".kube" / f"ml-{stack}"
+    return home / ".kube" / f"ml-{check_stack_name(stack)}"
 
 
 def resolve_kubeconfig(explicit: str | None, stack: str | None, env: Mapping[str, str],
@@ -42,10 +55,12 @@ def resolve_kubeconfig(explicit: str | None, stack: str | None, env: Mapping[str
     """The kubeconfig to use, or KubeconfigError with one line saying how to get one."""
     hint = f"run make kubeconfig STACK={stack or '<stack>'}"
     if explicit:
+        if Path(explicit).is_dir():
+            raise KubeconfigError(explicit, "is a directory, not a kubeconfig file")
         if not Path(explicit).is_file():
             raise KubeconfigError(explicit, "no such kubeconfig file")
         return KubeconfigChoice((explicit,), "--kubeconfig")
-    if stack:
+    if stack is not None:
         path = stack_kubeconfig_path(stack, home)
         if not path.is_file():
             raise KubeconfigError(str(path), f"no kubeconfig for stack {stack}: {hint} (after make up)")
@@ -67,6 +82,7 @@ def resolve_kubeconfig(explicit: str | None, stack: str | None, env: Mapping[str
 
 def load_kubernetes_config(choice: KubeconfigChoice, context: str | None) -> None:
     """Configure the kubernetes client for `choice` (imports the client only here: resolution stays pure)."""
+    import yaml
     from kubernetes import config
 
     try:
@@ -75,6 +91,22 @@ def load_kubernetes_config(choice: KubeconfigChoice, context: str | None) -> Non
         else:
             # The client merges a path list the way kubectl merges KUBECONFIG.
             config.load_kube_config(config_file=os.pathsep.join(choice.files), context=context)
+    except UnicodeDecodeError as exc:
+        raise KubeconfigError(_where(choice), f"is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except yaml.YAMLError as exc:
+        raise KubeconfigError(_where(choice), f"is not YAML: {_first_line(exc)}") from None
+    except RecursionError:
+        raise KubeconfigError(_where(choice), "is nested too deeply to be a kubeconfig") from None
+    except (TypeError, AttributeError, KeyError, IndexError):  # the client indexes whatever the YAML holds
+        raise KubeconfigError(_where(choice), "not a kubeconfig (a YAML mapping with clusters, contexts and "
+                                              "users)") from None
     except (config.ConfigException, OSError, ValueError) as exc:
-        where = choice.files[0] if choice.files else choice.source
-        raise KubeconfigError(where, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        raise KubeconfigError(_where(choice), _first_line(exc)) from None
+
+
+def _where(choice: KubeconfigChoice) -> str:
+    return choice.files[0] if choice.files else choice.source
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) if str(exc) else type(exc).__name__

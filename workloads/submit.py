@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import yaml
 
@@ -45,7 +45,7 @@ from workloads.jobspec import (
     load_job_file,
     render_job,
 )
-from workloads.kubeconfig import KubeconfigError, load_kubernetes_config, resolve_kubeconfig
+from workloads.kubeconfig import KubeconfigError, check_stack_name, load_kubernetes_config, resolve_kubeconfig
 from workloads.progress import MetricsParseError, Progress, Snapshot, parse_metrics, progress, progress_line, snapshot
 
 Phase = Literal["Suspended", "Pending", "Staging", "Running", "Succeeded", "Failed"]
@@ -388,8 +388,16 @@ def _read_job(batch: Any, namespace: str, name: str) -> dict[str, Any]:
         raise UsageError(f"job/{name}", why) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments (subcommands' too: they share this class) are one `error: arguments: ...` line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: arguments: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m workloads.submit", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="python -m workloads.submit", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", help="the stack: its kubeconfig (make kubeconfig STACK=S) and its jobFacts")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the stack's, else KUBECONFIG, else "
                                              "~/.kube/config)")
@@ -618,6 +626,8 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.stack is not None:  # it names files (~/.kube/ml-<stack>) and the Pulumi stack read for facts
+            check_stack_name(args.stack)
         return _run(args)
     except (JobSpecError, UsageError, KubeconfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -47,11 +47,13 @@ class MonitoringConfig(StrictModel):
     enabled: bool = False
     mode: Literal["in-cluster", "remote-write"] = "in-cluster"
     namespace: DnsLabel = "monitoring"
-    chart_version: str = Field(default="88.5.3", description="kube-prometheus-stack chart")
+    chart_version: str = Field(default="88.5.3", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
+                               description="kube-prometheus-stack chart (an exact version: the chart is pinned)")
     scrape_interval: str = "15s"
     retention: str = Field(default="15d", description="how long Prometheus keeps samples")
     storage_size: Quantity = Field(default="50Gi", description="Prometheus' volume (gp3 on EKS)")
-    storage_class: str | None = Field(default=None, description="None: the cluster's default class")
+    storage_class: str | None = Field(default=None, max_length=253, description="None: the cluster's default class",
+                                      pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     grafana: bool = Field(default=True, description="Grafana with the dashboard (in-cluster mode)")
     remote_write: RemoteWriteConfig | None = None
     alerts: AlertThresholds = Field(default_factory=AlertThresholds)
@@ -61,6 +63,8 @@ class MonitoringConfig(StrictModel):
     def _duration(cls, value: str) -> str:
         if not _DURATION.match(value):
             raise ValueError(f"{value!r} is not a Prometheus duration (e.g. 15s, 12h, 15d)")
+        if not any(int(number) for number in re.findall(r"[0-9]+", value)):
+            raise ValueError(f"{value!r}: must be longer than 0 (Prometheus refuses a zero interval or retention)")
         return value
 
     @model_validator(mode="after")

@@ -337,9 +337,19 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
     problems += unused_secret_problems(config, [key for key in raw if key in secret])
     if config.cluster is not None:  # the deploy workflow's runner must reach the API server
         problems += reachability_problems(config.cluster, config.deploy)
+    problems += zone_region_problems(config)
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def zone_region_problems(config: StackConfig) -> list[tuple[str, str]]:
+    """Availability zones of another region than aws:region (us-east-1a in eu-west-1) cannot hold its subnets."""
+    if config.region is None or config.network is None or config.network.create is None:
+        return []
+    return [(f"network.create.availabilityZones.{index}", f"{zone} is not a zone of aws:region {config.region}")
+            for index, zone in enumerate(config.network.create.availability_zones)
+            if not re.fullmatch(re.escape(config.region) + r"[a-z]", zone)]
 
 
 def unused_secret_problems(config: StackConfig, secret_keys: Iterable[str]) -> list[tuple[str, str]]:

@@ -305,3 +305,26 @@ def test_eks_addon_node_daemonsets_keep_their_tolerate_everything_defaults(
     addons = [r for r in plan["resources"] if r["type"] == "aws:eks/addon:Addon"]
     for addon in addons:
         assert "configurationValues" not in addon["inputs"], addon["name"]
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b"[1, 2]", "not a plan document (no resources list)"),
+    (b'{"stack": "dev", "resources": [1]}', "resources[0]: not a resource (a mapping with type and name)"),
+    (b'{"resources": []}', "names no stack: pass --kubernetes-version"),
+    (b'{"stack": "../x", "resources": []}', "'../x' is not a valid stack name"),
+    (b"\xff\xfe", "is not UTF-8 text"),
+])
+def test_a_plan_that_is_no_plan_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  content: bytes, why: str) -> None:
+    path = tmp_path / "plan.json"
+    path.write_bytes(content)
+    assert render_charts.main(["--plan", str(path), "--charts", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {why}") and err.count("\n") == 1, err
+
+
+def test_bad_arguments_are_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        render_charts.main(["--plan", "x.json"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "error: arguments: the following arguments are required: --charts\n"

@@ -44,6 +44,8 @@ def test_the_new_stack_file_plans_offline_and_a_real_run_would_accept_it(
     (["--admin-role-arn", ADMIN, "--public-access-cidr", "203.0.113.0/24", "--runner-labels", "self-hosted,vpc"],
      "error: ml-cluster:cluster.publicAccessCidrs[0]: 203.0.113.0/24 is a documentation network"),
     (["--admin-role-arn", ADMIN, "--account", "12345"], "error: arguments: --account '12345' is not a 12-digit"),
+    (["--admin-role-arn", ADMIN, "--zones", "us-east-1a,us-east-1b"],
+     "error: ml-cluster:network.create.availabilityZones[0]: us-east-1a is not a zone of aws:region eu-west-1"),
     ([], "error: arguments: the following arguments are required: --admin-role-arn"),
 ])
 def test_bad_facts_are_one_error_line_and_no_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -68,3 +70,19 @@ class _no_raise:  # noqa: N801 - used like pytest.raises
 
     def __exit__(self, *exc: object) -> bool:
         return False
+
+
+@pytest.mark.parametrize("target", ["file", "directory"])
+def test_an_unwritable_target_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                target: str) -> None:
+    if target == "file":  # --stacks-dir names a file: the directory cannot be made
+        (tmp_path / "stacks").write_text("x")
+        stacks, path = tmp_path / "stacks", tmp_path / "stacks" / "Pulumi.team.yaml"
+    else:  # the stack file's name is taken by a directory: the rename fails
+        stacks, path = tmp_path, tmp_path / "Pulumi.team.yaml"
+        path.mkdir()
+    assert new_stack(["--stack", "team", "--admin-role-arn", ADMIN, "--stacks-dir", str(stacks), "--force",
+                      *FLAGS]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["Pulumi.team.yaml" if target != "file" else "stacks"]

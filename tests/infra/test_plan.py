@@ -228,3 +228,51 @@ def test_a_job_on_a_claim_the_stack_does_not_make_stops_before_any_resource(plan
     with pytest.raises(ConfigError) as caught:
         plan_config("dev", {"ml-cluster:jobs": jobs})
     assert any("no-such-claim" in why for _, why in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize(("document", "why"), [
+    ({"stack": "dev", "resources": [1, "x"]}, "resources[0]: not a resource (a mapping with type and name)"),
+    ({"stack": "dev", "resources": [{"urn": 5}]}, "resources[0]: not a resource (a mapping with type and name)"),
+    ({"stack": "dev", "resources": [{"type": "t", "name": "n", "options": 5}]}, "resources[0].options: not a mapping"),
+    ({"stack": "staging", "resources": []}, "is a plan of stack staging, not dev"),
+])
+def test_cli_diff_refuses_a_malformed_or_foreign_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str], document: Any,
+                                                      why: str) -> None:
+    from scripts import plan as plan_cli
+
+    def no_plan(stack: str, config: Path | None = None) -> Any:
+        raise AssertionError("the old plan is checked before planning")
+
+    monkeypatch.setattr(plan_cli, "plan_stack", no_plan)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(document))
+    for extra in ([], ["--cost"]):
+        assert plan_cli.main(["--stack", "dev", "--diff", str(old), *extra]) == 2
+        assert capsys.readouterr().err == f"error: {old}: {why}\n"
+
+
+@pytest.mark.parametrize("stack", ["../x", "../stacks/Pulumi.dev", "/etc/passwd", "Dev"])
+def test_a_stack_name_with_path_characters_is_refused_before_any_file_is_read(
+        stack: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from scripts import plan as plan_cli
+    from scripts import preflight as preflight_cli
+
+    for main in (plan_cli.main, preflight_cli.main):
+        assert main(["--stack", stack]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: stack: {stack!r} is not a valid stack name") and err.count("\n") == 1, err
+
+
+def test_manifests_are_all_written_or_none(tmp_path: Path, stack_plan: Any) -> None:
+    """A target name taken by a directory stops the write before any file lands, and leaves no temporary file."""
+    from infra.planview import write_manifests
+
+    plan = stack_plan("onprem")
+    names = [path.name for path in write_manifests(plan, tmp_path / "first")]
+    target = tmp_path / "second"
+    (target / names[4]).mkdir(parents=True)
+    with pytest.raises(OSError) as caught:
+        write_manifests(plan, target)
+    assert caught.value.filename == str(target / names[4])
+    assert sorted(path.name for path in target.iterdir()) == [names[4]]

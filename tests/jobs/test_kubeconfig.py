@@ -109,3 +109,46 @@ def test_submit_with_a_stack_reads_its_facts_from_the_stack_output(tmp_path: Pat
     assert calls.read_text().split() == ["stack", "output", "jobFacts", "--json", "--stack", "dev"]
     (job,) = yaml.safe_load_all(capsys.readouterr().out)
     assert job["spec"]["template"]["spec"]["containers"][0]["image"] == f"{dev_facts().image_repository}:0.1.0"
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b"[1\n", "is not YAML: "),
+    (b"- a\n- b\n", "not a kubeconfig (a YAML mapping with clusters, contexts and users)"),
+    (b"\xff\xfe", "is not UTF-8 text"),
+    (None, "is a directory, not a kubeconfig file"),
+])
+def test_a_kubeconfig_that_is_no_kubeconfig_is_one_error_line(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              content: bytes | None, why: str) -> None:
+    from workloads.submit import main
+
+    path = home / "kc"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert main(["--kubeconfig", str(path), "status", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {why}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("stack", ["../x", "/etc/passwd", "a b", "Dev", ""])
+def test_a_stack_name_with_path_characters_is_refused(home: Path, stack: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from workloads.submit import main
+
+    with pytest.raises(KubeconfigError, match="not a valid stack name"):
+        resolve_kubeconfig(None, stack, {}, home)
+    assert main(["--stack", stack, "status", "x"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --stack: {stack!r} is not a valid stack name")
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "abc", "1e400"])
+def test_a_bad_watch_interval_is_one_error_line(interval: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from workloads.submit import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["watch", "x", "--interval", interval])
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: arguments: ") and err.count("\n") == 1, err

@@ -30,3 +30,13 @@ def test_remote_write_needs_an_https_target() -> None:
     assert "remoteWrite.url" in _problems({"enabled": True, "mode": "remote-write"})["monitoring"]
     found = _problems({"enabled": True, "mode": "remote-write", "remoteWrite": {"url": "http://amp.example"}})
     assert "https" in found["monitoring.remoteWrite.url"]
+
+
+def test_a_chart_version_storage_class_or_zero_duration_that_cannot_deploy_is_refused() -> None:
+    found = _problems({"enabled": True, "chartVersion": "../x", "storageClass": "Bad_Name/..",
+                       "scrapeInterval": "0s", "retention": "0d0h"})
+    assert set(found) == {"monitoring.chartVersion", "monitoring.storageClass", "monitoring.scrapeInterval",
+                          "monitoring.retention"}
+    assert "longer than 0" in found["monitoring.scrapeInterval"]
+    assert "latest" not in stack_values("dev").get("ml-cluster:monitoring", {}).get("chartVersion", "")
+    assert set(_problems({"enabled": True, "chartVersion": "latest"})) == {"monitoring.chartVersion"}

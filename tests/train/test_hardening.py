@@ -480,3 +480,15 @@ def test_progress_on_a_terminal_and_json_lines_on_stdout(tiny_data: dict[str, Pa
     terminal = b"".join(chunks).decode(errors="replace")
     assert "samples/s" in terminal and "loss" in terminal and "6/6" in terminal, terminal[-2000:]
     assert [_strict_json(line)["event"] for line in out.splitlines()][-1] == "done"
+
+
+@pytest.mark.parametrize("value", ["0", "300", "-1", "abc", ""])
+def test_a_config_error_exit_code_that_is_no_failure_code_falls_back_to_2(value: str,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """CONFIG_ERROR_EXIT_CODE=0 must not turn a config error into success, nor 300 into exit 44."""
+    monkeypatch.setenv("CONFIG_ERROR_EXIT_CODE", value)
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--data", "/nowhere", "--metrics-port", "abc"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "error: argument --metrics-port: not a port number: 'abc'"

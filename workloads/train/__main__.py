@@ -89,10 +89,13 @@ def _port_from_env(parser: argparse.ArgumentParser) -> int:
 
 
 def config_error_exit_code() -> int:
+    """$CONFIG_ERROR_EXIT_CODE when it is a failure code (1-255); else 2: a config error never exits 0 (success)
+    nor a code the shell wraps (300 -> 44)."""
     try:
-        return int(os.environ.get("CONFIG_ERROR_EXIT_CODE", "2"))
+        code = int(os.environ.get("CONFIG_ERROR_EXIT_CODE", "2"))
     except ValueError:
         return 2
+    return code if 1 <= code <= 255 else 2
 
 
 class _Parser(argparse.ArgumentParser):

@@ -8,7 +8,6 @@ protected (`ml-cluster:protected: true`); otherwise exit 2 with one `error: <whe
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -19,14 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent / "stacks"))
 
 from infra.policy.stackfile import PROTECTED_KEY, StackFileError, stack_file_path, stack_protected  # noqa: E402
+from workloads.cli import ArgumentParser  # noqa: E402
 
 _STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: arguments: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def destroy_refusals(stack: str, confirmation: str, stacks_dir: Path) -> list[str]:
@@ -51,7 +45,7 @@ def destroy_refusals(stack: str, confirmation: str, stacks_dir: Path) -> list[st
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(description="Refuse `pulumi destroy` unless confirmed and the stack is not protected.")
+    parser = ArgumentParser(description="Refuse `pulumi destroy` unless confirmed and the stack is not protected.")
     parser.add_argument("--stack", required=True, help="stack to destroy")
     parser.add_argument("--confirm", required=True, help="must equal --stack")
     parser.add_argument("--stacks-dir", type=Path, default=DEFAULT_STACKS_DIR)

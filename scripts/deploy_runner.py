@@ -10,7 +10,6 @@ problem), so the workflow stops before any stack is touched.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,12 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra.config import ConfigError  # noqa: E402
 from infra.config.schema import decode_config_value, parse_stack_config  # noqa: E402
 from infra.offline import load_stack_file, offline_config  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: arguments: {message}", file=sys.stderr)
-        raise SystemExit(2)
+from workloads.cli import ArgumentParser  # noqa: E402
 
 
 def runner_labels(stacks: list[str], stacks_dir: Path | None = None) -> dict[str, list[str]]:
@@ -47,7 +41,7 @@ def runner_labels(stacks: list[str], stacks_dir: Path | None = None) -> dict[str
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(description="runs-on labels per stack, from ml-cluster:deploy")
+    parser = ArgumentParser(description="runs-on labels per stack, from ml-cluster:deploy")
     parser.add_argument("stacks", nargs="+")
     parser.add_argument("--github-output", type=Path, help="append `labels=<json>` to this file")
     args = parser.parse_args(argv)

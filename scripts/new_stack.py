@@ -22,13 +22,8 @@ DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent
 
 from infra.config import ConfigError  # noqa: E402
 from infra.newstack import NewStackFacts, render_stack_file  # noqa: E402
+from workloads.cli import ArgumentParser  # noqa: E402
 from workloads.data.format import atomic_write_bytes  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: arguments: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def _csv(text: str | None) -> list[str]:
@@ -62,7 +57,7 @@ def _from_aws(args: argparse.Namespace) -> tuple[str, str, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(description="Write a new stack file from the account's facts.")
+    parser = ArgumentParser(description="Write a new stack file from the account's facts.")
     parser.add_argument("--stack", required=True, help="the new stack's name (lower-case, digits, '-')")
     parser.add_argument("--admin-role-arn", required=True, help="IAM role that administers the cluster")
     parser.add_argument("--researcher-role-arn", help="IAM role that may edit the training namespace")

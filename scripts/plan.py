@@ -14,7 +14,6 @@ arguments.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,16 +25,11 @@ from infra.config import ConfigError  # noqa: E402
 from infra.cost import PriceError, estimate, format_cost_diff, format_report, report_document  # noqa: E402
 from infra.offline import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
 from infra.planview import PlanDocumentError, diff, format_diff, load_plan_document, summary, write_manifests  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: arguments: {message}", file=sys.stderr)
-        raise SystemExit(2)
+from workloads.cli import ArgumentParser  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(description="Render a stack's plan offline (no cloud credentials needed).")
+    parser = ArgumentParser(description="Render a stack's plan offline (no cloud credentials needed).")
     parser.add_argument("--stack", required=True, help="stack name: dev, staging, prod, onprem, ...")
     parser.add_argument("--config", type=Path, help="plan this Pulumi.<stack>.yaml instead of stacks/'s")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON document")

@@ -9,7 +9,6 @@ missing or bad stack file.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -21,13 +20,8 @@ DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent
 
 from infra.policy.rules import POLICIES  # noqa: E402
 from infra.policy.stackfile import StackFileError, stack_file_path, stack_protected  # noqa: E402
+from workloads.cli import ArgumentParser  # noqa: E402
 from workloads.data.format import atomic_write_bytes  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: arguments: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def pack_config(protected: bool) -> dict[str, dict[str, bool]]:
@@ -35,7 +29,7 @@ def pack_config(protected: bool) -> dict[str, dict[str, bool]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(description="Write the policy pack config for a stack.")
+    parser = ArgumentParser(description="Write the policy pack config for a stack.")
     parser.add_argument("--stack", required=True)
     parser.add_argument("--stacks-dir", type=Path, default=DEFAULT_STACKS_DIR)
     parser.add_argument("--out", type=Path, help="write here (atomically) instead of printing")

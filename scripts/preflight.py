@@ -10,7 +10,6 @@ file or an onprem stack is an `error:` line and exit 2 too.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -20,16 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra.config import ConfigError  # noqa: E402
 from infra.offline import load_stack_file, offline_config  # noqa: E402
 from infra.preflight import FAIL, format_checks, run_preflight  # noqa: E402
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: arguments: {message}", file=sys.stderr)
-        raise SystemExit(2)
+from workloads.cli import ArgumentParser  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(description="Check an AWS account against a stack before pulumi up (read-only calls).")
+    parser = ArgumentParser(description="Check an AWS account against a stack before pulumi up (read-only calls).")
     parser.add_argument("--stack", required=True, help="stack name: dev, staging, prod, ...")
     parser.add_argument("--config", type=Path, help="check this Pulumi.<stack>.yaml instead of stacks/'s")
     parser.add_argument("--account", help="the 12-digit account the credentials must belong to")

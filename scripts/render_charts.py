@@ -17,12 +17,13 @@ strictly, against the CRDs the charts render. Output: `error: <release>: <why>` 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from workloads.cli import ArgumentParser
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -305,14 +306,8 @@ def stack_kubernetes_version(stack: str) -> str:
     raise RenderProblem(f"stacks/Pulumi.{stack}.yaml sets no kubernetesVersion")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: arguments: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def main(argv: list[str]) -> int:
-    parser = _Parser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--stack", help="plan this stack offline first (dev, staging, prod, onprem)")
     source.add_argument("--plan", type=Path, help="a plan document (scripts/plan.py --json)")

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,6 +30,7 @@ from infra.storage.verify import (  # noqa: E402
     render_table,
     storage_outputs,
 )
+from workloads.cli import ArgumentParser  # noqa: E402
 from workloads.kubeconfig import KubeconfigError, load_kubernetes_config, resolve_kubeconfig  # noqa: E402
 
 
@@ -68,14 +69,8 @@ def read_outputs(args: argparse.Namespace) -> dict[str, Any]:
     return outputs
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"error: arguments: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stack", help="the Pulumi stack: its outputs (unless --outputs) and its kubeconfig")
     parser.add_argument("--outputs", help="read the outputs from this JSON file ('-' for stdin)")
     parser.add_argument("--region", help="AWS region (default: the stack output `region`)")

@@ -32,10 +32,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 import yaml
 
+from workloads.cli import ArgumentParser
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
 from workloads.jobspec import (
     CONFIG_ERROR_EXIT_CODE,
@@ -388,16 +389,8 @@ def _read_job(batch: Any, namespace: str, name: str) -> dict[str, Any]:
         raise UsageError(f"job/{name}", why) from None
 
 
-class _Parser(argparse.ArgumentParser):
-    """Bad arguments (subcommands' too: they share this class) are one `error: arguments: ...` line, exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: arguments: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m workloads.submit", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m workloads.submit", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", help="the stack: its kubeconfig (make kubeconfig STACK=S) and its jobFacts")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the stack's, else KUBECONFIG, else "
                                              "~/.kube/config)")

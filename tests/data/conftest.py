@@ -4,34 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.data.helpers import write_corpus
+from tests.moto_server import moto_server
 from workloads.data.pack import PackOptions, pack
 from workloads.data.s3 import make_client
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def moto_port() -> Iterator[int]:
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield port
-    server.stop()
+    with moto_server() as url:
+        yield int(url.rsplit(":", 1)[1])
 
 
 @pytest.fixture

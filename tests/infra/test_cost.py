@@ -4,7 +4,6 @@ the committed fixture offline and from a stub Price List API over HTTP (boto3 un
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from infra.cost import (
     GB_PER_GIB,
@@ -33,6 +31,7 @@ from infra.cost import (
 from infra.prices import FIXTURE, aws_prices, fixture_prices
 from scripts import plan as plan_cli
 from tests.awsstub import AwsStub
+from tests.moto_server import moto_server
 
 PlanGetter = Callable[[str], dict[str, Any]]
 
@@ -211,13 +210,7 @@ def test_real_runs_read_spot_history_over_http(monkeypatch: pytest.MonkeyPatch) 
     for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                        ("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")):
         monkeypatch.setenv(key, value)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
+    with moto_server() as url:
         spot = spot_query("us-east-1", "p4d.24xlarge", ["us-east-1a", "us-east-1b"])
         now = datetime(2026, 11, 2, tzinfo=UTC)
         prices = aws_prices([spot], lambda service, region: boto3.client(service, region_name=region,
@@ -227,8 +220,6 @@ def test_real_runs_read_spot_history_over_http(monkeypatch: pytest.MonkeyPatch) 
         with pytest.raises(PriceError, match="no Spot price for p4d.24xlarge in us-east-1z"):
             aws_prices([missing], lambda service, region: boto3.client(service, region_name=region,
                                                                        endpoint_url=url), now=lambda: now)
-    finally:
-        server.stop()
 
 
 def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path: Path,

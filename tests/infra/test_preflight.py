@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ import boto3
 import pytest
 import requests
 import yaml
-from moto.server import ThreadedMotoServer
 
 from infra.config.schema import StackConfig, decode_config_value, parse_stack_config
 from infra.offline import STACKS_DIR
@@ -37,30 +35,20 @@ from infra.preflight import (
 )
 from scripts import preflight as preflight_cli
 from tests.awsstub import AwsStub
+from tests.moto_server import moto_server
 
 MOTO_ACCOUNT = "123456789012"  # moto's default account
 QUOTA_TARGET = "ServiceQuotasV20190624.GetServiceQuota"
 DEFAULT_QUOTA_TARGET = "ServiceQuotasV20190624.GetAWSDefaultServiceQuota"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    port = free_port()
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # preflight reads no AMIs; loading them costs seconds
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            server.stop()
+        with moto_server() as url:
+            yield url
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,30 +13,19 @@ import boto3
 import pytest
 import requests
 from botocore.exceptions import ClientError
-from moto.server import ThreadedMotoServer
 
 from infra.storage.verify import aws_checks
 from scripts.verify_stack import main as verify_main
+from tests.moto_server import moto_server
 
 REGION = "us-east-1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.moto_server import moto_server
 from tests.train.test_train import _events, _train_here
 from workloads.data.s3 import make_client
 from workloads.train.checkpoint import CHECKPOINT_NAME, CheckpointMirror, load_checkpoint
@@ -16,15 +17,8 @@ from workloads.train.checkpoint import CHECKPOINT_NAME, CheckpointMirror, load_c
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture

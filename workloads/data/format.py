@@ -19,10 +19,10 @@ Shard attributes: format = FORMAT_NAME, format_version = FORMAT_VERSION, layout.
 Global sample order: shards in manifest order, samples in file order. Pack sorts by (class, relative path), then
 applies the seeded permutation recorded as `shuffle_seed` (None: sorted order), so shards mix all classes.
 
-Rolling-window staging (stage --window) agrees with the reader through two small JSON files in DEST/.window/,
-each written by exactly one side with an atomic rename:
-    stager.json  {"order": [shard paths in read order], "ready": [paths fully present and verified], "done": bool}
-    reader.json  {"consumed": [shard paths the reader has finished with]}
+The staging cache (stage, see workloads/data/cache.py) agrees with the reader through two small JSON files in
+DEST/.cache/, each written by exactly one side with an atomic rename:
+    stager.json  {"budget": bytes | null, "ready": [paths present and verified now], "done": bool, "error": ...}
+    plan.json    {"order": [the node's next shards, in order of first use], "done": bool}
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 FORMAT_NAME: Literal["ml-cluster-hdf5"] = "ml-cluster-hdf5"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-WINDOW_DIR = ".window"
+CACHE_DIR = ".cache"
 STAGER_STATE = "stager.json"
-READER_STATE = "reader.json"
+PLAN_STATE = "plan.json"
 
 Layout = Literal["decoded", "encoded"]
 MAX_IMAGE_SIZE = 8192  # decoded side in pixels: 8192 x 8192 x 3 is 192 MiB per sample already
@@ -49,7 +49,7 @@ MAX_IMAGE_SIZE = 8192  # decoded side in pixels: 8192 x 8192 x 3 is 192 MiB per 
 # A manifest is untrusted input (it may come from a bucket anyone could write): every name it gives must be a plain
 # file name inside the dataset directory. Checked here, once, for pack, verify, upload, stage and the Dataset.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
-_RESERVED_NAMES = {MANIFEST_NAME, WINDOW_DIR, "pack-report.json"}
+_RESERVED_NAMES = {MANIFEST_NAME, CACHE_DIR, "pack-report.json"}
 
 
 def check_file_name(name: str) -> str:

@@ -32,7 +32,7 @@ import torch
 from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
 from workloads.data.pack import PackOptions, pack
 from workloads.data.s3 import S3Uri, make_client
-from workloads.data.sampler import BlockShuffleBatchSampler
+from workloads.data.sampler import ElasticBatchSampler
 from workloads.data.stage import StageOptions, stage
 from workloads.data.transforms import decode_bytes, decode_file
 from workloads.data.upload import UploadOptions, upload
@@ -120,7 +120,7 @@ def ours(ctx: Context) -> Measured:
     dest = ctx.local / "staged"
     stage(make_client(ctx.endpoint, 16), S3Uri(ctx.bucket, "ours"), dest, StageOptions(workers=16, progress=False))
     dataset = HDF5Dataset(dest, image_size=ctx.size if ctx.layout == "encoded" else None)
-    sampler = BlockShuffleBatchSampler(len(dataset), BATCH, block_size=32, seed=0)
+    sampler = ElasticBatchSampler(dataset.shard_sizes, BATCH, seed=0)
     loader = make_loader(dataset, sampler, workers=WORKERS, persistent_workers=True)
 
     def epoch(number: int) -> Iterator[Any]:

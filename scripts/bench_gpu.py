@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors  # noqa: E402
-from workloads.data.sampler import BlockShuffleBatchSampler  # noqa: E402
+from workloads.data.sampler import ElasticBatchSampler  # noqa: E402
 from workloads.data.transforms import random_resized_crop_flip_normalize  # noqa: E402
 from workloads.train.models import MODELS  # noqa: E402
 
@@ -85,7 +85,7 @@ def synthetic_rate(step: Step, batch: int, size: int, steps: int, warmup: int) -
 
 def loader_rate(step: Step, dataset: HDF5Dataset, batch: int, workers: int, steps: int, warmup: int) -> dict:
     device = step.device
-    sampler = BlockShuffleBatchSampler(len(dataset), batch, block_size=32, seed=0)
+    sampler = ElasticBatchSampler(getattr(dataset, "shard_sizes", [len(dataset)]), batch, seed=0)
     loader = make_loader(
         dataset, sampler, workers=workers, prefetch_factor=4, persistent_workers=True, pin_memory=device.type == "cuda"
     )

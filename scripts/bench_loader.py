@@ -37,7 +37,7 @@ from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, 
 from workloads.data.format import atomic_write_bytes  # noqa: E402
 from workloads.data.jpeg import fast_decoder_available  # noqa: E402
 from workloads.data.pack import PackOptions, pack  # noqa: E402
-from workloads.data.sampler import BlockShuffleBatchSampler  # noqa: E402
+from workloads.data.sampler import ElasticBatchSampler  # noqa: E402
 from workloads.data.transforms import decode_bytes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,7 +106,7 @@ def webdataset_loader(urls: list[str], size: int, draft: bool, workers: int) -> 
 
 
 def map_loader(dataset: Any, workers: int) -> Iterable[Any]:
-    sampler = BlockShuffleBatchSampler(len(dataset), BATCH, block_size=32, seed=0)
+    sampler = ElasticBatchSampler(getattr(dataset, "shard_sizes", [len(dataset)]), BATCH, seed=0)
     return make_loader(dataset, sampler, workers=workers, persistent_workers=True)
 
 

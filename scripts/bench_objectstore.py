@@ -39,7 +39,7 @@ from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, 
 from workloads.data.format import atomic_write_bytes  # noqa: E402
 from workloads.data.pack import PackOptions, pack  # noqa: E402
 from workloads.data.s3 import S3Uri, make_client  # noqa: E402
-from workloads.data.sampler import BlockShuffleBatchSampler  # noqa: E402
+from workloads.data.sampler import ElasticBatchSampler  # noqa: E402
 from workloads.data.stage import StageOptions, stage  # noqa: E402
 from workloads.data.upload import UploadOptions, upload  # noqa: E402
 
@@ -83,7 +83,7 @@ def s3fs_mount(bucket: str, endpoint: str, mountpoint: Path, workdir: Path) -> I
             print(f"warning: {mountpoint}: still mounted; run fusermount -u {mountpoint}", file=sys.stderr)
 
 
-def epoch_times(loader: Iterable[Any], sampler: BlockShuffleBatchSampler, epochs: int) -> list[float]:
+def epoch_times(loader: Iterable[Any], sampler: ElasticBatchSampler, epochs: int) -> list[float]:
     """Wall time of each full epoch, worker start-up included only in the first (as a training run sees it)."""
     times = []
     for epoch in range(epochs):
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             dataset = JpegFolderDataset(mountpoint / "jpegs", image_size=args.size)
             if len(dataset) != args.images:
                 raise BenchError(f"{mountpoint}: s3fs lists {len(dataset)} images, uploaded {args.images}")
-            sampler = BlockShuffleBatchSampler(len(dataset), BATCH, block_size=1, seed=0)
+            sampler = ElasticBatchSampler([len(dataset)], BATCH, seed=0)
             loader = make_loader(dataset, sampler, workers=args.workers, persistent_workers=True)
             s3fs_epochs = epoch_times(loader, sampler, args.epochs)
             del loader
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         stage(make_client(endpoint, 16), S3Uri(BUCKET, "packed"), dest, StageOptions(workers=16, progress=False))
         staging_s = time.perf_counter() - started
         dataset_h5 = HDF5Dataset(dest, image_size=args.size if args.layout == "encoded" else None)
-        sampler = BlockShuffleBatchSampler(len(dataset_h5), BATCH, block_size=32, seed=0)
+        sampler = ElasticBatchSampler(dataset_h5.shard_sizes, BATCH, seed=0)
         loader = make_loader(dataset_h5, sampler, workers=args.workers, persistent_workers=True)
         staged_epochs = epoch_times(loader, sampler, args.epochs)
         del loader

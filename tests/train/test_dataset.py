@@ -19,15 +19,15 @@ from workloads.data.dataset import (
     make_loader,
     to_tensors,
 )
-from workloads.data.sampler import BlockShuffleBatchSampler
+from workloads.data.sampler import ElasticBatchSampler
 from workloads.data.transforms import decode_file
 
 
 def _epoch(dataset, workers: int, context: str | None = None, transport: str = "shm") -> tuple[np.ndarray, np.ndarray]:
-    sampler = BlockShuffleBatchSampler(len(dataset), 8, block_size=4, seed=3)
+    sampler = ElasticBatchSampler([len(dataset)], 8, block_size=4, seed=3)
     loader = make_loader(dataset, sampler, workers=workers, multiprocessing_context=context, transport=transport)
     images, labels = zip(*(to_tensors(batch) for batch in loader), strict=True)
-    order = sampler.rank_indices()
+    order = sampler.epoch_order()
     return torch.cat(images).numpy(), torch.cat(labels).numpy(), order
 
 
@@ -100,7 +100,7 @@ def test_folder_baseline_matches_encoded_shards_with_the_same_decode(tiny_data: 
 
 def test_shm_transport_shares_and_pipe_transport_does_not(tiny_data: dict[str, Path]) -> None:
     dataset = HDF5Dataset(tiny_data["decoded"])
-    sampler = BlockShuffleBatchSampler(len(dataset), 8)
+    sampler = ElasticBatchSampler([len(dataset)], 8)
     shm_batch = next(iter(make_loader(dataset, sampler, workers=1, multiprocessing_context="fork")))
     assert isinstance(shm_batch[0], torch.Tensor) and shm_batch[0].is_shared()
     pipe_batch = next(iter(make_loader(dataset, sampler, workers=1, multiprocessing_context="fork", transport="pipe")))

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
-from workloads.data.sampler import BlockShuffleBatchSampler
+from workloads.data.sampler import ElasticBatchSampler
 
 WORLD = 2
 
@@ -23,7 +23,7 @@ def _rank(rank: int, port: int, data: str, results: dict) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
         dataset = HDF5Dataset(data)
-        sampler = BlockShuffleBatchSampler(len(dataset), 4, block_size=3, seed=11, rank=rank, world_size=WORLD)
+        sampler = ElasticBatchSampler(dataset.shard_sizes, 4, block_size=3, seed=11, rank=rank, world_size=WORLD)
         sampler.set_epoch(1)
         seen = []
         for batch in make_loader(dataset, sampler, workers=0):

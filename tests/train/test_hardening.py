@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.train.test_train import REPO, TINY_RUN, _env, _events, _train_here
+from tests.train.test_train import REPO, TINY_RUN, _env, _events, _train, _train_here
 from workloads.data.format import load_manifest, write_manifest
 from workloads.train.__main__ import main, parse_args
 from workloads.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
@@ -241,22 +241,51 @@ def _rewrite(directory: Path, change) -> None:  # noqa: ANN001
     save_checkpoint(directory, state)
 
 
-def test_resume_with_another_batch_size_mid_epoch_is_refused(
+def test_a_mid_epoch_checkpoint_without_the_loader_position_is_refused(
     finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     directory = _copy(finished, tmp_path / "ckpt")
 
-    def mid_epoch(state: dict) -> None:
-        state["epoch"], state["batch"] = 0, 2  # 16 of 42 samples done with --batch-size 8
+    def older_trainer_mid_epoch(state: dict) -> None:
+        state["epoch"], state["batch"] = 0, 2  # what a trainer that replayed by batch index wrote
+        state.pop("loader", None)
 
-    _rewrite(directory, mid_epoch)
+    _rewrite(directory, older_trainer_mid_epoch)
     args = _resume(tiny_data["decoded"], directory)
     args[args.index("--epochs") + 1] = "1"
-    args += ["--batch-size", "16"]
     assert _main_code(args, monkeypatch) == CODE
     err = capsys.readouterr().err
-    assert "--batch-size" in err and "8" in err and err.count("\n") == 1
+    assert "--resume" in err and "mid-epoch" in err and "older trainer" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("change", "value"), [("--seed", "5"), ("--shuffle-shards", "1"), ("--block-size", "4")])
+def test_resume_mid_epoch_with_another_order_is_refused(
+    tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    change: str, value: str,
+) -> None:
+    directory = tmp_path / "ckpt"
+    args = ["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0", "--checkpoint-dir", str(directory),
+            "--checkpoint-every", "2", "--stop-after-steps", "3"]
+    _train(args, expect=-9)
+    resumed = [*args[:-2], "--resume", change, value]
+    assert _main_code(resumed, monkeypatch) == CODE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {change}: ") and "mid-epoch" in err and err.count("\n") == 1
+
+
+def test_resume_mid_epoch_with_another_batch_size_trains_exactly_the_rest(
+    tiny_data: dict[str, Path], tmp_path: Path
+) -> None:
+    directory = tmp_path / "ckpt"
+    common = ["--data", str(tiny_data["decoded"]), "--epochs", "2", "--workers", "0", "--checkpoint-dir",
+              str(directory)]
+    # --batch-size 8 (TINY_RUN): killed after step 3, the last checkpoint is after step 2 (16 of 42 samples).
+    _train([*common, "--checkpoint-every", "2", "--stop-after-steps", "3"], expect=-9)
+    lines = _train_here([*common, "--resume", "--batch-size", "6"])
+    epochs = _events(lines, "epoch")
+    assert [(e["epoch"], e["samples"]) for e in epochs] == [(0, 42 - 16), (1, 42)]
+    assert epochs[0]["batches"] == 5  # 26 samples in batches of 6: 4 full ones and 2 left over
 
 
 def test_resume_with_another_batch_size_at_an_epoch_boundary_is_exact(

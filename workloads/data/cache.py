@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from workloads.data.format import CACHE_DIR, PLAN_STATE, STAGER_STATE, atomic_write_bytes
 
@@ -163,3 +164,50 @@ class CacheReader:
 
     def write_plan(self, order: Sequence[str], done: bool = False) -> None:
         write_plan(self.dest, Plan(order=list(order), done=done))
+
+
+class NodeOrder(Protocol):
+    """What the feeder needs from the sampler (workloads/data/sampler.py ElasticBatchSampler)."""
+
+    def node_shards(self, from_batch: int = 0) -> tuple[list[int], list[int]]: ...
+
+    def next_epoch_shards(self) -> list[int]: ...
+
+
+class CacheFeeder:
+    """Keeps a node's plan up to date as training advances; run by one process per node (local rank 0).
+
+    Ranks step together (DDP all-reduces every step), so once this rank has finished batch k every rank of the node
+    has loaded its batch k: a shard whose last use is batch k is no longer needed this epoch. The plan is the
+    node's remaining shards of this epoch in order of first use, then the next epoch's, so the stager fetches
+    across the epoch boundary and keeps the shards both epochs share.
+    """
+
+    def __init__(self, reader: CacheReader, shard_names: Sequence[str], order: NodeOrder) -> None:
+        self.reader = reader
+        self.shard_names = list(shard_names)
+        self.order = order
+        self._current: list[int] = []
+        self._last_use: list[int] = []
+        self._next: list[int] = []
+        self._written: list[str] | None = None
+
+    def start_epoch(self, last_epoch: bool) -> None:
+        """Call after the sampler is positioned (set_epoch or load_state_dict), before iterating."""
+        self._current, self._last_use = self.order.node_shards()
+        self._next = [] if last_epoch else self.order.next_epoch_shards()
+        self.advance(0)
+
+    def advance(self, batches_done: int) -> None:
+        """`batches_done` batches of the current iteration are finished on this node."""
+        remaining = [s for s, last in zip(self._current, self._last_use, strict=True) if last >= batches_done]
+        seen = set(remaining)
+        order = [self.shard_names[s] for s in [*remaining, *(s for s in self._next if s not in seen)]]
+        if order != self._written:
+            self.reader.write_plan(order)
+            self._written = order
+
+    def finish(self) -> None:
+        """Nothing more will be read: the stager may stop (or, lingering, keep what it has)."""
+        self.reader.write_plan([], done=True)
+        self._written = []

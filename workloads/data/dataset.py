@@ -27,18 +27,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
+from workloads.data.cache import CacheReader, CacheStagerError, is_cached
 from workloads.data.format import (
     FORMAT_NAME,
     MANIFEST_NAME,
-    STAGER_STATE,
-    WINDOW_DIR,
     Manifest,
     load_manifest,
     manifest_error,
 )
 from workloads.data.jpeg import decode_into
 from workloads.data.transforms import decode_file
-from workloads.data.window import WindowReader, WindowStagerError, read_consumed
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Transport = Literal["shm", "pipe"]
@@ -65,6 +63,14 @@ def to_tensors(batch: Any) -> Batch:
     copied)."""
     images, labels = batch
     return torch.as_tensor(images), torch.as_tensor(labels)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `fd` is still the file at `path` (an evicted shard fetched again is a new file)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def contiguous_runs(indices: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -142,14 +148,9 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         self.fast_decode = fast_decode
         self.transport: Transport = "shm"
         self.shard_paths = [self.root / shard.path for shard in self.manifest.shards]
-        # A rolling-window stager fills this directory while we read: wait for each shard, in its order.
-        self.window = WindowReader(self.root) if (self.root / WINDOW_DIR / STAGER_STATE).exists() else None
+        # A staging cache fills this directory while we read (and may evict shards we are done with): wait for each.
+        self.cache = CacheReader(self.root) if is_cached(self.root) else None
         self.shard_wait_s = shard_wait_s
-        if self.window is not None:
-            order = self.window.order()
-            if order and order != [shard.path for shard in self.manifest.shards]:
-                state = self.root / WINDOW_DIR / STAGER_STATE
-                raise DatasetError(f"{state}: staging order differs from the manifest's shard order")
         self.shard_starts = [shard.first_index for shard in self.manifest.shards]
         self.shard_sizes = [shard.num_samples for shard in self.manifest.shards]
         self._owner_pid: int | None = None
@@ -185,27 +186,33 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             self._owner_pid = os.getpid()
         shard = self._open.get(shard_index)
         if shard is None:
-            if self.window is not None:
-                self._close_consumed()
+            if self.cache is not None:
+                self._close_evicted()
             shard = self._open_shard(shard_index)
             self._open[shard_index] = shard
         return shard
 
-    def _close_consumed(self) -> None:
-        """Close shards the trainer has released: the stager deletes them, and an open descriptor would keep
-        their blocks allocated on the node's disk, past the window's budget."""
-        consumed = read_consumed(self.root)
-        for index in [index for index in self._open if self.manifest.shards[index].path in consumed]:
+    def _close_evicted(self) -> None:
+        """Close shards the cache has evicted: an open descriptor would keep their blocks allocated on the node's
+        disk, past the cache's budget (and a shard fetched again is a new file)."""
+        assert self.cache is not None
+        try:
+            ready = self.cache.ready()
+        except ValueError as exc:
+            raise DatasetError(str(exc)) from exc
+        stale = [index for index, shard in self._open.items()
+                 if self.manifest.shards[index].path not in ready or not _same_file(shard.fd, self.shard_paths[index])]
+        for index in stale:
             shard = self._open.pop(index)
             os.close(shard.fd)
             shard.file.close()
 
     def _open_shard(self, shard_index: int) -> _OpenShard:
         path = self.shard_paths[shard_index]
-        if self.window is not None:
+        if self.cache is not None:
             try:
-                self.window.wait_ready(self.manifest.shards[shard_index].path, timeout=self.shard_wait_s)
-            except (TimeoutError, WindowStagerError, ValueError) as exc:
+                self.cache.wait_ready(self.manifest.shards[shard_index].path, timeout=self.shard_wait_s)
+            except (TimeoutError, CacheStagerError, ValueError) as exc:
                 raise DatasetError(f"{path}: {exc}") from exc
         try:
             handle = h5py.File(path, "r")

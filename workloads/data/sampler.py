@@ -1,145 +1,286 @@
-"""Block-shuffle batch sampler: random order at the granularity of blocks of consecutive samples.
+"""The epoch's sample order: global, cache-friendly, the same for any number of nodes, ranks and workers.
 
-Reading consecutive samples is what makes packed shards fast (one read per run), while shuffling blocks keeps
-batches mixed. Each epoch's order is a pure function of (seed, epoch), so every rank computes the same order and
-takes its own disjoint share, and a run can resume mid-epoch by skipping the batches it has already consumed.
+An epoch's order is a pure function of (seed, epoch) and the dataset's shard sizes, built in three steps:
 
-Rolling-window datasets (staged a few shards at a time, see workloads/data/window.py) are read window by
-window: `shard_sizes` + `window_shards` split the dataset into windows of consecutive shards, blocks are
-shuffled within each window, every rank takes its share of each window in turn, and `window_end_batches` says
-after which batch a window is finished, so its shards can be released.
+1. Shards are permuted (seeded by seed and epoch), and their samples laid end to end in that order.
+2. That sequence is cut into `canonical_nodes` contiguous, near-equal streams. A node reads only its own streams,
+   so it needs only the shards those streams cover (a shard on a cut is read by both neighbours).
+3. Each stream is split into spans of `shuffle_shards` consecutive shards, and the samples of each span are
+   shuffled (one by one, or in blocks of `block_size` consecutive samples whose boundaries move every epoch). The
+   reader therefore works on a few shards at a time, which is what lets a bounded staging cache fetch them in
+   order, while two samples of one shard land in the same batch no more often than chance within the span.
+
+Training consumes the streams in steps: a global batch of `batch_size * world_size` samples takes its share from
+every stream (near-equal chunks), and is split into `world_size` contiguous pieces, one per rank; ranks of one node
+are consecutive, so with `canonical_nodes` a multiple of the node count each node's pieces come from its own
+streams. The concatenation of every step's global batch (the epoch order) depends on the global batch size but not
+on how it is split: 1, 2 or 4 nodes of any ranks and any number of DataLoader workers (they only load the batches
+this sampler yields) see the same order. Every sample is seen exactly once per epoch: nothing is padded or
+dropped; the last step is smaller (merged into the step before when it would leave a rank without a sample).
+
+Resume is sample-exact: `state_dict(batches)` records how far each stream has been consumed, and
+`load_state_dict` continues from there, even with another world size or batch size (the remaining samples are
+exactly those not yet seen).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
+STATE_VERSION = 1
 
-class BlockShuffleBatchSampler(Sampler[list[int]]):
-    """Yields this rank's batches (lists of sample indices) for the current epoch.
 
-    Within each window (the whole dataset unless windowed), the order is the window's blocks of `block_size`
-    consecutive samples in a seeded random order. Ranks get contiguous, disjoint slices of equal length of each
-    window; like DistributedSampler, a window's order is padded with its own head when it does not divide
-    evenly (drop_last=False), or truncated (drop_last=True). Batches never span two windows.
-    """
+@dataclass(frozen=True)
+class OrderConfig:
+    """What fixes an epoch's order (besides the global batch size, which only changes how it is stepped)."""
+
+    seed: int = 0
+    shuffle: bool = True
+    shuffle_shards: int = 4
+    block_size: int = 1
+    canonical_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class _Step:
+    batch: np.ndarray  # the global batch's sample indices, in order
+    offsets: tuple[int, ...]  # how far each stream has been consumed after this step
+    stream_ends: tuple[int, ...] | None  # where each stream's part of `batch` ends; None once merged
+
+
+class ElasticBatchSampler(Sampler[list[int]]):
+    """Yields this rank's batches (lists of sample indices) for the current epoch, from the current position."""
 
     def __init__(
         self,
-        num_samples: int,
+        shard_sizes: Sequence[int],
         batch_size: int,
         *,
-        block_size: int = 32,
         seed: int = 0,
         shuffle: bool = True,
+        shuffle_shards: int = 4,
+        block_size: int = 1,
+        canonical_nodes: int = 1,
         rank: int = 0,
         world_size: int = 1,
-        drop_last: bool = False,
-        shard_sizes: Sequence[int] | None = None,
-        window_shards: int | None = None,
+        local_world_size: int | None = None,
     ) -> None:
-        if num_samples <= 0:
-            raise ValueError(f"num_samples: must be positive, got {num_samples}")
-        if batch_size <= 0 or block_size <= 0:
-            raise ValueError(f"batch_size/block_size: must be positive, got {batch_size}/{block_size}")
+        sizes = [int(size) for size in shard_sizes]
+        if not sizes or min(sizes) < 0 or sum(sizes) <= 0:
+            raise ValueError(f"shard_sizes: must be non-negative and add up to a positive count, got {sizes[:8]}")
+        for name, value in (("batch_size", batch_size), ("shuffle_shards", shuffle_shards),
+                            ("block_size", block_size), ("canonical_nodes", canonical_nodes),
+                            ("world_size", world_size)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank: {rank} not in [0, {world_size})")
-        self.windows = _windows(num_samples, shard_sizes, window_shards)
-        if drop_last and min(end - start for start, end in self.windows) < world_size:
-            raise ValueError(f"num_samples: a window has fewer samples than the {world_size} ranks")
-        self.num_samples = num_samples
+        local = local_world_size or world_size
+        if local <= 0 or world_size % local:
+            raise ValueError(f"local_world_size: {local} does not divide the world size {world_size}")
+        if sum(sizes) < world_size:
+            raise ValueError(f"shard_sizes: {sum(sizes)} samples cannot give each of {world_size} ranks one")
+        if batch_size * world_size < canonical_nodes:
+            raise ValueError(f"canonical_nodes: {canonical_nodes} streams need a global batch of at least as many "
+                             f"samples, got {batch_size} x {world_size} ranks")
+        self.shard_sizes = sizes
+        self.shard_starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.num_samples = int(sum(sizes))
         self.batch_size = batch_size
-        self.block_size = block_size
-        self.seed = seed
-        self.shuffle = shuffle
         self.rank = rank
         self.world_size = world_size
-        self.drop_last = drop_last
+        self.local_world_size = local
+        self.order = OrderConfig(seed=seed, shuffle=shuffle, shuffle_shards=shuffle_shards,
+                                 block_size=block_size, canonical_nodes=canonical_nodes)
         self.epoch = 0
-        self.start_batch = 0
+        self.start: tuple[int, ...] | None = None  # stream offsets to continue from; None: the epoch's start
+        self._steps_cache: tuple[Any, list[_Step]] | None = None
 
-    def _share_size(self, window_samples: int) -> int:
-        if self.drop_last:
-            return window_samples // self.world_size
-        return math.ceil(window_samples / self.world_size)
+    # -- the order ----------------------------------------------------------------------------------------------
+    @property
+    def canonical_nodes(self) -> int:
+        return self.order.canonical_nodes
+
+    def set_canonical_nodes(self, canonical_nodes: int) -> None:
+        """Use another stream count (a resumed run keeps the one its order was made with)."""
+        if not isinstance(canonical_nodes, int) or not 0 < canonical_nodes <= self.batch_size * self.world_size:
+            raise ValueError(f"canonical_nodes: must be in [1, {self.batch_size * self.world_size}] (the global "
+                             f"batch), got {canonical_nodes!r}")
+        self.order = replace(self.order, canonical_nodes=canonical_nodes)
 
     @property
-    def samples_per_rank(self) -> int:
-        return sum(self._share_size(end - start) for start, end in self.windows)
+    def node(self) -> int:
+        return self.rank // self.local_world_size
 
-    @property
-    def window_end_batches(self) -> list[int]:
-        """For each window, the number of this epoch's batches after which it is finished (on every rank)."""
-        ends, total = [], 0
-        for start, end in self.windows:
-            total += math.ceil(self._share_size(end - start) / self.batch_size)
-            ends.append(total)
-        return ends
+    def streams(self, epoch: int) -> list[np.ndarray]:
+        """Each canonical stream's samples for `epoch`, in reading order."""
+        order = self.order
+        shard_order = (np.random.default_rng([order.seed, epoch]).permutation(len(self.shard_sizes))
+                       if order.shuffle else np.arange(len(self.shard_sizes)))
+        sequence = np.concatenate([np.arange(self.shard_starts[s], self.shard_starts[s] + self.shard_sizes[s],
+                                             dtype=np.int64) for s in shard_order])
+        pieces = np.array_split(sequence, order.canonical_nodes)
+        return [self._shuffle_stream(piece, epoch, number) for number, piece in enumerate(pieces)]
+
+    def _shuffle_stream(self, samples: np.ndarray, epoch: int, stream: int) -> np.ndarray:
+        order = self.order
+        if not order.shuffle or len(samples) == 0:
+            return samples
+        shard_of = self.shard_of(samples)
+        segment_starts = np.concatenate([[0], np.flatnonzero(np.diff(shard_of)) + 1])
+        span_starts = segment_starts[:: order.shuffle_shards].tolist()
+        out = []
+        for number, (begin, end) in enumerate(zip(span_starts, [*span_starts[1:], len(samples)], strict=True)):
+            rng = np.random.default_rng([order.seed, epoch, stream, number])
+            span = samples[begin:end]
+            if order.block_size == 1:
+                out.append(rng.permutation(span))
+                continue
+            phase = int(rng.integers(order.block_size))  # block boundaries move every epoch
+            cuts = list(range(phase or order.block_size, len(span), order.block_size))
+            blocks = np.split(span, cuts)
+            out.extend(blocks[i] for i in rng.permutation(len(blocks)))
+        return np.concatenate(out)
+
+    def shard_of(self, samples: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.shard_starts, samples, side="right") - 1
+
+    def _steps(self) -> list[_Step]:
+        """Every global batch of the current epoch from the current position."""
+        key = (self.epoch, self.start, self.batch_size, self.world_size, self.order)
+        if self._steps_cache is not None and self._steps_cache[0] == key:
+            return self._steps_cache[1]
+        streams = self.streams(self.epoch)
+        global_batch = self.batch_size * self.world_size
+        chunk = [len(part) for part in np.array_split(np.empty(global_batch), len(streams))]
+        offsets = list(self.start) if self.start is not None else [0] * len(streams)
+        steps: list[_Step] = []
+        while any(offset < len(stream) for offset, stream in zip(offsets, streams, strict=True)):
+            parts = []
+            for number, stream in enumerate(streams):
+                parts.append(stream[offsets[number] : offsets[number] + chunk[number]])
+                offsets[number] = min(len(stream), offsets[number] + chunk[number])
+            ends = tuple(np.cumsum([len(part) for part in parts]).tolist())
+            steps.append(_Step(np.concatenate(parts), tuple(offsets), ends))
+        if len(steps) >= 2 and len(steps[-1].batch) < self.world_size:
+            # A rank would get nothing: the step before takes these samples too (appended, so the order is the
+            # same as without merging, whatever the world size).
+            last = steps.pop()
+            steps[-1] = _Step(np.concatenate([steps[-1].batch, last.batch]), last.offsets, None)
+        self._steps_cache = (key, steps)
+        return steps
+
+    def _pieces(self, step: _Step) -> list[np.ndarray]:
+        """The step's global batch cut into one contiguous piece per rank. When the nodes divide the streams
+        evenly, each node's pieces are exactly its own streams' parts (so it reads only its streams' shards);
+        otherwise, and for a merged last step, near-equal pieces."""
+        nodes = self.world_size // self.local_world_size
+        streams = self.canonical_nodes
+        if step.stream_ends is not None and streams % nodes == 0:
+            per_node = streams // nodes
+            bounds = [0, *step.stream_ends]
+            pieces = [piece for node in range(nodes)
+                      for piece in np.array_split(step.batch[bounds[node * per_node] : bounds[(node + 1) * per_node]],
+                                                  self.local_world_size)]
+            if all(len(piece) for piece in pieces):
+                return pieces
+        return np.array_split(step.batch, self.world_size)
+
+    def _piece(self, step: _Step, rank: int) -> np.ndarray:
+        return self._pieces(step)[rank]
+
+    # -- epochs and positions -----------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate `epoch` from its start."""
+        self.epoch = epoch
+        self.start = None
+
+    def state_dict(self, batches: int = 0) -> dict[str, Any]:
+        """The position after this rank (and so every rank: they step together) consumed `batches` batches of the
+        current iteration: enough to continue sample-exact with any world size or batch size."""
+        steps = self._steps()
+        if not 0 <= batches <= len(steps):
+            raise ValueError(f"batches: {batches} not in [0, {len(steps)}]")
+        if batches:
+            offsets = list(steps[batches - 1].offsets)
+        else:
+            offsets = list(self.start) if self.start is not None else [0] * self.canonical_nodes
+        return {"version": STATE_VERSION, "epoch": self.epoch, "offsets": offsets,
+                "num_samples": self.num_samples, "order": asdict(self.order)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where `state_dict` left off; ValueError (naming the field) when the order would differ."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state: version {state.get('version') if isinstance(state, dict) else None!r}"
+                             f" is not {STATE_VERSION}")
+        if state.get("num_samples") != self.num_samples:
+            raise ValueError(f"loader state: written for {state.get('num_samples')} samples, "
+                             f"the dataset has {self.num_samples}")
+        saved = state.get("order") or {}
+        for name, now in asdict(self.order).items():
+            if saved.get(name) != now:
+                raise ValueError(f"{name}: the saved position was taken with {name} {saved.get(name)!r}, "
+                                 f"this sampler has {now!r}; the remaining samples would differ")
+        offsets = state.get("offsets")
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"loader state: epoch must be a non-negative integer, got {epoch!r}")
+        lengths = [len(stream) for stream in self.streams(epoch)]
+        if (not isinstance(offsets, list) or len(offsets) != len(lengths)
+                or not all(isinstance(o, int) and 0 <= o <= n for o, n in zip(offsets, lengths, strict=True))):
+            raise ValueError(f"loader state: offsets {offsets!r} do not fit streams of {lengths} samples")
+        self.epoch = epoch
+        self.start = tuple(offsets)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in self._steps():
+            yield self._piece(step, self.rank).tolist()
+
+    def __len__(self) -> int:
+        return len(self._steps())
 
     @property
     def batches_per_epoch(self) -> int:
-        return self.window_end_batches[-1]
-
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        """Select the epoch to iterate, skipping the first `start_batch` batches (resume mid-epoch)."""
-        if not 0 <= start_batch <= self.batches_per_epoch:
-            raise ValueError(f"start_batch: {start_batch} not in [0, {self.batches_per_epoch}]")
-        self.epoch = epoch
-        self.start_batch = start_batch
-
-    def _window_order(self, number: int) -> np.ndarray:
-        start, end = self.windows[number]
-        if not self.shuffle:
-            return np.arange(start, end, dtype=np.int64)
-        rng = np.random.default_rng([self.seed, self.epoch, number])
-        starts = start + rng.permutation(math.ceil((end - start) / self.block_size)) * self.block_size
-        return np.concatenate([np.arange(s, min(s + self.block_size, end), dtype=np.int64) for s in starts])
-
-    def _window_share(self, number: int) -> np.ndarray:
-        order = self._window_order(number)
-        share = self._share_size(len(order))
-        if share * self.world_size > len(order):
-            order = np.concatenate([order, np.resize(order, share * self.world_size - len(order))])
-        return order[self.rank * share : (self.rank + 1) * share]
+        """Batches left in the current iteration (the whole epoch after set_epoch)."""
+        return len(self)
 
     def epoch_order(self) -> np.ndarray:
-        """All sample indices in this epoch's order, before the split between ranks."""
-        return np.concatenate([self._window_order(number) for number in range(len(self.windows))])
+        """Every sample of the current iteration in global order (all ranks' batches, step by step)."""
+        steps = self._steps()
+        return np.concatenate([step.batch for step in steps]) if steps else np.empty(0, dtype=np.int64)
 
-    def rank_indices(self) -> np.ndarray:
-        return np.concatenate([self._window_share(number) for number in range(len(self.windows))])
+    # -- what this node reads, for the staging cache ------------------------------------------------------------
+    def node_shards(self, from_batch: int = 0) -> tuple[list[int], list[int]]:
+        """The shards this node's ranks read from batch `from_batch` of the current iteration on: distinct shard
+        indices in order of first use, and for each the last batch that uses it."""
+        steps = self._steps()[from_batch:]
+        first_rank = self.node * self.local_world_size
+        samples, batch_of = [], []
+        for number, step in enumerate(steps, start=from_batch):
+            pieces = self._pieces(step)[first_rank : first_rank + self.local_world_size]
+            node_samples = np.concatenate(pieces)
+            samples.append(node_samples)
+            batch_of.append(np.full(len(node_samples), number, dtype=np.int64))
+        if not samples:
+            return [], []
+        shards = self.shard_of(np.concatenate(samples))
+        batches = np.concatenate(batch_of)
+        distinct, first_seen = np.unique(shards, return_index=True)
+        by_first_use = distinct[np.argsort(first_seen, kind="stable")]
+        last_batch = np.zeros(len(self.shard_sizes), dtype=np.int64)
+        last_batch[shards] = batches  # later assignments win: batches are in increasing order
+        return by_first_use.tolist(), [int(last_batch[s]) for s in by_first_use]
 
-    def batches(self) -> list[list[int]]:
-        """Every batch of this rank's epoch, windows in order."""
-        out: list[list[int]] = []
-        for number in range(len(self.windows)):
-            share = self._window_share(number)
-            out.extend(share[i : i + self.batch_size].tolist() for i in range(0, len(share), self.batch_size))
-        return out
-
-    def __iter__(self) -> Iterator[list[int]]:
-        yield from self.batches()[self.start_batch :]
-
-    def __len__(self) -> int:
-        return self.batches_per_epoch - self.start_batch
-
-
-def _windows(num_samples: int, shard_sizes: Sequence[int] | None, window_shards: int | None) -> list[tuple[int, int]]:
-    """[(first sample, end)] of each window: consecutive groups of `window_shards` shards, or one window."""
-    if window_shards is None:
-        return [(0, num_samples)]
-    if window_shards <= 0:
-        raise ValueError(f"window_shards: must be positive, got {window_shards}")
-    if shard_sizes is None or sum(shard_sizes) != num_samples:
-        raise ValueError("shard_sizes: must be given and add up to num_samples for a windowed order")
-    bounds = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(int).tolist()
-    windows = []
-    for first in range(0, len(shard_sizes), window_shards):
-        start, end = bounds[first], bounds[min(first + window_shards, len(shard_sizes))]
-        if end > start:
-            windows.append((start, end))
-    return windows
+    def next_epoch_shards(self) -> list[int]:
+        """The shards this node reads in the next epoch, in order of first use (for prefetching across epochs)."""
+        saved = (self.epoch, self.start)
+        self.set_epoch(self.epoch + 1)
+        try:
+            return self.node_shards()[0]
+        finally:
+            self.epoch, self.start = saved

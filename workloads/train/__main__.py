@@ -125,19 +125,31 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--crop-size", type=_positive, default=224)
     parser.add_argument("--image-size", type=_positive, default=None, help="decode size for JPEG sources")
-    parser.add_argument("--block-size", type=_positive, default=32, help="consecutive samples per shuffled block")
+    parser.add_argument("--block-size", type=_positive, default=1,
+                        help="samples shuffled as blocks of this many consecutive ones (their boundaries move every "
+                             "epoch); 1 shuffles sample by sample")
     parser.add_argument(
         "--wait-for-data",
         type=_non_negative_float,
         default=0.0,
         metavar="SECONDS",
-        help="wait up to this long for DATA/manifest.json to appear (rolling-window staging sidecar)",
+        help="wait up to this long for DATA/manifest.json to appear (a staging-cache sidecar is starting)",
     )
     parser.add_argument(
-        "--window-shards",
+        "--shuffle-shards",
+        "--window-shards",  # the name older Jobs pass
+        dest="shuffle_shards",
         type=_positive,
         default=4,
-        help="rolling-window staging: shards read (and shuffled) together; at most what the stager's window holds",
+        help="shards whose samples are shuffled together (per stream); a staging cache must hold at least "
+             "this many per canonical node this node reads",
+    )
+    parser.add_argument(
+        "--canonical-nodes",
+        type=_positive,
+        default=None,
+        help="streams the epoch order is cut into (default: the number of nodes of the first run, kept on resume); "
+             "the order is the same for any node count that divides it",
     )
     parser.add_argument("--lr", type=_positive_float, default=0.1, help="learning rate (finite, > 0)")
     parser.add_argument("--seed", type=int, default=0)
@@ -187,7 +199,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         crop_size=args.crop_size,
         image_size=args.image_size,
         block_size=args.block_size,
-        window_shards=args.window_shards,
+        shuffle_shards=args.shuffle_shards,
+        canonical_nodes=args.canonical_nodes,
         wait_for_data_s=args.wait_for_data,
         lr=args.lr,
         seed=args.seed,

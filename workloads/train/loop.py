@@ -16,7 +16,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,9 +27,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from workloads.data.cache import CacheFeeder
 from workloads.data.dataset import DatasetError, HDF5Dataset, JpegFolderDataset, make_loader, to_tensors
 from workloads.data.format import MANIFEST_NAME
-from workloads.data.sampler import BlockShuffleBatchSampler
+from workloads.data.sampler import ElasticBatchSampler
 from workloads.data.transforms import random_resized_crop_flip_normalize
 from workloads.train.checkpoint import (
     CHECKPOINT_NAME,
@@ -60,9 +61,10 @@ class TrainConfig:
     width: int = 64  # ResNet stem channels; 64 is the standard model
     crop_size: int = 224
     image_size: int | None = None  # decode size for JPEG sources (encoded shards, folders)
-    block_size: int = 32
+    block_size: int = 1  # samples shuffled in blocks of this many consecutive ones (1: one by one)
     wait_for_data_s: float = 0.0  # wait this long for DATA/manifest.json (a staging sidecar is starting)
-    window_shards: int = 4  # rolling-window staging: shards shuffled together (<= the stager's window)
+    shuffle_shards: int = 4  # shards whose samples are shuffled together (see workloads/data/sampler.py)
+    canonical_nodes: int | None = None  # streams of the epoch order; None: the first run's node count
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
@@ -81,7 +83,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Every numeric field finite and in range, before anything is read or built (ValueError per field)."""
-        positive = ("epochs", "batch_size", "prefetch_factor", "width", "crop_size", "block_size", "window_shards",
+        positive = ("epochs", "batch_size", "prefetch_factor", "width", "crop_size", "block_size", "shuffle_shards",
                     "log_every")
         for name in positive:
             value = getattr(self, name)
@@ -93,7 +95,8 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {value!r}")
         if not isinstance(self.metrics_port, int) or not 0 <= self.metrics_port < 65536:
             raise ValueError(f"--metrics-port: must be a TCP port (1-65535) or 0 for off, got {self.metrics_port!r}")
-        for name, value in (("image_size", self.image_size), ("stop_after_steps", self.stop_after_steps)):
+        for name, value in (("image_size", self.image_size), ("stop_after_steps", self.stop_after_steps),
+                            ("canonical_nodes", self.canonical_nodes)):
             if value is not None and value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be positive, got {value!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -126,15 +129,22 @@ class Distributed:
     rank: int
     world_size: int
     local_rank: int
+    local_world_size: int = 1
 
     @classmethod
     def from_env(cls) -> Distributed:
-        """torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK); a plain run is rank 0 of 1."""
+        """torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); a plain run is rank 0 of 1."""
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
         return cls(
             int(os.environ.get("RANK", 0)),
-            int(os.environ.get("WORLD_SIZE", 1)),
+            world_size,
             int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
         )
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
 
 
 class Reporter:
@@ -245,39 +255,12 @@ def _configure_determinism(config: TrainConfig) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-class WindowReleaser:
-    """Tells a rolling-window stager which shards this node is finished with (see workloads/data/window.py).
-
-    Every rank steps in lockstep (DDP all-reduces gradients inside each step), so when this rank has finished
-    the last batch of a window, every rank has at least loaded its own last batch of it: no reader on the node
-    will open those shards again. One process per node (local rank 0) writes.
-    """
-
-    def __init__(self, dataset: HDF5Dataset, window_shards: int, local_rank: int, reporter: Reporter) -> None:
-        self.window = dataset.window if local_rank == 0 else None
-        self.shard_names = [shard.path for shard in dataset.manifest.shards]
-        self.window_shards = window_shards
-        self.reporter = reporter
-        self.released: set[int] = set()
-
-    def release(self, window_ends: list[int], batches_done: int) -> None:
-        if self.window is None:
-            return
-        for number, end in enumerate(window_ends):
-            if end <= batches_done and number not in self.released:
-                start = number * self.window_shards
-                finished = self.shard_names[start : start + self.window_shards]
-                self.window.mark_consumed(finished)
-                self.released.add(number)
-                self.reporter.emit("window_released", window=number, shards=finished)
-
-
 @dataclass
 class _Data:
     dataset: HDF5Dataset | JpegFolderDataset
-    sampler: BlockShuffleBatchSampler
+    sampler: ElasticBatchSampler
     loader: Any
-    releaser: WindowReleaser | None
+    feeder: CacheFeeder | None  # this node's plan for its staging cache (local rank 0 only)
 
 
 @dataclass
@@ -288,26 +271,24 @@ class _Model:
     epoch: int = 0
     batch: int = 0
     step: int = 0
+    loader: dict[str, Any] | None = None  # the sampler's position in `epoch` (None: its start)
+    canonical_nodes: int | None = None  # the stream count the checkpoint's order was made with
 
 
 def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, reporter: Reporter) -> _Data:
     """Dataset index, sampler, shared-memory check and loader (the study's data_preparation)."""
     dataset = open_dataset(config)
-    windowed = isinstance(dataset, HDF5Dataset) and dataset.window is not None
-    if windowed and config.epochs > 1:
-        raise ValueError(
-            f"--epochs: {config.data} is a rolling-window staging directory, which is read once; "
-            "use --epochs 1, or stage a full copy for several epochs"
-        )
-    sampler = BlockShuffleBatchSampler(
-        len(dataset),
+    # A folder of files is one "shard": its samples are shuffled one by one across the whole folder.
+    sampler = ElasticBatchSampler(
+        dataset.shard_sizes if isinstance(dataset, HDF5Dataset) else [len(dataset)],
         config.batch_size,
-        block_size=config.block_size,
         seed=config.seed,
+        shuffle_shards=config.shuffle_shards,
+        block_size=config.block_size,
+        canonical_nodes=config.canonical_nodes or env.nodes,
         rank=env.rank,
         world_size=env.world_size,
-        shard_sizes=dataset.shard_sizes if isinstance(dataset, HDF5Dataset) and windowed else None,
-        window_shards=config.window_shards if windowed else None,
+        local_world_size=env.local_world_size,
     )
     batch_bytes = config.batch_size * dataset.image_size * dataset.image_size * 3
     plan = plan_shared_memory(batch_bytes, config.workers, config.prefetch_factor, shm_available_bytes())
@@ -330,10 +311,10 @@ def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, r
         pin_memory=device.type == "cuda",
         transport=plan.transport,
     )
-    releaser = None
-    if isinstance(dataset, HDF5Dataset) and windowed:
-        releaser = WindowReleaser(dataset, config.window_shards, env.local_rank, reporter)
-    return _Data(dataset, sampler, loader, releaser)
+    feeder = None
+    if isinstance(dataset, HDF5Dataset) and dataset.cache is not None and env.local_rank == 0:
+        feeder = CacheFeeder(dataset.cache, [shard.path for shard in dataset.manifest.shards], sampler)
+    return _Data(dataset, sampler, loader, feeder)
 
 
 def _prepare_model(
@@ -373,6 +354,8 @@ def _prepare_model(
         except (RuntimeError, KeyError, ValueError) as exc:
             raise CheckpointError(f"{where}: does not fit this model: {str(exc).strip().splitlines()[0]}") from exc
         state.epoch, state.batch, state.step = saved["epoch"], saved["batch"], saved["step"]
+        state.loader = saved.get("loader")
+        state.canonical_nodes = saved.get("canonical_nodes")
         restore_rng(saved["rng"])
         reporter.emit("resumed", epoch=state.epoch, batch=state.batch, step=state.step)
     if env.world_size > 1:
@@ -388,31 +371,40 @@ def check_resumable(
     saved: dict[str, Any], config: TrainConfig, env: Distributed, dataset: HDF5Dataset | JpegFolderDataset,
     where: Path,
 ) -> None:
-    """A checkpoint of another model, width, world size or dataset is refused (a config error, so the Job fails
-    at once instead of retrying), and so is a mid-epoch resume whose sample order would differ."""
+    """A checkpoint of another model, width or dataset is refused (a config error, so the Job fails at once instead
+    of retrying), and so is a mid-epoch checkpoint without the loader position an exact resume needs. Another
+    world size or batch size is fine: the sampler continues with exactly the samples not yet seen."""
     before = saved["config"]
     for name, now in (("model", config.model), ("width", config.width)):
         then = before.get(name, now)
         if then != now:
             raise CheckpointError(f"--{name}: {where} was written with --{name} {then}, this run has {now}")
-    if saved["world_size"] != env.world_size:
-        raise CheckpointError(f"--resume: {where} was written on {saved['world_size']} ranks, not {env.world_size}")
     identity = saved.get("dataset")
     if identity is not None and identity != _dataset_identity(dataset):
         raise CheckpointError(
             f"--data: {where} was trained on another dataset ({identity['num_samples']} samples, classes "
             f"{', '.join(identity['classes'][:4])}{'...' if len(identity['classes']) > 4 else ''}) than {config.data}"
         )
-    if saved["batch"] > 0 and saved["epoch"] < config.epochs:
-        # Mid-epoch: the remaining samples are found by batch position, which only holds with the same order.
-        for name in ("batch_size", "block_size", "seed", "window_shards"):
-            then, now = before.get(name, getattr(config, name)), getattr(config, name)
-            if then != now:
-                flag = f"--{name.replace('_', '-')}"
-                raise CheckpointError(
-                    f"{flag}: {where} stopped mid-epoch ({saved['epoch']}, batch {saved['batch']}) with {flag} "
-                    f"{then}; resuming with {now} would skip or repeat samples: use {then} for this epoch"
-                )
+    if saved["batch"] > 0 and saved["epoch"] < config.epochs and not isinstance(saved.get("loader"), dict):
+        raise CheckpointError(
+            f"--resume: {where} stopped mid-epoch ({saved['epoch']}, batch {saved['batch']}) without the loader "
+            "position this trainer resumes from (written by an older trainer); resume it with that trainer, or "
+            "start the epoch again from a checkpoint taken at an epoch end"
+        )
+
+
+def _position_sampler(sampler: ElasticBatchSampler, state: _Model, epoch: int, where: Path) -> None:
+    """Put the sampler at the start of `epoch`, or where the checkpoint stopped inside it."""
+    if epoch != state.epoch or state.loader is None:
+        sampler.set_epoch(epoch)
+        return
+    try:
+        sampler.load_state_dict(state.loader)
+    except ValueError as exc:
+        field, _, why = str(exc).partition(": ")
+        flag = f"--{field.replace('_', '-')}" if field in {f.name for f in fields(TrainConfig)} else "--resume"
+        raise CheckpointError(f"{flag}: {where} stopped mid-epoch {epoch}: {why or exc}; use the same value "
+                              "to finish this epoch") from exc
 
 
 # sun_path holds 107 characters; multiprocessing puts its sockets at <tmp>/pymp-XXXXXXXX/listener-XXXXXXXX.
@@ -481,6 +473,9 @@ def train(
                              batch_size=config.batch_size, world_size=env.world_size, rank=env.rank))
     started = time.perf_counter()
     state = _prepare_model(config, env, device, data.dataset, reporter, mirror)
+    if config.canonical_nodes is None and state.canonical_nodes is not None:
+        sampler.set_canonical_nodes(state.canonical_nodes)  # the resumed run's order, whatever the node count now
+    where = Path(config.checkpoint_dir or "") / CHECKPOINT_NAME
     reporter.emit(
         "model_loading",
         seconds=time.perf_counter() - started,
@@ -488,7 +483,7 @@ def train(
         parameters=sum(p.numel() for p in state.core.parameters()),
     )
 
-    def checkpoint(epoch: int, batch: int) -> float:
+    def checkpoint(epoch: int, batch: int, loader: dict[str, Any] | None) -> float:
         """Rank 0 writes; returns the seconds spent (reported apart from data and compute time)."""
         started = time.perf_counter()
         if config.checkpoint_dir and env.rank == 0:
@@ -505,6 +500,8 @@ def train(
                         "config": asdict(config),
                         "world_size": env.world_size,
                         "dataset": _dataset_identity(data.dataset),
+                        "loader": loader,
+                        "canonical_nodes": sampler.canonical_nodes,
                     },
                 )
             except OSError as exc:  # disk full, quota: the previous checkpoint is still in place
@@ -525,13 +522,13 @@ def train(
     terminal = os.get_terminal_size(sys.stderr.fileno()) if show_progress else os.terminal_size((0, 0))
     state.model.train()
     for epoch in range(state.epoch, config.epochs):
-        first_batch = state.batch if epoch == state.epoch else 0
-        if first_batch >= sampler.batches_per_epoch:
+        _position_sampler(sampler, state, epoch, where)
+        first_batch = state.batch if epoch == state.epoch and state.loader is not None else 0
+        iteration_batches = len(sampler)  # what is left of the epoch (all of it, unless resumed mid-epoch)
+        if iteration_batches == 0:
             continue
-        sampler.set_epoch(epoch, first_batch)
-        window_ends = sampler.window_end_batches
-        if data.releaser:
-            data.releaser.release(window_ends, first_batch)  # a resumed run: earlier windows are finished
+        if data.feeder:
+            data.feeder.start_epoch(last_epoch=epoch == config.epochs - 1)
         metrics.epoch_started(epoch, first_batch)
         epoch_start = time.perf_counter()
         data_time = compute_time = checkpoint_time = 0.0
@@ -539,7 +536,7 @@ def train(
         utilisation: list[float] = []
         batch_index = first_batch
         progress = tqdm(
-            total=sampler.batches_per_epoch,
+            total=first_batch + iteration_batches,
             initial=first_batch,
             desc=f"epoch {epoch + 1}/{config.epochs}",
             unit="batch",
@@ -618,11 +615,12 @@ def train(
                 refresh=False,
             )
             progress.update(1)
-            if data.releaser:
-                data.releaser.release(window_ends, batch_index)
-            epoch_ends = batch_index == sampler.batches_per_epoch
+            done_in_iteration = batch_index - first_batch
+            if data.feeder:
+                data.feeder.advance(done_in_iteration)
+            epoch_ends = done_in_iteration == iteration_batches
             if config.checkpoint_every and state.step % config.checkpoint_every == 0 and not epoch_ends:
-                checkpoint_time += checkpoint(epoch, batch_index)
+                checkpoint_time += checkpoint(epoch, batch_index, sampler.state_dict(done_in_iteration))
             if config.stop_after_steps is not None and state.step >= config.stop_after_steps:
                 reporter.emit("killing_self", step=state.step)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -643,7 +641,9 @@ def train(
             "gpu_utilization": sum(utilisation) / len(utilisation) if utilisation else None,
         }
         reporter.emit("epoch", **summary)
-        checkpoint(epoch + 1, 0)  # after the epoch line: epoch_time above excludes this one
+        checkpoint(epoch + 1, 0, None)  # after the epoch line: epoch_time above excludes this one
+    if data.feeder:
+        data.feeder.finish()
     metrics.finished()
     reporter.emit("done", total_seconds=time.perf_counter() - run_start, steps=state.step)
     if env.world_size > 1:

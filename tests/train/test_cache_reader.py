@@ -6,7 +6,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import threading
 from pathlib import Path
 
@@ -14,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from workloads.data.cache import CacheReader, Plan, StagerState, read_plan, write_stager_state
+from tests.moto_server import moto_server
+from workloads.data.cache import CacheReader, Plan, StagerState, read_plan, working_set_bytes, write_stager_state
 from workloads.data.dataset import DatasetError, HDF5Dataset
 from workloads.data.sampler import ElasticBatchSampler
-from workloads.train.__main__ import parse_args
+from workloads.train.__main__ import main, parse_args
 from workloads.train.loop import Reporter, train
 
 SHARDS = ["shard-00000.h5", "shard-00001.h5"]
@@ -133,40 +133,35 @@ def test_training_tells_the_stager_what_comes_next_across_epochs(
     assert np.isfinite([line["loss"] for line in lines if line["event"] == "batch"]).all()
 
 
-def test_trains_several_epochs_through_the_real_stager_with_a_one_shard_budget(
+def test_trains_several_epochs_through_the_real_stager_on_a_budget_below_the_dataset(
     tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stager (workloads.data.stage) against a moto S3 server, with a budget that holds one shard only: it
-    can fetch the next shard only after training is past the last use of the one it holds, every epoch."""
-    from moto.server import ThreadedMotoServer
-
+    """The stager (workloads.data.stage) against a moto S3 server, with a budget of three of the dataset's seven
+    shards: every epoch it must evict shards training is done with and fetch the next ones in the epoch's order."""
+    from workloads.data.pack import PackOptions, pack
     from workloads.data.s3 import S3Uri, make_client
     from workloads.data.stage import StageOptions, stage
 
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "t",
-        "AWS_SECRET_ACCESS_KEY": "t",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
+    for name, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(name, value)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        client = make_client(f"http://127.0.0.1:{port}", 4)
+    packed = tmp_path / "packed"
+    pack(tiny_data["folder"], packed, PackOptions(image_size=32, shard_bytes=20_000, workers=1, progress=False))
+    shards = sorted(packed.glob("shard-*.h5"))
+    assert len(shards) >= 6
+    budget = 3 * max(path.stat().st_size for path in shards)
+    dest = tmp_path / "dest"
+    with moto_server() as url:
+        client = make_client(url, 4)
         client.create_bucket(Bucket="train-cache")
-        for path in sorted(tiny_data["decoded"].iterdir()):
+        for path in sorted(packed.iterdir()):
             client.put_object(Bucket="train-cache", Key=f"ds/{path.name}", Body=path.read_bytes())
-        dest = tmp_path / "dest"
-        largest = max(path.stat().st_size for path in tiny_data["decoded"].glob("shard-*.h5"))
-        options = StageOptions(workers=2, part_bytes=1 << 20, budget_bytes=largest, progress=False)
+        options = StageOptions(workers=2, part_bytes=1 << 20, budget_bytes=budget, progress=False)
         failures: list[BaseException] = []
+        results = []
 
         def run_stager() -> None:
             try:
-                stage(client, S3Uri("train-cache", "ds"), dest, options)
+                results.append(stage(client, S3Uri("train-cache", "ds"), dest, options))
             except BaseException as exc:  # reported by the assertion below
                 failures.append(exc)
 
@@ -175,8 +170,36 @@ def test_trains_several_epochs_through_the_real_stager_with_a_one_shard_budget(
         lines = _train(["--data", str(dest), "--wait-for-data", "30", "--epochs", "3", "--shuffle-shards", "1"])
         stager.join(60)
         assert not stager.is_alive() and not failures, failures
-    finally:
-        server.stop()
     epochs = [line for line in lines if line["event"] == "epoch"]
     assert [epoch["samples"] for epoch in epochs] == [42, 42, 42]
     assert read_plan(dest) == Plan(order=[], done=True)
+    (result,) = results
+    assert result.peak_held_bytes <= budget
+    assert len(result.fetched) > len(shards)  # shards were evicted and fetched again in later epochs
+
+
+def test_working_set_is_the_most_bytes_in_use_at_once() -> None:
+    sizes = [10, 20, 40, 80]
+    # shard 0 in batches 0-2, shard 1 in 1-1, shard 2 in 2-5, shard 3 in 3-4: at batch 2, shards 0 and 2 (50);
+    # at batches 3-4 shards 2 and 3 (120)
+    assert working_set_bytes(sizes, [0, 1, 2, 3], [0, 1, 2, 3], [2, 1, 5, 4]) == 120
+    assert working_set_bytes(sizes, [0, 1], [0, 1], [0, 1]) == 20  # one after the other
+    assert working_set_bytes(sizes, [], [], []) == 0
+
+
+def test_a_cache_too_small_for_the_shuffle_span_is_a_config_error(
+    staging: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    largest = max((staging / name).stat().st_size for name in SHARDS)
+    write_stager_state(staging, StagerState(budget=largest, ready=SHARDS))
+    monkeypatch.setenv("CONFIG_ERROR_EXIT_CODE", "42")
+    code = main(["--data", str(staging), "--model", "resnet18", "--width", "8", "--batch-size", "5",
+                 "--crop-size", "32", "--workers", "0", "--shuffle-shards", "2"])
+    err = capsys.readouterr().err
+    assert code == 42
+    assert err.startswith("error: --shuffle-shards: this node reads shards worth ") and err.count("\n") == 1
+    assert f"holds {largest} bytes" in err
+    # A batch on the seam between two shards needs both: two shards' worth is the least a cache can hold.
+    write_stager_state(staging, StagerState(budget=2 * largest, ready=SHARDS))
+    lines = _train(["--data", str(staging), "--shuffle-shards", "1"])
+    assert [line["samples"] for line in lines if line["event"] == "epoch"] == [42]

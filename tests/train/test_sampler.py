@@ -95,10 +95,11 @@ def test_node_shards_first_use_order_and_last_use_match_the_batches() -> None:
             for shard in samplers[0].shard_of(np.asarray(batch)).tolist():
                 first_use.setdefault(shard, number)
                 last_use[shard] = number
-    order, last = samplers[0].node_shards()
+    order, first, last = samplers[0].node_shards()
     assert dict(zip(order, last, strict=True)) == last_use
-    assert [first_use[s] for s in order] == sorted(first_use[s] for s in order)
-    later, _ = samplers[0].node_shards(from_batch=3)
+    assert dict(zip(order, first, strict=True)) == first_use
+    assert first == sorted(first)
+    later, _, _ = samplers[0].node_shards(from_batch=3)
     assert set(later) == {s for s, end in last_use.items() if end >= 3}
 
 

@@ -169,9 +169,26 @@ class CacheReader:
 class NodeOrder(Protocol):
     """What the feeder needs from the sampler (workloads/data/sampler.py ElasticBatchSampler)."""
 
-    def node_shards(self, from_batch: int = 0) -> tuple[list[int], list[int]]: ...
+    def node_shards(self, from_batch: int = 0) -> tuple[list[int], list[int], list[int]]: ...
 
     def next_epoch_shards(self) -> list[int]: ...
+
+
+class CacheTooSmall(ValueError):
+    """The node must hold more shards at once than the cache's budget allows: the reader would wait forever."""
+
+
+def working_set_bytes(shard_bytes: Sequence[int], order: Sequence[int], first: Sequence[int],
+                      last: Sequence[int]) -> int:
+    """The most bytes of shards in use at once: a shard is in use from its first to its last batch."""
+    events = sorted([(begin, size) for begin, size in zip(first, (shard_bytes[s] for s in order), strict=True)]
+                    + [(end + 1, -shard_bytes[s]) for end, s in zip(last, order, strict=True)],
+                    key=lambda event: (event[0], event[1]))
+    held = peak = 0
+    for _, change in events:
+        held += change
+        peak = max(peak, held)
+    return peak
 
 
 class CacheFeeder:
@@ -183,9 +200,11 @@ class CacheFeeder:
     across the epoch boundary and keeps the shards both epochs share.
     """
 
-    def __init__(self, reader: CacheReader, shard_names: Sequence[str], order: NodeOrder) -> None:
+    def __init__(self, reader: CacheReader, shard_names: Sequence[str], shard_bytes: Sequence[int],
+                 order: NodeOrder) -> None:
         self.reader = reader
         self.shard_names = list(shard_names)
+        self.shard_bytes = list(shard_bytes)
         self.order = order
         self._current: list[int] = []
         self._last_use: list[int] = []
@@ -193,8 +212,17 @@ class CacheFeeder:
         self._written: list[str] | None = None
 
     def start_epoch(self, last_epoch: bool) -> None:
-        """Call after the sampler is positioned (set_epoch or load_state_dict), before iterating."""
-        self._current, self._last_use = self.order.node_shards()
+        """Call after the sampler is positioned (set_epoch or load_state_dict), before iterating.
+
+        Raises CacheTooSmall when the stager's budget cannot hold the shards this epoch reads at once."""
+        self._current, first_use, self._last_use = self.order.node_shards()
+        state = self.reader.state()
+        needed = working_set_bytes(self.shard_bytes, self._current, first_use, self._last_use)
+        if state is not None and state.budget is not None and needed > state.budget:
+            raise CacheTooSmall(
+                f"--shuffle-shards: this node reads shards worth {needed} bytes at once, but the staging cache in "
+                f"{self.reader.dest} holds {state.budget} bytes: use fewer --shuffle-shards (or more canonical "
+                "nodes per node), smaller shards, or a larger cache budget")
         self._next = [] if last_epoch else self.order.next_epoch_shards()
         self.advance(0)
 

@@ -255,26 +255,28 @@ class ElasticBatchSampler(Sampler[list[int]]):
         return np.concatenate([step.batch for step in steps]) if steps else np.empty(0, dtype=np.int64)
 
     # -- what this node reads, for the staging cache ------------------------------------------------------------
-    def node_shards(self, from_batch: int = 0) -> tuple[list[int], list[int]]:
+    def node_shards(self, from_batch: int = 0) -> tuple[list[int], list[int], list[int]]:
         """The shards this node's ranks read from batch `from_batch` of the current iteration on: distinct shard
-        indices in order of first use, and for each the last batch that uses it."""
+        indices in order of first use, and for each the first and the last batch that uses it."""
         steps = self._steps()[from_batch:]
         first_rank = self.node * self.local_world_size
         samples, batch_of = [], []
         for number, step in enumerate(steps, start=from_batch):
-            pieces = self._pieces(step)[first_rank : first_rank + self.local_world_size]
-            node_samples = np.concatenate(pieces)
+            node_samples = np.concatenate(self._pieces(step)[first_rank : first_rank + self.local_world_size])
             samples.append(node_samples)
             batch_of.append(np.full(len(node_samples), number, dtype=np.int64))
         if not samples:
-            return [], []
+            return [], [], []
         shards = self.shard_of(np.concatenate(samples))
         batches = np.concatenate(batch_of)
         distinct, first_seen = np.unique(shards, return_index=True)
         by_first_use = distinct[np.argsort(first_seen, kind="stable")]
         last_batch = np.zeros(len(self.shard_sizes), dtype=np.int64)
         last_batch[shards] = batches  # later assignments win: batches are in increasing order
-        return by_first_use.tolist(), [int(last_batch[s]) for s in by_first_use]
+        first_batch = np.zeros(len(self.shard_sizes), dtype=np.int64)
+        first_batch[shards[::-1]] = batches[::-1]  # earlier ones win
+        return (by_first_use.tolist(), [int(first_batch[s]) for s in by_first_use],
+                [int(last_batch[s]) for s in by_first_use])
 
     def next_epoch_shards(self) -> list[int]:
         """The shards this node reads in the next epoch, in order of first use (for prefetching across epochs)."""

@@ -182,7 +182,7 @@ def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
 
 
 _WORKER_TRACEBACK = "Original Traceback (most recent call last):"
-_ONE_LINE_ERRORS = ("DatasetError", "DataToolError", "ValueError", "WindowStagerError", "TimeoutError")
+_ONE_LINE_ERRORS = ("DatasetError", "DataToolError", "ValueError", "CacheStagerError", "CacheTooSmall", "TimeoutError")
 
 
 def worker_error_line(exc: BaseException) -> str | None:
@@ -313,7 +313,9 @@ def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, r
     )
     feeder = None
     if isinstance(dataset, HDF5Dataset) and dataset.cache is not None and env.local_rank == 0:
-        feeder = CacheFeeder(dataset.cache, [shard.path for shard in dataset.manifest.shards], sampler)
+        shards = dataset.manifest.shards
+        feeder = CacheFeeder(dataset.cache, [shard.path for shard in shards], [shard.bytes for shard in shards],
+                             sampler)
     return _Data(dataset, sampler, loader, feeder)
 
 

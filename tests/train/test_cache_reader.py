@@ -142,7 +142,8 @@ def test_trains_several_epochs_through_the_real_stager_on_a_budget_below_the_dat
     from workloads.data.s3 import S3Uri, make_client
     from workloads.data.stage import StageOptions, stage
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    credentials = {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}
+    for name, value in credentials.items():
         monkeypatch.setenv(name, value)
     packed = tmp_path / "packed"
     pack(tiny_data["folder"], packed, PackOptions(image_size=32, shard_bytes=20_000, workers=1, progress=False))

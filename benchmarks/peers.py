@@ -19,6 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workloads.data.cache import CacheFeeder
 from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
 from workloads.data.pack import PackOptions, pack
 from workloads.data.s3 import S3Uri, make_client
@@ -52,6 +56,8 @@ class Context:
     layout: str  # "decoded" | "encoded"
     size: int
     epochs: int  # measured epochs (>= 2: one cold, the rest warm)
+    shard_bytes: int = SHARD_BYTES  # each contender's shard/chunk size
+    budget_fraction: float | None = None  # local cache bound as a share of the converted dataset (None: no bound)
 
 
 @dataclass
@@ -109,13 +115,19 @@ def _run_epochs(ctx: Context, make_epoch: Callable[[int], Iterable[Any]], measur
 
 
 # -- ours: pack -> upload -> stage (parallel ranged GETs) -> HDF5Dataset ---------------------------------------------
-def ours(ctx: Context) -> Measured:
+def _pack_and_upload(ctx: Context) -> tuple[Measured, int]:
+    """Measured with the conversion time, and the packed dataset's bytes."""
     started = time.perf_counter()
     packed = ctx.scratch / "packed"
-    pack(ctx.jpegs, packed, PackOptions(layout=ctx.layout, image_size=ctx.size, shard_bytes=SHARD_BYTES,
+    pack(ctx.jpegs, packed, PackOptions(layout=ctx.layout, image_size=ctx.size, shard_bytes=ctx.shard_bytes,
                                         workers=WORKERS, progress=False))
     upload(make_client(ctx.endpoint, 16), packed, S3Uri(ctx.bucket, "ours"), UploadOptions(progress=False))
-    measured = Measured(convert_s=time.perf_counter() - started)
+    return Measured(convert_s=time.perf_counter() - started), tree_bytes(packed)
+
+
+def ours(ctx: Context) -> Measured:
+    """Copy staging: every shard is local before the first batch."""
+    measured, _ = _pack_and_upload(ctx)
     started = time.perf_counter()
     dest = ctx.local / "staged"
     stage(make_client(ctx.endpoint, 16), S3Uri(ctx.bucket, "ours"), dest, StageOptions(workers=16, progress=False))
@@ -129,6 +141,51 @@ def ours(ctx: Context) -> Measured:
             yield to_tensors(batch)
 
     return _run_epochs(ctx, epoch, measured, started)
+
+
+# -- ours, staging cache: the stager CLI beside the reader (as the Job's sidecar), training from the first shards --
+def ours_cache(ctx: Context) -> Measured:
+    measured, packed_bytes = _pack_and_upload(ctx)
+    dest = ctx.local / "cache"
+    command = [sys.executable, "-m", "workloads.data", "stage", f"s3://{ctx.bucket}/ours", str(dest),
+               "--endpoint-url", ctx.endpoint, "--workers", "16", "--linger"]
+    if ctx.budget_fraction is not None:
+        command += ["--budget", f"{int(packed_bytes * ctx.budget_fraction) >> 10}Ki"]
+    log = ctx.scratch / "stager.log"
+    started = time.perf_counter()
+    with open(log, "w") as stderr:
+        stager = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
+                                  env={**os.environ, "TQDM_DISABLE": "1"})
+    try:
+        while not (dest / "manifest.json").exists():
+            if stager.poll() is not None:
+                raise RuntimeError(f"stager exited {stager.returncode}: {log.read_text()[-300:]}")
+            time.sleep(0.005)
+        dataset = HDF5Dataset(dest, image_size=ctx.size if ctx.layout == "encoded" else None)
+        assert dataset.cache is not None
+        # Shuffle spans of two shards: a small budget must hold the shards on the seam between spans too.
+        sampler = ElasticBatchSampler(dataset.shard_sizes, BATCH, seed=0, shuffle_shards=2)
+        shards = dataset.manifest.shards
+        feeder = CacheFeeder(dataset.cache, [s.path for s in shards], [s.bytes for s in shards], sampler)
+        loader = make_loader(dataset, sampler, workers=WORKERS, persistent_workers=True)
+
+        def epoch(number: int) -> Iterator[Any]:
+            sampler.set_epoch(number)
+            feeder.start_epoch(last_epoch=number == ctx.epochs - 1)
+            for done, batch in enumerate(loader, start=1):
+                yield to_tensors(batch)
+                feeder.advance(done)
+
+        result = _run_epochs(ctx, epoch, measured, started)
+        feeder.finish()
+    finally:
+        stager.send_signal(signal.SIGTERM)
+        try:
+            stager.wait(30)
+        except subprocess.TimeoutExpired:
+            stager.kill()
+            stager.wait()
+    return result
 
 
 # -- MosaicML Streaming: MDSWriter -> StreamingDataset (downloads shards into a local cache) -------------------------
@@ -176,15 +233,16 @@ def streaming(ctx: Context) -> Measured:
     clean_stale_shared_memory()
     started = time.perf_counter()
     out = ctx.scratch / "mds"
-    with MDSWriter(out=str(out), columns={"image": "bytes", "label": "int"}, size_limit=SHARD_BYTES) as writer:
+    with MDSWriter(out=str(out), columns={"image": "bytes", "label": "int"}, size_limit=ctx.shard_bytes) as writer:
         for path, label in samples_of(ctx.jpegs):
             writer.write({"image": _payload(path, ctx.layout, ctx.size), "label": label})
     _upload_dir(ctx, out, "mds")
     measured = Measured(convert_s=time.perf_counter() - started)
 
     started = time.perf_counter()
+    limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else None
     dataset = StreamingDataset(remote=f"s3://{ctx.bucket}/mds", local=str(ctx.local / "cache"), shuffle=True,
-                               batch_size=BATCH, shuffle_seed=0)
+                               batch_size=BATCH, shuffle_seed=0, cache_limit=limit)
     loader = torch.utils.data.DataLoader(_Mapped(dataset, _Pixels(ctx.layout, ctx.size)), batch_size=BATCH,
                                          num_workers=WORKERS, persistent_workers=True)
     return _run_epochs(ctx, lambda _: loader, measured, started)
@@ -212,14 +270,15 @@ def litdata(ctx: Context) -> Measured:
     started = time.perf_counter()
     out = ctx.scratch / "lit"
     inputs = [(str(path), label, ctx.layout, ctx.size) for path, label in samples_of(ctx.jpegs)]
-    ld.optimize(fn=_lit_sample, inputs=inputs, output_dir=str(out), chunk_bytes=SHARD_BYTES, num_workers=WORKERS,
+    ld.optimize(fn=_lit_sample, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes, num_workers=WORKERS,
                 mode="overwrite")
+    limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else "100GB"
     _upload_dir(ctx, out, "lit")
     measured = Measured(convert_s=time.perf_counter() - started)
     started = time.perf_counter()
     dataset = ld.StreamingDataset(f"s3://{ctx.bucket}/lit", shuffle=True, seed=0, cache_dir=str(ctx.local / "cache"),
                                   storage_options={"endpoint_url": ctx.endpoint},
-                                  transform=_Pixels(ctx.layout, ctx.size))
+                                  transform=_Pixels(ctx.layout, ctx.size), max_cache_size=limit)
     loader = ld.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True,
                                     worker_init_fn=_litdata_allow_http)
     return _run_epochs(ctx, lambda _: loader, measured, started)
@@ -240,7 +299,7 @@ def webdataset(ctx: Context) -> Measured:
     out = ctx.scratch / "wds"
     out.mkdir(parents=True)
     samples = samples_of(ctx.jpegs)
-    shards = max(WORKERS * 2, sum(p.stat().st_size for p, _ in samples) // SHARD_BYTES + 1)
+    shards = max(WORKERS * 2, sum(p.stat().st_size for p, _ in samples) // ctx.shard_bytes + 1)
     per_shard = -(-len(samples) // shards)
     names = []
     for shard in range(shards):
@@ -302,13 +361,22 @@ class NotApplicable(Exception):
 
 CONTENDERS: dict[str, Callable[[Context], Measured]] = {
     "ours": ours,
+    "ours-cache": ours_cache,
     "streaming": streaming,
     "litdata": litdata,
     "webdataset": webdataset,
     "s3torchconnector": s3torchconnector,
 }
+# Bounded local disk: the same contenders with their cache limited to a share of the converted dataset
+# (Streaming's cache_limit, LitData's max_cache_size, our stager's --budget), and shards small enough to fit it.
+BOUNDED = {"ours-cache40": "ours-cache", "streaming-cache40": "streaming", "litdata-cache40": "litdata"}
+BOUNDED_FRACTION = 0.4
+BOUNDED_SHARDS = 16  # shards per dataset in the bounded runs: a 40% budget then holds six of them
+for _bounded, _base in BOUNDED.items():
+    CONTENDERS[_bounded] = CONTENDERS[_base]
 PACKAGES = {"streaming": "mosaicml-streaming", "litdata": "litdata", "webdataset": "webdataset",
-            "s3torchconnector": "s3torchconnector"}
+            "s3torchconnector": "s3torchconnector", "streaming-cache40": "mosaicml-streaming",
+            "litdata-cache40": "litdata"}
 
 
 def tree_bytes(root: Path) -> int:

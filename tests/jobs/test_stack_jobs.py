@@ -72,8 +72,8 @@ def test_dev_and_prod_hold_the_four_example_kinds(stack_plan: Callable[[str], Pl
                and t["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1" for t in templates)
     assert any(not stager(t) and any(v.get("persistentVolumeClaim", {}).get("claimName") == "datasets-efs"
                                      for v in t["volumes"]) for t in templates)
-    assert any((s := stager(t)) and s.get("restartPolicy") == "Always" and "--window" in s["command"]
-               for t in templates)
+    assert any((s := stager(t)) and s.get("restartPolicy") == "Always" and "--budget" in s["command"]
+               and "--linger" in s["command"] for t in templates)
     assert any(job.get("completionMode") == "Indexed" for job in pods)
 
 

@@ -411,6 +411,16 @@ def test_fuzzed_specs_render_valid_jobs_or_fail_with_a_field_path(case: tuple[st
     assert quantity_bytes(limits["ephemeral-storage"]) >= parsed.staged_bytes()
     if parsed.dataset and parsed.dataset.staged_size:
         assert parsed.staged_bytes() >= quantity_bytes(parsed.dataset.staged_size) + 2 * GIB
+    if parsed.dataset and parsed.dataset.staging in ("cache", "rolling"):
+        # A sidecar whose budget covers stagedSize and stays inside the volume it fills.
+        stage = stage_container(job)
+        budget = int(stage["command"][stage["command"].index("--budget") + 1]) * GIB
+        scratch = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "dataset")
+        assert stage["restartPolicy"] == "Always" and stage["command"][-1] == "--linger"
+        assert quantity_bytes(parsed.dataset.staged_size) <= budget <= quantity_bytes(scratch["emptyDir"]["sizeLimit"])
+    elif parsed.dataset and parsed.dataset.staging == "copy":
+        stage = stage_container(job)
+        assert "restartPolicy" not in stage and "--budget" not in stage["command"]
 
 
 def test_project_entrypoint_gets_data_and_checkpoint_paths_custom_commands_do_not() -> None:

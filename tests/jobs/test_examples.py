@@ -15,7 +15,7 @@ JOBS_DIR = Path(__file__).resolve().parents[2] / "workloads" / "jobs"
 TARGET_STACK = {
     "resnet50-s3-copy.yaml": "dev",
     "efs-pvc.yaml": "dev",
-    "rolling-window.yaml": "prod",
+    "laion-cache.yaml": "prod",
     "multi-node-ddp.yaml": "prod",
 }
 
@@ -37,8 +37,11 @@ def test_examples_cover_the_four_kinds() -> None:
     specs = [spec for name in TARGET_STACK for spec in load_job_file(JOBS_DIR / name)]
     assert any(s.gpus == 1 and s.dataset and s.dataset.bucket and s.dataset.staging == "copy" for s in specs)
     assert any(s.dataset and s.dataset.claim_name and s.dataset.staging == "none" for s in specs)
-    assert any(s.dataset and s.dataset.staging == "rolling" for s in specs)
-    assert any(s.nodes > 1 for s in specs)
+    assert any(s.dataset and s.dataset.staging == "cache" and "--epochs" in s.args
+               and int(s.args[s.args.index("--epochs") + 1]) > 1 for s in specs)
+    assert any(s.nodes > 1 and s.dataset and s.dataset.staging == "cache" for s in specs)
+    # A shipped example uses no mode kept only for older Jobs.
+    assert not any(s.dataset and s.dataset.staging == "rolling" for s in specs)
 
 
 def test_examples_name_no_account_region_or_physical_bucket() -> None:

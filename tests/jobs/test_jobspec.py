@@ -24,6 +24,7 @@ from workloads.quantity import quantity_bytes, quantity_millicores
 
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
 S3_COPY = {"uri": "s3://mlc-dev-datasets/imagenet/", "staging": "copy", "stagedSize": "150Gi"}
+S3_CACHE = {"uri": "s3://mlc-prod-datasets/laion/", "staging": "cache", "stagedSize": "400Gi"}
 
 
 def spec(**fields: Any) -> TrainingJobSpec:
@@ -126,26 +127,69 @@ def test_s3_copy_staging_uses_the_stager_on_nvme_with_ephemeral_storage() -> Non
     assert {"name": "AWS_REGION", "value": "us-west-2"} in stage["env"]  # Pod Identity creds, bucket region
 
 
-def test_rolling_staging_is_a_native_sidecar_with_the_window() -> None:
-    dataset = {"uri": "s3://mlc-prod-datasets/laion/", "staging": "rolling", "stagedSize": "400Gi"}
-    job, = render_job(spec(gpus=8, gpuType="a100", dataset=dataset), prod_facts())
-    stage = job["spec"]["template"]["spec"]["initContainers"][0]
-    assert stage["restartPolicy"] == "Always"
-    assert stage["command"][-3:] == ["--window", "400", "--linger"]
-    # The reader records consumed shards next to them, so the window is writable for the trainer.
-    window_mount = {"name": "dataset", "mountPath": "/data", "readOnly": False}
-    assert window_mount in train_container(job)["volumeMounts"]
-    # The trainer may start before the sidecar has the manifest: it waits for it.
+def stage_container(job: dict[str, Any]) -> dict[str, Any]:
+    return job["spec"]["template"]["spec"]["initContainers"][0]
+
+
+def test_cache_staging_is_a_native_sidecar_with_the_budget_and_trains_many_epochs() -> None:
+    job, = render_job(spec(gpus=8, gpuType="a100", dataset=S3_CACHE, args=["--epochs", "30"]), prod_facts())
+    check_job(job)
+    stage = stage_container(job)
+    assert stage["restartPolicy"] == "Always"  # native sidecar: starts before the trainer, stops after it
+    assert stage["command"] == ["python", "-m", "workloads.data", "stage", "s3://mlc-prod-datasets/laion/", "/data",
+                                "--workers", "16", "--metrics-port", "9449", "--budget", "400", "--linger"]
+    # The trainer writes its read plan into DEST/.cache/, so the staged directory is writable for it.
+    assert {"name": "dataset", "mountPath": "/data", "readOnly": False} in train_container(job)["volumeMounts"]
+    # It may start before the sidecar has the manifest and the first shards: it waits for them.
     args = train_container(job)["args"]
     assert args[args.index("--wait-for-data") + 1] == "600"
+    assert args[-2:] == ["--epochs", "30"]
+    env = {item["name"]: item.get("value") for item in train_container(job)["env"]}
+    assert env["DATA_STAGING"] == "cache"
 
 
-def test_rolling_staging_is_one_pass() -> None:
-    dataset = {"uri": "s3://mlc-prod-datasets/laion/", "staging": "rolling", "stagedSize": "400Gi"}
-    assert error_of({"gpus": 8, "gpuType": "a100", "dataset": dataset, "args": ["--epochs", "30"]},
-                    prod_facts()).path == "args"
-    job, = render_job(spec(gpus=8, gpuType="a100", dataset=dataset, args=["--epochs=1"]), prod_facts())
-    assert "--epochs=1" in train_container(job)["args"]
+def test_cache_budget_is_the_staged_size_rounded_up_to_whole_gib() -> None:
+    job, = render_job(spec(dataset={**S3_CACHE, "stagedSize": "1500Mi"}), dev_facts())
+    command = stage_container(job)["command"]
+    assert command[command.index("--budget") + 1] == "2"
+
+
+def test_cache_needs_the_staged_size_that_sizes_its_disk() -> None:
+    error = error_of({"dataset": {"uri": "s3://mlc-dev-datasets/imagenet/", "staging": "cache"}})
+    assert error.path == "dataset.stagedSize" and "budget" in str(error)
+
+
+def test_rolling_is_the_cache_with_a_budget_and_runs_many_epochs() -> None:
+    rolling = {**S3_CACHE, "staging": "rolling"}
+    job, = render_job(spec(gpus=8, gpuType="a100", dataset=rolling, args=["--epochs", "3"]), prod_facts())
+    check_job(job)
+    cache, = render_job(spec(gpus=8, gpuType="a100", dataset=S3_CACHE, args=["--epochs", "3"]), prod_facts())
+    assert stage_container(job) == stage_container(cache)
+    assert "--window" not in stage_container(job)["command"]
+    assert train_container(job)["args"] == train_container(cache)["args"]
+
+
+def test_copy_from_an_object_store_downloads_everything_before_training() -> None:
+    job, = render_job(spec(gpus=8, gpuType="a100", dataset={**S3_CACHE, "staging": "copy"}), prod_facts())
+    stage = stage_container(job)
+    assert "restartPolicy" not in stage
+    assert "--budget" not in stage["command"] and "--linger" not in stage["command"]
+    assert "--wait-for-data" not in train_container(job)["args"]
+
+
+def test_cache_sizes_its_disk_like_copy_and_counts_the_sidecar_on_the_node() -> None:
+    job, = render_job(spec(dataset={**S3_COPY, "staging": "cache"}), dev_facts())
+    pod = job["spec"]["template"]["spec"]
+    scratch = next(volume for volume in pod["volumes"] if volume["name"] == "dataset")
+    assert scratch["emptyDir"] == {"sizeLimit": "165Gi"}  # the 150Gi budget + 10% headroom
+    assert train_container(job)["resources"]["limits"]["ephemeral-storage"] == "175Gi"  # + 10Gi scratch
+    assert stage_container(job)["resources"]["limits"]["ephemeral-storage"] == "1Gi"
+    assert pod["nodeSelector"]["ml-cluster.io/disktype"] == "nvme"
+    # 201Gi: 222Gi + 10Gi fills the g5.xlarge's 232Gi NVMe exactly; a sidecar's own 1Gi runs beside the trainer
+    # (an init container's does not), so the same size as a cache would leave the pod Pending.
+    render_job(spec(dataset={**S3_COPY, "stagedSize": "201Gi"}), dev_facts())
+    error = error_of({"dataset": {**S3_COPY, "staging": "cache", "stagedSize": "201Gi"}})
+    assert error.path == "dataset.stagedSize" and "233Gi" in str(error) and "232Gi" in str(error)
 
 
 def test_s3_checkpoints_are_mirrored_by_the_trainer_and_resumed() -> None:
@@ -259,6 +303,9 @@ def test_name_length_budget_counts_hash_and_pod_index() -> None:
     ({"dataset": {"uri": "s3://bkt/x"}}, "dataset.staging"),
     ({"dataset": {"uri": "gs://bkt/x", "staging": "copy", "stagedSize": "1Gi"}}, "dataset.uri"),
     ({"dataset": {"claimName": "efs", "staging": "rolling", "stagedSize": "1Gi"}}, "dataset.staging"),
+    ({"dataset": {"claimName": "efs", "staging": "cache", "stagedSize": "1Gi"}}, "dataset.staging"),
+    ({"dataset": {"claimName": "efs", "staging": "cache"}}, "dataset.staging"),
+    ({"dataset": {"uri": "s3://bkt/x", "staging": "cache"}}, "dataset.stagedSize"),
     ({"dataset": {"uri": "s3://bkt/x", "staging": "copy"}}, "dataset.stagedSize"),
     ({"dataset": {"claimName": "efs", "mountPath": "/dev/shm/data"}}, "dataset.mountPath"),
     ({"ramDisk": {"size": "1Gi", "mountPath": "relative"}}, "ramDisk.mountPath"),
@@ -286,19 +333,19 @@ staged_sizes = st.sampled_from(["10Gi", "100Gi", "180Gi", "1Ti"])
 datasets = st.one_of(
     st.none(),
     st.fixed_dictionaries({"uri": st.just("s3://mlc-datasets/imagenet/"),
-                           "staging": st.sampled_from(["copy", "rolling"]), "stagedSize": staged_sizes},
+                           "staging": st.sampled_from(["cache", "copy", "rolling"]), "stagedSize": staged_sizes},
                           optional={"stagerWorkers": st.integers(1, 64),
                                     "mountPath": st.sampled_from(["/data", "/scratch/data"])}),
     st.fixed_dictionaries({"claimName": st.sampled_from(["datasets-efs", "imagenet-s3"])}),
     st.fixed_dictionaries({"claimName": st.just("datasets-efs"), "staging": st.just("copy"),
                            "stagedSize": staged_sizes}),
-    # Often wrong: missing or stray stagedSize, bad workers, a mount inside /dev/shm, rolling from a PVC.
+    # Often wrong: missing or stray stagedSize, bad workers, a mount inside /dev/shm, cache or rolling from a PVC.
     st.fixed_dictionaries({"uri": st.just("s3://mlc-datasets/imagenet/"),
-                           "staging": st.sampled_from(["copy", "rolling", "none"])},
+                           "staging": st.sampled_from(["cache", "copy", "rolling", "none"])},
                           optional={"stagedSize": quantities, "stagerWorkers": st.integers(0, 64),
                                     "mountPath": st.sampled_from(["/data", "/dev/shm/x"])}),
     st.fixed_dictionaries({"claimName": st.just("datasets-efs"),
-                           "staging": st.sampled_from(["none", "copy", "rolling"])},
+                           "staging": st.sampled_from(["none", "cache", "copy", "rolling"])},
                           optional={"stagedSize": quantities}),
 )
 
@@ -364,6 +411,16 @@ def test_fuzzed_specs_render_valid_jobs_or_fail_with_a_field_path(case: tuple[st
     assert quantity_bytes(limits["ephemeral-storage"]) >= parsed.staged_bytes()
     if parsed.dataset and parsed.dataset.staged_size:
         assert parsed.staged_bytes() >= quantity_bytes(parsed.dataset.staged_size) + 2 * GIB
+    if parsed.dataset and parsed.dataset.staging in ("cache", "rolling"):
+        # A sidecar whose budget covers stagedSize and stays inside the volume it fills.
+        stage = stage_container(job)
+        budget = int(stage["command"][stage["command"].index("--budget") + 1]) * GIB
+        scratch = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "dataset")
+        assert stage["restartPolicy"] == "Always" and stage["command"][-1] == "--linger"
+        assert quantity_bytes(parsed.dataset.staged_size) <= budget <= quantity_bytes(scratch["emptyDir"]["sizeLimit"])
+    elif parsed.dataset and parsed.dataset.staging == "copy":
+        stage = stage_container(job)
+        assert "restartPolicy" not in stage and "--budget" not in stage["command"]
 
 
 def test_project_entrypoint_gets_data_and_checkpoint_paths_custom_commands_do_not() -> None:
@@ -378,8 +435,9 @@ def test_project_entrypoint_gets_data_and_checkpoint_paths_custom_commands_do_no
     assert env["DATA_DIR"] == "/data/flowers" and env["CONFIG_ERROR_EXIT_CODE"] == str(CONFIG_ERROR_EXIT_CODE)
 
 
-def test_rolling_sidecar_is_counted_in_the_pod_so_default_sizing_still_fits_the_node() -> None:
-    dataset = {"uri": "s3://mlc-prod-datasets/laion/", "staging": "rolling", "stagedSize": "400Gi"}
+@pytest.mark.parametrize("staging", ["cache", "rolling"])
+def test_stager_sidecar_is_counted_in_the_pod_so_default_sizing_still_fits_the_node(staging: str) -> None:
+    dataset = {**S3_CACHE, "staging": staging}
     job, = render_job(spec(gpus=8, gpuType="a100", dataset=dataset), prod_facts())
     pod = job["spec"]["template"]["spec"]
     train, stager = pod["containers"][0]["resources"]["requests"], pod["initContainers"][0]["resources"]["requests"]

@@ -72,8 +72,8 @@ def test_dev_and_prod_hold_the_four_example_kinds(stack_plan: Callable[[str], Pl
                and t["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1" for t in templates)
     assert any(not stager(t) and any(v.get("persistentVolumeClaim", {}).get("claimName") == "datasets-efs"
                                      for v in t["volumes"]) for t in templates)
-    assert any((s := stager(t)) and s.get("restartPolicy") == "Always" and "--window" in s["command"]
-               for t in templates)
+    assert any((s := stager(t)) and s.get("restartPolicy") == "Always" and "--budget" in s["command"]
+               and "--linger" in s["command"] for t in templates)
     assert any(job.get("completionMode") == "Indexed" for job in pods)
 
 
@@ -94,7 +94,7 @@ def test_job_role_reads_only_the_stacks_buckets(stack: str, stack_plan: Callable
     assert used and used <= set(physical.values())
     assert set(statements["ListStackBuckets"]["Resource"]) == {f"arn:aws:s3:::{name}" for name in used}
     assert all("*" not in arn.removesuffix("/*") for s in statements.values() for arn in s["Resource"])
-    if stack == "prod":  # vit-rolling uploads checkpoints to the checkpoints bucket, and only there
+    if stack == "prod":  # resnet50-laion uploads checkpoints to the checkpoints bucket, and only there
         assert statements["WriteCheckpoints"]["Resource"] == ["arn:aws:s3:::mlc-prod-checkpoints-111122223333/*"]
     else:
         assert "WriteCheckpoints" not in statements

@@ -9,10 +9,14 @@ keys). The renderer turns it, with the ClusterFacts of the cluster it targets, i
 - /dev/shm and the optional RAM disk are emptyDirs with medium Memory and a sizeLimit; such volumes are
   charged to the container's memory limit, so the limit must cover process memory + all of them (else
   the spec is rejected, with the numbers).
-- Staging `copy`: an initContainer copies the dataset (cp -a from a PVC, or the project's stager from
-  S3/COS) onto an NVMe-backed emptyDir; `rolling`: the stager runs as a native sidecar keeping a bounded
-  window of shards. Either way the pod selects NVMe nodes and its ephemeral-storage covers the staged
-  bytes plus headroom.
+- Staging onto an NVMe-backed emptyDir. `cache` (the default to reach for with S3/COS): the project's
+  stager runs as a native sidecar (`--budget <stagedSize GiB> --linger`), fetching shards in the order
+  the trainer will read them and keeping at most stagedSize of them; the trainer starts on the first
+  shards (`--wait-for-data`) and may run any number of epochs (a budget below the dataset's size
+  refetches what it could not keep). `copy`: an initContainer downloads everything (the stager) or
+  copies a PVC (cp -a) before the trainer starts. `rolling`: what older Jobs called a bounded cache;
+  rendered as `cache`. Either way the pod selects NVMe nodes, its ephemeral-storage covers stagedSize
+  plus headroom, and a sidecar's own cpu, memory and ephemeral-storage are counted beside the trainer.
 - Lifecycle: `pulumi.com/skipAwait: "true"`, the spec's hash in the Job name (a changed spec is a new
   Job, never an immutable-field error), restartPolicy Never, a podFailurePolicy that ignores disruptions
   and fails fast on CONFIG_ERROR_EXIT_CODE, ttlSecondsAfterFinished, activeDeadlineSeconds.

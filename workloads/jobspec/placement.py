@@ -8,6 +8,7 @@ from workloads.cluster_facts import ClusterFacts, PoolFacts
 from workloads.jobspec.spec import (
     GIB,
     STAGER_CPU_MILLICORES,
+    STAGER_EPHEMERAL,
     STAGER_MEMORY,
     JobSpecError,
     TrainingJobSpec,
@@ -66,13 +67,18 @@ def _pool_names(pools: Sequence[PoolFacts]) -> str:
 
 
 def ephemeral_bytes(spec: TrainingJobSpec) -> int:
+    """The train container's ephemeral-storage: its scratch plus the staging emptyDir (budget or dataset + headroom),
+    the same rule whether an init container or a sidecar stager fills it."""
     return quantity_bytes(spec.ephemeral_storage) + spec.staged_bytes()
+
+
+def _has_sidecar(spec: TrainingJobSpec) -> bool:
+    return spec.dataset is not None and spec.dataset.has_sidecar()
 
 
 def _sidecar_requests(spec: TrainingJobSpec) -> tuple[int, int]:
     """(cpu millicores, memory bytes) that run beside the trainer for the whole pod's life."""
-    rolling = spec.dataset is not None and spec.dataset.staging == "rolling"
-    return (STAGER_CPU_MILLICORES, STAGER_MEMORY) if rolling else (0, 0)
+    return (STAGER_CPU_MILLICORES, STAGER_MEMORY) if _has_sidecar(spec) else (0, 0)
 
 
 def _per_gpu_default(field: str, per_gpu: Sequence[int | None], spec: TrainingJobSpec) -> int:
@@ -129,11 +135,14 @@ def check_fits_node(spec: TrainingJobSpec, pools: Sequence[PoolFacts], cpu: int,
             )
     if spec.is_staged():
         largest = max(pool.nvme_gib for pool in pools)
-        ephemeral = ephemeral_bytes(spec)
+        # A sidecar's own ephemeral-storage adds to the pod's request; an init container's is over before the trainer.
+        sidecar = STAGER_EPHEMERAL if _has_sidecar(spec) else 0
+        ephemeral = ephemeral_bytes(spec) + sidecar
         if ephemeral > largest * GIB:
             raise JobSpecError(
                 "dataset.stagedSize",
                 f"staging needs {format_bytes(ephemeral)} of ephemeral "
-                f"storage (staged size + headroom + ephemeralStorage) but the "
+                f"storage (staged size + headroom + ephemeralStorage"
+                f"{f' + the stager sidecar {format_bytes(sidecar)}' if sidecar else ''}) but the "
                 f"largest NVMe of a matching pool is {largest}Gi",
             )

@@ -11,11 +11,11 @@ from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec.network import job_network_policy
 from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
 from workloads.jobspec.spec import (
+    CACHE_START_TIMEOUT_S,
     CONFIG_ERROR_EXIT_CODE,
     GIB,
     HASH_LENGTH,
     RENDEZVOUS_PORT,
-    ROLLING_START_TIMEOUT_S,
     RUN_AS_UID,
     STAGE_CONTAINER,
     STAGE_METRICS_PORT,
@@ -118,9 +118,10 @@ def _stage_container(
         command += ["--metrics-port", str(STAGE_METRICS_PORT)]
         container["ports"] = [{"name": STAGE_METRICS_PORT_NAME, "containerPort": STAGE_METRICS_PORT,
                                "protocol": "TCP"}]
-        if dataset.staging == "rolling":
-            # --linger: keep serving the window until the pod stops it (a native sidecar that exits is restarted).
-            command += ["--window", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB)), "--linger"]
+        if dataset.has_sidecar():
+            # The cache: at most the budget on disk (whole GiB, rounded up: the headroom covers it), fetched in the
+            # order the trainer plans to read; --linger: serve until the pod stops it (an exiting sidecar restarts).
+            command += ["--budget", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB)), "--linger"]
             container["restartPolicy"] = "Always"  # native sidecar: runs beside the trainer, stops after it
         env, env_from = _object_store_env(facts)
         container["env"] = [_HOME_ENV, _METRICS_ADDR_ENV, *env]
@@ -157,9 +158,9 @@ def _train_args(spec: TrainingJobSpec) -> list[str]:
     implied: list[str] = []
     if spec.dataset is not None and "--data" not in args:
         implied += ["--data", spec.dataset.mount_path]
-    if spec.dataset is not None and spec.dataset.staging == "rolling" and "--wait-for-data" not in args:
+    if spec.dataset is not None and spec.dataset.has_sidecar() and "--wait-for-data" not in args:
         # The sidecar writes the manifest once it has the first shards; the trainer may start before that.
-        implied += ["--wait-for-data", str(ROLLING_START_TIMEOUT_S)]
+        implied += ["--wait-for-data", str(CACHE_START_TIMEOUT_S)]
     checkpoint = spec.checkpoint
     if checkpoint is not None and checkpoint.claim_name is not None and "--checkpoint-dir" not in args:
         implied += ["--checkpoint-dir", checkpoint.mount_path]
@@ -279,8 +280,8 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         # No medium: the emptyDir lives on the kubelet's disk, the NVMe RAID0 on nodes labelled disktype=nvme.
         volumes.append({"name": "dataset", "emptyDir": {"sizeLimit": format_bytes(spec.staged_bytes())}})
         scratch_mount = {"name": "dataset", "mountPath": dataset.mount_path}
-        # The rolling reader writes its progress file next to the shards; a copied dataset is read-only.
-        mounts.append({**scratch_mount, "readOnly": dataset.staging == "copy"})
+        # The trainer writes its read plan for the cache into DEST/.cache/; a copied dataset is read-only.
+        mounts.append({**scratch_mount, "readOnly": not dataset.has_sidecar()})
         if dataset.claim_name is not None:
             volumes.append(
                 {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -19,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from workloads.quantity import (
     format_bytes,
+    format_millicores,
     parse_quantity,
     quantity_bytes,
 )
@@ -27,7 +27,7 @@ from workloads.quantity import (
 # manifest, unreadable config). The Job's podFailurePolicy fails the whole Job at once on it instead of
 # retrying a run that can never succeed. Any other non-zero exit counts against backoffLimit.
 CONFIG_ERROR_EXIT_CODE = 42
-ROLLING_START_TIMEOUT_S = 600  # how long the trainer waits for the rolling-window sidecar's first shards
+CACHE_START_TIMEOUT_S = 600  # how long the trainer waits for the staging sidecar's manifest and first shards
 
 TRAIN_CONTAINER = "train"
 STAGE_CONTAINER = "stage"
@@ -59,13 +59,15 @@ HASH_LENGTH = 8
 MAX_NAME_LENGTH = 63  # a Job name is also a label value and, for Indexed Jobs, the start of pod hostnames
 DEFAULT_SHM_PER_GPU = 2 * GIB  # DataLoader workers pass batches through /dev/shm; 64 MiB default bus-errors
 MIN_SHM = 1 * GIB
-STAGING_HEADROOM_FRACTION = 0.10  # file-system overhead, partial downloads, the rolling window's next shard
+STAGING_HEADROOM_FRACTION = 0.10  # file-system overhead, partial downloads, the cache's state files
 MIN_STAGING_HEADROOM = 2 * GIB
-# The stager's own requests == limits (the pod stays Guaranteed). A native sidecar (rolling) adds them to the
-# pod's requests, so rolling Jobs sized from pool defaults leave this much room beside the trainer.
+# The stager's own requests == limits (the pod stays Guaranteed). A native sidecar (cache, rolling) adds them to the
+# pod's requests, so sidecar Jobs sized from pool defaults leave this much room beside the trainer.
 STAGER_CPU_MILLICORES = 2000
 STAGER_MEMORY = 2 * GIB
-STAGER_RESOURCES = {"cpu": "2", "memory": "2Gi", "ephemeral-storage": "1Gi"}
+STAGER_EPHEMERAL = 1 * GIB  # its logs; the staged shards are in the dataset emptyDir, in the trainer's limit
+STAGER_RESOURCES = {"cpu": format_millicores(STAGER_CPU_MILLICORES), "memory": format_bytes(STAGER_MEMORY),
+                    "ephemeral-storage": format_bytes(STAGER_EPHEMERAL)}
 
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: also valid as the multi-node Service name
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -109,16 +111,6 @@ class JobSpecError(ValueError):
 
 # ----------------------------------------------------------------------------------------------------
 # The spec
-
-
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of `--flag VALUE` or `--flag=VALUE` in an argument list."""
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            return args[index + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def _job_name(value: str) -> str:
@@ -204,7 +196,11 @@ EnvName = Annotated[str, AfterValidator(_env_name)]
 Image = Annotated[str, AfterValidator(_image)]
 ObjectPrefix = Annotated[str, AfterValidator(_object_prefix)]
 ImageTag = Annotated[str, AfterValidator(_image_tag)]
-Staging = Literal["none", "copy", "rolling"]
+# none: read the source in place (a PVC). From an object store: cache (the stager runs beside the trainer and keeps
+# at most stagedSize of shards, fetched in the order the trainer will read them), copy (everything downloaded before
+# the trainer starts). rolling: the name older Jobs gave a cache with a budget smaller than the dataset.
+Staging = Literal["none", "cache", "copy", "rolling"]
+SIDECAR_STAGING = frozenset({"cache", "rolling"})
 
 
 class _Spec(BaseModel):
@@ -240,7 +236,8 @@ class DatasetSpec(_Spec):
     holds no account-specific bucket name), `uri` (s3://bucket/prefix on S3, or on the stack's S3-compatible
     store such as IBM COS) or `claimName` (a PVC in the Job's namespace: the EFS class, a Mountpoint S3 PV, a
     COS volume).
-    `stagedSize` is what staging keeps on local NVMe: the whole dataset for `copy`, the window for `rolling`.
+    `stagedSize` is what staging keeps on local NVMe, and sizes the pod's NVMe: the whole dataset for `copy`; for
+    `cache` (and `rolling`) the stager's budget, the dataset's size to keep all of it or less to bound the cache.
     """
 
     uri: str | None = None
@@ -262,19 +259,27 @@ class DatasetSpec(_Spec):
             raise JobSpecError(
                 "staging",
                 f"none with {source}: an object-store dataset must be staged "
-                "(copy or rolling), or mounted through a PVC (claimName)",
+                "(cache or copy), or mounted through a PVC (claimName)",
             )
-        if self.claim_name is not None and self.staging == "rolling":
+        if self.claim_name is not None and self.staging in SIDECAR_STAGING:
             raise JobSpecError(
-                "staging", "rolling streams shards from object storage: it needs bucket or uri, not claimName"
+                "staging", f"{self.staging} fetches shards from object storage: it needs bucket or uri, not "
+                           "claimName (staging copy copies a PVC onto NVMe)"
             )
-        if self.staging != "none" and self.staged_size is None:
+        if self.staging in SIDECAR_STAGING and self.staged_size is None:
             raise JobSpecError(
-                "stagedSize", f"required with staging {self.staging} (the bytes kept on local NVMe)"
+                "stagedSize", f"required with staging {self.staging}: the stager's budget and the pod's NVMe (the "
+                              "dataset's size keeps all of it, less bounds the cache)"
             )
+        if self.staging == "copy" and self.staged_size is None:
+            raise JobSpecError("stagedSize", "required with staging copy: the dataset's size, the pod's NVMe")
         if self.staging == "none" and self.staged_size is not None:
-            raise JobSpecError("stagedSize", "only meaningful with staging copy or rolling")
+            raise JobSpecError("stagedSize", "only meaningful with staging cache, copy or rolling")
         return self
+
+    def has_sidecar(self) -> bool:
+        """The stager runs beside the trainer (a native sidecar) rather than before it (an init container)."""
+        return self.staging in SIDECAR_STAGING
 
 
 class CheckpointSpec(_Spec):
@@ -377,12 +382,6 @@ class TrainingJobSpec(_Spec):
             raise JobSpecError(f"secretEnv.{clash[0]}", "also set in env")
         if self.gpu_type is not None and self.gpus == 0:
             raise JobSpecError("gpuType", f"{self.gpu_type} with gpus 0: a CPU job cannot select a GPU type")
-        if self.command is None and self.dataset is not None and self.dataset.staging == "rolling":
-            epochs = _flag_value(self.args, "--epochs")
-            if epochs is not None and epochs != "1":
-                # The window is streamed once: consumed shards are deleted from the node to make room.
-                raise JobSpecError("args", f"--epochs {epochs} with dataset.staging rolling: a rolling window "
-                                           "is read once; use --epochs 1 or staging copy")
         mounts = {"/dev/shm": "/dev/shm"}
         for field_name, mount in (
             ("ramDisk.mountPath", self.ram_disk.mount_path if self.ram_disk else None),

@@ -21,8 +21,9 @@ import stat
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,14 +253,32 @@ def _worker_init(parent: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
 
 
+def _decode_chunk(tasks: list[tuple[str, str, int, Layout, int]]) -> list[_Sample]:
+    return [_decode(task) for task in tasks]
+
+
 def _samples(source: Path, files: list[tuple[str, int]], options: PackOptions) -> Iterator[_Sample]:
+    """Decoded samples in input order. At most 2 x workers chunks are decoded ahead of the consumer: Executor.map
+    would decode everything it was given, whether consumed or not, so a slow writer (or a slow upload) would hold
+    the whole dataset in memory; with a bounded look-ahead the writer's pace sets the decoders'."""
     tasks = [(str(source), rel, label, options.layout, options.image_size) for rel, label in files]
     if options.workers <= 1:
         yield from map(_decode, tasks)
         return
-    with ProcessPoolExecutor(max_workers=max(1, min(options.workers, len(tasks))), initializer=_worker_init,
-                             initargs=(os.getpid(),)) as pool:
-        yield from pool.map(_decode, tasks, chunksize=max(1, min(64, len(tasks) // (options.workers * 8) or 1)))
+    workers = max(1, min(options.workers, len(tasks)))
+    chunk = max(1, min(64, len(tasks) // (options.workers * 8) or 1))
+    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+        ahead: deque[Future[list[_Sample]]] = deque()
+        try:
+            for start in range(0, len(tasks), chunk):
+                ahead.append(pool.submit(_decode_chunk, tasks[start:start + chunk]))
+                if len(ahead) >= 2 * workers:
+                    yield from ahead.popleft().result()
+            while ahead:
+                yield from ahead.popleft().result()
+        finally:
+            for future in ahead:  # the consumer stopped (an error, Ctrl-C): decode nothing more
+                future.cancel()
 
 
 def _prepare_output(out: Path, force: bool) -> set[str]:

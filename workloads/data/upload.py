@@ -223,7 +223,7 @@ def current_manifest(client: Any, target: S3Uri) -> Manifest | None:
 @dataclass(frozen=True)
 class StreamOptions:
     in_flight: int = 2  # shard uploads at once; the packer waits for one to finish before handing over another
-    workers: int = 8  # transfer-manager threads (multipart parts of the shards in flight)
+    workers: int = 16  # transfer-manager threads (multipart parts of the shards in flight), as upload's default
     part_bytes: int = 64 << 20  # as upload's --part-size default, so the objects are the same as upload's
     keep_local: bool = False  # keep the shard files (OUT is then a full dataset, as after a plain pack)
     progress: bool = True

@@ -6,7 +6,9 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -16,7 +18,7 @@ from PIL import Image
 from tests.data.helpers import write_awkward_corpus, write_corpus
 from workloads.data.__main__ import main
 from workloads.data.format import load_manifest
-from workloads.data.pack import PackOptions, pack
+from workloads.data.pack import PackOptions, _samples, list_images, pack
 from workloads.data.s3 import DataToolError
 from workloads.data.verify import verify
 
@@ -37,6 +39,28 @@ def test_pack_is_deterministic_across_worker_counts(tmp_path: Path, layout: str)
     assert len(one.manifest.shards) > 1
     assert _files(tmp_path / "one") == _files(tmp_path / "two")
     assert verify(tmp_path / "one").num_samples == 16
+
+
+def test_decoding_stays_a_bounded_distance_ahead_of_the_writer(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that waits (a slow disk, an upload applying back-pressure) must stop the decoders too, or every
+    decoded sample piles up in memory."""
+    write_corpus(tmp_path / "src", per_class=100)
+    _, files = list_images(tmp_path / "src")
+    submitted: list[int] = []
+    real_submit = ProcessPoolExecutor.submit
+
+    def counting_submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        submitted.append(len(args[0]))
+        return real_submit(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", counting_submit)
+    samples = _samples(tmp_path / "src", files, PackOptions(image_size=8, workers=2, progress=False))
+    first = next(samples)
+    assert len(submitted) <= 2 * 2  # two chunks per worker
+    rest = list(samples)
+    assert [s.relpath for s in [first, *rest]] == [rel for rel, _ in files]  # still in input order
+    assert len(submitted) > 2 * 2 and sum(submitted) == len(files)
 
 
 def test_default_order_interleaves_classes_deterministically(tmp_path: Path) -> None:

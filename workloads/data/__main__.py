@@ -1,4 +1,4 @@
-"""CLI: python -m workloads.data pack|verify|upload|stage (see docs/data-tools.md).
+"""CLI: python -m workloads.data pack [--upload s3://...]|verify|upload|stage (see docs/data-tools.md).
 
 Failures print one line, `error: <where>: <why>`, and exit 2; verify exits 1 when data does not match its manifest.
 """
@@ -14,12 +14,15 @@ import sys
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from workloads.data.format import MAX_IMAGE_SIZE
 from workloads.data.metrics import STAGE_METRICS_PORT_ENV, StageMetrics
 from workloads.data.s3 import DataToolError, parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
+
+if TYPE_CHECKING:
+    from workloads.data.upload import ShardStream
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _BINARY = {"B": 1, "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
@@ -128,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--shuffle-seed", type=int, default=0,
                       help="seed of the sample order (classes interleaved across shards); default 0")
     pack.add_argument("--no-shuffle", action="store_true", help="keep the sorted (class, path) order")
+    pack.add_argument("--upload", metavar="s3://BUCKET/PREFIX",
+                      help="upload each shard as soon as it is written (then delete it locally), the manifest last")
+    pack.add_argument("--endpoint-url", type=_endpoint, help="with --upload: S3-compatible endpoint (COS, MinIO)")
+    pack.add_argument("--keep-local", action="store_true",
+                      help="with --upload: keep the shards in OUT too (OUT is then the same as a plain pack)")
 
     verify = commands.add_parser("verify", help="check shards against the manifest")
     verify.add_argument("out", type=Path)
@@ -167,18 +175,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _shard_stream(args: argparse.Namespace, progress: bool) -> ShardStream | None:
+    """pack --upload's uploader (its flags checked here, before anything is read or written); None without it."""
+    if args.upload is None:
+        for flag, given in (("--endpoint-url", args.endpoint_url is not None), ("--keep-local", args.keep_local)):
+            if given:
+                raise DataToolError(flag, "only meaningful with --upload")
+        return None
+    try:
+        target = parse_s3_uri(args.upload)
+    except DataToolError as exc:
+        raise DataToolError("--upload", f"{exc.why}: {args.upload!r}") from None
+    from workloads.data.s3 import make_client
+    from workloads.data.upload import ShardStream, StreamOptions
+
+    options = StreamOptions(keep_local=args.keep_local, progress=progress)
+    client = make_client(args.endpoint_url, max_connections=options.workers + options.in_flight, botocore_attempts=6)
+    # The probe before packing gets one attempt: an unreachable endpoint is reported at once, not after backoff.
+    probe = make_client(args.endpoint_url, max_connections=1, botocore_attempts=1)
+    return ShardStream(client, target, options, probe_client=probe)
+
+
 def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress if hasattr(args, "no_progress") else False
     if args.command == "pack":
         from workloads.data.pack import REPORT_NAME, PackOptions, pack
 
+        stream = _shard_stream(args, progress)
         result = pack(args.src, args.out, PackOptions(
             layout=args.layout, image_size=args.size, shard_bytes=args.shard_size, workers=args.workers,
             strict=args.strict, force=args.force, progress=progress,
-            shuffle_seed=None if args.no_shuffle else args.shuffle_seed))
+            shuffle_seed=None if args.no_shuffle else args.shuffle_seed), stream=stream)
         manifest = result.manifest
+        sent = ""
+        if stream is not None and result.upload is not None:
+            up = result.upload
+            sent = (f" and uploaded {up.uploaded_bytes} bytes ({len(up.uploaded)} objects, {len(up.skipped)} "
+                    f"already present) to {stream.target}, removed {len(up.removed)} stale shards of a previous "
+                    f"pack, peak local shard bytes {up.peak_local_bytes}")
         print(f"packed {manifest.num_samples} samples in {len(manifest.shards)} shards ({manifest.layout}) "
-              f"into {args.out}; skipped {len(result.skipped)} (see {args.out / REPORT_NAME})")
+              f"into {args.out}{sent}; skipped {len(result.skipped)} (see {args.out / REPORT_NAME})")
         return 0
     if args.command == "verify":
         from workloads.data.verify import VerifyError, verify

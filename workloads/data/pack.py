@@ -6,6 +6,10 @@ place, the manifest last. An interrupted pack therefore leaves nothing that look
 
 Same input, same Pillow/h5py versions -> byte-identical shards: sorted then seeded-shuffled input, fixed attributes,
 no timestamps.
+
+With a ShardStream (`pack --upload`) each shard is handed to a background upload as soon as it is closed and its
+local file deleted once the object is confirmed (unless keep_local), so local disk holds a bounded number of shards;
+the remote manifest is published only after every shard object is confirmed, then OUT gets its manifest and report.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
@@ -48,6 +54,9 @@ from workloads.data.format import (
 from workloads.data.jpeg import decodes_strictly
 from workloads.data.s3 import DataToolError
 from workloads.data.verify import sha256_file
+
+if TYPE_CHECKING:
+    from workloads.data.upload import ShardStream, StreamResult
 
 REPORT_NAME = "pack-report.json"
 TEMP_SUFFIX = ".partial"
@@ -73,6 +82,7 @@ class PackOptions:
 class PackResult:
     manifest: Manifest
     skipped: list[dict[str, str]] = field(default_factory=list)
+    upload: StreamResult | None = None  # pack --upload: what was sent, skipped, removed; peak local bytes
 
 
 @dataclass(frozen=True)
@@ -252,14 +262,32 @@ def _worker_init(parent: int) -> None:
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
 
 
+def _decode_chunk(tasks: list[tuple[str, str, int, Layout, int]]) -> list[_Sample]:
+    return [_decode(task) for task in tasks]
+
+
 def _samples(source: Path, files: list[tuple[str, int]], options: PackOptions) -> Iterator[_Sample]:
+    """Decoded samples in input order. At most 2 x workers chunks are decoded ahead of the consumer: Executor.map
+    would decode everything it was given, whether consumed or not, so a slow writer (or a slow upload) would hold
+    the whole dataset in memory; with a bounded look-ahead the writer's pace sets the decoders'."""
     tasks = [(str(source), rel, label, options.layout, options.image_size) for rel, label in files]
     if options.workers <= 1:
         yield from map(_decode, tasks)
         return
-    with ProcessPoolExecutor(max_workers=max(1, min(options.workers, len(tasks))), initializer=_worker_init,
-                             initargs=(os.getpid(),)) as pool:
-        yield from pool.map(_decode, tasks, chunksize=max(1, min(64, len(tasks) // (options.workers * 8) or 1)))
+    workers = max(1, min(options.workers, len(tasks)))
+    chunk = max(1, min(64, len(tasks) // (options.workers * 8) or 1))
+    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+        ahead: deque[Future[list[_Sample]]] = deque()
+        try:
+            for start in range(0, len(tasks), chunk):
+                ahead.append(pool.submit(_decode_chunk, tasks[start:start + chunk]))
+                if len(ahead) >= 2 * workers:
+                    yield from ahead.popleft().result()
+            while ahead:
+                yield from ahead.popleft().result()
+        finally:
+            for future in ahead:  # the consumer stopped (an error, Ctrl-C): decode nothing more
+                future.cancel()
 
 
 def _prepare_output(out: Path, force: bool) -> set[str]:
@@ -285,10 +313,11 @@ def _prepare_output(out: Path, force: bool) -> set[str]:
     return old
 
 
-def _free_name(out: Path, index: int, taken: set[str]) -> str:
-    """shard-NNNNN.h5, or when that name is in use (an old dataset, a user's file) shard-NNNNN-rK.h5."""
+def _free_name(out: Path, index: int, taken: set[str], usable: Callable[[str], bool] = lambda name: True) -> str:
+    """shard-NNNNN.h5, or when that name is in use (an old dataset, a user's file; with --upload also a name the
+    remote manifest uses for other bytes: `usable` says no) shard-NNNNN-rK.h5."""
     name, k = shard_name(index), 0
-    while name in taken or os.path.lexists(out / name):
+    while name in taken or os.path.lexists(out / name) or not usable(name):
         k += 1
         name = f"shard-{index:05d}-r{k}.h5"
     taken.add(name)
@@ -311,7 +340,8 @@ def _check_classes(classes: list[str], labels: Iterator[int] | list[int], where:
                                                    "since an empty class shifts every label")
 
 
-def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
+def pack(source: Path, out: Path, options: PackOptions, stream: ShardStream | None = None) -> PackResult:
+    """Pack SRC into OUT; with `stream`, upload each shard as it closes and publish the dataset remotely too."""
     if options.image_size < 1:
         raise DataToolError("--size", "must be a positive number of pixels")
     if options.shard_bytes < 1:
@@ -320,14 +350,20 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackResult:
     _check_classes(classes, [label for _, label in files], source)
     if options.shuffle_seed is not None:
         random.Random(options.shuffle_seed).shuffle(files)
-    old_names = _prepare_output(out, options.force)
-    lock = _lock_output(out)
     try:
-        for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
-            stale.unlink()
-        return _pack_locked(source, out, options, classes, files, old_names)
+        if stream is not None:
+            stream.open()  # endpoint, credentials, bucket and the current remote manifest: before OUT is touched
+        old_names = _prepare_output(out, options.force)
+        lock = _lock_output(out)
+        try:
+            for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
+                stale.unlink()
+            return _pack_locked(source, out, options, classes, files, old_names, stream)
+        finally:
+            os.close(lock)
     finally:
-        os.close(lock)
+        if stream is not None:
+            stream.close()
 
 
 def _lock_output(out: Path) -> int:
@@ -342,9 +378,16 @@ def _lock_output(out: Path) -> int:
     return fd
 
 
-def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[str],
-                 files: list[tuple[str, int]], old_names: set[str]) -> PackResult:
+def _manifest_bytes(manifest: Manifest) -> bytes:
+    """The manifest as format.write_manifest writes it (the remote and the local copy are these same bytes)."""
+    return (json.dumps(manifest.model_dump(), indent=2, sort_keys=True) + "\n").encode()
 
+
+def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[str],
+                 files: list[tuple[str, int]], old_names: set[str], stream: ShardStream | None) -> PackResult:
+
+    keep_local = stream is None or stream.keep_local
+    taken: set[str] = set()
     shards: list[ShardInfo] = []
     temp_paths: list[Path] = []
     published: list[Path] = []
@@ -357,15 +400,23 @@ def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[st
 
     def flush() -> None:
         nonlocal payloads, labels, pending_bytes, first_index
-        name = shard_name(len(shards))
-        temp = out / f".{name}{TEMP_SUFFIX}"
+        index = len(shards)
+        temp = out / f".{shard_name(index)}{TEMP_SUFFIX}"
         temp_paths.append(temp)
         try:
             _write_shard(temp, options.layout, options.image_size, payloads, labels)
         except OSError as exc:
             raise _os_error(temp, exc) from exc
-        shards.append(ShardInfo(path=name, num_samples=len(labels), first_index=first_index,
-                                bytes=temp.stat().st_size, sha256=sha256_file(temp)))
+        size = temp.stat().st_size
+        sha, md5 = stream.hashes(temp) if stream is not None else (sha256_file(temp), "")
+        # The final name is fixed now (with --upload it is the object's key): never one the old dataset, a user's
+        # file or, remotely, the current manifest uses for other bytes.
+        name = _free_name(out, index, taken, (lambda n: stream.usable(n, sha, size)) if stream is not None
+                          else (lambda n: True))
+        shards.append(ShardInfo(path=name, num_samples=len(labels), first_index=first_index, bytes=size,
+                                sha256=sha))
+        if stream is not None:
+            stream.send(temp, name, sha, md5, size)  # returns at once unless the uploads in flight are all busy
         first_index += len(labels)
         all_labels.extend(labels)
         payloads, labels, pending_bytes = [], [], 0
@@ -390,21 +441,26 @@ def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[st
         if not shards:
             raise DataToolError(str(source), f"no usable images ({len(skipped)} skipped)")
         _check_classes(classes, all_labels, source)
-        # Publish: fresh final names (never one the old dataset or anyone else uses), then the manifest in one
-        # atomic rename, then the old dataset's shards that the new manifest does not name.
-        taken: set[str] = set()
-        final: list[ShardInfo] = []
-        for temp, info in zip(temp_paths, shards, strict=True):
-            name = _free_name(out, len(final), taken)
-            os.rename(temp, out / name)
-            published.append(out / name)
-            final.append(info.model_copy(update={"path": name}))
+        if stream is not None:
+            stream.finish()  # every shard object confirmed in the bucket, or the upload's error
+        # Publish: the final names chosen above (never one the old dataset or anyone else uses), then the manifest
+        # in one atomic rename (with --upload: the remote manifest first), then the old dataset's shards that the
+        # new manifest does not name.
+        if keep_local:
+            for temp, info in zip(temp_paths, shards, strict=True):
+                os.rename(temp, out / info.path)
+                published.append(out / info.path)
         manifest = Manifest(tool_version=TOOL_VERSION, layout=options.layout,
                             image_size=options.image_size if options.layout == "decoded" else None,
-                            classes=classes, num_samples=first_index, shards=final, skipped=len(skipped),
+                            classes=classes, num_samples=first_index, shards=shards, skipped=len(skipped),
                             shuffle_seed=options.shuffle_seed)
         try:
-            write_manifest(out, manifest)
+            if stream is None:
+                write_manifest(out, manifest)
+            else:
+                payload = _manifest_bytes(manifest)
+                stream.publish(payload)  # the remote dataset is now the new one
+                atomic_write_bytes(out / MANIFEST_NAME, payload)  # OUT's record of it
         except OSError as exc:
             raise _os_error(out / MANIFEST_NAME, exc) from exc
         published = []  # from here on the new dataset is the dataset
@@ -414,14 +470,19 @@ def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[st
         except OSError as exc:
             raise _os_error(out / REPORT_NAME, exc) from exc
     except BaseException:
+        if stream is not None:
+            stream.close()  # no upload reads a temporary any more, nothing more is sent
         for temp in temp_paths:
             temp.unlink(missing_ok=True)
         for path in published:
             path.unlink(missing_ok=True)
         raise
     names = {info.path for info in manifest.shards}
-    for name in sorted(old_names - names):
+    # Without --keep-local no new shard is in OUT: every shard of the old local dataset goes.
+    for name in sorted(old_names - (names if keep_local else set())):
         (out / name).unlink(missing_ok=True)
-    return PackResult(manifest=manifest, skipped=skipped)
+    if stream is not None:
+        stream.remove_stale(names)
+    return PackResult(manifest=manifest, skipped=skipped, upload=stream.result if stream is not None else None)
 
 

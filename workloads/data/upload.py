@@ -9,13 +9,17 @@ The manifest goes last, after every shard is in place, and an older, different m
 reader never sees a manifest whose shards are missing or from another pack. After the new manifest is published,
 shards of the previous pack that it does not name are deleted, so the prefix holds exactly one dataset (other
 objects under the prefix are left alone).
+
+ShardStream is the same machinery for `pack --upload`: shards are sent one by one while pack writes the next, with
+a bounded number in flight, and the remote manifest is still published last (see its docstring).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from s3transfer.subscribers import BaseSubscriber
 from tqdm import tqdm
 
-from workloads.data.format import MANIFEST_NAME, Manifest
+from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo
 from workloads.data.s3 import DataToolError, S3Uri, describe, error_code
 from workloads.data.verify import read_manifest, sha256_file
 
@@ -56,6 +60,23 @@ class _Progress(BaseSubscriber):
 
 
 _PACK_SHARD = re.compile(r"^shard-[0-9]{5}(-r[0-9]+)?\.h5$")
+
+
+def transfer_config(workers: int, part_bytes: int) -> TransferConfig:
+    """Multipart above part_bytes, `workers` threads for parts and files; the classic (non-CRT) transfer client."""
+    return TransferConfig(multipart_threshold=part_bytes, multipart_chunksize=part_bytes, max_concurrency=workers,
+                          preferred_transfer_client="classic")
+
+
+def check_bucket(client: Any, target: S3Uri) -> None:
+    """The bucket exists and answers: a missing bucket, an unreachable endpoint or rejected credentials are one
+    DataToolError naming the target."""
+    try:
+        client.head_bucket(Bucket=target.bucket)
+    except Exception as exc:
+        if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
+            raise DataToolError(str(target), "bucket does not exist") from exc
+        raise describe(str(target), exc) from exc
 
 
 def _local_hashes(path: Path) -> tuple[str, str]:
@@ -130,12 +151,7 @@ def upload(client: Any, source: Path, target: S3Uri, options: UploadOptions) -> 
             raise DataToolError(str(source / shard.path), f"sha256 {sha[:12]}... does not match the manifest's "
                                                           f"{shard.sha256[:12]}...: corrupt local shard, nothing "
                                                           "uploaded (re-pack or restore it; run verify)")
-    try:
-        client.head_bucket(Bucket=target.bucket)
-    except Exception as exc:
-        if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
-            raise DataToolError(str(target), "bucket does not exist") from exc
-        raise describe(str(target), exc) from exc
+    check_bucket(client, target)
 
     manifest_path = source / MANIFEST_NAME
     manifest_sha = sha256_file(manifest_path)
@@ -162,8 +178,7 @@ def upload(client: Any, source: Path, target: S3Uri, options: UploadOptions) -> 
         except Exception as exc:
             raise describe(f"s3://{target.bucket}/{target.key(MANIFEST_NAME)}", exc) from exc
 
-    config = TransferConfig(multipart_threshold=options.part_bytes, multipart_chunksize=options.part_bytes,
-                            max_concurrency=options.workers, preferred_transfer_client="classic")
+    config = transfer_config(options.workers, options.part_bytes)
     bar = tqdm(total=sum(s.bytes for s in todo), unit="B", unit_scale=True, desc="upload",
                disable=None if options.progress else True)
     with bar, create_transfer_manager(client, config) as manager:
@@ -186,3 +201,190 @@ def upload(client: Any, source: Path, target: S3Uri, options: UploadOptions) -> 
     result.removed = _remove_stale(client, target, keep, old_manifest)
     return result
 
+
+
+def current_manifest(client: Any, target: S3Uri) -> Manifest | None:
+    """The manifest published at the prefix now: None when there is none, or when it is not a valid manifest (it
+    describes no dataset a reader could use). Any other failure is an error: without the manifest the names its
+    shards hold, and so the names a new pack must not overwrite, are unknown."""
+    where = f"s3://{target.bucket}/{target.key(MANIFEST_NAME)}"
+    try:
+        payload = client.get_object(Bucket=target.bucket, Key=target.key(MANIFEST_NAME))["Body"].read()
+    except Exception as exc:
+        if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise describe(where, exc) from exc
+    try:
+        return Manifest.model_validate_json(payload)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    in_flight: int = 2  # shard uploads at once; the packer waits for one to finish before handing over another
+    workers: int = 16  # transfer-manager threads (multipart parts of the shards in flight), as upload's default
+    part_bytes: int = 64 << 20  # as upload's --part-size default, so the objects are the same as upload's
+    keep_local: bool = False  # keep the shard files (OUT is then a full dataset, as after a plain pack)
+    progress: bool = True
+
+
+@dataclass
+class StreamResult:
+    uploaded: list[str] = field(default_factory=list)  # objects sent: shards, then the manifest
+    skipped: list[str] = field(default_factory=list)  # shards already in the bucket with these bytes
+    removed: list[str] = field(default_factory=list)  # stale shards of the previous pack, deleted after publishing
+    uploaded_bytes: int = 0
+    peak_local_bytes: int = 0  # the most bytes of shard files on local disk at once (an upper bound)
+
+
+class ShardStream:
+    """Upload shards as pack closes them, the manifest last: `pack --upload`.
+
+    open() probes the target before anything is packed (bucket present and answering, the current manifest read).
+    send() hands a closed shard file to a background upload (HEAD first: an object already holding these bytes is
+    not sent again, which makes a rerun resume) and returns at once, unless `in_flight` uploads are running: then it
+    waits for one to finish, so a slow network holds the packer back instead of filling the local disk. A confirmed
+    upload's local file is deleted unless keep_local. publish() puts the manifest once finish() has confirmed every
+    shard; until then the previous manifest, if any, stays as it was and stays valid: pack only gives a shard a name
+    the previous manifest uses when the bytes are the same (usable), so no object it names is overwritten with
+    other bytes. remove_stale() then deletes the previous pack's shards the new manifest does not name.
+    """
+
+    def __init__(self, client: Any, target: S3Uri, options: StreamOptions, probe_client: Any = None) -> None:
+        self.client = client
+        self.target = target
+        self.options = options
+        self.result = StreamResult()
+        self._probe_client = probe_client if probe_client is not None else client
+        self._old: Manifest | None = None
+        self._old_shards: dict[str, ShardInfo] = {}
+        self._pending: set[Future[None]] = set()
+        self._lock = threading.Lock()
+        self._held = 0  # bytes of shard files handed over and not yet deleted
+        self._held_after_send = 0
+        self._stopping = threading.Event()
+        self._pool: ThreadPoolExecutor | None = None
+        self._manager: Any = None
+        self._bar: tqdm | None = None
+
+    @property
+    def keep_local(self) -> bool:
+        return self.options.keep_local
+
+    def open(self) -> None:
+        check_bucket(self._probe_client, self.target)
+        self._old = current_manifest(self.client, self.target)
+        self._old_shards = {shard.path: shard for shard in self._old.shards} if self._old else {}
+        self._pool = ThreadPoolExecutor(max_workers=self.options.in_flight, thread_name_prefix="shard-upload")
+        self._manager = create_transfer_manager(self.client, transfer_config(self.options.workers,
+                                                                             self.options.part_bytes))
+        self._bar = tqdm(total=0, unit="B", unit_scale=True, desc="upload",
+                         disable=None if self.options.progress else True)
+
+    @staticmethod
+    def hashes(path: Path) -> tuple[str, str]:
+        """(sha256, md5) of a local file in one read."""
+        return _local_hashes(path)
+
+    def usable(self, name: str, sha256: str, size: int) -> bool:
+        """Whether a new shard may take `name`: not a name the current remote manifest uses for other bytes."""
+        old = self._old_shards.get(name)
+        return old is None or (old.sha256 == sha256 and old.bytes == size)
+
+    def send(self, path: Path, name: str, sha256: str, md5: str, size: int) -> None:
+        if self._pool is None or self._bar is None:
+            raise RuntimeError("ShardStream.send before open")
+        with self._lock:
+            self._held += size
+            # While this shard was written, the files held were at most what was held right after the last send.
+            self.result.peak_local_bytes = max(self.result.peak_local_bytes, self._held_after_send + size)
+        self._collect(block=False)
+        while len(self._pending) >= self.options.in_flight:
+            self._collect(block=True)
+        self._bar.total += size
+        self._bar.refresh()
+        self._pending.add(self._pool.submit(self._send, path, name, sha256, md5, size))
+        with self._lock:
+            self._held_after_send = self._held
+
+    def _collect(self, block: bool) -> None:
+        if not self._pending:
+            return
+        done, _ = wait(self._pending, timeout=None if block else 0, return_when=FIRST_COMPLETED)
+        for future in done:
+            self._pending.discard(future)
+            future.result()  # the upload's failure, as one DataToolError
+
+    def _send(self, path: Path, name: str, sha256: str, md5: str, size: int) -> None:
+        assert self._bar is not None
+        key = self.target.key(name)
+        if self._stopping.is_set():
+            return
+        if _remote_sha256(self.client, self.target, name, size, md5) == sha256:
+            self._bar.update(size)
+            with self._lock:
+                self.result.skipped.append(name)
+        else:
+            future = self._manager.upload(str(path), self.target.bucket, key,
+                                          extra_args={"Metadata": {SHA256_METADATA: sha256}},
+                                          subscribers=[_Progress(self._bar)])
+            try:
+                future.result()
+            except Exception as exc:
+                raise describe(f"s3://{self.target.bucket}/{key}", exc) from exc
+            with self._lock:
+                self.result.uploaded.append(name)
+                self.result.uploaded_bytes += size
+        if not self.options.keep_local:
+            path.unlink(missing_ok=True)
+            with self._lock:
+                self._held -= size
+
+    def finish(self) -> None:
+        """Wait until every shard sent is in the bucket; raises the first failure."""
+        while self._pending:
+            self._collect(block=True)
+        self.result.uploaded.sort()
+        self.result.skipped.sort()
+
+    def publish(self, manifest_payload: bytes) -> None:
+        """Put the manifest (after finish): from now on the prefix holds the new dataset."""
+        if self._pending:
+            raise RuntimeError("ShardStream.publish before finish")
+        key = self.target.key(MANIFEST_NAME)
+        try:
+            self.client.put_object(Bucket=self.target.bucket, Key=key, Body=manifest_payload,
+                                   ContentType="application/json",
+                                   Metadata={SHA256_METADATA: hashlib.sha256(manifest_payload).hexdigest()})
+        except Exception as exc:
+            raise describe(f"s3://{self.target.bucket}/{key}", exc) from exc
+        self.result.uploaded.append(MANIFEST_NAME)
+        self.result.uploaded_bytes += len(manifest_payload)
+
+    def remove_stale(self, names: set[str]) -> None:
+        """After publish: delete the previous pack's shards that the new manifest (`names`) does not use."""
+        self.result.removed = _remove_stale(self.client, self.target, names, self._old)
+
+    def close(self) -> None:
+        """Stop the threads. Uploads still pending (a failure or Ctrl-C in the packer) are cancelled and their
+        multipart uploads aborted; objects already complete stay, named by no manifest, and a rerun reuses them."""
+        self._stopping.set()
+        cancel = bool(self._pending)
+        for future in self._pending:
+            future.cancel()
+        if self._manager is not None:
+            # Shut down through the context-manager exit: s3transfer's public shutdown(cancel=True) passes its
+            # arguments on in the wrong order and fails with a TypeError instead of cancelling.
+            if cancel:
+                self._manager.__exit__(CancelledError, CancelledError("pack stopped"), None)
+            else:
+                self._manager.__exit__(None, None, None)
+            self._manager = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._pending.clear()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -610,3 +610,14 @@ def test_reader_trusts_only_the_ready_list(tmp_path: Path) -> None:
     write_stager_state(tmp_path, StagerState(budget=1 << 20, ready=["shard-00000.h5"]))
     assert reader.wait_ready("shard-00000.h5", timeout=0) == tmp_path / "shard-00000.h5"
     assert (tmp_path / CACHE_DIR / STAGER_STATE).is_file()
+
+
+@pytest.mark.parametrize(("flags", "where"), [
+    (["--budget", "1GiB", "--window", "1GiB"], "--window"),  # the alias and the flag at once
+    (["--wait-timeout", "5"], "--wait-timeout"),  # a copy waits for no reader
+])
+def test_cli_refuses_contradictory_flags(flags: list[str], where: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture) -> None:
+    code, _, err = _cli(["stage", "s3://bucket/prefix", str(tmp_path / "dest"), *flags], capsys)
+    assert code == 2 and _one_line(err) and err.startswith(f"error: {where}: "), err
+    assert not (tmp_path / "dest").exists()

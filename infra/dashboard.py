@@ -63,9 +63,9 @@ PANELS: tuple[PanelSpec, ...] = (
     PanelSpec("Staging", "Staged bytes/s", "Bps", (
         (f"sum by (job_name) (rate(ml_stage_bytes_total{{{_JOB}}}[{_RATE}]))", "{{job_name}}"),
     )),
-    PanelSpec("Staging", "Shards ready / consumed / total", "short", (
+    PanelSpec("Staging", "Shards ready / evicted / total", "short", (
         (f"sum by (job_name) (ml_stage_shards_ready{{{_JOB}}})", "ready {{job_name}}"),
-        (f"sum by (job_name) (ml_stage_shards_consumed{{{_JOB}}})", "consumed {{job_name}}"),
+        (f"sum by (job_name) (ml_stage_shards_evicted_total{{{_JOB}}})", "evicted {{job_name}}"),
         (f"sum by (job_name) (ml_stage_shards{{{_JOB}}})", "total {{job_name}}"),
     )),
     PanelSpec("Staging", "Window occupancy and S3 retries/s", "percentunit", (

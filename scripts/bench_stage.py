@@ -4,12 +4,14 @@ Ways to move the same objects through the same proxy:
   sequential    one boto3 get_object stream at a time, written to disk (the study's download loop)
   stager        workloads.data.stage (copy mode): parallel ranged GETs, pwrite, fsync, sha256 verify, atomic rename
   ceiling       the same ranged GETs as raw http.client requests from as many threads, bytes discarded
-  window        stage --window of --window-shards shards, while a reader (WindowReader, as the HDF5 Dataset uses
-                it) waits for each shard in order, reads it whole and marks it consumed: one rolling-window epoch
-  window-whole  the same with a window that holds the whole dataset (should match the copy-mode stager)
+  cache         stage --budget of --budget-shards shards, while a reader (CacheReader, as the training node uses
+                it) walks the shards in manifest order: before each one it writes the plan (that shard and the
+                rest), waits for it, reads it whole; at the end it writes a done plan. One epoch through a staging
+                cache smaller than the dataset: the stager evicts what the reader is past to fetch what comes next
+  cache-whole   the same with a budget that holds the whole dataset (should match the copy-mode stager)
 
     python scripts/bench_stage.py [--objects 16] [--object-mib 16] [--latency-ms 20] [--per-connection-mb-s 20]
-                                  [--workers 16] [--part-mib 8] [--window-shards 2] [--skip-sequential] [--json]
+                                  [--workers 16] [--part-mib 8] [--budget-shards 2] [--skip-sequential] [--json]
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data import TOOL_VERSION  # noqa: E402
+from workloads.data.cache import CacheReader  # noqa: E402
 from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo, shard_name  # noqa: E402
 from workloads.data.s3 import S3Uri, make_client  # noqa: E402
 from workloads.data.stage import StageOptions, stage  # noqa: E402
-from workloads.data.window import WindowReader  # noqa: E402
 
 BUCKET = "bench-stage"
 PREFIX = "dataset"
@@ -106,24 +108,28 @@ def _ceiling(endpoint: str, manifest: Manifest, workers: int, part_bytes: int) -
     return sum(counted)
 
 
-def _window_epoch(endpoint: str, manifest: Manifest, dest: Path, options: StageOptions) -> int:
-    """One rolling-window epoch: the stager fills DEST while a reader consumes every shard in order."""
+def _cache_epoch(endpoint: str, manifest: Manifest, dest: Path, options: StageOptions) -> int:
+    """One epoch through the staging cache: the stager follows the plan a reader writes as it reads every shard in
+    manifest order."""
     dest.mkdir(parents=True)
-    consumed: list[int] = []
+    read: list[int] = []
     failures: list[BaseException] = []
+    names = [shard.path for shard in manifest.shards]
 
     def reader() -> None:
-        helper = WindowReader(dest)  # the HDF5 Dataset's own reader, with its default polling
+        cache = CacheReader(dest)  # the training node's reader, with its default polling
         try:
-            for shard in manifest.shards:
-                path = helper.wait_ready(shard.path, timeout=600)
+            for position, name in enumerate(names):
+                cache.write_plan(names[position:])  # the shard being read stays first until the reader is past it
+                path = cache.wait_ready(name, timeout=600)
                 with open(path, "rb", buffering=0) as handle:
-                    consumed.append(len(handle.read()))
-                helper.mark_consumed(shard.path)
+                    read.append(len(handle.read()))
         except BaseException as exc:
             failures.append(exc)
+        finally:
+            cache.write_plan([], done=True)  # the stager exits (also after a failure)
 
-    thread = threading.Thread(target=reader, name="window-reader")
+    thread = threading.Thread(target=reader, name="cache-reader")
     thread.start()
     try:
         stage(make_client(endpoint, options.workers), S3Uri(BUCKET, PREFIX), dest, options)
@@ -131,7 +137,7 @@ def _window_epoch(endpoint: str, manifest: Manifest, dest: Path, options: StageO
         thread.join()
     if failures:
         raise failures[0]
-    return sum(consumed)
+    return sum(read)
 
 
 def _fresh(directory: Path) -> Path:
@@ -154,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="cap per connection (0 = none); see docs/data-tools.md for why 20")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--part-mib", type=int, default=8)
-    parser.add_argument("--window-shards", type=int, default=2, help="rolling window size, in shards")
+    parser.add_argument("--budget-shards", "--window-shards", dest="budget_shards", type=int, default=2,
+                        help="staging-cache budget of the cache method, in shards")
     parser.add_argument("--skip-sequential", action="store_true", help="leave out the slow one-stream method")
     parser.add_argument("--repeats", type=int, default=2, help="runs per method, interleaved; the fastest counts")
     parser.add_argument("--scratch", type=Path, default=Path("/dev/shm") if Path("/dev/shm").is_dir() else None,
@@ -172,15 +179,15 @@ def main(argv: list[str] | None = None) -> int:
         manifest = _seed(seeder, args.objects, args.object_mib << 20)
         part_bytes = args.part_mib << 20
         options = StageOptions(workers=args.workers, part_bytes=part_bytes, progress=False)
-        window = dataclasses.replace(options, window_bytes=args.window_shards * (args.object_mib << 20))
-        whole = dataclasses.replace(options, window_bytes=args.objects * (args.object_mib << 20))
+        cache = dataclasses.replace(options, budget_bytes=args.budget_shards * (args.object_mib << 20))
+        whole = dataclasses.replace(options, budget_bytes=args.objects * (args.object_mib << 20))
         methods = {
             "sequential": lambda run: _sequential(endpoint, manifest, _fresh(Path(scratch) / f"sequential{run}")),
             "ceiling": lambda run: _ceiling(endpoint, manifest, args.workers, part_bytes),
             "stager": lambda run: stage(make_client(endpoint, args.workers), S3Uri(BUCKET, PREFIX),
                                         Path(scratch) / f"stager{run}", options).fetched_bytes,
-            "window": lambda run: _window_epoch(endpoint, manifest, Path(scratch) / f"window{run}", window),
-            "window-whole": lambda run: _window_epoch(endpoint, manifest, Path(scratch) / f"whole{run}", whole),
+            "cache": lambda run: _cache_epoch(endpoint, manifest, Path(scratch) / f"cache{run}", cache),
+            "cache-whole": lambda run: _cache_epoch(endpoint, manifest, Path(scratch) / f"whole{run}", whole),
         }
         if args.skip_sequential:
             del methods["sequential"]
@@ -195,26 +202,26 @@ def main(argv: list[str] | None = None) -> int:
 
     rate = {method: round(moved / seconds / 1e6, 1) for method, (moved, seconds) in runs.items()}
     results = [{"method": method, "mb_per_s": rate[method], "bytes": moved} for method, (moved, _) in runs.items()]
-    ratios = {"stager/ceiling": rate["stager"] / rate["ceiling"], "window/ceiling": rate["window"] / rate["ceiling"],
-              "window-whole/stager": rate["window-whole"] / rate["stager"]}
+    ratios = {"stager/ceiling": rate["stager"] / rate["ceiling"], "cache/ceiling": rate["cache"] / rate["ceiling"],
+              "cache-whole/stager": rate["cache-whole"] / rate["stager"]}
     if "sequential" in rate:
         ratios["stager/sequential"] = rate["stager"] / rate["sequential"]
     load = [round(value, 2) for value in os.getloadavg()]
     if args.json:
         print(json.dumps({"results": results, "ratios": ratios, "latency_ms": args.latency_ms,
-                          "window_shards": args.window_shards, "load_average": load}))
+                          "budget_shards": args.budget_shards, "load_average": load}))
         return 0
     print(f"{args.objects} objects x {args.object_mib} MiB, +{args.latency_ms:g} ms RTT, "
           f"{args.per_connection_mb_s or 'no'} MB/s per-connection cap, {args.workers} workers, "
-          f"{args.part_mib} MiB parts, window {args.window_shards} shards, best of {args.repeats}")
+          f"{args.part_mib} MiB parts, cache budget {args.budget_shards} shards, best of {args.repeats}")
     print(f"{'method':<14}{'MB/s':>10}{'bytes':>14}{'seconds':>10}")
     for method, (moved, seconds) in runs.items():
         print(f"{method:<14}{rate[method]:>10.1f}{moved:>14}{seconds:>10.2f}")
     if "sequential" in rate:
         print(f"stager / sequential = {ratios['stager/sequential']:.2f}x (target >= 4)")
     print(f"stager / ceiling = {ratios['stager/ceiling']:.0%} (target >= 80%), "
-          f"window / ceiling = {ratios['window/ceiling']:.0%} (target >= 80%), "
-          f"window-whole / stager = {ratios['window-whole/stager']:.0%} (target ~100%)")
+          f"cache / ceiling = {ratios['cache/ceiling']:.0%} (target >= 80%), "
+          f"cache-whole / stager = {ratios['cache-whole/stager']:.0%} (target ~100%)")
     print(f"load average (1/5/15 min): {load[0]} {load[1]} {load[2]}")
     return 0
 

@@ -48,7 +48,6 @@ class Snapshot:
     start_time: float | None = None
     done: bool = False
     stage_shards_ready: float | None = None
-    stage_shards_consumed: float = 0.0
     stage_shards: float | None = None
     stage_bytes: float = 0.0
     stage_done: bool = False
@@ -79,7 +78,6 @@ def snapshot(pages: Iterable[dict[str, float]], at: float) -> Snapshot:
     if stagers:
         fields.update(
             stage_shards_ready=sum(p.get("ml_stage_shards_ready", 0.0) for p in stagers),
-            stage_shards_consumed=sum(p.get("ml_stage_shards_consumed", 0.0) for p in stagers),
             stage_shards=sum(p.get("ml_stage_shards", 0.0) for p in stagers),
             stage_bytes=sum(p.get("ml_stage_bytes_total", 0.0) for p in stagers),
             stage_done=all(p.get("ml_stage_done", 0.0) == 1 for p in stagers),
@@ -127,7 +125,7 @@ def progress(now: Snapshot, before: Snapshot | None = None) -> Progress:
         eta = max(0.0, total - position) / step_rate
     staged = None
     if now.stage_shards is not None:
-        staged = f"{int((now.stage_shards_ready or 0) + now.stage_shards_consumed)}/{int(now.stage_shards)} shards"
+        staged = f"{int(now.stage_shards_ready or 0)}/{int(now.stage_shards)} shards"
     return Progress(
         fraction=fraction,
         epoch=min(int(now.epoch) + 1, int(now.epochs)) if now.epochs else 0,

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.data.conftest import CREDENTIALS
 from tests.data.helpers import write_corpus
 from workloads.data.__main__ import main
 from workloads.data.format import load_manifest
@@ -64,7 +63,7 @@ def put_manifest(client: object, uri: S3Uri, manifest: dict) -> None:
 
 # -- manifest paths are untrusted -------------------------------------------------------------------------------
 HOSTILE_PATHS = ["../victim.h5", "../../victim.h5", "/tmp/victim.h5", "sub/shard.h5", "..", ".", "",
-                 "manifest.json", ".window", "shard\\..\\x.h5", "shard-00000.h5\x00", ".shard-00000.h5.part"]
+                 "manifest.json", ".cache", "shard\\..\\x.h5", "shard-00000.h5\x00", ".shard-00000.h5.part"]
 
 
 @pytest.mark.parametrize("bad", HOSTILE_PATHS)
@@ -123,21 +122,6 @@ def test_upload_refuses_escaping_paths(tmp_path: Path, packed: Path, s3_url: str
     code, err = cli(["upload", str(copy), f"s3://{bucket}/x", "--endpoint-url", s3_url, "--no-progress"], capsys)
     assert code == 2 and one_line(err) and "shards.0.path" in err
     assert make_client(s3_url, 4).list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
-
-
-def test_window_reader_state_cannot_delete_outside_dest(tmp_path: Path, packed: Path, s3_url: str,
-                                                        bucket: str) -> None:
-    from tests.data.helpers import stage_options, uploaded
-    from workloads.data.stage import stage
-
-    target = uploaded(packed, s3_url, bucket)
-    victim = tmp_path / "victim.h5"
-    victim.write_bytes(b"precious")
-    dest = tmp_path / "dest"
-    (dest / ".window").mkdir(parents=True)
-    (dest / ".window" / "reader.json").write_text(json.dumps({"consumed": ["../victim.h5", str(victim)]}))
-    stage(make_client(s3_url, 4), target, dest, stage_options(window_bytes=1 << 30))
-    assert victim.read_bytes() == b"precious"
 
 
 def test_symlinked_shard_in_dest_is_replaced_not_written_through(tmp_path: Path, packed: Path, s3_url: str,
@@ -526,18 +510,20 @@ def test_class_of_only_unusable_files_is_refused(tmp_path: Path, capsys: pytest.
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_written_files_follow_the_umask(umask: int, tmp_path: Path, packed: Path, s3_url: str, bucket: str) -> None:
     from tests.data.helpers import stage_options, uploaded
+    from workloads.data.cache import Plan, write_plan
     from workloads.data.stage import stage
 
     target = uploaded(packed, s3_url, bucket)
+    write_plan(tmp_path / "dest", Plan(order=[], done=True))  # the reader is done already: the stager only publishes
     old = os.umask(umask)
     try:
         small_pack(tmp_path / "src", tmp_path / "out")
-        stage(make_client(s3_url, 4), target, tmp_path / "dest", stage_options(window_bytes=1 << 30))
+        stage(make_client(s3_url, 4), target, tmp_path / "dest", stage_options(budget_bytes=1 << 30))
     finally:
         os.umask(old)
     want = 0o666 & ~umask
     for path in [tmp_path / "out" / "manifest.json", tmp_path / "out" / "pack-report.json",
-                 tmp_path / "dest" / "manifest.json", tmp_path / "dest" / ".window" / "stager.json"]:
+                 tmp_path / "dest" / "manifest.json", tmp_path / "dest" / ".cache" / "stager.json"]:
         assert path.stat().st_mode & 0o777 == want, path
     for shard in (tmp_path / "out").glob("shard-*.h5"):
         assert shard.stat().st_mode & 0o777 == want
@@ -549,6 +535,8 @@ def test_written_files_follow_the_umask(umask: int, tmp_path: Path, packed: Path
     (["upload", "D", "s3://b/p", "--part-size", "16B"], "--part-size"),
     (["upload", "D", "s3://b/p", "--part-size", "1MiB"], "--part-size"),
     (["stage", "s3://b/p", "D", "--part-size", "16B"], "--part-size"),
+    (["stage", "s3://b/p", "D", "--budget", "100B"], "--budget"),
+    (["stage", "s3://b/p", "D", "--budget", "-1GiB"], "--budget"),
     (["stage", "s3://b/p", "D", "--window", "100B"], "--window"),
     (["stage", "s3://b/p", "D", "--window", "-1GiB"], "--window"),
     (["pack", "S", "O", "--shard-size", "1000B"], None),
@@ -567,29 +555,6 @@ def test_size_units_are_one_rule() -> None:
     assert parse_size("1") == 1 << 30 and parse_size("1GiB") == 1 << 30 and parse_size("1Gi") == 1 << 30
     assert parse_size("1GB") == 10**9 and parse_size("1G") == 10**9 and parse_size("512KiB") == 512 * 1024
     assert parse_size("4096B") == 4096 and parse_size("1.5MiB") == 3 << 19
-
-
-# -- stage --window without a reader --------------------------------------------------------------------------------
-def test_window_without_reader_says_what_it_waits_for_and_times_out(tmp_path: Path, packed: Path, s3_url: str,
-                                                                     bucket: str) -> None:
-    write_corpus(tmp_path / "src", per_class=30)
-    pack(tmp_path / "src", tmp_path / "big", PackOptions(image_size=96, shard_bytes=200_000, workers=1,
-                                                         progress=False))
-    packed = tmp_path / "big"
-    upload(make_client(s3_url, 4), packed, S3Uri(bucket, "sets/tiny"), UploadOptions(workers=2, progress=False))
-    window = 1 << 20
-    env = {**os.environ, **CREDENTIALS, "PYTHONPATH": str(REPO)}
-    started = time.monotonic()
-    process = subprocess.run(
-        [sys.executable, "-m", "workloads.data", "stage", f"s3://{bucket}/sets/tiny", str(tmp_path / "dest"),
-         "--endpoint-url", s3_url, "--window", f"{window}B", "--wait-timeout", "1", "--no-progress"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    if sum(s.bytes for s in load_manifest(packed).shards) <= window:
-        pytest.skip("the test dataset fits in the smallest window")
-    assert process.returncode == 2, process.stderr
-    assert "waiting for the reader" in process.stderr and "reader.json" in process.stderr
-    assert process.stderr.strip().splitlines()[-1].startswith("error: ") and "--wait-timeout" in process.stderr
-    assert time.monotonic() - started < 30
 
 
 # -- pack workers die with a SIGKILLed parent ------------------------------------------------------------------------
@@ -695,25 +660,3 @@ def test_two_packs_into_one_directory_do_not_mix(tmp_path: Path, capsys: pytest.
         os.close(lock)
     assert code == 2 and one_line(err) and "another pack" in err, err
     assert main(["pack", str(tmp_path / "src"), str(out), "--size", "8", "--no-progress"]) == 0
-
-
-@pytest.mark.parametrize("state", ["reader-dir", "window-file", "binary", "deep"])
-def test_broken_window_state_is_one_line(state: str, tmp_path: Path, packed: Path, s3_url: str, bucket: str,
-                                         capsys: pytest.CaptureFixture) -> None:
-    from tests.data.helpers import uploaded
-
-    uploaded(packed, s3_url, bucket)
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    if state == "window-file":
-        (dest / ".window").write_text("x")
-    else:
-        (dest / ".window").mkdir()
-        reader = dest / ".window" / "reader.json"
-        if state == "reader-dir":
-            reader.mkdir()
-        else:
-            reader.write_bytes(b"\xff\xfe\x00" if state == "binary" else b"[" * 100000 + b"]" * 100000)
-    code, err = cli(["stage", f"s3://{bucket}/sets/tiny", str(dest), "--endpoint-url", s3_url, "--window", "1GiB",
-                     "--no-progress"], capsys)
-    assert code == 2 and one_line(err) and ".window" in err, err

@@ -35,8 +35,8 @@ def _page(metrics: TrainMetrics | StageMetrics) -> str:
 
 def _stager(ready: int) -> StageMetrics:
     stage = StageMetrics()
-    stage.dataset(shards=8, total_bytes=8 << 20, window_bytes=None)
-    stage.state(ready=ready, consumed=0, held_bytes=ready << 20, done=ready == 8)
+    stage.dataset(shards=8, total_bytes=8 << 20, budget_bytes=None)
+    stage.state(ready=ready, held_bytes=ready << 20, done=ready == 8)
     return stage
 
 

@@ -89,11 +89,12 @@ def test_stager_metrics_port_errors_are_one_line(monkeypatch: pytest.MonkeyPatch
 
 def test_stager_metrics_names() -> None:
     metrics = StageMetrics()
-    metrics.dataset(shards=4, total_bytes=4096, window_bytes=2048)
-    metrics.state(ready=2, consumed=1, held_bytes=2048, done=False)
+    metrics.dataset(shards=4, total_bytes=4096, budget_bytes=2048)
+    metrics.state(ready=2, held_bytes=2048, done=False)
+    metrics.shards_evicted.inc()
     get = metrics.registry.get_sample_value
     assert get("ml_stage_window_capacity_bytes") == 2048 and get("ml_stage_window_used_bytes") == 2048
-    assert get("ml_stage_shards_ready") == 2 and get("ml_stage_shards_consumed") == 1 and get("ml_stage_done") == 0
+    assert get("ml_stage_shards_ready") == 2 and get("ml_stage_shards_evicted_total") == 1 and get("ml_stage_done") == 0
     assert get("ml_stage_bytes_total") == 0 and get("ml_stage_retries_total") == 0
 
 

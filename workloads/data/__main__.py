@@ -32,7 +32,7 @@ KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
 def parse_size(text: str, minimum: int = 1, maximum: int = 1 << 50, why_minimum: str = "") -> int:
     """One rule for every size flag: '512MiB'/'512Mi' (binary), '512MB'/'512M' (decimal), '4096B' (bytes);
-    a bare number is GiB (as --window always was, and as rendered Jobs pass it). Values outside
+    a bare number is GiB (as --budget and --window always were, and as rendered Jobs pass it). Values outside
     [minimum, maximum] are refused with the reason."""
     match = _SIZE.match(text)
     if not match:
@@ -158,14 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--part-size", type=_size(256 * KIB, 5 * GIB, "a ranged GET smaller than 256KiB is mostly "
                                                                     "overhead"), default=16 << 20,
                        help="bytes per ranged GET, e.g. 16MiB")
-    stage.add_argument("--window", type=_size(MIB), default=None,
-                       help="rolling window: keep at most this much (GiB, or e.g. 512MiB) on disk")
+    stage.add_argument("--budget", type=_size(MIB), default=None, metavar="SIZE",
+                       help="staging cache: keep at most this much (GiB, or e.g. 512MiB) of shards on disk, "
+                            "fetched in the order of the reader's plan (DEST/.cache/plan.json); default: no bound")
+    stage.add_argument("--window", type=_size(MIB), default=None, metavar="SIZE",
+                       help="alias of --budget (older Jobs)")
     stage.add_argument("--linger", action="store_true",
-                       help="with --window: once all shards are staged, keep deleting consumed ones until SIGTERM "
-                            "(run as a Kubernetes native sidecar, which is restarted if it exits)")
+                       help="serve the reader's plan until SIGTERM instead of exiting when the plan is done (run "
+                            "as a Kubernetes native sidecar, which is restarted if it exits); without --budget: a "
+                            "whole copy, fetched in plan order")
     stage.add_argument("--wait-timeout", type=_seconds, default=None, metavar="SECONDS",
-                       help="with --window: give up (exit 2) when the reader has consumed nothing for this long "
-                            "while the window is full; default: wait forever, logging what it waits for")
+                       help="when serving (--budget or --linger): give up (exit 2) when the cache is full of shards "
+                            "the reader needs first and its plan has not changed for this long; default: wait "
+                            "forever, logging what it waits for")
     stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
     stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                        help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
@@ -242,8 +247,11 @@ def run(args: argparse.Namespace) -> int:
 
     from workloads.data.stage import StageOptions, stage
 
-    if args.linger and args.window is None:
-        raise DataToolError("--linger", "only meaningful with --window")
+    if args.budget is not None and args.window is not None:
+        raise DataToolError("--window", "an alias of --budget: give one of them")
+    budget = args.budget if args.budget is not None else args.window
+    if args.wait_timeout is not None and budget is None and not args.linger:
+        raise DataToolError("--wait-timeout", "only meaningful when serving a reader (with --budget or --linger)")
     port = args.metrics_port if args.metrics_port is not None else _env_port(STAGE_METRICS_PORT_ENV)
     client = make_client(args.endpoint_url, max_connections=args.workers)
     metrics = StageMetrics()
@@ -251,13 +259,14 @@ def run(args: argparse.Namespace) -> int:
         if port:
             metrics.serve(port, metrics_addr())
         staged = stage(client, uri, args.dest, StageOptions(
-            workers=args.workers, part_bytes=args.part_size, window_bytes=args.window,
+            workers=args.workers, part_bytes=args.part_size, budget_bytes=budget,
             retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger,
             wait_timeout_s=args.wait_timeout, metrics=metrics))
     finally:
         metrics.close()
-    print(f"staged {len(staged.fetched)} shards ({staged.fetched_bytes} bytes), kept {len(staged.kept)} "
-          f"already verified, into {args.dest}")
+    print(f"staged into {args.dest}: fetched {len(staged.fetched)} shards ({staged.fetched_bytes} bytes), kept "
+          f"{len(staged.kept)} already verified, evicted {len(staged.evicted)}; peak {staged.peak_held_bytes} "
+          "bytes held")
     return 0
 
 

@@ -1,7 +1,9 @@
-"""Prometheus metrics of the stager: how far staging is, how full the rolling window is, how often S3 pushed back.
+"""Prometheus metrics of the stager: how far staging is, how full the staging cache is, how often S3 pushed back.
 
-Next to the trainer's data-wait share these answer "is the GPU waiting on staging": a window that stays full while
-the trainer waits means the reader is slow; an empty window and a flat bytes rate mean the object store is.
+Next to the trainer's data-wait share these answer "is the GPU waiting on staging": a cache that stays full while
+the trainer waits means the reader is slow; an empty cache and a flat bytes rate mean the object store is; many
+evictions per epoch mean the budget is small for the reader's order (every evicted shard is fetched again).
+The byte gauges keep their `window` names from the rolling-window stager, so dashboards and alerts carry on.
 """
 
 from __future__ import annotations
@@ -31,23 +33,22 @@ class StageMetrics:
         self.dataset_bytes = Gauge("ml_stage_dataset_bytes", "Bytes of all shards in the manifest", registry=r)
         self.shards_ready = Gauge("ml_stage_shards_ready", "Shards verified on local disk and readable now",
                                   registry=r)
-        self.shards_consumed = Gauge("ml_stage_shards_consumed", "Shards the reader finished and the stager deleted "
-                                     "(rolling window)", registry=r)
+        self.shards_evicted = Counter("ml_stage_shards_evicted", "Shards the staging cache deleted to make room for "
+                                      "shards the reader needs sooner", registry=r)
         self.window_used = Gauge("ml_stage_window_used_bytes", "Shard bytes held on local disk, including "
                                  "downloads in flight", registry=r)
-        self.window_capacity = Gauge("ml_stage_window_capacity_bytes", "Rolling-window size (copy mode: the "
+        self.window_capacity = Gauge("ml_stage_window_capacity_bytes", "Staging-cache budget (no budget: the "
                                      "dataset's size)", registry=r)
-        self.done = Gauge("ml_stage_done", "1 once every shard has been staged", registry=r)
+        self.done = Gauge("ml_stage_done", "1 once the stager has staged everything it was asked for", registry=r)
         self._endpoint = MetricsServer(self.registry)
 
-    def dataset(self, shards: int, total_bytes: int, window_bytes: int | None) -> None:
+    def dataset(self, shards: int, total_bytes: int, budget_bytes: int | None) -> None:
         self.shards.set(shards)
         self.dataset_bytes.set(total_bytes)
-        self.window_capacity.set(total_bytes if window_bytes is None else window_bytes)
+        self.window_capacity.set(total_bytes if budget_bytes is None else budget_bytes)
 
-    def state(self, ready: int, consumed: int, held_bytes: int, done: bool) -> None:
+    def state(self, ready: int, held_bytes: int, done: bool) -> None:
         self.shards_ready.set(ready)
-        self.shards_consumed.set(consumed)
         self.window_used.set(held_bytes)
         self.done.set(1 if done else 0)
 

@@ -1,30 +1,43 @@
-"""Stage a packed dataset from S3 (or an S3-compatible store) onto local disk.
+"""Stage a packed dataset from S3 (or an S3-compatible store) onto local disk: a whole copy, or a staging cache.
 
-Copy mode fetches every shard; window mode (window_bytes set) keeps at most that many bytes of shards in DEST,
-fetching ahead in manifest order and deleting shards the reader has marked consumed (see window.py).
+Copy mode (no budget, no linger) fetches every shard in manifest order and writes manifest.json last: a local
+manifest means every shard is here.
+
+Cache mode (a budget, or linger) serves a training reader on the same node through DEST/.cache/ (the protocol is
+workloads/data/cache.py). stager.json is written first, then manifest.json (the reader needs it to start). The
+stager re-reads the reader's plan.json every poll interval; the shards it wants are the longest prefix of the plan's
+distinct shards whose bytes fit the budget (no budget: every shard, the plan's first; no plan yet: manifest order).
+It starts downloads for wanted shards in plan order while the bytes it holds (verified shards plus downloads in
+flight, counted at full size from the moment they start) plus the next shard fit the budget. Only when a wanted
+shard needs space does it evict resident shards the plan does not want (those the plan does not name first, then
+the ones it names last): out of "ready", stager.json published, then unlinked. So the shard being read (first in the
+plan) is never evicted, and a budget that holds the dataset evicts nothing and fetches nothing twice across epochs.
+Without linger it exits once the plan is done (no budget: once every shard is here); with linger it serves until
+interrupted (SIGTERM, mapped to KeyboardInterrupt by the CLI). A failure is published as stager.json's "error", so a
+waiting reader fails at once.
 
 Every shard is fetched as parallel ranged GETs (one thread pool shared by all shards) written with pwrite into a
-hidden temp file. Parts are sized from the bytes that may be in flight at once (the window, or the whole dataset in
-copy mode), so a window of two shards, one of them being read, still spreads the next shard over several
-connections; up to two parts per worker are queued, so no connection waits for its next request. The temp file is
-fsynced, checked against the manifest's sha256 and only then renamed to its final name, so a partial or corrupt
-file never carries a shard's name. Throttling (503 SlowDown) and connections dropped mid-body
-are retried per part with exponential backoff and jitter; a checksum mismatch re-fetches the whole shard. A rerun
-resumes: final files whose sha256 matches are kept, stale temp files are removed.
-
-In copy mode manifest.json is written last (a local manifest means every shard is here); in window mode it is
-written first, right after .window/stager.json, which then says which shards are present.
+hidden temp file. Parts are sized from the bytes that may be in flight at once (the budget, or the whole dataset),
+so a budget of two shards, one of them being read, still spreads the next shard over several connections; up to two
+parts per worker are queued, so no connection waits for its next request. The temp file is fsynced, checked against
+the manifest's sha256 and only then renamed to its final name, so a partial or corrupt file never carries a shard's
+name. Throttling (503 SlowDown) and connections dropped mid-body are retried per part with exponential backoff and
+jitter; a checksum mismatch re-fetches the whole shard. A rerun resumes: final files whose sha256 matches are kept
+(in plan order, up to the budget), stale temp files of the manifest's shards are removed, and a file the manifest
+does not name is never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,10 +46,11 @@ from typing import Any
 from pydantic import ValidationError
 from tqdm import tqdm
 
+from workloads.data.cache import Plan, StagerState, cache_dir, read_plan, write_stager_state
 from workloads.data.format import (
     MANIFEST_NAME,
-    READER_STATE,
-    WINDOW_DIR,
+    PLAN_STATE,
+    STAGER_STATE,
     Manifest,
     ShardInfo,
     atomic_write_bytes,
@@ -46,43 +60,47 @@ from workloads.data.format import (
 from workloads.data.metrics import StageMetrics
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.data.verify import sha256_file
-from workloads.data.window import StagerState, write_stager_state
-from workloads.data.window import read_consumed as _read_consumed
 
 TEMP_SUFFIX = ".part"
 _BODY_CHUNK = 1 << 20
 _HASH_BLOCK = 8 << 20
+_LONG_WAIT_S = 60.0  # a wait for the reader this long is logged again (the first one always is)
 
 
 @dataclass(frozen=True)
 class StageOptions:
     workers: int = 16
-    part_bytes: int = 16 << 20  # the largest ranged GET; smaller when the window is small (see part_size)
-    # The smallest ranged GET a small window may split shards into. Smaller parts keep more connections busy, but
+    part_bytes: int = 16 << 20  # the largest ranged GET; smaller when the budget is small (see part_size)
+    # The smallest ranged GET a small budget may split shards into. Smaller parts keep more connections busy, but
     # every request costs a round trip and server work; 8 MiB is S3's own advice for ranged GETs, and on the local
     # benchmark path (moto reads the whole object for each ranged GET) 2 and 4 MiB parts lost to 8 MiB ones.
     min_part_bytes: int = 8 << 20
-    window_bytes: int | None = None
+    # The staging cache's bound on shard bytes in DEST (verified plus in flight); None: no bound, the whole dataset
+    # may stay. A budget (or linger) makes the stager serve the reader's plan (see the module docstring).
+    budget_bytes: int | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     shard_attempts: int = 3  # whole-shard fetches before a persistent checksum mismatch is fatal
     progress: bool = True
-    poll_interval_s: float = 0.01  # window mode: how soon a consumed shard's space is refilled
-    # Window mode: after every shard is staged, keep deleting consumed shards until interrupted (SIGINT, or SIGTERM
-    # mapped to KeyboardInterrupt by the CLI) instead of exiting: a native sidecar that exits is restarted.
+    poll_interval_s: float = 0.01  # cache mode: how often the plan is read again and freed space refilled
+    # Serve the plan until interrupted (SIGINT, or SIGTERM mapped to KeyboardInterrupt by the CLI) instead of exiting
+    # when the plan is done: a Kubernetes native sidecar that exits is restarted. Without a budget: a whole copy,
+    # fetched in plan order, served to the reader as it arrives.
     linger: bool = False
-    # Window mode: give up when the window is full and the reader has consumed nothing for this long (None: forever).
+    # Cache mode: give up when the cache is full of shards the reader needs first, the next one waits for space and
+    # the plan has not changed for this long (None: wait forever, logging what it waits for).
     wait_timeout_s: float | None = None
-    # Where progress, window occupancy and retries are counted (the CLI serves them); None: a private registry.
+    # Where progress, cache occupancy and retries are counted (the CLI serves them); None: a private registry.
     metrics: StageMetrics | None = None
 
 
 @dataclass
 class StageResult:
     manifest: Manifest
-    fetched: list[str] = field(default_factory=list)
+    fetched: list[str] = field(default_factory=list)  # every completed download, in order (a shard may repeat)
     kept: list[str] = field(default_factory=list)  # already present and verified (resume)
+    evicted: list[str] = field(default_factory=list)  # every eviction, in order
     fetched_bytes: int = 0
-    peak_window_bytes: int = 0  # most shard bytes (final + temp) held at once
+    peak_held_bytes: int = 0  # most shard bytes (verified + in flight) held at once
 
 
 def fetch_manifest(
@@ -151,11 +169,31 @@ class _ShardFetch:
 def part_size(options: StageOptions, in_flight_bytes: int) -> int:
     """The ranged-GET size for a transfer that may have `in_flight_bytes` downloading at once.
 
-    Two parts per worker: one being fetched, one queued behind it. A smaller window means smaller parts rather
+    Two parts per worker: one being fetched, one queued behind it. A smaller budget means smaller parts rather
     than idle connections; never below min_part_bytes, never above part_bytes.
     """
     spread = -(-in_flight_bytes // (2 * max(1, options.workers)))
     return max(1, min(options.part_bytes, max(options.min_part_bytes, spread)))
+
+
+def _quoted(name: str, limit: int = 80) -> str:
+    """A name from another container's file, safe for a one-line message (repr escapes control characters)."""
+    return repr(name[:limit]) + ("..." if len(name) > limit else "")
+
+
+def read_checked_plan(dest: Path, names: Container[str]) -> Plan | None:
+    """The reader's plan, or None while there is none; a broken plan.json, or one naming a shard the manifest does
+    not list, is a one-line error (the reader is another container: its files are untrusted input)."""
+    where = str(cache_dir(dest) / PLAN_STATE)
+    try:
+        plan = read_plan(dest)
+    except ValueError as exc:
+        raise DataToolError(where, str(exc).removeprefix(f"{where}: ")) from exc
+    if plan is not None:
+        for name in plan.order:
+            if name not in names:
+                raise DataToolError(where, f"names {_quoted(name)}, which is not a shard of the manifest")
+    return plan
 
 
 class _Stager:
@@ -165,12 +203,14 @@ class _Stager:
         self.dest = dest
         self.manifest = manifest
         self.options = options
-        self.windowed = options.window_bytes is not None
+        self.budget = options.budget_bytes
+        self.serving = self.budget is not None or options.linger
         self.result = StageResult(manifest=manifest)
-        self._bytes_of = {s.path: s.bytes for s in manifest.shards}
-        self.ready: list[str] = []
-        self.deleted: set[str] = set()
-        self.held_bytes = 0
+        self.info = {s.path: s for s in manifest.shards}
+        self.names = [s.path for s in manifest.shards]
+        self.ready: list[str] = []  # verified and in place, oldest first
+        self.in_flight: dict[str, _ShardFetch] = {}
+        self.held_bytes = 0  # ready plus in flight, at full shard size
         self.outstanding_parts = 0
         self.part_bytes = options.part_bytes  # set by run() from what may be in flight
         self.futures: dict[Future, tuple[str, _ShardFetch]] = {}
@@ -179,8 +219,13 @@ class _Stager:
         self.bar: tqdm | None = None
         self.aborted = threading.Event()
         self.finished = False
+        self.plan: Plan | None = None
+        self._plan_read_at: float | None = None
+        self._waiting_since: float | None = None
+        self._told_waiting = False
+        self._told_long_wait = False
         self.metrics = options.metrics or StageMetrics()
-        self.metrics.dataset(len(manifest.shards), sum(s.bytes for s in manifest.shards), options.window_bytes)
+        self.metrics.dataset(len(manifest.shards), sum(s.bytes for s in manifest.shards), self.budget)
 
     # -- pieces run in the pool -------------------------------------------------------------------------------
     def _fetch_part(self, fetch: _ShardFetch, start: int, end: int) -> int:
@@ -231,6 +276,7 @@ class _Stager:
         ranges = [(start, min(start + step, info.bytes) - 1) for start in range(0, info.bytes, step)]
         fetch = _ShardFetch(info=info, temp=temp, fd=fd, parts_left=len(ranges), attempt=attempt)
         self.fetches.append(fetch)
+        self.in_flight[info.path] = fetch
         if not ranges:
             self.futures[pool.submit(self._finish, fetch)] = ("finish", fetch)
         for start, end in ranges:
@@ -239,87 +285,197 @@ class _Stager:
 
     def publish(self, done: bool = False, error: str | None = None) -> None:
         self.finished = done
-        self._report()
-        if self.windowed:
-            write_stager_state(self.dest, StagerState(order=[s.path for s in self.manifest.shards],
-                                                      ready=list(self.ready), done=done, error=error))
+        self.metrics.state(ready=len(self.ready), held_bytes=self.held_bytes, done=done)
+        if not self.serving:
+            return
+        try:
+            write_stager_state(self.dest, StagerState(budget=self.budget, ready=list(self.ready), done=done,
+                                                      error=error))
+        except OSError as exc:
+            raise DataToolError(str(cache_dir(self.dest) / STAGER_STATE),
+                                f"cannot write the cache state: {exc.strerror or exc}") from exc
 
-    def _report(self) -> None:
-        on_disk = set(self.ready) - self.deleted
-        self.metrics.state(ready=len(on_disk), consumed=len(self.deleted), held_bytes=self.held_bytes,
-                           done=self.finished)
+    def fail(self, exc: BaseException) -> None:
+        """Tell a waiting reader why nothing more will come (best effort: the original error is what counts)."""
+        if isinstance(exc, KeyboardInterrupt):
+            why = "stopped by SIGTERM or SIGINT"
+        else:
+            why = str(exc) if isinstance(exc, DataToolError) else f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(DataToolError):
+            self.publish(error=why.splitlines()[0] if why else type(exc).__name__)
 
-    _waiting_since: float | None = None
-
-    def _wait_for_reader(self, next_shard: ShardInfo | None) -> None:
+    def refresh_plan(self, force: bool = False) -> None:
+        """Read the plan again, at most once per poll interval; a changed plan restarts the wait-timeout clock."""
         now = time.monotonic()
+        if not self.serving or (not force and self._plan_read_at is not None
+                                and now - self._plan_read_at < self.options.poll_interval_s):
+            return
+        self._plan_read_at = now
+        plan = read_checked_plan(self.dest, self.info)
+        if plan != self.plan:
+            self.plan = plan
+            self.not_waiting()
+
+    def order(self) -> list[str]:
+        """Shards in the order the reader will need them: the plan's distinct shards (no plan, or copy mode: the
+        manifest's); without a budget every shard the plan does not name follows, in manifest order."""
+        if self.plan is None:
+            return list(self.names)
+        order = list(dict.fromkeys(self.plan.order))
+        if self.budget is None:
+            named = set(order)
+            order += [name for name in self.names if name not in named]
+        return order
+
+    def wanted(self, order: list[str]) -> list[str]:
+        """The longest prefix of `order` whose bytes fit the budget."""
+        if self.budget is None:
+            return order
+        wanted, used = [], 0
+        for name in order:
+            used += self.info[name].bytes
+            if used > self.budget:
+                break
+            wanted.append(name)
+        return wanted
+
+    def _evict_for(self, size: int, wanted: set[str], order: list[str]) -> None:
+        """Evict resident shards outside `wanted` until `size` more bytes fit: first those the plan does not name,
+        then the ones it names last (needed latest). Out of "ready" and published before the files go."""
+        assert self.budget is not None
+        position = {name: index for index, name in enumerate(order)}
+        candidates = sorted((name for name in self.ready if name not in wanted),
+                            key=lambda name: -position.get(name, len(order)))
+        victims, freed = [], 0
+        for name in candidates:
+            if self.held_bytes - freed + size <= self.budget:
+                break
+            victims.append(name)
+            freed += self.info[name].bytes
+        if not victims:
+            return
+        for name in victims:
+            self.ready.remove(name)
+        self.publish()
+        for name in victims:
+            (self.dest / name).unlink(missing_ok=True)
+            self.held_bytes -= self.info[name].bytes
+            self.result.evicted.append(name)
+            self.metrics.shards_evicted.inc()
+        self.publish()
+
+    def step(self, pool: ThreadPoolExecutor) -> str | None:
+        """Evict and start downloads as the plan and the budget allow. Returns the shard that waits for space while
+        the cache holds only shards the reader needs first (None: nothing waits, or something is in flight)."""
+        if self.plan is not None and self.plan.done:
+            return None  # the reader will read nothing more
+        order = self.order()
+        wanted = self.wanted(order)
+        here = set(self.ready) | set(self.in_flight)
+        for name in wanted:
+            if name in here:
+                continue
+            if self.outstanding_parts >= 2 * self.options.workers:
+                return None
+            size = self.info[name].bytes
+            if self.budget is not None and self.held_bytes + size > self.budget:
+                self._evict_for(size, set(wanted), order)
+                if self.held_bytes + size > self.budget:
+                    return name  # in flight downloads hold the space; they finish and are evicted then
+            self.held_bytes += size
+            self.result.peak_held_bytes = max(self.result.peak_held_bytes, self.held_bytes)
+            self._start_fetch(pool, self.info[name], attempt=1)
+        if len(wanted) == len(order):
+            return None
+        following = order[len(wanted)]  # beyond the budget: it waits until the reader moves on
+        return None if following in self.ready or following in self.in_flight else following
+
+    def is_finished(self) -> bool:
+        if self.futures:
+            return False
+        everything = len(self.ready) == len(self.names)
+        if not self.serving:
+            return everything
+        if self.options.linger:
+            return False
+        return everything if self.budget is None else self.plan is not None and self.plan.done
+
+    def idle_done(self) -> bool:
+        """Nothing in flight and nothing more to fetch unless the plan changes (what stager.json's done says)."""
+        if self.futures:
+            return False
+        if self.budget is None:
+            return len(self.ready) == len(self.names)
+        return self.plan is not None and self.plan.done
+
+    def _tell_waiting(self, name: str, plan_path: Path, waited: float) -> None:
+        plan = "a plan" if self.plan is None else "the plan to move on"
+        print(f"stage: cache full ({self.held_bytes} of {self.budget} bytes, all of it shards the reader needs "
+              f"first); waiting for {plan} in {plan_path} before fetching {name}"
+              + (f" (for {waited:.0f}s now)" if waited >= 1 else ""), file=sys.stderr, flush=True)
+
+    def not_waiting(self) -> None:
+        self._waiting_since = None
+        self._told_long_wait = False
+
+    def wait_for_space(self, name: str) -> None:
+        """Log (the first wait, and a wait that lasts) and apply --wait-timeout while `name` waits for space."""
+        now = time.monotonic()
+        plan_path = cache_dir(self.dest) / PLAN_STATE
         if self._waiting_since is None:
             self._waiting_since = now
-            consumed = len(self.deleted)
-            print(f"stage: window full ({self.held_bytes} of {self.options.window_bytes} bytes); waiting for the "
-                  f"reader to mark shards consumed in {self.dest / WINDOW_DIR / READER_STATE} before fetching "
-                  f"{next_shard.path if next_shard else 'more'} ({consumed} consumed so far)",
-                  file=sys.stderr, flush=True)
+        waited = now - self._waiting_since
+        if not self._told_waiting:  # the first wait of the run
+            self._told_waiting = True
+            self._tell_waiting(name, plan_path, waited)
+        elif waited >= _LONG_WAIT_S and not self._told_long_wait:  # a reader that stopped moving
+            self._told_long_wait = True
+            self._tell_waiting(name, plan_path, waited)
         timeout = self.options.wait_timeout_s
-        if timeout is not None and now - self._waiting_since > timeout:
-            raise DataToolError(str(self.dest / WINDOW_DIR / READER_STATE),
-                                f"the reader consumed no shard for {timeout:g}s while the window was full "
-                                f"(--wait-timeout); is the training container reading {self.dest}?")
-        time.sleep(self.options.poll_interval_s)
+        if timeout is not None and waited > timeout:
+            what = "there was no plan" if self.plan is None else "the plan did not change"
+            raise DataToolError(str(plan_path), f"{what} for {timeout:g}s while the cache was full and {name} waited "
+                                                f"for space (--wait-timeout); is the training container reading "
+                                                f"{self.dest}?")
 
-    def _release_consumed(self) -> None:
-        for name in sorted((read_consumed(self.dest) & set(self.ready)) - self.deleted):
-            self._waiting_since = None
-            (self.dest / name).unlink(missing_ok=True)
-            self.deleted.add(name)
-            self.held_bytes -= self._bytes_of[name]
-            self._report()
-
-    def _fits(self, info: ShardInfo) -> bool:
-        if self.outstanding_parts >= 2 * self.options.workers:
-            return False
-        return not self.windowed or self.held_bytes + info.bytes <= (self.options.window_bytes or 0)
-
-    def run(self, pending: list[ShardInfo]) -> StageResult:
-        queue = list(pending)
-        in_flight = self.options.window_bytes if self.windowed else sum(s.bytes for s in pending)
-        self.part_bytes = part_size(self.options, in_flight or 0)
-        self.publish()
-        bar = tqdm(total=sum(s.bytes for s in pending), unit="B", unit_scale=True, desc="stage",
+    def run(self) -> StageResult:
+        missing = sum(s.bytes for s in self.manifest.shards if s.path not in self.ready)
+        self.part_bytes = part_size(self.options, self.budget if self.budget is not None else missing)
+        self.result.peak_held_bytes = max(self.result.peak_held_bytes, self.held_bytes)
+        bar = tqdm(total=missing if self.budget is None else None, unit="B", unit_scale=True, desc="stage",
                    disable=None if self.options.progress else True)
+        poll = self.options.poll_interval_s
         with ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="stage") as pool, bar:
             self.bar = bar
             try:
-                while queue or self.futures:
-                    if self.windowed:
-                        self._release_consumed()
-                    while queue and self._fits(queue[0]):
-                        info = queue.pop(0)
-                        self.held_bytes += info.bytes
-                        self.result.peak_window_bytes = max(self.result.peak_window_bytes, self.held_bytes)
-                        self._start_fetch(pool, info, attempt=1)
-                    if not self.futures:
-                        self._wait_for_reader(queue[0] if queue else None)  # the window is full, nothing consumed
+                while True:
+                    self.refresh_plan()
+                    waiting = self.step(pool)
+                    if self.is_finished():
+                        break
+                    if self.futures:
+                        self.not_waiting()
+                        finished, _ = wait(list(self.futures), timeout=poll if self.serving else None,
+                                           return_when=FIRST_COMPLETED)
+                        for future in finished:
+                            self._settle(pool, future)
                         continue
-                    self._waiting_since = None
-                    timeout = self.options.poll_interval_s if self.windowed else None
-                    finished, _ = wait(list(self.futures), timeout=timeout, return_when=FIRST_COMPLETED)
-                    for future in finished:
-                        self._settle(pool, future)
+                    if waiting is not None:
+                        self.wait_for_space(waiting)
+                    else:
+                        self.not_waiting()
+                    if self.idle_done() != self.finished:
+                        self.publish(done=self.idle_done())
+                    time.sleep(poll)
             except BaseException as exc:
                 self.aborted.set()
                 pool.shutdown(wait=True, cancel_futures=True)
                 self._discard_temps()
-                self.publish(error=str(exc) if isinstance(exc, DataToolError) else f"{type(exc).__name__}: {exc}")
-                raise
+                self.fail(exc)
+                if not (isinstance(exc, KeyboardInterrupt) and self.options.linger):
+                    raise
+                return self.result  # a lingering sidecar is stopped this way when its pod ends
         self.publish(done=True)
-        if self.windowed and self.options.linger:
-            try:
-                while True:
-                    self._release_consumed()
-                    time.sleep(self.options.poll_interval_s)
-            except KeyboardInterrupt:
-                pass
         return self.result
 
     def _settle(self, pool: ThreadPoolExecutor, future: Future) -> None:
@@ -334,6 +490,7 @@ class _Stager:
         self.fetches.remove(fetch)
         name = fetch.info.path
         if outcome:
+            del self.in_flight[name]
             self.ready.append(name)
             self.result.fetched.append(name)
             self.result.fetched_bytes += fetch.info.bytes
@@ -352,6 +509,23 @@ class _Stager:
                 os.close(fetch.fd)
             fetch.temp.unlink(missing_ok=True)
 
+    # -- resume ---------------------------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Keep verified shards already in DEST, in the order the reader needs them, up to the budget; remove the
+        others the manifest names. The plan is read first, so the shards kept are the ones it wants."""
+        self.refresh_plan(force=True)
+        order = list(dict.fromkeys(self.order() + self.names))
+        present = [self.info[name] for name in order if (self.dest / name).is_file()]
+        with ThreadPoolExecutor(max_workers=self.options.workers) as pool:  # hash in parallel
+            verified = list(pool.map(lambda s: _is_verified(self.dest / s.path, s), present))
+        for info, ok in zip(present, verified, strict=True):
+            if ok and (self.budget is None or self.held_bytes + info.bytes <= self.budget):
+                self.ready.append(info.path)
+                self.result.kept.append(info.path)
+                self.held_bytes += info.bytes
+            else:
+                (self.dest / info.path).unlink(missing_ok=True)
+
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     """pwrite may write less than asked (a file system close to full does); the next call then raises ENOSPC."""
@@ -364,15 +538,6 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         offset += written
 
 
-def read_consumed(dest: Path) -> set[str]:
-    """The reader's consumed list; a broken reader.json is a one-line error, not a traceback."""
-    try:
-        return _read_consumed(dest)
-    except ValueError as exc:
-        where, _, why = str(exc).partition(": ")
-        raise DataToolError(where, why or str(exc)) from exc
-
-
 def _is_verified(path: Path, info: ShardInfo) -> bool:
     return path.is_file() and path.stat().st_size == info.bytes and sha256_file(path) == info.sha256
 
@@ -381,44 +546,45 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
     metrics = options.metrics or StageMetrics()
     options = replace(options, metrics=metrics)
     manifest, manifest_bytes = fetch_manifest(client, source, options.retry, metrics.retries.inc)
-    if options.window_bytes is not None:
+    if options.budget_bytes is not None:
         largest = max(manifest.shards, key=lambda s: s.bytes, default=None)
-        if largest is not None and largest.bytes > options.window_bytes:
-            raise DataToolError("--window", f"{options.window_bytes} bytes cannot hold {largest.path} "
-                                            f"({largest.bytes} bytes); use a window of at least the largest shard")
+        if largest is not None and largest.bytes > options.budget_bytes:
+            raise DataToolError("--budget", f"{options.budget_bytes} bytes cannot hold {largest.path} "
+                                            f"({largest.bytes} bytes); use a budget of at least the largest shard")
+    stager = _Stager(client, source, dest, manifest, options)
     try:
         dest.mkdir(parents=True, exist_ok=True)
-        for stale in dest.glob(f".*{TEMP_SUFFIX}"):
-            stale.unlink()
-        if options.window_bytes is None:
+        _remove_stale_temps(dest, stager.names)
+        if not stager.serving:
             (dest / MANIFEST_NAME).unlink(missing_ok=True)  # copy mode: a local manifest means "all shards here"
+            if cache_dir(dest).is_dir():  # nor may a reader trust the ready list of an earlier cache run
+                (cache_dir(dest) / STAGER_STATE).unlink(missing_ok=True)
     except OSError as exc:
         raise DataToolError(str(dest), f"cannot prepare the staging directory: {exc.strerror}") from exc
-
-    # reader.json is written by another container: only names this manifest gives may ever be deleted.
-    names = {s.path for s in manifest.shards}
-    consumed = read_consumed(dest) & names if options.window_bytes is not None else set()
-    stager = _Stager(client, source, dest, manifest, options)
-    todo = [s for s in manifest.shards if s.path not in consumed]
-    for name in consumed:
-        (dest / name).unlink(missing_ok=True)
-    with ThreadPoolExecutor(max_workers=options.workers) as pool:  # resume: hash what is already here in parallel
-        verified = list(pool.map(lambda s: _is_verified(dest / s.path, s), todo))
-    pending: list[ShardInfo] = []
-    for info, ok in zip(todo, verified, strict=True):
-        if ok:
-            stager.ready.append(info.path)
-            stager.result.kept.append(info.path)
-            stager.held_bytes += info.bytes
-        else:
-            (dest / info.path).unlink(missing_ok=True)
-            pending.append(info)
-    stager.deleted |= consumed
-    if options.window_bytes is not None:
-        # The reader needs the manifest to start; in window mode stager.json, written first, says what is present.
-        stager.publish()
-        atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
-    result = stager.run(pending)
-    if options.window_bytes is None:
+    try:
+        if stager.serving:
+            # First of all: nothing is ready (a stale stager.json, or a copy's manifest.json without one, must not let
+            # a reader start on files this run has not verified yet).
+            stager.publish()
+        stager.resume()
+        if stager.serving:
+            # The reader needs the manifest to start; stager.json, written first, says which shards are present.
+            stager.publish()
+            atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+    except BaseException as exc:
+        stager.fail(exc)
+        raise
+    result = stager.run()
+    if not stager.serving:
         atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
     return result
+
+
+def _remove_stale_temps(dest: Path, names: list[str]) -> None:
+    """Temp files an earlier run left for the manifest's shards (`.<shard>.<pid>.<attempt>.part`); nothing else."""
+    pattern = re.compile(r"^\.(.+)\.[0-9]+\.[0-9]+" + re.escape(TEMP_SUFFIX) + "$")
+    shards = set(names)
+    for entry in os.scandir(dest):
+        match = pattern.match(entry.name)
+        if match and match.group(1) in shards and not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.path)

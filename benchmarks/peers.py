@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workloads.data.cache import CacheFeeder
+from workloads.data.cache import CacheFeeder, working_set_bytes
 from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
 from workloads.data.pack import PackOptions, pack
 from workloads.data.s3 import S3Uri, make_client
@@ -163,9 +163,8 @@ def ours_cache(ctx: Context) -> Measured:
             time.sleep(0.005)
         dataset = HDF5Dataset(dest, image_size=ctx.size if ctx.layout == "encoded" else None)
         assert dataset.cache is not None
-        # Shuffle spans of two shards: a small budget must hold the shards on the seam between spans too.
-        sampler = ElasticBatchSampler(dataset.shard_sizes, BATCH, seed=0, shuffle_shards=2)
         shards = dataset.manifest.shards
+        sampler = _widest_shuffle_that_fits(dataset, dataset.cache.state())
         feeder = CacheFeeder(dataset.cache, [s.path for s in shards], [s.bytes for s in shards], sampler)
         loader = make_loader(dataset, sampler, workers=WORKERS, persistent_workers=True)
 
@@ -186,6 +185,18 @@ def ours_cache(ctx: Context) -> Measured:
             stager.kill()
             stager.wait()
     return result
+
+
+def _widest_shuffle_that_fits(dataset: HDF5Dataset, state: Any) -> ElasticBatchSampler:
+    """The widest shuffle span (4, 2 or 1 shards) whose working set leaves a third of the budget for fetching ahead
+    (a user picks --shuffle-shards the same way; the trainer refuses one that does not fit at all)."""
+    sizes = [s.bytes for s in dataset.manifest.shards]
+    for span in (4, 2, 1):
+        sampler = ElasticBatchSampler(dataset.shard_sizes, BATCH, seed=0, shuffle_shards=span)
+        needed = working_set_bytes(sizes, *sampler.node_shards())
+        if state is None or state.budget is None or needed <= state.budget * 2 // 3:
+            break
+    return sampler
 
 
 # -- MosaicML Streaming: MDSWriter -> StreamingDataset (downloads shards into a local cache) -------------------------

@@ -212,3 +212,11 @@ def test_bad_arguments_name_the_field(kwargs: dict[str, int], field: str) -> Non
         ElasticBatchSampler(UNEVEN_SHARDS, **args)
     with pytest.raises(ValueError, match="shard_sizes"):
         ElasticBatchSampler([], 8)
+
+
+def test_the_first_batch_needs_one_shard_per_stream() -> None:
+    shards = [64] * 32
+    for streams in (1, 2):
+        sampler = ElasticBatchSampler(shards, 32, seed=3, shuffle_shards=4, canonical_nodes=streams)
+        first = next(iter(sampler))
+        assert len(set(sampler.shard_of(np.asarray(first)).tolist())) == streams

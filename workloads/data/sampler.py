@@ -8,7 +8,9 @@ An epoch's order is a pure function of (seed, epoch) and the dataset's shard siz
 3. Each stream is split into spans of `shuffle_shards` consecutive shards, and the samples of each span are
    shuffled (one by one, or in blocks of `block_size` consecutive samples whose boundaries move every epoch). The
    reader therefore works on a few shards at a time, which is what lets a bounded staging cache fetch them in
-   order, while two samples of one shard land in the same batch no more often than chance within the span.
+   order, while two samples of one shard land in the same batch no more often than chance within the span. The
+   first spans of a stream are shorter (1 shard, then 2, doubling up to `shuffle_shards`): an epoch's first batch needs one
+   shard per stream, so training starts as soon as that one is local.
 
 Training consumes the streams in steps: a global batch of `batch_size * world_size` samples takes its share from
 every stream (near-equal chunks), and is split into `world_size` contiguous pieces, one per rank; ranks of one node
@@ -133,7 +135,7 @@ class ElasticBatchSampler(Sampler[list[int]]):
             return samples
         shard_of = self.shard_of(samples)
         segment_starts = np.concatenate([[0], np.flatnonzero(np.diff(shard_of)) + 1])
-        span_starts = segment_starts[:: order.shuffle_shards].tolist()
+        span_starts = segment_starts[_span_firsts(len(segment_starts), order.shuffle_shards)].tolist()
         out = []
         for number, (begin, end) in enumerate(zip(span_starts, [*span_starts[1:], len(samples)], strict=True)):
             rng = np.random.default_rng([order.seed, epoch, stream, number])
@@ -286,3 +288,13 @@ class ElasticBatchSampler(Sampler[list[int]]):
             return self.node_shards()[0]
         finally:
             self.epoch, self.start = saved
+
+
+def _span_firsts(segments: int, span: int) -> list[int]:
+    """Indices of the segments (shards, in stream order) that begin a span: spans of 1, 2, 4... up to `span`."""
+    firsts, position, length = [], 0, 1
+    while position < segments:
+        firsts.append(position)
+        position += min(length, span)
+        length *= 2
+    return firsts

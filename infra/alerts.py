@@ -79,8 +79,8 @@ def alert_rules(thresholds: AlertThresholds, training_namespace: str) -> list[Al
             severity="warning",
             summary="Training Job spends a large share of each step waiting for data",
             description="{{ $labels.job_name }} waits for its next batch {{ $value | humanizePercentage }} of the "
-                        "time: more DataLoader workers, a staged (NVMe) copy instead of a network mount, or a larger "
-                        "rolling window.",
+                        "time: more DataLoader workers, the dataset staged onto NVMe instead of a network mount, or a "
+                        "larger staging-cache budget (dataset.stagedSize).",
         ),
         AlertRule(
             name="TrainingNvmeAlmostFull",

@@ -621,3 +621,43 @@ def test_cli_refuses_contradictory_flags(flags: list[str], where: str, tmp_path:
     code, _, err = _cli(["stage", "s3://bucket/prefix", str(tmp_path / "dest"), *flags], capsys)
     assert code == 2 and _one_line(err) and err.startswith(f"error: {where}: "), err
     assert not (tmp_path / "dest").exists()
+
+
+class _Slow(_Recording):
+    """Every GET takes at least `delay` seconds (a far object store), so the order parts are served in shows."""
+
+    def __init__(self, client: Any, delay: float) -> None:
+        super().__init__(client)
+        self.delay = delay
+
+    def get_object(self, **kwargs: Any) -> Any:
+        response = super().get_object(**kwargs)
+        time.sleep(self.delay)
+        return response
+
+
+def test_a_shard_the_plan_puts_first_jumps_the_queue(many: Path, s3_url: str, bucket: str, tmp_path: Path) -> None:
+    """The reader starts after the stager has queued downloads in manifest order: its first shard gets the next
+    free connection instead of waiting behind everything already queued."""
+    target = _upload(many, s3_url, bucket)
+    manifest = load_manifest(many)
+    names = _names(manifest)
+    dest = tmp_path / "dest"
+    client = _Slow(make_client(s3_url, 4), delay=0.3)
+    options = _options(workers=4, part_bytes=8 << 20, budget_bytes=sum(s.bytes for s in manifest.shards))
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(stage(client, target, dest, options)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not client.shard_starts() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    first_needed = names[-1]  # the last in manifest order: without priority it would come last of those queued
+    write_plan(dest, Plan(order=[first_needed, *names[:-1]]))
+    CacheReader(dest, poll_interval_s=0.005).wait_ready(first_needed, timeout=30)
+    ready_before = [name for name in read_stager_state(dest).ready if name != first_needed]  # type: ignore[union-attr]
+    write_plan(dest, Plan(order=[], done=True))
+    thread.join(60)
+    assert results and not thread.is_alive()
+    # 8 downloads (2 per connection) were under way when the plan came; 4 run, 1 more waits in the pool: the shard
+    # the reader needs goes next, so at most the first two waves of 4 finish before it
+    assert len(ready_before) <= 5, ready_before

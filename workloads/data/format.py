@@ -27,6 +27,7 @@ DEST/.cache/, each written by exactly one side with an atomic rename:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -120,6 +121,15 @@ def manifest_error(exc: Exception) -> str:
         field = ".".join(str(part) for part in first["loc"]) or "manifest"
         return f"{field}: {str(first['msg']).removeprefix('Value error, ')}"
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def sha256_file(path: str | os.PathLike[str], block_bytes: int = 8 << 20) -> str:
+    """The hex sha256 of a file, as the manifest records it for each shard."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(block_bytes):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _umask() -> int:

@@ -9,8 +9,8 @@ An epoch's order is a pure function of (seed, epoch) and the dataset's shard siz
    shuffled (one by one, or in blocks of `block_size` consecutive samples whose boundaries move every epoch). The
    reader therefore works on a few shards at a time, which is what lets a bounded staging cache fetch them in
    order, while two samples of one shard land in the same batch no more often than chance within the span. The
-   first spans of a stream are shorter (1 shard, then 2, doubling up to `shuffle_shards`): an epoch's first batch needs one
-   shard per stream, so training starts as soon as that one is local.
+   first spans of a stream are shorter (1 shard, then 2, doubling up to `shuffle_shards`): an epoch's first batch
+   needs one shard per stream, so training starts as soon as that one is local.
 
 Training consumes the streams in steps: a global batch of `batch_size * world_size` samples takes its share from
 every stream (near-equal chunks), and is split into `world_size` contiguous pieces, one per rank; ranks of one node

@@ -18,8 +18,10 @@ waiting reader fails at once.
 
 Every shard is fetched as parallel ranged GETs (one thread pool shared by all shards) written with pwrite into a
 hidden temp file. Parts are sized from the bytes that may be in flight at once (the budget, or the whole dataset),
-so a budget of two shards, one of them being read, still spreads the next shard over several connections; up to two
-parts per worker are queued, so no connection waits for its next request. The temp file is fsynced, checked against
+so a budget of two shards, one of them being read, still spreads the next shard over several connections. Parts
+wait in the stager's own queue, ordered by how soon the reader needs their shard, and only a quarter more parts than
+connections are handed to the pool: no connection waits for its next request, and a shard the plan puts first (a
+reader that just started or moved on) gets the next free connection. The temp file is fsynced, checked against
 the manifest's sha256 and only then renamed to its final name, so a partial or corrupt file never carries a shard's
 name. Throttling (503 SlowDown) and connections dropped mid-body are retried per part with exponential backoff and
 jitter; a checksum mismatch re-fetches the whole shard. A rerun resumes: final files whose sha256 matches are kept
@@ -56,10 +58,10 @@ from workloads.data.format import (
     atomic_write_bytes,
     fsync_dir,
     manifest_error,
+    sha256_file,
 )
 from workloads.data.metrics import StageMetrics
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
-from workloads.data.verify import sha256_file
 
 TEMP_SUFFIX = ".part"
 _BODY_CHUNK = 1 << 20
@@ -211,7 +213,9 @@ class _Stager:
         self.ready: list[str] = []  # verified and in place, oldest first
         self.in_flight: dict[str, _ShardFetch] = {}
         self.held_bytes = 0  # ready plus in flight, at full shard size
-        self.outstanding_parts = 0
+        self.outstanding_parts = 0  # parts of shards in flight not finished yet (pending or submitted)
+        self.pending: list[tuple[_ShardFetch, int, int]] = []  # parts waiting for a connection
+        self.submitted_parts = 0
         self.part_bytes = options.part_bytes  # set by run() from what may be in flight
         self.futures: dict[Future, tuple[str, _ShardFetch]] = {}
         self.fetches: list[_ShardFetch] = []
@@ -279,9 +283,22 @@ class _Stager:
         self.in_flight[info.path] = fetch
         if not ranges:
             self.futures[pool.submit(self._finish, fetch)] = ("finish", fetch)
-        for start, end in ranges:
-            self.futures[pool.submit(self._fetch_part, fetch, start, end)] = ("part", fetch)
+        self.pending.extend((fetch, start, end) for start, end in ranges)
         self.outstanding_parts += len(ranges)
+
+    def _submit_parts(self, pool: ThreadPoolExecutor, order: list[str]) -> None:
+        """Hand waiting parts to the pool, those of the shard the reader needs first first. Only a few more parts
+        than connections are ever queued in the pool, so a shard the plan puts first (a reader that just started,
+        or moved on) gets the next free connection instead of waiting behind every part already queued."""
+        if not self.pending:
+            return
+        rank = {name: index for index, name in enumerate(order)}
+        self.pending.sort(key=lambda part: (rank.get(part[0].info.path, len(rank)), part[1]))
+        depth = self.options.workers + max(1, self.options.workers // 4)
+        while self.pending and self.submitted_parts < depth:
+            fetch, start, end = self.pending.pop(0)
+            self.futures[pool.submit(self._fetch_part, fetch, start, end)] = ("part", fetch)
+            self.submitted_parts += 1
 
     def publish(self, done: bool = False, error: str | None = None) -> None:
         self.finished = done
@@ -372,11 +389,14 @@ class _Stager:
         order = self.order()
         wanted = self.wanted(order)
         here = set(self.ready) | set(self.in_flight)
+        first_missing = True
         for name in wanted:
             if name in here:
                 continue
-            if self.outstanding_parts >= 2 * self.options.workers:
+            # Enough parts waiting: start no more shards, except the first one the reader lacks (its parts go first).
+            if self.outstanding_parts >= 2 * self.options.workers and not first_missing:
                 return None
+            first_missing = False
             size = self.info[name].bytes
             if self.budget is not None and self.held_bytes + size > self.budget:
                 self._evict_for(size, set(wanted), order)
@@ -391,7 +411,7 @@ class _Stager:
         return None if following in self.ready or following in self.in_flight else following
 
     def is_finished(self) -> bool:
-        if self.futures:
+        if self.futures or self.pending:
             return False
         everything = len(self.ready) == len(self.names)
         if not self.serving:
@@ -402,7 +422,7 @@ class _Stager:
 
     def idle_done(self) -> bool:
         """Nothing in flight and nothing more to fetch unless the plan changes (what stager.json's done says)."""
-        if self.futures:
+        if self.futures or self.pending:
             return False
         if self.budget is None:
             return len(self.ready) == len(self.names)
@@ -451,6 +471,7 @@ class _Stager:
                 while True:
                     self.refresh_plan()
                     waiting = self.step(pool)
+                    self._submit_parts(pool, self.order())
                     if self.is_finished():
                         break
                     if self.futures:
@@ -483,6 +504,7 @@ class _Stager:
         outcome = future.result()  # re-raises DataToolError from the part that gave up
         if kind == "part":
             self.outstanding_parts -= 1
+            self.submitted_parts -= 1
             fetch.parts_left -= 1
             if fetch.parts_left == 0:
                 self.futures[pool.submit(self._finish, fetch)] = ("finish", fetch)

@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import h5py
 from pydantic import ValidationError
 
-from workloads.data.format import FORMAT_NAME, MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_error
+from workloads.data.format import (
+    FORMAT_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    load_manifest,
+    manifest_error,
+    sha256_file,
+)
 from workloads.data.s3 import DataToolError
 
 
 class VerifyError(DataToolError):
     """The dataset does not match its manifest (the CLI exits 1, not 2)."""
-
-
-def sha256_file(path: Path, block_bytes: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(block_bytes):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_manifest(directory: Path) -> Manifest:

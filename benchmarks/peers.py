@@ -19,9 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -143,24 +141,31 @@ def ours(ctx: Context) -> Measured:
     return _run_epochs(ctx, epoch, measured, started)
 
 
-# -- ours, staging cache: the stager CLI beside the reader (as the Job's sidecar), training from the first shards --
+# -- ours, staging cache: the stager serving the reader's plan, training from the first shards ------------------------
 def ours_cache(ctx: Context) -> Measured:
+    """The stager runs in this process, as `ours` runs its copy: in a Job it is a sidecar started before the trainer,
+    so its start-up overlaps the trainer's. The budget is the share of the packed dataset (all of it: no bound)."""
     measured, packed_bytes = _pack_and_upload(ctx)
     dest = ctx.local / "cache"
-    command = [sys.executable, "-m", "workloads.data", "stage", f"s3://{ctx.bucket}/ours", str(dest),
-               "--endpoint-url", ctx.endpoint, "--workers", "16", "--linger"]
-    if ctx.budget_fraction is not None:
-        command += ["--budget", f"{int(packed_bytes * ctx.budget_fraction) >> 10}Ki"]
-    log = ctx.scratch / "stager.log"
+    budget = int(packed_bytes * (ctx.budget_fraction or 1.0))
+    options = StageOptions(workers=16, progress=False, budget_bytes=budget)
+    failures: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            stage(make_client(ctx.endpoint, 16), S3Uri(ctx.bucket, "ours"), dest, options)
+        except BaseException as exc:  # re-raised below, in the contender
+            failures.append(exc)
+
     started = time.perf_counter()
-    with open(log, "w") as stderr:
-        stager = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr,
-                                  env={**os.environ, "TQDM_DISABLE": "1"})
+    stager = threading.Thread(target=serve, name="stager", daemon=True)
+    stager.start()
+    feeder = None
     try:
         while not (dest / "manifest.json").exists():
-            if stager.poll() is not None:
-                raise RuntimeError(f"stager exited {stager.returncode}: {log.read_text()[-300:]}")
-            time.sleep(0.005)
+            if failures:
+                raise failures[0]
+            time.sleep(0.002)
         dataset = HDF5Dataset(dest, image_size=ctx.size if ctx.layout == "encoded" else None)
         assert dataset.cache is not None
         shards = dataset.manifest.shards
@@ -176,14 +181,12 @@ def ours_cache(ctx: Context) -> Measured:
                 feeder.advance(done)
 
         result = _run_epochs(ctx, epoch, measured, started)
-        feeder.finish()
     finally:
-        stager.send_signal(signal.SIGTERM)
-        try:
-            stager.wait(30)
-        except subprocess.TimeoutExpired:
-            stager.kill()
-            stager.wait()
+        if feeder is not None:
+            feeder.finish()  # the plan is done: the stager exits
+        stager.join(60)
+    if failures:
+        raise failures[0]
     return result
 
 

@@ -64,6 +64,7 @@ from workloads.data.metrics import StageMetrics
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
 
 TEMP_SUFFIX = ".part"
+_URGENT_PART_MIN = 1 << 20
 _BODY_CHUNK = 1 << 20
 _HASH_BLOCK = 8 << 20
 _LONG_WAIT_S = 60.0  # a wait for the reader this long is logged again (the first one always is)
@@ -272,11 +273,15 @@ class _Stager:
         return True
 
     # -- coordination (main thread only) ----------------------------------------------------------------------
-    def _start_fetch(self, pool: ThreadPoolExecutor, info: ShardInfo, attempt: int) -> None:
+    def _start_fetch(self, pool: ThreadPoolExecutor, info: ShardInfo, attempt: int, urgent: bool = False) -> None:
+        """Create the temp file and queue the shard's parts. An urgent shard (the reader waits for it now) is split
+        over every connection, down to 1 MiB parts, so it arrives in the time of one small part."""
         temp = self.dest / f".{info.path}.{os.getpid()}.{attempt}{TEMP_SUFFIX}"
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.ftruncate(fd, info.bytes)
         step = self.part_bytes
+        if urgent:
+            step = min(step, max(_URGENT_PART_MIN, -(-info.bytes // self.options.workers)))
         ranges = [(start, min(start + step, info.bytes) - 1) for start in range(0, info.bytes, step)]
         fetch = _ShardFetch(info=info, temp=temp, fd=fd, parts_left=len(ranges), attempt=attempt)
         self.fetches.append(fetch)
@@ -404,7 +409,8 @@ class _Stager:
                     return name  # in flight downloads hold the space; they finish and are evicted then
             self.held_bytes += size
             self.result.peak_held_bytes = max(self.result.peak_held_bytes, self.held_bytes)
-            self._start_fetch(pool, self.info[name], attempt=1)
+            # The plan's first shard is the one the reader blocks on (at the start, or when it caught up).
+            self._start_fetch(pool, self.info[name], attempt=1, urgent=self.plan is not None and name == order[0])
         if len(wanted) == len(order):
             return None
         following = order[len(wanted)]  # beyond the budget: it waits until the reader moves on

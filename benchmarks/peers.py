@@ -153,7 +153,7 @@ def ours_cache(ctx: Context) -> Measured:
 
     def serve() -> None:
         try:
-            stage(make_client(ctx.endpoint, 16), S3Uri(ctx.bucket, "ours"), dest, options)
+            stage(make_client(ctx.endpoint, 32), S3Uri(ctx.bucket, "ours"), dest, options)
         except BaseException as exc:  # re-raised below, in the contender
             failures.append(exc)
 

@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     if args.wait_timeout is not None and budget is None and not args.linger:
         raise DataToolError("--wait-timeout", "only meaningful when serving a reader (with --budget or --linger)")
     port = args.metrics_port if args.metrics_port is not None else _env_port(STAGE_METRICS_PORT_ENV)
-    client = make_client(args.endpoint_url, max_connections=args.workers)
+    client = make_client(args.endpoint_url, max_connections=2 * args.workers)  # the urgent lane: see stage.py
     metrics = StageMetrics()
     try:
         if port:

@@ -19,9 +19,10 @@ waiting reader fails at once.
 Every shard is fetched as parallel ranged GETs (one thread pool shared by all shards) written with pwrite into a
 hidden temp file. Parts are sized from the bytes that may be in flight at once (the budget, or the whole dataset),
 so a budget of two shards, one of them being read, still spreads the next shard over several connections. Parts
-wait in the stager's own queue, ordered by how soon the reader needs their shard, and only a quarter more parts than
-connections are handed to the pool: no connection waits for its next request, and a shard the plan puts first (a
-reader that just started or moved on) gets the next free connection. The temp file is fsynced, checked against
+wait in the stager's own queue, ordered by how soon the reader needs their shard, and at most `workers` of them are
+downloading at once. The shard the reader waits for right now (the plan's first, when it is missing: at the start,
+or when the reader caught up) is urgent: it is split over every connection and its parts go out at once on extra
+connections, instead of waiting for the parts under way to finish. The temp file is fsynced, checked against
 the manifest's sha256 and only then renamed to its final name, so a partial or corrupt file never carries a shard's
 name. Throttling (503 SlowDown) and connections dropped mid-body are retried per part with exponential backoff and
 jitter; a checksum mismatch re-fetches the whole shard. A rerun resumes: final files whose sha256 matches are kept
@@ -140,6 +141,7 @@ class _ShardFetch:
     digest: Any = field(default_factory=hashlib.sha256)
     hashed_to: int = 0
     finished_parts: dict[int, int] = field(default_factory=dict)  # start -> end (exclusive) of parts not yet hashed
+    urgent: bool = False  # the reader waits for this shard now: its parts take the extra connections
     hashing: bool = False
 
     def part_done(self, start: int, end: int) -> None:
@@ -283,7 +285,7 @@ class _Stager:
         if urgent:
             step = min(step, max(_URGENT_PART_MIN, -(-info.bytes // self.options.workers)))
         ranges = [(start, min(start + step, info.bytes) - 1) for start in range(0, info.bytes, step)]
-        fetch = _ShardFetch(info=info, temp=temp, fd=fd, parts_left=len(ranges), attempt=attempt)
+        fetch = _ShardFetch(info=info, temp=temp, fd=fd, parts_left=len(ranges), attempt=attempt, urgent=urgent)
         self.fetches.append(fetch)
         self.in_flight[info.path] = fetch
         if not ranges:
@@ -292,18 +294,18 @@ class _Stager:
         self.outstanding_parts += len(ranges)
 
     def _submit_parts(self, pool: ThreadPoolExecutor, order: list[str]) -> None:
-        """Hand waiting parts to the pool, those of the shard the reader needs first first. Only a few more parts
-        than connections are ever queued in the pool, so a shard the plan puts first (a reader that just started,
-        or moved on) gets the next free connection instead of waiting behind every part already queued."""
+        """Hand waiting parts to the pool, those of the shard the reader needs first first: at most `workers` at
+        once (the coordinator refills as each finishes), plus the parts of an urgent shard, which go out at once on
+        the pool's other `workers` threads: a reader that just started, or caught up, does not wait for the parts
+        already under way to finish."""
         if not self.pending:
             return
         rank = {name: index for index, name in enumerate(order)}
-        self.pending.sort(key=lambda part: (rank.get(part[0].info.path, len(rank)), part[1]))
-        depth = self.options.workers + max(1, self.options.workers // 4)
-        while self.pending and self.submitted_parts < depth:
+        self.pending.sort(key=lambda part: (not part[0].urgent, rank.get(part[0].info.path, len(rank)), part[1]))
+        while self.pending and (self.pending[0][0].urgent or self.submitted_parts < self.options.workers):
             fetch, start, end = self.pending.pop(0)
             self.futures[pool.submit(self._fetch_part, fetch, start, end)] = ("part", fetch)
-            self.submitted_parts += 1
+            self.submitted_parts += 0 if fetch.urgent else 1
 
     def publish(self, done: bool = False, error: str | None = None) -> None:
         self.finished = done
@@ -471,7 +473,8 @@ class _Stager:
         bar = tqdm(total=missing if self.budget is None else None, unit="B", unit_scale=True, desc="stage",
                    disable=None if self.options.progress else True)
         poll = self.options.poll_interval_s
-        with ThreadPoolExecutor(max_workers=self.options.workers, thread_name_prefix="stage") as pool, bar:
+        # Twice the workers: the second half carries only urgent parts (see _submit_parts).
+        with ThreadPoolExecutor(max_workers=2 * self.options.workers, thread_name_prefix="stage") as pool, bar:
             self.bar = bar
             try:
                 while True:
@@ -510,7 +513,7 @@ class _Stager:
         outcome = future.result()  # re-raises DataToolError from the part that gave up
         if kind == "part":
             self.outstanding_parts -= 1
-            self.submitted_parts -= 1
+            self.submitted_parts -= 0 if fetch.urgent else 1
             fetch.parts_left -= 1
             if fetch.parts_left == 0:
                 self.futures[pool.submit(self._finish, fetch)] = ("finish", fetch)

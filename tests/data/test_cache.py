@@ -69,7 +69,7 @@ def _upload(dataset: Path, s3_url: str, bucket: str) -> S3Uri:
 
 def _options(**overrides: Any) -> StageOptions:
     values: dict[str, Any] = {"workers": 4, "part_bytes": 64 << 10, "retry": FAST_RETRY, "progress": False,
-                              "poll_interval_s": 0.005}
+                              "poll_interval_s": 0.005, "first_plan_wait_s": 0.0}
     values.update(overrides)
     return StageOptions(**values)
 
@@ -661,3 +661,27 @@ def test_a_shard_the_plan_puts_first_jumps_the_queue(many: Path, s3_url: str, bu
     # 8 downloads (2 per connection) were under way when the plan came; 4 run, 1 more waits in the pool: the shard
     # the reader needs goes next, so at most the first two waves of 4 finish before it
     assert len(ready_before) <= 5, ready_before
+
+
+def test_a_serving_stager_waits_for_the_first_plan_before_fetching(many: Path, s3_url: str, bucket: str,
+                                                                   tmp_path: Path) -> None:
+    """Until the reader's first plan (or first_plan_wait_s), nothing is fetched: the first GET is the plan's first
+    shard, not the manifest's."""
+    target = _upload(many, s3_url, bucket)
+    manifest = load_manifest(many)
+    names = _names(manifest)
+    dest = tmp_path / "dest"
+    client = _Recording(make_client(s3_url, 4))
+    options = _options(first_plan_wait_s=30.0, budget_bytes=sum(s.bytes for s in manifest.shards))
+    thread = threading.Thread(target=lambda: stage(client, target, dest, options), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (dest / MANIFEST_NAME).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.3)
+    assert client.shard_starts() == []  # serving, but no plan yet
+    write_plan(dest, Plan(order=[names[-1], *names[:-1]], done=False))
+    CacheReader(dest, poll_interval_s=0.005).wait_ready(names[-1], timeout=30)
+    write_plan(dest, Plan(order=[], done=True))
+    thread.join(60)
+    assert client.shard_starts()[0] == names[-1]

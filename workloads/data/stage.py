@@ -86,6 +86,10 @@ class StageOptions:
     shard_attempts: int = 3  # whole-shard fetches before a persistent checksum mismatch is fatal
     progress: bool = True
     poll_interval_s: float = 0.01  # cache mode: how often the plan is read again and freed space refilled
+    # Cache mode: how long to wait for the reader's first plan before fetching in manifest order. Shards fetched
+    # before the plan delay the ones the reader needs first (they share the connections) and, with a budget, are
+    # mostly evicted unread; a trainer writes its plan seconds after it starts.
+    first_plan_wait_s: float = 10.0
     # Serve the plan until interrupted (SIGINT, or SIGTERM mapped to KeyboardInterrupt by the CLI) instead of exiting
     # when the plan is done: a Kubernetes native sidecar that exits is restarted. Without a budget: a whole copy,
     # fetched in plan order, served to the reader as it arrives.
@@ -229,6 +233,7 @@ class _Stager:
         self.plan: Plan | None = None
         self._plan_read_at: float | None = None
         self._waiting_since: float | None = None
+        self._first_plan_deadline = time.monotonic() + options.first_plan_wait_s
         self._told_waiting = False
         self._told_long_wait = False
         self.metrics = options.metrics or StageMetrics()
@@ -393,6 +398,8 @@ class _Stager:
         the cache holds only shards the reader needs first (None: nothing waits, or something is in flight)."""
         if self.plan is not None and self.plan.done:
             return None  # the reader will read nothing more
+        if self.serving and self.plan is None and time.monotonic() < self._first_plan_deadline:
+            return None  # the reader is starting: its plan says which shard it needs first
         order = self.order()
         wanted = self.wanted(order)
         here = set(self.ready) | set(self.in_flight)

@@ -49,21 +49,11 @@ def test_scrape_policy_covers_every_metrics_port_a_pod_can_declare() -> None:
     assert {port["port"] for port in rule["ports"]} == declared
 
 
-def _stage_cli_has(flag: str) -> bool:
-    try:
-        build_parser().parse_args(["stage", "s3://bucket/prefix", "/data", flag, "1"])
-    except SystemExit:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("staging", ["copy", "cache"])
 def test_the_rendered_commands_are_accepted_by_the_clis_they_call(staging: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The stager's argv parses with the data CLI and serves on its declared port; the trainer accepts its rendered
     args, and its env port is the one its container declares for local rank 0."""
-    if staging == "cache" and not _stage_cli_has("--budget"):
-        pytest.skip("this tree's data CLI predates `stage --budget`, which rendered cache Jobs pass")
     job, *_ = render_job(spec(gpus=8, gpuType="h100", nodes=2,
                               dataset={**S3_COPY, "staging": staging}), prod_facts())
     pod = job["spec"]["template"]["spec"]

@@ -199,6 +199,9 @@ def test_a_position_from_another_order_is_refused(field: str, change: dict[str, 
     broken = {**state, "offsets": [10**9]}
     with pytest.raises(ValueError, match="offsets"):
         ElasticBatchSampler(UNEVEN_SHARDS, 8, seed=1).load_state_dict(broken)
+    for garbage in ({**state, "order": [1]}, {**state, "epoch": "x"}, {**state, "version": 99}, [state]):
+        with pytest.raises(ValueError, match="loader state"):  # a damaged checkpoint: one line, no traceback
+            ElasticBatchSampler(UNEVEN_SHARDS, 8, seed=1).load_state_dict(garbage)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [({"batch_size": 0}, "batch_size"),

@@ -101,7 +101,8 @@ class ElasticBatchSampler(Sampler[list[int]]):
                                  block_size=block_size, canonical_nodes=canonical_nodes)
         self.epoch = 0
         self.start: tuple[int, ...] | None = None  # stream offsets to continue from; None: the epoch's start
-        self._steps_cache: tuple[Any, list[_Step]] | None = None
+        # The last two orders computed: the current epoch's and the next one's (the cache feeder asks for both).
+        self._steps_cache: dict[Any, list[_Step]] = {}
 
     # -- the order ----------------------------------------------------------------------------------------------
     @property
@@ -155,8 +156,8 @@ class ElasticBatchSampler(Sampler[list[int]]):
     def _steps(self) -> list[_Step]:
         """Every global batch of the current epoch from the current position."""
         key = (self.epoch, self.start, self.batch_size, self.world_size, self.order)
-        if self._steps_cache is not None and self._steps_cache[0] == key:
-            return self._steps_cache[1]
+        if key in self._steps_cache:
+            return self._steps_cache[key]
         streams = self.streams(self.epoch)
         global_batch = self.batch_size * self.world_size
         chunk = [len(part) for part in np.array_split(np.empty(global_batch), len(streams))]
@@ -174,7 +175,9 @@ class ElasticBatchSampler(Sampler[list[int]]):
             # same as without merging, whatever the world size).
             last = steps.pop()
             steps[-1] = _Step(np.concatenate([steps[-1].batch, last.batch]), last.offsets, None)
-        self._steps_cache = (key, steps)
+        if len(self._steps_cache) >= 2:
+            self._steps_cache.pop(next(iter(self._steps_cache)))
+        self._steps_cache[key] = steps
         return steps
 
     def _pieces(self, step: _Step) -> list[np.ndarray]:
@@ -223,7 +226,9 @@ class ElasticBatchSampler(Sampler[list[int]]):
         if state.get("num_samples") != self.num_samples:
             raise ValueError(f"loader state: written for {state.get('num_samples')} samples, "
                              f"the dataset has {self.num_samples}")
-        saved = state.get("order") or {}
+        saved = state.get("order")
+        if not isinstance(saved, dict):
+            raise ValueError(f"loader state: order must be a mapping, got {type(saved).__name__}")
         for name, now in asdict(self.order).items():
             if saved.get(name) != now:
                 raise ValueError(f"{name}: the saved position was taken with {name} {saved.get(name)!r}, "

@@ -210,6 +210,7 @@ class CacheFeeder:
         self._last_use: list[int] = []
         self._next: list[int] = []
         self._written: list[str] | None = None
+        self._changes_after = -1  # the plan changes only once training is past this batch
 
     def start_epoch(self, last_epoch: bool) -> None:
         """Call after the sampler is positioned (set_epoch or load_state_dict), before iterating.
@@ -224,11 +225,16 @@ class CacheFeeder:
                 f"{self.reader.dest} holds {state.budget} bytes: use fewer --shuffle-shards (or more canonical "
                 "nodes per node), smaller shards, or a larger cache budget")
         self._next = [] if last_epoch else self.order.next_epoch_shards()
+        self._changes_after = -1
         self.advance(0)
 
     def advance(self, batches_done: int) -> None:
         """`batches_done` batches of the current iteration are finished on this node."""
-        remaining = [s for s, last in zip(self._current, self._last_use, strict=True) if last >= batches_done]
+        if self._written is not None and batches_done <= self._changes_after:
+            return  # called every step: nothing leaves the plan before a shard's last batch is done
+        still_used = [(s, last) for s, last in zip(self._current, self._last_use, strict=True) if last >= batches_done]
+        remaining = [s for s, _ in still_used]
+        self._changes_after = min((last for _, last in still_used), default=-1)
         seen = set(remaining)
         order = [self.shard_names[s] for s in [*remaining, *(s for s in self._next if s not in seen)]]
         if order != self._written:

@@ -393,14 +393,13 @@ class _Stager:
             self.metrics.shards_evicted.inc()
         self.publish()
 
-    def step(self, pool: ThreadPoolExecutor) -> str | None:
+    def step(self, pool: ThreadPoolExecutor, order: list[str]) -> str | None:
         """Evict and start downloads as the plan and the budget allow. Returns the shard that waits for space while
         the cache holds only shards the reader needs first (None: nothing waits, or something is in flight)."""
         if self.plan is not None and self.plan.done:
             return None  # the reader will read nothing more
         if self.serving and self.plan is None and time.monotonic() < self._first_plan_deadline:
             return None  # the reader is starting: its plan says which shard it needs first
-        order = self.order()
         wanted = self.wanted(order)
         here = set(self.ready) | set(self.in_flight)
         first_missing = True
@@ -486,8 +485,9 @@ class _Stager:
             try:
                 while True:
                     self.refresh_plan()
-                    waiting = self.step(pool)
-                    self._submit_parts(pool, self.order())
+                    order = self.order()
+                    waiting = self.step(pool, order)
+                    self._submit_parts(pool, order)
                     if self.is_finished():
                         break
                     if self.futures:

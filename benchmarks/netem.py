@@ -312,7 +312,7 @@ def local_s3_behind_latency(latency_ms: float, per_connection_mb_s: float | None
     """A moto S3 server and a LatencyProxy in front of it, each in its own process on 127.0.0.1 (so neither shares
     a GIL with the client being measured); both are stopped on exit. For benchmarks."""
     server_port = free_port()
-    server = [sys.executable, "-m", "moto.server", "-H", LOCALHOST, "-p", str(server_port)]
+    server = [sys.executable, "-m", "benchmarks.s3_server", "-H", LOCALHOST, "-p", str(server_port)]
     proxy = [sys.executable, "-m", "benchmarks.netem", "--upstream-port", str(server_port),
              "--latency-ms", str(latency_ms)]
     if per_connection_mb_s:

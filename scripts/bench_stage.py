@@ -4,14 +4,22 @@ Ways to move the same objects through the same proxy:
   sequential    one boto3 get_object stream at a time, written to disk (the study's download loop)
   stager        workloads.data.stage (copy mode): parallel ranged GETs, pwrite, fsync, sha256 verify, atomic rename
   ceiling       the same ranged GETs as raw http.client requests from as many threads, bytes discarded
-  cache         stage --budget of --budget-shards shards, while a reader (CacheReader, as the training node uses
-                it) walks the shards in manifest order: before each one it writes the plan (that shard and the
-                rest), waits for it, reads it whole; at the end it writes a done plan. One epoch through a staging
-                cache smaller than the dataset: the stager evicts what the reader is past to fetch what comes next
-  cache-whole   the same with a budget that holds the whole dataset (should match the copy-mode stager)
+  cache         `stage --budget` of --budget-shards shards (the CLI in its own process, as the Job's sidecar),
+                while a reader (CacheReader, as the training node uses it) walks the shards in manifest order for
+                --cache-epochs epochs: before each shard it writes the plan (that shard and the rest of the
+                epoch, then the next epoch's), waits for it, reads it whole; at the end it writes a done plan. A
+                staging cache smaller than the dataset streams every epoch again: the stager evicts what the
+                reader is past to fetch what comes next. The rate counts the epochs after the first (`cache-first`
+                is the first alone)
+  cache-whole   one epoch with a budget that holds the whole dataset (should match the copy-mode stager)
+
+Every method's clock starts after its S3 client is built (building one takes ~0.1 s here, paid once per process in
+a real stager) and before its first request (the cache methods: once the stager process has put the manifest in
+DEST, where a trainer starts reading); each run opens fresh connections.
 
     python scripts/bench_stage.py [--objects 16] [--object-mib 16] [--latency-ms 20] [--per-connection-mb-s 20]
-                                  [--workers 16] [--part-mib 8] [--budget-shards 2] [--skip-sequential] [--json]
+                                  [--workers 16] [--part-mib 8] [--budget-shards 2]
+                                  [--cache-epochs 3] [--repeats 2] [--skip-sequential] [--json]
 """
 
 from __future__ import annotations
@@ -24,13 +32,16 @@ import json
 import os
 import queue
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data import TOOL_VERSION  # noqa: E402
@@ -63,8 +74,7 @@ def _seed(client, objects: int, object_bytes: int) -> Manifest:  # noqa: ANN001
     return manifest
 
 
-def _sequential(endpoint: str, manifest: Manifest, dest: Path) -> int:
-    client = make_client(endpoint, max_connections=1, botocore_attempts=3)
+def _sequential(client, manifest: Manifest, dest: Path) -> int:  # noqa: ANN001
     total = 0
     for shard in manifest.shards:
         body = client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/{shard.path}")["Body"]
@@ -75,8 +85,7 @@ def _sequential(endpoint: str, manifest: Manifest, dest: Path) -> int:
     return total
 
 
-def _ceiling(endpoint: str, manifest: Manifest, workers: int, part_bytes: int) -> int:
-    signer = make_client(endpoint, 1)
+def _ceiling(signer, endpoint: str, manifest: Manifest, workers: int, part_bytes: int) -> int:  # noqa: ANN001
     work: queue.Queue[tuple[str, int, int] | None] = queue.Queue()
     for shard in manifest.shards:
         url = signer.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": f"{PREFIX}/{shard.path}"})
@@ -108,36 +117,48 @@ def _ceiling(endpoint: str, manifest: Manifest, workers: int, part_bytes: int) -
     return sum(counted)
 
 
-def _cache_epoch(endpoint: str, manifest: Manifest, dest: Path, options: StageOptions) -> int:
-    """One epoch through the staging cache: the stager follows the plan a reader writes as it reads every shard in
-    manifest order."""
-    dest.mkdir(parents=True)
-    read: list[int] = []
-    failures: list[BaseException] = []
-    names = [shard.path for shard in manifest.shards]
+@dataclasses.dataclass
+class _CacheRun:
+    bytes_read: int
+    epoch_seconds: list[float]  # from the reader's first plan of the epoch to its last shard read
 
-    def reader() -> None:
-        cache = CacheReader(dest)  # the training node's reader, with its default polling
-        try:
+
+def _cache_epochs(endpoint: str, manifest: Manifest, dest: Path, options: StageOptions, epochs: int) -> _CacheRun:
+    """`epochs` epochs through the staging cache: the stager (the CLI, in its own process, as the Job's sidecar)
+    follows the plan a reader writes as it reads every shard in manifest order, epoch after epoch. The reader
+    starts once the stager has put the manifest in DEST, as the trainer does."""
+    assert options.budget_bytes is not None
+    dest.mkdir(parents=True)
+    command = [sys.executable, "-m", "workloads.data", "stage", f"s3://{BUCKET}/{PREFIX}", str(dest),
+               "--endpoint-url", endpoint, "--workers", str(options.workers),
+               "--part-size", f"{options.part_bytes}B", "--budget", f"{options.budget_bytes}B", "--no-progress"]
+    stager = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    read: list[int] = []
+    seconds: list[float] = []
+    names = [shard.path for shard in manifest.shards]
+    buffer = bytearray(max(shard.bytes for shard in manifest.shards))
+    cache = CacheReader(dest)  # the training node's reader, with its default polling
+    try:
+        while not (dest / MANIFEST_NAME).is_file():
+            if stager.poll() is not None:
+                raise RuntimeError(f"stager exited with {stager.returncode}: {stager.communicate()[1].strip()}")
+            time.sleep(cache.poll_interval_s)
+        for epoch in range(epochs):
+            began = time.perf_counter()
             for position, name in enumerate(names):
-                cache.write_plan(names[position:])  # the shard being read stays first until the reader is past it
+                # The shard being read stays first until the reader is past it; the next epoch follows.
+                cache.write_plan(names[position:] + (names if epoch + 1 < epochs else []))
                 path = cache.wait_ready(name, timeout=600)
                 with open(path, "rb", buffering=0) as handle:
-                    read.append(len(handle.read()))
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            cache.write_plan([], done=True)  # the stager exits (also after a failure)
-
-    thread = threading.Thread(target=reader, name="cache-reader")
-    thread.start()
-    try:
-        stage(make_client(endpoint, options.workers), S3Uri(BUCKET, PREFIX), dest, options)
+                    read.append(handle.readinto(buffer))
+            seconds.append(time.perf_counter() - began)
     finally:
-        thread.join()
-    if failures:
-        raise failures[0]
-    return sum(read)
+        cache.write_plan([], done=True)  # the stager exits (also after a failure)
+        _, errors = stager.communicate(timeout=60)
+    if stager.returncode != 0:
+        raise RuntimeError(f"stager exited with {stager.returncode}: {errors.strip()}")
+    return _CacheRun(sum(read), seconds)
 
 
 def _fresh(directory: Path) -> Path:
@@ -145,10 +166,10 @@ def _fresh(directory: Path) -> Path:
     return directory
 
 
-def _timed(action) -> tuple[int, float]:  # noqa: ANN001
-    start = time.perf_counter()
+def _clocked(action: Callable[[], int]) -> tuple[int, float]:
+    began = time.perf_counter()
     moved = action()
-    return moved, time.perf_counter() - start
+    return moved, time.perf_counter() - began
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,12 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--part-mib", type=int, default=8)
     parser.add_argument("--budget-shards", "--window-shards", dest="budget_shards", type=int, default=2,
                         help="staging-cache budget of the cache method, in shards")
+    parser.add_argument("--cache-epochs", type=int, default=3, help="epochs the cache method's reader walks (>= 2)")
     parser.add_argument("--skip-sequential", action="store_true", help="leave out the slow one-stream method")
     parser.add_argument("--repeats", type=int, default=2, help="runs per method, interleaved; the fastest counts")
     parser.add_argument("--scratch", type=Path, default=Path("/dev/shm") if Path("/dev/shm").is_dir() else None,
                         help="where downloads land (default /dev/shm, standing in for the node's NVMe)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.cache_epochs < 2:
+        parser.error("--cache-epochs: at least 2 (the first epoch includes the stager's start)")
     for name in [name for name in os.environ if name.startswith("AWS_")]:
         del os.environ[name]
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
@@ -181,24 +205,33 @@ def main(argv: list[str] | None = None) -> int:
         options = StageOptions(workers=args.workers, part_bytes=part_bytes, progress=False)
         cache = dataclasses.replace(options, budget_bytes=args.budget_shards * (args.object_mib << 20))
         whole = dataclasses.replace(options, budget_bytes=args.objects * (args.object_mib << 20))
-        methods = {
-            "sequential": lambda run: _sequential(endpoint, manifest, _fresh(Path(scratch) / f"sequential{run}")),
-            "ceiling": lambda run: _ceiling(endpoint, manifest, args.workers, part_bytes),
-            "stager": lambda run: stage(make_client(endpoint, args.workers), S3Uri(BUCKET, PREFIX),
-                                        Path(scratch) / f"stager{run}", options).fetched_bytes,
-            "cache": lambda run: _cache_epoch(endpoint, manifest, Path(scratch) / f"cache{run}", cache),
-            "cache-whole": lambda run: _cache_epoch(endpoint, manifest, Path(scratch) / f"whole{run}", whole),
-        }
-        if args.skip_sequential:
-            del methods["sequential"]
+        source = S3Uri(BUCKET, PREFIX)
         runs: dict[str, tuple[int, float]] = {}
+
+        def keep(method: str, moved: int, seconds: float) -> None:
+            if method not in runs or seconds < runs[method][1]:
+                runs[method] = (moved, seconds)
+
         for run in range(args.repeats):
-            for method, action in methods.items():
-                moved, seconds = _timed(lambda action=action, run=run: action(run))
-                for leftover in Path(scratch).iterdir():  # keep at most one run's bytes in scratch (tmpfs is RAM)
-                    shutil.rmtree(leftover)
-                if method not in runs or seconds < runs[method][1]:
-                    runs[method] = (moved, seconds)
+            if not args.skip_sequential:
+                client = make_client(endpoint, max_connections=1, botocore_attempts=3)
+                dest = _fresh(Path(scratch) / f"sequential{run}")
+                keep("sequential", *_clocked(lambda client=client, dest=dest: _sequential(client, manifest, dest)))
+            signer = make_client(endpoint, 1)
+            keep("ceiling", *_clocked(lambda signer=signer: _ceiling(signer, endpoint, manifest, args.workers,
+                                                                     part_bytes)))
+            client = make_client(endpoint, 2 * args.workers)  # as the CLI builds it: the urgent lane
+            dest = Path(scratch) / f"stager{run}"
+            keep("stager", *_clocked(lambda client=client, dest=dest: stage(client, source, dest,
+                                                                            options).fetched_bytes))
+            cached = _cache_epochs(endpoint, manifest, Path(scratch) / f"cache{run}", cache, args.cache_epochs)
+            per_epoch = cached.bytes_read // args.cache_epochs
+            keep("cache-first", per_epoch, cached.epoch_seconds[0])
+            keep("cache", cached.bytes_read - per_epoch, sum(cached.epoch_seconds[1:]))
+            held = _cache_epochs(endpoint, manifest, Path(scratch) / f"whole{run}", whole, 1)
+            keep("cache-whole", held.bytes_read, held.epoch_seconds[0])
+            for leftover in Path(scratch).iterdir():  # keep at most one run's bytes in scratch (tmpfs is RAM)
+                shutil.rmtree(leftover)
 
     rate = {method: round(moved / seconds / 1e6, 1) for method, (moved, seconds) in runs.items()}
     results = [{"method": method, "mb_per_s": rate[method], "bytes": moved} for method, (moved, _) in runs.items()]
@@ -209,11 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     load = [round(value, 2) for value in os.getloadavg()]
     if args.json:
         print(json.dumps({"results": results, "ratios": ratios, "latency_ms": args.latency_ms,
-                          "budget_shards": args.budget_shards, "load_average": load}))
+                          "budget_shards": args.budget_shards, "cache_epochs": args.cache_epochs,
+                          "min_part_bytes": options.min_part_bytes, "load_average": load}))
         return 0
     print(f"{args.objects} objects x {args.object_mib} MiB, +{args.latency_ms:g} ms RTT, "
           f"{args.per_connection_mb_s or 'no'} MB/s per-connection cap, {args.workers} workers, "
-          f"{args.part_mib} MiB parts, cache budget {args.budget_shards} shards, best of {args.repeats}")
+          f"{args.part_mib} MiB parts (at least {options.min_part_bytes / (1 << 20):g} MiB), cache budget "
+          f"{args.budget_shards} shards over {args.cache_epochs} epochs, best of {args.repeats}")
     print(f"{'method':<14}{'MB/s':>10}{'bytes':>14}{'seconds':>10}")
     for method, (moved, seconds) in runs.items():
         print(f"{method:<14}{rate[method]:>10.1f}{moved:>14}{seconds:>10.2f}")

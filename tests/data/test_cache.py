@@ -40,7 +40,7 @@ from workloads.data.cache import (
 from workloads.data.format import CACHE_DIR, MANIFEST_NAME, PLAN_STATE, STAGER_STATE, Manifest, load_manifest
 from workloads.data.pack import PackOptions, pack
 from workloads.data.s3 import DataToolError, S3Uri, make_client
-from workloads.data.stage import TEMP_SUFFIX, StageOptions, StageResult, stage
+from workloads.data.stage import TEMP_SUFFIX, StageOptions, StageResult, part_size, stage
 from workloads.data.upload import UploadOptions, upload
 from workloads.data.verify import sha256_file
 
@@ -288,6 +288,15 @@ def test_a_small_budget_still_fetches_each_shard_as_parallel_parts(many: Path, s
     assert result.peak_held_bytes <= budget
     # One GET for the manifest, then at least 2 ranges per shard (the default 16 MiB part would make it 1).
     assert proxy.counts.requests >= 1 + 2 * len(manifest.shards)
+
+
+@pytest.mark.parametrize(("budget", "expected"), [
+    (64 << 20, 2 << 20),  # two 32 MiB shards: 32 parts of 2 MiB keep 16 connections busy twice over
+    (8 << 20, 1 << 20),  # never below the 1 MiB floor
+    (64 << 30, 16 << 20),  # a real NVMe budget: the largest part
+])
+def test_a_small_budget_spreads_over_every_connection_with_the_default_options(budget: int, expected: int) -> None:
+    assert part_size(StageOptions(workers=16), budget) == expected
 
 
 def test_a_budget_smaller_than_a_shard_is_refused(many: Path, s3_url: str, bucket: str, tmp_path: Path) -> None:

@@ -75,10 +75,11 @@ _LONG_WAIT_S = 60.0  # a wait for the reader this long is logged again (the firs
 class StageOptions:
     workers: int = 16
     part_bytes: int = 16 << 20  # the largest ranged GET; smaller when the budget is small (see part_size)
-    # The smallest ranged GET a small budget may split shards into. Smaller parts keep more connections busy, but
-    # every request costs a round trip and server work; 8 MiB is S3's own advice for ranged GETs, and on the local
-    # benchmark path (moto reads the whole object for each ranged GET) 2 and 4 MiB parts lost to 8 MiB ones.
-    min_part_bytes: int = 8 << 20
+    # The smallest ranged GET a small budget may split shards into. A budget of a few shards holds one shard being
+    # read and one or two arriving: only parts of about budget / (2 x workers) keep every connection busy, and a
+    # connection left idle costs more than the extra round trips (S3 answers a range in the time of the range;
+    # 8-16 MiB, its advice for large transfers, is what part_bytes gives whenever the budget allows).
+    min_part_bytes: int = 1 << 20
     # The staging cache's bound on shard bytes in DEST (verified plus in flight); None: no bound, the whole dataset
     # may stay. A budget (or linger) makes the stager serve the reader's plan (see the module docstring).
     budget_bytes: int | None = None
@@ -391,7 +392,8 @@ class _Stager:
             self.held_bytes -= self.info[name].bytes
             self.result.evicted.append(name)
             self.metrics.shards_evicted.inc()
-        self.publish()
+        # The reader's view did not change since the publish above: only the gauges need the freed bytes.
+        self.metrics.state(ready=len(self.ready), held_bytes=self.held_bytes, done=self.finished)
 
     def step(self, pool: ThreadPoolExecutor, order: list[str]) -> str | None:
         """Evict and start downloads as the plan and the budget allow. Returns the shard that waits for space while

@@ -32,6 +32,7 @@ import torch
 
 from workloads.data.cache import CacheFeeder, working_set_bytes
 from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
+from workloads.data.format import load_manifest
 from workloads.data.pack import PackOptions, pack
 from workloads.data.s3 import S3Uri, make_client
 from workloads.data.sampler import ElasticBatchSampler
@@ -56,6 +57,7 @@ class Context:
     epochs: int  # measured epochs (>= 2: one cold, the rest warm)
     shard_bytes: int = SHARD_BYTES  # each contender's shard/chunk size
     budget_fraction: float | None = None  # local cache bound as a share of the converted dataset (None: no bound)
+    keep_decoded: bool = True  # ours, encoded, unbounded: keep decoded samples (--decode-cache) under ctx.local
 
 
 @dataclass
@@ -129,7 +131,7 @@ def ours(ctx: Context) -> Measured:
     started = time.perf_counter()
     dest = ctx.local / "staged"
     stage(make_client(ctx.endpoint, 16), S3Uri(ctx.bucket, "ours"), dest, StageOptions(workers=16, progress=False))
-    dataset = HDF5Dataset(dest, image_size=ctx.size if ctx.layout == "encoded" else None)
+    dataset = _ours_dataset(ctx, dest)
     sampler = ElasticBatchSampler(dataset.shard_sizes, BATCH, seed=0)
     loader = make_loader(dataset, sampler, workers=WORKERS, persistent_workers=True)
 
@@ -139,6 +141,19 @@ def ours(ctx: Context) -> Measured:
             yield to_tensors(batch)
 
     return _run_epochs(ctx, epoch, measured, started)
+
+
+def _ours_dataset(ctx: Context, dest: Path) -> HDF5Dataset:
+    """The trainer's dataset. Encoded, with unbounded local disk: decoded samples are kept for later epochs, as the
+    trainer's --decode-cache does, with a budget that holds every one (the bounded rows and ours-redecode do not
+    keep them: the bounded rows' disk is the budget, ours-redecode is the ablation)."""
+    if ctx.layout != "encoded":
+        return HDF5Dataset(dest)
+    if not ctx.keep_decoded or ctx.budget_fraction is not None:
+        return HDF5Dataset(dest, image_size=ctx.size)
+    samples = load_manifest(dest).num_samples
+    return HDF5Dataset(dest, image_size=ctx.size, decode_cache=ctx.local / "decoded",
+                       decode_cache_bytes=samples * (1 + ctx.size * ctx.size * 3))
 
 
 # -- ours, staging cache: the stager serving the reader's plan, training from the first shards ------------------------
@@ -166,7 +181,7 @@ def ours_cache(ctx: Context) -> Measured:
             if failures:
                 raise failures[0]
             time.sleep(0.002)
-        dataset = HDF5Dataset(dest, image_size=ctx.size if ctx.layout == "encoded" else None)
+        dataset = _ours_dataset(ctx, dest)
         assert dataset.cache is not None
         shards = dataset.manifest.shards
         sampler = _widest_shuffle_that_fits(dataset, dataset.cache.state())
@@ -376,6 +391,7 @@ class NotApplicable(Exception):
 CONTENDERS: dict[str, Callable[[Context], Measured]] = {
     "ours": ours,
     "ours-cache": ours_cache,
+    "ours-redecode": ours,  # ours without the decode cache (keep_decoded False): what keeping decoded samples gives
     "streaming": streaming,
     "litdata": litdata,
     "webdataset": webdataset,

@@ -3,7 +3,8 @@
 The same generated ImageNet-like JPEGs, one moto S3 server on 127.0.0.1 behind the latency proxy (+20 ms round
 trip, 20 MB/s per connection), 2 DataLoader workers, uint8 batches (128, 160, 160, 3), in two layouts (decoded
 uint8 arrays, encoded JPEG bytes). Contenders (benchmarks/peers.py): ours (pack, upload, copy staging,
-HDF5Dataset), ours-cache (the stager CLI as a staging cache beside the reader: training starts with the first
+HDF5Dataset; encoded: decoded samples kept for later epochs), ours-redecode (the same without keeping them),
+ours-cache (the stager CLI as a staging cache beside the reader: training starts with the first
 shards), MosaicML Streaming, LitData, WebDataset over HTTP, s3torchconnector (raw JPEG objects), and the bounded-disk
 rows ours-cache40, streaming-cache40 and litdata-cache40 (local cache limited to 40% of the converted dataset, with
 shards of 1/16 of it). Each contender runs in its own process, interleaved over rounds; the parent samples the
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                     ctx = Context(jpegs=work / "jpegs", local=work / "local", scratch=work / "scratch",
                                   endpoint=s3.endpoint_url, bucket=BUCKET, layout=layout, size=args.size,
                                   epochs=args.epochs)
+                    if name == "ours-redecode":
+                        ctx = dataclasses.replace(ctx, keep_decoded=False)
                     if name in BOUNDED:
                         estimate = (args.images * args.size * args.size * 3 if layout == "decoded"
                                     else tree_bytes(work / "jpegs"))

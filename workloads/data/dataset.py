@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from workloads.data.cache import CacheReader, CacheStagerError, is_cached
+from workloads.data.decode_cache import DecodeCache, DecodeKey, ShardRows
 from workloads.data.format import (
     FORMAT_NAME,
     MANIFEST_NAME,
@@ -35,7 +36,7 @@ from workloads.data.format import (
     load_manifest,
     manifest_error,
 )
-from workloads.data.jpeg import decode_into
+from workloads.data.jpeg import decode_into, fast_decoder_available
 from workloads.data.transforms import decode_file
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -114,7 +115,9 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
     decoded layout: images come back as stored (S x S x 3).
     encoded layout: stored bytes are decoded in the calling process (a worker) to image_size x image_size x 3,
     straight into the batch; `draft` allows libjpeg's reduced-scale decoding when the source is at least twice that
-    size; `fast_decode` uses simplejpeg where it is installed (workloads/data/jpeg.py), PIL otherwise.
+    size; `fast_decode` uses simplejpeg where it is installed (workloads/data/jpeg.py), PIL otherwise;
+    `decode_cache` (a directory, with `decode_cache_bytes` its budget) keeps decoded samples for the next epochs
+    (workloads/data/decode_cache.py).
     """
 
     def __init__(
@@ -125,6 +128,8 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         draft: bool = True,
         fast_decode: bool = True,
         shard_wait_s: float | None = 3600.0,
+        decode_cache: str | os.PathLike[str] | None = None,
+        decode_cache_bytes: int | None = None,
     ) -> None:
         path = Path(root)
         self.root = path.parent if path.name == MANIFEST_NAME else path
@@ -153,8 +158,25 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         self.shard_wait_s = shard_wait_s
         self.shard_starts = [shard.first_index for shard in self.manifest.shards]
         self.shard_sizes = [shard.num_samples for shard in self.manifest.shards]
+        self.decoded = self._decode_cache(decode_cache, decode_cache_bytes)
         self._owner_pid: int | None = None
         self._open: dict[int, _OpenShard] = {}
+        self._rows: dict[int, ShardRows | None] = {}
+
+    def _decode_cache(self, directory: str | os.PathLike[str] | None, budget: int | None) -> DecodeCache | None:
+        if directory is None:
+            return None
+        if self.layout != "encoded":
+            return None  # decoded shards are read as stored: nothing to keep
+        if budget is None or budget <= 0:
+            raise DatasetError(f"{directory}: a decode cache needs a budget in bytes (decode_cache_bytes)")
+        decoder = "simplejpeg" if self.fast_decode and fast_decoder_available() else "pil"
+        cache = DecodeCache(directory, budget, DecodeKey(self.image_size, self.draft, decoder))
+        try:
+            cache.prepare([shard.sha256 for shard in self.manifest.shards])
+        except OSError as exc:
+            raise DatasetError(f"{directory}: cannot use as the decode cache: {exc.strerror or exc}") from exc
+        return cache
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -163,6 +185,7 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         state = self.__dict__.copy()
         state["_owner_pid"] = None
         state["_open"] = {}
+        state["_rows"] = {}
         return state
 
     @property
@@ -175,14 +198,22 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             for shard in self._open.values():
                 os.close(shard.fd)
                 shard.file.close()
+            for rows in self._rows.values():
+                if rows is not None:
+                    rows.close()
         self._open = {}
+        self._rows = {}
 
     def _shard(self, shard_index: int) -> _OpenShard:
         if self._owner_pid != os.getpid():
             # Inherited through fork: the parent's handles; this process opens its own.
             for inherited in self._open.values():
                 os.close(inherited.fd)  # this process's copy of the descriptor only
+            for rows in self._rows.values():
+                if rows is not None:
+                    rows.close()
             self._open = {}
+            self._rows = {}
             self._owner_pid = os.getpid()
         shard = self._open.get(shard_index)
         if shard is None:
@@ -282,22 +313,48 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             if self.layout == "decoded":
                 shard.read_into(out[position : position + length], local, size * size * 3)
                 continue
-            assert shard.offsets is not None
-            begin, end = int(shard.offsets[local]), int(shard.offsets[local + length])
-            blob = np.empty(end - begin, dtype=np.uint8)
-            shard.read_into(blob, begin, 1)
-            for k in range(length):
-                start = int(shard.offsets[local + k]) - begin
-                stop = int(shard.offsets[local + k + 1]) - begin
-                try:
-                    decode_into(blob.data[start:stop], out[position + k], draft=self.draft,
-                                use_simplejpeg=self.fast_decode)
-                except OSError as exc:
-                    path = self.shard_paths[shard_index]
-                    raise DatasetError(f"{path}: sample {local + k} does not decode: {exc}") from exc
+            self._decode_run(shard_index, shard, out[position : position + length], local)
         if self.transport == "pipe":
             return images, labels
         return images, torch.from_numpy(labels)
+
+    def _decode_run(self, shard_index: int, shard: _OpenShard, out: np.ndarray, local: int) -> None:
+        """Samples [local, local + len(out)) of an encoded shard into `out`: kept rows are read back, the others
+        are read from the shard in one call, decoded, and kept when the decode cache has room."""
+        rows = self._shard_rows(shard_index)
+        missing = [k for k in range(len(out)) if rows is None or not rows.read(local + k, out[k])]
+        if not missing:
+            return
+        assert shard.offsets is not None
+        first, last = local + missing[0], local + missing[-1]
+        begin, end = int(shard.offsets[first]), int(shard.offsets[last + 1])
+        blob = np.empty(end - begin, dtype=np.uint8)
+        shard.read_into(blob, begin, 1)
+        for k in missing:
+            start = int(shard.offsets[local + k]) - begin
+            stop = int(shard.offsets[local + k + 1]) - begin
+            try:
+                decode_into(blob.data[start:stop], out[k], draft=self.draft, use_simplejpeg=self.fast_decode)
+            except OSError as exc:
+                path = self.shard_paths[shard_index]
+                raise DatasetError(f"{path}: sample {local + k} does not decode: {exc}") from exc
+            if rows is not None and self.decoded is not None and self.decoded.writable:
+                try:
+                    rows.write(local + k, out[k])
+                except OSError:
+                    self.decoded.writable = False  # a full file system: keep decoding, keep reading what is there
+
+    def _shard_rows(self, shard_index: int) -> ShardRows | None:
+        if self.decoded is None:
+            return None
+        if shard_index not in self._rows:
+            info = self.manifest.shards[shard_index]
+            try:
+                self._rows[shard_index] = self.decoded.open_shard(info.sha256, info.num_samples)
+            except OSError:
+                self.decoded.writable = False
+                self._rows[shard_index] = None
+        return self._rows[shard_index]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([index])

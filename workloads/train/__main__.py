@@ -16,6 +16,7 @@ from pathlib import Path
 from workloads.data.dataset import DatasetError
 from workloads.data.s3 import DataToolError
 from workloads.metrics_http import metrics_addr, port_number
+from workloads.quantity import parse_quantity
 from workloads.train.checkpoint import CheckpointStoreError
 from workloads.train.loop import Distributed, TrainConfig, train
 from workloads.train.metrics import METRICS_PORT_ENV, TrainMetrics, metrics_port_for
@@ -63,6 +64,16 @@ def _finite_float(text: str, *, strictly: bool) -> float:
 
 def _positive_float(text: str) -> float:
     return _finite_float(text, strictly=True)
+
+
+def _bytes_quantity(text: str) -> int:
+    try:
+        value = int(parse_quantity(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 bytes, got {text!r}")
+    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -136,6 +147,20 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         help="wait up to this long for DATA/manifest.json to appear (a staging-cache sidecar is starting)",
     )
     parser.add_argument(
+        "--decode-cache",
+        default=None,
+        metavar="DIR",
+        help="encoded datasets: keep decoded samples in DIR (local disk or /dev/shm, shared by every rank on the "
+             "node) so each JPEG is decoded once, not once per epoch; needs --decode-cache-size",
+    )
+    parser.add_argument(
+        "--decode-cache-size",
+        type=_bytes_quantity,
+        default=None,
+        metavar="QUANTITY",
+        help="the decode cache's budget, e.g. 20Gi (shards that do not fit are decoded every epoch)",
+    )
+    parser.add_argument(
         "--shuffle-shards",
         "--window-shards",  # the name older Jobs pass
         dest="shuffle_shards",
@@ -202,6 +227,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         shuffle_shards=args.shuffle_shards,
         canonical_nodes=args.canonical_nodes,
         wait_for_data_s=args.wait_for_data,
+        decode_cache=args.decode_cache,
+        decode_cache_bytes=args.decode_cache_size,
         lr=args.lr,
         seed=args.seed,
         deterministic=args.deterministic,

@@ -63,6 +63,8 @@ class TrainConfig:
     image_size: int | None = None  # decode size for JPEG sources (encoded shards, folders)
     block_size: int = 1  # samples shuffled in blocks of this many consecutive ones (1: one by one)
     wait_for_data_s: float = 0.0  # wait this long for DATA/manifest.json (a staging sidecar is starting)
+    decode_cache: str | None = None  # encoded datasets: directory where decoded samples are kept (see decode_cache.py)
+    decode_cache_bytes: int | None = None  # its budget
     shuffle_shards: int = 4  # shards whose samples are shuffled together (see workloads/data/sampler.py)
     canonical_nodes: int | None = None  # streams of the epoch order; None: the first run's node count
     lr: float = 0.1
@@ -105,6 +107,10 @@ class TrainConfig:
             raise ValueError(f"momentum: must be a finite number >= 0, got {self.momentum!r}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay: must be a finite number >= 0, got {self.weight_decay!r}")
+        if (self.decode_cache is None) != (self.decode_cache_bytes is None):
+            raise ValueError("--decode-cache and --decode-cache-size: give both or neither")
+        if self.decode_cache_bytes is not None and self.decode_cache_bytes <= 0:
+            raise ValueError(f"--decode-cache-size: must be more than 0 bytes, got {self.decode_cache_bytes!r}")
         if not (math.isfinite(self.wait_for_data_s) and self.wait_for_data_s >= 0):
             raise ValueError(f"--wait-for-data: must be a finite number of seconds >= 0, got {self.wait_for_data_s!r}")
 
@@ -168,7 +174,8 @@ def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
         time.sleep(0.2)  # a staging sidecar writes the manifest once the first state is in place
     dataset: HDF5Dataset | JpegFolderDataset
     if manifest.exists():
-        dataset = HDF5Dataset(path, image_size=config.image_size, draft=True)
+        dataset = HDF5Dataset(path, image_size=config.image_size, draft=True, decode_cache=config.decode_cache,
+                              decode_cache_bytes=config.decode_cache_bytes)
         if len(dataset) == 0:
             raise DatasetError(f"{path}: the manifest lists no samples")
         if not dataset.classes:

@@ -1,0 +1,194 @@
+"""The decode cache: later epochs read back exactly what the first decoded, every worker process shares it, and a
+killed writer, a full file system, a budget and stale files are all handled without a wrong pixel."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.train.conftest import IMAGE_SIZE
+from workloads.data import dataset as dataset_module
+from workloads.data.dataset import DatasetError, HDF5Dataset, make_loader, to_tensors
+from workloads.data.decode_cache import SUFFIX, DecodeCache, DecodeKey
+from workloads.data.sampler import ElasticBatchSampler
+
+ROW = IMAGE_SIZE * IMAGE_SIZE * 3
+
+
+def _epoch(dataset: HDF5Dataset, workers: int, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    sampler = ElasticBatchSampler(dataset.shard_sizes, 8, seed=3)
+    sampler.set_epoch(epoch)
+    loader = make_loader(dataset, sampler, workers=workers, multiprocessing_context="fork" if workers else None)
+    images, labels = zip(*(to_tensors(batch) for batch in loader), strict=True)
+    order = np.asarray(sampler.epoch_order())
+    inverse = np.argsort(order)  # back to sample order, so epochs of different orders compare
+    return torch.cat(images).numpy()[inverse], torch.cat(labels).numpy()[inverse]
+
+
+def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    original = dataset_module.decode_into
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(dataset_module, "decode_into", counting)
+    return calls
+
+
+def test_later_epochs_read_back_exactly_what_the_first_decoded(tiny_data: dict[str, Path], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = _epoch(HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE), workers=0)
+    calls = _count_decodes(monkeypatch)
+    cached = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "rows",
+                         decode_cache_bytes=1 << 30)
+    first = _epoch(cached, workers=0, epoch=0)
+    assert len(calls) == len(cached)
+    second = _epoch(cached, workers=0, epoch=1)  # another order: every sample comes from the cache
+    assert len(calls) == len(cached)
+    for epoch in (first, second):
+        assert np.array_equal(epoch[0], reference[0]) and np.array_equal(epoch[1], reference[1])
+    assert len(list((tmp_path / "rows").glob(f"*{SUFFIX}"))) == len(cached.shard_sizes)
+
+
+def test_worker_processes_share_the_cache(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    reference = _epoch(HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE), workers=0)
+    cached = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "rows",
+                         decode_cache_bytes=1 << 30)
+    first = _epoch(cached, workers=2, epoch=0)
+    # A fresh dataset object (a new rank, or a restarted process) finds every row the workers kept.
+    again = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "rows",
+                        decode_cache_bytes=1 << 30)
+    again.__getitems__([0])  # opens this process's descriptors
+    assert all(rows is not None for rows in again._rows.values())
+    kept = [again._shard_rows(index) for index in range(len(again.shard_sizes))]
+    flags = [os.pread(rows.fd, rows.num_samples, 0) for rows in kept if rows is not None]
+    assert b"".join(flags) == b"\x01" * len(again)
+    second = _epoch(again, workers=2, epoch=1)
+    for epoch in (first, second):
+        assert np.array_equal(epoch[0], reference[0]) and np.array_equal(epoch[1], reference[1])
+
+
+def test_a_writer_killed_mid_row_leaves_the_sample_to_decode_again(tiny_data: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    reference = _epoch(HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE), workers=0)
+    cache_dir = tmp_path / "rows"
+    dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=cache_dir,
+                          decode_cache_bytes=1 << 30)
+    pid = os.fork()
+    if pid == 0:  # the child writes half of sample 3's row, then dies without a word
+        try:
+            rows = dataset._shard_rows(0)
+            assert rows is not None
+            os.pwrite(rows.fd, b"\xff" * (ROW // 2), rows._row_offset(3))
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    images, labels = _epoch(dataset, workers=0)
+    assert np.array_equal(images, reference[0]) and np.array_equal(labels, reference[1])
+
+
+def test_a_full_file_system_stops_writes_not_reads(tiny_data: dict[str, Path], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = _epoch(HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE), workers=0)
+    dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "rows",
+                          decode_cache_bytes=1 << 30)
+    dataset.__getitems__(list(range(5)))  # five rows kept before the disk fills
+    original = os.pwrite
+
+    def full(fd: int, data, offset: int) -> int:  # noqa: ANN001
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    images, labels = _epoch(dataset, workers=0)
+    assert np.array_equal(images, reference[0]) and np.array_equal(labels, reference[1])
+    assert dataset.decoded is not None and not dataset.decoded.writable
+    monkeypatch.setattr(os, "pwrite", original)
+    rows = dataset._shard_rows(0)
+    assert rows is not None and os.pread(rows.fd, 6, 0) == b"\x01" * 5 + b"\x00"
+
+
+def test_the_budget_bounds_the_files_first_come_first_served(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    small, large = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE).shard_sizes
+    budget = small * (1 + ROW)  # room for the first shard's file only
+    dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "rows",
+                          decode_cache_bytes=budget)
+    _epoch(dataset, workers=0)
+    files = list((tmp_path / "rows").glob(f"*{SUFFIX}"))
+    assert len(files) == 1 and sum(f.stat().st_size for f in files) <= budget
+    assert files[0].name.startswith(dataset.manifest.shards[0].sha256)
+
+
+def test_stale_files_are_removed_and_others_left_alone(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    cache_dir = tmp_path / "rows"
+    cache_dir.mkdir()
+    sha = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE).manifest.shards[0].sha256
+    earlier_boot = DecodeKey(IMAGE_SIZE, True, "simplejpeg", boot="0" * 16).file_name(sha)
+    other_size = DecodeKey(IMAGE_SIZE * 2, True, "simplejpeg").file_name(sha)
+    for name in (earlier_boot, other_size, "notes.txt"):
+        (cache_dir / name).write_bytes(b"\x01" * 64)
+    HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=cache_dir, decode_cache_bytes=1 << 30)
+    assert sorted(p.name for p in cache_dir.iterdir()) == ["notes.txt"]
+
+
+def test_bad_settings_are_one_line(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="budget"):
+        HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "rows")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(DatasetError, match="a-file.*cannot use as the decode cache"):
+        HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "a-file",
+                    decode_cache_bytes=1 << 30)
+    decoded = HDF5Dataset(tiny_data["decoded"], decode_cache=tmp_path / "rows", decode_cache_bytes=1 << 30)
+    assert decoded.decoded is None  # stored pixels: nothing to keep
+
+
+def test_a_row_is_kept_only_whole(tmp_path: Path) -> None:
+    cache = DecodeCache(tmp_path, 1 << 20, DecodeKey(4, True, "pil"))
+    cache.prepare([])
+    rows = cache.open_shard("ab" * 32, 3)
+    assert rows is not None
+    out = np.zeros((4, 4, 3), dtype=np.uint8)
+    assert not rows.read(1, out)
+    pixels = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+    rows.write(1, pixels)
+    assert rows.read(1, out) and np.array_equal(out, pixels)
+    assert not rows.read(0, out) and not rows.read(2, out)
+    rows.close()
+
+
+def test_the_trainer_decodes_each_sample_once_over_epochs(tiny_data: dict[str, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.train.test_train import _events, _train_here
+
+    calls = _count_decodes(monkeypatch)
+    lines = _train_here(["--data", str(tiny_data["encoded"]), "--image-size", str(IMAGE_SIZE), "--epochs", "3",
+                         "--workers", "0", "--decode-cache", str(tmp_path / "rows"), "--decode-cache-size", "1Gi"])
+    assert [epoch["samples"] for epoch in _events(lines, "epoch")] == [42, 42, 42]
+    assert len(calls) == 42
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--decode-cache", "DIR"], "--decode-cache and --decode-cache-size: give both or neither"),
+    (["--decode-cache", "DIR", "--decode-cache-size", "lots"], "argument --decode-cache-size: not a Kubernetes"),
+    (["--decode-cache", "DIR", "--decode-cache-size", "0"], "argument --decode-cache-size: must be more than 0"),
+])
+def test_trainer_decode_cache_flags_are_checked(flags: list[str], message: str, tiny_data: dict[str, Path],
+                                                tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workloads.train.__main__ import main
+
+    args = ["--data", str(tiny_data["encoded"]), *[str(tmp_path / "rows") if f == "DIR" else f for f in flags]]
+    try:
+        code = main(args)
+    except SystemExit as exited:
+        code = exited.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().splitlines()[-1].startswith("error: ")

@@ -127,6 +127,8 @@ def _pack_and_upload(ctx: Context) -> tuple[Measured, int]:
 
 def ours(ctx: Context) -> Measured:
     """Copy staging: every shard is local before the first batch."""
+    if ctx.layout == "decoded" and not ctx.keep_decoded:
+        raise NotApplicable("ours-redecode is ours without the decode cache, which only the encoded layout uses")
     measured, _ = _pack_and_upload(ctx)
     started = time.perf_counter()
     dest = ctx.local / "staged"

@@ -192,6 +192,37 @@ def test_cache_sizes_its_disk_like_copy_and_counts_the_sidecar_on_the_node() -> 
     assert error.path == "dataset.stagedSize" and "233Gi" in str(error) and "232Gi" in str(error)
 
 
+def test_decoded_size_keeps_decoded_samples_on_the_nvme_beside_the_shards() -> None:
+    job, = render_job(spec(dataset={**S3_COPY, "staging": "cache", "decodedSize": "40Gi"}), dev_facts())
+    check_job(job)
+    pod = job["spec"]["template"]["spec"]
+    decoded = next(volume for volume in pod["volumes"] if volume["name"] == "decoded")
+    assert decoded["emptyDir"] == {"sizeLimit": "44Gi"}  # 40Gi + 10% headroom, on the kubelet's (NVMe) disk
+    train = train_container(job)
+    assert {"name": "decoded", "mountPath": "/decoded"} in train["volumeMounts"]
+    args = train["args"]
+    assert args[args.index("--decode-cache") + 1] == "/decoded"
+    assert args[args.index("--decode-cache-size") + 1] == "40Gi"
+    # The trainer's ephemeral-storage covers the decoded samples too: 165Gi staged + 10Gi scratch + 44Gi.
+    assert train["resources"]["limits"]["ephemeral-storage"] == "219Gi"
+    plain, = render_job(spec(dataset={**S3_COPY, "staging": "cache"}), dev_facts())
+    assert "--decode-cache" not in train_container(plain)["args"]
+    assert all(volume["name"] != "decoded" for volume in plain["spec"]["template"]["spec"]["volumes"])
+
+
+def test_decoded_size_is_checked_against_staging_mounts_and_the_node() -> None:
+    error = error_of({"dataset": {"claimName": "datasets", "decodedSize": "10Gi"}})
+    assert error.path == "dataset.decodedSize" and "staging" in str(error)
+    error = error_of({"dataset": {**S3_CACHE, "mountPath": "/decoded", "decodedSize": "10Gi"}})
+    assert error.path == "dataset.mountPath" and "/decoded" in str(error)
+    # 150Gi staged (165Gi) + 10Gi scratch + 1Gi sidecar + 60Gi decoded (66Gi) = 242Gi > the g5.xlarge's 232Gi NVMe.
+    error = error_of({"dataset": {**S3_COPY, "staging": "cache", "decodedSize": "60Gi"}})
+    assert error.path == "dataset.stagedSize" and "decoded" in str(error) and "232Gi" in str(error)
+    user_set, = render_job(spec(gpus=8, gpuType="a100", dataset={**S3_CACHE, "decodedSize": "10Gi"},
+                                args=["--decode-cache", "/tmp/rows", "--decode-cache-size", "1Gi"]), prod_facts())
+    assert train_container(user_set)["args"].count("--decode-cache") == 1  # the spec's args win
+
+
 def test_s3_checkpoints_are_mirrored_by_the_trainer_and_resumed() -> None:
     job, = render_job(spec(gpus=8, gpuType="a100", dataset=S3_COPY,
                            checkpoint={"uri": "s3://lab-checkpoints/run-1/"}), onprem_facts())

@@ -68,8 +68,8 @@ def _pool_names(pools: Sequence[PoolFacts]) -> str:
 
 def ephemeral_bytes(spec: TrainingJobSpec) -> int:
     """The train container's ephemeral-storage: its scratch plus the staging emptyDir (budget or dataset + headroom),
-    the same rule whether an init container or a sidecar stager fills it."""
-    return quantity_bytes(spec.ephemeral_storage) + spec.staged_bytes()
+    the same rule whether an init container or a sidecar stager fills it, plus the decode cache's emptyDir."""
+    return quantity_bytes(spec.ephemeral_storage) + spec.staged_bytes() + spec.decoded_bytes()
 
 
 def _has_sidecar(spec: TrainingJobSpec) -> bool:
@@ -143,6 +143,7 @@ def check_fits_node(spec: TrainingJobSpec, pools: Sequence[PoolFacts], cpu: int,
                 "dataset.stagedSize",
                 f"staging needs {format_bytes(ephemeral)} of ephemeral "
                 f"storage (staged size + headroom + ephemeralStorage"
+                f"{f' + decoded samples {format_bytes(spec.decoded_bytes())}' if spec.decoded_bytes() else ''}"
                 f"{f' + the stager sidecar {format_bytes(sidecar)}' if sidecar else ''}) but the "
                 f"largest NVMe of a matching pool is {largest}Gi",
             )

@@ -13,6 +13,7 @@ from workloads.jobspec.placement import candidate_pools, check_fits_node, epheme
 from workloads.jobspec.spec import (
     CACHE_START_TIMEOUT_S,
     CONFIG_ERROR_EXIT_CODE,
+    DECODED_MOUNT,
     GIB,
     HASH_LENGTH,
     RENDEZVOUS_PORT,
@@ -161,6 +162,8 @@ def _train_args(spec: TrainingJobSpec) -> list[str]:
     if spec.dataset is not None and spec.dataset.has_sidecar() and "--wait-for-data" not in args:
         # The sidecar writes the manifest once it has the first shards; the trainer may start before that.
         implied += ["--wait-for-data", str(CACHE_START_TIMEOUT_S)]
+    if spec.dataset is not None and spec.dataset.decoded_size is not None and "--decode-cache" not in args:
+        implied += ["--decode-cache", DECODED_MOUNT, "--decode-cache-size", spec.dataset.decoded_size]
     checkpoint = spec.checkpoint
     if checkpoint is not None and checkpoint.claim_name is not None and "--checkpoint-dir" not in args:
         implied += ["--checkpoint-dir", checkpoint.mount_path]
@@ -290,6 +293,9 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
                 }
             )
         init_containers.append(_stage_container(spec, facts, scratch_mount))
+        if dataset.decoded_size is not None:
+            volumes.append({"name": "decoded", "emptyDir": {"sizeLimit": format_bytes(spec.decoded_bytes())}})
+            mounts.append({"name": "decoded", "mountPath": DECODED_MOUNT})
     elif dataset is not None:
         volumes.append(
             {"name": "dataset", "persistentVolumeClaim": {"claimName": dataset.claim_name, "readOnly": True}}

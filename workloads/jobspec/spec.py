@@ -27,6 +27,7 @@ from workloads.quantity import (
 # manifest, unreadable config). The Job's podFailurePolicy fails the whole Job at once on it instead of
 # retrying a run that can never succeed. Any other non-zero exit counts against backoffLimit.
 CONFIG_ERROR_EXIT_CODE = 42
+DECODED_MOUNT = "/decoded"  # the decode cache's emptyDir in the trainer (workloads/data/decode_cache.py)
 CACHE_START_TIMEOUT_S = 600  # how long the trainer waits for the staging sidecar's manifest and first shards
 
 TRAIN_CONTAINER = "train"
@@ -238,6 +239,9 @@ class DatasetSpec(_Spec):
     COS volume).
     `stagedSize` is what staging keeps on local NVMe, and sizes the pod's NVMe: the whole dataset for `copy`; for
     `cache` (and `rolling`) the stager's budget, the dataset's size to keep all of it or less to bound the cache.
+    `decodedSize` (with staging) keeps an encoded dataset's decoded samples on the same NVMe, up to that size, so
+    each JPEG is decoded once and later epochs read pixels (the trainer's --decode-cache; size x size x 3 bytes a
+    sample holds all of them).
     """
 
     uri: str | None = None
@@ -247,6 +251,7 @@ class DatasetSpec(_Spec):
     mount_path: AbsolutePath = "/data"
     staging: Staging = "none"
     staged_size: PositiveQuantity | None = None
+    decoded_size: PositiveQuantity | None = None
     stager_workers: int = Field(default=16, ge=1, le=256)
 
     @model_validator(mode="after")
@@ -275,6 +280,9 @@ class DatasetSpec(_Spec):
             raise JobSpecError("stagedSize", "required with staging copy: the dataset's size, the pod's NVMe")
         if self.staging == "none" and self.staged_size is not None:
             raise JobSpecError("stagedSize", "only meaningful with staging cache, copy or rolling")
+        if self.staging == "none" and self.decoded_size is not None:
+            raise JobSpecError("decodedSize", "needs staging cache, copy or rolling: the decoded samples live on the "
+                                              "node's NVMe beside the staged shards")
         return self
 
     def has_sidecar(self) -> bool:
@@ -383,6 +391,8 @@ class TrainingJobSpec(_Spec):
         if self.gpu_type is not None and self.gpus == 0:
             raise JobSpecError("gpuType", f"{self.gpu_type} with gpus 0: a CPU job cannot select a GPU type")
         mounts = {"/dev/shm": "/dev/shm"}
+        if self.dataset is not None and self.dataset.decoded_size is not None:
+            mounts["the decode cache"] = DECODED_MOUNT
         for field_name, mount in (
             ("ramDisk.mountPath", self.ram_disk.mount_path if self.ram_disk else None),
             ("dataset.mountPath", self.dataset.mount_path if self.dataset else None),
@@ -416,12 +426,22 @@ class TrainingJobSpec(_Spec):
         """Local NVMe the staging emptyDir may fill (staged size plus headroom); 0 without staging."""
         if self.dataset is None or self.dataset.staged_size is None:
             return 0
-        staged = quantity_bytes(self.dataset.staged_size)
-        headroom = max(MIN_STAGING_HEADROOM, math.ceil(staged * STAGING_HEADROOM_FRACTION))
-        return _round_up_gib(staged + headroom)
+        return _with_headroom(quantity_bytes(self.dataset.staged_size))
+
+    def decoded_bytes(self) -> int:
+        """Local NVMe the decode cache's emptyDir may fill (its budget plus headroom: processes that open a shard's
+        file at once may each pass the budget check); 0 without one."""
+        if self.dataset is None or self.dataset.decoded_size is None:
+            return 0
+        return _with_headroom(quantity_bytes(self.dataset.decoded_size))
 
     def is_staged(self) -> bool:
         return self.dataset is not None and self.dataset.staging != "none"
+
+
+def _with_headroom(num_bytes: int) -> int:
+    headroom = max(MIN_STAGING_HEADROOM, math.ceil(num_bytes * STAGING_HEADROOM_FRACTION))
+    return _round_up_gib(num_bytes + headroom)
 
 
 def _round_up_gib(num_bytes: int) -> int:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.schema import ConfigError, StackConfig
 from infra.instances import (
-    EVICTION_HARD_NODEFS,
     GIB,
     InstanceShape,
     UnknownInstanceType,
@@ -22,7 +21,7 @@ from infra.instances import (
     node_allocatable,
     per_gpu_size,
 )
-from workloads.cluster_facts import PoolFacts
+from workloads.cluster_facts import EVICTION_HARD_NODEFS, PoolFacts
 from workloads.quantity import quantity_bytes, quantity_millicores
 
 GPU_TAINT_KEY = "nvidia.com/gpu"

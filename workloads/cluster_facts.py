@@ -11,6 +11,11 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+# The kubelet's default hard eviction threshold nodefs.available<10% (kubernetes pkg/kubelet/eviction/
+# defaults_linux.go, DefaultEvictionHard): the share of the kubelet's disk pods never get. Node pools put the
+# kubelet's disk on the NVMe RAID0, so this is the share of the NVMe a pod's ephemeral storage cannot use.
+EVICTION_HARD_NODEFS = 0.10
+
 
 @dataclass(frozen=True)
 class PoolFacts:
@@ -26,6 +31,10 @@ class PoolFacts:
     cpu_per_gpu_millicores: int | None = None
     memory_per_gpu_bytes: int | None = None
     labels: dict[str, str] = field(default_factory=dict)  # node labels the pool's nodes carry
+
+    def nvme_allocatable_gib(self) -> int:
+        """What pods may use of the NVMe (whole GiB): the kubelet keeps nodefs.available free."""
+        return int(self.nvme_gib * (1 - EVICTION_HARD_NODEFS))
 
 
 @dataclass(frozen=True)

@@ -185,26 +185,35 @@ def test_cache_sizes_its_disk_like_copy_and_counts_the_sidecar_on_the_node() -> 
     assert train_container(job)["resources"]["limits"]["ephemeral-storage"] == "175Gi"  # + 10Gi scratch
     assert stage_container(job)["resources"]["limits"]["ephemeral-storage"] == "1Gi"
     assert pod["nodeSelector"]["ml-cluster.io/disktype"] == "nvme"
-    # 201Gi: 222Gi + 10Gi fills the g5.xlarge's 232Gi NVMe exactly; a sidecar's own 1Gi runs beside the trainer
-    # (an init container's does not), so the same size as a cache would leave the pod Pending.
-    render_job(spec(dataset={**S3_COPY, "stagedSize": "201Gi"}), dev_facts())
-    error = error_of({"dataset": {**S3_COPY, "staging": "cache", "stagedSize": "201Gi"}})
-    assert error.path == "dataset.stagedSize" and "233Gi" in str(error) and "232Gi" in str(error)
+    # The g5.xlarge's 232Gi NVMe gives pods 208Gi (the kubelet keeps nodefs.available<10% free). 180Gi: 198Gi +
+    # 10Gi fills it exactly; a sidecar's own 1Gi runs beside the trainer (an init container's does not), so the same
+    # size as a cache would leave the pod Pending.
+    render_job(spec(dataset={**S3_COPY, "stagedSize": "180Gi"}), dev_facts())
+    error = error_of({"dataset": {**S3_COPY, "staging": "cache", "stagedSize": "180Gi"}})
+    assert error.path == "dataset.stagedSize" and "209Gi" in str(error) and "208Gi" in str(error)
+
+
+def test_the_nvme_check_leaves_the_kubelets_eviction_reserve() -> None:
+    """201Gi staged (222Gi) + 10Gi scratch fits the raw 232Gi NVMe but not the 208Gi the kubelet lets pods use: the
+    scheduler would never place the pod."""
+    error = error_of({"dataset": {**S3_COPY, "stagedSize": "201Gi"}})
+    assert error.path == "dataset.stagedSize" and "232Gi" in str(error) and "208Gi" in str(error)
+    assert "nodefs.available" in str(error)
 
 
 def test_decoded_size_keeps_decoded_samples_on_the_nvme_beside_the_shards() -> None:
-    job, = render_job(spec(dataset={**S3_COPY, "staging": "cache", "decodedSize": "40Gi"}), dev_facts())
+    job, = render_job(spec(dataset={**S3_COPY, "staging": "cache", "decodedSize": "20Gi"}), dev_facts())
     check_job(job)
     pod = job["spec"]["template"]["spec"]
     decoded = next(volume for volume in pod["volumes"] if volume["name"] == "decoded")
-    assert decoded["emptyDir"] == {"sizeLimit": "44Gi"}  # 40Gi + 10% headroom, on the kubelet's (NVMe) disk
+    assert decoded["emptyDir"] == {"sizeLimit": "22Gi"}  # 20Gi + 10% headroom, on the kubelet's (NVMe) disk
     train = train_container(job)
     assert {"name": "decoded", "mountPath": "/decoded"} in train["volumeMounts"]
     args = train["args"]
     assert args[args.index("--decode-cache") + 1] == "/decoded"
-    assert args[args.index("--decode-cache-size") + 1] == "40Gi"
-    # The trainer's ephemeral-storage covers the decoded samples too: 165Gi staged + 10Gi scratch + 44Gi.
-    assert train["resources"]["limits"]["ephemeral-storage"] == "219Gi"
+    assert args[args.index("--decode-cache-size") + 1] == "20Gi"
+    # The trainer's ephemeral-storage covers the decoded samples too: 165Gi staged + 10Gi scratch + 22Gi.
+    assert train["resources"]["limits"]["ephemeral-storage"] == "197Gi"
     plain, = render_job(spec(dataset={**S3_COPY, "staging": "cache"}), dev_facts())
     assert "--decode-cache" not in train_container(plain)["args"]
     assert all(volume["name"] != "decoded" for volume in plain["spec"]["template"]["spec"]["volumes"])
@@ -215,9 +224,9 @@ def test_decoded_size_is_checked_against_staging_mounts_and_the_node() -> None:
     assert error.path == "dataset.decodedSize" and "staging" in str(error)
     error = error_of({"dataset": {**S3_CACHE, "mountPath": "/decoded", "decodedSize": "10Gi"}})
     assert error.path == "dataset.mountPath" and "/decoded" in str(error)
-    # 150Gi staged (165Gi) + 10Gi scratch + 1Gi sidecar + 60Gi decoded (66Gi) = 242Gi > the g5.xlarge's 232Gi NVMe.
-    error = error_of({"dataset": {**S3_COPY, "staging": "cache", "decodedSize": "60Gi"}})
-    assert error.path == "dataset.stagedSize" and "decoded" in str(error) and "232Gi" in str(error)
+    # 150Gi staged (165Gi) + 10Gi scratch + 1Gi sidecar + 30Gi decoded (33Gi) = 209Gi > the g5.xlarge's 208Gi.
+    error = error_of({"dataset": {**S3_COPY, "staging": "cache", "decodedSize": "30Gi"}})
+    assert error.path == "dataset.stagedSize" and "decoded" in str(error) and "208Gi" in str(error)
     user_set, = render_job(spec(gpus=8, gpuType="a100", dataset={**S3_CACHE, "decodedSize": "10Gi"},
                                 args=["--decode-cache", "/tmp/rows", "--decode-cache-size", "1Gi"]), prod_facts())
     assert train_container(user_set)["args"].count("--decode-cache") == 1  # the spec's args win

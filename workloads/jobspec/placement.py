@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workloads.cluster_facts import ClusterFacts, PoolFacts
+from workloads.cluster_facts import EVICTION_HARD_NODEFS, ClusterFacts, PoolFacts
 from workloads.jobspec.spec import (
     GIB,
     STAGER_CPU_MILLICORES,
@@ -134,16 +134,18 @@ def check_fits_node(spec: TrainingJobSpec, pools: Sequence[PoolFacts], cpu: int,
                 f"allocatable {format_millicores(max_cpu)} ({_pool_names(sized)})",
             )
     if spec.is_staged():
-        largest = max(pool.nvme_gib for pool in pools)
+        roomiest = max(pools, key=lambda pool: pool.nvme_allocatable_gib())
+        usable = roomiest.nvme_allocatable_gib()
         # A sidecar's own ephemeral-storage adds to the pod's request; an init container's is over before the trainer.
         sidecar = STAGER_EPHEMERAL if _has_sidecar(spec) else 0
         ephemeral = ephemeral_bytes(spec) + sidecar
-        if ephemeral > largest * GIB:
+        if ephemeral > usable * GIB:
             raise JobSpecError(
                 "dataset.stagedSize",
                 f"staging needs {format_bytes(ephemeral)} of ephemeral "
                 f"storage (staged size + headroom + ephemeralStorage"
                 f"{f' + decoded samples {format_bytes(spec.decoded_bytes())}' if spec.decoded_bytes() else ''}"
-                f"{f' + the stager sidecar {format_bytes(sidecar)}' if sidecar else ''}) but the "
-                f"largest NVMe of a matching pool is {largest}Gi",
+                f"{f' + the stager sidecar {format_bytes(sidecar)}' if sidecar else ''}) but pods get at most "
+                f"{usable}Gi of a matching pool's NVMe ({roomiest.name}: {roomiest.nvme_gib}Gi, less the "
+                f"kubelet's nodefs.available<{EVICTION_HARD_NODEFS:.0%} eviction reserve)",
             )

@@ -192,3 +192,17 @@ def test_trainer_decode_cache_flags_are_checked(flags: list[str], message: str, 
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and err.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_a_link_in_place_of_a_cache_file_is_not_followed(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    reference = _epoch(HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE), workers=0)
+    cache_dir = tmp_path / "rows"
+    dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=cache_dir,
+                          decode_cache_bytes=1 << 30)
+    assert dataset.decoded is not None
+    victim = tmp_path / "elsewhere"
+    victim.write_bytes(b"keep me")
+    (cache_dir / dataset.decoded.key.file_name(dataset.manifest.shards[0].sha256)).symlink_to(victim)
+    images, labels = _epoch(dataset, workers=0)  # the first shard is decoded every time instead
+    assert np.array_equal(images, reference[0]) and np.array_equal(labels, reference[1])
+    assert victim.read_bytes() == b"keep me"

@@ -116,12 +116,13 @@ class DecodeCache:
         """The shard's rows, creating its file if the budget allows; None when it does not (read and decode)."""
         path = self.directory / self.key.file_name(shard_sha256)
         size = self.file_bytes(num_samples)
+        flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)  # rows go into this file, never where a link points
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, flags)
         except FileNotFoundError:
             if not self.writable or self._used_bytes() + size > self.budget_bytes:
                 return None
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, flags | os.O_CREAT, 0o644)
         if os.fstat(fd).st_size < size:
             # Sparse: blocks are allocated as rows land. Two processes creating it at once both extend to the
             # same size, which changes nothing already written.

@@ -374,6 +374,13 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
         outputs = _resolve_outputs(root, pulumi) if root is not None else {}
         return _plan_document(stack, recorded, outputs)
     finally:
+        # Tasks still pending (cancelled above, or left by a failed run) finish here, not as "Task was destroyed but
+        # it is pending" noise when the loop is collected.
+        leftover = asyncio.all_tasks(loop)
+        for task in leftover:
+            task.cancel()
+        if leftover:
+            loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
         asyncio.set_event_loop(None)
         loop.close()
 
@@ -411,6 +418,23 @@ def _run_program(main: str, stopped: list[ConfigError], offline: bool) -> None:
         runpy.run_path(main, init_globals={"OFFLINE_PLAN": offline}, run_name="__pulumi_main__")
     except ConfigExit as exc:
         stopped.append(exc.error)
+        _drop_pending_engine_work()
+
+
+def _drop_pending_engine_work() -> None:
+    """Cancel the Outputs and RPCs a program left behind when it stopped on its config. Nothing they would produce is
+    used, and the engine waits for every one of them before it returns (pulumi/runtime/stack.py wait_for_rpcs): one
+    that waits for a value the stopped program never provides would keep the plan waiting forever."""
+    from pulumi.runtime.settings import SETTINGS
+
+    with SETTINGS.lock:
+        pending = list(SETTINGS.outputs)
+        SETTINGS.outputs.clear()
+    rpcs = SETTINGS.rpc_manager.rpcs
+    pending += [rpc for rpc in rpcs if isinstance(rpc, asyncio.Future)]
+    rpcs.clear()
+    for task in pending:
+        task.cancel()
 
 
 def _resolve_outputs(root: Any, pulumi: Any) -> dict[str, Any]:

@@ -276,3 +276,35 @@ def test_manifests_are_all_written_or_none(tmp_path: Path, stack_plan: Any) -> N
         write_manifests(plan, target)
     assert caught.value.filename == str(target / names[4])
     assert sorted(path.name for path in target.iterdir()) == [names[4]]
+
+
+def test_a_program_stopped_by_its_config_never_leaves_the_plan_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that created an Output whose value never comes, then stopped on its config: the plan still ends
+    (with the ConfigError) instead of waiting for that Output forever."""
+    import asyncio
+    import threading
+
+    import pulumi
+
+    from infra import offline
+    from infra.config import ConfigError, ConfigExit
+
+    def stopped_program(path: str, init_globals: Any = None, run_name: str = "") -> None:
+        never = asyncio.get_event_loop().create_future()
+        pulumi.Output.from_input(never).apply(lambda value: value)
+        raise ConfigExit(ConfigError([("stack", "stopped on purpose")]))
+
+    monkeypatch.setattr(offline.runpy, "run_path", stopped_program)
+    outcome: list[BaseException] = []
+
+    def plan() -> None:
+        try:
+            offline.plan_stack("dev")
+        except BaseException as exc:  # noqa: BLE001 - what the plan ended with is the assertion
+            outcome.append(exc)
+
+    worker = threading.Thread(target=plan, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "plan_stack still waiting for an Output of a stopped program"
+    assert isinstance(outcome[0], ConfigError) and outcome[0].problems == [("stack", "stopped on purpose")]

@@ -27,8 +27,6 @@ _KUBE_RESERVED_CPU_BANDS = ((1000, 0.06), (1000, 0.01), (2000, 0.005), (None, 0.
 _EVICTION_HARD_MEMORY_MIB = 100
 # Memory hypervisor and kernel keep: node capacity is below the EC2 memory size (Karpenter's default, 7.5%).
 _VM_MEMORY_OVERHEAD = 0.075
-# Hard eviction threshold nodefs.available<10%: workloads/cluster_facts.py EVICTION_HARD_NODEFS (one constant with the
-# Job renderer's NVMe check).
 
 
 class UnknownInstanceType(LookupError):

@@ -65,7 +65,6 @@ from workloads.data.metrics import StageMetrics
 from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
 
 TEMP_SUFFIX = ".part"
-_URGENT_PART_MIN = 1 << 20
 _BODY_CHUNK = 1 << 20
 _HASH_BLOCK = 8 << 20
 _LONG_WAIT_S = 60.0  # a wait for the reader this long is logged again (the first one always is)
@@ -283,13 +282,13 @@ class _Stager:
     # -- coordination (main thread only) ----------------------------------------------------------------------
     def _start_fetch(self, pool: ThreadPoolExecutor, info: ShardInfo, attempt: int, urgent: bool = False) -> None:
         """Create the temp file and queue the shard's parts. An urgent shard (the reader waits for it now) is split
-        over every connection, down to 1 MiB parts, so it arrives in the time of one small part."""
+        over every connection, down to min_part_bytes, so it arrives in the time of one small part."""
         temp = self.dest / f".{info.path}.{os.getpid()}.{attempt}{TEMP_SUFFIX}"
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.ftruncate(fd, info.bytes)
         step = self.part_bytes
         if urgent:
-            step = min(step, max(_URGENT_PART_MIN, -(-info.bytes // self.options.workers)))
+            step = min(step, max(self.options.min_part_bytes, -(-info.bytes // self.options.workers)))
         ranges = [(start, min(start + step, info.bytes) - 1) for start in range(0, info.bytes, step)]
         fetch = _ShardFetch(info=info, temp=temp, fd=fd, parts_left=len(ranges), attempt=attempt, urgent=urgent)
         self.fetches.append(fetch)

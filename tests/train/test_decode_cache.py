@@ -155,12 +155,12 @@ def test_a_row_is_kept_only_whole(tmp_path: Path) -> None:
     cache.prepare([])
     rows = cache.open_shard("ab" * 32, 3)
     assert rows is not None
-    out = np.zeros((4, 4, 3), dtype=np.uint8)
-    assert not rows.read(1, out)
+    out = np.zeros((3, 4, 4, 3), dtype=np.uint8)
+    assert rows.read(0, out) == [0, 1, 2]
     pixels = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
     rows.write(1, pixels)
-    assert rows.read(1, out) and np.array_equal(out, pixels)
-    assert not rows.read(0, out) and not rows.read(2, out)
+    assert rows.read(0, out) == [0, 2] and np.array_equal(out[1], pixels)
+    assert rows.read(1, out[:1]) == [] and np.array_equal(out[0], pixels)
     rows.close()
 
 

@@ -198,20 +198,21 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             for shard in self._open.values():
                 os.close(shard.fd)
                 shard.file.close()
-            for rows in self._rows.values():
-                if rows is not None:
-                    rows.close()
+            self._close_rows()
         self._open = {}
         self._rows = {}
+
+    def _close_rows(self) -> None:
+        for rows in self._rows.values():
+            if rows is not None:
+                rows.close()
 
     def _shard(self, shard_index: int) -> _OpenShard:
         if self._owner_pid != os.getpid():
             # Inherited through fork: the parent's handles; this process opens its own.
             for inherited in self._open.values():
                 os.close(inherited.fd)  # this process's copy of the descriptor only
-            for rows in self._rows.values():
-                if rows is not None:
-                    rows.close()
+            self._close_rows()
             self._open = {}
             self._rows = {}
             self._owner_pid = os.getpid()
@@ -322,7 +323,7 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         """Samples [local, local + len(out)) of an encoded shard into `out`: kept rows are read back, the others
         are read from the shard in one call, decoded, and kept when the decode cache has room."""
         rows = self._shard_rows(shard_index)
-        missing = [k for k in range(len(out)) if rows is None or not rows.read(local + k, out[k])]
+        missing = list(range(len(out))) if rows is None else rows.read(local, out)
         if not missing:
             return
         assert shard.offsets is not None
@@ -338,11 +339,12 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             except OSError as exc:
                 path = self.shard_paths[shard_index]
                 raise DatasetError(f"{path}: sample {local + k} does not decode: {exc}") from exc
-            if rows is not None and self.decoded is not None and self.decoded.writable:
+            cache = self.decoded
+            if rows is not None and cache is not None and cache.writable:
                 try:
                     rows.write(local + k, out[k])
                 except OSError:
-                    self.decoded.writable = False  # a full file system: keep decoding, keep reading what is there
+                    cache.writable = False  # a full file system: keep decoding, keep reading what is there
 
     def _shard_rows(self, shard_index: int) -> ShardRows | None:
         if self.decoded is None:

@@ -63,11 +63,19 @@ class ShardRows:
     def _row_offset(self, local: int) -> int:
         return self.num_samples + local * self.row_bytes
 
-    def read(self, local: int, out: np.ndarray) -> bool:
-        """Fill `out` (C-contiguous, row_bytes long) with sample `local` if it was kept; False when it was not."""
-        if os.pread(self.fd, 1, local) != b"\x01":
-            return False
-        return os.preadv(self.fd, [out.data.cast("B")], self._row_offset(local)) == self.row_bytes
+    def read(self, local: int, out: np.ndarray) -> list[int]:
+        """Fill out[k] (C-contiguous rows) with sample local + k wherever it was kept: one read of the flags, one of
+        each run of kept rows. Returns the k that were not kept."""
+        flags = os.pread(self.fd, len(out), local).ljust(len(out), b"\0")  # a short file: the rest was not kept
+        missing = [k for k in range(len(out)) if flags[k] != 1]
+        kept_from = 0
+        for stop in [*missing, len(out)]:
+            if stop > kept_from:  # rows kept_from..stop-1 are kept: one read
+                view = out[kept_from:stop].data.cast("B")
+                if os.preadv(self.fd, [view], self._row_offset(local + kept_from)) != len(view):
+                    return list(range(len(out)))  # truncated behind our back: decode them all
+            kept_from = stop + 1
+        return missing
 
     def write(self, local: int, pixels: np.ndarray) -> None:
         """Keep sample `local`: the row, then its flag. OSError (e.g. ENOSPC) leaves the flag unset."""

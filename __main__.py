@@ -11,10 +11,10 @@ from infra.config.partial import more_pool_problems, more_stack_problems
 from infra.config.placeholders import account_problems, placeholder_problems
 from infra.config.schema import runtime_config_values, runtime_secret_keys
 from infra.config.stackcheck import check_stack
-from infra.poolplan import plan_node_pools
+from infra.nodes.poolplan import plan_node_pools
 from infra.stack import build_stack, stack_context
 
-# The offline plan (infra.offline) runs this file with OFFLINE_PLAN = True in its globals; the Pulumi CLI never
+# The offline plan (infra.plan.engine) runs this file with OFFLINE_PLAN = True in its globals; the Pulumi CLI never
 # does, so a real `pulumi up`/`preview` is always a deploying run.
 DEPLOYING = not globals().get("OFFLINE_PLAN", False)
 

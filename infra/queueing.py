@@ -27,7 +27,7 @@ import yaml
 from infra.config.queueing import KueueConfig
 from infra.config.schema import ConfigError
 from infra.context import ClusterInfo, StackContext
-from infra.poolplan import GPU_TAINT_KEY, PoolPlan
+from infra.nodes.poolplan import GPU_TAINT_KEY, PoolPlan
 from workloads.jobspec import KUEUE_QUEUE_LABEL, queue_annotation
 from workloads.quantity import format_bytes, format_millicores, quantity_bytes, quantity_millicores
 

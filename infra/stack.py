@@ -14,12 +14,12 @@ from infra.config.deploy import public_access_cidrs
 from infra.config.names import JOBS_NAMESPACE, stack_prefix
 from infra.config.stackcheck import check_stack, job_bucket_names, unpinned_addons_with_minimum
 from infra.context import ClusterInfo, NetworkInfo, StackContext
-from infra.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
-from infra.monitoring import Monitoring, MonitoringArgs
+from infra.monitoring.component import Monitoring, MonitoringArgs
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
-from infra.nodepools import NodePools, NodePoolsArgs
-from infra.poolplan import plan_node_pools, pool_facts
+from infra.nodes.gpu import GpuPlumbing, GpuPlumbingArgs
+from infra.nodes.nodepools import NodePools, NodePoolsArgs
+from infra.nodes.poolplan import plan_node_pools, pool_facts
 from infra.queueing import Queueing, QueueingArgs, check_queueing, kueue_facts, queue_manifests, stack_job_queues
 from infra.registry import ImageRegistry, ImageRegistryArgs, repository_name, repository_url
 from infra.storage import Storage, StorageArgs, job_storage_facts

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.config import ConfigError  # noqa: E402
 from infra.config.schema import decode_config_value, parse_stack_config  # noqa: E402
-from infra.offline import load_stack_file, offline_config  # noqa: E402
+from infra.plan.engine import load_stack_file, offline_config  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Write stacks/Pulumi.<stack>.yaml for a new AWS stack from the account's facts (infra.newstack).
+"""Write stacks/Pulumi.<stack>.yaml for a new AWS stack from the account's facts (infra.account.newstack).
 
     python scripts/new_stack.py --stack team --admin-role-arn arn:aws:iam::<account>:role/<admins>
     python scripts/new_stack.py --stack team --admin-role-arn ARN --account 210987654321 --region eu-west-1 \\
@@ -20,8 +20,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent / "stacks"))
 
+from infra.account.newstack import NewStackFacts, render_stack_file  # noqa: E402
 from infra.config import ConfigError  # noqa: E402
-from infra.newstack import NewStackFacts, render_stack_file  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
 from workloads.data.format import atomic_write_bytes  # noqa: E402
 

@@ -4,8 +4,8 @@
                            [--cost [--prices fixture|aws]]
 
 --cost prints what the stack costs per hour and month at its pools' min, desired and max sizes, and each Job's
-GPU-hours and cost at its deadline (infra.cost); with --diff, the cost of the old plan against this one. Prices come
-from stacks/fixtures/prices.json (offline, the default) or, with --prices aws, from the AWS Price List API and the
+GPU-hours and cost at its deadline (infra.plan.cost); with --diff, the cost of the old plan against this one. Prices
+come from stacks/fixtures/prices.json (offline, the default) or, with --prices aws, from the AWS Price List API and the
 Spot price history (needs AWS credentials).
 
 Exit 0 on success; 2 with `error: <where>: <why>` lines for a bad stack file, a fixture that cannot answer, or bad
@@ -22,9 +22,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.config import ConfigError  # noqa: E402
-from infra.cost import PriceError, estimate, format_cost_diff, format_report, report_document  # noqa: E402
-from infra.offline import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
-from infra.planview import PlanDocumentError, diff, format_diff, load_plan_document, summary, write_manifests  # noqa: E402
+from infra.plan.cost import PriceError, estimate, format_cost_diff, format_report, report_document  # noqa: E402
+from infra.plan.engine import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
+from infra.plan.view import PlanDocumentError, diff, format_diff, load_plan_document, summary, write_manifests  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
 
 
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
 def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str, as_json: bool = False) -> str:
     """The cost table of `plan` (or its JSON document), or the cost diff from `old_plan` to it, both priced from one
     source (with --json, the two documents as {"base": ..., "head": ...})."""
-    from infra.prices import prices_for
+    from infra.plan.prices import prices_for
 
     client = None
     if source == "aws":

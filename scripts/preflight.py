@@ -1,5 +1,5 @@
 """Check an AWS account against a stack before `pulumi up`: credentials, region, zones, instance offerings, vCPU
-quotas, the Kubernetes version, bucket names and the image repository (infra.preflight).
+quotas, the Kubernetes version, bucket names and the image repository (infra.account.preflight).
 
     python scripts/preflight.py --stack NAME [--config FILE] [--account ID]
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from infra.account.preflight import FAIL, format_checks, run_preflight  # noqa: E402
 from infra.config import ConfigError  # noqa: E402
-from infra.offline import load_stack_file, offline_config  # noqa: E402
-from infra.preflight import FAIL, format_checks, run_preflight  # noqa: E402
+from infra.plan.engine import load_stack_file, offline_config  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
 
 

@@ -316,14 +316,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.plan is not None:
-            from infra.planview import load_plan_document
+            from infra.plan.view import load_plan_document
 
             plan = load_plan_document(args.plan)
             if args.kubernetes_version is None and "stack" not in plan:
                 raise RenderProblem("names no stack: pass --kubernetes-version")
             version = args.kubernetes_version or stack_kubernetes_version(plan["stack"])
         else:
-            from infra.offline import plan_stack
+            from infra.plan.engine import plan_stack
 
             plan = plan_stack(args.stack)
             version = args.kubernetes_version or stack_kubernetes_version(args.stack)

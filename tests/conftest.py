@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.offline import STACKS_DIR, plan_stack
+from infra.plan.engine import STACKS_DIR, plan_stack
 
 STACKS = sorted(path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in STACKS_DIR.glob("Pulumi.*.yaml"))
 AWS_STACKS = [s for s in STACKS if yaml.safe_load((STACKS_DIR / f"Pulumi.{s}.yaml").read_text())["config"].get(

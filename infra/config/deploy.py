@@ -15,14 +15,12 @@ scripts/deploy_runner.py turns `labels` into each workflow job's `runs-on`.
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from typing import Literal, Protocol
 
 from pydantic import Field, field_validator, model_validator
 
 from infra.config.base import StrictModel
-
-if TYPE_CHECKING:
-    from infra.config.schema import ClusterConfig
 
 EKS_MAX_PUBLIC_CIDRS = 40  # the EKS API's limit on publicAccessCidrs
 ANYWHERE = "0.0.0.0/0"
@@ -62,7 +60,18 @@ class DeployConfig(StrictModel):
         return list(self.labels) or list(DEFAULT_LABELS)
 
 
-def public_access_cidrs(cluster: ClusterConfig, deploy: DeployConfig) -> list[str]:
+class ClusterEndpoint(Protocol):
+    """What the reachability check reads of the cluster's config (`ml-cluster:cluster`)."""
+
+    @property
+    def endpoint_public_access(self) -> bool: ...
+    @property
+    def endpoint_private_access(self) -> bool: ...
+    @property
+    def public_access_cidrs(self) -> Sequence[str]: ...
+
+
+def public_access_cidrs(cluster: ClusterEndpoint, deploy: DeployConfig) -> list[str]:
     """The endpoint's allowed networks: the cluster's own plus the deploy runner's egress (once each)."""
     cidrs = list(cluster.public_access_cidrs)
     if ANYWHERE in cidrs:
@@ -70,7 +79,7 @@ def public_access_cidrs(cluster: ClusterConfig, deploy: DeployConfig) -> list[st
     return cidrs + [cidr for cidr in deploy.egress_cidrs if cidr not in cidrs]
 
 
-def reachability_problems(cluster: ClusterConfig, deploy: DeployConfig) -> list[tuple[str, str]]:
+def reachability_problems(cluster: ClusterEndpoint, deploy: DeployConfig) -> list[tuple[str, str]]:
     """Why the deploy runner cannot reach the API server, or nothing when it can."""
     problems: list[tuple[str, str]] = []
     allowed = public_access_cidrs(cluster, deploy)

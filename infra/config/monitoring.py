@@ -43,6 +43,12 @@ class RemoteWriteConfig(StrictModel):
         return value
 
 
+# The objects the monitoring component creates beside the chart are named here, so that the derived-name check
+# knows them without importing the component.
+MONITOR_AND_RULE_NAME = "training"  # the PodMonitor and the PrometheusRule
+DASHBOARD_CONFIGMAP_NAME = "training-dashboard"
+
+
 class MonitoringConfig(StrictModel):
     enabled: bool = False
     mode: Literal["in-cluster", "remote-write"] = "in-cluster"
@@ -72,3 +78,13 @@ class MonitoringConfig(StrictModel):
         if self.mode == "remote-write" and self.remote_write is None:
             raise ValueError("mode remote-write needs remoteWrite.url")
         return self
+
+    def side_objects(self) -> list[tuple[str, str]]:
+        """(kind, name) of every object created beside the chart, in the order the component builds them."""
+        objects = [("PodMonitor", MONITOR_AND_RULE_NAME), ("PrometheusRule", MONITOR_AND_RULE_NAME)]
+        if self.grafana_enabled():
+            objects.append(("ConfigMap", DASHBOARD_CONFIGMAP_NAME))
+        return objects
+
+    def grafana_enabled(self) -> bool:
+        return self.grafana and self.mode == "in-cluster"

@@ -171,13 +171,10 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
                         add("kubernetes", "PersistentVolume", "", static_volume_name(ns, claim), path)
                     add("kubernetes", "PersistentVolumeClaim", ns, claim, path)
     if cfg.monitoring.enabled:
-        # The builders are pure; imported here because they live beside the component that applies them.
-        from infra.monitoring import monitoring_manifests
-
         where = f"{CONFIG}monitoring.namespace"
         add("kubernetes", "Namespace", "", cfg.monitoring.namespace, where)
-        for manifest in monitoring_manifests(cfg.monitoring, stack, cfg.label_prefix, ns, 1):
-            add("kubernetes", manifest["kind"], cfg.monitoring.namespace, manifest["metadata"]["name"], where)
+        for kind, name in cfg.monitoring.side_objects():
+            add("kubernetes", kind, cfg.monitoring.namespace, name, where)
     for index, volume in enumerate(storage.shared_volumes):
         add("kubernetes", "PersistentVolumeClaim", ns, volume.name, f"{CONFIG}storage.sharedVolumes[{index}].name")
     # Kueue's queues and priority classes (its ResourceFlavors are named after the pools' GPU types, which only the

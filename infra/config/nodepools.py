@@ -1,7 +1,7 @@
 """Stack config: node pools (`ml-cluster:nodePools`) and GPU plumbing (`ml-cluster:gpu`).
 
 What the config alone can show is checked here; facts about instance types (GPUs, local NVMe, shape)
-are checked by infra.poolplan against aws.ec2.get_instance_type before any resource is registered.
+are checked by infra.nodes.poolplan against aws.ec2.get_instance_type before any resource is registered.
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ def _renumber(path: str, kept: list[int]) -> str:
 
 
 def more_pool_problems(raw: Mapping[str, Any], error: ConfigError, check: Any) -> list[tuple[str, str]]:
-    """Problems `check(partial_config)` (infra.poolplan.plan_node_pools) finds in pools `error` said nothing of."""
+    """Problems `check(partial_config)` (infra.nodes.poolplan.plan_node_pools) finds in pools `error` said nothing
+    of."""
     partial = partial_stack_config(raw)
     if partial is None:
         return []

@@ -82,7 +82,7 @@ def provider_endpoint(provider: ProviderInfo | None, service: str) -> str | None
 
 
 def plan_from_document(document: Mapping[str, Any]) -> Plan:
-    """The offline plan document (`infra.offline.plan_stack`, `scripts/plan.py --json`) as a Plan.
+    """The offline plan document (`infra.plan.engine.plan_stack`, `scripts/plan.py --json`) as a Plan.
 
     References come from each resource's `propertyDependencies` (input key -> URNs or logical names) when
     the document has them, and from values: an input equal to another resource's `id`, `arn` or `urn` (or

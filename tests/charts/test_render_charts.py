@@ -174,7 +174,7 @@ def test_custom_resources_are_checked_strictly_against_the_crds() -> None:
 
 def test_every_kind_of_queue_object_the_config_can_produce_is_valid_against_the_crds() -> None:
     from infra.config.queueing import KueueConfig
-    from infra.poolplan import plan_node_pools
+    from infra.nodes.poolplan import plan_node_pools
     from infra.queueing import queue_manifests
     from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
 

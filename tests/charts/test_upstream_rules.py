@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from infra.config.schema import AccessEntryConfig, ConfigError
 from infra.config.storage import CosConfig, StorageConfig
-from infra.poolplan import ACCELERATOR_LABEL, plan_node_pools
+from infra.nodes.poolplan import ACCELERATOR_LABEL, plan_node_pools
 from infra.storage.drivers import ibm_cos_values
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.offline import Fixtures, plan_stack
+from infra.plan.engine import Fixtures, plan_stack
 from tests.conftest import AWS_STACKS, stack_values
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from infra.config import ConfigError
-from infra.offline import Fixtures, plan_stack
+from infra.plan.engine import Fixtures, plan_stack
 from tests.conftest import stack_values
 
 REPO = Path(__file__).resolve().parents[2]

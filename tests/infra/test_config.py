@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from infra.config import ConfigError, parse_stack_config, read_stack_file
 from infra.config.schema import decode_config_value
-from infra.offline import OFFLINE_SECRET, load_stack_file, offline_config, validate_stack_file
+from infra.plan.engine import OFFLINE_SECRET, load_stack_file, offline_config, validate_stack_file
 from tests.conftest import STACKS, stack_values
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from typing import Any
 import boto3
 import pytest
 
-from infra.cost import (
+from infra.plan.cost import (
     GB_PER_GIB,
     HOURS_PER_MONTH,
     PriceError,
@@ -28,7 +28,7 @@ from infra.cost import (
     s3_query,
     spot_query,
 )
-from infra.prices import FIXTURE, aws_prices, fixture_prices
+from infra.plan.prices import FIXTURE, aws_prices, fixture_prices
 from scripts import plan as plan_cli
 from tests.awsstub import AwsStub
 from tests.moto_server import moto_server

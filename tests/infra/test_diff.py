@@ -7,8 +7,8 @@ import copy
 import json
 from typing import Any
 
-from infra.offline import SECRET_MARK
-from infra.planview import diff, forces_replacement, format_diff
+from infra.plan.engine import SECRET_MARK
+from infra.plan.view import diff, forces_replacement, format_diff
 
 
 def _one(plan: dict[str, Any], token: str, suffix: str = "") -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from infra.config.placeholders import account_problems, placeholder_problems
-from infra.offline import plan_stack
+from infra.plan.engine import plan_stack
 from scripts.new_stack import main as new_stack
 
 ACCOUNT = "210987654321"

@@ -9,7 +9,7 @@ import pytest
 
 from infra.config import ConfigError
 from infra.config.placeholders import account_problems, placeholder_problems
-from infra.offline import load_stack_file, placeholders_left, plan_stack
+from infra.plan.engine import load_stack_file, placeholders_left, plan_stack
 from tests.conftest import stack_values
 
 ADMIN = "arn:aws:iam::210987654321:role/ml-platform-admins"

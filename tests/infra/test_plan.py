@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.offline import (
+from infra.plan.engine import (
     OFFLINE_SECRET,
     FixtureError,
     Fixtures,
@@ -266,7 +266,7 @@ def test_a_stack_name_with_path_characters_is_refused_before_any_file_is_read(
 
 def test_manifests_are_all_written_or_none(tmp_path: Path, stack_plan: Any) -> None:
     """A target name taken by a directory stops the write before any file lands, and leaves no temporary file."""
-    from infra.planview import write_manifests
+    from infra.plan.view import write_manifests
 
     plan = stack_plan("onprem")
     names = [path.name for path in write_manifests(plan, tmp_path / "first")]

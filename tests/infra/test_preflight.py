@@ -16,9 +16,7 @@ import pytest
 import requests
 import yaml
 
-from infra.config.schema import StackConfig, decode_config_value, parse_stack_config
-from infra.offline import STACKS_DIR
-from infra.preflight import (
+from infra.account.preflight import (
     FAIL,
     PASS,
     WARN,
@@ -33,6 +31,8 @@ from infra.preflight import (
     quota_family,
     stack_zones,
 )
+from infra.config.schema import StackConfig, decode_config_value, parse_stack_config
+from infra.plan.engine import STACKS_DIR
 from scripts import preflight as preflight_cli
 from tests.awsstub import AwsStub
 from tests.moto_server import moto_server

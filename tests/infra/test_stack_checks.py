@@ -20,7 +20,7 @@ import yaml
 
 from infra.config.names import check_stack_name, derived_names
 from infra.config.schema import config_path, parse_stack_config
-from infra.offline import load_stack_file, offline_config
+from infra.plan.engine import load_stack_file, offline_config
 from tests.conftest import STACKS, stack_values
 
 REPO = Path(__file__).resolve().parents[2]

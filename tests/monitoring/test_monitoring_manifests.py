@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from infra.alerts import alert_rules
 from infra.config.monitoring import MonitoringConfig, RemoteWriteConfig
-from infra.dashboard import DASHBOARD_UID, panel_queries
-from infra.monitoring import kps_values, monitoring_manifests
+from infra.monitoring.alerts import alert_rules
+from infra.monitoring.component import kps_values, monitoring_manifests
+from infra.monitoring.dashboard import DASHBOARD_UID, panel_queries
 from tests.jobs.facts import prod_facts
 from tests.jobs.jobrules import validate_strict
 from tests.jobs.test_jobspec import S3_COPY, spec

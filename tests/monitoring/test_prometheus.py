@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
-from infra.alerts import alert_rules, rule_groups
 from infra.config.monitoring import AlertThresholds
-from infra.dashboard import panel_queries
+from infra.monitoring.alerts import alert_rules, rule_groups
+from infra.monitoring.dashboard import panel_queries
 from tests.data.helpers import stage_options, uploaded
 from tests.monitoring.prom import PROMETHEUS, PROMTOOL, prometheus, static_exporter
 from workloads.data.metrics import StageMetrics

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.config.schema import StackConfig, parse_stack_config
-from infra.instances import InstanceShape, UnknownInstanceType, shape_from_result
-from infra.offline import STACKS_DIR
+from infra.nodes.instances import InstanceShape, UnknownInstanceType, shape_from_result
+from infra.plan.engine import STACKS_DIR
 
 FIXTURES = json.loads((Path(STACKS_DIR) / "fixtures" / "instance_types.json").read_text())
 

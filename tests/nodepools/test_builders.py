@@ -10,21 +10,21 @@ import tomllib
 import yaml
 
 from infra.config.nodepools import AutoscalerConfig
-from infra.gpu import (
+from infra.nodes.gpu import (
     autoscaler_policy,
     autoscaler_values,
     device_plugin_values,
     gpu_tolerations,
     node_patch_manifests,
 )
-from infra.nodepools import (
+from infra.nodes.nodepools import (
     bottlerocket_user_data,
     metadata_options,
     mime_user_data,
     nodeconfig_raid0,
     user_data,
 )
-from infra.poolplan import plan_node_pools
+from infra.nodes.poolplan import plan_node_pools
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from infra.config.schema import ConfigError
-from infra.instances import (
+from infra.nodes.instances import (
     GIB,
     kube_reserved_cpu_millicores,
     kube_reserved_memory_mib,
@@ -13,7 +13,7 @@ from infra.instances import (
     per_gpu_size,
     shape_from_result,
 )
-from infra.poolplan import plan_node_pools, pool_facts
+from infra.nodes.poolplan import plan_node_pools, pool_facts
 from tests.nodepools.helpers import FIXTURES, eks_config, fixture_lookup, gpu_pool
 
 

@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from infra.config.queueing import KueueConfig
 from infra.config.schema import ConfigError
-from infra.planview import diff, format_diff
-from infra.poolplan import plan_node_pools, pool_facts
+from infra.nodes.poolplan import plan_node_pools, pool_facts
+from infra.plan.view import diff, format_diff
 from infra.queueing import Amounts, check_queueing, job_podsets, kueue_facts, pod_requests, queue_manifests
 from tests.conftest import resources_of, stack_values
 from tests.jobs.facts import GIB, dev_facts, prod_facts
@@ -242,7 +242,7 @@ def test_kueue_config_rules(raw: dict[str, Any], words: str) -> None:
 
 def test_existing_nodes_without_a_declared_disk_would_admit_nothing() -> None:
     from infra.config.schema import parse_stack_config
-    from infra.poolplan import plan_node_pools as plan_pools
+    from infra.nodes.poolplan import plan_node_pools as plan_pools
 
     raw = {"ml-cluster:platform": "onprem", "ml-cluster:onprem": {"clusterName": "lab", "kubernetesVersion": "1.31"},
            "ml-cluster:kubeconfig": "k", "ml-cluster:nodePools": [

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from infra.offline import OFFLINE_SECRET, SECRET_MARK, offline_id, validate_kubernetes_objects
+from infra.plan.engine import OFFLINE_SECRET, SECRET_MARK, offline_id, validate_kubernetes_objects
 from tests.conftest import AWS_STACKS, resources_of, stack_values
 
 ADDONS = {"aws-efs-csi-driver", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver", "eks-pod-identity-agent"}

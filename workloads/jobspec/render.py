@@ -78,7 +78,7 @@ _HOME_ENV = {"name": "HOME", "value": TMP_DIR}
 # admits only the monitoring namespace to these ports.
 _METRICS_ADDR_ENV = {"name": "METRICS_ADDR", "value": "0.0.0.0"}
 # Discovery by annotation, for a Prometheus configured the classic way (kubernetes_sd + prometheus.io/*): it names one
-# port, local rank 0's. The PodMonitor (infra/monitoring.py) scrapes every rank and the stager by port name.
+# port, local rank 0's. The PodMonitor (infra/monitoring/component.py) scrapes every rank and the stager by port name.
 METRICS_LABEL = "metrics"
 _TMP_MOUNT = {"name": "tmp", "mountPath": TMP_DIR}
 

@@ -1,13 +1,13 @@
 """The alerts on training Jobs, as data: what each one watches (a PromQL signal), when it fires, and why.
 
-Kept apart from the Kubernetes objects that carry them (infra/monitoring.py) so the same rules are checked by
+Kept apart from the Kubernetes objects that carry them (infra/monitoring/component.py) so the same rules are checked by
 `promtool check rules` and evaluated against a real Prometheus in the tests, and can be handed to a Prometheus that
 is not ours (remote-write mode) as a plain rule file.
 
-Label conventions (set by the PodMonitor's relabelings, see infra/monitoring.py): every trainer and stager series
-carries `namespace`, `pod`, `job_name` (the Job, from app.kubernetes.io/instance) and `node`; DCGM series carry the
-`namespace` and `pod` of the workload holding the GPU (dcgm-exporter's pod mapping, scraped with honorLabels) and
-`Hostname`.
+Label conventions (set by the PodMonitor's relabelings, see infra/monitoring/component.py): every trainer and stager
+series carries `namespace`, `pod`, `job_name` (the Job, from app.kubernetes.io/instance) and `node`; DCGM series
+carry the `namespace` and `pod` of the workload holding the GPU (dcgm-exporter's pod mapping, scraped with
+honorLabels) and `Hostname`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from infra.config.names import check_stack_name
-from infra.offline import canonical, kubernetes_objects
+from infra.plan.engine import canonical, kubernetes_objects
 
 Key = tuple[str, str]
 

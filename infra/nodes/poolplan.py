@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.schema import ConfigError, StackConfig
-from infra.instances import (
+from infra.nodes.instances import (
     GIB,
     InstanceShape,
     UnknownInstanceType,

@@ -19,7 +19,7 @@ import pulumi_aws as aws
 import yaml
 
 from infra.context import ClusterInfo, NetworkInfo, StackContext
-from infra.poolplan import CAS_TEMPLATE, PoolPlan
+from infra.nodes.poolplan import CAS_TEMPLATE, PoolPlan
 from workloads.quantity import format_bytes
 
 NODECONFIG_API_VERSION = "node.eks.aws/v1alpha1"

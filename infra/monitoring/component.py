@@ -20,11 +20,11 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.alerts import rule_groups
-from infra.config.monitoring import MonitoringConfig
+from infra.config.monitoring import DASHBOARD_CONFIGMAP_NAME, MONITOR_AND_RULE_NAME, MonitoringConfig
 from infra.context import ClusterInfo, StackContext
-from infra.dashboard import dashboard_json
 from infra.iam import pod_identity_trust_policy
+from infra.monitoring.alerts import rule_groups
+from infra.monitoring.dashboard import dashboard_json
 from workloads.jobspec import METRICS_LABEL, STAGE_METRICS_PORT_NAME, train_metrics_port_name
 
 KPS_CHART = "kube-prometheus-stack"
@@ -73,7 +73,7 @@ def kps_values(cfg: MonitoringConfig) -> dict[str, Any]:
     return {
         "prometheus": {"prometheusSpec": spec,
                        "serviceAccount": {"create": True, "name": PROMETHEUS_SERVICE_ACCOUNT}},
-        "grafana": {"enabled": cfg.grafana and cfg.mode == "in-cluster"},
+        "grafana": {"enabled": cfg.grafana_enabled()},
         # Node agents must run on GPU nodes, which carry NoSchedule (and possibly configured NoExecute) taints.
         "prometheus-node-exporter": {"tolerations": [{"operator": "Exists"}]},
     }
@@ -106,7 +106,7 @@ def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": "training", "namespace": namespace, "labels": dict(labels)},
+        "metadata": {"name": MONITOR_AND_RULE_NAME, "namespace": namespace, "labels": dict(labels)},
         "spec": {
             "namespaceSelector": {"matchNames": [training_namespace]},
             "selector": {"matchLabels": {f"{label_prefix}/{METRICS_LABEL}": "true"}},
@@ -121,7 +121,7 @@ def prometheus_rule(namespace: str, cfg: MonitoringConfig, training_namespace: s
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "training", "namespace": namespace, "labels": dict(labels)},
+        "metadata": {"name": MONITOR_AND_RULE_NAME, "namespace": namespace, "labels": dict(labels)},
         "spec": {"groups": rule_groups(cfg.alerts, training_namespace)},
     }
 
@@ -131,7 +131,7 @@ def dashboard_config_map(namespace: str, labels: dict[str, str]) -> dict[str, An
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": "training-dashboard", "namespace": namespace, "labels": {**labels, key: value}},
+        "metadata": {"name": DASHBOARD_CONFIGMAP_NAME, "namespace": namespace, "labels": {**labels, key: value}},
         "data": {"training-gpu-starving.json": dashboard_json()},
     }
 
@@ -144,7 +144,7 @@ def monitoring_manifests(cfg: MonitoringConfig, stack: str, label_prefix: str, t
         pod_monitor(cfg.namespace, training_namespace, label_prefix, max_processes_per_pod, labels),
         prometheus_rule(cfg.namespace, cfg, training_namespace, labels),
     ]
-    if cfg.grafana and cfg.mode == "in-cluster":
+    if cfg.grafana_enabled():
         manifests.append(dashboard_config_map(cfg.namespace, labels))
     return manifests
 

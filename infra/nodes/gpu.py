@@ -19,7 +19,7 @@ import pulumi_kubernetes as k8s
 from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, GpuConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
-from infra.poolplan import GPU_PRESENT_LABEL, PoolPlan
+from infra.nodes.poolplan import GPU_PRESENT_LABEL, PoolPlan
 
 DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
 DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"

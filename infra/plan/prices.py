@@ -1,6 +1,6 @@
 """Where unit prices come from: the AWS Price List API and Spot price history, or the committed offline fixture.
 
-Both sources answer the same `infra.cost.PriceQuery`s with a response in the real AWS shape (pricing.get_products,
+Both sources answer the same `infra.plan.cost.PriceQuery`s with a response in the real AWS shape (pricing.get_products,
 ec2.describe_spot_price_history), read by the same parsers, so the offline plan and a real run differ only in where
 the response came from. The fixture (stacks/fixtures/prices.json) holds request/response pairs; a query it
 has no pair for is an error naming the request, never a guessed price.
@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra.cost import (
+from infra.plan.cost import (
     PriceError,
     PriceQuery,
     get_products_request,
@@ -24,7 +24,7 @@ from infra.cost import (
     spot_history_request,
 )
 
-FIXTURE = Path(__file__).resolve().parent.parent / "stacks" / "fixtures" / "prices.json"
+FIXTURE = Path(__file__).resolve().parents[2] / "stacks" / "fixtures" / "prices.json"
 # The Price List API is served from a few regions only; its prices cover every region.
 PRICING_REGION = "us-east-1"
 

@@ -26,7 +26,7 @@ from pulumi.runtime.mocks import Mocks
 from infra.config import ConfigError, ConfigExit, parse_stack_config, read_stack_file
 from infra.config.schema import PROJECT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKS_DIR = REPO_ROOT / "stacks"
 FIXTURES_DIR = STACKS_DIR / "fixtures"
 SECRET_MARK = "[secret]"

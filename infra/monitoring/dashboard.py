@@ -20,7 +20,7 @@ from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
-from infra.alerts import data_wait_share
+from infra.monitoring.alerts import data_wait_share
 
 DASHBOARD_UID = "ml-cluster-gpu-starving"
 _DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

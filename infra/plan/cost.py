@@ -4,7 +4,7 @@ Pure functions over a plan document (scripts/plan.py --json) and a table of unit
 plan offline, in CI (base against head) and against live AWS prices. Which prices a plan needs is a list of
 `PriceQuery`s; each is answered by a response in the real AWS shape (pricing.get_products for list prices,
 ec2.describe_spot_price_history for Spot), read by `parse_get_products` / `parse_spot_history` whether it came from
-AWS or from the committed fixture (infra.prices).
+AWS or from the committed fixture (infra.plan.prices).
 
 What is priced, and how:
 - node groups: instances x the type's Linux on-demand hourly rate, or its Spot rate for SPOT pools, at each size;
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra.offline import offline_id
+from infra.plan.engine import offline_id
 
 HOURS_PER_MONTH = 730  # AWS's own convention in its pricing pages and calculator
 GB_PER_GIB = 1024**3 / 1000**3

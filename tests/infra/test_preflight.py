@@ -133,9 +133,29 @@ def statuses(checks: list[Check]) -> dict[str, str]:
 
 
 def test_quota_families() -> None:
-    assert [quota_family(t) for t in ("p5.48xlarge", "g6e.12xlarge", "vt1.3xlarge", "m6i.large", "c7gn.xlarge",
-                                      "inf2.xlarge", "trn1.32xlarge", "dl1.24xlarge")] == \
-        ["P", "G", "G", "Standard", "Standard", None, None, None]
+    types = ("p5.48xlarge", "p5en.48xlarge", "p4d.24xlarge", "p3dn.24xlarge", "p6-b200.48xlarge", "g6e.12xlarge",
+             "vt1.3xlarge", "m6i.large", "c7gn.xlarge", "inf2.xlarge", "trn1.32xlarge", "dl1.24xlarge")
+    assert [quota_family(t) for t in types] == \
+        ["P", "P", "P", "P", None, "G", "G", "Standard", "Standard", None, None, None]
+    # Spot: P5-class instances count against their own quota, the older P families against theirs
+    assert [quota_family(t, "SPOT") for t in types] == \
+        ["P5", "P5", "P", "P", None, "G", "G", "Standard", "Standard", None, None, None]
+
+
+def test_p5_spot_is_checked_against_its_own_quota_and_p4d_spot_against_the_older_p_quota(world: AwsStub) -> None:
+    def spot_p5(values: dict[str, Any]) -> None:
+        values["ml-cluster:nodePools"].append({"name": "gpu-h100-spot", "instanceTypes": ["p5.48xlarge"],
+                                               "capacityType": "SPOT", "maxSize": 2})
+
+    world.targets[QUOTA_TARGET] = quota_handler({**GOOD_QUOTAS, "L-C4BD4855": 192.0})
+    checks = {c.name: c for c in check_quotas(client("ec2", "us-east-1"), client("service-quotas", "us-east-1"),
+                                              config("prod", spot_p5), "us-east-1")}
+    p5_spot, older_p_spot = checks["quota L-C4BD4855"], checks["quota L-7212CCBC"]
+    assert p5_spot.status == FAIL and p5_spot.detail.startswith("All P5 Spot Instance Requests: 192 vCPUs")
+    assert "pools at max need 384 (gpu-h100-spot 2 x 192)" in p5_spot.detail
+    assert "--quota-code L-C4BD4855 --desired-value 384" in p5_spot.fix
+    assert older_p_spot.detail.startswith("All P4, P3 and P2 Spot Instance Requests: 384 vCPUs")
+    assert "(gpu-a100 8 x 96)" in older_p_spot.detail and "gpu-h100-spot" not in older_p_spot.detail
 
 
 def test_a_ready_account_passes_and_exits_0(world: AwsStub, tmp_path: Path,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import offline
+from infra.plan import engine
 
 ROOT = Path(__file__).resolve().parents[2]
 UPSTREAM = Path(__file__).parent / "upstream"
@@ -31,11 +31,11 @@ spec.loader.exec_module(render_charts)
 
 @functools.cache
 def cached_plan(stack: str) -> dict[str, Any]:
-    return offline.plan_stack(stack)
+    return engine.plan_stack(stack)
 
 
 def plan_stack(stack: str, path: Path | None = None) -> dict[str, Any]:
-    return offline.plan_stack(stack, path) if path is not None else cached_plan(stack)
+    return engine.plan_stack(stack, path) if path is not None else cached_plan(stack)
 
 
 @pytest.fixture(params=STACKS)

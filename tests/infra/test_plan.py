@@ -286,20 +286,20 @@ def test_a_program_stopped_by_its_config_never_leaves_the_plan_waiting(monkeypat
 
     import pulumi
 
-    from infra import offline
     from infra.config import ConfigError, ConfigExit
+    from infra.plan import engine
 
     def stopped_program(path: str, init_globals: Any = None, run_name: str = "") -> None:
         never = asyncio.get_event_loop().create_future()
         pulumi.Output.from_input(never).apply(lambda value: value)
         raise ConfigExit(ConfigError([("stack", "stopped on purpose")]))
 
-    monkeypatch.setattr(offline.runpy, "run_path", stopped_program)
+    monkeypatch.setattr(engine.runpy, "run_path", stopped_program)
     outcome: list[BaseException] = []
 
     def plan() -> None:
         try:
-            offline.plan_stack("dev")
+            engine.plan_stack("dev")
         except BaseException as exc:  # noqa: BLE001 - what the plan ended with is the assertion
             outcome.append(exc)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from infra import offline
+from infra.plan import engine
 from infra.policy.plan import plan_from_document
 from infra.policy.rules import PolicyContext, evaluate
 from infra.policy.stackfile import stack_file_path, stack_protected
@@ -19,13 +19,13 @@ def with_mock_ids(document: dict[str, Any]) -> dict[str, Any]:
     `bucket`, say) is read as a reference to it, as CrossGuard sees through property dependencies."""
     if any("propertyDependencies" in r or "id" in r for r in document["resources"]):
         return document
-    resources = [{**r, "id": offline.offline_id(r["type"], r["name"])} for r in document["resources"]]
+    resources = [{**r, "id": engine.offline_id(r["type"], r["name"])} for r in document["resources"]]
     return {**document, "resources": resources}
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_stack_passes_every_mandatory_policy(stack: str, stack_plan: Callable[[str], dict[str, Any]]) -> None:
-    ctx = PolicyContext(stack_protected=stack_protected(stack_file_path(offline.STACKS_DIR, stack)))
+    ctx = PolicyContext(stack_protected=stack_protected(stack_file_path(engine.STACKS_DIR, stack)))
     found = evaluate(plan_from_document(with_mock_ids(stack_plan(stack))), ctx)
     mandatory = [str(v) for v in found if v.enforcement == "mandatory"]
     assert mandatory == [], "\n".join(mandatory)
@@ -33,8 +33,8 @@ def test_stack_passes_every_mandatory_policy(stack: str, stack_plan: Callable[[s
 
 def test_prod_is_the_protected_stack() -> None:
     # The protected-stack rules only bite where a stack file says so; prod must.
-    assert stack_protected(stack_file_path(offline.STACKS_DIR, "prod")) is True
-    assert stack_protected(stack_file_path(offline.STACKS_DIR, "dev")) is False
+    assert stack_protected(stack_file_path(engine.STACKS_DIR, "prod")) is True
+    assert stack_protected(stack_file_path(engine.STACKS_DIR, "dev")) is False
 
 
 def test_the_bucket_joins_are_real_on_a_planned_stack(stack_plan: Callable[[str], dict[str, Any]]) -> None:

@@ -103,6 +103,18 @@ def gpu_type_label(gpu_name: str) -> str:
     return "".join(ch for ch in gpu_name.lower().replace(" ", "-") if ch.isalnum() or ch in "-.")
 
 
+# cluster-autoscaler's AWS provider knows these values of ACCELERATOR_LABEL (availableGPUTypes in
+# cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go); a GPU it does not list gets the same "nvidia-<model>"
+# form, which the autoscaler still counts as a GPU.
+_AUTOSCALER_GPU_TYPES = {"k80": "nvidia-tesla-k80", "p100": "nvidia-tesla-p100", "v100": "nvidia-tesla-v100",
+                         "t4": "nvidia-tesla-t4", "a100": "nvidia-tesla-a100", "a10g": "nvidia-a10g"}
+
+
+def accelerator_label_value(gpu_type: str) -> str:
+    """The value of ACCELERATOR_LABEL for a gpu_type_label: "a10g" -> "nvidia-a10g", "v100" -> "nvidia-tesla-v100"."""
+    return _AUTOSCALER_GPU_TYPES.get(gpu_type, f"nvidia-{gpu_type}")
+
+
 def ami_type(family: str, gpu: bool, architecture: str) -> str:
     arch = "ARM_64" if architecture == "arm64" else "x86_64"
     if family == "bottlerocket":
@@ -252,7 +264,7 @@ def plan_instance_pool(
         nvme_gib=nvme_gib,
         ami_type=ami,
         labels={
-            **({ACCELERATOR_LABEL: gpu_type} if gpu_type is not None else {}),
+            **({ACCELERATOR_LABEL: accelerator_label_value(gpu_type)} if gpu_type is not None else {}),
             **_base_labels(pool, label_prefix, gpu_type, gpus, gpu_memory_gib, nvme_gib, gpu_present),
         },
         taints=_taints(pool, pool.gpu),

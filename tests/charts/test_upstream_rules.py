@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from infra.config.schema import AccessEntryConfig, ConfigError
 from infra.config.storage import CosConfig, StorageConfig
-from infra.nodes.poolplan import ACCELERATOR_LABEL, plan_node_pools
+from infra.nodes.poolplan import ACCELERATOR_LABEL, accelerator_label_value, plan_node_pools
 from infra.storage.drivers import ibm_cos_values
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
 
@@ -60,7 +60,13 @@ def test_al2023_raid0_with_size_still_plans() -> None:
 def test_gpu_pools_carry_the_autoscaler_gpu_label_and_cpu_pools_do_not() -> None:
     gpu, cpu = plan_node_pools(eks_config([gpu_pool("a10g", ["g5.xlarge"]),
                                            {"name": "cpu", "instanceTypes": ["m6i.large"]}]), fixture_lookup)
-    assert gpu.labels[ACCELERATOR_LABEL] == "a10g" and ACCELERATOR_LABEL not in cpu.labels
+    assert gpu.labels[ACCELERATOR_LABEL] == "nvidia-a10g" and ACCELERATOR_LABEL not in cpu.labels
+
+
+def test_accelerator_values_are_the_autoscalers_spelling() -> None:
+    assert [accelerator_label_value(t) for t in ("a10g", "a100", "v100", "t4", "h100", "h200", "l40s")] == \
+        ["nvidia-a10g", "nvidia-tesla-a100", "nvidia-tesla-v100", "nvidia-tesla-t4", "nvidia-h100", "nvidia-h200",
+         "nvidia-l40s"]
 
 
 @pytest.mark.parametrize(("worker_os", "kube_driver"), [("debian", "/usr/libexec/kubernetes"),

@@ -111,13 +111,13 @@ def test_gpu_pool_labels_taint_and_ami() -> None:
         "ml-cluster.io/pool": "a10g",
         "ml-cluster.io/gpu-type": "a10g",
         "ml-cluster.io/gpu-count": "1",
-        "ml-cluster.io/gpu-memory-gib": "24",
+        "ml-cluster.io/gpu-memory-gib": "22",
         "nvidia.com/gpu.present": "true",
         "ml-cluster.io/disktype": "nvme",
         "ml-cluster.io/nvme-gib": "232",
         "team": "vision",
         # cluster-autoscaler's AWS GPU label: without it a scale-up from zero may launch extra GPU nodes
-        "k8s.amazonaws.com/accelerator": "a10g",
+        "k8s.amazonaws.com/accelerator": "nvidia-a10g",
     }
 
 

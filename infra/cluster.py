@@ -97,6 +97,7 @@ class EksCluster(pulumi.ComponentResource):
             ctx.name("cluster", "eks"),
             name=cfg.name,
             version=cfg.kubernetes_version,
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=cfg.upgrade_policy.upper()),
             role_arn=cluster_role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
                 subnet_ids=subnet_ids,

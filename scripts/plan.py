@@ -1,12 +1,17 @@
 """Plan a stack offline: the real program under the Pulumi SDK mock engine, data sources from fixtures.
 
     python scripts/plan.py --stack NAME [--config FILE] [--json] [--manifests DIR] [--diff OLD.json]
-                           [--cost [--prices fixture|aws]]
+                           [--cost [--prices fixture|aws]] [--today YYYY-MM-DD]
 
 --cost prints what the stack costs per hour and month at its pools' min, desired and max sizes, and each Job's
 GPU-hours and cost at its deadline (infra.plan.cost); with --diff, the cost of the old plan against this one. Prices
 come from stacks/fixtures/prices.json (offline, the default) or, with --prices aws, from the AWS Price List API and the
 Spot price history (needs AWS credentials).
+
+The stack's Kubernetes minor is read against the support calendar (infra/config/support.py) on --today (default:
+today, UTC): a `note:` when its support ends within 90 days, a `warning:` once it has ended; the cost estimate
+prices the control plane by its tier that day. --diff refuses a control plane that moves more than one minor, and a
+node group ahead of its control plane (EKS upgrades one minor at a time: control plane, then nodes).
 
 Exit 0 on success; 2 with `error: <where>: <why>` lines for a bad stack file, a fixture that cannot answer, or bad
 arguments.
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import json
 import sys
+from argparse import ArgumentTypeError
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra.config import ConfigError  # noqa: E402
 from infra.plan.cost import PriceError, estimate, format_cost_diff, format_report, report_document  # noqa: E402
 from infra.plan.engine import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
-from infra.plan.view import PlanDocumentError, diff, format_diff, load_plan_document, summary, write_manifests  # noqa: E402
+from infra.plan.view import (  # noqa: E402
+    PlanDocumentError,
+    diff,
+    format_diff,
+    load_plan_document,
+    plan_support_notes,
+    summary,
+    upgrade_problems,
+    write_manifests,
+)
 from workloads.cli import ArgumentParser  # noqa: E402
 
 
@@ -39,6 +55,8 @@ def main(argv: list[str]) -> int:
                         help="print the cost estimate (with --diff: the cost diff; with --json: as JSON)")
     parser.add_argument("--prices", choices=("fixture", "aws"), default="fixture",
                         help="where --cost gets prices: the offline fixture (default) or AWS (credentials needed)")
+    parser.add_argument("--today", type=_day, default=datetime.now(UTC).date(), metavar="YYYY-MM-DD",
+                        help="the day the support calendar and the control plane's rate are read for (default: today)")
     args = parser.parse_args(argv)
 
     if args.manifests is not None and args.manifests.exists() and not args.manifests.is_dir():
@@ -60,6 +78,13 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc.fixture}: {exc.why}", file=sys.stderr)
         return 2
 
+    if old_plan is not None:
+        problems = upgrade_problems(old_plan, plan)
+        if problems:
+            print("\n".join(f"error: {where}: {why}" for where, why in problems), file=sys.stderr)
+            return 2
+    for level, text in plan_support_notes(plan, args.today):
+        print(f"{'note' if level == 'note' else 'warning'}: {text}", file=sys.stderr)
     left = placeholders_left(load_stack_file(args.stack, args.config))
     if left:  # the plan is fine offline; say that a real run is not, and where to start
         path, why = left[0]
@@ -75,7 +100,7 @@ def main(argv: list[str]) -> int:
         print(f"wrote {len(written)} manifests to {args.manifests}", file=sys.stderr)
     if args.cost:
         try:
-            text = cost_text(plan, old_plan, args.prices, as_json=args.json)
+            text = cost_text(plan, old_plan, args.prices, args.today, as_json=args.json)
         except PriceError as exc:
             print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
             return 2
@@ -90,7 +115,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str, as_json: bool = False) -> str:
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ArgumentTypeError(f"{text!r} is not a day (YYYY-MM-DD)") from None
+
+
+def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str, today: date,
+              as_json: bool = False) -> str:
     """The cost table of `plan` (or its JSON document), or the cost diff from `old_plan` to it, both priced from one
     source (with --json, the two documents as {"base": ..., "head": ...})."""
     from infra.plan.prices import prices_for
@@ -102,8 +135,8 @@ def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str
         session = boto3.session.Session()  # its own credential chain, not boto3's process-wide default session
         client = lambda service, region: session.client(service, region_name=region)  # noqa: E731
     prices, label = prices_for([plan] + ([old_plan] if old_plan is not None else []), client)
-    report = estimate(plan, prices, label)
-    old_report = estimate(old_plan, prices, label) if old_plan is not None else None
+    report = estimate(plan, prices, label, today)
+    old_report = estimate(old_plan, prices, label, today) if old_plan is not None else None
     if as_json:
         document = report_document(report)
         if old_report is not None:

@@ -16,6 +16,7 @@ import yaml
 from infra.config.names import check_stack_name
 from infra.config.placeholders import placeholder_problems
 from infra.config.schema import ConfigError, parse_stack_config
+from infra.config.support import EKS_DEFAULT_VERSION
 
 ZONES = 3  # EKS needs two; three spreads the node groups and EFS mount targets
 
@@ -30,7 +31,7 @@ class NewStackFacts:
     researcher_role_arn: str | None = None
     public_access_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
     deploy_runner_labels: tuple[str, ...] = field(default=())  # self-hosted runner labels; () = GitHub-hosted
-    kubernetes_version: str = "1.33"
+    kubernetes_version: str = EKS_DEFAULT_VERSION
     vpc_cidr: str = "10.0.0.0/16"
 
 

@@ -26,8 +26,9 @@ PROJECT = "ml-cluster"
 NAMESPACE = f"{PROJECT}:"
 # Config keys (without the namespace) whose values must be Pulumi secrets.
 SECRET_KEYS = ("kubeconfig", "cosHmacAccessKeyId", "cosHmacSecretAccessKey")
-# Kubernetes minor versions this project is tested against (kubernetes-validate schemas exist for them).
-SUPPORTED_KUBERNETES = ("1.30", "1.31", "1.32", "1.33", "1.34")
+# Kubernetes minor versions this project is tested against (kubernetes-validate schemas exist for them). Whether
+# a minor is still supported on the day of a plan is the support calendar's (infra/config/support.py) to say.
+SUPPORTED_KUBERNETES = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35", "1.36")
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
@@ -146,6 +147,9 @@ ClusterLogType = Literal["api", "audit", "authenticator", "controllerManager", "
 class ClusterConfig(StrictModel):
     name: DnsLabel
     kubernetes_version: str
+    # What EKS does at the end of the minor's standard support: upgrade the cluster (standard) or keep it on the
+    # minor at the extended-support rate (extended). EKS's own API default is extended.
+    upgrade_policy: Literal["standard", "extended"] = "standard"
     endpoint_public_access: bool = True
     endpoint_private_access: bool = True
     public_access_cidrs: list[str] = ["0.0.0.0/0"]

@@ -201,6 +201,8 @@ class NodePools(pulumi.ComponentResource):
             group = aws.eks.NodeGroup(
                 ctx.name("nodepools", f"{plan.name}-ng"),
                 cluster_name=cluster.name,
+                # The control plane's minor: an upgrade moves the cluster first (the group waits on its name).
+                version=cluster.kubernetes_version,
                 node_role_arn=cluster.node_role_arn,
                 subnet_ids=subnet_ids,
                 instance_types=list(plan.config.instance_types),

@@ -24,8 +24,10 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import date
 from typing import Any
 
+from infra.config.support import eks_tier
 from infra.plan.engine import offline_id
 
 HOURS_PER_MONTH = 730  # AWS's own convention in its pricing pages and calculator
@@ -96,6 +98,13 @@ def eks_query(region: str) -> PriceQuery:
     return PriceQuery(key=f"eks:{region}", kind="list", service_code="AmazonEKS",
                       filters=(("regionCode", region), ("productFamily", "Compute")),
                       unit="Hrs", usagetype_suffix="AmazonEKS-Hours:perCluster")
+
+
+def eks_extended_query(region: str) -> PriceQuery:
+    """The control plane's rate while its Kubernetes minor is in extended support (instead of eks_query's)."""
+    return PriceQuery(key=f"eks-extended:{region}", kind="list", service_code="AmazonEKS",
+                      filters=(("regionCode", region), ("productFamily", "Compute")),
+                      unit="Hrs", usagetype_suffix="AmazonEKS-Hours:extendedSupport")
 
 
 def gp3_query(region: str) -> PriceQuery:
@@ -288,8 +297,9 @@ def price_queries(plan: Mapping[str, Any]) -> list[PriceQuery]:
         queries.setdefault(f"gp3:{region}", gp3_query(region))
     if _of(plan, NAT_GATEWAY):
         queries.setdefault(f"nat:{region}", nat_query(region))
-    if _of(plan, EKS_CLUSTER):
+    if _of(plan, EKS_CLUSTER):  # both tiers: which one applies depends on the day the estimate is made
         queries.setdefault(f"eks:{region}", eks_query(region))
+        queries.setdefault(f"eks-extended:{region}", eks_extended_query(region))
     if _of(plan, EFS_FILE_SYSTEM):
         queries.setdefault(f"efs:{region}", efs_query(region))
     if _of(plan, BUCKET):
@@ -348,8 +358,9 @@ class CostReport:
         return (round(low * HOURS_PER_MONTH, 2), round(mid * HOURS_PER_MONTH, 2), round(high * HOURS_PER_MONTH, 2))
 
 
-def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str) -> CostReport:
-    """Price a plan with `prices` (PriceQuery.key -> USD per unit). Raises PriceError for a price it lacks."""
+def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, today: date) -> CostReport:
+    """Price a plan with `prices` (PriceQuery.key -> USD per unit) on `today` (an EKS control plane whose minor is in
+    extended support that day bills at the extended rate). Raises PriceError for a price it lacks."""
     region = plan_region(plan)
     report = CostReport(stack=str(plan.get("stack", "")), region=region, source=source)
     if region is None:
@@ -384,11 +395,13 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str) 
         rate = price(nat_query(region))
         report.lines.append(CostLine("NAT gateways", f"{nats} x hourly (data processed not included)", rate, "hour",
                                      (rate * nats,) * 3))
-    clusters = len(_of(plan, EKS_CLUSTER))
-    if clusters:
-        rate = price(eks_query(region))
-        report.lines.append(CostLine("EKS control plane", f"{clusters} cluster(s), standard support", rate, "hour",
-                                     (rate * clusters,) * 3))
+    for cluster in _of(plan, EKS_CLUSTER):  # one per stack
+        version = str(cluster["inputs"].get("version") or "")
+        extended = eks_tier(version, today) in ("extended", "ended")
+        rate = price(eks_extended_query(region) if extended else eks_query(region))
+        tier = f"extended support on {today}" if extended else "standard support"
+        report.lines.append(CostLine("EKS control plane", f"Kubernetes {version}, {tier}", rate, "hour",
+                                     (rate,) * 3))
     if _of(plan, EFS_FILE_SYSTEM):
         rate, gib = price(efs_query(region)), efs_gib(plan)
         efs_hourly = rate * gib * GB_PER_GIB / HOURS_PER_MONTH

@@ -7,12 +7,14 @@ import json
 import os
 import re
 from collections import Counter
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from infra.config.names import check_stack_name
+from infra.config.support import support_notes
 from infra.plan.engine import canonical, kubernetes_objects
 
 Key = tuple[str, str]
@@ -193,6 +195,60 @@ def diff(old_plan: dict[str, Any], new_plan: dict[str, Any]) -> dict[str, Any]:
         "removed": listed(old.keys() - new.keys(), old),
         "changed": changed,
     }
+
+
+_MINOR = re.compile(r"^1\.(\d{1,3})$")
+EKS_CLUSTER, EKS_NODE_GROUP = "aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup"
+VERSION_KEY = "ml-cluster:cluster.kubernetesVersion"
+
+
+def _minor(value: Any) -> int | None:
+    match = _MINOR.match(value) if isinstance(value, str) else None
+    return int(match.group(1)) if match else None
+
+
+def plan_support_notes(plan: dict[str, Any], today: date) -> list[tuple[str, str]]:
+    """The support calendar's notes on the plan's Kubernetes minor (infra.config.support.support_notes)."""
+    outputs = plan.get("outputs")
+    outputs = outputs if isinstance(outputs, dict) else {}
+    version, platform = outputs.get("kubernetesVersion"), outputs.get("platform")
+    if not isinstance(version, str) or _minor(version) is None or not isinstance(platform, str):
+        return []
+    policies = [r["inputs"].get("upgradePolicy") for r in plan["resources"] if r["type"] == EKS_CLUSTER]
+    support_type = policies[0].get("supportType") if policies and isinstance(policies[0], dict) else None
+    policy = "standard" if not policies or support_type == "STANDARD" else "extended"  # EKS's default: EXTENDED
+    return [(level, text) for level, text in support_notes(version, platform, policy, today)]
+
+
+def upgrade_problems(old_plan: dict[str, Any], new_plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """What EKS (and kubeadm) would refuse in going from `old_plan` to `new_plan`: a control plane that moves more
+    than one minor, or down; a node group newer than its control plane."""
+    problems: list[tuple[str, str]] = []
+
+    def control_plane(plan: dict[str, Any]) -> tuple[str, int] | None:
+        version = (plan.get("outputs") or {}).get("kubernetesVersion") if isinstance(plan.get("outputs"), dict) \
+            else None
+        for resource in plan["resources"]:
+            if resource["type"] == EKS_CLUSTER and _minor(resource["inputs"].get("version")) is not None:
+                version = resource["inputs"]["version"]
+        minor = _minor(version)
+        return (str(version), minor) if minor is not None else None
+
+    was, now = control_plane(old_plan), control_plane(new_plan)
+    if was is not None and now is not None:
+        if now[1] > was[1] + 1:
+            steps = ", then ".join(f"1.{m}" for m in range(was[1] + 1, now[1] + 1))
+            problems.append((VERSION_KEY, f"{was[0]} -> {now[0]} skips a minor: the control plane moves one minor "
+                                          f"at a time; deploy {steps} (docs/operations.md, upgrades)"))
+        elif now[1] < was[1]:
+            problems.append((VERSION_KEY, f"{was[0]} -> {now[0]}: a control plane cannot be downgraded"))
+    if now is not None:
+        for resource in new_plan["resources"]:
+            minor = _minor(resource["inputs"].get("version")) if resource["type"] == EKS_NODE_GROUP else None
+            if minor is not None and minor > now[1]:
+                problems.append((resource["name"], f"node group at {resource['inputs']['version']} is ahead of its "
+                                                   f"control plane ({now[0]}): upgrade the control plane first"))
+    return problems
 
 
 def _shown(value: Any) -> str:

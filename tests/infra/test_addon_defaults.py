@@ -22,7 +22,7 @@ def _fixtures_with_default(tmp_path: Path, version: str) -> Fixtures:
     directory = tmp_path / "fixtures"
     shutil.copytree(REPO / "stacks" / "fixtures", directory)
     defaults = json.loads((directory / "addon_versions.json").read_text())
-    defaults[f"{MOUNTPOINT} 1.33"] = version
+    defaults[f"{MOUNTPOINT} 1.35"] = version
     (directory / "addon_versions.json").write_text(json.dumps(defaults))
     return Fixtures(directory)
 
@@ -33,7 +33,7 @@ def test_an_eks_default_below_the_minimum_is_a_config_error(tmp_path: Path) -> N
         plan_stack("dev", fixtures=_fixtures_with_default(tmp_path, "v1.15.0-eksbuild.1"))
     message = str(caught.value)
     assert "ml-cluster:storage.addonVersions" in message and "v1.15.0-eksbuild.1" in message
-    assert "Kubernetes 1.33" in message
+    assert "Kubernetes 1.35" in message
 
 
 def test_a_pin_makes_the_default_irrelevant(tmp_path: Path) -> None:

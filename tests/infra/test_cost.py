@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pytest
 from infra.plan.cost import (
     GB_PER_GIB,
     HOURS_PER_MONTH,
+    CostReport,
     PriceError,
     eks_query,
     estimate,
@@ -75,13 +76,15 @@ def small_plan() -> dict[str, Any]:
             ]}
 
 
+TODAY = date(2026, 11, 24)  # a fixed clock: which support tier a Kubernetes minor is in depends on the day
+
 PRICES = {"gp3:us-west-2": 0.1,
           "ec2:us-west-2:m6i.large:on-demand": 0.1, "ec2:us-west-2:g5.xlarge:spot": 0.5, "nat:us-west-2": 0.05,
-          "eks:us-west-2": 0.1, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
+          "eks:us-west-2": 0.1, "eks-extended:us-west-2": 0.6, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
 
 
 def test_known_prices_give_known_totals() -> None:
-    report = estimate(small_plan(), PRICES, "test prices")
+    report = estimate(small_plan(), PRICES, "test prices", TODAY)
     efs_hourly = 150 * GB_PER_GIB * 0.3 / HOURS_PER_MONTH
     disk = 50 * GB_PER_GIB * 0.1 / HOURS_PER_MONTH  # per m6i.large node
     fixed = 0.05 + 0.1 + efs_hourly
@@ -99,7 +102,7 @@ def test_known_prices_give_known_totals() -> None:
 def test_a_missing_price_is_an_error_not_a_zero() -> None:
     prices = {k: v for k, v in PRICES.items() if not k.startswith("nat:")}
     with pytest.raises(PriceError, match="no price for nat:us-west-2"):
-        estimate(small_plan(), prices, "test prices")
+        estimate(small_plan(), prices, "test prices", TODAY)
 
 
 def test_spot_pools_ask_spot_history_for_their_zones_only() -> None:
@@ -143,7 +146,7 @@ def test_get_products_parser_picks_the_first_tier_of_the_named_usage_type() -> N
 
 def test_every_committed_stack_is_priced_from_the_fixture(stack_plan: PlanGetter) -> None:
     dev = stack_plan("dev")
-    report = estimate(dev, fixture_prices(price_queries(dev)), "fixture")
+    report = estimate(dev, fixture_prices(price_queries(dev)), "fixture", TODAY)
     # system 2 x m6i.large 0.096, one NAT 0.045, EKS 0.10, EFS 700Gi x 0.30/GB-month; Spot g5.xlarge: the highest
     # newest price of dev's zones a-c (0.4127 in us-west-2b; us-west-2d's 0.6012 is not a dev zone); 100 GiB gp3
     # ($0.08/GB-month) per node of either pool
@@ -154,8 +157,8 @@ def test_every_committed_stack_is_priced_from_the_fixture(stack_plan: PlanGetter
                                                abs=1e-6)
     for stack in ("staging", "prod"):
         plan = stack_plan(stack)
-        assert estimate(plan, fixture_prices(price_queries(plan)), "fixture").monthly()[2] > 0
-    onprem = estimate(stack_plan("onprem"), {}, "fixture")
+        assert estimate(plan, fixture_prices(price_queries(plan)), "fixture", TODAY).monthly()[2] > 0
+    onprem = estimate(stack_plan("onprem"), {}, "fixture", TODAY)
     assert onprem.lines == [] and "not priced" in format_report(onprem)
 
 
@@ -245,19 +248,19 @@ def test_plan_cli_prints_the_table_and_the_diff(stack_plan: PlanGetter, tmp_path
     text = capsys.readouterr().out
     assert "diff  +$78.67 / +$78.67 / +$0.00" in text  # one more m6i.large (0.096 x 730) and its 100 GiB gp3 (8.59)
     assert "~ node pool system: m6i.large on-demand x 1/1/3" in text
-    same = estimate(base, PRICES_DEV, "x")
+    same = estimate(base, PRICES_DEV, "x", TODAY)
     assert format_cost_diff(same, same).splitlines()[4:] == ["  no cost change"]
     longer = json.loads(json.dumps(base))
     for resource in longer["resources"]:
         if resource["name"] == "mlc-dev-jobs-resnet50-s3-copy":
             resource["inputs"]["spec"]["activeDeadlineSeconds"] = 3600 * 96
-    assert format_cost_diff(same, estimate(longer, PRICES_DEV, "x")).splitlines()[4:] == [
+    assert format_cost_diff(same, estimate(longer, PRICES_DEV, "x", TODAY)).splitlines()[4:] == [
         "~ job resnet50-s3-copy at its deadline: 48 GPU-hours, $19.20 -> 96 GPU-hours, $38.40"]
 
 
 PRICES_DEV = {"gp3:us-west-2": 0.08,
               "ec2:us-west-2:m6i.large:on-demand": 0.096, "ec2:us-west-2:g5.xlarge:spot": 0.4, "nat:us-west-2": 0.045,
-              "eks:us-west-2": 0.1, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
+              "eks:us-west-2": 0.1, "eks-extended:us-west-2": 0.6, "efs:us-west-2": 0.3, "s3:us-west-2": 0.023}
 
 
 def test_aws_prices_without_credentials_is_one_error_line(stack_plan: PlanGetter, tmp_path: Path,
@@ -272,3 +275,26 @@ def test_aws_prices_without_credentials_is_one_error_line(stack_plan: PlanGetter
     assert plan_cli.main(["--stack", "dev", "--cost", "--prices", "aws"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("note: ")]
     assert errors == ["error: aws: Unable to locate credentials"]
+
+
+@pytest.mark.parametrize(("day", "rate", "tier"), [
+    (date(2026, 7, 28), 0.10, "standard support"),  # 1.33's last day of EKS standard support
+    (date(2026, 7, 29), 0.60, "extended support on 2026-07-29"),
+    (date(2027, 7, 28), 0.60, "extended support on 2027-07-28"),
+])
+def test_the_control_plane_is_priced_by_its_support_tier_on_the_day(stack_plan: PlanGetter, day: date, rate: float,
+                                                                    tier: str) -> None:
+    def pinned_to(version: str) -> CostReport:
+        plan = json.loads(json.dumps(stack_plan("dev")))
+        [cluster] = [r for r in plan["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
+        cluster["inputs"]["version"] = version
+        return estimate(plan, fixture_prices(price_queries(plan)), "fixture", day)
+
+    report = pinned_to("1.33")
+    [line] = [line for line in report.lines if line.item == "EKS control plane"]
+    assert (line.unit_price, line.hourly) == (rate, (rate, rate, rate))
+    assert line.detail == f"Kubernetes 1.33, {tier}"
+    # 1.36 is in standard support on each of these days; a month of extended support costs (0.60 - 0.10) x 730 h
+    # = $365 more
+    assert report.monthly()[0] - pinned_to("1.36").monthly()[0] == pytest.approx((rate - 0.10) * HOURS_PER_MONTH,
+                                                                                   abs=0.02)

@@ -179,7 +179,7 @@ def test_cli_summary_counts_by_type() -> None:
 def test_cli_diff_reports_added_removed_and_changed_paths(tmp_path: Path, stack_plan: Any) -> None:
     old = json.loads(json.dumps(stack_plan("dev")))
     (cluster,) = [r for r in old["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
-    cluster["inputs"]["version"] = "1.32"
+    cluster["inputs"]["version"] = "1.34"
     removed = old["resources"].pop()
     old["resources"].append({"type": "aws:s3/bucket:Bucket", "name": "gone", "parent": None, "provider": None,
                              "inputs": {}, "options": removed["options"]})

@@ -82,7 +82,7 @@ def versions_handler(statuses: dict[str, str]) -> Any:
 GOOD_QUOTAS = {"L-1216C47A": 64.0, "L-34B43A08": 64.0, "L-DB2E81BA": 64.0, "L-3819A6DF": 64.0,
                "L-417A185B": 384.0, "L-7212CCBC": 384.0}
 VERSIONS = {"1.31": "EXTENDED_SUPPORT", "1.32": "STANDARD_SUPPORT", "1.33": "STANDARD_SUPPORT",
-            "1.34": "STANDARD_SUPPORT"}
+            "1.34": "STANDARD_SUPPORT", "1.35": "STANDARD_SUPPORT"}
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_a_ready_account_passes_and_exits_0(world: AwsStub, tmp_path: Path,
     for expected in (f"PASS credentials account {MOTO_ACCOUNT}", "PASS region us-west-2 is enabled",
                      "PASS availability zones us-west-2a, us-west-2b, us-west-2c",
                      "PASS offering gpu-a10g g5.xlarge offered in", "PASS quota L-1216C47A", "PASS quota L-3819A6DF",
-                     "PASS kubernetes 1.33", f"PASS bucket mlc-dev-datasets-{MOTO_ACCOUNT} exists",
+                     "PASS kubernetes 1.35", f"PASS bucket mlc-dev-datasets-{MOTO_ACCOUNT} exists",
                      f"PASS bucket mlc-dev-checkpoints-{MOTO_ACCOUNT} free",
                      "PASS repository mlc-dev-train exists, tagged as this stack's"):
         assert expected in flat, expected
@@ -209,7 +209,7 @@ def test_every_failure_is_a_row_with_its_fix_and_exit_2(world: AwsStub, tmp_path
             "ml-cluster:nodePools[1].availabilityZones: [us-west-2a, us-west-2b]") in errors
     assert ("fix: aws service-quotas request-service-quota-increase --region us-west-2 --service-code ec2 "
             "--quota-code L-3819A6DF --desired-value 8") in err
-    assert ("error: kubernetes 1.33: not offered by EKS; fix: set ml-cluster:cluster.kubernetesVersion to one of "
+    assert ("error: kubernetes 1.35: not offered by EKS; fix: set ml-cluster:cluster.kubernetesVersion to one of "
             "1.34") in errors
     assert (f"error: bucket mlc-dev-datasets-{MOTO_ACCOUNT}: taken: it exists and belongs to someone else "
             "(HeadBucket 403); fix: name the bucket yourself: ml-cluster:storage.buckets[0].bucketName") in errors
@@ -312,7 +312,7 @@ def test_kubernetes_version_support_levels(world: AwsStub) -> None:
     eks = client("eks")
     assert check_kubernetes_version(eks, "1.33")[0].status == PASS
     [extended] = check_kubernetes_version(eks, "1.31")
-    assert extended.status == WARN and "extended" in extended.detail and extended.fix.endswith("1.32, 1.33, 1.34")
+    assert extended.status == WARN and "extended" in extended.detail and extended.fix.endswith("1.32, 1.33, 1.34, 1.35")
     assert check_kubernetes_version(eks, "1.30")[0].status == FAIL
 
 

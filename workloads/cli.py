@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import NoReturn
 
@@ -14,3 +15,41 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: arguments: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_BINARY = {"B": 1, "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
+_DECIMAL = {"K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
+
+
+def parse_size(text: str, minimum: int = 1, maximum: int = 1 << 50, why_minimum: str = "") -> int:
+    """One rule for every size flag: '512MiB'/'512Mi' (binary), '512MB'/'512M' (decimal), '4096B' (bytes);
+    a bare number is GiB (as --budget and --window always were, and as rendered Jobs pass it). Values outside
+    [minimum, maximum] are refused with the reason."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4GiB, 512MiB, 64KiB, 1GB, 4096B)")
+    suffix = (match.group(2) or "").upper()
+    if not suffix:
+        factor = GIB
+    elif suffix == "B":
+        factor = 1
+    else:
+        unit = suffix.removesuffix("B")
+        factor = _BINARY[unit] if unit.endswith("I") else _DECIMAL[unit]
+    value = int(float(match.group(1)) * factor)
+    if value < minimum:
+        reason = f" ({why_minimum})" if why_minimum else ""
+        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes, below the minimum of {minimum} bytes{reason}")
+    if value > maximum:
+        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes, above the maximum of {maximum} bytes")
+    return value
+
+
+def size_arg(num_bytes: int) -> str:
+    """A byte count as a size flag's value that parse_size reads back exactly ("20Gi", "1536Ki", "4097B")."""
+    for suffix, unit in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if num_bytes >= unit and num_bytes % unit == 0:
+            return f"{num_bytes // unit}{suffix}"
+    return f"{num_bytes}B"

@@ -220,7 +220,7 @@ def test_pack_enospc_is_one_line_and_keeps_old_dataset(tmp_path: Path, tiny_fs: 
     write_corpus(tmp_path / "src", per_class=40)
     code, err = cli(["pack", str(tmp_path / "src"), str(out), "--size", "96", "--force", "--no-progress",
                      "--workers", "1"], capsys)
-    assert code == 2 and one_line(err) and "No space left" in err, err
+    assert code == 1 and one_line(err) and "No space left" in err, err  # runtime (retried), not config (2)
     assert verify(out).num_samples == 4
     assert not list(out.glob(".*"))
 
@@ -237,7 +237,7 @@ def test_pack_enospc_exactly_while_writing_the_manifest(tmp_path: Path, tiny_fs:
                      "--shard-size", "2000B", "--workers", "1", "--shuffle-seed", "7"], capsys)
     if code == 0:
         pytest.skip("the filler left room for the manifest on this file system")
-    assert code == 2 and one_line(err) and "manifest.json" in err and "No space left" in err, err
+    assert code == 1 and one_line(err) and "manifest.json" in err and "No space left" in err, err
     assert verify(out).num_samples == 4
 
 
@@ -250,7 +250,23 @@ def test_stage_enospc_is_one_line(tmp_path: Path, tiny_fs: Path, s3_url: str, bu
     upload(make_client(s3_url, 4), out, S3Uri(bucket, "big"), UploadOptions(workers=2, progress=False))
     code, err = cli(["stage", f"s3://{bucket}/big", str(tiny_fs / "dest"), "--endpoint-url", s3_url,
                      "--no-progress"], capsys)
-    assert code == 2 and one_line(err) and "No space left" in err, err
+    assert code == 1 and one_line(err) and "No space left" in err, err
+    assert str(tiny_fs / "dest") in err  # the file that could not be written, not "I/O"
+
+
+def test_stage_enospc_exactly_at_the_manifest_names_it(tmp_path: Path, tiny_fs: Path, packed: Path, s3_url: str,
+                                                       bucket: str, capsys: pytest.CaptureFixture) -> None:
+    """Every shard fits, the manifest written last does not: the error names manifest.json, never `I/O`."""
+    upload(make_client(s3_url, 4), packed, S3Uri(bucket, "fits"), UploadOptions(workers=2, progress=False))
+    dest = tiny_fs / "dest"
+    dest.mkdir()
+    pages = sum(-(-s.bytes // 4096) * 4096 for s in load_manifest(packed).shards)
+    (tiny_fs / "filler").write_bytes(b"\0" * (shutil.disk_usage(tiny_fs).free - pages))
+    code, err = cli(["stage", f"s3://{bucket}/fits", str(dest), "--endpoint-url", s3_url, "--no-progress"], capsys)
+    if code == 0:
+        pytest.skip("the filler left room for the manifest on this file system")
+    assert code == 1 and one_line(err) and "No space left" in err, err
+    assert err.startswith(f"error: {dest / 'manifest.json'}: "), err
 
 
 # -- output paths that cannot be written ----------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """CLI: python -m workloads.data pack [--upload s3://...]|verify|upload|stage (see docs/data-tools.md).
 
-Failures print one line, `error: <where>: <why>`, and exit 2; verify exits 1 when data does not match its manifest.
+Failures print one line, `error: <where>: <why>`. Exit status: 2 for bad input or configuration (arguments, a
+manifest, a bucket that does not exist, credentials); 1 for a failure a retry may fix (the network, a full disk, a
+checksum that kept failing, a reader that never came: --wait-timeout); verify exits 1 when data does not match its
+manifest; 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -8,7 +11,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import signal
 import sys
 import urllib.parse
@@ -16,42 +18,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from workloads.cli import parse_size
 from workloads.data.format import MAX_IMAGE_SIZE
 from workloads.data.metrics import STAGE_METRICS_PORT_ENV, StageMetrics
-from workloads.data.s3 import DataToolError, parse_s3_uri
+from workloads.data.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
 
 if TYPE_CHECKING:
     from workloads.data.upload import ShardStream
 
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_BINARY = {"B": 1, "KI": 1024, "MI": 1024**2, "GI": 1024**3, "TI": 1024**4}
-_DECIMAL = {"K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
-
-
-def parse_size(text: str, minimum: int = 1, maximum: int = 1 << 50, why_minimum: str = "") -> int:
-    """One rule for every size flag: '512MiB'/'512Mi' (binary), '512MB'/'512M' (decimal), '4096B' (bytes);
-    a bare number is GiB (as --budget and --window always were, and as rendered Jobs pass it). Values outside
-    [minimum, maximum] are refused with the reason."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4GiB, 512MiB, 64KiB, 1GB, 4096B)")
-    suffix = (match.group(2) or "").upper()
-    if not suffix:
-        factor = GIB
-    elif suffix == "B":
-        factor = 1
-    else:
-        unit = suffix.removesuffix("B")
-        factor = _BINARY[unit] if unit.endswith("I") else _DECIMAL[unit]
-    value = int(float(match.group(1)) * factor)
-    if value < minimum:
-        reason = f" ({why_minimum})" if why_minimum else ""
-        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes, below the minimum of {minimum} bytes{reason}")
-    if value > maximum:
-        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes, above the maximum of {maximum} bytes")
-    return value
+CONFIG_EXIT, RUNTIME_EXIT = 2, 1
 
 
 def _env_port(name: str) -> int:
@@ -168,9 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "as a Kubernetes native sidecar, which is restarted if it exits); without --budget: a "
                             "whole copy, fetched in plan order")
     stage.add_argument("--wait-timeout", type=_seconds, default=None, metavar="SECONDS",
-                       help="when serving (--budget or --linger): give up (exit 2) when the cache is full of shards "
-                            "the reader needs first and its plan has not changed for this long; default: wait "
-                            "forever, logging what it waits for")
+                       help="when serving (--budget or --linger): give up (exit 1) when the reader does not move for "
+                            "this long: no plan at all, or a plan that has not changed while the cache is full of "
+                            "shards it needs first or holds every shard it wants; default: wait forever, logging "
+                            "what it waits for")
     stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
     stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                        help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
@@ -276,11 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except DataToolError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return RUNTIME_EXIT if exc.runtime else CONFIG_EXIT
     except OSError as exc:  # disk full, read-only or unwritable output, a file where a directory belongs, ...
         where = exc.filename or "I/O"
         print(f"error: {where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return RUNTIME_EXIT if is_runtime_oserror(exc) else CONFIG_EXIT
     except KeyboardInterrupt:
         print("error: interrupted (no partial file carries a final name; rerun to resume)", file=sys.stderr)
         return 130

@@ -31,19 +31,32 @@ shards that left "ready" (their blocks count against the node's disk until close
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from workloads.data.format import CACHE_DIR, PLAN_STATE, STAGER_STATE, atomic_write_bytes
+from workloads.data.format import CACHE_DIR, HEARTBEAT, PLAN_STATE, STAGER_STATE
+from workloads.data.statefile import StateFile, StateFileError, atomic_write_in, open_dir
+from workloads.data.statefile import field as typed
+
+SHARD_WAIT_S = 3600.0  # how long a reader waits for one shard by default
+HEARTBEAT_INTERVAL_S = 1.0  # how often a serving stager touches its heartbeat file
+HEARTBEAT_TIMEOUT_S = 60.0  # a heartbeat older than this: no stager is running (killed, OOM, never started)
+_FIRST_NOTICE_S = 10.0  # a wait this long is logged (what the reader waits for), then every _NOTICE_EVERY_S
+_NOTICE_EVERY_S = 60.0
 
 
 class CacheStagerError(RuntimeError):
-    """The stager reported a failure; the shard will never become ready."""
+    """The stager reported a failure, stopped, or published a state that cannot be served: the shard will never
+    become ready from this stager (a new pod, with a new stager, may succeed)."""
 
 
 @dataclass(frozen=True)
@@ -64,101 +77,199 @@ def cache_dir(dest: str | os.PathLike[str]) -> Path:
     return Path(dest) / CACHE_DIR
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (ValueError, OSError, RecursionError) as exc:  # bad JSON or UTF-8, a directory, nested too deep
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0][:200]
-        raise ValueError(f"{path}: unreadable cache state: {why or type(exc).__name__}") from exc
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: unreadable cache state: not a JSON object")
-    return raw
+def _parse_stager_state(raw: dict[str, Any], where: str) -> StagerState:
+    return StagerState(budget=typed(raw, "budget", "int>0|null", where, None),
+                       ready=list(typed(raw, "ready", "list[str]", where, [])),
+                       done=typed(raw, "done", "bool", where, False),
+                       error=typed(raw, "error", "str|null", where, None))
 
 
-def _names(raw: dict, key: str, path: Path) -> list[str]:
-    value = raw.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
-        raise ValueError(f"{path}: {key}: must be a list of shard names")
-    return list(value)
+def _parse_plan(raw: dict[str, Any], where: str) -> Plan:
+    return Plan(order=list(typed(raw, "order", "list[str]", where, [])), done=typed(raw, "done", "bool", where, False))
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(payload, sort_keys=True) + "\n").encode())
+def stager_state_file(dest: str | os.PathLike[str]) -> StateFile:
+    """stager.json, read as untrusted input and parsed again only when it changed."""
+    return StateFile(cache_dir(dest), STAGER_STATE, _parse_stager_state)
+
+
+def plan_file(dest: str | os.PathLike[str]) -> StateFile:
+    """plan.json, read as untrusted input and parsed again only when it changed."""
+    return StateFile(cache_dir(dest), PLAN_STATE, _parse_plan)
+
+
+def _write_json(dest: str | os.PathLike[str], name: str, payload: dict) -> None:
+    atomic_write_in(cache_dir(dest), name, (json.dumps(payload, sort_keys=True) + "\n").encode())
 
 
 def read_stager_state(dest: str | os.PathLike[str]) -> StagerState | None:
-    path = cache_dir(dest) / STAGER_STATE
-    raw = _read_json(path)
-    if raw is None:
-        return None
-    budget = raw.get("budget")
-    if budget is not None and (not isinstance(budget, int) or budget <= 0):
-        raise ValueError(f"{path}: budget: must be a positive number of bytes or null")
-    error = raw.get("error")
-    return StagerState(budget=budget, ready=_names(raw, "ready", path), done=bool(raw.get("done", False)),
-                       error=str(error) if error is not None else None)
+    """stager.json (None while there is none); StateFileError (a ValueError) for anything but a valid one."""
+    return stager_state_file(dest).read()
 
 
 def write_stager_state(dest: str | os.PathLike[str], state: StagerState) -> None:
-    _write_json(cache_dir(dest) / STAGER_STATE, {"budget": state.budget, "ready": state.ready,
-                                                 "done": state.done, "error": state.error})
+    _write_json(dest, STAGER_STATE, {"budget": state.budget, "ready": state.ready, "done": state.done,
+                                     "error": state.error})
 
 
 def read_plan(dest: str | os.PathLike[str]) -> Plan | None:
-    path = cache_dir(dest) / PLAN_STATE
-    raw = _read_json(path)
-    if raw is None:
-        return None
-    return Plan(order=_names(raw, "order", path), done=bool(raw.get("done", False)))
+    return plan_file(dest).read()
 
 
 def write_plan(dest: str | os.PathLike[str], plan: Plan) -> None:
-    _write_json(cache_dir(dest) / PLAN_STATE, {"order": plan.order, "done": plan.done})
+    _write_json(dest, PLAN_STATE, {"order": plan.order, "done": plan.done})
 
 
 def is_cached(dest: str | os.PathLike[str]) -> bool:
     """Whether DEST is served by a staging cache (a stager has published its state there)."""
-    return (cache_dir(dest) / STAGER_STATE).exists()
+    return os.path.lexists(cache_dir(dest) / STAGER_STATE)
+
+
+def touch_heartbeat(dest: str | os.PathLike[str]) -> None:
+    """The stager is alive: create or touch DEST/.cache/stager.heartbeat (never through a link)."""
+    dir_fd = open_dir(cache_dir(dest), create=True)
+    try:
+        fd = os.open(HEARTBEAT, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK, 0o666,
+                     dir_fd=dir_fd)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
+def heartbeat_age(dest: str | os.PathLike[str], now: float | None = None) -> float | None:
+    """Seconds since the stager's last heartbeat; None when there is none (or it is not a regular file)."""
+    try:
+        st = os.lstat(cache_dir(dest) / HEARTBEAT)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return max(0.0, (time.time() if now is None else now) - st.st_mtime)
+
+
+class Heartbeat:
+    """A thread that touches the heartbeat file every `interval_s` while the stager runs (even while it hashes a
+    resumed cache or waits on the network), so a reader can tell a slow stager from a dead one."""
+
+    def __init__(self, dest: str | os.PathLike[str], interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
+        self.dest = dest
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stager-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        touch_heartbeat(self.dest)  # before anything is published: a reader never sees a state without one
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            # The main loop reports what is wrong with DEST; a reader sees the heartbeat go stale.
+            with contextlib.suppress(OSError, StateFileError):
+                touch_heartbeat(self.dest)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=max(1.0, 2 * self.interval_s))
 
 
 class CacheReader:
-    """The reader's side: wait for a shard to be staged, and say which shards come next."""
+    """The reader's side: wait for a shard to be staged, and say which shards come next.
 
-    def __init__(self, dest: str | os.PathLike[str], poll_interval_s: float = 0.01) -> None:
+    Every wait has a deadline and re-checks what it waits for: the stager's state (re-read only when it changed),
+    the shard's file, and the stager's heartbeat. It fails at once, with one line naming the shard, when the state
+    says the shard is ready (or everything is done) but its file is missing, when the stager reported an error, or
+    when no stager is running (no heartbeat for `heartbeat_timeout_s`); and it says what it is waiting for while
+    it waits."""
+
+    def __init__(self, dest: str | os.PathLike[str], poll_interval_s: float = 0.01,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+                 notify: Callable[[str], None] | None = None, notice_after_s: float = _FIRST_NOTICE_S) -> None:
         self.dest = Path(dest)
+        self.notice_after_s = notice_after_s
         self.poll_interval_s = poll_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.notify = notify or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._state = stager_state_file(self.dest)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["notify"] = None  # a lambda does not pickle; a worker prints its own notices
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.notify is None:
+            self.notify = lambda line: print(line, file=sys.stderr, flush=True)
 
     def state(self) -> StagerState | None:
-        return read_stager_state(self.dest)
+        return self._state.read()
 
     def ready(self) -> set[str]:
         """Shards present now; an empty set while no stager has published anything."""
         state = self.state()
         return set(state.ready) if state else set()
 
+    def _file_present(self, name: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(self.dest / name).st_mode)
+        except OSError:
+            return False
+
     def is_ready(self, name: str) -> bool:
+        """Whether the shard can be read now. CacheStagerError when it never will be from this stager."""
         state = self.state()
         if state is None:
-            return (self.dest / name).is_file()
+            return self._file_present(name)
         if state.error:
             raise CacheStagerError(f"{self.dest}: stager failed: {state.error}")
-        return name in state.ready and (self.dest / name).is_file()
+        present = self._file_present(name)
+        if name in state.ready:
+            if not present:
+                raise CacheStagerError(f"{self.dest / name}: the stager lists it as ready ({self._state.path}) but "
+                                       "the file is missing or not a regular file")
+            return True
+        if state.done and state.budget is None:
+            raise CacheStagerError(f"{self.dest / name}: the stager is done ({self._state.path}) but did not stage "
+                                   "it (missing or not a regular file)")
+        return False
 
-    def wait_ready(self, name: str, timeout: float | None = None) -> Path:
+    def _check_alive(self, name: str, waited: float) -> None:
+        age = heartbeat_age(self.dest)
+        if age is None:
+            age = waited  # no heartbeat at all: count from the start of this wait
+        if age > self.heartbeat_timeout_s:
+            raise CacheStagerError(
+                f"{self.dest / name}: no stager is running (no heartbeat in {cache_dir(self.dest) / HEARTBEAT} for "
+                f"{age:.0f}s; killed, out of memory, or never started?)")
+
+    def wait_ready(self, name: str, timeout: float | None = SHARD_WAIT_S) -> Path:
         """Block until the shard is staged and verified; return its local path.
 
-        Raises TimeoutError after `timeout` seconds (None waits forever) and CacheStagerError when the stager
-        reported a failure.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        Raises TimeoutError after `timeout` seconds (None: SHARD_WAIT_S; every wait has a deadline) and
+        CacheStagerError when the stager failed, stopped, or contradicts the files in DEST."""
+        timeout = SHARD_WAIT_S if timeout is None else timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        next_notice = started + self.notice_after_s
         while not self.is_ready(name):
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            waited = now - started
+            self._check_alive(name, waited)
+            if now >= deadline:
                 state = self.state()
                 budget = f" (cache budget {state.budget} bytes)" if state and state.budget else ""
                 raise TimeoutError(f"{self.dest / name}: not staged after {timeout:g}s{budget}; is the stager "
                                    f"running and its plan ({cache_dir(self.dest) / PLAN_STATE}) up to date?")
+            if now >= next_notice:
+                state = self.state()
+                held = f"{len(state.ready)} shards ready" if state else "no stager state yet"
+                self.notify(f"waiting for the stager to stage {self.dest / name} ({held}; {waited:.0f}s of "
+                            f"{timeout:g}s)")
+                next_notice = now + _NOTICE_EVERY_S
             time.sleep(self.poll_interval_s)
         return self.dest / name
 

@@ -43,6 +43,8 @@ MANIFEST_NAME = "manifest.json"
 CACHE_DIR = ".cache"
 STAGER_STATE = "stager.json"
 PLAN_STATE = "plan.json"
+HEARTBEAT = "stager.heartbeat"  # touched every second by a serving stager (its mtime is the heartbeat)
+MANIFEST_MAX_BYTES = 1 << 30  # a manifest of a million shards is ~250 MB; a larger "manifest" is not one
 
 Layout = Literal["decoded", "encoded"]
 MAX_IMAGE_SIZE = 8192  # decoded side in pixels: 8192 x 8192 x 3 is 192 MiB per sample already
@@ -98,6 +100,14 @@ class Manifest(BaseModel):
             raise ValueError("shards: the same path is named twice")
         if self.num_samples and not self.classes:
             raise ValueError("classes: empty, but the dataset holds samples")
+        held = 0
+        for number, shard in enumerate(self.shards):
+            if shard.first_index != held:
+                raise ValueError(f"shards.{number}.first_index: {shard.first_index}, but the shards before it hold "
+                                 f"{held} samples")
+            held += shard.num_samples
+        if held != self.num_samples:
+            raise ValueError(f"num_samples: {self.num_samples}, but the shards hold {held} samples")
         return self
 
 
@@ -106,11 +116,20 @@ def shard_name(index: int) -> str:
 
 
 def load_manifest(path: str | os.PathLike[str]) -> Manifest:
-    """Read a manifest from a dataset directory or from the manifest file itself."""
+    """Read a manifest from a dataset directory or from the manifest file itself.
+
+    Read as untrusted input: a regular file only (a link the user made is followed, but a FIFO never blocks and a
+    link to a device is refused), at most MANIFEST_MAX_BYTES. FileNotFoundError when there is none; ValueError
+    (StateFileError or a validation error) for anything that is not a valid manifest."""
+    from workloads.data.statefile import read_regular
+
     target = Path(path)
     if target.is_dir() and target.name != MANIFEST_NAME:
         target = target / MANIFEST_NAME
-    return Manifest.model_validate_json(target.read_bytes())
+    payload, _ = read_regular(target, MANIFEST_MAX_BYTES, follow=True)
+    if payload is None:
+        raise FileNotFoundError(2, "No such file or directory", str(target))
+    return Manifest.model_validate_json(payload)
 
 
 def manifest_error(exc: Exception) -> str:
@@ -148,7 +167,8 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 
 def atomic_write_bytes(target: str | os.PathLike[str], payload: bytes) -> None:
-    """Write a file so that readers see either the old content or the new, never a partial one."""
+    """Write a file so that readers see either the old content or the new, never a partial one. An OSError (a full
+    disk, a read-only file system) names `target`."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -159,6 +179,11 @@ def atomic_write_bytes(target: str | os.PathLike[str], payload: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -52,7 +52,7 @@ from workloads.data.format import (
     write_manifest,
 )
 from workloads.data.jpeg import decodes_strictly
-from workloads.data.s3 import DataToolError
+from workloads.data.s3 import DataToolError, is_runtime_oserror
 from workloads.data.verify import sha256_file
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ def _free_name(out: Path, index: int, taken: set[str], usable: Callable[[str], b
 
 def _os_error(where: Path, exc: OSError) -> DataToolError:
     why = os.strerror(exc.errno) if exc.errno else str(exc)
-    return DataToolError(str(where), f"cannot write: {why}")
+    return DataToolError(str(where), f"cannot write: {why}", runtime=is_runtime_oserror(exc))
 
 
 def _check_classes(classes: list[str], labels: Iterator[int] | list[int], where: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import random
 import time
 from collections.abc import Callable
@@ -17,12 +18,26 @@ T = TypeVar("T")
 
 
 class DataToolError(Exception):
-    """A failure the CLI reports as one line: `error: <where>: <why>`."""
+    """A failure the CLI reports as one line: `error: <where>: <why>`.
 
-    def __init__(self, where: str, why: str) -> None:
+    `runtime` says that retrying may succeed (the network, a full disk, a reader that never came): the CLIs exit 1
+    for it, never the config-error code 2, so a Kubernetes Job retries the pod instead of failing it."""
+
+    def __init__(self, where: str, why: str, *, runtime: bool = False) -> None:
         super().__init__(f"{where}: {why}")
         self.where = where
         self.why = why
+        self.runtime = runtime
+
+
+# I/O failures that say nothing about the input: a retry (or another node) may succeed.
+RUNTIME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.ETIMEDOUT, errno.ECONNRESET,
+                            errno.ECONNREFUSED, errno.EPIPE, errno.EAGAIN, errno.ESTALE, errno.EHOSTUNREACH,
+                            errno.ENETUNREACH})
+
+
+def is_runtime_oserror(exc: OSError) -> bool:
+    return exc.errno in RUNTIME_ERRNOS
 
 
 @dataclass(frozen=True)
@@ -111,10 +126,12 @@ def describe(where: str, exc: BaseException) -> DataToolError:
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         return DataToolError(where, "no AWS credentials found (environment, profile, or instance/pod role)")
     if isinstance(exc, botocore.exceptions.EndpointConnectionError):
-        return DataToolError(where, f"cannot connect to the endpoint ({exc})")
+        return DataToolError(where, f"cannot connect to the endpoint ({exc})", runtime=True)
     if isinstance(exc, botocore.exceptions.ClientError):
-        return DataToolError(where, f"{code}: {exc.response.get('Error', {}).get('Message', exc)}")
-    return DataToolError(where, f"{type(exc).__name__}: {exc}")
+        return DataToolError(where, f"{code}: {exc.response.get('Error', {}).get('Message', exc)}", runtime=True)
+    if isinstance(exc, OSError):
+        return DataToolError(str(exc.filename or where), f"{exc.strerror or exc}", runtime=is_runtime_oserror(exc))
+    return DataToolError(where, f"{type(exc).__name__}: {exc}", runtime=True)
 
 
 @dataclass(frozen=True)
@@ -141,7 +158,7 @@ def with_retries(
                 raise describe(where, exc) from exc
             if attempt == policy.attempts:
                 reason = error_code(exc) or f"{type(exc).__name__}: {exc}"
-                raise DataToolError(where, f"gave up after {attempt} attempts: {reason}") from exc
+                raise DataToolError(where, f"gave up after {attempt} attempts: {reason}", runtime=True) from exc
             if on_retry is not None:
                 on_retry()
             time.sleep(policy.delay(attempt))

@@ -49,7 +49,7 @@ from typing import Any
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from workloads.data.cache import Plan, StagerState, cache_dir, read_plan, write_stager_state
+from workloads.data.cache import Heartbeat, Plan, StagerState, cache_dir, plan_file, write_stager_state
 from workloads.data.format import (
     MANIFEST_NAME,
     PLAN_STATE,
@@ -62,7 +62,8 @@ from workloads.data.format import (
     sha256_file,
 )
 from workloads.data.metrics import StageMetrics
-from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, with_retries
+from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, is_runtime_oserror, with_retries
+from workloads.data.statefile import StateFile, StateFileError, open_dir
 
 TEMP_SUFFIX = ".part"
 _BODY_CHUNK = 1 << 20
@@ -97,6 +98,9 @@ class StageOptions:
     # Cache mode: give up when the cache is full of shards the reader needs first, the next one waits for space and
     # the plan has not changed for this long (None: wait forever, logging what it waits for).
     wait_timeout_s: float | None = None
+    # Cache mode: how often the stager touches DEST/.cache/stager.heartbeat (a reader that sees no heartbeat for a
+    # while knows no stager is running, instead of waiting for a shard that will never come).
+    heartbeat_interval_s: float = 1.0
     # Where progress, cache occupancy and retries are counted (the CLI serves them); None: a private registry.
     metrics: StageMetrics | None = None
 
@@ -190,14 +194,17 @@ def _quoted(name: str, limit: int = 80) -> str:
     return repr(name[:limit]) + ("..." if len(name) > limit else "")
 
 
-def read_checked_plan(dest: Path, names: Container[str]) -> Plan | None:
-    """The reader's plan, or None while there is none; a broken plan.json, or one naming a shard the manifest does
-    not list, is a one-line error (the reader is another container: its files are untrusted input)."""
-    where = str(cache_dir(dest) / PLAN_STATE)
+def read_checked_plan(dest: Path, names: Container[str], source: StateFile | None = None) -> Plan | None:
+    """The reader's plan, or None while there is none; a broken plan.json (not a regular file, a link, too large,
+    not JSON, a field of the wrong type), or one naming a shard the manifest does not list, is a one-line error (the
+    reader is another container: its files are untrusted input). `source` keeps the last parse: the plan is parsed
+    again only when the file changed."""
+    source = source or plan_file(dest)
+    where = str(source.path)
     try:
-        plan = read_plan(dest)
-    except ValueError as exc:
-        raise DataToolError(where, str(exc).removeprefix(f"{where}: ")) from exc
+        plan = source.read()
+    except StateFileError as exc:
+        raise DataToolError(where, exc.why if exc.where == where else str(exc)) from exc
     if plan is not None:
         for name in plan.order:
             if name not in names:
@@ -231,10 +238,13 @@ class _Stager:
         self.aborted = threading.Event()
         self.finished = False
         self.plan: Plan | None = None
+        self._plan_file = plan_file(dest)
         self._plan_read_at: float | None = None
+        self._plan_changed_at = time.monotonic()  # when the plan last changed (or the run started)
         self._waiting_since: float | None = None
         self._first_plan_deadline = time.monotonic() + options.first_plan_wait_s
         self._told_waiting = False
+        self._told_reader_wait = False
         self._told_long_wait = False
         self.metrics = options.metrics or StageMetrics()
         self.metrics.dataset(len(manifest.shards), sum(s.bytes for s in manifest.shards), self.budget)
@@ -246,13 +256,13 @@ class _Stager:
 
         def attempt() -> int:
             if self.aborted.is_set():
-                raise DataToolError(key, "cancelled after another part failed")
+                raise DataToolError(key, "cancelled after another part failed", runtime=True)
             response = self.client.get_object(Bucket=self.source.bucket, Key=key, Range=f"bytes={start}-{end}")
             offset = start
             for chunk in response["Body"].iter_chunks(_BODY_CHUNK):
                 if offset + len(chunk) > end + 1:
                     raise TransientError(f"server sent more than the {expected} bytes asked for")
-                _pwrite_all(fetch.fd, chunk, offset)
+                _pwrite_all(fetch.fd, chunk, offset, fetch.temp)
                 offset += len(chunk)
             if offset != end + 1:
                 raise TransientError(f"short body: {offset - start} of {expected} bytes")
@@ -269,9 +279,13 @@ class _Stager:
 
     def _finish(self, fetch: _ShardFetch) -> bool:
         hashed, digest = fetch.sha256_when_hashed()  # before closing: the hashing thread reads through fd
-        os.fsync(fetch.fd)
-        os.close(fetch.fd)
-        fetch.fd = -1
+        try:
+            os.fsync(fetch.fd)
+        except OSError as exc:
+            raise _named(exc, fetch.temp) from exc
+        finally:
+            os.close(fetch.fd)
+            fetch.fd = -1
         if not hashed == fetch.info.bytes == fetch.temp.stat().st_size or digest != fetch.info.sha256:
             fetch.temp.unlink()
             return False
@@ -285,7 +299,12 @@ class _Stager:
         over every connection, down to min_part_bytes, so it arrives in the time of one small part."""
         temp = self.dest / f".{info.path}.{os.getpid()}.{attempt}{TEMP_SUFFIX}"
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.ftruncate(fd, info.bytes)
+        try:
+            os.ftruncate(fd, info.bytes)
+        except OSError as exc:
+            os.close(fd)
+            temp.unlink(missing_ok=True)
+            raise _named(exc, temp) from exc
         step = self.part_bytes
         if urgent:
             step = min(step, max(self.options.min_part_bytes, -(-info.bytes // self.options.workers)))
@@ -320,6 +339,8 @@ class _Stager:
         try:
             write_stager_state(self.dest, StagerState(budget=self.budget, ready=list(self.ready), done=done,
                                                       error=error))
+        except StateFileError as exc:  # DEST/.cache is a link or not a directory: never written through
+            raise DataToolError(exc.where, f"cannot hold the cache state: {exc.why}") from exc
         except OSError as exc:
             raise DataToolError(str(cache_dir(self.dest) / STAGER_STATE),
                                 f"cannot write the cache state: {exc.strerror or exc}") from exc
@@ -340,9 +361,10 @@ class _Stager:
                                 and now - self._plan_read_at < self.options.poll_interval_s):
             return
         self._plan_read_at = now
-        plan = read_checked_plan(self.dest, self.info)
+        plan = read_checked_plan(self.dest, self.info, self._plan_file)
         if plan != self.plan:
             self.plan = plan
+            self._plan_changed_at = now
             self.not_waiting()
 
     def order(self) -> list[str]:
@@ -471,7 +493,34 @@ class _Stager:
             what = "there was no plan" if self.plan is None else "the plan did not change"
             raise DataToolError(str(plan_path), f"{what} for {timeout:g}s while the cache was full and {name} waited "
                                                 f"for space (--wait-timeout); is the training container reading "
-                                                f"{self.dest}?")
+                                                f"{self.dest}?", runtime=True)
+
+    def waits_for_reader(self) -> bool:
+        """Nothing in flight and nothing to fetch, but the reader has not said it is done: serving, the stager waits
+        for the plan to move on (or for a first plan, from a reader that may never come)."""
+        return (self.serving and not self.futures and not self.pending
+                and not (self.plan is not None and self.plan.done))
+
+    def wait_for_reader(self) -> None:
+        """Log (once, and again when it lasts) and apply --wait-timeout while the stager waits for the reader: a
+        reader that never comes, or stopped moving, fails the stager instead of keeping it forever."""
+        now = time.monotonic()
+        plan_path = cache_dir(self.dest) / PLAN_STATE
+        if self._waiting_since is None:
+            self._waiting_since = max(now, self._plan_changed_at) if self.plan is not None else now
+        waited = now - self._waiting_since
+        what = "a plan" if self.plan is None else "the plan to move on"
+        if not self._told_reader_wait or (waited >= _LONG_WAIT_S and not self._told_long_wait):
+            self._told_long_wait = self._told_reader_wait
+            self._told_reader_wait = True
+            print(f"stage: every shard the reader wants is staged; waiting for {what} in {plan_path}"
+                  + (f" (for {waited:.0f}s now)" if waited >= 1 else ""), file=sys.stderr, flush=True)
+        timeout = self.options.wait_timeout_s
+        if timeout is not None and waited > timeout:
+            state = "there was no plan" if self.plan is None else "the plan did not change"
+            raise DataToolError(str(plan_path), f"{state} for {timeout:g}s while every shard it wants was staged "
+                                                f"(--wait-timeout); is the training container reading {self.dest}?",
+                                runtime=True)
 
     def run(self) -> StageResult:
         missing = sum(s.bytes for s in self.manifest.shards if s.path not in self.ready)
@@ -500,6 +549,8 @@ class _Stager:
                         continue
                     if waiting is not None:
                         self.wait_for_space(waiting)
+                    elif self.waits_for_reader():
+                        self.wait_for_reader()
                     else:
                         self.not_waiting()
                     if self.idle_done() != self.finished:
@@ -538,7 +589,7 @@ class _Stager:
             return
         if fetch.attempt >= self.options.shard_attempts:
             raise DataToolError(f"s3://{self.source.bucket}/{self.source.key(name)}",
-                                f"sha256 does not match the manifest after {fetch.attempt} downloads")
+                                f"sha256 does not match the manifest after {fetch.attempt} downloads", runtime=True)
         self.metrics.mismatches.inc()
         self._start_fetch(pool, fetch.info, attempt=fetch.attempt + 1)
 
@@ -566,15 +617,26 @@ class _Stager:
                 (self.dest / info.path).unlink(missing_ok=True)
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """pwrite may write less than asked (a file system close to full does); the next call then raises ENOSPC."""
+def _pwrite_all(fd: int, data: bytes, offset: int, path: Path) -> None:
+    """pwrite may write less than asked (a file system close to full does); the next call then raises ENOSPC.
+    An OSError names `path`."""
     view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written == 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[written:]
-        offset += written
+    try:
+        while view:
+            written = os.pwrite(fd, view, offset)
+            if written == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = view[written:]
+            offset += written
+    except OSError as exc:
+        raise _named(exc, path) from exc
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """`exc` with the file it concerns (an fd-level call's error carries no file name)."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror or str(exc), str(path))
 
 
 def _is_verified(path: Path, info: ShardInfo) -> bool:
@@ -596,27 +658,53 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
         _remove_stale_temps(dest, stager.names)
         if not stager.serving:
             (dest / MANIFEST_NAME).unlink(missing_ok=True)  # copy mode: a local manifest means "all shards here"
-            if cache_dir(dest).is_dir():  # nor may a reader trust the ready list of an earlier cache run
-                (cache_dir(dest) / STAGER_STATE).unlink(missing_ok=True)
+            _remove_cache_state(dest)  # nor may a reader trust the ready list of an earlier cache run
+    except StateFileError as exc:
+        raise DataToolError(exc.where, f"cannot hold the cache state: {exc.why}") from exc
     except OSError as exc:
-        raise DataToolError(str(dest), f"cannot prepare the staging directory: {exc.strerror}") from exc
+        raise DataToolError(str(dest), f"cannot prepare the staging directory: {exc.strerror}",
+                            runtime=is_runtime_oserror(exc)) from exc
+    if not stager.serving:
+        stager.resume()
+        result = stager.run()
+        atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+        return result
     try:
-        if stager.serving:
+        heartbeat = Heartbeat(dest, options.heartbeat_interval_s).__enter__()
+    except StateFileError as exc:
+        raise DataToolError(exc.where, f"cannot hold the cache state: {exc.why}") from exc
+    except OSError as exc:
+        raise DataToolError(str(cache_dir(dest)), f"cannot write the stager's heartbeat: {exc.strerror or exc}",
+                            runtime=is_runtime_oserror(exc)) from exc
+    try:
+        try:
             # First of all: nothing is ready (a stale stager.json, or a copy's manifest.json without one, must not let
             # a reader start on files this run has not verified yet).
             stager.publish()
-        stager.resume()
-        if stager.serving:
+            stager.resume()
             # The reader needs the manifest to start; stager.json, written first, says which shards are present.
             stager.publish()
             atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
-    except BaseException as exc:
-        stager.fail(exc)
-        raise
-    result = stager.run()
-    if not stager.serving:
-        atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
-    return result
+        except BaseException as exc:
+            stager.fail(exc)
+            raise
+        return stager.run()
+    finally:
+        heartbeat.__exit__(None, None, None)
+
+
+def _remove_cache_state(dest: Path) -> None:
+    """Remove DEST/.cache/stager.json of an earlier cache run, never through a link (`.cache` must be a directory
+    in DEST, or absent)."""
+    try:
+        dir_fd = open_dir(cache_dir(dest))
+    except FileNotFoundError:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(STAGER_STATE, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def _remove_stale_temps(dest: Path, names: list[str]) -> None:

@@ -17,6 +17,7 @@ from workloads.data.format import (
     sha256_file,
 )
 from workloads.data.s3 import DataToolError
+from workloads.data.statefile import StateFileError
 
 
 class VerifyError(DataToolError):
@@ -34,6 +35,8 @@ def read_manifest(directory: Path) -> Manifest:
         raise DataToolError(str(directory / MANIFEST_NAME), f"cannot read: {exc.strerror or exc}") from exc
     except ValidationError as exc:
         raise DataToolError(str(directory / MANIFEST_NAME), f"invalid manifest: {manifest_error(exc)}") from exc
+    except StateFileError as exc:
+        raise DataToolError(exc.where, exc.why) from exc
     except ValueError as exc:
         raise DataToolError(str(directory / MANIFEST_NAME), f"invalid manifest: {exc}") from exc
 

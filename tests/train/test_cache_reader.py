@@ -15,7 +15,7 @@ import torch
 
 from tests.moto_server import moto_server
 from workloads.data.cache import CacheReader, Plan, StagerState, read_plan, working_set_bytes, write_stager_state
-from workloads.data.dataset import DatasetError, HDF5Dataset
+from workloads.data.dataset import DataUnavailableError, HDF5Dataset
 from workloads.data.sampler import ElasticBatchSampler
 from workloads.train.__main__ import main, parse_args
 from workloads.train.loop import Reporter, train
@@ -67,14 +67,16 @@ def test_evicted_or_refetched_shards_are_closed_when_the_next_one_opens(staging:
 
 
 def test_a_failed_stager_or_a_timeout_is_a_named_error(staging: Path) -> None:
+    """Data that is not there now is a runtime failure (DataUnavailableError: the trainer exits 1 and the Job
+    retries), not a config error (DatasetError)."""
     write_stager_state(staging, StagerState(ready=[]))
-    with pytest.raises(DatasetError, match="shard-00000.h5: .*not staged after"):
+    with pytest.raises(DataUnavailableError, match="shard-00000.h5: .*not staged after"):
         HDF5Dataset(staging, shard_wait_s=0.1).__getitems__([0])
     write_stager_state(staging, StagerState(ready=[], error="s3://b/p: access denied"))
-    with pytest.raises(DatasetError, match="stager failed: s3://b/p: access denied"):
+    with pytest.raises(DataUnavailableError, match="stager failed: s3://b/p: access denied"):
         HDF5Dataset(staging).__getitems__([0])
     (staging / ".cache" / "stager.json").write_text('{"ready": "shard-00000.h5"}')
-    with pytest.raises(DatasetError, match="stager.json: ready: must be a list"):
+    with pytest.raises(DataUnavailableError, match="stager.json: ready: must be a list"):
         HDF5Dataset(staging, shard_wait_s=0.1).__getitems__([0])
 
 

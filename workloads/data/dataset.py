@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from workloads.data.cache import CacheReader, CacheStagerError, is_cached
+from workloads.data.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheReader, CacheStagerError, is_cached
 from workloads.data.decode_cache import DecodeCache, DecodeKey, ShardRows
 from workloads.data.format import (
     FORMAT_NAME,
@@ -37,6 +37,7 @@ from workloads.data.format import (
     manifest_error,
 )
 from workloads.data.jpeg import decode_into, fast_decoder_available
+from workloads.data.statefile import StateFileError
 from workloads.data.transforms import decode_file
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -45,7 +46,13 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 class DatasetError(ValueError):
-    """A dataset that cannot be read; the message names the file."""
+    """A dataset that cannot be read; the message names the file. A config error: retrying cannot help."""
+
+
+class DataUnavailableError(RuntimeError):
+    """The data cannot be read now, though nothing says it is wrong: the staging cache's stager failed, stopped or
+    left a state that cannot be served, or a shard was not staged in time. A runtime failure: a retry (a new pod,
+    with a new stager) may succeed. The message names the file waited for."""
 
 
 def uint8_batch(shape: Sequence[int], transport: Transport = "shm") -> torch.Tensor | np.ndarray:
@@ -127,7 +134,8 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         image_size: int | None = None,
         draft: bool = True,
         fast_decode: bool = True,
-        shard_wait_s: float | None = 3600.0,
+        shard_wait_s: float = SHARD_WAIT_S,
+        stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
         decode_cache: str | os.PathLike[str] | None = None,
         decode_cache_bytes: int | None = None,
     ) -> None:
@@ -137,6 +145,8 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
             self.manifest: Manifest = load_manifest(self.root)
         except FileNotFoundError as exc:
             raise DatasetError(f"{self.root / MANIFEST_NAME}: no manifest (is this a packed dataset?)") from exc
+        except StateFileError as exc:
+            raise DatasetError(f"{exc.where}: {exc.why}") from exc
         except ValueError as exc:
             raise DatasetError(f"{self.root / MANIFEST_NAME}: invalid manifest: {manifest_error(exc)}") from exc
         except OSError as exc:
@@ -154,7 +164,8 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         self.transport: Transport = "shm"
         self.shard_paths = [self.root / shard.path for shard in self.manifest.shards]
         # A staging cache fills this directory while we read (and may evict shards we are done with): wait for each.
-        self.cache = CacheReader(self.root) if is_cached(self.root) else None
+        self.cache = (CacheReader(self.root, heartbeat_timeout_s=stager_timeout_s) if is_cached(self.root)
+                      else None)
         self.shard_wait_s = shard_wait_s
         self.shard_starts = [shard.first_index for shard in self.manifest.shards]
         self.shard_sizes = [shard.num_samples for shard in self.manifest.shards]
@@ -230,8 +241,8 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         assert self.cache is not None
         try:
             ready = self.cache.ready()
-        except ValueError as exc:
-            raise DatasetError(str(exc)) from exc
+        except StateFileError as exc:
+            raise DataUnavailableError(str(exc)) from exc
         stale = [index for index, shard in self._open.items()
                  if self.manifest.shards[index].path not in ready or not _same_file(shard.fd, self.shard_paths[index])]
         for index in stale:
@@ -244,8 +255,9 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         if self.cache is not None:
             try:
                 self.cache.wait_ready(self.manifest.shards[shard_index].path, timeout=self.shard_wait_s)
-            except (TimeoutError, CacheStagerError, ValueError) as exc:
-                raise DatasetError(f"{path}: {exc}") from exc
+            except (TimeoutError, CacheStagerError, StateFileError) as exc:
+                text = str(exc)
+                raise DataUnavailableError(text if text.startswith(str(path)) else f"{path}: {text}") from exc
         try:
             handle = h5py.File(path, "r")
         except OSError as exc:

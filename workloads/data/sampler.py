@@ -18,7 +18,8 @@ are consecutive, so with `canonical_nodes` a multiple of the node count each nod
 streams. The concatenation of every step's global batch (the epoch order) depends on the global batch size but not
 on how it is split: 1, 2 or 4 nodes of any ranks and any number of DataLoader workers (they only load the batches
 this sampler yields) see the same order. Every sample is seen exactly once per epoch: nothing is padded or
-dropped; the last step is smaller (merged into the step before when it would leave a rank without a sample).
+dropped; the last step is smaller (merged into the step before when it would leave a rank with fewer than
+`min_rank_batch` samples: the trainer asks for 2, as BatchNorm cannot train on a batch of one).
 
 Resume is sample-exact: `state_dict(batches)` records how far each stream has been consumed, and
 `load_state_dict` continues from there, even with another world size or batch size (the remaining samples are
@@ -71,6 +72,7 @@ class ElasticBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         world_size: int = 1,
         local_world_size: int | None = None,
+        min_rank_batch: int = 1,
     ) -> None:
         sizes = [int(size) for size in shard_sizes]
         if not sizes or min(sizes) < 0 or sum(sizes) <= 0:
@@ -85,8 +87,12 @@ class ElasticBatchSampler(Sampler[list[int]]):
         local = local_world_size or world_size
         if local <= 0 or world_size % local:
             raise ValueError(f"local_world_size: {local} does not divide the world size {world_size}")
-        if sum(sizes) < world_size:
-            raise ValueError(f"shard_sizes: {sum(sizes)} samples cannot give each of {world_size} ranks one")
+        if not isinstance(min_rank_batch, int) or min_rank_batch <= 0:
+            raise ValueError(f"min_rank_batch: must be a positive integer, got {min_rank_batch!r}")
+        min_rank_batch = min(min_rank_batch, batch_size)
+        if sum(sizes) < world_size * min_rank_batch:
+            raise ValueError(f"shard_sizes: {sum(sizes)} samples cannot give each of {world_size} ranks "
+                             f"{min_rank_batch}")
         if batch_size * world_size < canonical_nodes:
             raise ValueError(f"canonical_nodes: {canonical_nodes} streams need a global batch of at least as many "
                              f"samples, got {batch_size} x {world_size} ranks")
@@ -97,6 +103,7 @@ class ElasticBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.world_size = world_size
         self.local_world_size = local
+        self.min_rank_batch = min_rank_batch
         self.order = OrderConfig(seed=seed, shuffle=shuffle, shuffle_shards=shuffle_shards,
                                  block_size=block_size, canonical_nodes=canonical_nodes)
         self.epoch = 0
@@ -170,9 +177,10 @@ class ElasticBatchSampler(Sampler[list[int]]):
                 offsets[number] = min(len(stream), offsets[number] + chunk[number])
             ends = tuple(np.cumsum([len(part) for part in parts]).tolist())
             steps.append(_Step(np.concatenate(parts), tuple(offsets), ends))
-        if len(steps) >= 2 and len(steps[-1].batch) < self.world_size:
-            # A rank would get nothing: the step before takes these samples too (appended, so the order is the
-            # same as without merging, whatever the world size).
+        if len(steps) >= 2 and len(steps[-1].batch) < self.world_size * self.min_rank_batch:
+            # A rank would get fewer than min_rank_batch samples (BatchNorm cannot train on one): the step before
+            # takes these samples too (appended, so the order is the same as without merging, whatever the world
+            # size).
             last = steps.pop()
             steps[-1] = _Step(np.concatenate([steps[-1].batch, last.batch]), last.offsets, None)
         if len(self._steps_cache) >= 2:
@@ -192,7 +200,8 @@ class ElasticBatchSampler(Sampler[list[int]]):
             pieces = [piece for node in range(nodes)
                       for piece in np.array_split(step.batch[bounds[node * per_node] : bounds[(node + 1) * per_node]],
                                                   self.local_world_size)]
-            if all(len(piece) for piece in pieces):
+            if all(len(piece) >= min(self.min_rank_batch, len(step.batch) // self.world_size) for piece in pieces) \
+                    and all(len(piece) for piece in pieces):
                 return pieces
         return np.array_split(step.batch, self.world_size)
 

@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from workloads.cli import size_arg
 from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec.network import job_network_policy
 from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
@@ -163,7 +164,9 @@ def _train_args(spec: TrainingJobSpec) -> list[str]:
         # The sidecar writes the manifest once it has the first shards; the trainer may start before that.
         implied += ["--wait-for-data", str(CACHE_START_TIMEOUT_S)]
     if spec.dataset is not None and spec.dataset.decoded_size is not None and "--decode-cache" not in args:
-        implied += ["--decode-cache", DECODED_MOUNT, "--decode-cache-size", spec.dataset.decoded_size]
+        # In the trainer's size rule (a bare number is GiB), not the quantity's (a bare number is bytes).
+        implied += ["--decode-cache", DECODED_MOUNT, "--decode-cache-size",
+                    size_arg(quantity_bytes(spec.dataset.decoded_size))]
     checkpoint = spec.checkpoint
     if checkpoint is not None and checkpoint.claim_name is not None and "--checkpoint-dir" not in args:
         implied += ["--checkpoint-dir", checkpoint.mount_path]

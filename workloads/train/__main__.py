@@ -2,7 +2,7 @@
 
 Under torchrun every rank runs this; rank 0 prints and writes checkpoints. Bad arguments or data exit with
 $CONFIG_ERROR_EXIT_CODE (the rendered Jobs set it, and their podFailurePolicy fails the Job at once instead of
-retrying), or 2 when it is not set.
+retrying), or 2 when it is not set. Every other failure exits 1 (RUNTIME_EXIT_CODE), which a Job retries.
 """
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ import argparse
 import math
 import os
 import sys
+import traceback
 from pathlib import Path
 
-from workloads.data.dataset import DatasetError
+from workloads.cli import parse_size
+from workloads.data.cache import CacheStagerError, CacheTooSmall
+from workloads.data.dataset import DatasetError, DataUnavailableError
 from workloads.data.s3 import DataToolError
+from workloads.data.statefile import StateFileError
 from workloads.metrics_http import metrics_addr, port_number
-from workloads.quantity import parse_quantity
-from workloads.train.checkpoint import CheckpointStoreError
-from workloads.train.loop import Distributed, TrainConfig, train
+from workloads.train.checkpoint import CheckpointError, CheckpointStoreError
+from workloads.train.loop import ConfigError, Distributed, TrainConfig, TrainingDiverged, train
 from workloads.train.metrics import METRICS_PORT_ENV, TrainMetrics, metrics_port_for
 from workloads.train.models import MODELS
 
@@ -39,9 +42,11 @@ output:
 
 exit status:
   0  done
-  $CONFIG_ERROR_EXIT_CODE (2)  bad argument, dataset, or checkpoint (damaged, foreign, newer format), or a loss
-     that became NaN/inf: retrying cannot help
-  1  the checkpoint destination failed (disk full, object store unreachable): a retry may succeed
+  $CONFIG_ERROR_EXIT_CODE (2)  bad argument, dataset, or checkpoint (damaged, foreign, newer format, another
+     dataset), or a loss that became NaN/inf: retrying cannot help
+  1  anything else, which a retry may fix: the checkpoint destination failed (disk full, object store
+     unreachable), the staging cache's stager failed or stopped, a shard or the manifest did not arrive in time,
+     an error inside PyTorch
 """
 
 
@@ -66,14 +71,9 @@ def _positive_float(text: str) -> float:
     return _finite_float(text, strictly=True)
 
 
-def _bytes_quantity(text: str) -> int:
-    try:
-        value = int(parse_quantity(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 bytes, got {text!r}")
-    return value
+def _size(text: str) -> int:
+    """A size flag, by the rule every size flag follows (workloads.cli.parse_size: a bare number is GiB)."""
+    return parse_size(text, minimum=1)
 
 
 def _non_negative_float(text: str) -> float:
@@ -99,14 +99,18 @@ def _port_from_env(parser: argparse.ArgumentParser) -> int:
         raise  # unreachable: error() exits
 
 
+RUNTIME_EXIT_CODE = 1  # a failure a retry may fix; never the config-error code
+
+
 def config_error_exit_code() -> int:
-    """$CONFIG_ERROR_EXIT_CODE when it is a failure code (1-255); else 2: a config error never exits 0 (success)
-    nor a code the shell wraps (300 -> 44)."""
+    """$CONFIG_ERROR_EXIT_CODE when it is a usable failure code (2-125); else 2: a config error never exits 0
+    (success), nor 1 (the runtime failures' code, which the Job retries), nor a code the shell wraps (300 -> 44)
+    or uses for signals (128 + n)."""
     try:
         code = int(os.environ.get("CONFIG_ERROR_EXIT_CODE", "2"))
     except ValueError:
         return 2
-    return code if 1 <= code <= 255 else 2
+    return code if 2 <= code <= 125 else 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,7 +148,23 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         type=_non_negative_float,
         default=0.0,
         metavar="SECONDS",
-        help="wait up to this long for DATA/manifest.json to appear (a staging-cache sidecar is starting)",
+        help="wait up to this long for DATA/manifest.json to appear (a staging-cache sidecar is starting); "
+             "fails at once (exit 1) when the stager reports an error or no stager is running",
+    )
+    parser.add_argument(
+        "--shard-timeout",
+        type=_positive_float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="staging cache: the longest wait for one shard to be staged (default 3600); then exit 1",
+    )
+    parser.add_argument(
+        "--stager-timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="staging cache: no stager heartbeat for this long while waiting means no stager is running (killed, "
+             "out of memory): exit 1 instead of waiting for --shard-timeout (default 60)",
     )
     parser.add_argument(
         "--decode-cache",
@@ -155,10 +175,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     )
     parser.add_argument(
         "--decode-cache-size",
-        type=_bytes_quantity,
+        type=_size,
         default=None,
-        metavar="QUANTITY",
-        help="the decode cache's budget, e.g. 20Gi (shards that do not fit are decoded every epoch)",
+        metavar="SIZE",
+        help="the decode cache's budget: GiB, or e.g. 20GiB, 20Gi, 512MiB, 500MB (the rule of every size flag); "
+             "shards that do not fit are decoded every epoch",
     )
     parser.add_argument(
         "--shuffle-shards",
@@ -227,6 +248,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         shuffle_shards=args.shuffle_shards,
         canonical_nodes=args.canonical_nodes,
         wait_for_data_s=args.wait_for_data,
+        shard_wait_s=args.shard_timeout,
+        stager_timeout_s=args.stager_timeout,
         decode_cache=args.decode_cache,
         decode_cache_bytes=args.decode_cache_size,
         lr=args.lr,
@@ -254,12 +277,19 @@ def main(argv: list[str] | None = None) -> int:
         if port:
             metrics.serve(port, config.metrics_addr)
         train(config, metrics=metrics)
-    except (DatasetError, DataToolError, ValueError) as exc:
+    except (CheckpointStoreError, DataUnavailableError, CacheStagerError, TimeoutError) as exc:
+        _print_error(exc)
+        return RUNTIME_EXIT_CODE
+    except DataToolError as exc:
+        _print_error(exc)
+        return RUNTIME_EXIT_CODE if exc.runtime else config_error_exit_code()
+    except (DatasetError, ConfigError, CheckpointError, TrainingDiverged, CacheTooSmall, StateFileError) as exc:
         _print_error(exc)
         return config_error_exit_code()
-    except CheckpointStoreError as exc:
-        _print_error(exc)
-        return 1
+    except Exception as exc:  # a failure inside PyTorch, the OS, ...: not the input's fault, so a retry may help
+        traceback.print_exc(file=sys.stderr)
+        _print_error(exc, prefix=type(exc).__name__)
+        return RUNTIME_EXIT_CODE
     finally:
         metrics.close()
     return 0
@@ -277,8 +307,11 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _print_error(exc: BaseException) -> None:
+def _print_error(exc: BaseException, prefix: str | None = None) -> None:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if prefix is not None:
+        print(f"error: {prefix}: {text}", file=sys.stderr)
+        return
     where, _, why = text.partition(": ")
     print(f"error: {where}: {why}" if why else f"error: {text}", file=sys.stderr)
 

@@ -18,6 +18,7 @@ import io
 import os
 import random
 import secrets
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from botocore.config import Config
 
 from workloads.data.format import fsync_dir
 from workloads.data.s3 import DataToolError, error_code, make_client, parse_s3_uri
+from workloads.data.statefile import StateFileError, read_regular
 
 CHECKPOINT_NAME = "last.pt"
 SIDECAR_SUFFIX = ".sha256"
@@ -117,16 +119,45 @@ def _sidecar_text(digests: list[str], name: str) -> bytes:
     return "".join(f"{digest}  {name}\n" for digest in digests).encode()
 
 
+SIDECAR_MAX_BYTES = 64 << 10  # a few digest lines; anything larger is not a sidecar
+
+
 def read_sidecar(target: Path) -> list[str] | None:
-    """The digests the sidecar accepts for `target`; None when there is no sidecar."""
+    """The digests the sidecar accepts for `target`; None when there is no sidecar. Read as untrusted input (a
+    regular file only, never through a link, never blocking on a FIFO, bounded); CheckpointError naming the
+    sidecar for anything else."""
+    sidecar = sidecar_path(target)
     try:
-        text = sidecar_path(target).read_text()
-    except FileNotFoundError:
+        payload, _ = read_regular(sidecar, SIDECAR_MAX_BYTES)
+    except StateFileError as exc:
+        raise CheckpointError(f"{sidecar}: not a sha256 sidecar: {exc.why}") from None
+    if payload is None:
         return None
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{sidecar}: not a sha256 sidecar: not UTF-8 text (byte {exc.start})") from None
     digests = [line.split()[0].lower() for line in text.splitlines() if line.strip()]
     if not digests or any(len(d) != 64 or any(c not in "0123456789abcdef" for c in d) for d in digests):
-        raise CheckpointError(f"{sidecar_path(target)}: not a sha256 sidecar")
+        raise CheckpointError(f"{sidecar}: not a sha256 sidecar")
     return digests
+
+
+def _checkpoint_present(target: Path) -> bool:
+    """Whether there is a checkpoint file at `target`; CheckpointError when something else is there (a directory,
+    a FIFO that would block the read, a device, a dangling link)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        if os.path.lexists(target):
+            raise CheckpointError(f"{target}: a symbolic link to nothing, not a checkpoint file") from None
+        return False
+    except OSError as exc:
+        raise CheckpointError(f"{target}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise CheckpointError(f"{target}: {kind}, not a checkpoint file")
+    return True
 
 
 def remove_stale_temps(directory: Path) -> None:
@@ -200,7 +231,7 @@ def load_checkpoint(
 ) -> dict[str, Any] | None:
     """The verified checkpoint in `directory`, or None when there is none. Raises CheckpointError."""
     target = Path(directory) / CHECKPOINT_NAME
-    if not target.exists():
+    if not _checkpoint_present(target):
         return None
     if verify:
         warning = verify_checkpoint(target, allow_unverified=allow_unverified)

@@ -8,6 +8,7 @@ present.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,10 +28,18 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from workloads.data.cache import CacheFeeder
-from workloads.data.dataset import DatasetError, HDF5Dataset, JpegFolderDataset, make_loader, to_tensors
+from workloads.data.cache import CacheFeeder, heartbeat_age, is_cached, read_stager_state
+from workloads.data.dataset import (
+    DatasetError,
+    DataUnavailableError,
+    HDF5Dataset,
+    JpegFolderDataset,
+    make_loader,
+    to_tensors,
+)
 from workloads.data.format import MANIFEST_NAME
 from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.statefile import StateFileError
 from workloads.data.transforms import random_resized_crop_flip_normalize
 from workloads.train.checkpoint import (
     CHECKPOINT_NAME,
@@ -63,6 +72,8 @@ class TrainConfig:
     image_size: int | None = None  # decode size for JPEG sources (encoded shards, folders)
     block_size: int = 1  # samples shuffled in blocks of this many consecutive ones (1: one by one)
     wait_for_data_s: float = 0.0  # wait this long for DATA/manifest.json (a staging sidecar is starting)
+    shard_wait_s: float = 3600.0  # staging cache: the longest wait for one shard
+    stager_timeout_s: float = 60.0  # staging cache: no stager heartbeat for this long means no stager is running
     decode_cache: str | None = None  # encoded datasets: directory where decoded samples are kept (see decode_cache.py)
     decode_cache_bytes: int | None = None  # its budget
     shuffle_shards: int = 4  # shards whose samples are shuffled together (see workloads/data/sampler.py)
@@ -90,29 +101,36 @@ class TrainConfig:
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"--{name.replace('_', '-')}: must be a positive integer, got {value!r}")
+                raise ConfigError(f"--{name.replace('_', '-')}: must be a positive integer, got {value!r}")
         for name in ("workers", "checkpoint_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
-                raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {value!r}")
+                raise ConfigError(f"--{name.replace('_', '-')}: must be >= 0, got {value!r}")
         if not isinstance(self.metrics_port, int) or not 0 <= self.metrics_port < 65536:
-            raise ValueError(f"--metrics-port: must be a TCP port (1-65535) or 0 for off, got {self.metrics_port!r}")
+            raise ConfigError(f"--metrics-port: must be a TCP port (1-65535) or 0 for off, got {self.metrics_port!r}")
         for name, value in (("image_size", self.image_size), ("stop_after_steps", self.stop_after_steps),
                             ("canonical_nodes", self.canonical_nodes)):
             if value is not None and value <= 0:
-                raise ValueError(f"--{name.replace('_', '-')}: must be positive, got {value!r}")
+                raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {value!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"--lr: must be a finite number > 0, got {self.lr!r}")
+            raise ConfigError(f"--lr: must be a finite number > 0, got {self.lr!r}")
         if not (math.isfinite(self.momentum) and self.momentum >= 0):
-            raise ValueError(f"momentum: must be a finite number >= 0, got {self.momentum!r}")
+            raise ConfigError(f"momentum: must be a finite number >= 0, got {self.momentum!r}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise ValueError(f"weight_decay: must be a finite number >= 0, got {self.weight_decay!r}")
+            raise ConfigError(f"weight_decay: must be a finite number >= 0, got {self.weight_decay!r}")
         if (self.decode_cache is None) != (self.decode_cache_bytes is None):
-            raise ValueError("--decode-cache and --decode-cache-size: give both or neither")
+            raise ConfigError("--decode-cache and --decode-cache-size: give both or neither")
         if self.decode_cache_bytes is not None and self.decode_cache_bytes <= 0:
-            raise ValueError(f"--decode-cache-size: must be more than 0 bytes, got {self.decode_cache_bytes!r}")
+            raise ConfigError(f"--decode-cache-size: must be more than 0 bytes, got {self.decode_cache_bytes!r}")
         if not (math.isfinite(self.wait_for_data_s) and self.wait_for_data_s >= 0):
-            raise ValueError(f"--wait-for-data: must be a finite number of seconds >= 0, got {self.wait_for_data_s!r}")
+            raise ConfigError(f"--wait-for-data: must be a finite number of seconds >= 0, got {self.wait_for_data_s!r}")
+        for flag, seconds in (("--shard-timeout", self.shard_wait_s), ("--stager-timeout", self.stager_timeout_s)):
+            if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
+                raise ConfigError(f"{flag}: must be a finite number of seconds > 0, got {seconds!r}")
+
+
+class ConfigError(ValueError):
+    """A bad argument or setting: the CLI exits with the config-error code (the Job fails at once, no retry)."""
 
 
 class TrainingDiverged(ValueError):
@@ -166,16 +184,55 @@ class Reporter:
             self.stream.flush()
 
 
+MIN_RANK_BATCH = 2  # samples per rank and step the sampler keeps to (a tail step is merged into the one before)
+_NOTICE_AFTER_S = 10.0  # a wait this long is logged, then every minute
+
+
+def wait_for_manifest(manifest: Path, timeout_s: float, stager_timeout_s: float,
+                      notice_after_s: float = _NOTICE_AFTER_S) -> bool:
+    """Wait up to `timeout_s` for a staging sidecar to write `manifest`; True once it is there. While waiting, the
+    stager's state and heartbeat are re-checked (a stager that failed, or none running, is a DataUnavailableError at
+    once rather than at the deadline) and the wait is logged."""
+    root = manifest.parent
+    started = time.monotonic()
+    next_notice = started + notice_after_s
+    while not os.path.lexists(manifest):
+        now = time.monotonic()
+        waited = now - started
+        if now >= started + timeout_s:
+            return False
+        if is_cached(root):
+            try:
+                state = read_stager_state(root)
+            except StateFileError as exc:
+                raise DataUnavailableError(str(exc)) from exc
+            if state is not None and state.error:
+                raise DataUnavailableError(f"{manifest}: the stager failed: {state.error}")
+            age = heartbeat_age(root)
+            if (waited if age is None else age) > stager_timeout_s:
+                raise DataUnavailableError(f"{manifest}: not written, and no stager is running (no heartbeat for "
+                                           f"{waited if age is None else age:.0f}s)")
+        if now >= next_notice:
+            print(f"waiting for {manifest} (a staging sidecar writes it; {waited:.0f}s of {timeout_s:g}s, "
+                  "--wait-for-data)", file=sys.stderr, flush=True)
+            next_notice = now + 60.0
+        time.sleep(0.05)
+    return True
+
+
 def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
     path = Path(config.data)
     manifest = path if path.name == MANIFEST_NAME else path / MANIFEST_NAME
-    deadline = time.monotonic() + config.wait_for_data_s
-    while not manifest.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)  # a staging sidecar writes the manifest once the first state is in place
+    if config.wait_for_data_s > 0 and not wait_for_manifest(manifest, config.wait_for_data_s, config.stager_timeout_s):
+        folder = path.is_dir() and any(entry.is_dir() and not entry.name.startswith(".") for entry in path.iterdir())
+        if not folder:
+            raise DataUnavailableError(f"{manifest}: did not appear within {config.wait_for_data_s:g}s "
+                                       "(--wait-for-data); is the staging sidecar running?")
     dataset: HDF5Dataset | JpegFolderDataset
-    if manifest.exists():
+    if os.path.lexists(manifest):
         dataset = HDF5Dataset(path, image_size=config.image_size, draft=True, decode_cache=config.decode_cache,
-                              decode_cache_bytes=config.decode_cache_bytes)
+                              decode_cache_bytes=config.decode_cache_bytes, shard_wait_s=config.shard_wait_s,
+                              stager_timeout_s=config.stager_timeout_s)
         if len(dataset) == 0:
             raise DatasetError(f"{path}: the manifest lists no samples")
         if not dataset.classes:
@@ -189,25 +246,34 @@ def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
 
 
 _WORKER_TRACEBACK = "Original Traceback (most recent call last):"
-_ONE_LINE_ERRORS = ("DatasetError", "DataToolError", "ValueError", "CacheStagerError", "CacheTooSmall", "TimeoutError")
+_ONE_LINE_ERRORS = ("DatasetError", "DataToolError", "ValueError", "CacheTooSmall", "StateFileError")
+# Raised in a worker, these say the data is not there now (a stager that failed or stopped, a shard not staged in
+# time): a runtime failure, retried, not a config error.
+_UNAVAILABLE_ERRORS = ("DataUnavailableError", "CacheStagerError", "TimeoutError")
 
 
-def worker_error_line(exc: BaseException) -> str | None:
+def worker_error(exc: BaseException) -> tuple[str, str] | None:
     """For an exception a DataLoader worker re-raised here (its message is the worker's whole traceback): the
-    original error's own message, when it is one the CLI reports as one line; else None."""
+    original error's class name and its own message, when it is one the CLI reports as one line; else None."""
     text = str(exc)
     if _WORKER_TRACEBACK not in text:
         return None
     last = [line for line in text.splitlines() if line.strip()][-1]
     name, sep, message = last.partition(": ")
-    if not sep or name.rsplit(".", 1)[-1] not in _ONE_LINE_ERRORS:
+    name = name.rsplit(".", 1)[-1]
+    if not sep or name not in _ONE_LINE_ERRORS + _UNAVAILABLE_ERRORS:
         return None
-    return message
+    return name, message
+
+
+def worker_error_line(exc: BaseException) -> str | None:
+    found = worker_error(exc)
+    return None if found is None else found[1]
 
 
 def _batches(loader: Any) -> Any:
-    """Iterate the loader; a dataset error from a worker comes out as the same one-line DatasetError that
-    --workers 0 raises."""
+    """Iterate the loader; a dataset error from a worker comes out as the same one-line error that --workers 0
+    raises: DataUnavailableError (runtime) for data that is not there now, DatasetError (config) otherwise."""
     iterator = iter(loader)
     while True:
         try:
@@ -215,9 +281,12 @@ def _batches(loader: Any) -> Any:
         except StopIteration:
             return
         except Exception as exc:
-            line = worker_error_line(exc)
-            if line is None:
+            found = worker_error(exc)
+            if found is None:
                 raise
+            name, line = found
+            if name in _UNAVAILABLE_ERRORS:
+                raise DataUnavailableError(line) from None
             raise DatasetError(line) from None
         yield batch
 
@@ -234,6 +303,12 @@ def check_checkpoint_dir(directory: str) -> None:
         probe.unlink()
     except OSError as exc:
         raise CheckpointError(f"--checkpoint-dir: {path}: not writable: {exc.strerror or exc}") from exc
+
+
+def _batchnorm_training(model: nn.Module, training: bool) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.train(training)
 
 
 def _gpu_utilisation(device: torch.device) -> float | None:
@@ -286,17 +361,22 @@ def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, r
     """Dataset index, sampler, shared-memory check and loader (the study's data_preparation)."""
     dataset = open_dataset(config)
     # A folder of files is one "shard": its samples are shuffled one by one across the whole folder.
-    sampler = ElasticBatchSampler(
-        dataset.shard_sizes if isinstance(dataset, HDF5Dataset) else [len(dataset)],
-        config.batch_size,
-        seed=config.seed,
-        shuffle_shards=config.shuffle_shards,
-        block_size=config.block_size,
-        canonical_nodes=config.canonical_nodes or env.nodes,
-        rank=env.rank,
-        world_size=env.world_size,
-        local_world_size=env.local_world_size,
-    )
+    try:
+        sampler = ElasticBatchSampler(
+            dataset.shard_sizes if isinstance(dataset, HDF5Dataset) else [len(dataset)],
+            config.batch_size,
+            seed=config.seed,
+            shuffle_shards=config.shuffle_shards,
+            block_size=config.block_size,
+            canonical_nodes=config.canonical_nodes or env.nodes,
+            rank=env.rank,
+            world_size=env.world_size,
+            local_world_size=env.local_world_size,
+            min_rank_batch=MIN_RANK_BATCH,  # BatchNorm cannot train on a batch of one: no such tail batch
+        )
+    except ValueError as exc:
+        field, _, why = str(exc).partition(": ")
+        raise ConfigError(f"--{field.replace('_', '-')}: {why}" if why else str(exc)) from exc
     batch_bytes = config.batch_size * dataset.image_size * dataset.image_size * 3
     plan = plan_shared_memory(batch_bytes, config.workers, config.prefetch_factor, shm_available_bytes())
     reporter.emit(
@@ -372,8 +452,54 @@ def _prepare_model(
     return state
 
 
-def _dataset_identity(dataset: HDF5Dataset | JpegFolderDataset) -> dict[str, Any]:
-    return {"classes": list(dataset.classes), "num_samples": len(dataset)}
+def dataset_identity(dataset: HDF5Dataset | JpegFolderDataset) -> dict[str, Any]:
+    """What the checkpoint records of the dataset, by content: a packed dataset's layout, classes and every shard's
+    sha256 and sample count, in manifest order (the global sample order is a function of exactly these); a folder's
+    classes and every file's path and size. `digest` covers all of it."""
+    if isinstance(dataset, HDF5Dataset):
+        manifest = dataset.manifest
+        record: dict[str, Any] = {
+            "kind": "packed", "layout": manifest.layout, "classes": list(manifest.classes),
+            "num_samples": manifest.num_samples,
+            "shards": [[shard.sha256, shard.num_samples] for shard in manifest.shards],
+        }
+    else:
+        files = hashlib.sha256()
+        for file, label in dataset.samples:
+            relative = os.path.relpath(file, dataset.root)
+            try:
+                size = os.stat(file).st_size
+            except OSError:
+                size = -1
+            files.update(f"{relative}\t{size}\t{label}\n".encode(errors="surrogateescape"))
+        record = {"kind": "folder", "classes": list(dataset.classes), "num_samples": len(dataset),
+                  "files": files.hexdigest()}
+    record["digest"] = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+    return record
+
+
+def _identity_difference(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    """What differs between two dataset records, in a few words."""
+    if saved.get("kind") != now["kind"]:
+        return f"a {saved.get('kind')} dataset then, a {now['kind']} one now"
+    if saved.get("classes") != now["classes"]:
+        return "other classes"
+    if saved.get("num_samples") != now["num_samples"]:
+        return f"{saved.get('num_samples')} samples then, {now['num_samples']} now"
+    if now["kind"] == "folder":
+        return "other files (paths or sizes)"
+    if saved.get("layout") != now["layout"]:
+        return f"layout {saved.get('layout')} then, {now['layout']} now"
+    before, after = saved.get("shards") or [], now["shards"]
+    if len(before) != len(after):
+        return f"{len(before)} shards then, {len(after)} now (another shard layout)"
+    if sorted(map(tuple, before)) == sorted(map(tuple, after)):
+        return "the same shards in another order"
+    for number, (then, here) in enumerate(zip(before, after, strict=True)):
+        if list(then) != list(here):
+            return (f"shard {number} differs (sha256 {str(then[0])[:12]}... with {then[1]} samples then, "
+                    f"{here[0][:12]}... with {here[1]} now)")
+    return "another dataset record"
 
 
 def check_resumable(
@@ -381,19 +507,26 @@ def check_resumable(
     where: Path,
 ) -> None:
     """A checkpoint of another model, width or dataset is refused (a config error, so the Job fails at once instead
-    of retrying), and so is a mid-epoch checkpoint without the loader position an exact resume needs. Another
-    world size or batch size is fine: the sampler continues with exactly the samples not yet seen."""
+    of retrying), and so is a mid-epoch checkpoint without the loader position an exact resume needs. The dataset
+    must be the one the checkpoint records by content (every shard's sha256, sample count and place); a checkpoint
+    without such a record is refused. Another world size or batch size is fine: the sampler continues with exactly
+    the samples not yet seen."""
     before = saved["config"]
     for name, now in (("model", config.model), ("width", config.width)):
         then = before.get(name, now)
         if then != now:
             raise CheckpointError(f"--{name}: {where} was written with --{name} {then}, this run has {now}")
     identity = saved.get("dataset")
-    if identity is not None and identity != _dataset_identity(dataset):
+    current = dataset_identity(dataset)
+    if not isinstance(identity, dict) or not isinstance(identity.get("digest"), str):
+        held = "no record of its dataset" if identity is None else "its dataset only by class names and sample count"
         raise CheckpointError(
-            f"--data: {where} was trained on another dataset ({identity['num_samples']} samples, classes "
-            f"{', '.join(identity['classes'][:4])}{'...' if len(identity['classes']) > 4 else ''}) than {config.data}"
+            f"--resume: {where} holds {held} (written by an older trainer), so resuming cannot check that "
+            f"{config.data} holds the same samples in the same order; resume it with that trainer, or start afresh"
         )
+    if identity["digest"] != current["digest"]:
+        raise CheckpointError(f"--data: {where} was trained on another dataset than {config.data}: "
+                              f"{_identity_difference(identity, current)}")
     if saved["batch"] > 0 and saved["epoch"] < config.epochs and not isinstance(saved.get("loader"), dict):
         raise CheckpointError(
             f"--resume: {where} stopped mid-epoch ({saved['epoch']}, batch {saved['batch']}) without the loader "
@@ -429,7 +562,7 @@ def check_worker_tmpdir(workers: int) -> None:
     tmp = tempfile.gettempdir()
     if len(tmp) + _WORKER_SOCKET_SUFFIX > _SOCKET_PATH_MAX:
         limit = _SOCKET_PATH_MAX - _WORKER_SOCKET_SUFFIX
-        raise ValueError(f"TMPDIR: {tmp}: {len(tmp)} characters, too long for the data workers' sockets "
+        raise ConfigError(f"TMPDIR: {tmp}: {len(tmp)} characters, too long for the data workers' sockets "
                          f"(at most {limit}); point TMPDIR at a shorter directory or use --workers 0")
 
 
@@ -441,14 +574,14 @@ def train(
     `metrics` receives every step's figures (the CLI serves them over HTTP); without it they go to a private
     registry nobody reads, which keeps the loop free of "is monitoring on" branches."""
     if config.model not in MODELS:
-        raise ValueError(f"--model: unknown model {config.model!r} (choose from {', '.join(MODELS)})")
+        raise ConfigError(f"--model: unknown model {config.model!r} (choose from {', '.join(MODELS)})")
     if config.amp not in (None, "bf16"):
-        raise ValueError(f"--amp: unsupported {config.amp!r} (only bf16)")
+        raise ConfigError(f"--amp: unsupported {config.amp!r} (only bf16)")
     if config.checkpoint_uri and not config.checkpoint_dir:
         # Only a mirror was given: checkpoints are written locally first, then uploaded.
         config = replace(config, checkpoint_dir=str(Path(tempfile.gettempdir()) / "ml-cluster-checkpoints"))
     if config.resume and not config.checkpoint_dir:
-        raise ValueError("--resume: needs --checkpoint-dir or --checkpoint-uri")
+        raise ConfigError("--resume: needs --checkpoint-dir or --checkpoint-uri")
     config.validate()
     check_worker_tmpdir(config.workers)
     env = Distributed.from_env()
@@ -492,6 +625,8 @@ def train(
         parameters=sum(p.numel() for p in state.core.parameters()),
     )
 
+    identity = dataset_identity(data.dataset)
+
     def checkpoint(epoch: int, batch: int, loader: dict[str, Any] | None) -> float:
         """Rank 0 writes; returns the seconds spent (reported apart from data and compute time)."""
         started = time.perf_counter()
@@ -508,7 +643,7 @@ def train(
                         "rng": capture_rng(),
                         "config": asdict(config),
                         "world_size": env.world_size,
-                        "dataset": _dataset_identity(data.dataset),
+                        "dataset": identity,
                         "loader": loader,
                         "canonical_nodes": sampler.canonical_nodes,
                     },
@@ -576,10 +711,20 @@ def train(
                 dtype=input_dtype,
                 channels_last=config.channels_last,
             )
-            with torch.autocast(
-                device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
-            ):
-                loss = criterion(state.model(inputs), labels)
+            # The sampler never makes a step of one sample per rank unless one sample is all that is left (an
+            # elastic resume near an epoch's end): BatchNorm then uses its running statistics for this step
+            # instead of failing on a batch it cannot normalise.
+            lone = len(labels) < MIN_RANK_BATCH
+            if lone:
+                _batchnorm_training(state.core, False)
+            try:
+                with torch.autocast(
+                    device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
+                ):
+                    loss = criterion(state.model(inputs), labels)
+            finally:
+                if lone:
+                    _batchnorm_training(state.core, True)
             loss_value = float(loss.detach())
             finite = math.isfinite(loss_value)
             if env.world_size > 1:  # every rank stops together, before any rank steps

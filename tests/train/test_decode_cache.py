@@ -14,7 +14,7 @@ import torch
 from tests.train.conftest import IMAGE_SIZE
 from workloads.data import dataset as dataset_module
 from workloads.data.dataset import DatasetError, HDF5Dataset, make_loader, to_tensors
-from workloads.data.decode_cache import SUFFIX, DecodeCache, DecodeKey
+from workloads.data.decode_cache import KEPT, SUFFIX, DecodeCache, DecodeKey
 from workloads.data.sampler import ElasticBatchSampler
 
 ROW = IMAGE_SIZE * IMAGE_SIZE * 3
@@ -68,8 +68,9 @@ def test_worker_processes_share_the_cache(tiny_data: dict[str, Path], tmp_path: 
     again.__getitems__([0])  # opens this process's descriptors
     assert all(rows is not None for rows in again._rows.values())
     kept = [again._shard_rows(index) for index in range(len(again.shard_sizes))]
-    flags = [os.pread(rows.fd, rows.num_samples, 0) for rows in kept if rows is not None]
-    assert b"".join(flags) == b"\x01" * len(again)
+    flags = [int.from_bytes(os.pread(rows.fd, 8, rows._entry_offset(k))[4:], "little") == KEPT
+             for rows in kept if rows is not None for k in range(rows.num_samples)]
+    assert flags == [True] * len(again)
     second = _epoch(again, workers=2, epoch=1)
     for epoch in (first, second):
         assert np.array_equal(epoch[0], reference[0]) and np.array_equal(epoch[1], reference[1])
@@ -113,12 +114,14 @@ def test_a_full_file_system_stops_writes_not_reads(tiny_data: dict[str, Path], t
     assert dataset.decoded is not None and not dataset.decoded.writable
     monkeypatch.setattr(os, "pwrite", original)
     rows = dataset._shard_rows(0)
-    assert rows is not None and os.pread(rows.fd, 6, 0) == b"\x01" * 5 + b"\x00"
+    assert rows is not None
+    kept = [int.from_bytes(os.pread(rows.fd, 8, rows._entry_offset(k))[4:], "little") == KEPT for k in range(6)]
+    assert kept == [True] * 5 + [False]
 
 
 def test_the_budget_bounds_the_files_first_come_first_served(tiny_data: dict[str, Path], tmp_path: Path) -> None:
     small, large = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE).shard_sizes
-    budget = small * (1 + ROW)  # room for the first shard's file only
+    budget = DecodeCache(tmp_path, 1, DecodeKey(IMAGE_SIZE, True, "pil")).file_bytes(small)  # the first shard's only
     dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "rows",
                           decode_cache_bytes=budget)
     _epoch(dataset, workers=0)
@@ -128,15 +131,65 @@ def test_the_budget_bounds_the_files_first_come_first_served(tiny_data: dict[str
 
 
 def test_stale_files_are_removed_and_others_left_alone(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    """Only files this code provably wrote (its header) before this boot are removed: never the user's own `.rows`
+    files, nor another dataset's or setting's cache of this boot (another Job sharing the directory)."""
     cache_dir = tmp_path / "rows"
     cache_dir.mkdir()
     sha = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE).manifest.shards[0].sha256
-    earlier_boot = DecodeKey(IMAGE_SIZE, True, "simplejpeg", boot="0" * 16).file_name(sha)
-    other_size = DecodeKey(IMAGE_SIZE * 2, True, "simplejpeg").file_name(sha)
-    for name in (earlier_boot, other_size, "notes.txt"):
-        (cache_dir / name).write_bytes(b"\x01" * 64)
+    earlier = DecodeCache(cache_dir, 1 << 30, DecodeKey(IMAGE_SIZE, True, "simplejpeg", boot="0" * 16))
+    earlier.prepare([sha])
+    assert earlier.open_shard(sha, 4) is not None  # a file this code wrote, before this boot
+    other_job = DecodeCache(cache_dir, 1 << 30, DecodeKey(IMAGE_SIZE * 2, True, "simplejpeg"))
+    other_job.prepare(["cd" * 32])
+    other_rows = other_job.open_shard("cd" * 32, 4)
+    assert other_rows is not None
+    other_rows.write(0, np.full((IMAGE_SIZE * 2, IMAGE_SIZE * 2, 3), 7, dtype=np.uint8))
+    users = {"mine.rows": b"\x01" * 64, DecodeKey(IMAGE_SIZE, True, "simplejpeg").file_name(sha): b"\x01" * 64,
+             "notes.txt": b"text"}
+    for name, payload in users.items():
+        (cache_dir / name).write_bytes(payload)
     HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=cache_dir, decode_cache_bytes=1 << 30)
-    assert sorted(p.name for p in cache_dir.iterdir()) == ["notes.txt"]
+    left = sorted(p.name for p in cache_dir.iterdir())
+    assert left == sorted([*users, other_job.key.file_name("cd" * 32)])
+    assert all((cache_dir / name).read_bytes() == payload for name, payload in users.items())
+    out = np.zeros((1, IMAGE_SIZE * 2, IMAGE_SIZE * 2, 3), dtype=np.uint8)
+    assert other_rows.read(0, out) == [] and (out == 7).all()  # the other Job's rows are intact
+
+
+def test_a_file_not_written_by_the_cache_is_never_used(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    """A file at a cache file's name without the cache's header (the user's, or an older format) is neither read as
+    rows nor written: the shard is decoded every epoch instead."""
+    reference = _epoch(HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE), workers=0)
+    cache_dir = tmp_path / "rows"
+    dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=cache_dir,
+                          decode_cache_bytes=1 << 30)
+    assert dataset.decoded is not None
+    squatter = cache_dir / dataset.decoded.key.file_name(dataset.manifest.shards[0].sha256)
+    squatter.write_bytes(b"\x01" * (1 << 16))
+    images, labels = _epoch(dataset, workers=0)
+    assert np.array_equal(images, reference[0]) and np.array_equal(labels, reference[1])
+    assert squatter.read_bytes() == b"\x01" * (1 << 16)
+
+
+def test_an_overwritten_row_is_decoded_again_not_trained_on(tiny_data: dict[str, Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows carry a checksum: a row whose bytes changed after it was kept (another writer, a bad disk) is noticed
+    when it is read back, decoded again and rewritten."""
+    reference = _epoch(HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE), workers=0)
+    dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / "rows",
+                          decode_cache_bytes=1 << 30)
+    _epoch(dataset, workers=0)  # every row kept
+    rows = dataset._shard_rows(0)
+    assert rows is not None
+    os.pwrite(rows.fd, b"\x00" * 100, rows._row_offset(2) + 50)  # rows 2 and 3 damaged, their entries untouched
+    os.pwrite(rows.fd, b"\xff" * ROW, rows._row_offset(3))
+    calls = _count_decodes(monkeypatch)
+    images, labels = _epoch(dataset, workers=0, epoch=1)
+    assert np.array_equal(images, reference[0]) and np.array_equal(labels, reference[1])
+    assert len(calls) == 2  # exactly the damaged rows
+    calls.clear()
+    _epoch(dataset, workers=0, epoch=2)
+    assert calls == []  # and they were kept again
 
 
 def test_bad_settings_are_one_line(tiny_data: dict[str, Path], tmp_path: Path) -> None:
@@ -177,8 +230,8 @@ def test_the_trainer_decodes_each_sample_once_over_epochs(tiny_data: dict[str, P
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--decode-cache", "DIR"], "--decode-cache and --decode-cache-size: give both or neither"),
-    (["--decode-cache", "DIR", "--decode-cache-size", "lots"], "argument --decode-cache-size: not a Kubernetes"),
-    (["--decode-cache", "DIR", "--decode-cache-size", "0"], "argument --decode-cache-size: must be more than 0"),
+    (["--decode-cache", "DIR", "--decode-cache-size", "lots"], "argument --decode-cache-size: not a size"),
+    (["--decode-cache", "DIR", "--decode-cache-size", "0"], "argument --decode-cache-size: '0' is 0 bytes, below"),
 ])
 def test_trainer_decode_cache_flags_are_checked(flags: list[str], message: str, tiny_data: dict[str, Path],
                                                 tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -206,3 +259,14 @@ def test_a_link_in_place_of_a_cache_file_is_not_followed(tiny_data: dict[str, Pa
     images, labels = _epoch(dataset, workers=0)  # the first shard is decoded every time instead
     assert np.array_equal(images, reference[0]) and np.array_equal(labels, reference[1])
     assert victim.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize(("text", "expected"), [("100", 100 << 30), ("20Gi", 20 << 30), ("20GiB", 20 << 30),
+                                                ("512MiB", 512 << 20), ("500MB", 500 * 10**6), ("4096B", 4096)])
+def test_decode_cache_size_follows_the_one_size_rule(text: str, expected: int) -> None:
+    """A bare number is GiB, as for every other size flag (stage --budget, pack --shard-size), not bytes."""
+    from workloads.cli import parse_size
+    from workloads.train.__main__ import parse_args
+
+    config = parse_args(["--data", "d", "--decode-cache", "c", "--decode-cache-size", text])
+    assert config.decode_cache_bytes == expected == parse_size(text)

@@ -5,29 +5,52 @@ bytes, the image size, the draft flag and the decoder, so it can be kept: every 
 batch, on the device. The first epoch decodes and keeps each sample; later epochs read the pixels back (as fast as
 the decoded layout), while what crosses the network stays the smaller JPEG bytes.
 
-One file per shard, `<shard sha256>-<size>px-<draft|full>-<decoder>-<boot id>.rows` in the cache directory:
-num_samples flag bytes, then num_samples rows of size x size x 3 uint8. Every process on the node (the workers of
-every rank) shares the files through plain pread/pwrite: a row is written first and its flag after it, and a row is
-only read after its flag was read as set, so the kernel's page cache orders them for every reader. A writer killed
-mid-row leaves its flag unset (the sample is decoded again). The boot id in the name means a file written before a
-crash or power loss, when the page cache may have reached the disk out of order, is never trusted; such files, and
-those of other datasets or settings, are removed when a cache is opened for a dataset.
+One file per shard, `<shard sha256>-<size>px-<draft|full>-<decoder>-<boot id>-r2.rows` in the cache directory:
 
-The budget bounds the files' total size: a shard gets a file only while the files fit, first come first served, and
-nothing is evicted (the shards decoded first stay). A full file system stops writes for the process that hit it;
-what is there is still read.
+    header   HEADER_BYTES: MAGIC, then the file's identity as JSON (shard sha256, size, draft, decoder, boot id,
+             samples, row bytes), zero padded. A file is only used, and only ever removed, when its header says
+             this code wrote it: the directory may hold the user's own files, or another Job's cache.
+    table    num_samples entries of 8 bytes (page aligned): crc32 of the row, then KEPT once the row is whole
+    rows     num_samples rows of size x size x 3 uint8
+
+Every process on the node (the workers of every rank) shares the files through plain pread/pwrite: a row is written
+first and its entry after it, and a row is only used when its entry says KEPT and its crc32 matches what was read,
+so a writer killed mid-row, a row overwritten by anything else, or a torn read is decoded again, never trained on.
+A new file appears whole (header written to a temp file, then linked to its name), so no reader sees a file without
+its header. The boot id means a file written before a crash or power loss, when the page cache may have reached the
+disk out of order, is never trusted; such files (with this code's header) are removed when a cache is prepared.
+Files of other datasets or settings are left alone: two Jobs sharing a directory do not delete each other's cache.
+
+The budget bounds this dataset's files under this key: a shard gets a file only while they fit, first come first
+served, and nothing is evicted (the shards decoded first stay). A full file system stops writes for the process
+that hit it; what is there is still read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
+import secrets
+import stat
+import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 SUFFIX = ".rows"
+FORMAT = "r2"  # in the name too: files of the first format (no header, no checksums) never carry this name
+MAGIC = b"MLCLUSTER-DECODED-ROWS\x00\x02"
+HEADER_BYTES = 4096
+KEPT = 0x4B455054  # "KEPT": the entry's row is whole
+_ENTRY = struct.Struct("<II")  # crc32 of the row, KEPT
+_PAGE = 4096
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def boot_id() -> str:
@@ -49,7 +72,35 @@ class DecodeKey:
 
     def file_name(self, shard_sha256: str) -> str:
         mode = "draft" if self.draft else "full"
-        return f"{shard_sha256}-{self.image_size}px-{mode}-{self.decoder}-{self.boot}{SUFFIX}"
+        return f"{shard_sha256}-{self.image_size}px-{mode}-{self.decoder}-{self.boot}-{FORMAT}{SUFFIX}"
+
+    def identity(self, shard_sha256: str, num_samples: int) -> dict[str, Any]:
+        return {"shard_sha256": shard_sha256, "image_size": self.image_size, "draft": self.draft,
+                "decoder": self.decoder, "boot": self.boot, "num_samples": num_samples,
+                "row_bytes": self.image_size * self.image_size * 3}
+
+
+def _header(identity: dict[str, Any]) -> bytes:
+    body = MAGIC + json.dumps(identity, sort_keys=True).encode()
+    if len(body) >= HEADER_BYTES:
+        raise ValueError("decode cache header too long")
+    return body.ljust(HEADER_BYTES, b"\0")
+
+
+def read_identity(fd: int) -> dict[str, Any] | None:
+    """The identity in a file's header, or None when the header is not this code's (the file is not ours)."""
+    head = os.pread(fd, HEADER_BYTES, 0)
+    if len(head) < HEADER_BYTES or not head.startswith(MAGIC):
+        return None
+    try:
+        identity = json.loads(head[len(MAGIC):].rstrip(b"\0").decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return identity if isinstance(identity, dict) else None
+
+
+def _table_bytes(num_samples: int) -> int:
+    return -(-num_samples * _ENTRY.size // _PAGE) * _PAGE
 
 
 class ShardRows:
@@ -59,30 +110,41 @@ class ShardRows:
         self.fd = fd
         self.num_samples = num_samples
         self.row_bytes = row_bytes
+        self.rows_at = HEADER_BYTES + _table_bytes(num_samples)
 
     def _row_offset(self, local: int) -> int:
-        return self.num_samples + local * self.row_bytes
+        return self.rows_at + local * self.row_bytes
+
+    def _entry_offset(self, local: int) -> int:
+        return HEADER_BYTES + local * _ENTRY.size
 
     def read(self, local: int, out: np.ndarray) -> list[int]:
-        """Fill out[k] (C-contiguous rows) with sample local + k wherever it was kept: one read of the flags, one of
-        each run of kept rows. Returns the k that were not kept."""
-        flags = os.pread(self.fd, len(out), local).ljust(len(out), b"\0")  # a short file: the rest was not kept
-        missing = [k for k in range(len(out)) if flags[k] != 1]
+        """Fill out[k] (C-contiguous rows) with sample local + k wherever it was kept whole: one read of the entries,
+        one of each run of kept rows, then each row's crc32 checked. Returns the k that must be decoded (not kept,
+        or not what was kept)."""
+        count = len(out)
+        raw = os.pread(self.fd, count * _ENTRY.size, self._entry_offset(local)).ljust(count * _ENTRY.size, b"\0")
+        entries = np.frombuffer(raw, dtype="<u4").reshape(count, 2)
+        kept = entries[:, 1] == KEPT
+        missing = [k for k in range(count) if not kept[k]]
         kept_from = 0
-        for stop in [*missing, len(out)]:
+        for stop in [*missing, count]:
             if stop > kept_from:  # rows kept_from..stop-1 are kept: one read
                 view = out[kept_from:stop].data.cast("B")
                 if os.preadv(self.fd, [view], self._row_offset(local + kept_from)) != len(view):
-                    return list(range(len(out)))  # truncated behind our back: decode them all
+                    return list(range(count))  # truncated behind our back: decode them all
             kept_from = stop + 1
-        return missing
+        bad = [k for k in range(count) if kept[k] and zlib.crc32(out[k]) != int(entries[k, 0])]
+        return sorted(missing + bad) if bad else missing
 
     def write(self, local: int, pixels: np.ndarray) -> None:
-        """Keep sample `local`: the row, then its flag. OSError (e.g. ENOSPC) leaves the flag unset."""
-        row = np.ascontiguousarray(pixels).data.cast("B")
-        if os.pwrite(self.fd, row, self._row_offset(local)) != self.row_bytes:
+        """Keep sample `local`: the row, then its entry (crc32, KEPT). OSError (e.g. ENOSPC) leaves the entry as it
+        was (a row whose checksum does not match is decoded again)."""
+        row = np.ascontiguousarray(pixels)
+        data = row.data.cast("B")
+        if os.pwrite(self.fd, data, self._row_offset(local)) != self.row_bytes:
             raise OSError(errno.ENOSPC, "short write to the decode cache")
-        os.pwrite(self.fd, b"\x01", local)
+        os.pwrite(self.fd, _ENTRY.pack(zlib.crc32(data), KEPT), self._entry_offset(local))
 
     def close(self) -> None:
         os.close(self.fd)
@@ -100,39 +162,105 @@ class DecodeCache:
         self.key = key
         self.row_bytes = key.image_size * key.image_size * 3
         self.writable = True  # cleared in a process whose write failed (a full file system)
+        self.names: set[str] = set()  # this dataset's file names under this key (set by prepare)
 
     def file_bytes(self, num_samples: int) -> int:
-        return num_samples * (1 + self.row_bytes)
+        return HEADER_BYTES + _table_bytes(num_samples) + num_samples * self.row_bytes
 
     def prepare(self, shard_sha256s: list[str]) -> None:
-        """Create the directory and remove cache files that are not this dataset's under this key (other
-        datasets, other settings, an earlier boot). Run once per rank before the workers start."""
+        """Create the directory and remove the cache files this code wrote before this boot (their rows may not
+        have reached the disk in order). Nothing else is removed: not a file without this code's header (the
+        user's), nor a file of another dataset or setting of this boot (another Job's). Run once per rank before the
+        workers start."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        keep = {self.key.file_name(sha) for sha in shard_sha256s}
+        self.names = {self.key.file_name(sha) for sha in shard_sha256s}
         for entry in os.scandir(self.directory):
-            if entry.name.endswith(SUFFIX) and entry.name not in keep and entry.is_file(follow_symlinks=False):
-                Path(entry.path).unlink(missing_ok=True)
+            ours = entry.name.endswith(SUFFIX) or (entry.name.startswith(".") and entry.name.endswith(".tmp")
+                                                   and SUFFIX in entry.name)
+            if not ours or not entry.is_file(follow_symlinks=False):
+                continue
+            identity = _identity_of(entry.path)
+            if identity is not None and identity.get("boot") != self.key.boot:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
     def _used_bytes(self) -> int:
         total = 0
-        for entry in os.scandir(self.directory):
-            if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False):
-                total += entry.stat(follow_symlinks=False).st_size
+        for name in self.names:
+            with contextlib.suppress(OSError):
+                st = os.lstat(self.directory / name)
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
         return total
 
     def open_shard(self, shard_sha256: str, num_samples: int) -> ShardRows | None:
-        """The shard's rows, creating its file if the budget allows; None when it does not (read and decode)."""
-        path = self.directory / self.key.file_name(shard_sha256)
-        size = self.file_bytes(num_samples)
-        flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)  # rows go into this file, never where a link points
+        """The shard's rows, creating its file if the budget allows; None when it does not (read and decode), and
+        None for a file at its name that this code did not write for exactly this shard and key (never used, never
+        touched)."""
+        name = self.key.file_name(shard_sha256)
+        path = self.directory / name
+        identity = self.key.identity(shard_sha256, num_samples)
+        flags = os.O_RDWR | _NOFOLLOW | _NONBLOCK  # rows go into this file, never where a link points
         try:
             fd = os.open(path, flags)
         except FileNotFoundError:
-            if not self.writable or self._used_bytes() + size > self.budget_bytes:
+            if not self.writable or self._used_bytes() + self.file_bytes(num_samples) > self.budget_bytes:
                 return None
-            fd = os.open(path, flags | os.O_CREAT, 0o644)
-        if os.fstat(fd).st_size < size:
-            # Sparse: blocks are allocated as rows land. Two processes creating it at once both extend to the
-            # same size, which changes nothing already written.
-            os.ftruncate(fd, size)
+            fd = self._create(path, identity, num_samples)
+            if fd is None:
+                return None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                return None  # a link, a directory, a FIFO: not ours
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode) or read_identity(fd) != identity:
+                os.close(fd)
+                return None
+        except OSError:
+            os.close(fd)
+            raise
         return ShardRows(fd, num_samples, self.row_bytes)
+
+    def _create(self, path: Path, identity: dict[str, Any], num_samples: int) -> int | None:
+        """A new file with its header, appearing under its name whole (link of a temp file); the descriptor of the
+        file at `path` afterwards (ours, or the one another process created first)."""
+        temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+        try:
+            os.pwrite(fd, _header(identity), 0)
+            # Sparse: blocks are allocated as rows land.
+            os.ftruncate(fd, self.file_bytes(num_samples))
+            try:
+                os.link(temp, path)
+            except FileExistsError:  # another process was first: use its file
+                os.close(fd)
+                fd = -1
+                try:
+                    return os.open(path, os.O_RDWR | _NOFOLLOW | _NONBLOCK)
+                except OSError:
+                    return None
+            return fd
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+
+
+def _identity_of(path: str) -> dict[str, Any] | None:
+    """The header identity of the file at `path` (no link followed, no FIFO opened); None when it is not ours."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return read_identity(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

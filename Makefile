@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup setup-plan plan preflight cost test lint lint-workflows scan image push bench bench-peers bench-objectstore \
+.PHONY: help setup setup-plan plan preflight versions cost test lint lint-workflows scan image push bench bench-peers bench-objectstore \
 	bench-gpu preview up destroy kubeconfig new-stack clean
 
 .DEFAULT_GOAL := help
@@ -61,6 +61,9 @@ plan: setup-plan ## render STACK (default dev) offline: no cloud, no Pulumi CLI
 
 preflight: setup-plan ## read-only checks of the AWS account against STACK (credentials needed)
 	$(BIN)/python scripts/preflight.py --stack $(STACK)
+
+versions: setup-plan ## pinned charts and each stack's Kubernetes against upstream and the support calendar (ARGS=--online)
+	$(BIN)/python scripts/versions.py $(ARGS)
 
 cost: setup-plan ## STACK's $/hour and $/month from offline prices (PRICES=aws asks AWS)
 	$(BIN)/python scripts/plan.py --stack $(STACK) --cost --prices $(or $(PRICES),fixture)

@@ -28,9 +28,9 @@ PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 # EC2 vCPU quotas (Service Quotas, service code `ec2`), each with the name AWS gives it, e.g.
 # https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/L-417A185B (Running On-Demand P instances).
 # A quota counts the vCPUs of all running instances (or open Spot requests) of its families in the region. On-Demand
-# P instances share one quota; Spot P5-class instances (p5, p5e, p5en) have a quota of their own beside the older
-# P families' (EC2 User Guide, "Spot Instance quotas"). Families not listed here (p6 among them: AWS lists them
-# apart and this table has not been checked against theirs) are reported as not checked, never mapped by guess.
+# P instances share one quota, p6 included; Spot P5-class instances (p5, p5e, p5en) have a quota of their own
+# beside the older P families' (EC2 User Guide, "Amazon EC2 instance type quotas"). Which Spot quota counts p6 is
+# not in AWS's table, so a Spot p6 pool is reported as not checked rather than mapped by guess.
 QUOTAS: dict[tuple[str, str], tuple[str, str]] = {
     ("P", "ON_DEMAND"): ("L-417A185B", "Running On-Demand P instances"),
     ("G", "ON_DEMAND"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
@@ -57,15 +57,15 @@ class Check:
 
 def quota_family(instance_type: str, capacity_type: str = "ON_DEMAND") -> str | None:
     """The QUOTAS family of an instance type bought as `capacity_type`: `P`, `P5` (Spot p5-class), `G` (G and VT)
-    or `Standard`; None for families with quotas this table does not hold (p6, Inf, Trn, DL, X, U, F, HPC ...),
-    which preflight reports as not checked."""
+    or `Standard`; None for families with quotas this table does not hold (Spot p6, Inf, Trn, DL, X, U, F,
+    HPC ...), which preflight reports as not checked."""
     generation = re.match(r"^([a-z]+)([0-9]*)", instance_type)
     family, number = (generation.group(1), generation.group(2)) if generation else ("", "")
     if family == "p":
         prefix = f"p{number}"
         if capacity_type == "SPOT":
             return "P5" if prefix == _P5_CLASS else "P" if prefix in _OLDER_P else None
-        return "P" if prefix in (*_OLDER_P, _P5_CLASS) else None
+        return "P"
     if family in ("g", "vt"):
         return "G"
     if len(family) == 1 and family in _STANDARD_FAMILIES:

@@ -151,24 +151,24 @@ class HelmChartConfig(StrictModel):
 
 class DevicePluginConfig(HelmChartConfig):
     # https://nvidia.github.io/k8s-device-plugin, chart nvidia-device-plugin
-    chart_version: str = Field(default="0.18.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    chart_version: str = Field(default="0.20.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
 
 
 class DcgmExporterConfig(HelmChartConfig):
     # https://nvidia.github.io/dcgm-exporter/helm-charts, chart dcgm-exporter (4.7.0 was never published: see
     # docs/versions.md)
     enabled: bool = False
-    chart_version: str = Field(default="4.7.1", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    chart_version: str = Field(default="4.8.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
     service_monitor: bool = Field(default=False, description="needs the Prometheus operator's ServiceMonitor CRD")
 
 
 class AutoscalerConfig(HelmChartConfig):
     # https://kubernetes.github.io/autoscaler, chart cluster-autoscaler
-    chart_version: str = Field(default="9.50.1", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    chart_version: str = Field(default="9.59.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
     image_tag: str | None = Field(
         default=None,
         pattern=r"^v\d+\.\d+\.\d+$",
-        description="default: v<cluster minor>.0, matching the control plane",
+        description="default: the newest cluster-autoscaler release of the control plane's minor",
     )
     expander: Literal["least-waste", "random", "most-pods", "priority", "price"] = "least-waste"
     scale_down_unneeded_time: str = Field(default="10m", pattern=r"^\d+[smh]$")

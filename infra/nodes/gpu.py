@@ -74,7 +74,7 @@ def device_plugin_values(plans: Sequence[PoolPlan]) -> dict[str, Any]:
 
 
 # dcgm-exporter's resources, every field set: Helm merges maps, so leaving one out keeps the chart's default
-# (chart 4.7.1 values.yaml:113-119: limits cpu 200m, memory 256Mi). A CPU limit stays, but at 1 CPU: the chart's
+# (chart 4.8.2 values.yaml:120-126: limits cpu 200m, memory 512Mi). A CPU limit stays, but at 1 CPU: the chart's
 # 200m throttles the exporter while it collects profiling fields from 8 GPUs and then scrapes time out.
 DCGM_EXPORTER_RESOURCES = {
     "requests": {"cpu": "100m", "memory": "256Mi"},
@@ -88,15 +88,21 @@ def dcgm_exporter_values(cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], lab
         "tolerations": gpu_tolerations(plans),
         # honorLabels: keep the `namespace`/`pod` dcgm-exporter puts on each GPU's series (the workload holding it)
         # instead of renaming them exported_*; the alerts join them with the trainer's series on those labels.
-        # Chart 4.7.1 values.yaml:120-127 (serviceMonitor.enabled, interval, honorLabels, additionalLabels).
+        # Chart 4.8.2 values.yaml:127-134 (serviceMonitor.enabled, interval, scrapeTimeout, honorLabels).
         "serviceMonitor": {"enabled": cfg.service_monitor, "honorLabels": True},
         "resources": DCGM_EXPORTER_RESOURCES,
     }
 
 
+# The newest cluster-autoscaler release of each minor (its git tags cluster-autoscaler-<version>): its minor must
+# match the control plane's, and its patches fix the autoscaler, so a stack runs the newest one.
+AUTOSCALER_RELEASES = {"1.30": "v1.30.7", "1.31": "v1.31.5", "1.32": "v1.32.7", "1.33": "v1.33.6",
+                       "1.34": "v1.34.5", "1.35": "v1.35.2", "1.36": "v1.36.1"}
+
+
 def autoscaler_image_tag(cfg: AutoscalerConfig, kubernetes_version: str) -> str:
     """cluster-autoscaler's minor version must match the control plane's."""
-    return cfg.image_tag or f"v{kubernetes_version}.0"
+    return cfg.image_tag or AUTOSCALER_RELEASES.get(kubernetes_version, f"v{kubernetes_version}.0")
 
 
 def autoscaler_values(cfg: AutoscalerConfig, cluster_name: str, region: str, kubernetes_version: str) -> dict[str, Any]:

@@ -103,11 +103,12 @@ def gpu_type_label(gpu_name: str) -> str:
     return "".join(ch for ch in gpu_name.lower().replace(" ", "-") if ch.isalnum() or ch in "-.")
 
 
-# cluster-autoscaler's AWS provider knows these values of ACCELERATOR_LABEL (availableGPUTypes in
-# cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go); a GPU it does not list gets the same "nvidia-<model>"
-# form, which the autoscaler still counts as a GPU.
+# cluster-autoscaler's AWS provider knows these values of ACCELERATOR_LABEL (availableGPUTypes,
+# cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go:54-63 at tag cluster-autoscaler-1.36.1); a GPU it
+# does not list (H100, H200, B200) gets the same "nvidia-<model>" form, which the autoscaler still counts as a GPU.
 _AUTOSCALER_GPU_TYPES = {"k80": "nvidia-tesla-k80", "p100": "nvidia-tesla-p100", "v100": "nvidia-tesla-v100",
-                         "t4": "nvidia-tesla-t4", "a100": "nvidia-tesla-a100", "a10g": "nvidia-a10g"}
+                         "t4": "nvidia-tesla-t4", "a100": "nvidia-tesla-a100", "a10g": "nvidia-a10g",
+                         "l4": "nvidia-l4", "l40s": "nvidia-l40s"}
 
 
 def accelerator_label_value(gpu_type: str) -> str:

@@ -38,14 +38,14 @@ class HelmChart:
 
 IBM_COS_CHART = HelmChart(
     "ibm-object-storage-plugin",
-    "2.2.24",
+    "2.2.58",
     "https://raw.githubusercontent.com/IBM/charts/master/repo/ibm-helm",
     "ibm-object-s3fs",
 )
-CSI_S3_CHART = HelmChart("csi-s3", "0.43.2", "https://yandex-cloud.github.io/k8s-csi-s3/charts", "csi-s3")
+CSI_S3_CHART = HelmChart("csi-s3", "0.43.7", "https://yandex-cloud.github.io/k8s-csi-s3/charts", "csi-s3")
 NFS_CHART = HelmChart(
     "csi-driver-nfs",
-    "4.12.1",
+    "4.13.4",
     "https://raw.githubusercontent.com/kubernetes-csi/csi-driver-nfs/master/charts",
     "kube-system",
 )
@@ -296,34 +296,35 @@ class OnpremStorageDriversArgs:
 
 
 def ibm_cos_values(cos: CosConfig) -> dict[str, Any]:
-    """ibm-object-storage-plugin 2.2.24 values for a plain Kubernetes cluster (not IBM Cloud, not OpenShift).
+    """ibm-object-storage-plugin 2.2.58 values for a plain Kubernetes cluster (not IBM Cloud, not OpenShift).
 
-    The chart's defaults are OpenShift (values.yaml:25-34: provider RHOCP, platform OpenShift, workerOS redhat);
-    its `helm ibmc` plugin sets the real ones from the cluster and refuses clusters that are not IBM's
-    (helm-ibmc/ibmc.sh:296-317). Here they are set from config:
-    - platform K8S: no security.openshift.io SecurityContextConstraints (templates/flex-driver-sa.yaml:20).
-    - provider RHOCP: the only non-IBM-Cloud provider whose images come from the public registry icr.io/cpopen
-      (templates/flex-driver.yaml:61, provisioner.yaml:70); IBMC would pull icr.io/ibm, which needs IBM's pull
-      secret. RHOCP also always renders two StorageClasses, ibmc-s3fs-cos and ibmc-s3fs-cos-perf
-      (templates/ibmc-s3fs-cos.yaml:1, ibmc-s3fs-cos-perf.yaml:1): this stack owns them by giving them its COS
-      endpoint and location constraint (cos.endpoint / cos.storageClass, rendered at ibmc-s3fs-cos.yaml:53-54)
-      instead of the chart's "NA"; the class jobs use is still this stack's own (classes.py).
-    - workerOS from config, and kubeDriver where the kubelet looks for flex drivers on such nodes
-      (ibmc.sh:341-360: /usr/libexec/kubernetes, /etc/kubernetes only on Red Hat).
-    The flex driver DaemonSet tolerates every taint (templates/flex-driver.yaml:53-54).
+    The chart's defaults are IBM Cloud VPC (values.yaml:21-34: provider IBMC-VPC, platform OpenShift, workerOS
+    redhat); its `helm ibmc` plugin sets the real ones from the cluster and refuses clusters that are not IBM's.
+    Here they are set from config:
+    - platform K8S: no security.openshift.io SecurityContextConstraints (templates/flex-driver-sa.yaml:21).
+    - provider IPI (installer-provisioned, self-managed): with SATELLITE the only providers whose images come from
+      the public registry icr.io/cpopen (templates/flex-driver.yaml:98-101, provisioner.yaml:70-73); any other
+      pulls icr.io/ibm, which needs IBM's pull secret. IPI keeps the flex driver off Red Hat CoreOS nodes
+      (flex-driver.yaml:48-57) and always renders two StorageClasses, ibmc-s3fs-cos and ibmc-s3fs-cos-perf
+      (templates/ibmc-s3fs-cos.yaml:1): this stack owns them by giving them its COS endpoint and location
+      constraint (cos.endpoint / cos.storageClass, rendered at ibmc-s3fs-cos.yaml:52-53) instead of the chart's
+      "NA"; the class jobs use is still this stack's own (classes.py).
+    - workerOS from config (Red Hat workers also get the chart's CoreOS DaemonSet, flex-driver-coreos.yaml:1).
+      The driver is installed under /usr/libexec/kubernetes, the kubelet's default flex directory
+      (flex-driver.yaml:171; 2.2.24's kubeDriver value is gone).
+    The flex driver DaemonSet tolerates every taint (flex-driver.yaml:69-70).
     """
     return {
         "license": True,
-        "provider": "RHOCP",
+        "provider": "IPI",
         "platform": "K8S",
         "workerOS": cos.worker_os,
-        "kubeDriver": "/etc/kubernetes" if cos.worker_os == "redhat" else "/usr/libexec/kubernetes",
         "cos": {"endpoint": cos.endpoint, "storageClass": cos.location_constraint},
     }
 
 
 def csi_s3_values() -> dict[str, Any]:
-    """csi-s3 0.43.2: no Secret and no StorageClass from the chart (classes.py owns them). Its node DaemonSet
+    """csi-s3 0.43.7: no Secret and no StorageClass from the chart (classes.py owns them). Its node DaemonSet
     tolerates only CriticalAddonsOnly and not-ready/unreachable by default (templates/csi-s3.yaml:39-51,
     values.yaml:43-46), so it is missing from tainted GPU nodes, where the Jobs mount COS; `all` makes it
     tolerate every taint, like the other node-side CSI drivers (IBM flex, NFS, EFS, Mountpoint)."""
@@ -331,7 +332,7 @@ def csi_s3_values() -> dict[str, Any]:
 
 
 def nfs_values() -> dict[str, Any]:
-    """csi-driver-nfs 4.12.1: its node DaemonSet already tolerates every taint (values.yaml:125-126,
+    """csi-driver-nfs 4.13.4: its node DaemonSet already tolerates every taint (values.yaml:138-139,
     node.tolerations: [{operator: Exists}]); set explicitly so a chart upgrade cannot narrow it."""
     return {"node": {"tolerations": [{"operator": "Exists"}]}}
 

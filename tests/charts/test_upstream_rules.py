@@ -3,14 +3,19 @@ IAM principals for access entries, Bottlerocket RAID0 without instance store, th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from infra.config.schema import AccessEntryConfig, ConfigError
 from infra.config.storage import CosConfig, StorageConfig
 from infra.nodes.poolplan import ACCELERATOR_LABEL, accelerator_label_value, plan_node_pools
-from infra.storage.drivers import ibm_cos_values
+from infra.storage.drivers import IBM_COS_CHART, ibm_cos_values
+from scripts.render_charts import rendered_objects
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
+
+UPSTREAM = Path(__file__).parent / "upstream"
 
 
 @pytest.mark.parametrize("version", ["v2.0.0-eksbuild.1", "v2.6.0-eksbuild.3"])
@@ -69,10 +74,26 @@ def test_accelerator_values_are_the_autoscalers_spelling() -> None:
          "nvidia-l40s"]
 
 
-@pytest.mark.parametrize(("worker_os", "kube_driver"), [("debian", "/usr/libexec/kubernetes"),
-                                                          ("redhat", "/etc/kubernetes")])
-def test_ibm_values_follow_the_worker_os(worker_os: str, kube_driver: str) -> None:
+@pytest.mark.parametrize(("worker_os", "daemonsets"), [("debian", ["ibmcloud-object-storage-driver"]),
+                                                         ("redhat", ["ibmcloud-object-storage-driver",
+                                                                     "ibmcloud-object-storage-driver-coreos"])])
+def test_ibm_values_render_public_images_and_the_kubelets_flex_directory(worker_os: str,
+                                                                         daemonsets: list[str]) -> None:
     cos = CosConfig.model_validate({"endpoint": "https://s3.example.com", "workerOs": worker_os})
     values = ibm_cos_values(cos)
-    assert values["platform"] == "K8S" and values["workerOS"] == worker_os and values["kubeDriver"] == kube_driver
+    assert values["platform"] == "K8S" and values["workerOS"] == worker_os and values["provider"] == "IPI"
     assert values["cos"] == {"endpoint": "https://s3.example.com", "storageClass": "us-south-smart"}
+    release = {"name": "cos", "inputs": {"chart": IBM_COS_CHART.chart, "version": IBM_COS_CHART.version,
+                                         "values": values, "name": "cos", "namespace": "kube-system"}}
+    rendered = rendered_objects(release, UPSTREAM)
+    images = [c["image"] for d in rendered for c in d.get("spec", {}).get("template", {}).get("spec", {})
+              .get("containers", []) if d["kind"] in ("DaemonSet", "Deployment") and "object-storage" in c["image"]]
+    assert images and all(image.startswith("icr.io/cpopen/") for image in images), images
+    assert sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "DaemonSet") == daemonsets
+    [driver] = [d for d in rendered if d["kind"] == "DaemonSet" and d["metadata"]["name"] == daemonsets[0]]
+    paths = {v["name"]: v.get("hostPath", {}).get("path") for v in driver["spec"]["template"]["spec"]["volumes"]}
+    assert paths["kube-driver"] == "/usr/libexec/kubernetes"
+    assert {"operator": "Exists"} in driver["spec"]["template"]["spec"]["tolerations"]
+    assert not [d for d in rendered if d["kind"] == "SecurityContextConstraints"]
+    classes = {d["metadata"]["name"]: d["parameters"] for d in rendered if d["kind"] == "StorageClass"}
+    assert classes["ibmc-s3fs-cos"]["ibm.io/object-store-endpoint"] == "https://s3.example.com"

@@ -136,7 +136,7 @@ def test_quota_families() -> None:
     types = ("p5.48xlarge", "p5en.48xlarge", "p4d.24xlarge", "p3dn.24xlarge", "p6-b200.48xlarge", "g6e.12xlarge",
              "vt1.3xlarge", "m6i.large", "c7gn.xlarge", "inf2.xlarge", "trn1.32xlarge", "dl1.24xlarge")
     assert [quota_family(t) for t in types] == \
-        ["P", "P", "P", "P", None, "G", "G", "Standard", "Standard", None, None, None]
+        ["P", "P", "P", "P", "P", "G", "G", "Standard", "Standard", None, None, None]
     # Spot: P5-class instances count against their own quota, the older P families against theirs
     assert [quota_family(t, "SPOT") for t in types] == \
         ["P5", "P5", "P", "P", None, "G", "G", "Standard", "Standard", None, None, None]

@@ -96,7 +96,7 @@ def test_device_plugin_values_pin_placement_to_gpu_present_nodes_and_tolerate_al
 def test_autoscaler_values_discover_the_cluster_and_match_its_minor_version() -> None:
     values = autoscaler_values(AutoscalerConfig(), "ml-test", "us-west-2", "1.33")
     assert values["autoDiscovery"] == {"clusterName": "ml-test"} and values["awsRegion"] == "us-west-2"
-    assert values["image"]["tag"] == "v1.33.0" and values["cloudProvider"] == "aws"
+    assert values["image"]["tag"] == "v1.33.6" and values["cloudProvider"] == "aws"
     assert values["rbac"]["serviceAccount"] == {"create": True, "name": "cluster-autoscaler"}
     pinned = autoscaler_values(AutoscalerConfig(imageTag="v1.33.2"), "ml-test", "us-west-2", "1.33")
     assert pinned["image"]["tag"] == "v1.33.2"

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from infra.config.schema import ConfigError
+from infra.nodes.gpu import AUTOSCALER_RELEASES
 from infra.plan.engine import validate_kubernetes_objects
 from tests.conftest import AWS_STACKS, resources_of, stack_values
 from tests.nodepools.helpers import FIXTURES
@@ -175,7 +176,9 @@ def test_cluster_autoscaler_is_pinned_discovers_the_cluster_and_uses_pod_identit
     cluster = values["ml-cluster:cluster"]
     assert inputs["values"]["autoDiscovery"] == {"clusterName": cluster["name"]}
     assert inputs["values"]["awsRegion"] == values["aws:region"]
-    assert inputs["values"]["image"]["tag"] == f"v{cluster['kubernetesVersion']}.0"
+    # the newest autoscaler release of the cluster's own minor
+    assert inputs["values"]["image"]["tag"] == AUTOSCALER_RELEASES[cluster["kubernetesVersion"]]
+    assert AUTOSCALER_RELEASES[cluster["kubernetesVersion"]].startswith(f"v{cluster['kubernetesVersion']}.")
     [association] = [
         r["inputs"]
         for r in resources_of(plan, "aws:eks/podIdentityAssociation:PodIdentityAssociation")

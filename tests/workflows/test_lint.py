@@ -47,8 +47,9 @@ def broken_copies(tmp_path: Path, old: str, new: str) -> list[Path]:
     return copies
 
 
-def test_the_five_workflows_exist() -> None:
-    assert [w.name for w in WORKFLOWS] == ["deploy.yml", "destroy.yml", "preview.yml", "release.yml", "scan.yml"]
+def test_the_six_workflows_exist() -> None:
+    assert [w.name for w in WORKFLOWS] == ["deploy.yml", "destroy.yml", "preview.yml", "release.yml", "scan.yml",
+                                           "versions.yml"]
 
 
 def test_workflows_pass_the_github_workflow_schema() -> None:

@@ -255,6 +255,63 @@ class UsageError(Exception):
         super().__init__(f"{where}: {why}")
 
 
+class RuntimeFailure(Exception):
+    """A failure that says nothing about the input (an API server that does not answer in time, a run still going
+    at the watch's deadline): exit 1, not the usage code 2."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}")
+
+
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+FOLLOW_READ_TIMEOUT_S = 300.0  # logs --follow: a stream silent for this long (or --request-timeout, if longer) ends
+DEFAULT_WATCH_TIMEOUT_S = 7 * 24 * 3600.0
+PULUMI_TIMEOUT_S = 120.0
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    from urllib3.exceptions import MaxRetryError
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+    if isinstance(exc, MaxRetryError):
+        return isinstance(exc.reason, Urllib3Timeout | TimeoutError)
+    return isinstance(exc, Urllib3Timeout | TimeoutError)
+
+
+class TimedApi:
+    """A kubernetes client API object whose every call carries `_request_timeout` (connect, read), so an API server
+    that accepts the connection and never answers cannot hold a command forever; a call that runs out of time is a
+    RuntimeFailure naming the API server and the call."""
+
+    def __init__(self, api: Any, server: str, timeout_s: float) -> None:
+        self._api = api
+        self._server = server
+        self._timeout = (min(CONNECT_TIMEOUT_S, timeout_s), timeout_s)
+
+    @property
+    def api_client(self) -> Any:
+        return self._api.api_client
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._api, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", self._timeout)
+            try:
+                return target(*args, **kwargs)
+            except Exception as exc:
+                if _is_timeout(exc):
+                    raise RuntimeFailure(f"kubernetes API {self._server}",
+                                         f"{name}: no answer within {kwargs['_request_timeout'][1]:g}s "
+                                         "(--request-timeout)") from None
+                raise
+
+        return call
+
+
 MAX_NESTING = 64  # a job spec or facts file nests a handful of levels; deeper is hostile or broken input
 
 
@@ -312,9 +369,12 @@ def _stack_facts(stack: str) -> ClusterFacts:
     where = f"pulumi stack output jobFacts --stack {stack}"
     try:
         done = subprocess.run(["pulumi", "stack", "output", "jobFacts", "--json", "--stack", stack],
-                              capture_output=True, text=True, check=False)
+                              capture_output=True, text=True, check=False, timeout=PULUMI_TIMEOUT_S)
     except FileNotFoundError:
         raise UsageError("pulumi", "not installed: pass --facts FILE instead of reading the stack") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeFailure(where, f"no answer within {PULUMI_TIMEOUT_S:g}s (is the state backend reachable?); "
+                                    "or pass --facts FILE") from None
     if done.returncode != 0:
         raise UsageError(where, (done.stderr.strip().splitlines() or ["failed"])[-1])
     try:
@@ -345,7 +405,16 @@ def _apis(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     choice = resolve_kubeconfig(args.kubeconfig, args.stack, os.environ, Path.home())
     load_kubernetes_config(choice, args.context)
-    return client.BatchV1Api(), client.CoreV1Api(), client.NetworkingV1Api()
+    from urllib3.util.retry import Retry
+
+    configuration = client.Configuration.get_default_copy()
+    # A read that timed out is not sent again: --request-timeout is the whole wait for an answer, not per attempt.
+    configuration.retries = Retry(total=3, connect=3, read=0, status=0, other=0, redirect=3)
+    client.Configuration.set_default(configuration)
+    server = configuration.host
+    timeout = args.request_timeout
+    return (TimedApi(client.BatchV1Api(), server, timeout), TimedApi(client.CoreV1Api(), server, timeout),
+            TimedApi(client.NetworkingV1Api(), server, timeout))
 
 
 def _to_json(api_object: Any) -> dict[str, Any]:
@@ -396,6 +465,9 @@ def _parser() -> argparse.ArgumentParser:
                                              "~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: current)")
     parser.add_argument("--namespace", "-n", default="training")
+    parser.add_argument("--request-timeout", type=_request_timeout, default=DEFAULT_REQUEST_TIMEOUT_S,
+                        metavar="SECONDS", help="the longest wait for any answer of the API server (default "
+                        f"{DEFAULT_REQUEST_TIMEOUT_S:g}; connecting: at most {CONNECT_TIMEOUT_S:g}); then exit 1")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in ("render", "submit"):
         sub = commands.add_parser(command, help=f"{command} the Jobs of a spec file")
@@ -410,6 +482,8 @@ def _parser() -> argparse.ArgumentParser:
     watch = commands.add_parser("watch", help="status every --interval seconds until the run ends")
     watch.add_argument("name")
     watch.add_argument("--interval", type=_interval, default=10.0, metavar="SECONDS")
+    watch.add_argument("--timeout", type=_watch_timeout, default=DEFAULT_WATCH_TIMEOUT_S, metavar="SECONDS",
+                       help="give up (exit 1) when the run has not ended after this long (default: 7 days)")
     logs = commands.add_parser("logs", help="logs of a run's pod")
     logs.add_argument("name")
     logs.add_argument("--container", default=TRAIN_CONTAINER)
@@ -420,7 +494,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _kueue_state(namespace: str, job: dict[str, Any]) -> tuple[dict[str, Any] | None, tuple[int, int] | None]:
+def _kueue_state(namespace: str, job: dict[str, Any], timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 ) -> tuple[dict[str, Any] | None, tuple[int, int] | None]:
     """The Job's Workload and, while it is pending, its place in the queue (visibility API; None where the
     caller may not read it)."""
     from kubernetes import client
@@ -429,7 +504,7 @@ def _kueue_state(namespace: str, job: dict[str, Any]) -> tuple[dict[str, Any] | 
     uid = (job.get("metadata") or {}).get("uid")
     if not uid:
         return None, None
-    custom = client.CustomObjectsApi()
+    custom = TimedApi(client.CustomObjectsApi(), client.Configuration.get_default_copy().host, timeout_s)
     found = custom.list_namespaced_custom_object(
         KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}")
     items = (found.get("items") if isinstance(found, dict) else None) or []
@@ -441,10 +516,29 @@ def _kueue_state(namespace: str, job: dict[str, Any]) -> tuple[dict[str, Any] | 
         pending = custom.api_client.call_api(
             "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads",
             "GET", path_params={"namespace": namespace, "name": queue}, response_type="object",
-            auth_settings=["BearerToken"], _return_http_data_only=True)
+            auth_settings=["BearerToken"], _return_http_data_only=True,
+            _request_timeout=(min(CONNECT_TIMEOUT_S, timeout_s), timeout_s))
     except ApiException:  # no RBAC for the visibility API, or it is not served: the position is optional
         pending = None
     return workload, queue_position(pending, workload["metadata"]["name"])
+
+
+def _seconds(text: str, low: float, high: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not low <= value <= high:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be {low:g}-{high:g} seconds, got {text}")
+    return value
+
+
+def _request_timeout(text: str) -> float:
+    return _seconds(text, 0.1, 3600)
+
+
+def _watch_timeout(text: str) -> float:
+    return _seconds(text, 1, 365 * 24 * 3600)
 
 
 def _interval(text: str) -> float:
@@ -487,10 +581,15 @@ def _observe(batch: Any, core: Any, namespace: str, name: str, clock: Any) -> tu
     job = _read_job(batch, namespace, name)
     workload, position = (None, None)
     if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
-        workload, position = _kueue_state(namespace, job)
+        workload, position = _kueue_state(namespace, job, _timeout_of(batch))
     pods = _pods(core, namespace, name)
     phase = job_phase(job, pods, workload, position)
     return phase, snapshot(_metrics_pages(core, namespace, pods), clock())
+
+
+def _timeout_of(api: Any) -> float:
+    timeout = getattr(api, "_timeout", None)
+    return float(timeout[1]) if isinstance(timeout, tuple) else DEFAULT_REQUEST_TIMEOUT_S
 
 
 def _status_line(name: str, phase: RunPhase, figures: Progress | None) -> str:
@@ -512,11 +611,13 @@ def _status(batch: Any, core: Any, namespace: str, name: str, as_json: bool, clo
 
 
 def _watch(batch: Any, core: Any, namespace: str, name: str, interval: float, clock: Any = None,
-           sleep: Any = None) -> int:
-    """A line per poll; rates over the last interval; returns when the run has succeeded or failed."""
+           sleep: Any = None, timeout: float = DEFAULT_WATCH_TIMEOUT_S) -> int:
+    """A line per poll (each poll reads the Job again: it says what is waited for); rates over the last interval;
+    returns when the run has succeeded or failed, and raises RuntimeFailure when it has not after `timeout`."""
     import time
 
     clock, sleep = clock or time.time, sleep or time.sleep
+    started = time.monotonic()
     before: Snapshot | None = None
     while True:
         phase, now = _observe(batch, core, namespace, name, clock)
@@ -524,8 +625,11 @@ def _watch(batch: Any, core: Any, namespace: str, name: str, interval: float, cl
         print(_status_line(name, phase, figures), flush=True)
         if phase.phase in ("Succeeded", "Failed"):
             return 1 if phase.phase == "Failed" else 0
+        left = timeout - (time.monotonic() - started)
+        if left <= 0:
+            raise RuntimeFailure(f"job/{name}", f"still {phase.phase} after {timeout:g}s (watch --timeout)")
         before = now if now.ranks else before
-        sleep(interval)
+        sleep(min(interval, left))
 
 
 def held_queue(job: dict[str, Any]) -> str | None:
@@ -546,8 +650,11 @@ def _logs(batch: Any, core: Any, namespace: str, name: str, container: str, inde
         raise UsageError(f"job/{name}", f"no pod with completion index {index}")
     pod_name = max(pods, key=_created)["metadata"]["name"]
     if follow:
+        # A log stream may be silent for a while: its read timeout is longer than a request's, but it has one.
+        read = max(FOLLOW_READ_TIMEOUT_S, _timeout_of(core))
         stream = core.read_namespaced_pod_log(pod_name, namespace, container=container, follow=True,
-                                              _preload_content=False)
+                                              _preload_content=False,
+                                              _request_timeout=(min(CONNECT_TIMEOUT_S, read), read))
         for chunk in stream.stream():
             sys.stdout.write(chunk.decode(errors="replace"))
     else:
@@ -606,7 +713,7 @@ def _run(args: argparse.Namespace) -> int:
         return _status(batch, core, args.namespace, args.name, args.json)
     if args.command == "watch":
         try:
-            return _watch(batch, core, args.namespace, args.name, args.interval)
+            return _watch(batch, core, args.namespace, args.name, args.interval, timeout=args.timeout)
         except KeyboardInterrupt:
             return 130
     if args.command == "start":
@@ -625,17 +732,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (JobSpecError, UsageError, KubeconfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # API and connection errors: one line, no traceback
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         if isinstance(exc, ApiException):
             print(f"error: kubernetes API: {exc.status} {exc.reason}", file=sys.stderr)
-        elif isinstance(exc, HTTPError):
+            # Refused (401/403/404/409/422...): the input or the credentials; the server failing (5xx): runtime.
+            return 1 if not exc.status or exc.status >= 500 or exc.status == 429 else 2
+        if isinstance(exc, HTTPError):
             print(f"error: kubernetes API: unreachable ({type(exc).__name__})", file=sys.stderr)
-        else:
-            raise
-        return 2
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 
 from tests.jobs.facts import dev_facts
 from tests.jobs.jobrules import check_job
+from workloads import submit
 from workloads.cluster_facts import facts_to_dict
 from workloads.submit import job_phase, main
 
@@ -353,3 +355,79 @@ def test_an_admitted_gang_with_a_pod_still_pending_is_waiting_for_the_gang() -> 
     phase = job_phase(queued_job(parallelism=2, suspend=False), [running, waiting], admitted)
     assert phase.phase == "Pending" and phase.reason == "WaitingForGang" and "1 of 2 pods running" in phase.detail
     assert job_phase(queued_job(), [], None).detail.startswith("suspended by Kueue: queue training: waiting for Kueue")
+
+
+# -- every API call has a deadline --------------------------------------------------------------------------------
+@pytest.fixture
+def silent_api_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """An "API server" on 127.0.0.1 that accepts every connection and never answers; a kubeconfig pointing at it."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                continue
+            held.append(connection)  # read nothing, answer nothing
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "silent",
+        "clusters": [{"name": "silent", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "silent", "context": {"cluster": "silent", "user": "u"}}]}))
+    try:
+        yield server, kubeconfig
+    finally:
+        stop.set()
+        thread.join(2)
+        for connection in held:
+            connection.close()
+        listener.close()
+
+
+@pytest.mark.parametrize("command", [["status", "run-1"], ["start", "run-1"], ["watch", "run-1", "--interval", "1"],
+                                     ["logs", "run-1"], ["delete", "run-1"]])
+def test_a_server_that_never_answers_is_a_one_line_runtime_error(
+        command: list[str], silent_api_server: tuple[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    server, kubeconfig = silent_api_server
+    started = time.monotonic()
+    code = main(["--kubeconfig", str(kubeconfig), "--request-timeout", "0.2", *command])
+    elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert code == 1, err  # runtime (a retry may succeed), not the usage code 2
+    assert err.count("\n") == 1 and err.startswith(f"error: kubernetes API {server}: read_namespaced_job: "), err
+    assert "0.2s" in err and elapsed < 2
+
+
+def test_watch_gives_up_at_its_deadline_naming_the_run() -> None:
+    job = {"metadata": {"name": "run-1"}, "spec": {}, "status": {"active": 1}}
+
+    class Batch:
+        def read_namespaced_job(self, name: str, namespace: str) -> dict:
+            return job
+
+    class Core:
+        def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
+            return type("Pods", (), {"items": []})()
+
+    slept: list[float] = []
+    with pytest.raises(submit.RuntimeFailure, match=r"job/run-1: still Pending after 0.2s \(watch --timeout\)"):
+        submit._watch(Batch(), Core(), "training", "run-1", 10.0, clock=lambda: 0.0,
+                      sleep=lambda seconds: (slept.append(seconds), __import__("time").sleep(seconds)),
+                      timeout=0.2)
+    assert slept and max(slept) <= 0.2  # never sleeps past the deadline

@@ -26,13 +26,20 @@ from workloads.cli import ArgumentParser  # noqa: E402
 from workloads.data.format import atomic_write_bytes  # noqa: E402
 
 
-def _csv(text: str | None) -> list[str]:
-    return [item.strip() for item in (text or "").split(",") if item.strip()]
+def _csv(text: str | None, flag: str) -> list[str]:
+    """A comma-separated flag's items; a flag given with an empty item (`,,,`, `a,,b`) is an error, never read as
+    the flag's absence (an empty --runner-labels would silently mean a GitHub-hosted runner)."""
+    if text is None:
+        return []
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise ConfigError([(flag, f"{text!r} has an empty item: give comma-separated values, e.g. a,b")])
+    return items
 
 
 def _from_aws(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     """(account, region, zones): the flags, else the current credentials' answers."""
-    account, region, zones = args.account, args.region, _csv(args.zones)
+    account, region, zones = args.account, args.region, _csv(args.zones, "--zones")
     if account and region and zones:
         return account, region, zones
     import boto3
@@ -80,7 +87,7 @@ def main(argv: list[str]) -> int:
             stack=args.stack, account_id=account, region=region, availability_zones=tuple(zones),
             admin_role_arn=args.admin_role_arn, researcher_role_arn=args.researcher_role_arn,
             public_access_cidrs=tuple(args.cidrs or ("0.0.0.0/0",)),
-            deploy_runner_labels=tuple(_csv(args.runner_labels))))
+            deploy_runner_labels=tuple(_csv(args.runner_labels, "--runner-labels"))))
     except ConfigError as exc:
         print("\n".join(exc.lines()), file=sys.stderr)
         return 2

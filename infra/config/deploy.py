@@ -24,6 +24,7 @@ from infra.config.base import StrictModel
 
 EKS_MAX_PUBLIC_CIDRS = 40  # the EKS API's limit on publicAccessCidrs
 ANYWHERE = "0.0.0.0/0"
+MIN_EGRESS_PREFIX = 16  # a runner's static egress: NAT addresses or a larger runner's range (/28 to /32 in practice)
 DEFAULT_LABELS = ("ubuntu-latest",)
 
 
@@ -38,7 +39,13 @@ class DeployConfig(StrictModel):
     @classmethod
     def _cidrs(cls, cidrs: list[str]) -> list[str]:
         for cidr in cidrs:
-            ipaddress.IPv4Network(cidr, strict=True)
+            network = ipaddress.IPv4Network(cidr, strict=True)
+            # Each is added to the endpoint's publicAccessCidrs: 0.0.0.0/0 here would open a restricted endpoint
+            # to the world without anyone writing that in cluster.publicAccessCidrs.
+            if network.prefixlen < MIN_EGRESS_PREFIX:
+                raise ValueError(f"{cidr} is {network.num_addresses} addresses, not a runner's static egress (a "
+                                 f"/{MIN_EGRESS_PREFIX} or smaller); to open the endpoint to everyone, say so in "
+                                 "cluster.publicAccessCidrs")
         return cidrs
 
     @field_validator("labels")

@@ -20,11 +20,14 @@ from infra.config.schema import NAMESPACE, SECRET_KEYS, ConfigError, StackConfig
 # Sections a pool check does not need: dropped from the partial config when they fail validation.
 _OPTIONAL = {"jobs", "storage", "gpu", "kueue", "monitoring", "tags", "labelPrefix", "protected", "kubeconfig",
              "cosHmacAccessKeyId", "cosHmacSecretAccessKey", "deploy", "accountId"}
+# What other sections' checks read of a dropped one: with storage dropped the partial config has no buckets, so a
+# Job's bucket would be "not one of this stack's buckets" only because of the error already reported.
+_READS_DROPPED = {"storage": re.compile(r"^ml-cluster:jobs\[\d+\]\.(dataset|checkpoint)\b")}
 
 
-def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]] | None:
-    """(config without the failing parts, original index of each kept node pool), or None if what failed is
-    needed by every check (platform, network, cluster...)."""
+def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int], set[str]] | None:
+    """(config without the failing parts, original index of each kept node pool, the sections dropped), or None
+    if what failed is needed by every check (platform, network, cluster...)."""
     ours: dict[str, Any] = {}
     for key, value in raw.items():
         if key == "aws:region":
@@ -34,9 +37,10 @@ def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]
             ours[name] = "plaintext-rejected" if name in SECRET_KEYS and not isinstance(value, str) else value
     pools = ours.get("nodePools")
     kept = list(range(len(pools))) if isinstance(pools, list) else []
+    dropped: set[str] = set()
     for _ in range(4):
         try:
-            return StackConfig.model_validate(ours), kept
+            return StackConfig.model_validate(ours), kept, dropped
         except ValidationError as exc:
             drop_pools: set[int] = set()
             for error in exc.errors():
@@ -46,6 +50,7 @@ def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]
                     drop_pools.add(loc[1])
                 elif top in _OPTIONAL:
                     ours.pop(str(top), None)
+                    dropped.add(str(top))
                 else:
                     return None
             if drop_pools and isinstance(pools, list):
@@ -71,7 +76,7 @@ def more_pool_problems(raw: Mapping[str, Any], error: ConfigError, check: Any) -
     partial = partial_stack_config(raw)
     if partial is None:
         return []
-    cfg, kept = partial
+    cfg, kept, _ = partial
     reported = {_pool_index(path) for path, _ in error.problems} - {None}
     try:
         check(cfg)
@@ -100,8 +105,9 @@ def more_stack_problems(raw: Mapping[str, Any], error: ConfigError, check: Any) 
     partial = partial_stack_config(raw)
     if partial is None:
         return []
-    cfg, kept = partial
+    cfg, kept, dropped = partial
     reported = {_section(path) for path, _ in error.problems}
+    consequences = [_READS_DROPPED[section] for section in dropped if section in _READS_DROPPED]
     try:
         check(cfg)
     except ConfigError as more:
@@ -112,7 +118,10 @@ def more_stack_problems(raw: Mapping[str, Any], error: ConfigError, check: Any) 
                 if index >= len(kept):
                     continue
                 path = _renumber(config_path(path), kept)
-            if _section(path) not in reported and path != "stack":
-                extra.append((path, why))
+            if _section(path) in reported or path == "stack":
+                continue
+            if any(rule.match(config_path(path)) for rule in consequences):
+                continue  # follows from a section that failed and was dropped
+            extra.append((path, why))
         return extra
     return []

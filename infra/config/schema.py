@@ -20,6 +20,7 @@ from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.queueing import KueueConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
+from infra.stackyaml import load_stack_yaml
 from workloads.jobspec import TrainingJobSpec
 
 PROJECT = "ml-cluster"
@@ -34,6 +35,9 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
 
+MAX_REPORTED_PROBLEMS = 200
+
+
 class ConfigError(ValueError):
     """A stack config (or a Job spec in it) that cannot be deployed; one `path: why` per problem."""
 
@@ -43,23 +47,24 @@ class ConfigError(ValueError):
 
     def shown(self) -> list[tuple[str, str]]:
         """The problems as reported: one path style (`ml-cluster:jobs[0].memory`), each problem once."""
-        shown: list[tuple[str, str]] = []
-        for path, why in self.problems:
-            problem = (config_path(path), why)
-            if problem not in shown:
-                shown.append(problem)
-        return shown
+        return list(dict.fromkeys((config_path(path), why) for path, why in self.problems))
 
-    def lines(self) -> list[str]:
-        return [f"error: {path}: {why}" for path, why in self.shown()]
+    def lines(self, limit: int = MAX_REPORTED_PROBLEMS) -> list[str]:
+        """One `error:` line per problem; past `limit`, one line that counts the rest (a file of 40,000 unknown
+        keys needs its first lines read, not all of them)."""
+        shown = self.shown()
+        lines = [f"error: {path}: {why}" for path, why in shown[:limit]]
+        if len(shown) > limit:
+            lines.append(f"error: config: {len(shown) - limit} more problems not shown (fix the ones above first)")
+        return lines
 
 
 def config_path(path: str) -> str:
     """A problem's path in the one style used everywhere: the stack-file key, then the field path with list
     indices in brackets: `jobs.0.memory` -> `ml-cluster:jobs[0].memory`, `region` -> `aws:region`. Paths that
-    are not config fields (a file, `stack`, `config`, `arguments`) are left as they are."""
+    are not config fields (a file, `stack`, `config`, `arguments`, a `--flag`) are left as they are."""
     first = re.split(r"[.\[]", path, maxsplit=1)[0]
-    if first in ("", "config", "stack", "arguments") or "/" in first or path.startswith(("{", "[", '"')):
+    if first in ("", "config", "stack", "arguments") or "/" in first or path.startswith(("{", "[", '"', "-")):
         return path
     match = re.match(r"^((?:[A-Za-z0-9_-]+:)?[A-Za-z0-9_-]+)(.*)$", path, re.DOTALL)
     if match is None:
@@ -388,7 +393,7 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], list[str]]:
         text = path.read_bytes().decode("utf-8")
         if "\x00" in text:
             raise ConfigError([(where, "is a binary file, not a YAML stack file")])
-        document = yaml.safe_load(text)
+        document = load_stack_yaml(text)
     except OSError as exc:
         raise ConfigError([(where, f"cannot read: {exc.strerror}")]) from None
     except UnicodeDecodeError as exc:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from infra.stackyaml import load_stack_yaml
+
 PROTECTED_KEY = "ml-cluster:protected"
 
 
@@ -28,7 +30,7 @@ def stack_protected(path: Path) -> bool:
     Anything else but false/"false"/absent is an error: a guard must not guess.
     """
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        document = load_stack_yaml(path.read_text(encoding="utf-8")) or {}
     except OSError as exc:
         raise StackFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:

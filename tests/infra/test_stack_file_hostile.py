@@ -1,0 +1,110 @@
+"""Stack files written to hurt: YAML alias bombs and recursive aliases, tens of thousands of unknown keys, one bad
+section that would cascade into false errors elsewhere, flags and networks that silently widen what a stack does."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.config import ConfigError, parse_stack_config, read_stack_file
+from infra.config.deploy import DeployConfig
+from infra.config.schema import MAX_REPORTED_PROBLEMS
+from infra.plan.engine import STACKS_DIR
+from infra.policy.stackfile import StackFileError, stack_protected
+from infra.stackyaml import MAX_EXPANDED_NODES, load_stack_yaml
+from scripts import new_stack
+from scripts import plan as plan_cli
+
+DEV = (STACKS_DIR / "Pulumi.dev.yaml").read_text()
+
+
+def _with_config_lines(lines: str) -> str:
+    return DEV.replace("config:\n", "config:\n" + lines, 1)
+
+
+def laughs(levels: int) -> str:
+    """A "billion laughs" file: each level an alias list of nine of the level below (9**levels strings)."""
+    text = '  ml-cluster:l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    for level in range(1, levels + 1):
+        text += f"  ml-cluster:l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * 9)}]\n"
+    return _with_config_lines(text)
+
+
+def test_an_alias_bomb_is_refused_at_once_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text(laughs(9))  # 387 million strings if expanded
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        read_stack_file(path)
+    assert time.monotonic() - started < 5
+    [(where, why)] = caught.value.problems
+    assert where == str(path) and why.startswith("invalid YAML at line ")
+    assert f"aliases expand the file beyond {MAX_EXPANDED_NODES} nodes" in why
+    with pytest.raises(StackFileError, match="aliases expand the file"):  # the destroy guard reads it safely too
+        stack_protected(path)
+
+
+@pytest.mark.parametrize("value", ["&loop [*loop]", "&loop {a: *loop}", "&loop [[1, *loop]]"])
+def test_a_recursive_alias_is_one_error_line(tmp_path: Path, value: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text(_with_config_lines(f"  ml-cluster:loop: {value}\n"))
+    assert plan_cli.main(["--stack", "dev", "--config", str(path)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {path}: invalid YAML at line ") and "alias *loop refers to a node that contains" \
+        in line
+
+
+def test_aliases_within_the_budget_still_work() -> None:
+    assert load_stack_yaml("a: &pool {name: gpu, maxSize: 2}\nb: [*pool, *pool]\n") == {
+        "a": {"name": "gpu", "maxSize": 2}, "b": [{"name": "gpu", "maxSize": 2}] * 2}
+    assert load_stack_yaml(laughs(4).replace("ml-cluster:", "x")) is not None  # 9**4 = 6561 strings
+
+
+def test_forty_thousand_unknown_keys_take_linear_time_and_a_bounded_report() -> None:
+    values = {key: value for key, value in yaml.safe_load(DEV)["config"].items()}
+    storage = dict(values["ml-cluster:storage"])
+    storage.update({f"k{i}": 1 for i in range(40_000)})
+    values["ml-cluster:storage"] = storage
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(values)
+    lines = caught.value.lines()
+    assert time.monotonic() - started < 20  # was minutes: de-duplication compared every pair
+    assert len(caught.value.shown()) == 40_000 and len(lines) == MAX_REPORTED_PROBLEMS + 1
+    assert lines[-1] == "error: config: 39800 more problems not shown (fix the ones above first)"
+
+
+def test_one_bad_storage_key_does_not_make_every_job_bucket_unknown(plan_config: Any) -> None:
+    document = yaml.safe_load((STACKS_DIR / "Pulumi.prod.yaml").read_text())["config"]
+    storage = {**document["ml-cluster:storage"], "addonVersions": {"aws-efs-csi-driver": "v1"}}
+    jobs = document["ml-cluster:jobs"]
+    jobs[0]["dataset"] = {"uri": "s3://mlc-prod-datasets-111122223333/laion/", "mountPath": "/data/laion",
+                          "staging": "cache", "stagedSize": "400Gi"}
+    with pytest.raises(ConfigError) as caught:
+        plan_config("prod", {"ml-cluster:storage": storage, "ml-cluster:jobs": jobs})
+    assert [path for path, _ in caught.value.shown()] == ["ml-cluster:storage.addonVersions.aws-efs-csi-driver"]
+
+
+@pytest.mark.parametrize("cidr", ["0.0.0.0/0", "52.0.0.0/8", "52.0.0.0/15"])
+def test_egress_cidrs_cannot_open_the_endpoint_to_the_world(cidr: str) -> None:
+    with pytest.raises(ValueError, match="not a runner's static egress"):
+        DeployConfig.model_validate({"egressCidrs": [cidr]})
+    assert DeployConfig.model_validate({"egressCidrs": ["52.1.0.0/16", "52.9.9.0/28"]}).egress_cidrs
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--runner-labels", ",,,"), ("--runner-labels", "a,,b"),
+                                             ("--zones", ",")])
+def test_an_empty_list_flag_is_an_error_not_a_default(tmp_path: Path, flag: str, value: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--stack", "team", "--admin-role-arn", "arn:aws:iam::123456789012:role/admins", "--account",
+            "123456789012", "--region", "us-west-2", "--zones", "us-west-2a,us-west-2b", "--stacks-dir",
+            str(tmp_path), flag, value]
+    assert new_stack.main(args) == 2
+    assert capsys.readouterr().err == f"error: {flag}: {value!r} has an empty item: give comma-separated values, " \
+                                      "e.g. a,b\n"
+    assert list(tmp_path.iterdir()) == []

@@ -267,7 +267,8 @@ def test_unreachable_endpoint_and_missing_bucket_fail_before_packing(tmp_path: P
     dead = f"http://127.0.0.1:{free_port()}"
     code, _, err = cli(["pack", tmp_path / "src", tmp_path / "out", *COMMON, "--upload", f"s3://{bucket}/p",
                         "--endpoint-url", dead], capsys)
-    assert code == 2 and one_line(err) and err.startswith(f"error: s3://{bucket}/p: cannot connect"), err
+    # Nothing answering is a runtime failure (exit 1, retried), a bucket that does not exist a config error (2).
+    assert code == 1 and one_line(err) and err.startswith(f"error: s3://{bucket}/p: cannot connect"), err
     assert not (tmp_path / "out").exists()
     code, _, err = cli(["pack", tmp_path / "src", tmp_path / "out", *COMMON, "--upload", "s3://no-such-bucket/p",
                         "--endpoint-url", s3_url], capsys)

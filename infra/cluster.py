@@ -130,6 +130,12 @@ class EksCluster(pulumi.ComponentResource):
         aws.vpc.SecurityGroupEgressRule(ctx.name("cluster", "node-egress"), security_group_id=node_sg.id,
                                         cidr_ipv4="0.0.0.0/0", ip_protocol="-1", description="all egress",
                                         opts=child)
+        # EFA's SRD traffic is matched by security-group rules only, never by CIDRs: without egress to the group
+        # itself NCCL over EFA fails with "unresponsive receiver" (EC2 User Guide, "Prepare an EFA-enabled
+        # security group": all traffic to and from the group itself).
+        aws.vpc.SecurityGroupEgressRule(ctx.name("cluster", "node-to-node"), security_group_id=node_sg.id,
+                                        referenced_security_group_id=node_sg.id, ip_protocol="-1",
+                                        description="node to node (EFA)", opts=child)
 
         for index, entry in enumerate(cfg.access_entries):
             access = aws.eks.AccessEntry(ctx.name("cluster", f"access-{index}"), cluster_name=cluster.name,

@@ -15,6 +15,11 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 # defaults_linux.go, DefaultEvictionHard): the share of the kubelet's disk pods never get. Node pools put the
 # kubelet's disk on the NVMe RAID0, so this is the share of the NVMe a pod's ephemeral storage cannot use.
 EVICTION_HARD_NODEFS = 0.10
+# The EFA device plugin's resource (aws/eks-charts stable/aws-efa-k8s-device-plugin) and the 2 MiB hugepages a pod
+# using EFA asks for (libfabric's EFA provider registers its bounce buffers in hugepages; AWS's EKS nccl-tests
+# examples request 5120Mi). EFA node pools preallocate enough pages for one such pod per node.
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+EFA_HUGEPAGES = "5120Mi"
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,7 @@ class PoolFacts:
     cpu_per_gpu_millicores: int | None = None
     memory_per_gpu_bytes: int | None = None
     labels: dict[str, str] = field(default_factory=dict)  # node labels the pool's nodes carry
+    efa_interfaces: int = 0  # EFA interfaces per node (EFA_RESOURCE); 0: the pool has no EFA
 
     def nvme_allocatable_gib(self) -> int:
         """What pods may use of the NVMe (whole GiB): the kubelet keeps nodefs.available free."""

@@ -116,6 +116,9 @@ class NodePoolConfig(StrictModel):
     local_storage: LocalStorageConfig = LocalStorageConfig()
     max_unavailable: int = Field(default=1, ge=1, le=100)
     availability_zones: list[str] = Field(default=[], description="restrict to these AZs' private subnets")
+    # Elastic Fabric Adapter on every network card the type has, in one AZ and a cluster placement group; multi-node
+    # Jobs on the pool get its interfaces and the libfabric/NCCL settings (docs/architecture.md, EFA).
+    efa: bool = False
 
     @model_validator(mode="after")
     def _shape(self) -> NodePoolConfig:
@@ -134,6 +137,12 @@ class NodePoolConfig(StrictModel):
                 f"node pool {self.name}: gpu={str(self.gpu).lower()} but existing.gpusPerNode="
                 f"{self.existing.gpus_per_node}"
             )
+        if self.efa and self.existing is not None:
+            raise ValueError(f"node pool {self.name}: efa is for EKS pools (instanceTypes); existing nodes keep the "
+                             "network they have")
+        if self.efa and len(self.availability_zones) > 1:
+            raise ValueError(f"node pool {self.name}: an EFA pool lives in one availability zone (one cluster "
+                             f"placement group): set availabilityZones to one of {', '.join(self.availability_zones)}")
         if any(taint.key == "nvidia.com/gpu" for taint in self.taints):
             raise ValueError(f"node pool {self.name}: the nvidia.com/gpu taint is added to GPU pools automatically")
         return self
@@ -175,6 +184,12 @@ class AutoscalerConfig(HelmChartConfig):
     balance_similar_node_groups: bool = True
 
 
+class EfaDevicePluginConfig(HelmChartConfig):
+    # https://aws.github.io/eks-charts, chart aws-efa-k8s-device-plugin (its versions carry a v); installed when a
+    # pool has efa: true
+    chart_version: str = Field(default="v0.5.30", pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+
+
 class SizingConfig(StrictModel):
     """Per-node CPU and memory held back beyond kubelet's reservations (system daemons, node DaemonSets)."""
 
@@ -186,4 +201,5 @@ class GpuConfig(StrictModel):
     device_plugin: DevicePluginConfig = DevicePluginConfig()
     dcgm_exporter: DcgmExporterConfig = DcgmExporterConfig()
     autoscaler: AutoscalerConfig = AutoscalerConfig()
+    efa_device_plugin: EfaDevicePluginConfig = EfaDevicePluginConfig()
     sizing: SizingConfig = SizingConfig()

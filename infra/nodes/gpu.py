@@ -19,11 +19,12 @@ import pulumi_kubernetes as k8s
 from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, GpuConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
-from infra.nodes.poolplan import GPU_PRESENT_LABEL, PoolPlan
+from infra.nodes.poolplan import EFA_LABEL, GPU_PRESENT_LABEL, PoolPlan
 
 DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
 DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
 AUTOSCALER_REPO = "https://kubernetes.github.io/autoscaler"
+EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 
 
@@ -98,6 +99,18 @@ def dcgm_exporter_values(cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], lab
 # match the control plane's, and its patches fix the autoscaler, so a stack runs the newest one.
 AUTOSCALER_RELEASES = {"1.30": "v1.30.7", "1.31": "v1.31.5", "1.32": "v1.32.7", "1.33": "v1.33.6",
                        "1.34": "v1.34.5", "1.35": "v1.35.2", "1.36": "v1.36.1"}
+
+
+def efa_device_plugin_values(plans: Sequence[PoolPlan], label_prefix: str) -> dict[str, Any]:
+    """aws-efa-k8s-device-plugin values: only on EFA pools (their <prefix>/efa label; the chart's own affinity also
+    lists every EFA instance type, values.yaml:10-13), tolerating those pools' taints (the chart tolerates only
+    CriticalAddonsOnly, templates/daemonset.yaml:34-39)."""
+    tolerations: dict[tuple[str, str], dict[str, str]] = {}
+    for plan in plans:
+        for taint in plan.taints if plan.efa_interfaces else ():
+            tolerations.setdefault((taint.key, taint.kubernetes_effect),
+                                   {"key": taint.key, "operator": "Exists", "effect": taint.kubernetes_effect})
+    return {"nodeSelector": {f"{label_prefix}/{EFA_LABEL}": "true"}, "tolerations": list(tolerations.values())}
 
 
 def autoscaler_image_tag(cfg: AutoscalerConfig, kubernetes_version: str) -> str:
@@ -227,6 +240,16 @@ class GpuPlumbing(pulumi.ComponentResource):
                 cfg.dcgm_exporter.chart_version,
                 cfg.dcgm_exporter.namespace,
                 dcgm_exporter_values(cfg.dcgm_exporter, args.pools, ctx.label_prefix),
+                k8s_opts,
+            )
+        if cfg.efa_device_plugin.enabled and any(plan.efa_interfaces for plan in args.pools):
+            self.releases["aws-efa-k8s-device-plugin"] = self._release(
+                ctx.name("gpu", "efa-device-plugin"),
+                "aws-efa-k8s-device-plugin",
+                EFA_DEVICE_PLUGIN_REPO,
+                cfg.efa_device_plugin.chart_version,
+                cfg.efa_device_plugin.namespace,
+                efa_device_plugin_values(args.pools, ctx.label_prefix),
                 k8s_opts,
             )
         if cluster.is_eks and cfg.autoscaler.enabled:

@@ -47,6 +47,8 @@ class InstanceShape:
     local_ssd_gb: int = 0  # total NVMe SSD instance store, decimal GB as EC2 reports it
     architectures: tuple[str, ...] = ("x86_64",)
     eni_max_pods: int | None = None  # ENIs x (IPv4 per ENI - 1) + 2, when the API reports the ENI limits
+    efa_interfaces: int = 0  # EfaInfo.MaximumEfaInterfaces; 0: the type has no EFA
+    network_cards: tuple[int, ...] = (0,)  # NetworkCardIndex of each network card
 
     @property
     def local_ssd_gib(self) -> int:
@@ -93,6 +95,10 @@ def shape_from_result(instance_type: str, result: Any) -> InstanceShape:
         local_ssd_gb=ssd_gb,
         architectures=tuple(_field(result, "supported_architectures", "supportedArchitectures") or ("x86_64",)),
         eni_max_pods=_eni_max_pods(result),
+        efa_interfaces=int(_field(result, "efa_maximum_interfaces", "efaMaximumInterfaces") or 0)
+        if _field(result, "efa_supported", "efaSupported") else 0,
+        network_cards=tuple(sorted(int(_field(card, "index", "index") or 0)
+                                   for card in _field(result, "network_cards", "networkCards") or [])) or (0,),
     )
 
 

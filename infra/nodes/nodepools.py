@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from email import encoders
 from email.mime.application import MIMEApplication
 from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
 from typing import Any
 
 import pulumi
@@ -19,7 +20,8 @@ import pulumi_aws as aws
 import yaml
 
 from infra.context import ClusterInfo, NetworkInfo, StackContext
-from infra.nodes.poolplan import CAS_TEMPLATE, PoolPlan
+from infra.nodes.poolplan import CAS_TEMPLATE, EFA_NODE_HUGEPAGES, PoolPlan
+from workloads.cluster_facts import EFA_HUGEPAGES, EFA_RESOURCE
 from workloads.quantity import format_bytes
 
 NODECONFIG_API_VERSION = "node.eks.aws/v1alpha1"
@@ -44,14 +46,22 @@ def nodeconfig_raid0() -> dict[str, Any]:
     }
 
 
-def mime_user_data(nodeconfigs: list[dict[str, Any]]) -> str:
-    """MIME multi-part user data with one application/node.eks.aws part per NodeConfig (for nodeadm)."""
+def mime_user_data(nodeconfigs: list[dict[str, Any]], scripts: list[str] | None = None) -> str:
+    """MIME multi-part user data with one application/node.eks.aws part per NodeConfig (for nodeadm) and one
+    text/x-shellscript part per script (cloud-init runs them after nodeadm's config phase, before the kubelet
+    starts, so what they set is in the node's capacity from its first heartbeat)."""
     message = MIMEMultipart("mixed", boundary=MIME_BOUNDARY)
     for nodeconfig in nodeconfigs:
         text = "---\n" + yaml.safe_dump(nodeconfig, sort_keys=False)
         part = MIMEApplication(text, "node.eks.aws", _encoder=encoders.encode_7or8bit)
         message.attach(part)
+    for script in scripts or []:
+        message.attach(MIMEText(script, "x-shellscript"))
     return message.as_string()
+
+
+def hugepages_script(pages: int) -> str:
+    return f"#!/bin/bash\n# 2 MiB hugepages for EFA (libfabric)\nsysctl -w vm.nr_hugepages={pages}\n"
 
 
 def bottlerocket_user_data() -> str:
@@ -70,11 +80,16 @@ def bottlerocket_user_data() -> str:
 
 def user_data(plan: PoolPlan) -> str | None:
     """The launch template's user data (plain text) for a pool; None when the defaults do."""
-    if not plan.nvme_gib:
+    pages = EFA_NODE_HUGEPAGES if plan.efa_interfaces else 0
+    if not plan.nvme_gib and not pages:
         return None
     if plan.is_bottlerocket:
-        return bottlerocket_user_data()
-    return mime_user_data([nodeconfig_raid0()])
+        settings = bottlerocket_user_data() if plan.nvme_gib else ""
+        if pages:
+            settings += f'[settings.kernel.sysctl]\n"vm.nr_hugepages" = "{pages}"\n'
+        return settings
+    return mime_user_data([nodeconfig_raid0()] if plan.nvme_gib else [],
+                          [hugepages_script(pages)] if pages else [])
 
 
 def root_device_name(plan: PoolPlan) -> str:
@@ -118,6 +133,9 @@ def autoscaler_template_tags(plan: PoolPlan) -> dict[str, str]:
         tags[f"{CAS_TEMPLATE}/taint/{taint.key}"] = f"{taint.value}:{taint.kubernetes_effect}"
     if plan.gpus_per_node:
         tags[f"{CAS_TEMPLATE}/resources/nvidia.com/gpu"] = str(plan.gpus_per_node)
+    if plan.efa_interfaces:
+        tags[f"{CAS_TEMPLATE}/resources/{EFA_RESOURCE}"] = str(plan.efa_interfaces)
+        tags[f"{CAS_TEMPLATE}/resources/hugepages-2Mi"] = EFA_HUGEPAGES
     tags[f"{CAS_TEMPLATE}/resources/ephemeral-storage"] = format_bytes(plan.ephemeral_storage_bytes)
     return tags
 
@@ -127,15 +145,37 @@ def tag_slug(key: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", key.removeprefix(CAS_TEMPLATE + "/").lower()).strip("-")
 
 
+def pool_zones(plan: PoolPlan, network: NetworkInfo) -> list[str]:
+    """The AZs a pool's nodes may start in. An EFA pool has one: its own, or else the network's first AZ in name
+    order, so that AWS adding an AZ to the region never moves (replaces) the pool."""
+    zones = list(plan.config.availability_zones)
+    if plan.efa_interfaces and not zones:
+        zones = sorted({ref.availability_zone for ref in network.private_subnets})[:1]
+    return zones
+
+
 def pool_subnet_ids(plan: PoolPlan, network: NetworkInfo) -> list[pulumi.Input[str]]:
-    zones = plan.config.availability_zones
+    zones = pool_zones(plan, network)
     subnets = [ref for ref in network.private_subnets if not zones or ref.availability_zone in zones]
     if not subnets:
         raise ValueError(
             f"node pool {plan.name}: no private subnet in availabilityZones {', '.join(zones)} "
             f"(the network has {', '.join(sorted({r.availability_zone for r in network.private_subnets}))})"
         )
-    return [ref.id for ref in subnets]
+    # EFA traffic stays inside one subnet's placement group: an EFA pool gets exactly one subnet.
+    return [ref.id for ref in (subnets[:1] if plan.efa_interfaces else subnets)]
+
+
+def efa_network_interfaces(plan: PoolPlan) -> list[dict[str, Any]]:
+    """One EFA interface per network card: card 0's is the primary interface (device 0, `efa`: IP and EFA), every
+    other card's an `efa-only` interface at device 1 (no IP address used; EC2 User Guide, "Maximize network
+    bandwidth on accelerated instances"; the same layout as terraform-aws-modules/eks
+    modules/eks-managed-node-group/main.tf:57-64). Security groups go on the interfaces (a launch template with
+    interfaces takes none of its own)."""
+    cards = plan.network_cards[: plan.efa_interfaces]
+    return [{"network_card_index": card, "device_index": 0 if position == 0 else 1,
+             "interface_type": "efa" if position == 0 else "efa-only", "delete_on_termination": "true"}
+            for position, card in enumerate(cards)]
 
 
 def _asg_name(resources: Any) -> str | None:
@@ -175,6 +215,15 @@ class NodePools(pulumi.ComponentResource):
             subnet_ids = pool_subnet_ids(plan, args.network)
             child = pulumi.ResourceOptions(parent=self)
             text = user_data(plan)
+            placement, interfaces = None, None
+            if plan.efa_interfaces:
+                # A cluster placement group keeps the pool's nodes on one network spine (lowest EFA latency).
+                group_name = f"{ctx.prefix}-{plan.name}"
+                aws.ec2.PlacementGroup(ctx.name("nodepools", f"{plan.name}-pg"), name=group_name, strategy="cluster",
+                                       tags=ctx.tags, opts=child)
+                placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=group_name)
+                interfaces = [aws.ec2.LaunchTemplateNetworkInterfaceArgs(**interface, security_groups=security_groups)
+                              for interface in efa_network_interfaces(plan)]
             template = aws.ec2.LaunchTemplate(
                 ctx.name("nodepools", f"{plan.name}-lt"),
                 description=f"{ctx.stack} node pool {plan.name}",
@@ -186,7 +235,9 @@ class NodePools(pulumi.ComponentResource):
                     )
                     for mapping in block_device_mappings(plan)
                 ],
-                vpc_security_group_ids=security_groups,
+                vpc_security_group_ids=None if interfaces else security_groups,
+                network_interfaces=interfaces,
+                placement=placement,
                 user_data=base64.b64encode(text.encode()).decode() if text else None,
                 update_default_version=True,
                 tag_specifications=[

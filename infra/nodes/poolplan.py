@@ -15,6 +15,7 @@ from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.schema import ConfigError, StackConfig
 from infra.nodes.instances import (
     GIB,
+    MIB,
     InstanceShape,
     UnknownInstanceType,
     lookup_instance_shape,
@@ -31,6 +32,10 @@ CAS_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"  # ASG tag prefix clust
 # scale-up as done, only when it carries this label (kubernetes/autoscaler cluster-autoscaler-1.33.0,
 # cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go:38 GPULabel, :94 GetNodeGpuConfig).
 ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+# 2 MiB pages an EFA node preallocates at boot (its user data): EFA_HUGEPAGES (5120Mi) for the one gang pod a node
+# runs, plus 8 pages of headroom. The kubelet reports them as hugepages-2Mi and takes them out of allocatable memory.
+EFA_NODE_HUGEPAGES = 2568
+EFA_LABEL = "efa"  # <prefix>/efa=true on EFA pools: the EFA device plugin's nodeSelector
 ASG_TAG_KEY_MAX = 128
 
 ShapeLookup = Callable[[str], InstanceShape]
@@ -68,6 +73,8 @@ class PoolPlan:
     memory_per_gpu_bytes: int | None = None
     allocatable_cpu_millicores: int = 0  # per node, after kubelet and system reservations
     allocatable_memory_bytes: int = 0
+    efa_interfaces: int = 0  # EFA interfaces per node (one per network card); 0 without EFA
+    network_cards: tuple[int, ...] = (0,)  # the type's network card indexes (the launch template's interfaces)
 
     @property
     def name(self) -> str:
@@ -95,6 +102,7 @@ class PoolPlan:
             cpu_per_gpu_millicores=self.cpu_per_gpu_millicores,
             memory_per_gpu_bytes=self.memory_per_gpu_bytes,
             labels=dict(self.labels),
+            efa_interfaces=self.efa_interfaces,
         )
 
 
@@ -194,6 +202,8 @@ def _check_instance_pool(path: str, pool: NodePoolConfig, shapes: Sequence[Insta
                 f"pool {pool.name} mixes CPU architectures: {', '.join(sorted(architectures))}",
             )
         )
+    if pool.efa:
+        problems += _efa_problems(path, pool, shapes)
     if pool.local_storage.mode == "raid0" and pool.ami_family == "bottlerocket" and not shapes[0].local_ssd_gb:
         # Bottlerocket's essential bootstrap command `apiclient ephemeral-storage init` fails without instance
         # store disks, and an essential bootstrap command that fails stops the boot.
@@ -213,6 +223,26 @@ def _check_instance_pool(path: str, pool: NodePoolConfig, shapes: Sequence[Insta
             )
         )
     return problems
+
+
+def _efa_problems(path: str, pool: NodePoolConfig, shapes: Sequence[InstanceShape]) -> list[tuple[str, str]]:
+    without = [s.instance_type for s in shapes if not s.efa_interfaces]
+    if without:
+        return [(f"{path}.efa", f"pool {pool.name} has efa: true but {', '.join(without)} has no EFA "
+                                "(aws ec2 describe-instance-types --filters Name=network-info.efa-supported,"
+                                "Values=true)")]
+    layouts = {(s.efa_interfaces, s.network_cards) for s in shapes}
+    if len(layouts) > 1:
+        described = ", ".join(f"{s.instance_type} ({s.efa_interfaces} EFA on {len(s.network_cards)} network cards)"
+                              for s in shapes)
+        return [(f"{path}.instanceTypes", f"pool {pool.name} mixes EFA layouts: {described}; one launch template "
+                                          "holds one layout: split the pool")]
+    shape = shapes[0]
+    if shape.efa_interfaces > len(shape.network_cards):
+        return [(f"{path}.instanceTypes", f"pool {pool.name}: {shape.instance_type} reports {shape.efa_interfaces} "
+                                          f"EFA interfaces on {len(shape.network_cards)} network cards; one "
+                                          "interface per card is all a launch template can attach")]
+    return []
 
 
 def _base_labels(
@@ -257,6 +287,7 @@ def plan_instance_pool(
     ami = ami_type(pool.ami_family, pool.gpu, smallest.architectures[0])
     gpu_present = pool.gpu and pool.ami_family != "bottlerocket"
     disk_gib = nvme_gib or pool.disk_size_gib
+    efa = min(shapes[0].efa_interfaces, len(shapes[0].network_cards)) if pool.efa else 0
     plan = PoolPlan(
         config=pool,
         gpu_type=gpu_type,
@@ -267,16 +298,20 @@ def plan_instance_pool(
         labels={
             **({ACCELERATOR_LABEL: accelerator_label_value(gpu_type)} if gpu_type is not None else {}),
             **_base_labels(pool, label_prefix, gpu_type, gpus, gpu_memory_gib, nvme_gib, gpu_present),
+            **({f"{label_prefix}/{EFA_LABEL}": "true"} if efa else {}),
         },
         taints=_taints(pool, pool.gpu),
         ephemeral_storage_bytes=int(disk_gib * GIB * (1 - EVICTION_HARD_NODEFS)) // GIB * GIB,
+        efa_interfaces=efa,
+        network_cards=shapes[0].network_cards,
     )
     allocatable = node_allocatable(
         smallest.vcpus,
         smallest.memory_mib,
         smallest.max_pods,
         quantity_millicores(gpu_cfg.sizing.system_reserved_cpu),
-        quantity_bytes(gpu_cfg.sizing.system_reserved_memory),
+        # preallocated hugepages are not allocatable memory
+        quantity_bytes(gpu_cfg.sizing.system_reserved_memory) + (EFA_NODE_HUGEPAGES * 2 * MIB if efa else 0),
     )
     plan = replace(plan, allocatable_cpu_millicores=allocatable.cpu_millicores,
                    allocatable_memory_bytes=allocatable.memory_bytes)

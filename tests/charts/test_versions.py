@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from infra.config.monitoring import MonitoringConfig
-from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, DevicePluginConfig
+from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, DevicePluginConfig, EfaDevicePluginConfig
 from infra.config.queueing import KueueConfig
 from infra.storage.drivers import CSI_S3_CHART, IBM_COS_CHART, NFS_CHART
 
@@ -31,6 +31,7 @@ def pinned() -> set[tuple[str, str]]:
         ("nvidia-device-plugin", DevicePluginConfig().chart_version),
         ("dcgm-exporter", DcgmExporterConfig().chart_version),
         ("cluster-autoscaler", AutoscalerConfig().chart_version),
+        ("aws-efa-k8s-device-plugin", EfaDevicePluginConfig().chart_version),
         ("kube-prometheus-stack", MonitoringConfig().chart_version),
         ("kueue", KueueConfig().chart_version),
         *((chart.chart, chart.version) for chart in (IBM_COS_CHART, CSI_S3_CHART, NFS_CHART)),
@@ -67,7 +68,7 @@ def test_every_pinned_version_is_in_the_versions_table() -> None:
 def test_the_render_check_packages_are_the_pinned_charts() -> None:
     packages = set()
     for path in UPSTREAM.glob("*.tgz"):
-        match = re.fullmatch(r"(.+)-(\d+\.\d+\.\d+)\.tgz", path.name)
+        match = re.fullmatch(r"(.+)-(v?\d+\.\d+\.\d+)\.tgz", path.name)
         assert match, path.name
         packages.add((match.group(1), match.group(2)))
-    assert packages == {item for item in pinned() if not item[0].startswith(("aws-", "eks-"))}
+    assert packages == {item for item in pinned() if "-eksbuild." not in item[1]}  # EKS add-ons are not charts

@@ -68,7 +68,10 @@ def test_every_pool_is_a_node_group_with_an_imdsv2_launch_template(stack: str, s
         assert "diskSize" not in group  # with a launch template the disk is set there
         assert template["metadataOptions"]["httpTokens"] == "required"
         assert template["metadataOptions"]["httpPutResponseHopLimit"] == 2
-        assert len(template["vpcSecurityGroupIds"]) == 2  # the node SG and the EKS cluster SG
+        # the node SG and the EKS cluster SG: on the template, or on each of an EFA pool's interfaces
+        groups_of = [template.get("vpcSecurityGroupIds")] if not pool.get("efa") else \
+            [interface["securityGroups"] for interface in template["networkInterfaces"]]
+        assert groups_of and all(len(groups) == 2 for groups in groups_of)
         assert template["blockDeviceMappings"][0]["ebs"]["encrypted"] == "true"
 
 
@@ -119,8 +122,7 @@ def test_exactly_the_nvme_pools_get_raid0_and_nvme_labels(stack: str, stack_plan
             continue
         message = email.message_from_string(text)
         assert message.get_content_type() == "multipart/mixed"
-        [part] = [p for p in message.walk() if not p.is_multipart()]
-        assert part.get_content_type() == "application/node.eks.aws"
+        [part] = [p for p in message.walk() if p.get_content_type() == "application/node.eks.aws"]
         nodeconfig = yaml.safe_load(part.get_payload(decode=True))
         assert nodeconfig["apiVersion"] == "node.eks.aws/v1alpha1" and nodeconfig["kind"] == "NodeConfig"
         assert nodeconfig["spec"]["instance"]["localStorage"]["strategy"] == "RAID0"

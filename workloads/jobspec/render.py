@@ -9,6 +9,7 @@ from typing import Any
 
 from workloads.cli import size_arg
 from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec.fabric import gang_pools, job_fabric
 from workloads.jobspec.network import job_network_policy
 from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
 from workloads.jobspec.spec import (
@@ -252,7 +253,8 @@ def _resolve_buckets(spec: TrainingJobSpec, facts: ClusterFacts) -> TrainingJobS
 def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> list[dict[str, Any]]:
     spec = _resolve_buckets(spec, facts)
     _check_claims(spec, facts)
-    pools = candidate_pools(spec, facts)
+    pools = gang_pools(spec, candidate_pools(spec, facts))
+    fabric = job_fabric(spec, pools)
     cpu, memory = resolve_resources(spec, pools)
     check_fits_node(spec, pools, cpu, memory)
     ephemeral = ephemeral_bytes(spec)
@@ -266,6 +268,7 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     }
     if spec.gpus > 0:
         limits["nvidia.com/gpu"] = str(spec.gpus)
+    limits.update(fabric.limits)
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": format_bytes(spec.shm_bytes())}},
         {"name": "tmp", "emptyDir": {"sizeLimit": spec.ephemeral_storage}},
@@ -313,7 +316,9 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     train: dict[str, Any] = {
         "name": TRAIN_CONTAINER,
         **_image_fields(spec, facts),
-        "env": _train_env(spec, facts, job_name),
+        # the spec's own env wins over the fabric's defaults (a user may tune libfabric or NCCL)
+        "env": [*_train_env(spec, facts, job_name),
+                *({"name": n, "value": v} for n, v in fabric.env if n not in spec.env and n not in spec.secret_env)],
         "resources": {"requests": dict(limits), "limits": dict(limits)},
         "securityContext": _security_context(spec),
         "volumeMounts": mounts,
@@ -348,6 +353,8 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
     if spec.is_staged():
         node_selector[f"{prefix}/disktype"] = "nvme"
+    if fabric.efa:
+        node_selector[f"{prefix}/efa"] = "true"
     tolerations += [
         toleration.model_dump(by_alias=True, exclude_none=True) for toleration in spec.tolerations
     ]

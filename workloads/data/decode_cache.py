@@ -206,9 +206,10 @@ class DecodeCache:
         except FileNotFoundError:
             if not self.writable or self._used_bytes() + self.file_bytes(num_samples) > self.budget_bytes:
                 return None
-            fd = self._create(path, identity, num_samples)
-            if fd is None:
+            created = self._create(path, identity, num_samples)
+            if created is None:
                 return None
+            fd = created
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                 return None  # a link, a directory, a FIFO: not ours

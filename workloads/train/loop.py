@@ -714,7 +714,7 @@ def train(
             # The sampler never makes a step of one sample per rank unless one sample is all that is left (an
             # elastic resume near an epoch's end): BatchNorm then uses its running statistics for this step
             # instead of failing on a batch it cannot normalise.
-            lone = len(labels) < MIN_RANK_BATCH
+            lone = len(labels) < min(MIN_RANK_BATCH, config.batch_size)  # --batch-size 1 keeps training BN
             if lone:
                 _batchnorm_training(state.core, False)
             try:

@@ -411,7 +411,8 @@ def test_a_server_that_never_answers_is_a_one_line_runtime_error(
     err = capsys.readouterr().err
     assert code == 1, err  # runtime (a retry may succeed), not the usage code 2
     assert err.count("\n") == 1 and err.startswith(f"error: kubernetes API {server}: read_namespaced_job: "), err
-    assert "0.2s" in err and elapsed < 2
+    # it used to hang forever; the bound is generous (imports and a loaded machine), the deadline is what is named
+    assert "0.2s" in err and elapsed < 30
 
 
 def test_watch_gives_up_at_its_deadline_naming_the_run() -> None:

@@ -17,6 +17,7 @@ TARGET_STACK = {
     "efs-pvc.yaml": "dev",
     "laion-cache.yaml": "prod",
     "multi-node-ddp.yaml": "prod",
+    "nccl-allreduce.yaml": "prod",
 }
 
 

@@ -29,3 +29,12 @@ def test_runs_as_the_jobs_non_root_user_with_the_training_entrypoint() -> None:
     assert users and users[-1] == f"{RUN_AS_UID}:{RUN_AS_UID}"
     assert steps[-1] == ("ENTRYPOINT", '["python", "-m", "workloads.train"]')
     assert ("COPY", "workloads/ /app/workloads/") in steps
+
+
+def test_the_image_carries_libfabric_and_aws_ofi_nccl_from_a_pinned_efa_installer() -> None:
+    steps = instructions()
+    [install] = [value for key, value in steps if key == "RUN" and "efa_installer.sh" in value]
+    assert "aws-efa-installer-1.47.0.tar.gz" in install and "latest" not in install
+    assert "--skip-kmod" in install and " -g " in install  # user space only; GPUDirect RDMA plugin build
+    [library_path] = [value for key, value in steps if key == "ENV" and value.startswith("LD_LIBRARY_PATH=")]
+    assert "/opt/amazon/efa/lib" in library_path and "/opt/amazon/ofi-nccl/lib" in library_path

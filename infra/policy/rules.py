@@ -38,6 +38,7 @@ JOB_TYPE = "kubernetes:batch/v1:Job"
 STATEFUL_TYPES = (*BUCKET_TYPES, EFS_TYPE, "aws:ebs/volume:Volume")
 
 GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
 SSE_ALGORITHMS = ("AES256", "aws:kms", "aws:kms:dsse")
 PUBLIC_ACCESS_FLAGS = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
 _GPU_INSTANCE_FAMILY = re.compile(r"^(p|g|gr)\d")  # p4d, p5, g5, g6e, gr6 ...; not c6g/m6g (Graviton CPUs)
@@ -421,6 +422,33 @@ def check_job_not_privileged(resource: PlanResource, ctx: PolicyContext) -> Iter
             yield f"container {container.get('name')} is privileged"
 
 
+def _label_ending(labels: Mapping[str, Any], suffix: str) -> Any:
+    return next((value for key, value in labels.items() if key.endswith(suffix)), None)
+
+
+def check_multi_node_jobs_use_efa(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+    """A gang placed on a GPU type that has EFA node groups asks for EFA: over TCP alone the most expensive
+    GPUs wait on every all-reduce."""
+    efa_types = set()
+    for group in plan.of_type(NODE_GROUP_TYPE):
+        labels = group.inputs.get("labels") or {}
+        if isinstance(labels, Mapping) and _label_ending(labels, "/efa") == "true":
+            efa_types.add(_label_ending(labels, "/gpu-type"))
+    for job in plan.of_type(JOB_TYPE):
+        spec = job.inputs.get("spec") or {}
+        selector = _pod_spec(job).get("nodeSelector") or {}
+        if not isinstance(spec, Mapping) or not isinstance(selector, Mapping) or (spec.get("parallelism") or 1) < 2:
+            continue
+        gpu_type = _label_ending(selector, "/gpu-type")
+        if gpu_type is None or gpu_type not in efa_types:
+            continue
+        for container in _containers(_pod_spec(job)):
+            if _gpus(container) and not _quantity(((container.get("resources") or {}).get("limits") or {})
+                                                  .get(EFA_RESOURCE)):
+                yield job, (f"container {container.get('name')} of a {spec.get('parallelism')}-pod gang on GPU type "
+                            f"{gpu_type}, which has EFA node groups, requests no {EFA_RESOURCE}")
+
+
 POLICIES: tuple[PolicyRule, ...] = (
     PolicyRule(
         "s3-bucket-encrypted",
@@ -488,6 +516,12 @@ POLICIES: tuple[PolicyRule, ...] = (
         "mandatory",
         (JOB_TYPE,),
         check_job_ephemeral_storage_limits,
+    ),
+    PolicyRule(
+        "multi-node-jobs-use-efa",
+        "Multi-node GPU Jobs on a GPU type with EFA node groups request vpc.amazonaws.com/efa.",
+        "mandatory",
+        check_stack=check_multi_node_jobs_use_efa,
     ),
     PolicyRule(
         "job-no-host-path",

@@ -324,3 +324,27 @@ def test_on_demand_gpu_pool_in_protected_stack_is_advisory() -> None:
     found = only(violations(resources, PROTECTED), "prod-training-pools-spot")
     assert [v.enforcement for v in found] == ["advisory"]
     assert [v.resource.name for v in found if v.resource] == ["gpu"]  # the CPU system pool is not a training pool
+
+
+# --- EFA ---
+
+
+def _gang_on(gpu_type: str, efa: str | None) -> list[dict[str, Any]]:
+    job = gpu_job("ddp")
+    job["inputs"]["spec"]["parallelism"] = 2
+    pod_spec(job)["nodeSelector"] = {"x.io/gpu-type": gpu_type}
+    if efa is not None:
+        for kind in ("requests", "limits"):
+            container(job, "train")["resources"][kind]["vpc.amazonaws.com/efa"] = efa
+    group = gpu_node_group("h100", labels={"x.io/gpu-type": "h100", "x.io/efa": "true"})
+    return [group, job]
+
+
+def test_a_gang_on_a_gpu_type_with_efa_pools_must_request_efa() -> None:
+    [violation] = only(violations(_gang_on("h100", None)), "multi-node-jobs-use-efa")
+    assert "2-pod gang on GPU type h100" in violation.message and violation.resource is not None
+    assert violations(_gang_on("h100", "32")) == []
+    assert violations(_gang_on("a10g", None)) == []  # no EFA pools for that type: TCP is all there is
+    single = _gang_on("h100", None)
+    single[1]["inputs"]["spec"]["parallelism"] = 1
+    assert violations(single) == []

@@ -170,7 +170,7 @@ def check_offerings(ec2: Any, cfg: StackConfig, zones: Sequence[str]) -> list[Ch
         return [Check(FAIL, "instance offerings", f"{code}: {message}", "grant ec2:DescribeInstanceTypeOfferings")]
     checks = []
     for index, pool in pools:
-        pool_zones = [z for z in zones if not pool.availability_zones or z in pool.availability_zones]
+        pool_zones = pool.launch_zones(zones)  # an EFA pool: its one zone
         for instance_type in pool.instance_types:
             have = [z for z in pool_zones if (instance_type, z) in offered]
             name = f"offering {pool.name} {instance_type}"

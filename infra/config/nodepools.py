@@ -7,6 +7,7 @@ are checked by infra.nodes.poolplan against aws.ec2.get_instance_type before any
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
@@ -150,6 +151,12 @@ class NodePoolConfig(StrictModel):
     @property
     def initial_size(self) -> int:
         return self.min_size if self.desired_size is None else self.desired_size
+
+    def launch_zones(self, network_zones: Sequence[str]) -> list[str]:
+        """The AZs of `network_zones` the pool's nodes may start in. An EFA pool has one: its own, or else the
+        network's first in name order, so that a zone added later never moves (replaces) the pool."""
+        zones = [zone for zone in network_zones if not self.availability_zones or zone in self.availability_zones]
+        return sorted(zones)[:1] if self.efa else zones
 
 
 class HelmChartConfig(StrictModel):

@@ -145,22 +145,14 @@ def tag_slug(key: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", key.removeprefix(CAS_TEMPLATE + "/").lower()).strip("-")
 
 
-def pool_zones(plan: PoolPlan, network: NetworkInfo) -> list[str]:
-    """The AZs a pool's nodes may start in. An EFA pool has one: its own, or else the network's first AZ in name
-    order, so that AWS adding an AZ to the region never moves (replaces) the pool."""
-    zones = list(plan.config.availability_zones)
-    if plan.efa_interfaces and not zones:
-        zones = sorted({ref.availability_zone for ref in network.private_subnets})[:1]
-    return zones
-
-
 def pool_subnet_ids(plan: PoolPlan, network: NetworkInfo) -> list[pulumi.Input[str]]:
-    zones = pool_zones(plan, network)
-    subnets = [ref for ref in network.private_subnets if not zones or ref.availability_zone in zones]
+    network_zones = sorted({ref.availability_zone for ref in network.private_subnets})
+    zones = plan.config.launch_zones(network_zones)
+    subnets = [ref for ref in network.private_subnets if ref.availability_zone in zones]
     if not subnets:
         raise ValueError(
-            f"node pool {plan.name}: no private subnet in availabilityZones {', '.join(zones)} "
-            f"(the network has {', '.join(sorted({r.availability_zone for r in network.private_subnets}))})"
+            f"node pool {plan.name}: no private subnet in availabilityZones "
+            f"{', '.join(plan.config.availability_zones)} (the network has {', '.join(network_zones)})"
         )
     # EFA traffic stays inside one subnet's placement group: an EFA pool gets exactly one subnet.
     return [ref.id for ref in (subnets[:1] if plan.efa_interfaces else subnets)]

@@ -352,3 +352,34 @@ def test_bad_input_is_one_error_line(capsys: pytest.CaptureFixture[str], tmp_pat
     bad.write_text(json.dumps({"config": {"ml-cluster:platform": "eks", "ml-cluster:nodePools": "x"}}))
     assert preflight_cli.main(["--stack", "dev", "--config", str(bad)]) == 2
     assert all(line.startswith("error: ") for line in capsys.readouterr().err.splitlines())
+
+
+def test_an_efa_pool_is_checked_in_its_one_zone_only() -> None:
+    class Offerings:
+        def __init__(self) -> None:
+            self.asked: list[list[str]] = []
+
+        def get_paginator(self, _: str) -> Any:
+            asked = self.asked
+
+            class Pages:
+                def paginate(self, **request: Any) -> list[dict[str, Any]]:
+                    asked.append(request["Filters"][1]["Values"])
+                    # p5.48xlarge offered in us-west-2a only; everything else everywhere
+                    return [{"InstanceTypeOfferings": [
+                        {"InstanceType": t, "Location": z} for t in request["Filters"][0]["Values"]
+                        for z in request["Filters"][1]["Values"] if t != "p5.48xlarge" or z == "us-west-2a"]}]
+            return Pages()
+
+    def efa_pool(zones: list[str]) -> Callable[[dict[str, Any]], None]:
+        def edit(values: dict[str, Any]) -> None:
+            values["ml-cluster:nodePools"].append({"name": "h100", "instanceTypes": ["p5.48xlarge"], "gpu": True,
+                                                   "efa": True, "availabilityZones": zones})
+        return edit
+
+    zones = ["us-west-2b", "us-west-2a", "us-west-2c"]
+    by_name = {c.name: c for c in check_offerings(Offerings(), config("dev", efa_pool([])), zones)}
+    assert by_name["offering h100 p5.48xlarge"] == Check(PASS, "offering h100 p5.48xlarge", "offered in us-west-2a")
+    by_name = {c.name: c for c in check_offerings(Offerings(), config("dev", efa_pool(["us-west-2c"])), zones)}
+    assert by_name["offering h100 p5.48xlarge"].status == FAIL
+    assert by_name["offering h100 p5.48xlarge"].detail == "not offered in any of us-west-2c"

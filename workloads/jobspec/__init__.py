@@ -42,6 +42,7 @@ from workloads.jobspec.render import (
 )
 from workloads.jobspec.spec import (
     CONFIG_ERROR_EXIT_CODE,
+    DISRUPTION_EXIT_CODE,
     RUN_AS_UID,
     STAGE_CONTAINER,
     STAGE_METRICS_PORT,
@@ -69,6 +70,7 @@ __all__ = [
     "metrics_ports",
     "train_metrics_port_name",
     "CONFIG_ERROR_EXIT_CODE",
+    "DISRUPTION_EXIT_CODE",
     "RUN_AS_UID",
     "STAGE_CONTAINER",
     "TMP_DIR",

@@ -25,8 +25,11 @@ from workloads.quantity import (
 
 # The training entrypoint exits with this code on a configuration error (bad arguments, missing dataset
 # manifest, unreadable config). The Job's podFailurePolicy fails the whole Job at once on it instead of
-# retrying a run that can never succeed. Any other non-zero exit counts against backoffLimit.
+# retrying a run that can never succeed. The trainer exits with DISRUPTION_EXIT_CODE when it was stopped from
+# outside (SIGTERM: after a last checkpoint) or lost a peer rank: the Job retries that without counting it. Any other
+# non-zero exit counts against backoffLimit.
 CONFIG_ERROR_EXIT_CODE = 42
+DISRUPTION_EXIT_CODE = 43
 DECODED_MOUNT = "/decoded"  # the decode cache's emptyDir in the trainer (workloads/data/decode_cache.py)
 CACHE_START_TIMEOUT_S = 600  # how long the trainer waits for the staging sidecar's manifest and first shards
 
@@ -86,6 +89,11 @@ _RESERVED_ENV = frozenset(
         "CHECKPOINT_DIR",
         "CHECKPOINT_URI",
         "CONFIG_ERROR_EXIT_CODE",
+        "DISRUPTION_EXIT_CODE",
+        "COLLECTIVE_TIMEOUT_SECONDS",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        "PET_MAX_RESTARTS",
+        "PET_RDZV_CONF",
         "MASTER_ADDR",
         "MASTER_PORT",
         "NODE_RANK",

@@ -2,7 +2,9 @@
 
 Under torchrun every rank runs this; rank 0 prints and writes checkpoints. Bad arguments or data exit with
 $CONFIG_ERROR_EXIT_CODE (the rendered Jobs set it, and their podFailurePolicy fails the Job at once instead of
-retrying), or 2 when it is not set. Every other failure exits 1 (RUNTIME_EXIT_CODE), which a Job retries.
+retrying), or 2 when it is not set. A disruption (SIGTERM/SIGINT: a last checkpoint is written first; a lost peer
+rank) exits with $DISRUPTION_EXIT_CODE (43), which the Jobs retry without counting it. Every other failure exits 1
+(RUNTIME_EXIT_CODE), which a Job retries and counts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from torch.distributed import DistError
+
 from workloads.cli import parse_size
 from workloads.data.cache import CacheStagerError, CacheTooSmall
 from workloads.data.dataset import DatasetError, DataUnavailableError
@@ -21,7 +25,7 @@ from workloads.data.s3 import DataToolError
 from workloads.data.statefile import StateFileError
 from workloads.metrics_http import metrics_addr, port_number
 from workloads.train.checkpoint import CheckpointError, CheckpointStoreError
-from workloads.train.loop import ConfigError, Distributed, TrainConfig, TrainingDiverged, train
+from workloads.train.loop import ConfigError, Disrupted, Distributed, TrainConfig, TrainingDiverged, train
 from workloads.train.metrics import METRICS_PORT_ENV, TrainMetrics, metrics_port_for
 from workloads.train.models import MODELS
 
@@ -35,6 +39,9 @@ environment:
   METRICS_ADDR          address the metrics endpoint listens on (default 127.0.0.1; the rendered Jobs: 0.0.0.0)
   CONFIG_ERROR_EXIT_CODE
                         exit status for configuration errors (default 2; the rendered Jobs set 42)
+  DISRUPTION_EXIT_CODE  exit status for disruptions (default 43, which the rendered Jobs also set)
+  COLLECTIVE_TIMEOUT_SECONDS
+                        default for --collective-timeout (the rendered multi-node Jobs set it)
 
 output:
   JSON lines on stdout (one event per line, always valid JSON: NaN/inf become null); on a terminal, a progress
@@ -44,6 +51,9 @@ exit status:
   0  done
   $CONFIG_ERROR_EXIT_CODE (2)  bad argument, dataset, or checkpoint (damaged, foreign, newer format, another
      dataset), or a loss that became NaN/inf: retrying cannot help
+  $DISRUPTION_EXIT_CODE (43)  stopped from outside: SIGTERM or SIGINT (the step in flight is finished and a last
+     checkpoint with the loader position written, then every rank exits), or a collective that failed or timed
+     out because a peer rank was lost (--collective-timeout); run again with --resume to continue exactly
   1  anything else, which a retry may fix: the checkpoint destination failed (disk full, object store
      unreachable), the staging cache's stager failed or stopped, a shard or the manifest did not arrive in time,
      an error inside PyTorch
@@ -100,6 +110,8 @@ def _port_from_env(parser: argparse.ArgumentParser) -> int:
 
 
 RUNTIME_EXIT_CODE = 1  # a failure a retry may fix; never the config-error code
+DISRUPTION_EXIT_CODE = 43  # the default; workloads/jobspec/spec.py renders the same number into every Job
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0  # NCCL's own default in PyTorch 2.x, gloo's is 30 minutes
 
 
 def config_error_exit_code() -> int:
@@ -111,6 +123,29 @@ def config_error_exit_code() -> int:
     except ValueError:
         return 2
     return code if 2 <= code <= 125 else 2
+
+
+def disruption_exit_code() -> int:
+    """$DISRUPTION_EXIT_CODE when it is a usable code (2-125) other than the config-error code; else 43 (44 when
+    43 is the config-error code)."""
+    config = config_error_exit_code()
+    fallback = DISRUPTION_EXIT_CODE if config != DISRUPTION_EXIT_CODE else DISRUPTION_EXIT_CODE + 1
+    try:
+        code = int(os.environ.get("DISRUPTION_EXIT_CODE", str(fallback)))
+    except ValueError:
+        return fallback
+    return code if 2 <= code <= 125 and code != config else fallback
+
+
+def _collective_timeout_from_env(parser: argparse.ArgumentParser) -> float:
+    text = os.environ.get("COLLECTIVE_TIMEOUT_SECONDS", "").strip()
+    if not text:
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    try:
+        return _positive_float(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"COLLECTIVE_TIMEOUT_SECONDS: {exc}")
+        raise  # unreachable: error() exits
 
 
 class _Parser(argparse.ArgumentParser):
@@ -225,6 +260,15 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     )
     parser.add_argument("--mp-context", choices=["fork", "spawn", "forkserver"], default=None)
     parser.add_argument(
+        "--collective-timeout",
+        type=_positive_float,
+        default=_collective_timeout_from_env(parser),
+        metavar="SECONDS",
+        help="the longest an all-reduce or barrier waits for the other ranks (default: "
+             "$COLLECTIVE_TIMEOUT_SECONDS, else 600); a lost peer then exits with the disruption code instead of "
+             "hanging; keep it above the slowest checkpoint write (the other ranks wait for it at a barrier)",
+    )
+    parser.add_argument(
         "--stop-after-steps",
         type=_positive,
         default=None,
@@ -265,6 +309,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         allow_unverified_checkpoint=args.allow_unverified_checkpoint,
         metrics_port=args.metrics_port,
         metrics_addr=metrics_addr(),
+        collective_timeout_s=args.collective_timeout,
     )
 
 
@@ -277,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         if port:
             metrics.serve(port, config.metrics_addr)
         train(config, metrics=metrics)
+    except Disrupted as exc:
+        _print_error(exc, prefix="stopped")
+        return disruption_exit_code()
+    except DistError as exc:  # a collective failed or timed out: a peer rank (its node, its pod) is gone
+        _print_error(exc, prefix=f"peer lost ({type(exc).__name__})")
+        return disruption_exit_code()
     except (CheckpointStoreError, DataUnavailableError, CacheStagerError, TimeoutError) as exc:
         _print_error(exc)
         return RUNTIME_EXIT_CODE

@@ -16,9 +16,12 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, fields, replace
+from datetime import timedelta
 from pathlib import Path
+from types import FrameType
 from typing import Any, TextIO
 
 import numpy as np
@@ -93,6 +96,9 @@ class TrainConfig:
     allow_unverified_checkpoint: bool = False  # resume from a checkpoint without a sha256 (older trainers)
     metrics_port: int = 0  # Prometheus endpoint of local rank 0 (rank r: port + r); 0 = not served
     metrics_addr: str = "127.0.0.1"  # a pod listens on 0.0.0.0 (METRICS_ADDR)
+    # The longest a collective (all-reduce, barrier) may wait for the other ranks; a lost peer then ends the run
+    # (the disruption exit code) instead of hanging it for NCCL's or gloo's own default.
+    collective_timeout_s: float = 600.0
 
     def validate(self) -> None:
         """Every numeric field finite and in range, before anything is read or built (ValueError per field)."""
@@ -124,7 +130,8 @@ class TrainConfig:
             raise ConfigError(f"--decode-cache-size: must be more than 0 bytes, got {self.decode_cache_bytes!r}")
         if not (math.isfinite(self.wait_for_data_s) and self.wait_for_data_s >= 0):
             raise ConfigError(f"--wait-for-data: must be a finite number of seconds >= 0, got {self.wait_for_data_s!r}")
-        for flag, seconds in (("--shard-timeout", self.shard_wait_s), ("--stager-timeout", self.stager_timeout_s)):
+        for flag, seconds in (("--shard-timeout", self.shard_wait_s), ("--stager-timeout", self.stager_timeout_s),
+                              ("--collective-timeout", self.collective_timeout_s)):
             if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
                 raise ConfigError(f"{flag}: must be a finite number of seconds > 0, got {seconds!r}")
 
@@ -135,6 +142,53 @@ class ConfigError(ValueError):
 
 class TrainingDiverged(ValueError):
     """The loss became NaN or infinite: the weights would be garbage from here on (a config error: --lr)."""
+
+
+class Disrupted(BaseException):
+    """The run was stopped from outside, not by a fault of its own (a BaseException, like KeyboardInterrupt: no
+    `except Exception` on the way turns it into another error): a stop signal (SIGTERM from the kubelet on a
+    drain, a Spot notice or a preemption; SIGINT), after which the last checkpoint was written when training had
+    started, or a peer rank that was lost. The CLI exits with the disruption code, which the Job does not count."""
+
+    def __init__(self, message: str, *, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step  # the step the checkpoint holds (None: nothing was written)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+    """SIGTERM and SIGINT ask the run to stop. Before the first step nothing is lost, so the signal ends the run at
+    once (Disrupted); once training runs it only sets a flag: every rank finishes the step in flight, the ranks agree
+    on the flag in the step's all-reduce, rank 0 writes the checkpoint (the others wait at a barrier) and they stop.
+    A second signal while stopping changes nothing (the checkpoint is not torn)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.immediate = True  # before the training loop: stop where we are
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signum is None
+        self.signum = signum if first else self.signum
+        if first and self.immediate:
+            raise Disrupted(f"stopped by {signal.Signals(signum).name} before training started (nothing to save)")
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach only the main thread; an embedding caller handles them itself
+        for number in STOP_SIGNALS:
+            self._previous[number] = signal.signal(number, self._handle)
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
 
 
 def _json_safe(value: Any) -> Any:
@@ -572,7 +626,20 @@ def train(
     """Run the configured training; returns the last epoch's summary (also emitted as an "epoch" event).
 
     `metrics` receives every step's figures (the CLI serves them over HTTP); without it they go to a private
-    registry nobody reads, which keeps the loop free of "is monitoring on" branches."""
+    registry nobody reads, which keeps the loop free of "is monitoring on" branches. SIGTERM and SIGINT stop the
+    run after the step in flight with a last checkpoint (StopRequest), raising Disrupted; the previous handlers
+    are back when this returns."""
+    stop = StopRequest()
+    stop.install()
+    try:
+        return _train(config, reporter, metrics, stop)
+    finally:
+        stop.restore()
+
+
+def _train(
+    config: TrainConfig, reporter: Reporter | None, metrics: TrainMetrics | None, stop: StopRequest
+) -> dict[str, Any]:
     if config.model not in MODELS:
         raise ConfigError(f"--model: unknown model {config.model!r} (choose from {', '.join(MODELS)})")
     if config.amp not in (None, "bf16"):
@@ -593,7 +660,8 @@ def train(
     reporter = reporter or Reporter(env.rank)
     metrics = metrics or TrainMetrics()
     if env.world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo",
+                                timeout=timedelta(seconds=config.collective_timeout_s))
     device = torch.device(f"cuda:{env.local_rank}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -651,11 +719,27 @@ def train(
             except OSError as exc:  # disk full, quota: the previous checkpoint is still in place
                 target = Path(config.checkpoint_dir) / CHECKPOINT_NAME
                 raise CheckpointStoreError(f"{target}: cannot write checkpoint: {exc.strerror or exc}") from exc
+            wrote = time.perf_counter()
             if mirror is not None:
                 mirror.push(written)
+            # bytes and seconds (write, then mirror) are what terminationGracePeriodSeconds is sized from
             reporter.emit("checkpoint", epoch=epoch, batch=batch, step=state.step,
-                          uploaded=config.checkpoint_uri if mirror is not None else None)
+                          uploaded=config.checkpoint_uri if mirror is not None else None,
+                          bytes=written.stat().st_size, write_seconds=wrote - started,
+                          mirror_seconds=time.perf_counter() - wrote if mirror is not None else None)
         return time.perf_counter() - started
+
+    def stop_now(epoch: int, batch: int) -> None:
+        """Every rank, after the agreed last step and its checkpoint: rank 0 has written it, the others wait for
+        that at the barrier, then all raise Disrupted."""
+        name = signal.Signals(stop.signum).name if stop.signum is not None else "a stop on another rank"
+        reporter.emit("stopped", reason=name, epoch=epoch, batch=batch, step=state.step,
+                      checkpointed=bool(config.checkpoint_dir))
+        if env.world_size > 1:
+            dist.barrier()
+        saved = f"checkpoint at step {state.step}" if config.checkpoint_dir else "no --checkpoint-dir: nothing saved"
+        raise Disrupted(f"stopped by {name} after step {state.step} ({saved})",
+                        step=state.step if config.checkpoint_dir else None)
 
     criterion = nn.CrossEntropyLoss()
     autocast_dtype = torch.bfloat16 if config.amp == "bf16" else None
@@ -665,6 +749,8 @@ def train(
     show_progress = env.rank == 0 and sys.stderr.isatty()
     terminal = os.get_terminal_size(sys.stderr.fileno()) if show_progress else os.terminal_size((0, 0))
     state.model.train()
+    stop.immediate = False  # from here on a stop signal ends the run at a step boundary, with a checkpoint
+    stopping = False  # the ranks' agreed answer (all-reduced every step) to "did any rank get a stop signal?"
     for epoch in range(state.epoch, config.epochs):
         _position_sampler(sampler, state, epoch, where)
         first_batch = state.batch if epoch == state.epoch and state.loader is not None else 0
@@ -727,10 +813,11 @@ def train(
                     _batchnorm_training(state.core, True)
             loss_value = float(loss.detach())
             finite = math.isfinite(loss_value)
-            if env.world_size > 1:  # every rank stops together, before any rank steps
-                flag = torch.tensor([1.0 if finite else 0.0], device=device)
+            stopping = stop.requested
+            if env.world_size > 1:  # every rank stops together, before any rank steps (one collective for both)
+                flag = torch.tensor([1.0 if finite else 0.0, -1.0 if stopping else 0.0], device=device)
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-                finite = bool(flag.item() == 1.0)
+                finite, stopping = bool(flag[0].item() == 1.0), bool(flag[1].item() < 0)
             if not finite:
                 progress.close()
                 raise TrainingDiverged(
@@ -773,8 +860,11 @@ def train(
             if data.feeder:
                 data.feeder.advance(done_in_iteration)
             epoch_ends = done_in_iteration == iteration_batches
-            if config.checkpoint_every and state.step % config.checkpoint_every == 0 and not epoch_ends:
+            if (config.checkpoint_every and state.step % config.checkpoint_every == 0 or stopping) and not epoch_ends:
                 checkpoint_time += checkpoint(epoch, batch_index, sampler.state_dict(done_in_iteration))
+            if stopping and not epoch_ends:
+                progress.close()
+                stop_now(epoch, batch_index)
             if config.stop_after_steps is not None and state.step >= config.stop_after_steps:
                 reporter.emit("killing_self", step=state.step)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -796,6 +886,8 @@ def train(
         }
         reporter.emit("epoch", **summary)
         checkpoint(epoch + 1, 0, None)  # after the epoch line: epoch_time above excludes this one
+        if stopping and epoch + 1 < config.epochs:  # the agreed stop fell on the epoch's last step
+            stop_now(epoch + 1, 0)
     if data.feeder:
         data.feeder.finish()
     metrics.finished()

@@ -14,6 +14,7 @@ from tests.jobs.jobrules import check_job, check_network_policy, check_service
 from workloads.cluster_facts import facts_from_dict, facts_to_dict
 from workloads.jobspec import (
     CONFIG_ERROR_EXIT_CODE,
+    DISRUPTION_EXIT_CODE,
     JobSpecError,
     TrainingJobSpec,
     job_name,
@@ -287,8 +288,11 @@ def test_lifecycle_fields() -> None:
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0]["onExitCodes"] == {"containerName": "train", "operator": "In",
                                        "values": [CONFIG_ERROR_EXIT_CODE]}
+    assert rules[1] == {"action": "Ignore", "onExitCodes": {"containerName": "train", "operator": "In",
+                                                            "values": [DISRUPTION_EXIT_CODE]}}
     disruption = {"type": "DisruptionTarget", "status": "True"}
-    assert rules[1] == {"action": "Ignore", "onPodConditions": [disruption]}
+    assert rules[2] == {"action": "Ignore", "onPodConditions": [disruption]}
+    assert rules[3]["action"] == "Count"
     assert job["spec"]["template"]["spec"]["priorityClassName"] == "training-high"
     assert job["metadata"]["labels"]["ml-cluster.io/stack"] == "dev"
 
@@ -314,7 +318,7 @@ def test_multi_node_is_an_indexed_job_with_a_headless_service_and_rendezvous_env
     assert env["PET_RDZV_ENDPOINT"]["value"] == f"{name}-0.{name}.training.svc:29500"
     assert env["PET_NNODES"]["value"] == "4" and env["PET_NPROC_PER_NODE"]["value"] == "8"
     assert "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert train_container(job)["command"] == ["torchrun", "--module", "workloads.train"]
+    assert train_container(job)["command"] == ["python", "-m", "workloads.train.launch", "--module", "workloads.train"]
     check_job(job)
     check_service(service, job)
     check_network_policy(policy, job)

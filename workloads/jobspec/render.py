@@ -16,14 +16,18 @@ from workloads.jobspec.spec import (
     CACHE_START_TIMEOUT_S,
     CONFIG_ERROR_EXIT_CODE,
     DECODED_MOUNT,
+    DISRUPTION_EXIT_CODE,
     GIB,
     HASH_LENGTH,
+    NODE_LOST_TOLERATION_S,
+    RENDEZVOUS_JOIN_TIMEOUT_S,
     RENDEZVOUS_PORT,
     RUN_AS_UID,
     STAGE_CONTAINER,
     STAGE_METRICS_PORT,
     STAGE_METRICS_PORT_NAME,
     STAGER_RESOURCES,
+    STOP_MARGIN_S,
     TMP_DIR,
     TRAIN_CONTAINER,
     TRAIN_METRICS_PORT,
@@ -145,8 +149,9 @@ def _train_command(spec: TrainingJobSpec) -> list[str] | None:
     if spec.command is not None:
         return list(spec.command)
     if spec.nodes > 1 or spec.gpus > 1:
-        # torchrun reads its options from PET_* (set below); one worker process per GPU.
-        return ["torchrun", "--module", "workloads.train"]
+        # torchrun (in-process, through workloads.train.launch, which passes the workers' config-error and disruption
+        # exit codes on: torchrun alone exits 1) reads its options from PET_* (set below); one process per GPU.
+        return ["python", "-m", "workloads.train.launch", "--module", "workloads.train"]
     return None  # the image's entrypoint: python -m workloads.train
 
 
@@ -185,6 +190,7 @@ def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> lis
         for name, ref in sorted(spec.secret_env.items())
     ]
     env.append({"name": "CONFIG_ERROR_EXIT_CODE", "value": str(CONFIG_ERROR_EXIT_CODE)})
+    env.append({"name": "DISRUPTION_EXIT_CODE", "value": str(DISRUPTION_EXIT_CODE)})
     env.append(_HOME_ENV)
     env += [{"name": "METRICS_PORT", "value": str(TRAIN_METRICS_PORT)}, _METRICS_ADDR_ENV]
     if spec.dataset is not None:
@@ -214,9 +220,17 @@ def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> lis
             {"name": "PET_RDZV_BACKEND", "value": "c10d"},
             {"name": "PET_RDZV_ENDPOINT", "value": f"{master}:{RENDEZVOUS_PORT}"},
             {"name": "PET_RDZV_ID", "value": job_name},
+            # A lost rank restarts every pod's workers at one re-formed rendezvous, which waits this long for all.
+            {"name": "PET_MAX_RESTARTS", "value": str(spec.rank_restarts)},
+            {"name": "PET_RDZV_CONF", "value": f"join_timeout={RENDEZVOUS_JOIN_TIMEOUT_S}"},
+            {"name": "COLLECTIVE_TIMEOUT_SECONDS", "value": str(spec.collective_timeout_seconds)},
         ]
     elif spec.gpus > 1:
         env += [{"name": "PET_STANDALONE", "value": "1"}, {"name": "PET_NPROC_PER_NODE", "value": str(nproc)}]
+    if spec.command is None and (spec.nodes > 1 or spec.gpus > 1):
+        # torchrun's agent forwards SIGTERM to the workers, then SIGKILLs them after this (its default: 30 s)
+        env.append({"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+                    "value": str(max(1, spec.grace_seconds() - STOP_MARGIN_S))})
     if spec.checkpoint is not None and spec.checkpoint.uri is not None:
         store_env, _ = _object_store_env(facts)
         env += store_env
@@ -358,6 +372,14 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     tolerations += [
         toleration.model_dump(by_alias=True, exclude_none=True) for toleration in spec.tolerations
     ]
+    if spec.nodes > 1:
+        own = {toleration.key for toleration in spec.tolerations}
+        tolerations += [
+            # a gang's node that stopped answering: evicted after a minute, not five (the replacement pod, and with
+            # it the whole gang, starts sooner)
+            {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": NODE_LOST_TOLERATION_S}
+            for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable") if key not in own
+        ]
 
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -366,7 +388,8 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         # webhook's own projected token volume (pods.eks.amazonaws.com audience), which this does not remove.
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,  # time to write a last checkpoint on SIGTERM
+        # SIGTERM: finish the step, write and mirror a last checkpoint (sized from the checkpoint: spec.py)
+        "terminationGracePeriodSeconds": spec.grace_seconds(),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_UID,
@@ -406,6 +429,7 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         "suspend": held or queue is not None,
         "backoffLimit": spec.backoff_limit,
         "activeDeadlineSeconds": spec.active_deadline_seconds,
+        # First match wins. A pod's failure that matches no rule counts too.
         "podFailurePolicy": {
             "rules": [
                 {
@@ -416,10 +440,27 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
                         "values": [CONFIG_ERROR_EXIT_CODE],
                     },
                 },
+                # Stopped by SIGTERM after a last checkpoint, or a peer of the gang lost: retry, not counted.
+                {
+                    "action": "Ignore",
+                    "onExitCodes": {
+                        "containerName": TRAIN_CONTAINER,
+                        "operator": "In",
+                        "values": [DISRUPTION_EXIT_CODE],
+                    },
+                },
                 # Spot reclaim, preemption, node drain: retry without spending backoffLimit.
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                # Any other failure of the trainer (a crash, the OOM killer) spends one of backoffLimit.
+                {
+                    "action": "Count",
+                    "onExitCodes": {"containerName": TRAIN_CONTAINER, "operator": "NotIn", "values": [0]},
+                },
             ]
         },
+        # A replacement pod starts only once the old one has stopped (its last checkpoint written, its rendezvous
+        # port free); the only value the API allows with a podFailurePolicy.
+        "podReplacementPolicy": "Failed",
         "template": {
             # A running training pod is never a scale-down candidate: evicting it loses the work since the last
             # checkpoint.

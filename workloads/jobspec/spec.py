@@ -30,6 +30,25 @@ from workloads.quantity import (
 # non-zero exit counts against backoffLimit.
 CONFIG_ERROR_EXIT_CODE = 42
 DISRUPTION_EXIT_CODE = 43
+# SIGTERM -> the pod is killed: the trainer finishes the step in flight, the ranks agree, rank 0 serialises and writes
+# the checkpoint, then uploads it to the mirror. terminationGracePeriodSeconds = STOP_BASE_S (the step in flight and
+# serialising; a step over a minute needs an explicit terminationGracePeriodSeconds) + the checkpoint's size over its
+# write rate, twice when it is also mirrored (local write, then upload), rounded up. The trainer's "checkpoint" events
+# report bytes, write_seconds and mirror_seconds: the measured rate of a real run goes into checkpoint.writeRate.
+STOP_BASE_S = 60
+DEFAULT_CHECKPOINT_WRITE_RATE = "100Mi"  # bytes/s: conservative for EFS elastic throughput and one S3 upload
+DEFAULT_CHECKPOINT_SIZE = "1Gi"  # a ResNet-50 with SGD momentum is ~200 MB; say 1Gi when the spec does not
+STOP_MARGIN_S = 5  # torchrun's agent SIGKILLs its workers this long before the kubelet would, and exits 43 itself
+# A gang's ranks wait at most this long in one collective for a lost peer (NCCL's own default in PyTorch 2.x);
+# then they exit with the disruption code and the whole gang restarts.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600
+# torchrun restarts a pod's workers this often on a rank failure (every agent of the gang follows: one re-formed
+# rendezvous) before the pod itself exits; and waits this long for every node at a re-formed rendezvous.
+DEFAULT_RANK_RESTARTS = 3
+RENDEZVOUS_JOIN_TIMEOUT_S = 900
+# A pod on a node that stopped answering (kernel panic, lost instance) is evicted after this long (the default is
+# 300 s), so the Job controller replaces it and the gang re-forms sooner.
+NODE_LOST_TOLERATION_S = 60
 DECODED_MOUNT = "/decoded"  # the decode cache's emptyDir in the trainer (workloads/data/decode_cache.py)
 CACHE_START_TIMEOUT_S = 600  # how long the trainer waits for the staging sidecar's manifest and first shards
 
@@ -309,6 +328,10 @@ class CheckpointSpec(_Spec):
     prefix: ObjectPrefix = ""
     claim_name: DnsSubdomain | None = None
     mount_path: AbsolutePath = "/checkpoints"
+    # The checkpoint's size and how fast it is written (measured: the trainer's "checkpoint" events report bytes and
+    # seconds); together they size terminationGracePeriodSeconds.
+    size: PositiveQuantity = DEFAULT_CHECKPOINT_SIZE
+    write_rate: PositiveQuantity = DEFAULT_CHECKPOINT_WRITE_RATE
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:
@@ -362,6 +385,11 @@ class TrainingJobSpec(_Spec):
     nodes: int = Field(default=1, ge=1, le=512)
     backoff_limit: int = Field(default=2, ge=0, le=100)
     active_deadline_seconds: int = Field(default=3 * 86400, ge=60)
+    # Time from SIGTERM to SIGKILL; None: sized from the checkpoint (see STOP_BASE_S).
+    termination_grace_period_seconds: int | None = Field(default=None, ge=30, le=3600)
+    # Multi-node: the longest collective wait for a lost peer, and torchrun's in-pod restarts (see above).
+    collective_timeout_seconds: int = Field(default=DEFAULT_COLLECTIVE_TIMEOUT_S, ge=60, le=7200)
+    rank_restarts: int = Field(default=DEFAULT_RANK_RESTARTS, ge=0, le=100)
     ttl_seconds_after_finished: int | None = Field(default=7 * 86400, ge=0)
     priority_class: DnsSubdomain | None = None
     # Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue when it runs Kueue.
@@ -445,6 +473,16 @@ class TrainingJobSpec(_Spec):
 
     def is_staged(self) -> bool:
         return self.dataset is not None and self.dataset.staging != "none"
+
+    def grace_seconds(self) -> int:
+        """terminationGracePeriodSeconds: the spec's, else STOP_BASE_S plus the checkpoint's write (and mirror)."""
+        if self.termination_grace_period_seconds is not None:
+            return self.termination_grace_period_seconds
+        if self.checkpoint is None:
+            return STOP_BASE_S
+        writes = 2 if self.checkpoint.uri is not None or self.checkpoint.bucket is not None else 1
+        size, rate = quantity_bytes(self.checkpoint.size), quantity_bytes(self.checkpoint.write_rate)
+        return STOP_BASE_S + math.ceil(writes * size / rate)
 
 
 def _with_headroom(num_bytes: int) -> int:

@@ -28,6 +28,7 @@ from infra.config.queueing import KueueConfig
 from infra.config.schema import ConfigError
 from infra.context import ClusterInfo, StackContext
 from infra.nodes.poolplan import GPU_TAINT_KEY, PoolPlan
+from workloads.cluster_facts import EFA_RESOURCE
 from workloads.jobspec import KUEUE_QUEUE_LABEL, queue_annotation
 from workloads.quantity import format_bytes, format_millicores, quantity_bytes, quantity_millicores
 
@@ -38,6 +39,7 @@ CPU_FLAVOR = "cpu"
 GPU = "nvidia.com/gpu"
 # The resources the training Jobs request; a ClusterQueue must cover every one of them or the Job is inadmissible.
 RESOURCES = ("cpu", "memory", "ephemeral-storage", GPU)
+KUEUE_EXCLUDED_RESOURCE_PREFIXES = (EFA_RESOURCE, "hugepages-")
 CONFIG_KEY = "ml-cluster:kueue"
 
 Manifest = dict[str, Any]
@@ -272,6 +274,11 @@ def manager_config(cfg: KueueConfig) -> dict[str, Any]:
         "waitForPodsReady": {"timeout": wait.timeout, "recoveryTimeout": wait.recovery_timeout,
                              "blockAdmission": wait.block_admission, "requeuingStrategy": requeuing},
         "integrations": {"frameworks": list(cfg.integrations)},
+        # EFA interfaces and hugepages are per-node devices the scheduler places; Kueue meters GPUs, CPU, memory and
+        # disk. Under its default quota check (BlockUndeclared, apis/config/v1beta2/configuration_types.go:578-595)
+        # a gang asking for a resource no ClusterQueue covers is never admitted ("resource ... unavailable in
+        # ClusterQueue", pkg/scheduler/flavorassigner/flavorassigner.go:1071), so they are excluded.
+        "resources": {"excludeResourcePrefixes": list(KUEUE_EXCLUDED_RESOURCE_PREFIXES)},
         # Present means on (pkg/scheduler/preemption/fairsharing/strategy.go:50); the strategies are the chart's
         # documented ones (charts/kueue/values.yaml, commented `fairSharing`).
         **({"fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]}}
@@ -426,6 +433,11 @@ def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: st
             problems.append((f"{where}.queue", f"queue {queue}: Kueue is not enabled in this stack "
                                                f"({CONFIG_KEY}.enabled)"))
             continue
+        undeclared = sorted(undeclared_resources(job))
+        if undeclared:
+            problems.append((f"{where}.queue", f"requests {', '.join(undeclared)}, which no ClusterQueue covers and "
+                                               "Kueue's Configuration does not exclude: Kueue would never admit it"))
+            continue
         flavor = _job_flavor(job, label_prefix, all_flavors)
         if flavor is None:
             continue  # the renderer already refused a Job no pool can run
@@ -442,6 +454,16 @@ def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: st
                              f"{cluster_queue} can ever get ({detail}); Kueue would keep it pending forever"))
     if problems:
         raise ConfigError(problems)
+
+
+def undeclared_resources(job: Manifest) -> set[str]:
+    """Resources a Job's containers request that Kueue's quota check would block on (BlockUndeclared): neither
+    covered by the ClusterQueues (RESOURCES) nor excluded (KUEUE_EXCLUDED_RESOURCE_PREFIXES)."""
+    pod = job["spec"]["template"]["spec"]
+    names = {name for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+             for part in ("requests", "limits") for name in ((container.get("resources") or {}).get(part) or {})}
+    return {name for name in names
+            if name not in RESOURCES and not name.startswith(KUEUE_EXCLUDED_RESOURCE_PREFIXES)}
 
 
 def stack_job_queues(rendered: Sequence[Sequence[Manifest]], label_prefix: str) -> list[str | None]:

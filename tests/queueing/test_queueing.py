@@ -308,3 +308,30 @@ def test_verify_stack_reports_inactive_or_missing_queues() -> None:
                                                     ("localqueue training/vision", "FAIL")]
     assert "missing ResourceFlavor(s): h100" in checks[0].detail and checks[1].detail == "missing"
     assert check_queues({"jobFacts": {"kueue": False}}, [], [])[0].status == "SKIP"
+
+
+def test_efa_gangs_are_admissible_kueue_excludes_per_node_devices(stack_plan: Callable[[str], Plan]) -> None:
+    from infra.config.queueing import KueueConfig
+    from infra.queueing import KUEUE_EXCLUDED_RESOURCE_PREFIXES, manager_config, undeclared_resources
+
+    jobs = [r["inputs"] for r in stack_plan("prod")["resources"] if r["type"] == "kubernetes:batch/v1:Job"]
+    gang = next(job for job in jobs if job["spec"].get("parallelism") == 2)
+    [train] = [c for c in gang["spec"]["template"]["spec"]["containers"] if c["name"] == "train"]
+    assert {"vpc.amazonaws.com/efa", "hugepages-2Mi"} <= set(train["resources"]["requests"])
+    assert undeclared_resources(gang) == set()
+    assert manager_config(KueueConfig())["resources"] == {
+        "excludeResourcePrefixes": list(KUEUE_EXCLUDED_RESOURCE_PREFIXES)}
+    other = json.loads(json.dumps(gang))
+    other["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["example.com/fpga"] = "1"
+    assert undeclared_resources(other) == {"example.com/fpga"}
+
+
+def test_a_job_requesting_a_resource_kueue_would_block_on_is_a_config_error() -> None:
+    config = KueueConfig.model_validate({"enabled": True})
+    facts = replace(dev_facts(), pools=pool_facts(dev_pools()), **kueue_facts(config))
+    rendered = [render_job(parse_spec({"name": "fpga", "image": IMAGE, "gpuType": "a10g"}), facts)]
+    rendered[0][0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["example.com/fpga"] = "1"
+    with pytest.raises(ConfigError) as caught:
+        check_queueing(config, dev_pools(), "ml-cluster.io", rendered, [config.local_queue])
+    [(path, why)] = caught.value.shown()
+    assert path == "ml-cluster:jobs[0].queue" and why.startswith("requests example.com/fpga, which no ClusterQueue")

@@ -150,7 +150,10 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     # --- GPU plumbing ---
     gpu = GpuPlumbing(f"{ctx.prefix}-gpu", GpuPlumbingArgs(
         ctx=ctx, cluster=cluster, config=cfg.gpu, pools=pool_plans, cluster_name=cfg.cluster_name,
-        kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources, *monitors)))
+        kubernetes_version=cfg.kubernetes_version, depends_on=(*node_groups, *storage.driver_resources, *monitors),
+        node_monitoring_agent_version={str(k): v for k, v in cfg.storage.addon_versions.items()}.get(
+            "eks-node-monitoring-agent"),
+        node_groups=tuple(node_groups)))
 
     # --- Kueue: gang admission and the GPU quota shared between teams ---
     local_queues: dict[str, pulumi.Resource] = {}

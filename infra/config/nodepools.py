@@ -99,6 +99,23 @@ class ExistingNodesConfig(StrictModel):
         return self
 
 
+class NodeRepairConfig(StrictModel):
+    """EKS node auto repair on a managed node group (infra/nodes/repair.py builds the API object).
+
+    enabled: default on for GPU pools, off for the others. The two limits keep a fleet-wide fault (a bad driver or
+    AMI that marks every node unhealthy) from replacing the whole pool: repair stops once more than maxUnhealthy
+    nodes are unhealthy at once, and repairs at most maxParallel nodes at a time.
+    """
+
+    enabled: bool | None = Field(default=None, description="default: on for GPU pools")
+    max_parallel: int = Field(default=1, ge=1, le=100, description="nodes repaired at the same time (a count)")
+    max_unhealthy: int | None = Field(default=None, ge=1, le=1000,
+                                      description="repair stops above this many unhealthy nodes; default: a fifth "
+                                                  "of maxSize rounded up")
+    # The accelerated-hardware overrides (AcceleratedHardwareReady reasons -> Replace/Reboot); off: EKS's defaults.
+    gpu_overrides: bool = True
+
+
 class NodePoolConfig(StrictModel):
     """One pool: an EKS managed node group (instanceTypes) or, on onprem, existing nodes (existing)."""
 
@@ -120,6 +137,8 @@ class NodePoolConfig(StrictModel):
     # Elastic Fabric Adapter on every network card the type has, in one AZ and a cluster placement group; multi-node
     # Jobs on the pool get its interfaces and the libfabric/NCCL settings (docs/architecture.md, EFA).
     efa: bool = False
+    # EKS node auto repair (managed node groups only; onprem nodes have none: docs/monitoring.md)
+    node_repair: NodeRepairConfig = NodeRepairConfig()
 
     @model_validator(mode="after")
     def _shape(self) -> NodePoolConfig:
@@ -144,6 +163,9 @@ class NodePoolConfig(StrictModel):
         if self.efa and len(self.availability_zones) > 1:
             raise ValueError(f"node pool {self.name}: an EFA pool lives in one availability zone (one cluster "
                              f"placement group): set availabilityZones to one of {', '.join(self.availability_zones)}")
+        if self.existing is not None and self.node_repair.enabled:
+            raise ValueError(f"node pool {self.name}: nodeRepair is EKS node auto repair (managed node groups); "
+                             "existing nodes have none")
         if any(taint.key == "nvidia.com/gpu" for taint in self.taints):
             raise ValueError(f"node pool {self.name}: the nvidia.com/gpu taint is added to GPU pools automatically")
         return self
@@ -197,6 +219,14 @@ class EfaDevicePluginConfig(HelmChartConfig):
     chart_version: str = Field(default="v0.5.30", pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
 
 
+class NodeMonitoringAgentConfig(StrictModel):
+    """The EKS node monitoring agent add-on (EKS stacks with a GPU pool): it sets the node conditions
+    (AcceleratedHardwareReady, ...) that node auto repair acts on. Its version: storage.addonVersions
+    (`eks-node-monitoring-agent`), else EKS's default for the cluster version, checked against a minimum."""
+
+    enabled: bool = True
+
+
 class SizingConfig(StrictModel):
     """Per-node CPU and memory held back beyond kubelet's reservations (system daemons, node DaemonSets)."""
 
@@ -209,4 +239,5 @@ class GpuConfig(StrictModel):
     dcgm_exporter: DcgmExporterConfig = DcgmExporterConfig()
     autoscaler: AutoscalerConfig = AutoscalerConfig()
     efa_device_plugin: EfaDevicePluginConfig = EfaDevicePluginConfig()
+    node_monitoring_agent: NodeMonitoringAgentConfig = NodeMonitoringAgentConfig()
     sizing: SizingConfig = SizingConfig()

@@ -20,7 +20,7 @@ from infra.config.names import (
     derived_names,
 )
 from infra.config.schema import ConfigError, StackConfig
-from infra.config.storage import MIN_ADDON_VERSIONS, addon_semver
+from infra.config.storage import MIN_ADDON_VERSIONS, MIN_ADDON_WHY, NODE_MONITORING_AGENT, addon_semver
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,18 @@ def private_zones_from_config(cfg: StackConfig) -> list[str] | None:
     return None
 
 
+def installs_node_monitoring_agent(cfg: StackConfig) -> bool:
+    """EKS stacks with a GPU pool run the node monitoring agent add-on unless gpu.nodeMonitoringAgent is off."""
+    return (cfg.platform == "eks" and cfg.gpu.node_monitoring_agent.enabled
+            and any(pool.gpu for pool in cfg.node_pools))
+
+
 def unpinned_addons_with_minimum(cfg: StackConfig) -> list[str]:
     """Add-ons the stack installs without a pin although only some versions work: their EKS default is looked up."""
     if cfg.platform != "eks":
         return []
-    return sorted(name for name in MIN_ADDON_VERSIONS if name not in cfg.storage.addon_versions)
+    return sorted(name for name in MIN_ADDON_VERSIONS if name not in cfg.storage.addon_versions
+                  and (name != NODE_MONITORING_AGENT or installs_node_monitoring_agent(cfg)))
 
 
 def addon_default_problems(cfg: StackConfig, defaults: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -118,9 +125,10 @@ def addon_default_problems(cfg: StackConfig, defaults: Mapping[str, str]) -> lis
         minimum = MIN_ADDON_VERSIONS[name]
         if addon_semver(version) < minimum:
             problems.append((f"{CONFIG}storage.addonVersions",
-                             f"EKS's default {name} for Kubernetes {cfg.kubernetes_version} is {version}, but EKS "
-                             f"Pod Identity needs v{'.'.join(map(str, minimum))} or later: pin {name} to a "
-                             f"v2 version (`aws eks describe-addon-versions --addon-name {name}` lists them)"))
+                             f"EKS's default {name} for Kubernetes {cfg.kubernetes_version} is {version}, but "
+                             f"{MIN_ADDON_WHY[name]} v{'.'.join(map(str, minimum))} or later: pin {name} to a "
+                             f"v{minimum[0]} version (`aws eks describe-addon-versions --addon-name {name}` lists "
+                             "them)"))
     return problems
 
 

@@ -31,14 +31,26 @@ EfsTransitionToIa = Literal[
     "AFTER_270_DAYS",
     "AFTER_365_DAYS",
 ]
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
 AddonName = Literal[
-    "aws-efs-csi-driver", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver", "eks-pod-identity-agent"
+    "aws-efs-csi-driver", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver", "eks-pod-identity-agent",
+    "eks-node-monitoring-agent",
 ]
 # An EKS add-on version as `aws eks describe-addon-versions` lists it.
 AddonVersion = Annotated[str, Field(pattern=r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")]
-# Driver versions below which an add-on cannot work with this stack's IAM (EKS Pod Identity): Mountpoint for S3
-# supports Pod Identity from driver v2.0.0 (awslabs/mountpoint-s3-csi-driver CHANGELOG, v2.0.0).
-MIN_ADDON_VERSIONS: dict[str, tuple[int, int, int]] = {"aws-mountpoint-s3-csi-driver": (2, 0, 0)}
+# Versions below which an add-on cannot do what this stack needs of it, and why:
+# - Mountpoint for S3 supports Pod Identity from driver v2.0.0 (awslabs/mountpoint-s3-csi-driver CHANGELOG, v2.0.0);
+# - the node monitoring agent reports the XID reasons the node groups' repair overrides name (NvidiaXID46Error,
+#   62, 109, 110) from v1.6.4 (aws/eks-node-monitoring-agent monitors/nvidia/dcgm/dcgm_policies.go:27 at v1.6.3
+#   and at v1.6.4; infra/nodes/repair.py).
+MIN_ADDON_VERSIONS: dict[str, tuple[int, int, int]] = {
+    "aws-mountpoint-s3-csi-driver": (2, 0, 0),
+    NODE_MONITORING_AGENT: (1, 6, 4),
+}
+MIN_ADDON_WHY: dict[str, str] = {
+    "aws-mountpoint-s3-csi-driver": "EKS Pod Identity needs driver",
+    NODE_MONITORING_AGENT: "the GPU repair overrides name XID reasons of agent",
+}
 
 
 def addon_semver(version: str) -> tuple[int, int, int]:
@@ -220,9 +232,7 @@ class StorageConfig(StrictModel):
         for name, version in versions.items():
             minimum = MIN_ADDON_VERSIONS.get(name)
             if minimum is not None and addon_semver(version) < minimum:
-                raise ValueError(
-                    f"{name} {version}: EKS Pod Identity needs driver v{'.'.join(map(str, minimum))} or later"
-                )
+                raise ValueError(f"{name} {version}: {MIN_ADDON_WHY[name]} v{'.'.join(map(str, minimum))} or later")
         return versions
 
     @model_validator(mode="after")

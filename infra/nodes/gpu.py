@@ -1,6 +1,6 @@
 """GPU plumbing: the NVIDIA device plugin (nvidia.com/gpu becomes schedulable), the optional DCGM exporter,
-the cluster-autoscaler (EKS: scale pools from zero, IAM through Pod Identity) and, on onprem, the labels of
-existing nodes (NodePatch).
+the cluster-autoscaler (EKS: scale pools from zero, IAM through Pod Identity), the EKS node monitoring agent add-on
+(the node conditions node auto repair acts on) and, on onprem, the labels of existing nodes (NodePatch).
 
 Helm values and IAM policies are built by pure functions; the GpuPlumbing component only creates resources.
 """
@@ -26,6 +26,17 @@ DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
 AUTOSCALER_REPO = "https://kubernetes.github.io/autoscaler"
 EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+
+
+def node_monitoring_agent_values(plans: Sequence[PoolPlan]) -> dict[str, Any]:
+    """The add-on's configuration values. Its DCGM DaemonSet, which the GPU checks (XIDs, DCGM health and
+    diagnostics) run in, tolerates nothing by default (aws/eks-node-monitoring-agent v1.7.0
+    charts/eks-node-monitoring-agent/values.yaml:157-158, used at templates/dcgm-daemonset.yaml:34-36), so on
+    GPU pools, which are tainted, it would never run: it gets the GPU pools' taints. The node agent already
+    tolerates every taint (values.yaml:93-95). `dcgmAgent.tolerations` is in the add-on's configuration schema
+    (charts/configuration.schema.json:17,138)."""
+    return {"dcgmAgent": {"tolerations": gpu_tolerations(plans)}}
 
 
 def gpu_tolerations(plans: Sequence[PoolPlan]) -> list[dict[str, str]]:
@@ -200,6 +211,8 @@ class GpuPlumbingArgs:
     cluster_name: str  # the configured cluster name (EKS tags ASGs with it)
     kubernetes_version: str
     depends_on: tuple[pulumi.Resource, ...] = ()  # node groups, the Pod Identity agent add-on
+    node_monitoring_agent_version: str | None = None  # storage.addonVersions pin; None: EKS's default
+    node_groups: tuple[pulumi.Resource, ...] = ()  # the add-on waits for them (ACTIVE once its pods run)
 
 
 class GpuPlumbing(pulumi.ComponentResource):
@@ -254,6 +267,20 @@ class GpuPlumbing(pulumi.ComponentResource):
             )
         if cluster.is_eks and cfg.autoscaler.enabled:
             self._autoscaler(args, k8s_opts)
+        self.node_monitoring_agent: aws.eks.Addon | None = None
+        if cluster.is_eks and cfg.node_monitoring_agent.enabled and any(plan.is_gpu for plan in args.pools):
+            self.node_monitoring_agent = aws.eks.Addon(
+                ctx.name("gpu", NODE_MONITORING_AGENT),
+                cluster_name=cluster.name,
+                addon_name=NODE_MONITORING_AGENT,
+                addon_version=args.node_monitoring_agent_version,
+                configuration_values=json.dumps(node_monitoring_agent_values(args.pools), sort_keys=True),
+                resolve_conflicts_on_create="OVERWRITE",
+                resolve_conflicts_on_update="PRESERVE",
+                tags=ctx.tags,
+                opts=pulumi.ResourceOptions(parent=self,
+                                            depends_on=[*cluster.eks_dependencies, *args.node_groups]),
+            )
         self.register_outputs({"releases": {name: release.status for name, release in self.releases.items()}})
 
     def _release(

@@ -21,6 +21,7 @@ import yaml
 
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.nodes.poolplan import CAS_TEMPLATE, EFA_NODE_HUGEPAGES, PoolPlan
+from infra.nodes.repair import node_repair_config
 from workloads.cluster_facts import EFA_HUGEPAGES, EFA_RESOURCE
 from workloads.quantity import format_bytes
 
@@ -182,6 +183,13 @@ def _asg_name(resources: Any) -> str | None:
     return group.get("name") if isinstance(group, dict) else getattr(group, "name", None)
 
 
+def _repair_args(plan: PoolPlan) -> aws.eks.NodeGroupNodeRepairConfigArgs:
+    config = dict(node_repair_config(plan))
+    overrides = [aws.eks.NodeGroupNodeRepairConfigNodeRepairConfigOverrideArgs(**override)
+                 for override in config.pop("node_repair_config_overrides", [])]
+    return aws.eks.NodeGroupNodeRepairConfigArgs(**config, node_repair_config_overrides=overrides or None)
+
+
 @dataclass(frozen=True)
 class NodePoolsArgs:
     ctx: StackContext
@@ -257,6 +265,7 @@ class NodePools(pulumi.ComponentResource):
                     max_size=plan.config.max_size,
                 ),
                 update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=plan.config.max_unavailable),
+                node_repair_config=_repair_args(plan),
                 labels=plan.labels,
                 taints=[aws.eks.NodeGroupTaintArgs(**taint) for taint in node_group_taints(plan)],
                 launch_template=aws.eks.NodeGroupLaunchTemplateArgs(

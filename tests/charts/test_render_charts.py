@@ -300,10 +300,14 @@ def test_eks_addon_node_daemonsets_keep_their_tolerate_everything_defaults(
     """The EFS and Mountpoint add-ons are not Helm releases here: their node DaemonSets tolerate every taint by
     default (aws-efs-csi-driver chart values.yaml `node.tolerations: [{operator: Exists}]`; mountpoint-s3-csi-driver
     chart values.yaml `node.tolerateAllTaints: true`), and this program passes no configurationValues that could
-    narrow that."""
+    narrow that. The node monitoring agent's node DaemonSet tolerates every taint too (values.yaml:93-95); its
+    configuration values only give its DCGM DaemonSet, which tolerates nothing by default, the GPU pools' taints."""
     _, plan = stack_plan
     addons = [r for r in plan["resources"] if r["type"] == "aws:eks/addon:Addon"]
     for addon in addons:
+        if addon["inputs"]["addonName"] == "eks-node-monitoring-agent":
+            assert list(json.loads(addon["inputs"]["configurationValues"])) == ["dcgmAgent"]
+            continue
         assert "configurationValues" not in addon["inputs"], addon["name"]
 
 

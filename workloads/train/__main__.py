@@ -26,7 +26,7 @@ from workloads.data.statefile import StateFileError
 from workloads.metrics_http import metrics_addr, port_number
 from workloads.train.checkpoint import CheckpointError, CheckpointStoreError
 from workloads.train.loop import ConfigError, Disrupted, Distributed, TrainConfig, TrainingDiverged, train
-from workloads.train.metrics import METRICS_PORT_ENV, TrainMetrics, metrics_port_for
+from workloads.train.metrics import METRICS_PORT_ENV, MetricsPortError, TrainMetrics, metrics_port_for
 from workloads.train.models import MODELS
 
 EPILOG = """\
@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     except DataToolError as exc:
         _print_error(exc)
         return RUNTIME_EXIT_CODE if exc.runtime else config_error_exit_code()
-    except (DatasetError, ConfigError, CheckpointError, TrainingDiverged, CacheTooSmall, StateFileError) as exc:
+    except (DatasetError, ConfigError, CheckpointError, TrainingDiverged, CacheTooSmall, StateFileError,
+            MetricsPortError) as exc:
         _print_error(exc)
         return config_error_exit_code()
     except Exception as exc:  # a failure inside PyTorch, the OS, ...: not the input's fault, so a retry may help

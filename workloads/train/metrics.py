@@ -47,6 +47,10 @@ def metrics_port_for(base: int, local_rank: int) -> int:
     return port
 
 
+
+class MetricsPortError(ValueError):
+    """The configured metrics port cannot be listened on (taken, not allowed): a config error of the pod."""
+
 class _GpuCollector(Collector):
     """GPU utilisation and memory of this process's device, read from NVML at scrape time."""
 
@@ -187,7 +191,8 @@ class TrainMetrics:
         try:
             return self._endpoint.serve(port, addr)
         except OSError as exc:
-            raise ValueError(f"--metrics-port: cannot listen on {addr}:{port}: {exc.strerror or exc}") from exc
+            raise MetricsPortError(f"--metrics-port: cannot listen on {addr}:{port}: {exc.strerror or exc}") \
+                from exc
 
     def close(self) -> None:
         self._endpoint.close()

@@ -2,6 +2,8 @@
 Quotas values, the Price List API, EKS cluster versions), so boto3 talks to it unmodified through endpoint_url.
 
 JSON protocol services (service-quotas, pricing) are routed by the X-Amz-Target header (`<prefix>.<Operation>`),
+EC2's query protocol (a form-encoded POST with `Action=`) by the action (`ec2_actions`, a handler returning
+(status, XML text)),
 rest-json ones (EKS) by method and path, S3 HeadBucket by path (`heads`). A handler returns (status, body); an
 error body is the AWS JSON error shape `{"__type": code, "message": ...}`, sent with the x-amzn-ErrorType header as
 AWS does. Requests are recorded so tests
@@ -26,6 +28,8 @@ class AwsStub:
         self.routes: dict[tuple[str, str], Handler] = {}  # ("GET", "/cluster-versions") -> handler(query)
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.heads: dict[str, int] = {}  # rest-xml HEAD (S3 HeadBucket): path -> status, 404 when not listed
+        # EC2 query protocol: "DescribeCapacityReservations" -> handler(form fields) -> (status, XML body)
+        self.ec2_actions: dict[str, Callable[[dict[str, Any]], tuple[int, str]]] = {}
         stub = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -44,7 +48,20 @@ class AwsStub:
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
+                raw = self.rfile.read(length)
+                if self.headers.get("Content-Type", "").startswith("application/x-www-form-urlencoded"):
+                    form = {key: values[0] for key, values in parse_qs(raw.decode()).items()}
+                    stub.requests.append((f"ec2 {form.get('Action')}", form))
+                    action = stub.ec2_actions.get(str(form.get("Action")))
+                    status, text = action(form) if action else (400, ec2_error("InvalidAction", "no stub"))
+                    data = text.encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/xml")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                body = json.loads(raw or b"{}")
                 target = self.headers.get("X-Amz-Target", "")
                 stub.requests.append((target, body))
                 handler = stub.targets.get(target)
@@ -82,3 +99,9 @@ class AwsStub:
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(timeout=10)
+
+
+def ec2_error(code: str, message: str) -> str:
+    """An EC2 query-protocol error document, as EC2 sends it with a 4xx status."""
+    return (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code>"
+            f"<Message>{message}</Message></Error></Errors><RequestID>stub</RequestID></Response>")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -186,6 +187,83 @@ def check_offerings(ec2: Any, cfg: StackConfig, zones: Sequence[str]) -> list[Ch
     return checks
 
 
+# EC2 DescribeCapacityReservations states: launchable now, later, or never again.
+_RESERVATION_USABLE, _RESERVATION_LATER = ("active",), ("scheduled", "pending", "payment-pending", "assessing",
+                                                        "delayed")
+RESERVATION_ENDING_HOURS = 24  # a reservation ending within this is a WARN: plan the next block
+
+
+def check_reservations(ec2: Any, cfg: StackConfig, now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                       ) -> list[Check]:
+    """Each pool's capacityReservation against what EC2 says of it: it exists, is (or will be) active, is a Capacity
+    Block exactly when the pool says CAPACITY_BLOCK, and holds the pool's type, zone and size."""
+    checks = []
+    for index, pool in enumerate(cfg.node_pools):
+        reservation = pool.capacity_reservation
+        if reservation is None:
+            continue
+        name, where = f"reservation {pool.name}", f"ml-cluster:nodePools[{index}].capacityReservation"
+        try:
+            found = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation.id])
+            [item] = found.get("CapacityReservations") or [{}]
+        except (BotoCoreError, ClientError) as exc:
+            code, message = _error(exc)
+            fix = (f"set {where}.id to a reservation of this account and region (aws ec2 "
+                   "describe-capacity-reservations)") if "NotFound" in code else \
+                "grant ec2:DescribeCapacityReservations"
+            checks.append(Check(FAIL, name, f"{reservation.id}: {code}: {message}", fix))
+            continue
+        state = str(item.get("State") or "unknown")
+        block = item.get("ReservationType") == "capacity-block"
+        start, end = item.get("StartDate"), item.get("EndDate")
+        facts = (f"{reservation.id} {state}, {'Capacity Block' if block else 'On-Demand Capacity Reservation'} of "
+                 f"{item.get('TotalInstanceCount')} x {item.get('InstanceType')} in {item.get('AvailabilityZone')}"
+                 + (f", {_day(start)} to {_day(end)}" if start or end else ""))
+        wrong = []
+        if item.get("InstanceType") not in pool.instance_types:
+            wrong.append((f"it holds {item.get('InstanceType')}, the pool runs {', '.join(pool.instance_types)}",
+                          f"set ml-cluster:nodePools[{index}].instanceTypes: [{item.get('InstanceType')}]"))
+        if item.get("AvailabilityZone") != reservation.availability_zone:
+            wrong.append((f"it is in {item.get('AvailabilityZone')}, the config says {reservation.availability_zone}",
+                          f"set {where}.availabilityZone: {item.get('AvailabilityZone')}"))
+        if block != (pool.capacity_type == "CAPACITY_BLOCK"):
+            kind = "CAPACITY_BLOCK" if block else "ON_DEMAND"
+            wrong.append((f"it is {'a Capacity Block' if block else 'not a Capacity Block'}, the pool's capacityType "
+                          f"is {pool.capacity_type}", f"set ml-cluster:nodePools[{index}].capacityType: {kind}"))
+        total = int(item.get("TotalInstanceCount") or 0)
+        if pool.max_size > total:
+            wrong.append((f"it holds {total} instances, the pool's maxSize is {pool.max_size}",
+                          f"set ml-cluster:nodePools[{index}].maxSize: {total}"))
+        if wrong:
+            checks += [Check(FAIL, name, f"{facts}: {why}", fix) for why, fix in wrong]
+        elif state in _RESERVATION_LATER:
+            checks.append(Check(WARN, name, f"{facts}: the pool gets nodes from {_day(start)}",
+                                "nothing to do before then"))
+        elif state not in _RESERVATION_USABLE:
+            checks.append(Check(FAIL, name, f"{facts}: no instance can launch into it",
+                                f"buy or find an active reservation and set {where}.id"))
+        elif isinstance(end, datetime) and end - now() < timedelta(hours=RESERVATION_ENDING_HOURS):
+            checks.append(Check(WARN, name, f"{facts}: ends in {_hours(end - now())}; running Jobs get SIGTERM "
+                                            "before EC2 reclaims the block", "move to the next block "
+                                            "(docs/operations.md, reserved capacity)"))
+        elif int(item.get("AvailableInstanceCount") or 0) < pool.max_size:
+            checks.append(Check(WARN, name, f"{facts}: only {item.get('AvailableInstanceCount')} of {total} free "
+                                            f"(others already run in it), the pool may grow to {pool.max_size}",
+                                "see what runs in it: aws ec2 describe-instances --filters "
+                                f"Name=capacity-reservation-id,Values={reservation.id}"))
+        else:
+            checks.append(Check(PASS, name, facts))
+    return checks
+
+
+def _day(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M UTC") if isinstance(value, datetime) else str(value)
+
+
+def _hours(delta: timedelta) -> str:
+    return f"{max(delta.total_seconds(), 0) / 3600:.1f} h"
+
+
 def _vcpus(ec2: Any, types: Iterable[str]) -> dict[str, int]:
     wanted, found = sorted(set(types)), {}
     for start in range(0, len(wanted), 100):  # DescribeInstanceTypes takes at most 100 names
@@ -341,6 +419,7 @@ def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_r
     zone_checks, zones = stack_zones(ec2, cfg)
     checks += zone_checks
     checks += check_offerings(ec2, cfg, zones)
+    checks += check_reservations(ec2, cfg)
     checks += check_quotas(ec2, client("service-quotas"), cfg, cfg.region)
     checks += check_kubernetes_version(client("eks"), cfg.cluster.kubernetes_version)
     checks += check_buckets(client("s3"), cfg, stack, account)

@@ -116,6 +116,19 @@ class NodeRepairConfig(StrictModel):
     gpu_overrides: bool = True
 
 
+class CapacityReservationConfig(StrictModel):
+    """Reserved capacity a pool launches into: an EC2 Capacity Block for ML (capacityType CAPACITY_BLOCK) or an
+    On-Demand Capacity Reservation (capacityType ON_DEMAND). The reservation's zone and size are stated here, so
+    the plan can check the pool against them before any resource exists; preflight compares them with EC2's
+    DescribeCapacityReservations."""
+
+    id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$", description="the reservation's id (cr-...)")
+    availability_zone: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$", description="the reservation's AZ")
+    instance_count: int = Field(ge=1, description="instances reserved")
+    # targeted: only this pool uses the reservation; open: any matching instance may (ODCR only)
+    preference: Literal["targeted", "open"] = "targeted"
+
+
 class NodePoolConfig(StrictModel):
     """One pool: an EKS managed node group (instanceTypes) or, on onprem, existing nodes (existing)."""
 
@@ -123,7 +136,8 @@ class NodePoolConfig(StrictModel):
     gpu: bool = False
     instance_types: list[InstanceType] = []
     existing: ExistingNodesConfig | None = None
-    capacity_type: Literal["ON_DEMAND", "SPOT"] = "ON_DEMAND"
+    capacity_type: Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"] = "ON_DEMAND"
+    capacity_reservation: CapacityReservationConfig | None = None
     min_size: int = Field(default=0, ge=0)
     desired_size: int | None = Field(default=None, ge=0, description="default: minSize")
     max_size: int = Field(default=1, ge=1, le=1000)
@@ -166,6 +180,7 @@ class NodePoolConfig(StrictModel):
         if self.existing is not None and self.node_repair.enabled:
             raise ValueError(f"node pool {self.name}: nodeRepair is EKS node auto repair (managed node groups); "
                              "existing nodes have none")
+        self._check_reservation()
         if any(taint.key == "nvidia.com/gpu" for taint in self.taints):
             raise ValueError(f"node pool {self.name}: the nvidia.com/gpu taint is added to GPU pools automatically")
         return self
@@ -174,10 +189,37 @@ class NodePoolConfig(StrictModel):
     def initial_size(self) -> int:
         return self.min_size if self.desired_size is None else self.desired_size
 
+    def _check_reservation(self) -> None:
+        reservation = self.capacity_reservation
+        if reservation is None:
+            if self.capacity_type == "CAPACITY_BLOCK":
+                raise ValueError(f"node pool {self.name}: capacityType CAPACITY_BLOCK needs capacityReservation "
+                                 "(the block's id, availabilityZone and instanceCount)")
+            return
+        if self.capacity_type == "SPOT":
+            raise ValueError(f"node pool {self.name}: a Spot pool cannot launch into capacityReservation "
+                             f"{reservation.id}: use ON_DEMAND (a reservation) or CAPACITY_BLOCK")
+        if self.capacity_type == "CAPACITY_BLOCK" and reservation.preference == "open":
+            raise ValueError(f"node pool {self.name}: a Capacity Block is always targeted (preference: targeted)")
+        if len(self.instance_types) != 1:
+            raise ValueError(f"node pool {self.name}: a reservation holds one instance type; the pool lists "
+                             f"{len(self.instance_types)}")
+        if self.availability_zones and self.availability_zones != [reservation.availability_zone]:
+            raise ValueError(f"node pool {self.name}: reservation {reservation.id} is in "
+                             f"{reservation.availability_zone}; availabilityZones lists "
+                             f"{', '.join(self.availability_zones)}")
+        if self.max_size > reservation.instance_count:
+            raise ValueError(f"node pool {self.name}: maxSize {self.max_size} is above the "
+                             f"{reservation.instance_count} instances reservation {reservation.id} holds (the rest "
+                             "would never launch)")
+
     def launch_zones(self, network_zones: Sequence[str]) -> list[str]:
-        """The AZs of `network_zones` the pool's nodes may start in. An EFA pool has one: its own, or else the
-        network's first in name order, so that a zone added later never moves (replaces) the pool."""
-        zones = [zone for zone in network_zones if not self.availability_zones or zone in self.availability_zones]
+        """The AZs of `network_zones` the pool's nodes may start in. A pool with a reservation: the reservation's.
+        An EFA pool has one: its own, or else the network's first in name order, so that a zone added later never
+        moves (replaces) the pool."""
+        wanted = ([self.capacity_reservation.availability_zone] if self.capacity_reservation is not None
+                  else self.availability_zones)
+        zones = [zone for zone in network_zones if not wanted or zone in wanted]
         return sorted(zones)[:1] if self.efa else zones
 
 

@@ -94,6 +94,12 @@ def pool_zone_problems(cfg: StackConfig, private_zones: Sequence[str] | None) ->
             problems.append((f"{CONFIG}nodePools[{index}].availabilityZones",
                              f"node pool {pool.name}: no private subnet in {', '.join(pool.availability_zones)} "
                              f"(the network's private subnets are in {', '.join(have) or 'no zone'})"))
+        reservation = pool.capacity_reservation
+        if reservation is not None and reservation.availability_zone not in have:
+            problems.append((f"{CONFIG}nodePools[{index}].capacityReservation.availabilityZone",
+                             f"node pool {pool.name}: reservation {reservation.id} is in "
+                             f"{reservation.availability_zone}, where the network has no private subnet (its private "
+                             f"subnets are in {', '.join(have) or 'no zone'})"))
     return problems
 
 

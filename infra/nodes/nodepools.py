@@ -159,6 +159,26 @@ def pool_subnet_ids(plan: PoolPlan, network: NetworkInfo) -> list[pulumi.Input[s
     return [ref.id for ref in (subnets[:1] if plan.efa_interfaces else subnets)]
 
 
+def reservation_options(plan: PoolPlan) -> dict[str, Any]:
+    """The launch template's reserved-capacity settings: a Capacity Block is a `capacity-block` market targeting the
+    block (EC2 User Guide, "Launch instances into Capacity Blocks"; the node group's capacityType is CAPACITY_BLOCK);
+    an On-Demand Capacity Reservation is targeted by id, or open to any matching instance."""
+    reservation = plan.config.capacity_reservation
+    if reservation is None:
+        return {}
+    if reservation.preference == "open":
+        spec = aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(capacity_reservation_preference="open")
+    else:
+        spec = aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+            capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+                capacity_reservation_id=reservation.id))
+    options: dict[str, Any] = {"capacity_reservation_specification": spec}
+    if plan.config.capacity_type == "CAPACITY_BLOCK":
+        options["instance_market_options"] = aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(
+            market_type="capacity-block")
+    return options
+
+
 def efa_network_interfaces(plan: PoolPlan) -> list[dict[str, Any]]:
     """One EFA interface per network card: card 0's is the primary interface (device 0, `efa`: IP and EFA), every
     other card's an `efa-only` interface at device 1 (no IP address used; EC2 User Guide, "Maximize network
@@ -238,6 +258,7 @@ class NodePools(pulumi.ComponentResource):
                 vpc_security_group_ids=None if interfaces else security_groups,
                 network_interfaces=interfaces,
                 placement=placement,
+                **reservation_options(plan),
                 user_data=base64.b64encode(text.encode()).decode() if text else None,
                 update_default_version=True,
                 tag_specifications=[

@@ -1,0 +1,134 @@
+"""Reserved capacity: the pool config's rules, what the plan renders for a Capacity Block and an On-Demand Capacity
+Reservation, and preflight against recorded DescribeCapacityReservations answers served over EC2's query protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+import pytest
+import yaml
+
+from infra.account.preflight import FAIL, PASS, WARN, check_reservations
+from infra.config import ConfigError, parse_stack_config
+from infra.config.schema import decode_config_value
+from infra.plan.engine import STACKS_DIR
+from tests.awsstub import AwsStub, ec2_error
+
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
+BLOCK = {"id": "cr-0123456789abcdef0", "availabilityZone": "us-east-1b", "instanceCount": 2}
+ODCR = {"id": "cr-0fedcba9876543210", "availabilityZone": "us-east-1a", "instanceCount": 4}
+
+
+def prod_values(*pools: dict[str, Any]) -> dict[str, Any]:
+    values = yaml.safe_load((STACKS_DIR / "Pulumi.prod.yaml").read_text())["config"]
+    values["ml-cluster:nodePools"] = [*values["ml-cluster:nodePools"], *pools]
+    return values
+
+
+def block_pool(**extra: Any) -> dict[str, Any]:
+    return {"name": "h100-block", "instanceTypes": ["p5.48xlarge"], "gpu": True, "capacityType": "CAPACITY_BLOCK",
+            "maxSize": 2, "capacityReservation": dict(BLOCK), **extra}
+
+
+def odcr_pool(**extra: Any) -> dict[str, Any]:
+    return {"name": "a100-odcr", "instanceTypes": ["p4d.24xlarge"], "gpu": True, "maxSize": 4,
+            "capacityReservation": dict(ODCR), **extra}
+
+
+def parse(values: dict[str, Any]) -> Any:
+    return parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
+
+
+def test_a_capacity_block_and_an_odcr_plan_into_their_reservations(plan_config: Any) -> None:
+    plan = plan_config("prod", {"ml-cluster:nodePools": prod_values(block_pool(efa=True), odcr_pool())[
+        "ml-cluster:nodePools"]})
+    templates = {r["name"]: r["inputs"] for r in plan["resources"]
+                 if r["type"] == "aws:ec2/launchTemplate:LaunchTemplate"}
+    groups = {r["name"]: r["inputs"] for r in plan["resources"] if r["type"] == "aws:eks/nodeGroup:NodeGroup"}
+    zones = plan["outputs"]["subnetAzs"]
+    block, odcr = templates["mlc-prod-nodepools-h100-block-lt"], templates["mlc-prod-nodepools-a100-odcr-lt"]
+    assert block["capacityReservationSpecification"] == {"capacityReservationTarget": {
+        "capacityReservationId": BLOCK["id"]}}
+    assert block["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert groups["mlc-prod-nodepools-h100-block-ng"]["capacityType"] == "CAPACITY_BLOCK"
+    assert {zones[s] for s in groups["mlc-prod-nodepools-h100-block-ng"]["subnetIds"]} == {"us-east-1b"}
+    assert len(block["networkInterfaces"]) == 32  # an EFA block: its one zone is the reservation's
+    assert odcr["capacityReservationSpecification"] == {"capacityReservationTarget": {
+        "capacityReservationId": ODCR["id"]}}
+    assert "instanceMarketOptions" not in odcr
+    assert {zones[s] for s in groups["mlc-prod-nodepools-a100-odcr-ng"]["subnetIds"]} == {"us-east-1a"}
+    open_pool = plan_config("prod", {"ml-cluster:nodePools": prod_values(odcr_pool(
+        capacityReservation={**ODCR, "preference": "open"}))["ml-cluster:nodePools"]})
+    [spec] = [r["inputs"]["capacityReservationSpecification"] for r in open_pool["resources"]
+              if r["name"] == "mlc-prod-nodepools-a100-odcr-lt"]
+    assert spec == {"capacityReservationPreference": "open"}
+
+
+@pytest.mark.parametrize(("pool", "why"), [
+    (block_pool(capacityReservation=None), "capacityType CAPACITY_BLOCK needs capacityReservation"),
+    (odcr_pool(capacityType="SPOT"), "a Spot pool cannot launch into capacityReservation"),
+    (odcr_pool(instanceTypes=["p4d.24xlarge", "p4de.24xlarge"]), "a reservation holds one instance type"),
+    (odcr_pool(availabilityZones=["us-east-1c"]), "reservation cr-0fedcba9876543210 is in us-east-1a"),
+    (odcr_pool(maxSize=5), "maxSize 5 is above the 4 instances reservation cr-0fedcba9876543210 holds"),
+    (block_pool(capacityReservation={**BLOCK, "preference": "open"}), "a Capacity Block is always targeted"),
+    (odcr_pool(capacityReservation={**ODCR, "availabilityZone": "us-east-1z"}), "no private subnet"),
+])
+def test_each_bad_reservation_is_one_error_line(plan_config: Any, pool: dict[str, Any], why: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        plan_config("prod", {"ml-cluster:nodePools": prod_values(pool)["ml-cluster:nodePools"]})
+    lines = caught.value.lines()
+    assert len(lines) == 1 and why in lines[0] and "nodePools[3]" in lines[0], lines
+
+
+def _item(**fields: Any) -> str:
+    defaults = {"capacityReservationId": BLOCK["id"], "instanceType": "p5.48xlarge",
+                "availabilityZone": "us-east-1b", "totalInstanceCount": "2", "availableInstanceCount": "2",
+                "state": "active", "startDate": "2026-11-20T11:30:00.000Z", "endDate": "2026-11-27T11:30:00.000Z",
+                "instanceMatchCriteria": "targeted", "reservationType": "capacity-block"}
+    body = "".join(f"<{k}>{v}</{k}>" for k, v in {**defaults, **fields}.items())
+    return ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeCapacityReservationsResponse "
+            "xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>stub</requestId><capacityReservationSet>"
+            f"<item>{body}</item></capacityReservationSet></DescribeCapacityReservationsResponse>")
+
+
+@pytest.fixture(scope="module")
+def ec2() -> Iterator[tuple[AwsStub, Any]]:
+    stub = AwsStub().start()
+    client = boto3.client("ec2", region_name="us-east-1", endpoint_url=stub.url, aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    yield stub, client
+    stub.stop()
+
+
+@pytest.mark.parametrize(("answer", "status", "says"), [
+    (_item(), PASS, "cr-0123456789abcdef0 active, Capacity Block of 2 x p5.48xlarge in us-east-1b, 2026-11-20 11:30 "
+                    "UTC to 2026-11-27 11:30 UTC"),
+    (_item(state="scheduled", startDate="2026-11-30T11:30:00.000Z"), WARN, "the pool gets nodes from 2026-11-30"),
+    (_item(state="expired"), FAIL, "no instance can launch into it"),
+    (_item(availabilityZone="us-east-1c"), FAIL, "it is in us-east-1c, the config says us-east-1b"),
+    (_item(instanceType="p5en.48xlarge"), FAIL, "it holds p5en.48xlarge, the pool runs p5.48xlarge"),
+    (_item(reservationType="default"), FAIL, "it is not a Capacity Block, the pool's capacityType is CAPACITY_BLOCK"),
+    (_item(availableInstanceCount="0"), WARN, "only 0 of 2 free"),
+    (_item(endDate="2026-11-25T06:00:00.000Z"), WARN, "ends in 18.0 h; running Jobs get SIGTERM"),
+])
+def test_preflight_reads_each_reservation_state(ec2: tuple[AwsStub, Any], answer: str, status: str,
+                                                says: str) -> None:
+    stub, client = ec2
+    stub.ec2_actions["DescribeCapacityReservations"] = lambda form: (200, answer)
+    [check] = check_reservations(client, parse(prod_values(block_pool())), now=lambda: NOW)
+    assert check.status == status and says in check.detail, check
+    assert stub.requests[-1][1]["CapacityReservationId.1"] == BLOCK["id"]
+    assert (check.fix != "") == (status != PASS)
+
+
+def test_a_reservation_ec2_does_not_know_is_a_fail_with_its_fix(ec2: tuple[AwsStub, Any]) -> None:
+    stub, client = ec2
+    stub.ec2_actions["DescribeCapacityReservations"] = lambda form: (
+        400, ec2_error("InvalidCapacityReservationId.NotFound", "The capacity reservation does not exist"))
+    [check] = check_reservations(client, parse(prod_values(block_pool())), now=lambda: NOW)
+    assert check.status == FAIL and "InvalidCapacityReservationId.NotFound" in check.detail
+    assert check.fix.startswith("set ml-cluster:nodePools[3].capacityReservation.id")
+    assert check_reservations(client, parse(prod_values()), now=lambda: NOW) == []

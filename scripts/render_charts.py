@@ -18,6 +18,7 @@ strictly, against the CRDs the charts render. Output: `error: <release>: <why>` 
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -208,7 +209,12 @@ def render_release(release: Mapping[str, Any], charts: Path, kubernetes_version:
     subcharts = frozenset(
         str(dep.get("alias") or dep.get("name")) for dep in (chart.metadata.get("dependencies") or [])
     ) | frozenset(str(dep.get("name")) for dep in chart.dependencies)
-    unknown = unknown_keys(values, chart.values, subcharts)
+    # A top-level key the templates read although values.yaml only documents it in a comment (dcgm-exporter's
+    # customMetrics, templates/metrics-configmap.yaml:9) is the chart's too.
+    texts = [str(template.get("data", "")) for template in chart.templates or []]
+    read = {key for key in values if key not in (chart.values or {})
+            and any(re.search(rf"\.Values\.{re.escape(str(key))}\b", text) for text in texts)}
+    unknown = unknown_keys({k: v for k, v in values.items() if k not in read}, chart.values, subcharts)
     if unknown:
         raise RenderProblem(f"values key(s) the chart {name} {version} does not have: {', '.join(unknown)}")
     try:

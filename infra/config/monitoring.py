@@ -28,6 +28,14 @@ class AlertThresholds(StrictModel):
     nvme_full_ratio: float = Field(default=0.9, gt=0, lt=1, description="share of the node's NVMe file system used")
     for_minutes: int = Field(default=10, ge=1, le=1440, description="how long a condition holds before it fires")
     pending_minutes: int = Field(default=15, ge=1, le=1440, description="a Job's pod Pending this long is stuck")
+    # GPU health (infra/monitoring/gpu_alerts.py)
+    xid_latch_minutes: int = Field(default=30, ge=5, le=1440,
+                                   description="a fatal XID stays alerting this long after DCGM last showed it")
+    app_xids_per_window: int = Field(default=5, ge=1, le=10000,
+                                     description="application-class XIDs (13, 31, 43, 45, 94) on one GPU within "
+                                                 "dcgm-exporter's XID window before the node is suspect")
+    missing_gpu_minutes: int = Field(default=10, ge=1, le=1440,
+                                     description="a node offering fewer GPUs than its type has, this long, alerts")
 
 
 class RemoteWriteConfig(StrictModel):

@@ -12,12 +12,15 @@ honorLabels) and `Hostname`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from infra.config.monitoring import AlertThresholds
 
 RULE_GROUP = "ml-cluster-training"
+GPU_HEALTH_GROUP = "ml-cluster-gpu-health"
+# Runbook sections are linked from every GPU-health alert: the repository's docs, unless a stack hands out its own.
+RUNBOOK = "docs/monitoring.md"
 
 
 def data_wait_share(window: str, by: str = "namespace, job_name", selector: str = "") -> str:
@@ -41,6 +44,8 @@ class AlertRule:
     severity: str
     summary: str
     description: str
+    labels: dict[str, str] = field(default_factory=dict)
+    runbook: str = ""  # the anchor of the runbook section in docs/monitoring.md
 
     @property
     def expr(self) -> str:
@@ -51,8 +56,9 @@ class AlertRule:
             "alert": self.name,
             "expr": self.expr,
             "for": f"{self.for_minutes}m",
-            "labels": {"severity": self.severity},
-            "annotations": {"summary": self.summary, "description": self.description},
+            "labels": {"severity": self.severity, **self.labels},
+            "annotations": {"summary": self.summary, "description": self.description,
+                            **({"runbook_url": f"{RUNBOOK}#{self.runbook}"} if self.runbook else {})},
         }
 
 
@@ -106,6 +112,11 @@ def alert_rules(thresholds: AlertThresholds, training_namespace: str) -> list[Al
     ]
 
 
-def rule_groups(thresholds: AlertThresholds, training_namespace: str) -> list[dict[str, Any]]:
+def rule_groups(thresholds: AlertThresholds, training_namespace: str,
+                label_prefix: str = "ml-cluster.io") -> list[dict[str, Any]]:
     """The `groups:` of a Prometheus rule file (also PrometheusRule.spec.groups)."""
-    return [{"name": RULE_GROUP, "rules": [rule.to_rule() for rule in alert_rules(thresholds, training_namespace)]}]
+    from infra.monitoring.gpu_alerts import gpu_health_rules
+
+    return [{"name": RULE_GROUP, "rules": [rule.to_rule() for rule in alert_rules(thresholds, training_namespace)]},
+            {"name": GPU_HEALTH_GROUP,
+             "rules": [rule.to_rule() for rule in gpu_health_rules(thresholds, label_prefix)]}]

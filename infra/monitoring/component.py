@@ -48,9 +48,12 @@ def _labels(ctx_stack: str, label_prefix: str) -> dict[str, str]:
     }
 
 
-def kps_values(cfg: MonitoringConfig) -> dict[str, Any]:
+def kps_values(cfg: MonitoringConfig, label_prefix: str = "ml-cluster.io") -> dict[str, Any]:
     """kube-prometheus-stack values: our monitors and rules picked up without Helm labels, retention and storage
-    from config, node agents on every node whatever its taints (GPU pools are tainted)."""
+    from config, node agents on every node whatever its taints (GPU pools are tainted), and the nodes' GPU-count
+    label exported by kube-state-metrics (`kube_node_labels`), which the missing-GPU alert compares with what a
+    node offers (kube-state-metrics 8.4.0, the subchart: values.yaml:416 `metricLabelsAllowlist`, passed as
+    `--metric-labels-allowlist` at templates/deployment.yaml:101)."""
     spec: dict[str, Any] = {
         "retention": cfg.retention,
         "scrapeInterval": cfg.scrape_interval,
@@ -76,6 +79,7 @@ def kps_values(cfg: MonitoringConfig) -> dict[str, Any]:
         "grafana": {"enabled": cfg.grafana_enabled()},
         # Node agents must run on GPU nodes, which carry NoSchedule (and possibly configured NoExecute) taints.
         "prometheus-node-exporter": {"tolerations": [{"operator": "Exists"}]},
+        "kube-state-metrics": {"metricLabelsAllowlist": [f"nodes=[{label_prefix}/gpu-count]"]},
     }
 
 
@@ -117,12 +121,12 @@ def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_
 
 
 def prometheus_rule(namespace: str, cfg: MonitoringConfig, training_namespace: str,
-                    labels: dict[str, str]) -> dict[str, Any]:
+                    labels: dict[str, str], label_prefix: str = "ml-cluster.io") -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": MONITOR_AND_RULE_NAME, "namespace": namespace, "labels": dict(labels)},
-        "spec": {"groups": rule_groups(cfg.alerts, training_namespace)},
+        "spec": {"groups": rule_groups(cfg.alerts, training_namespace, label_prefix)},
     }
 
 
@@ -142,7 +146,7 @@ def monitoring_manifests(cfg: MonitoringConfig, stack: str, label_prefix: str, t
     labels = _labels(stack, label_prefix)
     manifests = [
         pod_monitor(cfg.namespace, training_namespace, label_prefix, max_processes_per_pod, labels),
-        prometheus_rule(cfg.namespace, cfg, training_namespace, labels),
+        prometheus_rule(cfg.namespace, cfg, training_namespace, labels, label_prefix),
     ]
     if cfg.grafana_enabled():
         manifests.append(dashboard_config_map(cfg.namespace, labels))
@@ -196,7 +200,7 @@ class Monitoring(pulumi.ComponentResource):
             version=cfg.chart_version,
             namespace=cfg.namespace,
             repository_opts={"repo": KPS_REPO},
-            values=kps_values(cfg),
+            values=kps_values(cfg, ctx.label_prefix),
             opts=pulumi.ResourceOptions(parent=self, provider=provider,
                                         depends_on=[namespace, *identity, *args.depends_on]),
         )

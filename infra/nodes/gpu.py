@@ -19,6 +19,7 @@ import pulumi_kubernetes as k8s
 from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, GpuConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
+from infra.nodes.dcgm_metrics import metrics_csv
 from infra.nodes.poolplan import EFA_LABEL, GPU_PRESENT_LABEL, PoolPlan
 
 DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
@@ -103,6 +104,8 @@ def dcgm_exporter_values(cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], lab
         # Chart 4.8.2 values.yaml:127-134 (serviceMonitor.enabled, interval, scrapeTimeout, honorLabels).
         "serviceMonitor": {"enabled": cfg.service_monitor, "honorLabels": True},
         "resources": DCGM_EXPORTER_RESOURCES,
+        # the chart's default fields plus the GPU-health ones the alerts read (infra/nodes/dcgm_metrics.py)
+        "customMetrics": metrics_csv(),
     }
 
 

@@ -274,6 +274,15 @@ def test_a_values_key_the_chart_does_not_have_is_an_error(charts: Path) -> None:
     assert line == ("error: mlc-test-good: values key(s) the chart good 1.2.3 does not have: config.sise, licence")
 
 
+def test_a_key_only_the_templates_read_is_the_charts(tmp_path: Path) -> None:
+    """dcgm-exporter's customMetrics is commented out in its values.yaml but read by a template."""
+    template = CONFIGMAP.replace("\ndata:", "\ndata:\n  {{- if .Values.customMetrics }}\n  m: x\n  {{- end }}", 1)
+    write_chart(tmp_path, "commented", "0.1.0", "config: {}\n", {"cm.yaml": template})
+    assert check(tmp_path, release("commented", "0.1.0", {"customMetrics": "a"}))[0].startswith("ok: ")
+    [line] = check(tmp_path, release("commented", "0.1.0", {"customMetric": "a"}))
+    assert line.endswith("does not have: customMetric")
+
+
 def test_an_openshift_only_kind_is_an_error(charts: Path) -> None:
     [line] = check(charts, release("openshift", "0.1.0", {}))
     assert line.startswith("error: mlc-test-openshift: openshift/templates/scc.yaml: SecurityContextConstraints/")

@@ -1,0 +1,499 @@
+"""The data path as a library: read a packed dataset from your own training script.
+
+One object, `PackedData`, sets up everything the bundled trainer uses to keep a GPU fed: the HDF5 reader
+(`HDF5Dataset`: batched contiguous reads, lazily opened per process), the epoch order (`ElasticBatchSampler`: global,
+shard-local, resumable sample-exact with another world size), the staging cache's feeder (it tells the stager which
+shards come next, so a budget smaller than the dataset still streams), and a DataLoader wired for uint8 batches:
+
+    from workloads.data.api import LoaderSettings, PackedData
+
+    data = PackedData.open("/data/imagenet", batch_size=256)       # a packed dataset on local disk, or a staged copy
+    data = PackedData.open("/scratch/imagenet", batch_size=256,    # through the staging cache, in this process
+                           remote="s3://my-bucket/imagenet-hdf5", budget_bytes=50 << 30)
+    data = PackedData.from_env(batch_size=256)                     # in a Job: DATA_DIR / DATA_STAGING from the spec
+
+    with data:
+        loader = data.loader(LoaderSettings(workers=6))            # once; persistent workers across epochs
+        for epoch in range(data.start_epoch, epochs):
+            for images, labels in data.batches(epoch):              # uint8 (N, S, S, 3) and int64 (N,)
+                ...                                                  # your step
+                state = data.state_dict()                           # the position after the batch just trained
+
+Resume: `data.load_state_dict(state)` before the loop; `data.start_epoch` is then the saved epoch and
+`batches(epoch)` continues after the last batch the state counted. A state is valid for any world size and batch
+size (see workloads/data/sampler.py).
+
+Distributed: rank, world size and ranks per node come from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE) unless given. Every rank constructs its own PackedData; ranks must step together (one batch each
+per step, as DDP does), because local rank 0 tells the node's stager what the whole node reads next.
+
+Errors: a dataset that cannot be read is a `DatasetError` (a ValueError naming the file: retrying cannot help); data
+that is not there now (the stager failed or stopped, a shard not staged in time) is a `DataUnavailableError` (a
+RuntimeError: a new pod may succeed); a bad argument is a ValueError naming it. Errors raised in DataLoader workers
+come out of `PackedData.batches` (and `iter_batches`) as the same one-line errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import DataLoader
+
+from workloads.data.cache import (
+    HEARTBEAT_TIMEOUT_S,
+    SHARD_WAIT_S,
+    CacheFeeder,
+    CacheTooSmall,
+    heartbeat_age,
+    is_cached,
+    read_stager_state,
+)
+from workloads.data.dataset import Batch, DatasetError, DataUnavailableError, HDF5Dataset, make_loader, to_tensors
+from workloads.data.format import MANIFEST_NAME
+from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.statefile import StateFileError
+from workloads.data.transforms import random_resized_crop_flip_normalize
+
+__all__ = [
+    "CacheTooSmall",
+    "DataUnavailableError",
+    "DatasetError",
+    "LoaderSettings",
+    "PackedData",
+    "Placement",
+    "iter_batches",
+    "make_feeder",
+    "make_sampler",
+    "open_dataset",
+    "random_resized_crop_flip_normalize",
+    "wait_for_manifest",
+]
+
+# How long to wait for a stager to publish the manifest: one this process starts (it must first list the bucket),
+# or a staging sidecar of the same pod (it may start after the training container).
+STAGER_START_TIMEOUT_S = 600.0
+SIDECAR_START_TIMEOUT_S = 1800.0
+_NOTICE_AFTER_S = 10.0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this process sits in the job: torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @classmethod
+    def from_env(cls) -> Placement:
+        """torchrun's environment; a plain run is rank 0 of 1."""
+        try:
+            world_size = int(os.environ.get("WORLD_SIZE", 1))
+            return cls(int(os.environ.get("RANK", 0)), world_size, int(os.environ.get("LOCAL_RANK", 0)),
+                       int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        except ValueError as exc:
+            raise ValueError(f"RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE: not integers ({exc})") from None
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The DataLoader settings that make the packed path fast.
+
+    workers: reading processes (HDF5 handles open lazily in each; decoding, for the encoded layout, happens there).
+    prefetch_factor: batches each worker keeps ready. persistent_workers: keep workers (and their open shards)
+    across epochs. pin_memory: None pins when CUDA is available. transport: "shm" (workers write batches straight
+    into shared memory), "pipe" (numpy through the worker's pipe: no /dev/shm needed) or "auto" (shm when /dev/shm
+    holds batch x (workers x prefetch + 1) x 1.5, else pipe with a warning: the container default of 64 MiB would
+    otherwise fail with a bus error or "unable to allocate shared memory").
+    """
+
+    workers: int = 4
+    prefetch_factor: int = 2
+    persistent_workers: bool = True
+    pin_memory: bool | None = None
+    multiprocessing_context: str | None = None
+    transport: Literal["auto", "shm", "pipe"] = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workers, int) or self.workers < 0:
+            raise ValueError(f"workers: must be an integer >= 0, got {self.workers!r}")
+        if not isinstance(self.prefetch_factor, int) or self.prefetch_factor <= 0:
+            raise ValueError(f"prefetch_factor: must be a positive integer, got {self.prefetch_factor!r}")
+        if self.transport not in ("auto", "shm", "pipe"):
+            raise ValueError(f"transport: must be auto, shm or pipe, got {self.transport!r}")
+
+
+def wait_for_manifest(root: str | os.PathLike[str], timeout_s: float,
+                      stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+                      notice_after_s: float = _NOTICE_AFTER_S) -> bool:
+    """Wait up to `timeout_s` for a stager to write ROOT/manifest.json; True once it is there. While waiting, the
+    stager's state and heartbeat are re-checked (a stager that failed, or none running, is a DataUnavailableError
+    at once rather than at the deadline) and the wait is logged to stderr."""
+    path = Path(root)
+    manifest = path if path.name == MANIFEST_NAME else path / MANIFEST_NAME
+    root = manifest.parent
+    started = time.monotonic()
+    next_notice = started + notice_after_s
+    while not os.path.lexists(manifest):
+        now = time.monotonic()
+        waited = now - started
+        if now >= started + timeout_s:
+            return False
+        if is_cached(root):
+            try:
+                state = read_stager_state(root)
+            except StateFileError as exc:
+                raise DataUnavailableError(str(exc)) from exc
+            if state is not None and state.error:
+                raise DataUnavailableError(f"{manifest}: the stager failed: {state.error}")
+            age = heartbeat_age(root)
+            if (waited if age is None else age) > stager_timeout_s:
+                raise DataUnavailableError(f"{manifest}: not written, and no stager is running (no heartbeat for "
+                                           f"{waited if age is None else age:.0f}s)")
+        if now >= next_notice:
+            print(f"waiting for {manifest} (a stager writes it; {waited:.0f}s of {timeout_s:g}s)", file=sys.stderr,
+                  flush=True)
+            next_notice = now + 60.0
+        time.sleep(0.05)
+    return True
+
+
+def open_dataset(root: str | os.PathLike[str], *, image_size: int | None = None,
+                 shard_wait_s: float = SHARD_WAIT_S, stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+                 decode_cache: str | os.PathLike[str] | None = None,
+                 decode_cache_bytes: int | None = None) -> HDF5Dataset:
+    """The reader of a packed dataset (ROOT holds manifest.json): a local pack, a staged copy, or a directory a
+    staging cache fills (detected by ROOT/.cache/: each read then waits for its shard, up to `shard_wait_s`).
+
+    image_size: the encoded layout's decode size (the decoded layout holds one size; asking another is an error).
+    decode_cache / decode_cache_bytes: encoded layout only: keep decoded samples there for the next epochs."""
+    dataset = HDF5Dataset(root, image_size=image_size, draft=True, decode_cache=decode_cache,
+                          decode_cache_bytes=decode_cache_bytes, shard_wait_s=shard_wait_s,
+                          stager_timeout_s=stager_timeout_s)
+    if len(dataset) == 0:
+        raise DatasetError(f"{dataset.root}: the manifest lists no samples")
+    if not dataset.classes:
+        raise DatasetError(f"{dataset.root / MANIFEST_NAME}: the manifest lists no classes")
+    return dataset
+
+
+def make_sampler(shard_sizes: Sequence[int], batch_size: int, placement: Placement, *, seed: int = 0,
+                 shuffle: bool = True, shuffle_shards: int = 4, block_size: int = 1,
+                 canonical_nodes: int | None = None, min_rank_batch: int = 1) -> ElasticBatchSampler:
+    """This rank's batch sampler: `batch_size` samples per rank and step; the epoch's order cut into
+    `canonical_nodes` streams (default: the node count), each shuffled over spans of `shuffle_shards` shards.
+    Keep canonical_nodes fixed across restarts with another node count (a state_dict carries it)."""
+    return ElasticBatchSampler(shard_sizes, batch_size, seed=seed, shuffle=shuffle, shuffle_shards=shuffle_shards,
+                               block_size=block_size, canonical_nodes=canonical_nodes or placement.nodes,
+                               rank=placement.rank, world_size=placement.world_size,
+                               local_world_size=placement.local_world_size, min_rank_batch=min_rank_batch)
+
+
+def make_feeder(dataset: HDF5Dataset, sampler: ElasticBatchSampler, placement: Placement) -> CacheFeeder | None:
+    """The staging cache's feeder for this node, run by local rank 0 (None elsewhere, and without a cache)."""
+    if dataset.cache is None or placement.local_rank != 0:
+        return None
+    shards = dataset.manifest.shards
+    return CacheFeeder(dataset.cache, [shard.path for shard in shards], [shard.bytes for shard in shards], sampler)
+
+
+_WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+_UNAVAILABLE = ("DataUnavailableError", "CacheStagerError", "TimeoutError")
+_DATASET = ("DatasetError", "DataToolError", "ValueError", "CacheTooSmall", "StateFileError")
+
+
+def iter_batches(loader: Any) -> Iterator[Any]:
+    """Iterate a loader; a dataset error raised in a DataLoader worker (whose message is the worker's traceback)
+    comes out as the one-line error the main process would raise: DataUnavailableError for data not there now,
+    DatasetError otherwise."""
+    iterator = iter(loader)
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            text = str(exc)
+            if _WORKER_TRACEBACK not in text:
+                raise
+            name, sep, message = [line for line in text.splitlines() if line.strip()][-1].partition(": ")
+            name = name.rsplit(".", 1)[-1]
+            if not sep or name not in _UNAVAILABLE + _DATASET:
+                raise
+            if name in _UNAVAILABLE:
+                raise DataUnavailableError(message) from None
+            raise DatasetError(message) from None
+        yield batch
+
+
+@dataclass
+class _Stager:
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class PackedData:
+    """A packed dataset opened for training: reader, sampler, staging-cache feeder and DataLoader (see the module
+    docstring). Build it with `PackedData.open` or `PackedData.from_env`."""
+
+    dataset: HDF5Dataset
+    sampler: ElasticBatchSampler
+    placement: Placement
+    feeder: CacheFeeder | None = None
+    start_epoch: int = 0
+    stager_summary: str | None = None  # after close: the last line of the stager this object started
+    _loader: DataLoader[Any] | None = None
+    _stager: _Stager | None = None
+    _done: int = 0  # batches of the current iteration handed out (the position state_dict reports)
+    _total: int = -1  # batches in the current iteration
+    _positioned: bool = False  # load_state_dict set the position of `start_epoch`
+    _closed: bool = field(default=False, repr=False)
+
+    # -- construction ---------------------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        batch_size: int,
+        remote: str | None = None,
+        endpoint_url: str | None = None,
+        budget_bytes: int | None = None,
+        stager_workers: int = 8,
+        image_size: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_shards: int = 4,
+        block_size: int = 1,
+        canonical_nodes: int | None = None,
+        min_rank_batch: int = 1,
+        placement: Placement | None = None,
+        wait_for_data_s: float | None = None,
+        shard_wait_s: float = SHARD_WAIT_S,
+        stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
+        decode_cache: str | os.PathLike[str] | None = None,
+        decode_cache_bytes: int | None = None,
+    ) -> PackedData:
+        """Open the packed dataset in PATH.
+
+        remote: s3://bucket/prefix of the packed dataset. Local rank 0 then starts a stager process
+        (`python -m workloads.data stage`) that fetches it into PATH, verified by sha256: all of it (a staged copy)
+        or, with `budget_bytes`, at most that many bytes of shards at once, in the order this node reads them (the
+        staging cache). endpoint_url: an S3-compatible store (COS, MinIO); credentials and region come from the
+        usual AWS environment (AWS_REGION or AWS_DEFAULT_REGION). Without remote, PATH is read as it is: a local
+        pack, a copy an init container staged, or a directory a staging sidecar fills.
+
+        wait_for_data_s: how long to wait for PATH/manifest.json (default: 600 s with remote, 1800 s when PATH holds
+        a staging sidecar's .cache/, else no wait). min_rank_batch: the smallest batch a rank may get at an epoch's
+        tail (2 when the model has BatchNorm). The other arguments are open_dataset's and make_sampler's.
+        """
+        placement = placement or Placement.from_env()
+        root = Path(path)
+        if budget_bytes is not None and remote is None:
+            raise ValueError("budget_bytes: needs remote (the stager fetches from it)")
+        if budget_bytes is not None and (not isinstance(budget_bytes, int) or budget_bytes < 1 << 20):
+            raise ValueError(f"budget_bytes: must be at least 1 MiB (and the largest shard), got {budget_bytes!r}")
+        stager = None
+        if remote is not None and placement.local_rank == 0:
+            stager = _start_stager(remote, root, endpoint_url, budget_bytes, stager_workers)
+        try:
+            if wait_for_data_s is None:
+                wait_for_data_s = (STAGER_START_TIMEOUT_S if remote is not None
+                                   else SIDECAR_START_TIMEOUT_S if is_cached(root) else 0.0)
+            if wait_for_data_s > 0 and not wait_for_manifest(root, wait_for_data_s, stager_timeout_s):
+                raise DataUnavailableError(f"{root / MANIFEST_NAME}: did not appear within {wait_for_data_s:g}s; is "
+                                           "the stager running?" + _stager_tail(stager))
+            if stager is not None and stager.process.poll() not in (None, 0):
+                raise DataUnavailableError(f"{remote}: the stager exited with {stager.process.returncode}"
+                                           + _stager_tail(stager))
+            dataset = open_dataset(root, image_size=image_size, shard_wait_s=shard_wait_s,
+                                   stager_timeout_s=stager_timeout_s, decode_cache=decode_cache,
+                                   decode_cache_bytes=decode_cache_bytes)
+            sampler = make_sampler(dataset.shard_sizes, batch_size, placement, seed=seed, shuffle=shuffle,
+                                   shuffle_shards=shuffle_shards, block_size=block_size,
+                                   canonical_nodes=canonical_nodes, min_rank_batch=min_rank_batch)
+            feeder = make_feeder(dataset, sampler, placement)
+        except BaseException:
+            if stager is not None:
+                _stop_stager(stager, timeout_s=0)
+            raise
+        return cls(dataset=dataset, sampler=sampler, placement=placement, feeder=feeder, _stager=stager)
+
+    @classmethod
+    def from_env(cls, *, batch_size: int, **options: Any) -> PackedData:
+        """In a Job rendered from a spec with a dataset: DATA_DIR (its mountPath) and DATA_STAGING (copy, cache or
+        none) are set by the renderer; with `staging: cache` the sidecar stager serves this reader."""
+        path = os.environ.get("DATA_DIR")
+        if not path:
+            raise ValueError("DATA_DIR: not set (a Job spec with a dataset sets it to dataset.mountPath)")
+        if os.environ.get("DATA_STAGING") == "cache":
+            options.setdefault("wait_for_data_s", SIDECAR_START_TIMEOUT_S)
+        return cls.open(path, batch_size=batch_size, **options)
+
+    # -- reading --------------------------------------------------------------------------------------------------
+    @property
+    def classes(self) -> list[str]:
+        return self.dataset.classes
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.dataset.classes)
+
+    @property
+    def image_size(self) -> int:
+        return self.dataset.image_size
+
+    def __len__(self) -> int:
+        """Samples in the dataset (all ranks together)."""
+        return len(self.dataset)
+
+    def loader(self, settings: LoaderSettings | None = None) -> DataLoader[Any]:
+        """The DataLoader over this rank's batches (made once; iterate it through `batches`)."""
+        if self._loader is not None:
+            return self._loader
+        settings = settings or LoaderSettings()
+        transport = settings.transport
+        if transport == "auto":
+            from workloads.train.shm import plan_shared_memory, shm_available_bytes
+
+            batch_bytes = self.sampler.batch_size * self.image_size * self.image_size * 3
+            plan = plan_shared_memory(batch_bytes, settings.workers, settings.prefetch_factor, shm_available_bytes())
+            if plan.transport == "pipe":
+                print(f"warning: {plan.message}", file=sys.stderr)
+            transport = plan.transport
+        pin = torch.cuda.is_available() if settings.pin_memory is None else settings.pin_memory
+        self._loader = make_loader(self.dataset, self.sampler, workers=settings.workers,
+                                   prefetch_factor=settings.prefetch_factor,
+                                   multiprocessing_context=settings.multiprocessing_context,
+                                   persistent_workers=settings.persistent_workers, pin_memory=pin,
+                                   transport=transport)
+        return self._loader
+
+    def batches(self, epoch: int, *, last_epoch: bool = False) -> Iterator[Batch]:
+        """This rank's batches of `epoch`: (images uint8 (N, S, S, 3), labels int64 (N,)) tensors, from the epoch's
+        start or, after load_state_dict for this epoch, from the saved position. last_epoch: no epoch follows (the
+        stager fetches nothing for one)."""
+        if self._closed:
+            raise ValueError("batches: this PackedData is closed")
+        if not (self._positioned and epoch == self.sampler.epoch):
+            self.sampler.set_epoch(epoch)
+        self._positioned = False
+        self._done = 0
+        self._total = len(self.sampler)
+        if self.feeder is not None:
+            self.feeder.start_epoch(last_epoch=last_epoch)
+        iterator = iter_batches(self.loader())
+        while True:
+            if self.feeder is not None:
+                # Back here, the step of the batch handed out last is done: shards it was the last use of may go.
+                self.feeder.advance(self._done)
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._done += 1
+            yield to_tensors(batch)
+
+    # -- resume ---------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the batches of the current epoch handed out so far (call it after the step of the
+        batch just received): any world size or batch size continues from it sample-exact. Once every batch of
+        the epoch was handed out, it is the start of the next epoch."""
+        state = self.sampler.state_dict(self._done)
+        if self._done == self._total:
+            state = {**state, "epoch": self.sampler.epoch + 1, "offsets": [0] * len(state["offsets"])}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state_dict: start_epoch becomes its epoch, and batches(start_epoch) goes on after it.
+        The saved order's stream count (canonical_nodes) is kept, whatever the node count now."""
+        order = state.get("order") if isinstance(state, dict) else None
+        if isinstance(order, dict) and isinstance(order.get("canonical_nodes"), int):
+            self.sampler.set_canonical_nodes(order["canonical_nodes"])
+        self.sampler.load_state_dict(state)
+        self.start_epoch = self.sampler.epoch
+        self._positioned = True
+
+    # -- the end --------------------------------------------------------------------------------------------------
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Tell the stager nothing more will be read, and wait for the one this process started (it exits once the
+        plan is done; after `timeout_s` it is stopped)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.feeder is not None:
+                self.feeder.finish()
+        finally:
+            if self._stager is not None:
+                self.stager_summary = _stop_stager(self._stager, timeout_s)
+            self.dataset.close()
+
+    def __enter__(self) -> PackedData:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _start_stager(remote: str, dest: Path, endpoint_url: str | None, budget_bytes: int | None,
+                  workers: int) -> _Stager:
+    if not remote.startswith("s3://"):
+        raise ValueError(f"remote: expected an s3://bucket/prefix URI, got {remote!r}")
+    dest.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "workloads.data", "stage", remote, str(dest), "--no-progress",
+               "--workers", str(workers)]
+    if budget_bytes is not None:
+        command += ["--budget", f"{budget_bytes}B"]  # a bare number would be GiB
+    if endpoint_url is not None:
+        command += ["--endpoint-url", endpoint_url]
+    # The stager imports this package, wherever the script that opened the data runs from.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    with tempfile.NamedTemporaryFile(prefix="stager-", suffix=".log", delete=False) as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    return _Stager(process, Path(out.name))
+
+
+def _stager_tail(stager: _Stager | None) -> str:
+    if stager is None:
+        return ""
+    with contextlib.suppress(OSError):
+        lines = [line for line in stager.log.read_text(errors="replace").splitlines() if line.strip()]
+        if lines:
+            return f" (stager: {lines[-1]})"
+    return ""
+
+
+def _stop_stager(stager: _Stager, timeout_s: float) -> str | None:
+    """Wait for the stager (stop it after `timeout_s`); its last line of output."""
+    try:
+        stager.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stager.process.terminate()  # SIGTERM unwinds the stager like Ctrl-C: no partial file keeps a final name
+        try:
+            stager.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            stager.process.kill()
+            stager.process.wait()
+    summary = _stager_tail(stager)
+    if stager.process.returncode == 0:
+        stager.log.unlink(missing_ok=True)
+    return summary.removeprefix(" (stager: ").removesuffix(")") or None

@@ -119,6 +119,9 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     outputs["nodePools"] = {plan.name: {
         "gpuType": plan.gpu_type, "gpusPerNode": plan.gpus_per_node, "nvmeGib": plan.nvme_gib,
         "cpuPerGpuMillicores": plan.cpu_per_gpu_millicores, "memoryPerGpuBytes": plan.memory_per_gpu_bytes,
+        **({"reservation": {"id": plan.config.capacity_reservation.id,
+                            "instanceCount": plan.config.capacity_reservation.instance_count}}
+           if plan.config.capacity_reservation is not None else {}),
     } for plan in pool_plans}
 
     # --- the Jobs' namespace: storage puts its claims and the COS Secret in it ---

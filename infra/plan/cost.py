@@ -188,6 +188,8 @@ class Pool:
     gpus_per_node: int
     labels: Mapping[str, str]
     disk_gib: float = 0.0  # gp3 GiB per node (root, and Bottlerocket's data volume)
+    reserved: int = 0  # instances of a capacity reservation the pool launches into (stack output nodePools)
+    reservation_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,8 @@ def plan_region(plan: Mapping[str, Any]) -> str | None:
 
 def pools_of(plan: Mapping[str, Any]) -> list[Pool]:
     subnet_azs = (plan.get("outputs") or {}).get("subnetAzs") or {}
+    reservations = {name: facts.get("reservation") or {} for name, facts in
+                    ((plan.get("outputs") or {}).get("nodePools") or {}).items() if isinstance(facts, Mapping)}
     # A node group names its launch template by id; offline, that id is derived from the template's name.
     disks: dict[str, float] = {}
     for template in _of(plan, LAUNCH_TEMPLATE):
@@ -243,7 +247,9 @@ def pools_of(plan: Mapping[str, Any]) -> list[Pool]:
                                                   if s in subnet_azs})),
                               gpus_per_node=gpus, labels=labels,
                               disk_gib=disks.get(str((inputs.get("launchTemplate") or {}).get("id")),
-                                                 float(inputs.get("diskSize") or 0))))
+                                                 float(inputs.get("diskSize") or 0)),
+                              reserved=int((reservations.get(str(name)) or {}).get("instanceCount") or 0),
+                              reservation_id=str((reservations.get(str(name)) or {}).get("id") or "")))
     return sorted(pools, key=lambda pool: pool.name)
 
 
@@ -375,12 +381,26 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
     by_key = {query.key: query for query in price_queries(plan)}
     pools = pools_of(plan)
     for pool in pools:
+        counts = "/".join(map(str, pool.sizes))
+        if pool.capacity_type == "CAPACITY_BLOCK":  # paid up front when the block was bought: no hourly charge
+            report.lines.append(CostLine(
+                item=f"node pool {pool.name}", detail=f"{pool.instance_type} Capacity Block {pool.reservation_id} x "
+                                                      f"{counts}, prepaid (its upfront fee is not priced here)",
+                unit_price=0.0, unit="hour", hourly=(0.0, 0.0, 0.0)))
+            continue
         spot = pool.capacity_type == "SPOT"
         rate = price(by_key[pool_query(region, pool).key])
         report.lines.append(CostLine(
             item=f"node pool {pool.name}",
-            detail=f"{pool.instance_type} {'spot' if spot else 'on-demand'} x {'/'.join(map(str, pool.sizes))}",
+            detail=f"{pool.instance_type} {'spot' if spot else 'on-demand'} x {counts}",
             unit_price=rate, unit="hour", hourly=(rate * pool.sizes[0], rate * pool.sizes[1], rate * pool.sizes[2])))
+        if pool.reserved:  # an On-Demand Capacity Reservation bills every reserved instance, running or not
+            idle = tuple(max(pool.reserved - size, 0) for size in pool.sizes)
+            report.lines.append(CostLine(
+                item=f"idle reservation {pool.name}",
+                detail=f"{pool.reservation_id}: {pool.reserved} x {pool.instance_type} reserved, "
+                       f"{'/'.join(map(str, idle))} idle, billed on-demand",
+                unit_price=rate, unit="hour", hourly=(rate * idle[0], rate * idle[1], rate * idle[2])))
     with_disks = [pool for pool in pools if pool.disk_gib]
     if with_disks:
         rate = price(gp3_query(region))

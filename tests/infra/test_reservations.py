@@ -132,3 +132,21 @@ def test_a_reservation_ec2_does_not_know_is_a_fail_with_its_fix(ec2: tuple[AwsSt
     assert check.status == FAIL and "InvalidCapacityReservationId.NotFound" in check.detail
     assert check.fix.startswith("set ml-cluster:nodePools[3].capacityReservation.id")
     assert check_reservations(client, parse(prod_values()), now=lambda: NOW) == []
+
+
+def test_reserved_hours_are_priced_as_what_they_are(plan_config: Any) -> None:
+    from infra.plan.cost import estimate, price_queries
+    from infra.plan.prices import fixture_prices
+
+    plan = plan_config("prod", {"ml-cluster:nodePools": prod_values(block_pool(), odcr_pool(minSize=1))[
+        "ml-cluster:nodePools"]})
+    report = estimate(plan, fixture_prices(price_queries(plan)), "fixture", NOW.date())
+    lines = {line.item: line for line in report.lines}
+    odcr, idle = lines["node pool a100-odcr"], lines["idle reservation a100-odcr"]
+    rate = odcr.unit_price
+    # the reservation bills 4 instances at every size: the ones running (1/1/4) plus the idle ones (3/3/0)
+    assert odcr.hourly == (rate, rate, 4 * rate) and idle.hourly == (3 * rate, 3 * rate, 0.0)
+    assert "cr-0fedcba9876543210: 4 x p4d.24xlarge reserved, 3/3/0 idle" in idle.detail
+    block = lines["node pool h100-block"]
+    assert block.hourly == (0.0, 0.0, 0.0) and "Capacity Block cr-0123456789abcdef0" in block.detail
+    assert "prepaid" in block.detail

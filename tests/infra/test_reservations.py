@@ -10,6 +10,8 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infra.account.preflight import FAIL, PASS, WARN, check_reservations
 from infra.config import ConfigError, parse_stack_config
@@ -150,3 +152,30 @@ def test_reserved_hours_are_priced_as_what_they_are(plan_config: Any) -> None:
     block = lines["node pool h100-block"]
     assert block.hourly == (0.0, 0.0, 0.0) and "Capacity Block cr-0123456789abcdef0" in block.detail
     assert "prepaid" in block.detail
+
+
+@settings(max_examples=80, deadline=None)
+@given(capacity=st.sampled_from(["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"]), reserved=st.booleans(),
+       types=st.sampled_from([["p5.48xlarge"], ["p5.48xlarge", "p5e.48xlarge"]]),
+       zones=st.sampled_from([[], ["us-east-1a"], ["us-east-1b"], ["us-east-1a", "us-east-1b"]]),
+       max_size=st.integers(1, 6), count=st.integers(1, 6), preference=st.sampled_from(["targeted", "open"]))
+def test_a_pool_that_parses_keeps_every_reservation_rule(capacity: str, reserved: bool, types: list[str],
+                                                         zones: list[str], max_size: int, count: int,
+                                                         preference: str) -> None:
+    pool: dict[str, Any] = {"name": "r", "instanceTypes": types, "gpu": True, "capacityType": capacity,
+                            "maxSize": max_size, "availabilityZones": zones}
+    if reserved:
+        pool["capacityReservation"] = {"id": "cr-0123456789abcdef0", "availabilityZone": "us-east-1a",
+                                       "instanceCount": count, "preference": preference}
+    try:
+        cfg = parse(prod_values(pool))
+    except ConfigError as exc:
+        assert len(exc.lines()) == 1 and "nodePools[3]" in exc.lines()[0]
+        return
+    [parsed] = [p for p in cfg.node_pools if p.name == "r"]
+    reservation = parsed.capacity_reservation
+    assert (reservation is not None) == reserved and (capacity != "CAPACITY_BLOCK" or reserved)
+    if reservation is not None:
+        assert capacity != "SPOT" and len(types) == 1 and max_size <= count
+        assert zones in ([], ["us-east-1a"]) and parsed.launch_zones(["us-east-1a", "us-east-1b"]) == ["us-east-1a"]
+        assert capacity != "CAPACITY_BLOCK" or preference == "targeted"

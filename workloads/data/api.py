@@ -300,8 +300,9 @@ class PackedData:
         pack, a copy an init container staged, or a directory a staging sidecar fills.
 
         wait_for_data_s: how long to wait for PATH/manifest.json (default: 600 s with remote, 1800 s when PATH holds
-        a staging sidecar's .cache/, else no wait). min_rank_batch: the smallest batch a rank may get at an epoch's
-        tail (2 when the model has BatchNorm). The other arguments are open_dataset's and make_sampler's.
+        a staging sidecar's .cache/ or is the Job's DATA_DIR with DATA_STAGING=cache, else no wait).
+        min_rank_batch: the smallest batch a rank may get at an epoch's tail (2 when the model has BatchNorm). The
+        other arguments are open_dataset's and make_sampler's.
         """
         placement = placement or Placement.from_env()
         root = Path(path)
@@ -314,8 +315,10 @@ class PackedData:
             stager = _start_stager(remote, root, endpoint_url, budget_bytes, stager_workers)
         try:
             if wait_for_data_s is None:
+                sidecar = is_cached(root) or (os.environ.get("DATA_STAGING") == "cache"
+                                              and os.environ.get("DATA_DIR") == str(path))
                 wait_for_data_s = (STAGER_START_TIMEOUT_S if remote is not None
-                                   else SIDECAR_START_TIMEOUT_S if is_cached(root) else 0.0)
+                                   else SIDECAR_START_TIMEOUT_S if sidecar else 0.0)
             if wait_for_data_s > 0 and not wait_for_manifest(root, wait_for_data_s, stager_timeout_s):
                 raise DataUnavailableError(f"{root / MANIFEST_NAME}: did not appear within {wait_for_data_s:g}s; is "
                                            "the stager running?" + _stager_tail(stager))
@@ -342,8 +345,6 @@ class PackedData:
         path = os.environ.get("DATA_DIR")
         if not path:
             raise ValueError("DATA_DIR: not set (a Job spec with a dataset sets it to dataset.mountPath)")
-        if os.environ.get("DATA_STAGING") == "cache":
-            options.setdefault("wait_for_data_s", SIDECAR_START_TIMEOUT_S)
         return cls.open(path, batch_size=batch_size, **options)
 
     # -- reading --------------------------------------------------------------------------------------------------

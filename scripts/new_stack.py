@@ -45,8 +45,10 @@ def _from_aws(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from workloads.awsenv import configured_region
+
+    region = region or configured_region()  # AWS_REGION, then AWS_DEFAULT_REGION or the profile's region
     session: Any = boto3.session.Session(region_name=region)
-    region = region or session.region_name
     if not region:
         raise ConfigError([("arguments", "--region not given and no AWS region configured (AWS_REGION, "
                                          "aws configure)")])

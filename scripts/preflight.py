@@ -48,10 +48,12 @@ def main(argv: list[str]) -> int:
 
     import boto3
 
+    from workloads.awsenv import configured_region
+
     session = boto3.session.Session()
     region = cfg.region
     checks = run_preflight(cfg, args.stack, lambda service: session.client(service, region_name=region),
-                           session_region=session.region_name, expected_account=args.account)
+                           session_region=configured_region(session), expected_account=args.account)
     print(format_checks(args.stack, region, checks), end="")
     failures = [check for check in checks if check.status == FAIL]
     for check in failures:

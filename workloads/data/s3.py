@@ -14,6 +14,8 @@ import botocore.exceptions
 import urllib3.exceptions
 from botocore.config import Config
 
+from workloads.awsenv import configured_region
+
 T = TypeVar("T")
 
 
@@ -79,7 +81,7 @@ def make_client(endpoint_url: str | None, max_connections: int, botocore_attempt
         response_checksum_validation="when_required",
         s3={"addressing_style": "path"} if endpoint_url else None,
     )
-    return session.client("s3", endpoint_url=endpoint_url, region_name=session.region_name or "us-east-1",
+    return session.client("s3", endpoint_url=endpoint_url, region_name=configured_region(session) or "us-east-1",
                           config=config)
 
 

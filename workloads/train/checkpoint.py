@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from botocore.config import Config
 
+from workloads.awsenv import configured_region
 from workloads.data.format import fsync_dir
 from workloads.data.s3 import DataToolError, error_code, make_client, parse_s3_uri
 from workloads.data.statefile import StateFileError, read_regular
@@ -299,7 +300,7 @@ class CheckpointMirror:
         client = session.client(
             "s3",
             endpoint_url=self.endpoint,
-            region_name=session.region_name or "us-east-1",
+            region_name=configured_region(session) or "us-east-1",
             config=Config(
                 connect_timeout=timeout_s,
                 read_timeout=timeout_s,

@@ -145,7 +145,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     if monitoring.enabled:
         collection = Monitoring(f"{ctx.prefix}-monitoring", MonitoringArgs(
             ctx=ctx, cluster=cluster, config=monitoring, training_namespace=JOBS_NAMESPACE,
-            max_processes_per_pod=max_processes, account_id=account_id,
+            max_processes_per_pod=max_processes, account_id=account_id, pools=tuple(cfg.node_pools),
             depends_on=(*node_groups, *storage.driver_resources)))
         monitors = (collection.release,)
         outputs["monitoringNamespace"] = monitoring.namespace

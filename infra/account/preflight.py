@@ -230,6 +230,9 @@ def check_reservations(ec2: Any, cfg: StackConfig, now: Callable[[], datetime] =
             kind = "CAPACITY_BLOCK" if block else "ON_DEMAND"
             wrong.append((f"it is {'a Capacity Block' if block else 'not a Capacity Block'}, the pool's capacityType "
                           f"is {pool.capacity_type}", f"set ml-cluster:nodePools[{index}].capacityType: {kind}"))
+        if reservation.end_time is not None and isinstance(end, datetime) and end != reservation.end_time:
+            wrong.append((f"it ends {_day(end)}, the config says {_day(reservation.end_time)} (the end alert "
+                          "would fire at the wrong time)", f"set {where}.endTime: {end.isoformat()}"))
         total = int(item.get("TotalInstanceCount") or 0)
         if pool.max_size > total:
             wrong.append((f"it holds {total} instances, the pool's maxSize is {pool.max_size}",

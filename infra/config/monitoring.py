@@ -28,6 +28,8 @@ class AlertThresholds(StrictModel):
     nvme_full_ratio: float = Field(default=0.9, gt=0, lt=1, description="share of the node's NVMe file system used")
     for_minutes: int = Field(default=10, ge=1, le=1440, description="how long a condition holds before it fires")
     pending_minutes: int = Field(default=15, ge=1, le=1440, description="a Job's pod Pending this long is stuck")
+    reservation_end_minutes: int = Field(default=60, ge=1, le=10080,
+                                         description="warn this long before a reservation's endTime")
     # GPU health (infra/monitoring/gpu_alerts.py)
     xid_latch_minutes: int = Field(default=30, ge=5, le=1440,
                                    description="a fatal XID stays alerting this long after DCGM last showed it")

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from infra.config.base import DnsLabel, Quantity, StrictModel
 
@@ -127,6 +127,8 @@ class CapacityReservationConfig(StrictModel):
     instance_count: int = Field(ge=1, description="instances reserved")
     # targeted: only this pool uses the reservation; open: any matching instance may (ODCR only)
     preference: Literal["targeted", "open"] = "targeted"
+    end_time: AwareDatetime | None = Field(default=None, description="when the reservation ends (a Capacity "
+                                           "Block's end; an alert fires before it)")
 
 
 class NodePoolConfig(StrictModel):

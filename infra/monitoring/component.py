@@ -21,10 +21,12 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.config.monitoring import DASHBOARD_CONFIGMAP_NAME, MONITOR_AND_RULE_NAME, MonitoringConfig
+from infra.config.nodepools import NodePoolConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from infra.monitoring.alerts import rule_groups
 from infra.monitoring.dashboard import dashboard_json
+from infra.monitoring.reservations import reservation_groups
 from workloads.jobspec import METRICS_LABEL, STAGE_METRICS_PORT_NAME, train_metrics_port_name
 
 KPS_CHART = "kube-prometheus-stack"
@@ -121,12 +123,15 @@ def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_
 
 
 def prometheus_rule(namespace: str, cfg: MonitoringConfig, training_namespace: str,
-                    labels: dict[str, str], label_prefix: str = "ml-cluster.io") -> dict[str, Any]:
+                    labels: dict[str, str], label_prefix: str = "ml-cluster.io",
+                    pools: Sequence[NodePoolConfig] = ()) -> dict[str, Any]:
+    groups = [*rule_groups(cfg.alerts, training_namespace, label_prefix),
+              *reservation_groups(pools, cfg.alerts.reservation_end_minutes)]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": MONITOR_AND_RULE_NAME, "namespace": namespace, "labels": dict(labels)},
-        "spec": {"groups": rule_groups(cfg.alerts, training_namespace, label_prefix)},
+        "spec": {"groups": groups},
     }
 
 
@@ -141,12 +146,13 @@ def dashboard_config_map(namespace: str, labels: dict[str, str]) -> dict[str, An
 
 
 def monitoring_manifests(cfg: MonitoringConfig, stack: str, label_prefix: str, training_namespace: str,
-                         max_processes_per_pod: int) -> list[dict[str, Any]]:
-    """The objects beside the chart: PodMonitor, PrometheusRule and (with Grafana) the dashboard."""
+                         max_processes_per_pod: int, pools: Sequence[NodePoolConfig] = ()) -> list[dict[str, Any]]:
+    """The objects beside the chart: PodMonitor, PrometheusRule and (with Grafana) the dashboard. `pools`: the
+    stack's node pools (a reserved one with an end time gets an alert before it)."""
     labels = _labels(stack, label_prefix)
     manifests = [
         pod_monitor(cfg.namespace, training_namespace, label_prefix, max_processes_per_pod, labels),
-        prometheus_rule(cfg.namespace, cfg, training_namespace, labels, label_prefix),
+        prometheus_rule(cfg.namespace, cfg, training_namespace, labels, label_prefix, pools),
     ]
     if cfg.grafana_enabled():
         manifests.append(dashboard_config_map(cfg.namespace, labels))
@@ -161,6 +167,7 @@ class MonitoringArgs:
     training_namespace: str
     max_processes_per_pod: int
     account_id: str | None = None  # EKS: scopes the AMP remote-write permission to the workspace
+    pools: tuple[NodePoolConfig, ...] = ()  # reserved pools with an end time get an alert before it
     depends_on: Sequence[pulumi.Resource] = ()  # node groups (the operator needs somewhere to run), storage drivers
 
 
@@ -206,7 +213,7 @@ class Monitoring(pulumi.ComponentResource):
         )
         after_crds = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.release])
         for manifest in monitoring_manifests(cfg, ctx.stack, ctx.label_prefix, args.training_namespace,
-                                             args.max_processes_per_pod):
+                                             args.max_processes_per_pod, args.pools):
             logical = ctx.name("monitoring", f"{manifest['kind'].lower()}-{manifest['metadata']['name']}")
             if manifest["kind"] == "ConfigMap":
                 k8s.core.v1.ConfigMap(logical, metadata=manifest["metadata"], data=manifest["data"], opts=after_crds)

@@ -126,6 +126,17 @@ def test_preflight_reads_each_reservation_state(ec2: tuple[AwsStub, Any], answer
     assert (check.fix != "") == (status != PASS)
 
 
+def test_preflight_compares_the_configured_end_with_ec2s(ec2: tuple[AwsStub, Any]) -> None:
+    stub, client = ec2
+    stub.ec2_actions["DescribeCapacityReservations"] = lambda form: (200, _item())
+    right = block_pool(capacityReservation={**BLOCK, "endTime": "2026-11-27T11:30:00Z"})
+    assert [c.status for c in check_reservations(client, parse(prod_values(right)), now=lambda: NOW)] == [PASS]
+    wrong = block_pool(capacityReservation={**BLOCK, "endTime": "2026-11-28T11:30:00Z"})
+    [check] = check_reservations(client, parse(prod_values(wrong)), now=lambda: NOW)
+    assert check.status == FAIL and "it ends 2026-11-27 11:30 UTC, the config says 2026-11-28 11:30 UTC" in check.detail
+    assert check.fix.endswith(".endTime: 2026-11-27T11:30:00+00:00")
+
+
 def test_a_reservation_ec2_does_not_know_is_a_fail_with_its_fix(ec2: tuple[AwsStub, Any]) -> None:
     stub, client = ec2
     stub.ec2_actions["DescribeCapacityReservations"] = lambda form: (

@@ -267,7 +267,7 @@ def test_a_stager_that_died_is_a_runtime_error_within_the_stager_timeout(
     started = time.monotonic()
     code, err = _run(["--data", str(dest), "--stager-timeout", "0.2", "--shard-timeout", "30"], capsys, monkeypatch)
     assert code == 1 and err.count("\n") == 1 and "no stager is running" in err and "shard-0000" in err, err
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 20  # the 0.2 s heartbeat deadline, not the 30 s shard one
 
 
 def test_a_manifest_that_never_comes_is_a_runtime_error_naming_it(
@@ -280,7 +280,7 @@ def test_a_manifest_that_never_comes_is_a_runtime_error_naming_it(
     write_stager_state(dest, StagerState(error="s3://b/p: access denied"))  # a stager that failed: at once
     started = time.monotonic()
     code, err = _run(["--data", str(dest), "--wait-for-data", "30"], capsys, monkeypatch)
-    assert code == 1 and "the stager failed: s3://b/p: access denied" in err and time.monotonic() - started < 5
+    assert code == 1 and "the stager failed: s3://b/p: access denied" in err and time.monotonic() - started < 20
 
 
 # -- checkpoint sidecars read as untrusted ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import io
 import json
+import re
 import runpy
 import sys
 import threading
@@ -279,6 +280,12 @@ def load_stack_file(stack: str, config_path: str | Path | None = None) -> StackF
     if problems:
         raise ConfigError(problems)
     path = stack_file_path(stack, config_path)
+    named = re.fullmatch(r"Pulumi\.(.+)\.ya?ml", path.name)
+    if named and named.group(1) != stack:
+        # The stack name picks the resource names, the fixtures and the Pulumi stack: another stack's file under
+        # this name would plan one stack with another's settings.
+        raise ConfigError([("--config", f"{path} is stack {named.group(1)}'s file, but --stack is {stack}: name the "
+                                        f"same stack in both (or copy the file to Pulumi.{stack}.yaml)")])
     values, secure = read_stack_file(path)
     return StackFile(stack=stack, path=path, values=values, secure_keys=secure)
 

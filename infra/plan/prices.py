@@ -59,7 +59,9 @@ def fixture_prices(queries: Sequence[PriceQuery], path: Path = FIXTURE) -> dict[
             pair = next((p for p in products if p.get("request") == request), None)
         if pair is None:
             raise PriceError(where, f"no fixture response for {query.key} "
-                                    f"({json.dumps(request, sort_keys=True)}); add one to price this offline")
+                                    f"({json.dumps(request, sort_keys=True)}); add one to price this offline, "
+                                    "or ask AWS's Price List API: make cost PRICES=aws (--prices aws, credentials "
+                                    "needed)")
         parse = parse_spot_history if query.kind == "spot" else parse_get_products
         try:
             prices[query.key] = parse(pair["response"], query)

@@ -31,7 +31,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from workloads.data.cache import CacheFeeder, heartbeat_age, is_cached, read_stager_state
+from workloads.data.api import (
+    Placement,
+    iter_batches,
+    make_feeder,
+    wait_for_manifest,
+)
+from workloads.data.api import open_dataset as open_packed
+from workloads.data.cache import CacheFeeder
 from workloads.data.dataset import (
     DatasetError,
     DataUnavailableError,
@@ -42,7 +49,6 @@ from workloads.data.dataset import (
 )
 from workloads.data.format import MANIFEST_NAME
 from workloads.data.sampler import ElasticBatchSampler
-from workloads.data.statefile import StateFileError
 from workloads.data.transforms import random_resized_crop_flip_normalize
 from workloads.train.checkpoint import (
     CHECKPOINT_NAME,
@@ -239,39 +245,6 @@ class Reporter:
 
 
 MIN_RANK_BATCH = 2  # samples per rank and step the sampler keeps to (a tail step is merged into the one before)
-_NOTICE_AFTER_S = 10.0  # a wait this long is logged, then every minute
-
-
-def wait_for_manifest(manifest: Path, timeout_s: float, stager_timeout_s: float,
-                      notice_after_s: float = _NOTICE_AFTER_S) -> bool:
-    """Wait up to `timeout_s` for a staging sidecar to write `manifest`; True once it is there. While waiting, the
-    stager's state and heartbeat are re-checked (a stager that failed, or none running, is a DataUnavailableError at
-    once rather than at the deadline) and the wait is logged."""
-    root = manifest.parent
-    started = time.monotonic()
-    next_notice = started + notice_after_s
-    while not os.path.lexists(manifest):
-        now = time.monotonic()
-        waited = now - started
-        if now >= started + timeout_s:
-            return False
-        if is_cached(root):
-            try:
-                state = read_stager_state(root)
-            except StateFileError as exc:
-                raise DataUnavailableError(str(exc)) from exc
-            if state is not None and state.error:
-                raise DataUnavailableError(f"{manifest}: the stager failed: {state.error}")
-            age = heartbeat_age(root)
-            if (waited if age is None else age) > stager_timeout_s:
-                raise DataUnavailableError(f"{manifest}: not written, and no stager is running (no heartbeat for "
-                                           f"{waited if age is None else age:.0f}s)")
-        if now >= next_notice:
-            print(f"waiting for {manifest} (a staging sidecar writes it; {waited:.0f}s of {timeout_s:g}s, "
-                  "--wait-for-data)", file=sys.stderr, flush=True)
-            next_notice = now + 60.0
-        time.sleep(0.05)
-    return True
 
 
 def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
@@ -282,67 +255,15 @@ def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
         if not folder:
             raise DataUnavailableError(f"{manifest}: did not appear within {config.wait_for_data_s:g}s "
                                        "(--wait-for-data); is the staging sidecar running?")
-    dataset: HDF5Dataset | JpegFolderDataset
     if os.path.lexists(manifest):
-        dataset = HDF5Dataset(path, image_size=config.image_size, draft=True, decode_cache=config.decode_cache,
-                              decode_cache_bytes=config.decode_cache_bytes, shard_wait_s=config.shard_wait_s,
-                              stager_timeout_s=config.stager_timeout_s)
-        if len(dataset) == 0:
-            raise DatasetError(f"{path}: the manifest lists no samples")
-        if not dataset.classes:
-            raise DatasetError(f"{manifest}: the manifest lists no classes")
-        return dataset
+        return open_packed(path, image_size=config.image_size, shard_wait_s=config.shard_wait_s,
+                           stager_timeout_s=config.stager_timeout_s, decode_cache=config.decode_cache,
+                           decode_cache_bytes=config.decode_cache_bytes)
     if path.is_dir():
         return JpegFolderDataset(path, image_size=config.image_size or 256)
     if not path.exists():
         raise DatasetError(f"{path}: no such file or directory")
     raise DatasetError(f"{path}: neither a packed dataset (manifest.json) nor a folder of class sub-folders")
-
-
-_WORKER_TRACEBACK = "Original Traceback (most recent call last):"
-_ONE_LINE_ERRORS = ("DatasetError", "DataToolError", "ValueError", "CacheTooSmall", "StateFileError")
-# Raised in a worker, these say the data is not there now (a stager that failed or stopped, a shard not staged in
-# time): a runtime failure, retried, not a config error.
-_UNAVAILABLE_ERRORS = ("DataUnavailableError", "CacheStagerError", "TimeoutError")
-
-
-def worker_error(exc: BaseException) -> tuple[str, str] | None:
-    """For an exception a DataLoader worker re-raised here (its message is the worker's whole traceback): the
-    original error's class name and its own message, when it is one the CLI reports as one line; else None."""
-    text = str(exc)
-    if _WORKER_TRACEBACK not in text:
-        return None
-    last = [line for line in text.splitlines() if line.strip()][-1]
-    name, sep, message = last.partition(": ")
-    name = name.rsplit(".", 1)[-1]
-    if not sep or name not in _ONE_LINE_ERRORS + _UNAVAILABLE_ERRORS:
-        return None
-    return name, message
-
-
-def worker_error_line(exc: BaseException) -> str | None:
-    found = worker_error(exc)
-    return None if found is None else found[1]
-
-
-def _batches(loader: Any) -> Any:
-    """Iterate the loader; a dataset error from a worker comes out as the same one-line error that --workers 0
-    raises: DataUnavailableError (runtime) for data that is not there now, DatasetError (config) otherwise."""
-    iterator = iter(loader)
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        except Exception as exc:
-            found = worker_error(exc)
-            if found is None:
-                raise
-            name, line = found
-            if name in _UNAVAILABLE_ERRORS:
-                raise DataUnavailableError(line) from None
-            raise DatasetError(line) from None
-        yield batch
 
 
 def check_checkpoint_dir(directory: str) -> None:
@@ -414,6 +335,7 @@ class _Model:
 def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, reporter: Reporter) -> _Data:
     """Dataset index, sampler, shared-memory check and loader (the study's data_preparation)."""
     dataset = open_dataset(config)
+    placement = Placement(env.rank, env.world_size, env.local_rank, env.local_world_size)
     # A folder of files is one "shard": its samples are shuffled one by one across the whole folder.
     try:
         sampler = ElasticBatchSampler(
@@ -422,10 +344,10 @@ def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, r
             seed=config.seed,
             shuffle_shards=config.shuffle_shards,
             block_size=config.block_size,
-            canonical_nodes=config.canonical_nodes or env.nodes,
-            rank=env.rank,
-            world_size=env.world_size,
-            local_world_size=env.local_world_size,
+            canonical_nodes=config.canonical_nodes or placement.nodes,
+            rank=placement.rank,
+            world_size=placement.world_size,
+            local_world_size=placement.local_world_size,
             min_rank_batch=MIN_RANK_BATCH,  # BatchNorm cannot train on a batch of one: no such tail batch
         )
     except ValueError as exc:
@@ -452,11 +374,7 @@ def _prepare_data(config: TrainConfig, env: Distributed, device: torch.device, r
         pin_memory=device.type == "cuda",
         transport=plan.transport,
     )
-    feeder = None
-    if isinstance(dataset, HDF5Dataset) and dataset.cache is not None and env.local_rank == 0:
-        shards = dataset.manifest.shards
-        feeder = CacheFeeder(dataset.cache, [shard.path for shard in shards], [shard.bytes for shard in shards],
-                             sampler)
+    feeder = make_feeder(dataset, sampler, placement) if isinstance(dataset, HDF5Dataset) else None
     return _Data(dataset, sampler, loader, feeder)
 
 
@@ -778,7 +696,7 @@ def _train(
             leave=True,
         )
         waited = time.perf_counter()
-        for batch in _batches(loader):
+        for batch in iter_batches(loader):
             got = time.perf_counter()
             images, labels = to_tensors(batch)
             if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):

@@ -133,3 +133,21 @@ def test_disruption_code_is_never_the_config_code_or_a_runtime_code(monkeypatch:
     for bad in ("1", "0", "200", "x", "42"):
         monkeypatch.setenv("DISRUPTION_EXIT_CODE", bad)
         assert cli.disruption_exit_code() == DISRUPTION_EXIT_CODE
+
+
+def test_a_lost_peer_is_recognised_by_type_or_by_the_transports_words() -> None:
+    from torch.distributed import DistNetworkError
+
+    assert cli.peer_lost(DistNetworkError("Failed to recv, got 0 bytes"))
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:20888. This is typically caused by a remote worker crashing.")
+    assert cli.peer_lost(gloo)
+    try:
+        try:
+            raise gloo
+        except RuntimeError as inner:
+            raise ValueError("wrapped") from inner
+    except ValueError as outer:
+        assert cli.peer_lost(outer)
+    assert not cli.peer_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not cli.peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))

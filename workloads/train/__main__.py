@@ -339,12 +339,34 @@ def main(argv: list[str] | None = None) -> int:
         _print_error(exc)
         return config_error_exit_code()
     except Exception as exc:  # a failure inside PyTorch, the OS, ...: not the input's fault, so a retry may help
+        if peer_lost(exc):  # gloo's lost connection inside DDP: a RuntimeError
+            _print_error(exc, prefix="peer lost")
+            return disruption_exit_code()
         traceback.print_exc(file=sys.stderr)
         _print_error(exc, prefix=type(exc).__name__)
         return RUNTIME_EXIT_CODE
     finally:
         metrics.close()
     return 0
+
+
+# What the transports say when the other end of a collective is gone. DDP's gradient all-reduce and its buffer
+# broadcast surface gloo's as a plain RuntimeError (not a DistError), so they are recognised by these words; NCCL's,
+# with async error handling, arrive as DistBackendError.
+_PEER_LOST = ("gloo/transport/tcp", "Connection closed by peer", "Connection reset by peer",
+              "NCCL communicator was aborted", "Watchdog caught collective operation timeout")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is a collective that failed because another rank is gone."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DistError) or any(marker in str(current) for marker in _PEER_LOST):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _volumes(config: TrainConfig) -> dict[str, str]:

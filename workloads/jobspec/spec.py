@@ -43,8 +43,11 @@ STOP_MARGIN_S = 5  # torchrun's agent SIGKILLs its workers this long before the 
 # then they exit with the disruption code and the whole gang restarts.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600
 # torchrun restarts a pod's workers this often on a rank failure (every agent of the gang follows: one re-formed
-# rendezvous) before the pod itself exits; and waits this long for every node at a re-formed rendezvous.
-DEFAULT_RANK_RESTARTS = 3
+# rendezvous) before the pod itself exits; and waits this long for every node at a re-formed rendezvous. 0 by default:
+# the chaos harness (benchmarks/chaos_gang.py) measured the in-place path stalling on a lost node (a survivor's
+# re-formed rendezvous waited 60 s on a replacement that joined another round: 82 s to resume) where every pod
+# exiting and being replaced resumed in 5-11 s. A spec on stable nodes may ask for in-place restarts.
+DEFAULT_RANK_RESTARTS = 0
 RENDEZVOUS_JOIN_TIMEOUT_S = 900
 # A pod on a node that stopped answering (kernel panic, lost instance) is evicted after this long (the default is
 # 300 s), so the Job controller replaces it and the gang re-forms sooner.
@@ -328,8 +331,8 @@ class CheckpointSpec(_Spec):
     prefix: ObjectPrefix = ""
     claim_name: DnsSubdomain | None = None
     mount_path: AbsolutePath = "/checkpoints"
-    # The checkpoint's size and how fast it is written (measured: the trainer's "checkpoint" events report bytes and
-    # seconds); together they size terminationGracePeriodSeconds.
+    # The checkpoint's size, and how fast it is written (bytes per second; the trainer's "checkpoint" events report
+    # bytes and seconds): they size terminationGracePeriodSeconds.
     size: PositiveQuantity = DEFAULT_CHECKPOINT_SIZE
     write_rate: PositiveQuantity = DEFAULT_CHECKPOINT_WRITE_RATE
 
@@ -385,10 +388,12 @@ class TrainingJobSpec(_Spec):
     nodes: int = Field(default=1, ge=1, le=512)
     backoff_limit: int = Field(default=2, ge=0, le=100)
     active_deadline_seconds: int = Field(default=3 * 86400, ge=60)
-    # Time from SIGTERM to SIGKILL; None: sized from the checkpoint (see STOP_BASE_S).
+    # Time from SIGTERM to SIGKILL, for the last checkpoint; unset: 60 s plus checkpoint.size over checkpoint.writeRate
+    # (twice when the checkpoint is also uploaded), 60 s without a checkpoint.
     termination_grace_period_seconds: int | None = Field(default=None, ge=30, le=3600)
-    # Multi-node: the longest collective wait for a lost peer, and torchrun's in-pod restarts (see above).
+    # Multi-node: the longest a rank waits in a collective for a lost peer; then it exits and the whole gang restarts.
     collective_timeout_seconds: int = Field(default=DEFAULT_COLLECTIVE_TIMEOUT_S, ge=60, le=7200)
+    # Multi-node: torchrun's in-place restarts of a pod's workers before the pod exits (0: it exits and is replaced).
     rank_restarts: int = Field(default=DEFAULT_RANK_RESTARTS, ge=0, le=100)
     ttl_seconds_after_finished: int | None = Field(default=7 * 86400, ge=0)
     priority_class: DnsSubdomain | None = None

@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +40,7 @@ from workloads.cli import ArgumentParser
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
 from workloads.jobspec import (
     CONFIG_ERROR_EXIT_CODE,
+    DISRUPTION_EXIT_CODE,
     KUEUE_QUEUE_LABEL,
     TRAIN_CONTAINER,
     JobSpecError,
@@ -81,6 +82,26 @@ class RunPhase:
     phase: Phase
     reason: str | None = None  # for Failed: OOMKilled, Evicted, ImagePullBackOff, DeadlineExceeded, ...
     detail: str = ""
+    restarts: int = 0  # failed pods the Job replaced (a gang restart replaces every pod of the gang)
+    disruptions: int = 0  # of which were disruptions (stopped by SIGTERM, a lost peer or node): not counted
+
+
+def pod_restarts(pods: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """(failed pods, of which disruptions): a pod that failed with the disruption exit code or with the
+    DisruptionTarget condition does not spend backoffLimit (the rendered podFailurePolicy); the others do."""
+    failed = disruptions = 0
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Failed":
+            continue
+        failed += 1
+        targeted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                       for c in status.get("conditions") or [])
+        codes = [((c.get("state") or {}).get("terminated") or {}).get("exitCode")
+                 for c in status.get("containerStatuses") or [] if c.get("name") == TRAIN_CONTAINER]
+        if targeted or DISRUPTION_EXIT_CODE in codes:
+            disruptions += 1
+    return failed, disruptions
 
 
 def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -196,7 +217,14 @@ def queued_phase(job: dict[str, Any], workload: dict[str, Any] | None,
 def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]], workload: dict[str, Any] | None = None,
               position: tuple[int, int] | None = None) -> RunPhase:
     """The phase of a training run from its Job and Pods (API JSON shapes), with its Kueue Workload and queue
-    position when it is in a queue."""
+    position when it is in a queue, and the pods it has replaced so far."""
+    phase = _job_phase(job, pods, workload, position)
+    restarts, disruptions = pod_restarts(pods)
+    return replace(phase, restarts=restarts, disruptions=disruptions) if restarts else phase
+
+
+def _job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]], workload: dict[str, Any] | None,
+               position: tuple[int, int] | None) -> RunPhase:
     newest_first = sorted(pods, key=_created, reverse=True)
     failures = [failure for pod in newest_first if (failure := _pod_failure(pod))]
     failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
@@ -595,6 +623,10 @@ def _timeout_of(api: Any) -> float:
 def _status_line(name: str, phase: RunPhase, figures: Progress | None) -> str:
     reason = f" ({phase.reason})" if phase.reason else ""
     line = progress_line(name, f"{phase.phase}{reason}", figures)
+    if phase.restarts:
+        counted = phase.restarts - phase.disruptions
+        line += (f"  restarts: {phase.restarts} pod(s) replaced ({phase.disruptions} disruption(s), "
+                 f"{counted} counted against backoffLimit)")
     return f"{line}  {phase.detail}" if phase.detail else line
 
 

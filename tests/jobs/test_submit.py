@@ -432,3 +432,17 @@ def test_watch_gives_up_at_its_deadline_naming_the_run() -> None:
                       sleep=lambda seconds: (slept.append(seconds), __import__("time").sleep(seconds)),
                       timeout=0.2)
     assert slept and max(slept) <= 0.2  # never sleeps past the deadline
+
+
+def test_status_counts_replaced_pods_and_which_were_disruptions() -> None:
+    stopped = pod("a1", "Failed", containers=[container_status("train", terminated(43, "Error"))])
+    lost = pod("b2", "Failed", conditions=[{"type": "DisruptionTarget", "status": "True",
+                                            "reason": "DeletionByTaintManager"}])
+    crashed = pod("c3", "Failed", containers=[container_status("train", terminated(1, "Error"))])
+    running = pod("d4", "Running", created="2026-11-21T10:30:00Z", containers=[container_status("train", RUNNING)])
+    phase = job_phase(job(active=1, ready=1), [stopped, lost, crashed, running])
+    assert phase.phase == "Running"
+    assert (phase.restarts, phase.disruptions) == (3, 2)
+    line = submit._status_line(JOB, phase, None)
+    assert "restarts: 3 pod(s) replaced (2 disruption(s), 1 counted against backoffLimit)" in line
+    assert job_phase(job(active=1, ready=1), [running]).restarts == 0

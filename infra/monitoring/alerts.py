@@ -21,6 +21,21 @@ RULE_GROUP = "ml-cluster-training"
 GPU_HEALTH_GROUP = "ml-cluster-gpu-health"
 # Runbook sections are linked from every GPU-health alert: the repository's docs, unless a stack hands out its own.
 RUNBOOK = "docs/monitoring.md"
+# A Job whose gang restarted more often than this within an hour: disruptions do not spend its backoffLimit, so
+# without this alert a Job on flapping nodes or Spot capacity could churn until its activeDeadlineSeconds.
+RESTARTS_PER_HOUR = 3
+
+
+def gang_restarts_last_hour(namespace: str) -> str:
+    """Per Job: its pods that failed and were created within the last hour, over the Job's parallelism (a gang
+    restart replaces every pod of the gang), from kube-state-metrics."""
+    failed = (f'(kube_pod_status_phase{{namespace="{namespace}", phase="Failed"}} == 1)'
+              f' and on (namespace, pod) ((time() - kube_pod_created{{namespace="{namespace}"}}) < 3600)')
+    by_job = (f"sum by (namespace, owner_name) (({failed}) * on (namespace, pod) group_left (owner_name)"
+              f' kube_pod_owner{{namespace="{namespace}", owner_kind="Job"}})')
+    parallelism = ("max by (namespace, owner_name) (label_replace("
+                   f'kube_job_spec_parallelism{{namespace="{namespace}"}}, "owner_name", "$1", "job_name", "(.+)"))')
+    return f"{by_job} / on (namespace, owner_name) {parallelism}"
 
 
 def data_wait_share(window: str, by: str = "namespace, job_name", selector: str = "") -> str:
@@ -108,6 +123,18 @@ def alert_rules(thresholds: AlertThresholds, training_namespace: str) -> list[Al
             summary="Training pod Pending",
             description="{{ $labels.namespace }}/{{ $labels.pod }} has been Pending: no node with free GPUs/NVMe, "
                         "a pool at its max size, or a quota. `kubectl describe pod` shows the scheduler's reason.",
+        ),
+        AlertRule(
+            name="TrainingJobRestarting",
+            signal=gang_restarts_last_hour(ns),
+            comparison=f"> {RESTARTS_PER_HOUR}",
+            for_minutes=0,
+            severity="warning",
+            summary="Training Job restarting often",
+            description="{{ $labels.namespace }}/{{ $labels.owner_name }} restarted {{ $value }} times in the last "
+                        "hour (pods failed / gang size). Disruptions do not spend backoffLimit, so it keeps "
+                        "restarting: `python -m workloads.submit status` shows what failed; look for a flapping "
+                        "node, Spot reclaims, or a crash every run.",
         ),
     ]
 

@@ -56,8 +56,6 @@ def test_a_real_two_rank_run_prints_a_table_the_parser_reads(tmp_path: Path) -> 
     assert done.returncode != 0 and done.stdout.splitlines()[-1].startswith("# FAIL: 2 ranks, bus bandwidth")
     rows = parse_rows(done.stdout.splitlines())
     assert [r.size_bytes for r in rows] == [65536, 131072, 262144] and all(r.busbw_gbps > 0 for r in rows)
-    passed = subprocess.run([*command[:-2]], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert passed.returncode == 0 and "(no published floor for this instance type)" in passed.stdout
     bad = subprocess.run([sys.executable, "-m", "workloads.train.allreduce", "--floor", "-1"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr == "error: --floor: -1 is not a bandwidth (GB/s > 0)\n"

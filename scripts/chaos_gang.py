@@ -1,0 +1,57 @@
+"""python scripts/chaos_gang.py [--trials 50] [--seed 0] [--checkpoint-every 3] [--json]: chaos trials on a 2-node
+training gang on 127.0.0.1 (benchmarks/chaos_gang.py): SIGKILL or SIGTERM a random node at a random step; prints
+each trial, then the distribution of time-to-resume and steps lost as JSON and a table. Exit 1 when a trial fails
+its checks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.chaos_gang import Outcome, run_trials  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=int, default=3)
+    parser.add_argument("--rank-restarts", type=int, default=None,
+                        help="torchrun --max-restarts (default: what the rendered Job sets)")
+    parser.add_argument("--workdir", default=None, help="keep the trials' files here (default: a temp dir)")
+    args = parser.parse_args(argv)
+
+    def progress(number: int, outcome: Outcome) -> None:
+        resume = f"{outcome.time_to_resume_s:.2f}s" if outcome.time_to_resume_s is not None else "-"
+        print(f"trial {number:3d} {outcome.kill} node{outcome.node} at step {outcome.kill_step:2d}: resume {resume}, "
+              f"lost {outcome.steps_lost}, actions {' '.join(outcome.actions) or '-'}, "
+              f"{'ok' if outcome.ok else 'FAILED: ' + '; '.join(outcome.problems)}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="chaos-gang-") as temp:
+        root = Path(args.workdir) if args.workdir else Path(temp)
+        summary = run_trials(root, args.trials, args.seed, args.checkpoint_every, progress, args.rank_restarts)
+    print(json.dumps(summary, indent=2))
+    print(f"{'kill':8} {'trials':>6} {'resume median':>14} {'p95':>7} {'max':>7} {'lost median':>12} {'p95':>5} "
+          f"{'max':>5} {'counted':>8}")
+    for kind in ("SIGKILL", "SIGTERM"):
+        row = summary.get(kind)
+        if not row:
+            continue
+        t, lost = row["time_to_resume_s"], row["steps_lost"]
+
+        def fmt(value: float | None, unit: str = "") -> str:
+            return "-" if value is None else f"{value:.2f}{unit}" if unit else f"{value:g}"
+
+        print(f"{kind:8} {row['trials']:6d} {fmt(t['median'], 's'):>14} {fmt(t['p95'], 's'):>7} "
+              f"{fmt(t['max'], 's'):>7} {fmt(lost['median']):>12} {fmt(lost['p95']):>5} {fmt(lost['max']):>5} "
+              f"{row['counted_failures']:8d}")
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

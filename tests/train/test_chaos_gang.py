@@ -1,0 +1,31 @@
+"""The chaos harness in its small form: one 2-node gang on 127.0.0.1 (real torchrun agents, c10d rendezvous,
+gloo), one node SIGKILLed mid-run and restarted by the rendered Job's rules. The full form, with SIGTERM too, many
+seeded trials and the comparison with an uninterrupted run, is scripts/chaos_gang.py (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.chaos_gang import check, make_dataset, rendered_gang_job, run_gang
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                       reason="no torchrun"),
+]
+
+
+def test_a_lost_node_restarts_the_whole_gang_which_trains_every_sample_once(tmp_path: Path) -> None:
+    data = make_dataset(tmp_path / "data")
+    outcome = run_gang(tmp_path / "run", data, rendered_gang_job(rank_restarts=0), checkpoint_every=3,
+                       kill=("SIGKILL", 5, 1), timeout_s=120, step_delay_s=0.1)
+    check(outcome, tmp_path / "run", None, checkpoint_every=3)  # every sample once per epoch, steps lost, budget
+    assert outcome.ok, (outcome.problems, outcome.actions)
+    assert outcome.actions[0] == "node1:-9:Ignore"  # the lost node's pod: DisruptionTarget, not counted
+    assert all(action.endswith(":Ignore") for action in outcome.actions)  # the survivor exits 43: not counted
+    assert outcome.steps_lost is not None and outcome.steps_lost <= 3
+    assert outcome.counted_failures == 0

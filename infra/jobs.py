@@ -19,6 +19,7 @@ that must never re-run after a refresh sets `ttlSecondsAfterFinished: null`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,16 +49,31 @@ CONFIG_KEY = "ml-cluster:jobs"
 Manifest = dict[str, Any]
 
 
-def check_jobs(specs: Sequence[TrainingJobSpec], facts: ClusterFacts) -> list[list[Manifest]]:
+def team_facts(facts: ClusterFacts, team: str, namespace: str) -> ClusterFacts:
+    """The facts a team's Job renders against: the team's namespace and LocalQueue, and no claim (the stack's claims
+    live in the training namespace; a Job cannot mount a claim of another namespace)."""
+    return dataclasses.replace(facts, namespace=namespace, local_queue=team if facts.kueue else None,
+                               volume_claims=())
+
+
+def check_jobs(specs: Sequence[TrainingJobSpec], facts: ClusterFacts,
+               team_namespaces: Mapping[str, str] | None = None) -> list[list[Manifest]]:
     """Render every stack Job against the cluster's facts; raise ConfigError naming each spec that cannot be.
 
     Called before any resource is registered, so a spec that does not fit the cluster stops the program early.
+    `team_namespaces`: tenant team -> its namespace; a spec of a team renders in that namespace.
     """
     rendered, problems = [], []
+    teams = team_namespaces or {}
     for index, spec in enumerate(specs):
+        if spec.team is not None and spec.team not in teams:
+            problems.append((f"{CONFIG_KEY}[{index}].team", f"{spec.team} is not a team with a namespace "
+                                                            f"(teams with one: {', '.join(teams) or 'none'})"))
+            continue
+        spec_facts = team_facts(facts, spec.team, teams[spec.team]) if spec.team is not None else facts
         try:
             # Suspended unless the spec says otherwise: no GPU hours before the data is there (submit start).
-            rendered.append(render_job(spec, facts, suspended_by_default=True))
+            rendered.append(render_job(spec, spec_facts, suspended_by_default=True))
         except JobSpecError as error:
             problems.append((f"{CONFIG_KEY}[{index}].{error.path}", error.reason))
     if problems:
@@ -175,6 +191,10 @@ class TrainingJobsArgs:
     # Kueue LocalQueues by name: a queued Job depends on its queue, so `destroy` deletes the Job (and its Workload)
     # before the queue, whose finalizer waits for its workloads.
     local_queues: Mapping[str, pulumi.Resource] = field(default_factory=dict)
+    # Tenant teams: team -> its namespace's name, and what a team's Job needs first (namespace, service account,
+    # Pod Identity association: infra.tenancy.Teams).
+    team_namespaces: Mapping[str, str] = field(default_factory=dict)
+    team_needs: Mapping[str, Sequence[pulumi.Resource]] = field(default_factory=dict)
 
 
 class TrainingJobs(pulumi.ComponentResource):
@@ -182,7 +202,7 @@ class TrainingJobs(pulumi.ComponentResource):
         super().__init__("ml-cluster:infra:TrainingJobs", ctx.name("jobs", "all"), None, opts)
         cluster, facts = args.cluster, args.facts
         # Render everything first: a spec that cannot be rendered fails before any Job is registered.
-        rendered = list(zip(args.specs, check_jobs(args.specs, facts), strict=True))
+        rendered = list(zip(args.specs, check_jobs(args.specs, facts, args.team_namespaces), strict=True))
         in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
 
         account = service_account_manifest(facts.job_service_account, facts.namespace, ctx.stack, ctx.label_prefix)
@@ -216,17 +236,19 @@ class TrainingJobs(pulumi.ComponentResource):
             job, *companions = manifests
             services = [manifest for manifest in companions if manifest["kind"] == "Service"]
             policies = [manifest for manifest in companions if manifest["kind"] == "NetworkPolicy"]
+            namespace_needs = ([args.namespace] if spec.team is None
+                               else list(args.team_needs.get(spec.team, []))[:1])
             service_resources: list[pulumi.Resource] = [
                 k8s.core.v1.Service(ctx.name("jobs", f"{spec.name}-service"), metadata=service["metadata"],
                                     spec=service["spec"],
                                     opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
-                                        depends_on=[args.namespace], delete_before_replace=True)))
+                                        depends_on=namespace_needs, delete_before_replace=True)))
                 for service in services]
             service_resources += [
                 k8s.networking.v1.NetworkPolicy(
                     ctx.name("jobs", f"{spec.name}-netpol"), metadata=policy["metadata"], spec=policy["spec"],
                     opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
-                        depends_on=[args.namespace], delete_before_replace=True)))
+                        depends_on=namespace_needs, delete_before_replace=True)))
                 for policy in policies]
             queue = job["metadata"]["labels"].get(KUEUE_QUEUE_LABEL) or job["metadata"]["annotations"].get(
                 queue_annotation(ctx.label_prefix))
@@ -234,7 +256,9 @@ class TrainingJobs(pulumi.ComponentResource):
             k8s.batch.v1.Job(
                 ctx.name("jobs", spec.name), metadata=job["metadata"], spec=job["spec"],
                 opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
-                    delete_before_replace=True, depends_on=[*job_needs, *service_resources, *queue_needs],
+                    delete_before_replace=True,
+                    depends_on=[*(job_needs if spec.team is None else args.team_needs.get(spec.team, [])),
+                                *service_resources, *queue_needs],
                     # `submit start` and Kueue resume suspended Jobs, and `submit start` puts a held Job in its
                     # Kueue queue; neither is drift to undo on the next `up` (Kueue refuses a queue change on a
                     # running Job).

@@ -238,11 +238,12 @@ def queue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str,
             team_flavors.append(_flavor_quotas(flavor.name, amounts, borrowing, lending))
         unknown = [name for name in quotas if name not in by_name]
         assert not unknown, "check_queueing lets no unknown flavor through"
-        manifests.append(_cluster_queue(team.name, cfg, team_flavors, stack, label_prefix, namespace,
-                                        team.fair_sharing_weight))
+        # A tenant team's ClusterQueue takes workloads from its own namespace only.
+        manifests.append(_cluster_queue(team.name, cfg, team_flavors, stack, label_prefix,
+                                        team.namespace or namespace, team.fair_sharing_weight))
     manifests.append(_local_queue(cfg.local_queue, cfg.cluster_queue, namespace, stack, label_prefix))
     for team in cfg.teams:
-        manifests.append(_local_queue(team.name, team.name, namespace, stack, label_prefix))
+        manifests.append(_local_queue(team.name, team.name, team.namespace or namespace, stack, label_prefix))
     return manifests
 
 
@@ -372,6 +373,12 @@ def _cohort_max(cfg: KueueConfig, queue: str, flavor: Flavor) -> Amounts:
         others = Amounts(min(others.cpu, borrow.cpu), min(others.memory, borrow.memory),
                          min(others.ephemeral, borrow.ephemeral), min(others.gpus, borrow.gpus))
     return nominal + others
+
+
+def team_ceiling(cfg: KueueConfig, team: str, plans: Sequence[PoolPlan], label_prefix: str) -> Amounts:
+    """The most a team's ClusterQueue can ever have admitted at once, over every flavor: its namespace's
+    ResourceQuota, so pods Kueue admits always fit and pods that bypass Kueue get no more."""
+    return sum((_cohort_max(cfg, team, flavor) for flavor in flavors(plans, label_prefix)), Amounts())
 
 
 def _job_flavor(job: Mapping[str, Any], label_prefix: str, all_flavors: Sequence[Flavor]) -> Flavor | None:

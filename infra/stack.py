@@ -23,6 +23,7 @@ from infra.nodes.poolplan import plan_node_pools, pool_facts
 from infra.queueing import Queueing, QueueingArgs, check_queueing, kueue_facts, queue_manifests, stack_job_queues
 from infra.registry import ImageRegistry, ImageRegistryArgs, repository_name, repository_url
 from infra.storage import Storage, StorageArgs, job_storage_facts
+from infra.tenancy import Teams, TeamsArgs, team_access_policy, team_manifests
 from workloads.cluster_facts import ClusterFacts, facts_to_dict
 from workloads.jobspec import metrics_ports
 
@@ -56,11 +57,13 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                              object_store_secret=storage_facts.object_store_secret,
                              volume_claims=storage_facts.volume_claims, image_repository=image_repository,
                              buckets=job_bucket_names(cfg, ctx.stack, account_id), **kueue_facts(cfg.kueue))
+    team_namespaces = {team.name: team.namespace for team in cfg.kueue.tenant_teams if team.namespace is not None}
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
                      else None)
     try:
-        rendered_jobs = check_jobs(cfg.jobs, job_facts)  # every stack Job fits the pools it targets; ConfigError
+        # every stack Job fits the pools it targets (a team's Job: in its team's namespace); ConfigError
+        rendered_jobs = check_jobs(cfg.jobs, job_facts, team_namespaces)
     except ConfigError as job_error:  # a bad Job must not hide the stack's other problems
         try:
             check_stack(cfg, ctx.stack, account_id, private_zones)
@@ -158,13 +161,29 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
             "eks-node-monitoring-agent"),
         node_groups=tuple(node_groups)))
 
+    # --- teams: a namespace, quota, service account and bucket role of their own (before their LocalQueues) ---
+    team_needs: dict[str, list[pulumi.Resource]] = {}
+    if cfg.kueue.enabled and cfg.kueue.tenant_teams:
+        bucket_names = job_bucket_names(cfg, ctx.stack, account_id)
+        teams = Teams(f"{ctx.prefix}-teams", TeamsArgs(
+            ctx=ctx, cluster=cluster,
+            manifests=team_manifests(cfg.kueue, pool_plans, ctx.stack, cfg.label_prefix, job_facts.job_service_account,
+                                     egress=cfg.job_egress.rules(cfg.platform),
+                                     metrics_namespace=monitoring.namespace if monitoring.enabled else None,
+                                     metrics_ports=metrics_ports(max_processes)),
+            policies={team.name: team_access_policy(team, bucket_names) for team in cfg.kueue.tenant_teams
+                      if cfg.platform == "eks" and team.data}))
+        team_needs = {team: [namespace_resource, *teams.accounts.get(team, [])]
+                      for team, namespace_resource in teams.namespaces.items()}
+        outputs["teams"] = {"namespaces": team_namespaces, "roleArns": teams.role_arns}
+
     # --- Kueue: gang admission and the GPU quota shared between teams ---
     local_queues: dict[str, pulumi.Resource] = {}
     if cfg.kueue.enabled:
         queueing = Queueing(f"{ctx.prefix}-kueue", QueueingArgs(
             ctx=ctx, cluster=cluster, config=cfg.kueue,
             manifests=tuple(queue_manifests(cfg.kueue, pool_plans, JOBS_NAMESPACE, ctx.stack, cfg.label_prefix)),
-            depends_on=(*node_groups, namespace.namespace)))
+            depends_on=(*node_groups, namespace.namespace, *(needs[0] for needs in team_needs.values()))))
         local_queues = queueing.local_queues
 
     # --- training jobs ---
@@ -175,7 +194,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         cluster=cluster, facts=job_facts, specs=cfg.jobs, namespace=namespace.namespace,
         bucket_arns=dict(storage.bucket_arns), bucket_access=job_access,
         depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values()),
-        local_queues=local_queues))
+        local_queues=local_queues, team_namespaces=team_namespaces, team_needs=team_needs))
     outputs["jobFacts"] = facts_to_dict(job_facts)  # `python -m workloads.submit ... --facts` reads this
     outputs["jobs"] = jobs.job_names
 

@@ -76,12 +76,34 @@ class TeamQuotaConfig(StrictModel):
     lending_limit: int | None = Field(default=None, ge=0, description="GPUs it lends idle; None: all")
 
 
+class TeamDataConfig(StrictModel):
+    """A prefix of one of the stack's S3 buckets (ml-cluster:storage.buckets, by logical name) that a team owns."""
+
+    bucket: DnsLabel
+    # Non-empty and ending in '/': `team-a/` never matches `team-ab/...`, and no team owns a whole shared bucket.
+    prefix: str = Field(pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*/$", max_length=512)
+
+    @model_validator(mode="after")
+    def _no_wildcard(self) -> TeamDataConfig:
+        if "*" in self.prefix or any(part in (".", "..") for part in self.prefix.split("/")):
+            raise ValueError(f"prefix {self.prefix!r}: no '*', '.' or '..' (it becomes an IAM resource ARN)")
+        return self
+
+
 class TeamConfig(StrictModel):
-    """A team: its own ClusterQueue (guaranteed quota, borrowing from the cohort) and LocalQueue `<name>`."""
+    """A team: its own ClusterQueue (guaranteed quota, borrowing from the cohort) and LocalQueue `<name>`.
+
+    With a `namespace` the team is a tenant: its LocalQueue lives in that namespace (and only that namespace may use
+    its ClusterQueue), the namespace gets a ResourceQuota and LimitRange derived from the queue's quota, and its
+    Jobs' service account is bound by Pod Identity to a role of the team's own that reads only `datasets` and
+    reads/writes only `checkpoints`. Without one the team's LocalQueue is in the training namespace, as before."""
 
     name: DnsLabel = Field(max_length=40)
     quotas: list[TeamQuotaConfig] = []
     fair_sharing_weight: int | None = Field(default=None, ge=0)
+    namespace: DnsLabel | None = None
+    datasets: list[TeamDataConfig] = []
+    checkpoints: list[TeamDataConfig] = []
 
     @model_validator(mode="after")
     def _flavors_once(self) -> TeamConfig:
@@ -89,7 +111,14 @@ class TeamConfig(StrictModel):
         twice = sorted({flavor for flavor in flavors if flavors.count(flavor) > 1})
         if twice:
             raise ValueError(f"team {self.name}: flavor(s) {', '.join(twice)} listed twice")
+        if (self.datasets or self.checkpoints) and self.namespace is None:
+            raise ValueError(f"team {self.name}: datasets and checkpoints need a namespace (the team's role is bound "
+                             "to the service account there)")
         return self
+
+    @property
+    def data(self) -> list[TeamDataConfig]:
+        return [*self.datasets, *self.checkpoints]
 
 
 class KueueConfig(StrictModel):
@@ -135,10 +164,25 @@ class KueueConfig(StrictModel):
         weighted = [team.name for team in self.teams if team.fair_sharing_weight is not None]
         if weighted and not self.fair_sharing:
             raise ValueError(f"fairSharingWeight ({', '.join(weighted)}) has no effect without fairSharing: true")
+        namespaces = [team.namespace for team in self.teams if team.namespace is not None]
+        twice = sorted({name for name in namespaces if namespaces.count(name) > 1})
+        if twice:
+            raise ValueError(f"team namespaces must be unique: {', '.join(twice)}")
+        owned = [(team.name, data.bucket, data.prefix) for team in self.teams for data in team.data]
+        for name, bucket, prefix in owned:
+            for other, other_bucket, other_prefix in owned:
+                if other != name and bucket == other_bucket and other_prefix.startswith(prefix):
+                    raise ValueError(f"teams {name} and {other} overlap in bucket {bucket}: {prefix!r} contains "
+                                     f"{other_prefix!r}; a team's prefixes must be its own")
         if self.cohort is None and any(quota.borrowing_limit is not None or quota.lending_limit is not None
                                        for team in self.teams for quota in team.quotas):
             raise ValueError("borrowingLimit and lendingLimit need a cohort (cohort is null)")
         return self
+
+    @property
+    def tenant_teams(self) -> list[TeamConfig]:
+        """The teams with a namespace of their own."""
+        return [team for team in self.teams if team.namespace is not None]
 
     @property
     def local_queues(self) -> tuple[str, ...]:

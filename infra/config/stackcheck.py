@@ -14,6 +14,7 @@ from typing import Any
 
 from infra.config.names import (
     CONFIG,
+    JOBS_NAMESPACE,
     check_derived_names,
     check_stack_name,
     default_bucket_name,
@@ -63,6 +64,8 @@ def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> J
     write: set[str] = set()
     problems: list[tuple[str, str]] = []
     for index, spec in enumerate(cfg.jobs):
+        if spec.team is not None:
+            continue  # a team's Job runs with the team's role (team_problems checks its prefixes)
         # A logical bucket is one of the stack's by construction (an unknown one fails rendering, naming the field).
         for target, into in ((spec.dataset, read), (spec.checkpoint, write)):
             if target is not None and target.bucket is not None and target.bucket in by_physical.values():
@@ -81,6 +84,71 @@ def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> J
                 continue
             into.add(by_physical[bucket])
     return JobBucketAccess(read=tuple(sorted(read | write)), write=tuple(sorted(write)), problems=problems)
+
+
+def team_problems(cfg: StackConfig, training_namespace: str) -> list[tuple[str, str]]:
+    """Tenant teams: Kueue on, a namespace of their own, prefixes in the stack's own S3 buckets; a Job that names a
+    team uses only that team's prefixes (a Job of no team may use no team's prefix)."""
+    problems: list[tuple[str, str]] = []
+    teams = {team.name: team for team in cfg.kueue.teams}
+    where = f"{CONFIG}kueue.teams"
+    stack_buckets = {bucket.name for bucket in cfg.storage.buckets} if cfg.platform == "eks" else set()
+    for index, team in enumerate(cfg.kueue.teams):
+        if team.namespace is None:
+            continue
+        if not cfg.kueue.enabled:
+            problems.append((f"{where}[{index}].namespace", f"team {team.name}: a team namespace needs Kueue "
+                                                            f"({CONFIG}kueue.enabled): its quota is the queue's"))
+        if team.namespace in (training_namespace, cfg.kueue.namespace, cfg.monitoring.namespace):
+            problems.append((f"{where}[{index}].namespace", f"team {team.name}: namespace {team.namespace} is the "
+                                                            "stack's own; a team gets a namespace of its own"))
+        for kind, entries in (("datasets", team.datasets), ("checkpoints", team.checkpoints)):
+            for d_index, data in enumerate(entries):
+                if cfg.platform != "eks":
+                    problems.append((f"{where}[{index}].{kind}[{d_index}].bucket",
+                                     f"team {team.name}: per-team bucket roles are EKS Pod Identity roles; on "
+                                     f"{cfg.platform} the object store's keys decide access"))
+                elif data.bucket not in stack_buckets:
+                    problems.append((f"{where}[{index}].{kind}[{d_index}].bucket",
+                                     f"team {team.name}: bucket {data.bucket} is not one of this stack's S3 buckets "
+                                     f"({', '.join(sorted(stack_buckets)) or 'none'})"))
+    owned = [(team.name, data.bucket, data.prefix) for team in cfg.kueue.teams for data in team.data]
+    for index, spec in enumerate(cfg.jobs):
+        job_team = teams.get(spec.team) if spec.team is not None else None
+        if spec.team is not None and (job_team is None or job_team.namespace is None):
+            tenants = ", ".join(t.name for t in cfg.kueue.tenant_teams) or "none"
+            problems.append((f"{CONFIG}jobs[{index}].team", f"{spec.team} is not a team with a namespace "
+                                                            f"(teams with one: {tenants})"))
+            continue
+        uses = [("dataset", spec.dataset, False), ("checkpoint", spec.checkpoint, True)]
+        for field_name, target, writes in uses:
+            if target is None or target.bucket is None:
+                if target is not None and target.uri is not None and job_team is not None:
+                    problems.append((f"{CONFIG}jobs[{index}].{field_name}.uri",
+                                     f"team {job_team.name}'s Jobs name their data by bucket and prefix (one of the "
+                                     "team's own), not by uri"))
+                continue
+            key = f"{target.bucket}/{target.prefix}"
+            foreign = [name for name, bucket, prefix in owned
+                       if bucket == target.bucket and (key.startswith(f"{bucket}/{prefix}") or
+                                                       f"{bucket}/{prefix}".startswith(key))
+                       and name != (job_team.name if job_team else None)]
+            if foreign:
+                problems.append((f"{CONFIG}jobs[{index}].{field_name}.prefix",
+                                 f"{target.bucket}/{target.prefix} is team {', '.join(sorted(set(foreign)))}'s data"
+                                 + ("" if job_team is None else f", not team {job_team.name}'s")))
+                continue
+            if job_team is not None:
+                mine = job_team.checkpoints if writes else job_team.data
+                if not any(d.bucket == target.bucket and target.prefix.startswith(d.prefix) for d in mine):
+                    allowed = ", ".join(f"{d.bucket}/{d.prefix}" for d in mine) or "none"
+                    problems.append((f"{CONFIG}jobs[{index}].{field_name}.prefix",
+                                     f"team {job_team.name} may {'write' if writes else 'read'} only under its own "
+                                     f"prefixes ({allowed}), not {target.bucket}/{target.prefix}"))
+        if job_team is not None and spec.queue is not None and spec.queue != job_team.name:
+            problems.append((f"{CONFIG}jobs[{index}].queue", f"team {job_team.name}'s Jobs go through its LocalQueue "
+                                                             f"{job_team.name}, not {spec.queue}"))
+    return problems
 
 
 def pool_zone_problems(cfg: StackConfig, private_zones: Sequence[str] | None) -> list[tuple[str, str]]:
@@ -151,6 +219,7 @@ def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
     problems += pool_zone_problems(cfg, zones)
     access = job_bucket_access(cfg, stack, account_id)
     problems += access.problems
+    problems += team_problems(cfg, JOBS_NAMESPACE)
     problems += addon_default_problems(cfg, addon_defaults or {})
     if problems:
         raise ConfigError(problems)

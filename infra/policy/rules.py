@@ -34,6 +34,9 @@ EFS_TYPE = "aws:efs/fileSystem:FileSystem"
 LAUNCH_TEMPLATE_TYPE = "aws:ec2/launchTemplate:LaunchTemplate"
 NODE_GROUP_TYPE = "aws:eks/nodeGroup:NodeGroup"
 JOB_TYPE = "kubernetes:batch/v1:Job"
+ROLE_TYPE = "aws:iam/role:Role"
+ROLE_POLICY_TYPE = "aws:iam/rolePolicy:RolePolicy"
+TEAM_ROLE_TAG = "ml-cluster-team"  # infra.tenancy tags every team role with its team
 # Resources whose deletion loses data: protected and retained in protected stacks.
 STATEFUL_TYPES = (*BUCKET_TYPES, EFS_TYPE, "aws:ebs/volume:Volume")
 
@@ -93,6 +96,48 @@ class PolicyRule:
 def evaluate(plan: Plan, ctx: PolicyContext, rules: Iterable[PolicyRule] | None = None) -> list[Violation]:
     """Every violation of `rules` (default: the whole pack) in the plan, mandatory and advisory."""
     return [v for rule in (POLICIES if rules is None else rules) for v in rule.run(plan, ctx)]
+
+
+# --- team roles ---
+
+
+def _s3_resource_problem(arn: str) -> str | None:
+    """Why an S3 ARN in a team policy reaches beyond the team's own prefixes (None: it does not)."""
+    if arn == "*" or not arn.startswith("arn:") or ":s3:::" not in arn:
+        return f"resource {arn!r} is not a named S3 bucket"
+    bucket, _, key = arn.split(":::", 1)[1].partition("/")
+    if not bucket or any(ch in bucket for ch in "*?"):
+        return f"resource {arn!r} has a wildcard bucket"
+    if "/" in arn.split(":::", 1)[1] and (not key or key.startswith("*") or "/" not in key):
+        return f"resource {arn!r} covers a whole bucket, not a team prefix"
+    return None
+
+
+def check_team_roles_scoped(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+    for role in plan.of_type(ROLE_TYPE):
+        team = (role.inputs.get("tags") or {}).get(TEAM_ROLE_TAG)
+        if team is None:
+            continue
+        # Attached by reference, or (in an offline plan, where ids are unknown) by the role's physical name.
+        attached = {r.key: r for r in plan.referrers(role, (ROLE_POLICY_TYPE,), "role")}
+        if role.inputs.get("name"):
+            attached.update({r.key: r for r in plan.of_type(ROLE_POLICY_TYPE)
+                             if r.inputs.get("role") == role.inputs["name"]})
+        policies = [r.inputs.get("policy") for r in attached.values()]
+        policies += [p.get("policy") for p in _as_list(role.inputs.get("inlinePolicies")) if isinstance(p, Mapping)]
+        for policy in policies:
+            document = _policy_document(policy)
+            if document is None:
+                continue  # not known yet
+            for statement in _as_list(document.get("Statement")):
+                if statement.get("Effect") != "Allow":
+                    continue
+                if "NotResource" in statement:
+                    yield role, f"team {team}: an Allow with NotResource reaches every other bucket"
+                for arn in _as_list(statement.get("Resource")):
+                    problem = _s3_resource_problem(str(arn))
+                    if problem is not None:
+                        yield role, f"team {team}: {problem}"
 
 
 # --- buckets (stack-level: the bucket and the resources that configure it) ---
@@ -536,6 +581,12 @@ POLICIES: tuple[PolicyRule, ...] = (
         "mandatory",
         (JOB_TYPE,),
         check_job_not_privileged,
+    ),
+    PolicyRule(
+        "team-roles-scoped",
+        "Team roles name only S3 buckets and prefixes: no wildcard bucket, no whole bucket.",
+        "mandatory",
+        check_stack=check_team_roles_scoped,
     ),
     PolicyRule(
         "protected-stateful-resources",

@@ -348,3 +348,29 @@ def test_a_gang_on_a_gpu_type_with_efa_pools_must_request_efa() -> None:
     single = _gang_on("h100", None)
     single[1]["inputs"]["spec"]["parallelism"] = 1
     assert violations(single) == []
+
+
+# --- team roles ---
+
+
+def _team_role(resources: list[str]) -> list[dict[str, Any]]:
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"],
+                                                      "Resource": resources}]}
+    return [resource("aws:iam/role:Role", "team-a-role", {"name": "mlc-prod-team-a", "tags": {"ml-cluster-team": "a"}}),
+            resource("aws:iam/rolePolicy:RolePolicy", "team-a-access",
+                     {"role": "mlc-prod-team-a", "policy": json.dumps(policy)})]
+
+
+@pytest.mark.parametrize(("arn", "words"), [
+    ("arn:aws:s3:::*/team-a/*", "wildcard bucket"),
+    ("arn:aws:s3:::data-*/team-a/*", "wildcard bucket"),
+    ("arn:aws:s3:::datasets/*", "whole bucket"),
+    ("*", "not a named S3 bucket"),
+])
+def test_team_role_with_a_wildcard_bucket_fails(arn: str, words: str) -> None:
+    found = only(violations(_team_role(["arn:aws:s3:::datasets/team-a/*", arn])), "team-roles-scoped")
+    assert len(found) == 1 and words in found[0].message
+
+
+def test_team_role_scoped_to_its_prefixes_passes() -> None:
+    assert violations(_team_role(["arn:aws:s3:::datasets/team-a/*", "arn:aws:s3:::datasets"])) == []

@@ -399,6 +399,9 @@ class TrainingJobSpec(_Spec):
     priority_class: DnsSubdomain | None = None
     # Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue when it runs Kueue.
     queue: DnsSubdomain | None = None
+    # A stack team with a namespace (ml-cluster:kueue.teams): the Job runs there, through the team's LocalQueue, as
+    # the team's service account, and may name only the team's bucket prefixes. None: the training namespace.
+    team: DnsLabel | None = None
     workload_priority: DnsSubdomain | None = None  # a Kueue WorkloadPriorityClass: order in the queue, preemption
     # An image that writes outside /tmp, the RAM disk and its mounts can opt out of the read-only root.
     read_only_root_filesystem: bool = True

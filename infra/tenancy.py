@@ -1,0 +1,202 @@
+"""Teams as tenants: each team with a namespace (ml-cluster:kueue.teams[].namespace) shares the GPUs, not the data.
+
+Per tenant team: its namespace (Pod Security restricted, the training namespace's NetworkPolicies: ingress denied,
+egress as configured), a ResourceQuota equal to the most its Kueue ClusterQueue can ever have admitted (so Kueue's
+admissions always fit and nothing that bypasses Kueue gets more), a LimitRange giving containers without requests
+defaults (a ResourceQuota on requests refuses pods without them), a service account, and on EKS an IAM role bound to
+it by Pod Identity whose policy names only the team's own bucket prefixes: read its datasets, read and write its
+checkpoints. The LocalQueue is made with the other queues (infra.queueing), in the team's namespace.
+
+Everything but the component is a pure function of the config, so tests check the manifests and policies (and run
+the policies against moto with IAM enforced) without a Pulumi engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.config.queueing import KueueConfig, TeamConfig, TeamDataConfig
+from infra.context import ClusterInfo, StackContext
+from infra.iam import pod_identity_trust_policy
+from infra.jobs import namespace_manifest, service_account_manifest
+from infra.nodes.poolplan import PoolPlan
+from infra.policy.rules import TEAM_ROLE_TAG  # tags each team role: the policy pack finds team roles by it
+from infra.queueing import Amounts, team_ceiling
+from workloads.jobspec import EgressRules, namespace_network_policies
+
+Manifest = dict[str, Any]
+
+# Defaults for a container that names no requests or limits (sidecars, debug pods); rendered Jobs set their own.
+DEFAULT_REQUESTS = {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "1Gi"}
+DEFAULT_LIMITS = {"memory": "1Gi", "ephemeral-storage": "1Gi"}
+
+
+def team_label(label_prefix: str) -> str:
+    return f"{label_prefix}/team"
+
+
+def team_namespace_manifest(team: TeamConfig, stack: str, label_prefix: str) -> Manifest:
+    assert team.namespace is not None
+    manifest = namespace_manifest(team.namespace, stack, label_prefix)
+    manifest["metadata"]["labels"][team_label(label_prefix)] = team.name
+    return manifest
+
+
+def _labels(team: TeamConfig, stack: str, label_prefix: str) -> dict[str, str]:
+    return {"app.kubernetes.io/part-of": "ml-cluster", "app.kubernetes.io/managed-by": "pulumi",
+            f"{label_prefix}/stack": stack, team_label(label_prefix): team.name}
+
+
+def resource_quota_manifest(team: TeamConfig, ceiling: Amounts, stack: str, label_prefix: str) -> Manifest:
+    """requests.* (and limits.memory, which covers memory-backed emptyDirs) up to the team queue's ceiling."""
+    assert team.namespace is not None
+    quantities = ceiling.quantities()
+    hard = {f"requests.{name}": value for name, value in quantities.items()}
+    hard["limits.nvidia.com/gpu"] = quantities["nvidia.com/gpu"]
+    return {"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "team-quota", "namespace": team.namespace,
+                         "labels": _labels(team, stack, label_prefix)},
+            "spec": {"hard": hard}}
+
+
+def limit_range_manifest(team: TeamConfig, stack: str, label_prefix: str) -> Manifest:
+    assert team.namespace is not None
+    return {"apiVersion": "v1", "kind": "LimitRange",
+            "metadata": {"name": "team-defaults", "namespace": team.namespace,
+                         "labels": _labels(team, stack, label_prefix)},
+            "spec": {"limits": [{"type": "Container", "defaultRequest": dict(DEFAULT_REQUESTS),
+                                 "default": dict(DEFAULT_LIMITS)}]}}
+
+
+def team_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], stack: str, label_prefix: str,
+                   service_account: str, egress: EgressRules | None = None, metrics_namespace: str | None = None,
+                   metrics_ports: tuple[int, ...] = ()) -> dict[str, list[Manifest]]:
+    """Team name -> its Kubernetes objects (namespace first; the LocalQueue comes from infra.queueing)."""
+    result: dict[str, list[Manifest]] = {}
+    for team in cfg.tenant_teams:
+        assert team.namespace is not None
+        namespace = team_namespace_manifest(team, stack, label_prefix)
+        labels = _labels(team, stack, label_prefix)
+        account = service_account_manifest(service_account, team.namespace, stack, label_prefix)
+        account["metadata"]["labels"][team_label(label_prefix)] = team.name
+        result[team.name] = [
+            namespace,
+            *namespace_network_policies(team.namespace, labels, metrics_namespace=metrics_namespace,
+                                        metrics_ports=metrics_ports, egress=egress),
+            resource_quota_manifest(team, team_ceiling(cfg, team.name, plans, label_prefix), stack, label_prefix),
+            limit_range_manifest(team, stack, label_prefix),
+            account,
+        ]
+    return result
+
+
+def _object_arns(bucket_names: Mapping[str, str], data: Sequence[TeamDataConfig], partition: str) -> list[str]:
+    return sorted({f"arn:{partition}:s3:::{bucket_names[d.bucket]}/{d.prefix}*" for d in data})
+
+
+def team_access_policy(team: TeamConfig, bucket_names: Mapping[str, str], partition: str = "aws") -> str:
+    """The team role's policy. `bucket_names`: logical -> physical bucket name (the stack's, before they exist).
+
+    List only under the team's prefixes, read its datasets and checkpoints, write (and clean up multipart uploads
+    of) its checkpoints. Every resource names a bucket and a prefix: no wildcard bucket, no whole bucket."""
+    data = team.data
+    statements: list[dict[str, Any]] = []
+    by_bucket: dict[str, list[str]] = {}
+    for d in data:
+        by_bucket.setdefault(bucket_names[d.bucket], []).append(d.prefix)
+    for index, (bucket, prefixes) in enumerate(sorted(by_bucket.items())):
+        statements.append({
+            "Sid": f"ListTeamPrefixes{index}", "Effect": "Allow", "Action": ["s3:ListBucket"],
+            "Resource": [f"arn:{partition}:s3:::{bucket}"],
+            "Condition": {"StringLike": {"s3:prefix": sorted({f"{p}*" for p in prefixes})}}})
+    if by_bucket:
+        statements.append({"Sid": "BucketLocation", "Effect": "Allow", "Action": ["s3:GetBucketLocation"],
+                           "Resource": sorted(f"arn:{partition}:s3:::{bucket}" for bucket in by_bucket)})
+        statements.append({"Sid": "ReadTeamData", "Effect": "Allow", "Action": ["s3:GetObject"],
+                           "Resource": _object_arns(bucket_names, data, partition)})
+    if team.checkpoints:
+        statements.append({
+            "Sid": "WriteTeamCheckpoints", "Effect": "Allow",
+            "Action": ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:DeleteObject"],
+            "Resource": _object_arns(bucket_names, team.checkpoints, partition)})
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+# --- the component -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TeamsArgs:
+    ctx: StackContext
+    cluster: ClusterInfo
+    manifests: Mapping[str, Sequence[Manifest]]  # team_manifests(...)
+    policies: Mapping[str, str] = field(default_factory=dict)  # team -> team_access_policy (EKS only)
+
+
+class Teams(pulumi.ComponentResource):
+    """The tenant teams' namespaces, quotas, service accounts and (EKS) Pod Identity roles."""
+
+    def __init__(self, name: str, args: TeamsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("ml-cluster:infra:Teams", name, None, opts)
+        ctx, cluster = args.ctx, args.cluster
+        self.namespaces: dict[str, pulumi.Resource] = {}
+        self.role_arns: dict[str, pulumi.Output[str]] = {}
+        # team -> what its Jobs need besides the namespace: the service account and its Pod Identity association
+        self.accounts: dict[str, list[pulumi.Resource]] = {}
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
+        for team, manifests in args.manifests.items():
+            namespace, *objects = manifests
+            ns = k8s.core.v1.Namespace(
+                ctx.name("team", f"{team}-ns"), metadata=namespace["metadata"],
+                opts=in_cluster.merge(pulumi.ResourceOptions(depends_on=list(cluster.eks_dependencies))))
+            self.namespaces[team] = ns
+            after_ns = in_cluster.merge(pulumi.ResourceOptions(depends_on=[ns]))
+            account: pulumi.Resource | None = None
+            for manifest in objects:
+                kind, object_name = manifest["kind"], manifest["metadata"]["name"]
+                resource_name = ctx.name("team", f"{team}-{kind.lower()}-{object_name}")
+                if kind == "NetworkPolicy":
+                    k8s.networking.v1.NetworkPolicy(resource_name, metadata=manifest["metadata"],
+                                                    spec=manifest["spec"], opts=after_ns)
+                elif kind == "ResourceQuota":
+                    k8s.core.v1.ResourceQuota(resource_name, metadata=manifest["metadata"], spec=manifest["spec"],
+                                              opts=after_ns)
+                elif kind == "LimitRange":
+                    k8s.core.v1.LimitRange(resource_name, metadata=manifest["metadata"], spec=manifest["spec"],
+                                           opts=after_ns)
+                elif kind == "ServiceAccount":
+                    account = k8s.core.v1.ServiceAccount(resource_name, metadata=manifest["metadata"], opts=after_ns)
+                else:
+                    raise AssertionError(f"unexpected team object {kind}")
+            self.accounts[team] = [account] if account is not None else []
+            policy = args.policies.get(team)
+            if cluster.is_eks and policy is not None and account is not None:
+                child = pulumi.ResourceOptions(parent=self)
+                # A physical name known before the role exists (at most 8 + 6 + 40 of IAM's 64 characters): the
+                # policy pack ties the RolePolicy to the team's role by it.
+                role = aws.iam.Role(ctx.name("team", f"{team}-role"), name=f"{ctx.prefix}-team-{team}",
+                                    assume_role_policy=pod_identity_trust_policy(),
+                                    description=f"Jobs of team {team} in {ctx.stack}: its own bucket prefixes only",
+                                    tags={**ctx.tags, TEAM_ROLE_TAG: team}, opts=child)
+                aws.iam.RolePolicy(ctx.name("team", f"{team}-bucket-access"), role=role.name, policy=policy,
+                                   opts=child)
+                association = aws.eks.PodIdentityAssociation(
+                    ctx.name("team", f"{team}-pod-identity"), cluster_name=cluster.name,
+                    namespace=namespace["metadata"]["name"], service_account=manifest_name(objects, "ServiceAccount"),
+                    role_arn=role.arn, tags={**ctx.tags, TEAM_ROLE_TAG: team},
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[account]))
+                self.role_arns[team] = role.arn
+                self.accounts[team].append(association)
+        self.register_outputs({"namespaces": {team: m[0]["metadata"]["name"] for team, m in args.manifests.items()},
+                               "roleArns": self.role_arns})
+
+
+def manifest_name(manifests: Sequence[Manifest], kind: str) -> str:
+    return str(next(m["metadata"]["name"] for m in manifests if m["kind"] == kind))

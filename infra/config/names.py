@@ -184,8 +184,13 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
         add("kubernetes", "ClusterQueue", "", kueue.cluster_queue, f"{CONFIG}kueue.clusterQueue")
         add("kubernetes", "LocalQueue", ns, kueue.local_queue, f"{CONFIG}kueue.localQueue")
         for index, team in enumerate(kueue.teams):
-            add("kubernetes", "ClusterQueue", "", team.name, f"{CONFIG}kueue.teams[{index}].name")
-            add("kubernetes", "LocalQueue", ns, team.name, f"{CONFIG}kueue.teams[{index}].name")
+            where = f"{CONFIG}kueue.teams[{index}]"
+            add("kubernetes", "ClusterQueue", "", team.name, f"{where}.name")
+            add("kubernetes", "LocalQueue", team.namespace or ns, team.name, f"{where}.name")
+            if team.namespace is not None:  # a tenant: its own namespace and (EKS) a role named after it
+                add("kubernetes", "Namespace", "", team.namespace, f"{where}.namespace")
+                if eks:
+                    add("iam", "role", "", f"{prefix}-team-{team.name}", f"{where}.name")
         for index, priority in enumerate(kueue.priority_classes):
             add("kubernetes", "WorkloadPriorityClass", "", priority.name,
                 f"{CONFIG}kueue.priorityClasses[{index}].name")
@@ -212,8 +217,8 @@ def _rule_violation(item: DerivedName) -> str | None:
             return None
     if item.service == "iam":
         if len(name) > 64:
-            return (f"IAM role name {name!r} (with Pulumi's 8-character suffix) is {len(name)} characters "
-                    "(IAM allows 64)")
+            suffix = " (with Pulumi's 8-character suffix)" if name.endswith("-xxxxxxx") else ""
+            return f"IAM role name {name!r}{suffix} is {len(name)} characters (IAM allows 64)"
         return None if _IAM_NAME.match(name) else f"IAM role name {name!r} has characters IAM does not allow"
     if item.service == "eks":
         limit = 63 if item.kind == "node group" else 100

@@ -14,7 +14,7 @@ from infra.policy.plan import plan_from_document
 from infra.policy.rules import POLICIES, PolicyContext
 from tests.conftest import stack_values
 from tests.monitoring.crds import validate_custom_resource
-from tests.tenancy.teams import prod_with_teams, team_job
+from tests.tenancy.teams import TEAMS, prod_with_teams, team_job
 
 TEAM_NS = {"vision": "team-vision", "language": "team-language"}
 
@@ -129,3 +129,20 @@ def test_policy_pack_passes_team_roles_and_catches_a_wildcard_bucket(teams_plan:
             resource["inputs"]["policy"] = json.dumps(policy)
     violations = rule.run(plan_from_document(widened), PolicyContext())
     assert [v.message for v in violations] == ["team vision: resource 'arn:aws:s3:::*/vision/*' has a wildcard bucket"]
+
+
+def test_a_tenant_teams_role_and_namespace_are_checked_like_every_derived_name() -> None:
+    from infra.config import ConfigError, parse_stack_config
+    from infra.config.schema import decode_config_value
+    from infra.config.stackcheck import check_stack
+    from tests.conftest import stack_values
+
+    values = {**stack_values("prod"), **prod_with_teams()}
+    long_team = {**TEAMS[1], "name": "l" * 40, "namespace": "team-long"}
+    values["ml-cluster:kueue"] = {**values["ml-cluster:kueue"], "teams": [TEAMS[0], long_team]}
+    cfg = parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
+    check_stack(cfg, "prod", "123456789012")  # mlc-prod-team-lll...: 54 characters
+    with pytest.raises(ConfigError) as caught:
+        check_stack(cfg, "prod-eu-west-1-a", "123456789012")
+    [line] = [line for line in caught.value.lines() if "kueue.teams[1].name" in line]
+    assert f"IAM role name 'mlc-prod-eu-west-1-a-team-{'l' * 40}' is 66 characters (IAM allows 64)" in line

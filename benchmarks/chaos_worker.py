@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from workloads.data.sampler import ElasticBatchSampler
 from workloads.train import loop
-from workloads.train.__main__ import main
+from workloads.train.__main__ import exit_with, main
 
 
 def _install(log_path: str) -> None:
@@ -47,4 +46,4 @@ def _install(log_path: str) -> None:
 if __name__ == "__main__":
     folder = os.environ["CHAOS_LOG_DIR"]
     _install(os.path.join(folder, f"rank{os.environ.get('RANK', '0')}-{os.getpid()}.jsonl"))
-    sys.exit(main())
+    exit_with(main())

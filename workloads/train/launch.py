@@ -10,6 +10,8 @@ torchrun itself exits 1 whatever its workers exited with, so a Job's podFailureP
   checkpoint and stopped; or every failed worker exited with the disruption code (stopped, or a peer rank lost);
   or the rendezvous failed or its store went away (the node that hosted it is gone): the disruption code
   ($DISRUPTION_EXIT_CODE)
+- the rendezvous is closed (the rest of the gang finished or gave up, so a replacement can never join it): 1, which
+  the Job counts, so such a pod is not replaced forever
 - anything else (a worker crashed, was killed by a signal other than the agent's own SIGTERM, the agent failed):
   1
 
@@ -41,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousGracefulExitError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousClosedError,
+        RendezvousError,
+        RendezvousGracefulExitError,
+    )
     from torch.distributed.run import main as torchrun
 
     try:
@@ -57,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         return disruption_exit_code()
     except RendezvousGracefulExitError:
         return 0
+    except RendezvousClosedError:  # the others closed the gang's rendezvous (finished, or gave up): cannot rejoin
+        print("launch: the gang's rendezvous is closed; a retry cannot rejoin it", file=sys.stderr)
+        return RUNTIME_EXIT_CODE
     except (RendezvousError, DistError) as exc:  # the rendezvous' store (on a node of the gang) is gone
         print(f"launch: rendezvous lost ({type(exc).__name__}): {str(exc).splitlines()[0] if str(exc) else ''}",
               file=sys.stderr)

@@ -655,6 +655,7 @@ def _train(
                       checkpointed=bool(config.checkpoint_dir))
         if env.world_size > 1:
             dist.barrier()
+            dist.destroy_process_group()
         saved = f"checkpoint at step {state.step}" if config.checkpoint_dir else "no --checkpoint-dir: nothing saved"
         raise Disrupted(f"stopped by {name} after step {state.step} ({saved})",
                         step=state.step if config.checkpoint_dir else None)
@@ -812,4 +813,7 @@ def _train(
     reporter.emit("done", total_seconds=time.perf_counter() - run_start, steps=state.step)
     if env.world_size > 1:
         dist.barrier()
+        # torn down here, not by the interpreter's exit: a gloo group left to the C++ destructors aborted a finished
+        # rank now and then (SIGABRT, "terminate called without an active exception"), which the Job counts
+        dist.destroy_process_group()
     return summary

@@ -151,3 +151,30 @@ def test_a_lost_peer_is_recognised_by_type_or_by_the_transports_words() -> None:
         assert cli.peer_lost(outer)
     assert not cli.peer_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert not cli.peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+@pytest.mark.parametrize(("raised", "code"), [
+    ("SignalException", DISRUPTION_EXIT_CODE),  # the kubelet's SIGTERM reached the agent
+    ("RendezvousConnectionError", DISRUPTION_EXIT_CODE),  # the node hosting the store is gone
+    ("RendezvousClosedError", 1),  # the rest of the gang closed it: a replacement could never join, so count it
+])
+def test_launcher_maps_agent_outcomes(monkeypatch: pytest.MonkeyPatch, raised: str, code: int) -> None:
+    import signal as signals
+
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous import api
+
+    from workloads.train import launch
+
+    errors = {"SignalException": SignalException("stop", signals.SIGTERM),
+              "RendezvousConnectionError": api.RendezvousConnectionError("store gone"),
+              "RendezvousClosedError": api.RendezvousClosedError()}
+
+    def torchrun(argv: list[str] | None) -> None:
+        raise errors[raised]
+
+    monkeypatch.setattr(torch.distributed.run, "main", torchrun)
+    monkeypatch.delenv("DISRUPTION_EXIT_CODE", raising=False)
+    monkeypatch.delenv("CONFIG_ERROR_EXIT_CODE", raising=False)
+    assert launch.main([]) == code

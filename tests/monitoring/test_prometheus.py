@@ -5,6 +5,7 @@ series, every alert rule passes promtool and parses on the server."""
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,15 @@ pod="{POD['pod']}",container="train"}} 3
 # TYPE kube_pod_status_phase gauge
 kube_pod_status_phase{{namespace="{NAMESPACE}",pod="{POD['pod']}",phase="Pending"}} 0
 kube_pod_status_phase{{namespace="{NAMESPACE}",pod="{POD['pod']}",phase="Running"}} 1
+# a gang pod that failed a minute ago: the restart alert's signal (kube-state-metrics)
+kube_pod_status_phase{{namespace="{NAMESPACE}",pod="run-1-0-x",phase="Failed"}} 1
+# TYPE kube_pod_created gauge
+kube_pod_created{{namespace="{NAMESPACE}",pod="run-1-0-x"}} {int(time.time()) - 60}
+# TYPE kube_pod_owner gauge
+kube_pod_owner{{namespace="{NAMESPACE}",pod="run-1-0-x",owner_kind="Job",owner_name="run-1",\
+owner_is_controller="true"}} 1
+# TYPE kube_job_spec_parallelism gauge
+kube_job_spec_parallelism{{namespace="{NAMESPACE}",job_name="run-1"}} 2
 """
 
 SUBSTITUTIONS = {"$__rate_interval": "1m", "$namespace": NAMESPACE, "$job": ".*"}

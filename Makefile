@@ -123,13 +123,17 @@ bench-gpu: setup ## GPU-busy share of the real loader (NVIDIA GPU)
 # The training image. The tag comes from git: `git describe --tags` without its v (0.1.0 on tag v0.1.0). Tags are
 # immutable in the stack's repository, so `push` refuses a tree with uncommitted changes.
 IMAGE_TAG ?= $(patsubst v%,%,$(shell git describe --tags --always --dirty 2>/dev/null))
+# docker, its buildx plugin and a running engine, each checked with a one-line error that says what to install
+DOCKER_READY = command -v docker >/dev/null || { echo "error: docker: not installed (docker buildx builds the image)"; exit 2; }; \
+	docker buildx version >/dev/null 2>&1 || { echo "error: docker buildx: not installed (the buildx plugin: https://docs.docker.com/build/install-buildx/)"; exit 2; }; \
+	docker info >/dev/null 2>&1 || { echo "error: docker: no engine answers (start Docker, or set DOCKER_HOST)"; exit 2; }
 image: ## build the training image locally as ml-cluster-train:<git tag>
-	@command -v docker >/dev/null || { echo "error: docker: not installed (docker buildx builds the image)"; exit 2; }
+	@$(DOCKER_READY)
 	docker buildx build -f workloads/Dockerfile -t ml-cluster-train:$(IMAGE_TAG) --load .
 
 push: setup-plan ## push the training image to STACK's registry (after make up)
 	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }
-	@command -v docker >/dev/null || { echo "error: docker: not installed (docker buildx builds the image)"; exit 2; }
+	@$(DOCKER_READY)
 	@case "$(IMAGE_TAG)" in *-dirty) echo "error: $(IMAGE_TAG): commit first (tags are immutable)"; exit 2;; esac
 	@repo=$$(pulumi stack output imageRepository --stack $(STACK)) && test -n "$$repo" \
 	  || { echo "error: stack $(STACK): no imageRepository output (run make up first)"; exit 2; }; \

@@ -38,3 +38,18 @@ def test_cloud_targets_without_the_pulumi_cli_print_the_install_hint(target: str
                           capture_output=True, text=True, env={"PATH": NO_PULUMI_PATH, "HOME": "/nonexistent"})
     assert done.returncode == 2
     assert "error: pulumi: not installed (https://www.pulumi.com/docs/install/)" in done.stdout
+
+
+@pytest.mark.parametrize(("fake_docker", "says"), [
+    ('[ "$1" = buildx ] && exit 1; exit 0', "error: docker buildx: not installed (the buildx plugin: "),
+    ('[ "$1" = info ] && exit 1; exit 0', "error: docker: no engine answers (start Docker, or set DOCKER_HOST)"),
+])
+def test_make_image_says_what_is_missing_in_one_line(tmp_path: Path, fake_docker: str, says: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(f"#!/bin/sh\n{fake_docker}\n")
+    docker.chmod(0o755)
+    done = subprocess.run([str(MAKE), "-s", "image"], cwd=ROOT, capture_output=True, text=True,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert done.returncode == 2 and done.stdout.startswith(says), done.stdout + done.stderr

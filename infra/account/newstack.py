@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from infra.config.names import check_stack_name
+from infra.config.nodepools import AutoscalerConfig, DevicePluginConfig
 from infra.config.placeholders import placeholder_problems
 from infra.config.schema import ConfigError, parse_stack_config
 from infra.config.support import EKS_DEFAULT_VERSION
@@ -88,9 +89,13 @@ config:
     - {{name: gpu-a10g, instanceTypes: [g5.xlarge], capacityType: SPOT, minSize: 0, desiredSize: 0, maxSize: 2,
        gpu: true, diskSizeGib: 100}}
   ml-cluster:gpu:
-    devicePlugin: {{chartVersion: 0.18.0}}
+    devicePlugin: {{chartVersion: {DevicePluginConfig().chart_version}}}
     dcgmExporter: {{enabled: false}}
-    autoscaler: {{chartVersion: 9.50.1, scaleDownUnneededTime: 5m}}
+    autoscaler: {{chartVersion: {AutoscalerConfig().chart_version}, scaleDownUnneededTime: 5m}}
+  # Gang admission and team quotas (Kueue) and metrics with alerts and the dashboard are off in a new stack; turn
+  # them on here (docs/architecture.md, Kueue; docs/monitoring.md):
+  #   ml-cluster:kueue: {{enabled: true}}
+  #   ml-cluster:monitoring: {{enabled: true}}
   ml-cluster:storage:
     efs: {{throughputMode: elastic, backup: false}}
     gp3: {{name: gp3, default: true}}

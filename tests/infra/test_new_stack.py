@@ -33,6 +33,13 @@ def test_the_new_stack_file_plans_offline_and_a_real_run_would_accept_it(
     entries = sorted(r["inputs"]["principalArn"] for r in plan["resources"] if r["type"] == "aws:eks/accessEntry:"
                      "AccessEntry")
     assert entries == [ADMIN, f"arn:aws:iam::{ACCOUNT}:role/ml-researchers"]
+    # every chart it pins is one the render check has (the real Helm engine; a stale pin has no package)
+    from scripts.render_charts import check_plan
+
+    charts = Path(__file__).resolve().parents[1] / "charts" / "upstream"
+    lines = check_plan(plan, charts, values["ml-cluster:cluster"]["kubernetesVersion"])
+    assert lines and all(line.startswith("ok: ") for line in lines), lines
+    assert "#   ml-cluster:kueue: {enabled: true}" in path.read_text()  # how to turn the off-by-default parts on
 
 
 @pytest.mark.parametrize(("args", "error"), [

@@ -3,14 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 import sys
 from typing import NoReturn
 
 
+class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
+    """`--help` shows each option's default, unless its help already says it or there is none to show; the
+    description and epilog keep the lines they were written with."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self._has_default(action):  # argparse prints no help line for help-less options
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if self._has_default(action) and "default" not in text.lower():
+            return f"{text} (default: %(default)s)"
+        return action.help
+
+    @staticmethod
+    def _has_default(action: argparse.Action) -> bool:
+        return bool(action.option_strings) and action.nargs != 0 and \
+            action.default not in (None, False, argparse.SUPPRESS)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """Bad arguments are one `error: arguments: <why>` line and exit 2, not argparse's usage block (subcommands
-    too, when created with `parser_class=ArgumentParser`)."""
+    too, when created with `parser_class=ArgumentParser`); `--help` shows the defaults."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", HelpWithDefaults)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
         print(f"error: arguments: {message}", file=sys.stderr)

@@ -16,9 +16,9 @@ import sys
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from workloads.cli import parse_size
+from workloads.cli import HelpWithDefaults, parse_size
 from workloads.data.format import MAX_IMAGE_SIZE
 from workloads.data.metrics import STAGE_METRICS_PORT_ENV, StageMetrics
 from workloads.data.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
@@ -86,6 +86,10 @@ def _seconds(text: str) -> float:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpWithDefaults)  # --help shows the defaults
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         print(f"error: {self.prog}: {message}", file=sys.stderr)
         sys.exit(2)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torch.distributed import DistError
 
-from workloads.cli import parse_size
+from workloads.cli import HelpWithDefaults, parse_size
 from workloads.data.cache import CacheStagerError, CacheTooSmall
 from workloads.data.dataset import DatasetError, DataUnavailableError
 from workloads.data.s3 import DataToolError
@@ -160,7 +160,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         prog="python -m workloads.train",
         description=__doc__,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpWithDefaults,  # the description as written, and every option's default
     )
     parser.add_argument("--data", required=True, help="packed dataset directory or manifest.json, or a JPEG folder")
     parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")

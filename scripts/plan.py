@@ -1,6 +1,6 @@
 """Plan a stack offline: the real program under the Pulumi SDK mock engine, data sources from fixtures.
 
-    python scripts/plan.py --stack NAME [--config FILE] [--json] [--manifests DIR] [--diff OLD.json]
+    python scripts/plan.py --stack NAME [--config FILE] [--json] [--manifests DIR] [--facts FILE] [--diff OLD.json]
                            [--cost [--prices fixture|aws]] [--today YYYY-MM-DD]
 
 --cost prints what the stack costs per hour and month at its pools' min, desired and max sizes, and each Job's
@@ -42,6 +42,7 @@ from infra.plan.view import (  # noqa: E402
     write_manifests,
 )
 from workloads.cli import ArgumentParser  # noqa: E402
+from workloads.data.format import atomic_write_bytes  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -50,6 +51,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", type=Path, help="plan this Pulumi.<stack>.yaml instead of stacks/'s")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON document")
     parser.add_argument("--manifests", type=Path, metavar="DIR", help="write every Kubernetes object as YAML")
+    parser.add_argument("--facts", type=Path, metavar="FILE",
+                        help="write the stack's job facts (ClusterFacts JSON) for rendering Jobs without a cluster")
     parser.add_argument("--diff", type=Path, metavar="OLD.json", help="compare with an earlier --json output")
     parser.add_argument("--cost", action="store_true",
                         help="print the cost estimate (with --diff: the cost diff; with --json: as JSON)")
@@ -98,6 +101,14 @@ def main(argv: list[str]) -> int:
             print(f"error: {exc.filename or args.manifests}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         print(f"wrote {len(written)} manifests to {args.manifests}", file=sys.stderr)
+    if args.facts is not None:
+        try:  # what `pulumi stack output jobFacts` holds after `up`, for `workloads.submit render --facts`
+            atomic_write_bytes(args.facts, (json.dumps(plan["outputs"]["jobFacts"], indent=2) + "\n").encode())
+        except OSError as exc:
+            print(f"error: {exc.filename or args.facts}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        print(f"wrote the stack's job facts to {args.facts} (python -m workloads.submit render SPEC --facts "
+              f"{args.facts})", file=sys.stderr)
     if args.cost:
         try:
             text = cost_text(plan, old_plan, args.prices, args.today, as_json=args.json)

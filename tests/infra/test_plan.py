@@ -308,3 +308,17 @@ def test_a_program_stopped_by_its_config_never_leaves_the_plan_waiting(monkeypat
     worker.join(60)
     assert not worker.is_alive(), "plan_stack still waiting for an Output of a stopped program"
     assert isinstance(outcome[0], ConfigError) and outcome[0].problems == [("stack", "stopped on purpose")]
+
+
+def test_cli_writes_the_job_facts_that_render_jobs_without_a_cluster(tmp_path: Path) -> None:
+    facts = tmp_path / "facts.json"
+    result = run_plan("--stack", "dev", "--facts", str(facts))
+    assert result.returncode == 0, result.stderr
+    assert f"wrote the stack's job facts to {facts}" in result.stderr
+    from workloads.cluster_facts import facts_from_dict
+
+    assert facts_from_dict(json.loads(facts.read_text())).stack == "dev"
+    rendered = subprocess.run([sys.executable, "-m", "workloads.submit", "render",
+                               str(REPO / "workloads" / "jobs" / "resnet50-s3-copy.yaml"), "--facts", str(facts)],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0 and "kind: Job" in rendered.stdout, rendered.stderr

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import sys
-from argparse import ArgumentTypeError
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from infra.plan.view import (  # noqa: E402
     upgrade_problems,
     write_manifests,
 )
-from workloads.cli import ArgumentParser  # noqa: E402
+from workloads.cli import ArgumentParser, parse_day  # noqa: E402
 from workloads.data.format import atomic_write_bytes  # noqa: E402
 
 
@@ -58,7 +57,7 @@ def main(argv: list[str]) -> int:
                         help="print the cost estimate (with --diff: the cost diff; with --json: as JSON)")
     parser.add_argument("--prices", choices=("fixture", "aws"), default="fixture",
                         help="where --cost gets prices: the offline fixture (default) or AWS (credentials needed)")
-    parser.add_argument("--today", type=_day, default=datetime.now(UTC).date(), metavar="YYYY-MM-DD",
+    parser.add_argument("--today", type=parse_day, default=datetime.now(UTC).date(), metavar="YYYY-MM-DD",
                         help="the day the support calendar and the control plane's rate are read for (default: today)")
     args = parser.parse_args(argv)
 
@@ -125,12 +124,6 @@ def main(argv: list[str]) -> int:
         print(summary(plan), end="")
     return 0
 
-
-def _day(text: str) -> date:
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise ArgumentTypeError(f"{text!r} is not a day (YYYY-MM-DD)") from None
 
 
 def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str, today: date,

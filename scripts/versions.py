@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import sys
-from argparse import ArgumentTypeError
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra.config import ConfigError  # noqa: E402
 from infra.config.support import WARN_DAYS, calendar  # noqa: E402
 from infra.plan.engine import STACKS_DIR, FixtureError, plan_stack  # noqa: E402
-from workloads.cli import ArgumentParser  # noqa: E402
+from workloads.cli import ArgumentParser, parse_day  # noqa: E402
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 INDEX_TIMEOUT_S = 30
@@ -121,18 +120,12 @@ def report(plans: list[dict[str, Any]], today: date, online: bool,
     return lines, behind
 
 
-def _day(text: str) -> date:
-    try:
-        return date.fromisoformat(text)
-    except ValueError:
-        raise ArgumentTypeError(f"{text!r} is not a day (YYYY-MM-DD)") from None
-
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(description="Pinned chart and Kubernetes versions against what is current.")
     parser.add_argument("--online", action="store_true", help="read the chart repositories' index.yaml")
     parser.add_argument("--fail-behind", action="store_true", help="exit 1 when something is behind")
-    parser.add_argument("--today", type=_day, default=datetime.now(UTC).date(), metavar="YYYY-MM-DD")
+    parser.add_argument("--today", type=parse_day, default=datetime.now(UTC).date(), metavar="YYYY-MM-DD")
     parser.add_argument("--stacks", help="comma-separated stacks (default: every stacks/Pulumi.<stack>.yaml)")
     args = parser.parse_args(argv)
     stacks = args.stacks.split(",") if args.stacks else sorted(

@@ -6,6 +6,7 @@ import argparse
 import copy
 import re
 import sys
+from datetime import date
 from typing import NoReturn
 
 
@@ -42,6 +43,14 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: arguments: {message}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def parse_day(text: str) -> date:
+    """An argparse type for a calendar day, YYYY-MM-DD."""
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day (YYYY-MM-DD)") from None
 
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)

@@ -17,6 +17,7 @@ from infra.nodes.instances import (
     GIB,
     MIB,
     InstanceShape,
+    NodeAllocatable,
     UnknownInstanceType,
     lookup_instance_shape,
     node_allocatable,
@@ -313,12 +314,7 @@ def plan_instance_pool(
         # preallocated hugepages are not allocatable memory
         quantity_bytes(gpu_cfg.sizing.system_reserved_memory) + (EFA_NODE_HUGEPAGES * 2 * MIB if efa else 0),
     )
-    plan = replace(plan, allocatable_cpu_millicores=allocatable.cpu_millicores,
-                   allocatable_memory_bytes=allocatable.memory_bytes)
-    if not gpus:
-        return plan
-    cpu, memory = per_gpu_size(allocatable, gpus)
-    return _with_sizes(plan, cpu, memory)
+    return _sized(plan, allocatable, gpus)
 
 
 def plan_existing_pool(pool: NodePoolConfig, gpu_cfg: GpuConfig, label_prefix: str) -> PoolPlan:
@@ -353,15 +349,16 @@ def plan_existing_pool(pool: NodePoolConfig, gpu_cfg: GpuConfig, label_prefix: s
         quantity_bytes(gpu_cfg.sizing.system_reserved_memory),
         ec2_memory=False,
     )
+    return _sized(plan, allocatable, gpus)
+
+
+def _sized(plan: PoolPlan, allocatable: NodeAllocatable, gpus: int) -> PoolPlan:
+    """The plan with what a node offers pods and, for GPU pools, the per-GPU "T-shirt" size."""
     plan = replace(plan, allocatable_cpu_millicores=allocatable.cpu_millicores,
                    allocatable_memory_bytes=allocatable.memory_bytes)
     if not gpus:
         return plan
     cpu, memory = per_gpu_size(allocatable, gpus)
-    return _with_sizes(plan, cpu, memory)
-
-
-def _with_sizes(plan: PoolPlan, cpu: int, memory: int) -> PoolPlan:
     return replace(plan, cpu_per_gpu_millicores=cpu, memory_per_gpu_bytes=memory)
 
 

@@ -30,6 +30,10 @@ class AlertThresholds(StrictModel):
     pending_minutes: int = Field(default=15, ge=1, le=1440, description="a Job's pod Pending this long is stuck")
     reservation_end_minutes: int = Field(default=60, ge=1, le=10080,
                                          description="warn this long before a reservation's endTime")
+    restarts_per_hour: int = Field(default=3, ge=1, le=1000,
+                                   description="a Job whose gang restarted more often than this within an hour "
+                                               "alerts (disruptions do not spend backoffLimit, so nothing else stops "
+                                               "a Job churning on flapping nodes or Spot reclaims)")
     # GPU health (infra/monitoring/gpu_alerts.py)
     xid_latch_minutes: int = Field(default=30, ge=5, le=1440,
                                    description="a fatal XID stays alerting this long after DCGM last showed it")

@@ -21,10 +21,6 @@ RULE_GROUP = "ml-cluster-training"
 GPU_HEALTH_GROUP = "ml-cluster-gpu-health"
 # Runbook sections are linked from every GPU-health alert: the repository's docs, unless a stack hands out its own.
 RUNBOOK = "docs/monitoring.md"
-# A Job whose gang restarted more often than this within an hour: disruptions do not spend its backoffLimit, so
-# without this alert a Job on flapping nodes or Spot capacity could churn until its activeDeadlineSeconds.
-RESTARTS_PER_HOUR = 3
-
 
 def gang_restarts_last_hour(namespace: str) -> str:
     """Per Job: its pods that failed and were created within the last hour, over the Job's parallelism (a gang
@@ -127,7 +123,7 @@ def alert_rules(thresholds: AlertThresholds, training_namespace: str) -> list[Al
         AlertRule(
             name="TrainingJobRestarting",
             signal=gang_restarts_last_hour(ns),
-            comparison=f"> {RESTARTS_PER_HOUR}",
+            comparison=f"> {thresholds.restarts_per_hour}",
             for_minutes=0,
             severity="warning",
             summary="Training Job restarting often",

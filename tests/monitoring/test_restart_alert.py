@@ -1,5 +1,6 @@
 """TrainingJobRestarting: gang restarts per hour (failed pods created in the last hour over the Job's parallelism)
-above RESTARTS_PER_HOUR fire; a gang that restarted a few times, or failed pods older than an hour, do not.
+above `alerts.restartsPerHour` fire (the default and a stack's own value); a gang at the limit, or failed pods
+older than an hour, do not.
 Checked with promtool on synthetic kube-state-metrics series."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from infra.config.monitoring import AlertThresholds
-from infra.monitoring.alerts import RESTARTS_PER_HOUR, alert_rules
+from infra.monitoring.alerts import alert_rules
 from tests.monitoring.prom import PROMTOOL
 
 NS = "training"
@@ -31,34 +32,48 @@ def _pod(job: str, pod: str, created_s: int, failed_from_min: int | None) -> lis
     ]
 
 
+def test_the_limit_is_the_alerts_config_key() -> None:
+    thresholds = AlertThresholds.model_validate({"restartsPerHour": 5})
+    [rule] = [r for r in alert_rules(thresholds, NS) if r.name == "TrainingJobRestarting"]
+    assert rule.comparison == "> 5"
+    assert AlertThresholds().restarts_per_hour == 3
+    with pytest.raises(ValueError, match="restartsPerHour"):
+        AlertThresholds.model_validate({"restartsPerHour": 0})
+
+
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not on PATH (make setup puts Debian's in .tools)")
-def test_a_gang_restarting_more_than_the_limit_in_an_hour_fires(tmp_path: Path) -> None:
-    [rule] = [r.to_rule() for r in alert_rules(AlertThresholds(), NS) if r.name == "TrainingJobRestarting"]
+@pytest.mark.parametrize("configured", [None, 1, 5])
+def test_a_gang_restarting_more_than_the_limit_in_an_hour_fires(tmp_path: Path, configured: int | None) -> None:
+    thresholds = (AlertThresholds() if configured is None
+                  else AlertThresholds.model_validate({"restartsPerHour": configured}))
+    limit = thresholds.restarts_per_hour
+    [rule] = [r.to_rule() for r in alert_rules(thresholds, NS) if r.name == "TrainingJobRestarting"]
     (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "t", "rules": [rule]}]}))
     series: list[dict[str, Any]] = []
     for job, parallelism in (("flapping", 2), ("steady", 2)):
         series.append({"series": f'kube_job_spec_parallelism{{namespace="{NS}", job_name="{job}"}}',
                        "values": f"{parallelism}x89"})
-    # flapping: RESTARTS_PER_HOUR + 1 gang restarts (2 failed pods each) within minutes 10-50; steady: 2 restarts
-    for number in range(RESTARTS_PER_HOUR + 1):
-        for index in range(2):
-            series += _pod("flapping", f"flapping-{number}-{index}", 600 + number * 600, 12 + number * 10)
-    for number in range(2):
-        for index in range(2):
-            series += _pod("steady", f"steady-{number}-{index}", 600 + number * 600, 12 + number * 10)
+    # restart n (2 failed pods each) of either Job: pods created at minute 10 + 10n, failed at minute 12 + 10n.
+    # flapping restarts limit + 1 times, steady exactly limit times (at the limit: never fires).
+    for job, restarts in (("flapping", limit + 1), ("steady", limit)):
+        for number in range(restarts):
+            for index in range(2):
+                series += _pod(job, f"{job}-{number}-{index}", 600 + number * 600, 12 + number * 10)
     firing = [{"exp_labels": {"alertname": "TrainingJobRestarting", "severity": "warning", "namespace": NS,
                               "owner_name": "flapping"},
                "exp_annotations": {
                    "summary": rule["annotations"]["summary"],
                    "description": rule["annotations"]["description"]
                    .replace("{{ $labels.namespace }}", NS).replace("{{ $labels.owner_name }}", "flapping")
-                   .replace("{{ $value }}", str(RESTARTS_PER_HOUR + 1))}}]
+                   .replace("{{ $value }}", str(limit + 1))}}]
     unit = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "alert_rule_test": [
-            {"eval_time": "40m", "alertname": "TrainingJobRestarting", "exp_alerts": []},  # 3 restarts: at the limit
-            {"eval_time": "45m", "alertname": "TrainingJobRestarting", "exp_alerts": firing},
-            # an hour after the first pods were created they no longer count: back to 3 of the last hour
+            # after restart number `limit` of flapping: at the limit
+            {"eval_time": f"{10 * limit + 5}m", "alertname": "TrainingJobRestarting", "exp_alerts": []},
+            # after restart limit + 1
+            {"eval_time": f"{10 * limit + 15}m", "alertname": "TrainingJobRestarting", "exp_alerts": firing},
+            # an hour after the first pods were created they no longer count: back to `limit` in the last hour
             {"eval_time": "75m", "alertname": "TrainingJobRestarting", "exp_alerts": []},
         ]}]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(unit, sort_keys=False))

@@ -250,7 +250,7 @@ def test_killed_midway_leaves_the_old_remote_dataset_in_place(signum: int, tmp_p
     (["--upload", "bucket/prefix"], "--upload", "expected an s3://bucket/prefix URI"),
     (["--upload", "s3://"], "--upload", "missing bucket name"),
     (["--upload", "s3://b/p", "--endpoint-url", "notaurl"], "--endpoint-url", "not an http(s) URL"),
-    (["--endpoint-url", "http://127.0.0.1:9"], "--endpoint-url", "only meaningful with --upload"),
+    (["--endpoint-url", "http://127.0.0.1:9"], "--endpoint-url", "only meaningful with an s3:// SRC or --upload"),
     (["--keep-local"], "--keep-local", "only meaningful with --upload"),
 ])
 def test_bad_upload_arguments_are_one_line(flags: list[str], where: str, why: str, tmp_path: Path, aws_env: None,

@@ -25,6 +25,7 @@ from workloads.data.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
 
 if TYPE_CHECKING:
+    from workloads.data.sources import S3Source
     from workloads.data.upload import ShardStream
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
@@ -100,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     cpus = os.cpu_count() or 1
 
-    pack = commands.add_parser("pack", help="image folder -> HDF5 shards + manifest")
-    pack.add_argument("src", type=Path)
+    pack = commands.add_parser("pack", help="image folder (or s3:// prefix, or s3:// CSV/JSONL file list) -> HDF5 "
+                                            "shards + manifest")
+    pack.add_argument("src", help="a local class-folder tree, s3://BUCKET/PREFIX of class folders, or "
+                                  "s3://BUCKET/PATH/LIST.csv|.jsonl of key,label rows")
     pack.add_argument("out", type=Path)
     pack.add_argument("--layout", choices=["decoded", "encoded"], default="decoded")
     pack.add_argument("--size", type=_int_upto(MAX_IMAGE_SIZE), default=256, help="decoded image side in pixels")
@@ -114,7 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--no-shuffle", action="store_true", help="keep the sorted (class, path) order")
     pack.add_argument("--upload", metavar="s3://BUCKET/PREFIX",
                       help="upload each shard as soon as it is written (then delete it locally), the manifest last")
-    pack.add_argument("--endpoint-url", type=_endpoint, help="with --upload: S3-compatible endpoint (COS, MinIO)")
+    pack.add_argument("--endpoint-url", type=_endpoint,
+                      help="with an s3:// SRC or --upload: S3-compatible endpoint (COS, MinIO)")
+    pack.add_argument("--fetch-workers", type=_int_upto(512), default=32,
+                      help="with an s3:// SRC: objects fetched at once")
     pack.add_argument("--keep-local", action="store_true",
                       help="with --upload: keep the shards in OUT too (OUT is then the same as a plain pack)")
 
@@ -162,12 +168,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _pack_source(args: argparse.Namespace) -> Path | S3Source:
+    """pack's SRC: a local folder, or an s3:// source with its own client (the same rules as stage's)."""
+    if not args.src.startswith("s3://"):
+        if args.fetch_workers != 32:
+            raise DataToolError("--fetch-workers", "only meaningful with an s3:// SRC")
+        return Path(args.src)
+    from workloads.data.s3 import make_client
+    from workloads.data.sources import S3Source, SourceOptions
+
+    try:
+        uri = parse_s3_uri(args.src)
+    except DataToolError as exc:
+        raise DataToolError("SRC", f"{exc.why}: {args.src!r}") from None
+    options = SourceOptions(fetch_workers=args.fetch_workers)
+    return S3Source(make_client(args.endpoint_url, max_connections=options.fetch_workers), uri, options)
+
+
 def _shard_stream(args: argparse.Namespace, progress: bool) -> ShardStream | None:
     """pack --upload's uploader (its flags checked here, before anything is read or written); None without it."""
     if args.upload is None:
-        for flag, given in (("--endpoint-url", args.endpoint_url is not None), ("--keep-local", args.keep_local)):
-            if given:
-                raise DataToolError(flag, "only meaningful with --upload")
+        given = (("--endpoint-url", args.endpoint_url is not None and not args.src.startswith("s3://")),
+                 ("--keep-local", args.keep_local))
+        for flag, wrong in given:
+            if wrong:
+                raise DataToolError(flag, "only meaningful with --upload" if flag == "--keep-local"
+                                    else "only meaningful with an s3:// SRC or --upload")
         return None
     try:
         target = parse_s3_uri(args.upload)
@@ -189,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         from workloads.data.pack import REPORT_NAME, PackOptions, pack
 
         stream = _shard_stream(args, progress)
-        result = pack(args.src, args.out, PackOptions(
+        result = pack(_pack_source(args), args.out, PackOptions(
             layout=args.layout, image_size=args.size, shard_bytes=args.shard_size, workers=args.workers,
             strict=args.strict, force=args.force, progress=progress,
             shuffle_seed=None if args.no_shuffle else args.shuffle_seed), stream=stream)

@@ -56,6 +56,7 @@ from workloads.data.s3 import DataToolError, is_runtime_oserror
 from workloads.data.verify import sha256_file
 
 if TYPE_CHECKING:
+    from workloads.data.sources import S3Source
     from workloads.data.upload import ShardStream, StreamResult
 
 REPORT_NAME = "pack-report.json"
@@ -167,6 +168,12 @@ def _decode(task: tuple[str, str, int, Layout, int]) -> _Sample:
             os.close(fd)
     except OSError as exc:
         return _Sample(relpath, label, None, f"unreadable: {exc.strerror}")
+    return decode_image(relpath, label, raw, layout, size)
+
+
+def decode_image(relpath: str, label: int, raw: bytes, layout: Layout, size: int) -> _Sample:
+    """One source file's bytes -> what its shard stores, or the reason it is skipped (whatever the bytes came from:
+    a local file or an object)."""
     if not raw:
         return _Sample(relpath, label, None, "empty file")
     try:
@@ -329,24 +336,37 @@ def _os_error(where: Path, exc: OSError) -> DataToolError:
     return DataToolError(str(where), f"cannot write: {why}", runtime=is_runtime_oserror(exc))
 
 
-def _check_classes(classes: list[str], labels: Iterator[int] | list[int], where: Path) -> None:
+def _where(source: Path | S3Source, relpath: str = "") -> str:
+    """What an error names: the source, or a file in it (a path, or an s3:// URI)."""
+    if isinstance(source, Path):
+        return str(source / relpath) if relpath else str(source)
+    return source.where(relpath) if relpath else str(source)
+
+
+def _check_classes(classes: list[str], labels: Iterator[int] | list[int], source: Path | S3Source) -> None:
     counts = [0] * len(classes)
     for label in labels:
         counts[label] += 1
     empty = [name for name, count in zip(classes, counts, strict=True) if count == 0]
     if empty:
-        raise DataToolError(str(where / empty[0]), f"class folder has no usable images ({len(empty)} such: "
+        raise DataToolError(_where(source, empty[0]), f"class folder has no usable images ({len(empty)} such: "
                                                    f"{', '.join(empty[:5])}); remove it or add images, "
                                                    "since an empty class shifts every label")
 
 
-def pack(source: Path, out: Path, options: PackOptions, stream: ShardStream | None = None) -> PackResult:
-    """Pack SRC into OUT; with `stream`, upload each shard as it closes and publish the dataset remotely too."""
+def pack(source: Path | S3Source, out: Path, options: PackOptions, stream: ShardStream | None = None) -> PackResult:
+    """Pack SRC (a folder, or an s3:// source) into OUT; with `stream`, upload each shard as it closes and publish
+    the dataset remotely too."""
     if options.image_size < 1:
         raise DataToolError("--size", "must be a positive number of pixels")
     if options.shard_bytes < 1:
         raise DataToolError("--shard-size", "must be positive")
-    classes, files = list_images(source)
+    if isinstance(source, Path):
+        classes, files = list_images(source)
+        sizes: dict[str, int] = {}
+    else:
+        listing = source.list_images()
+        classes, files, sizes = listing.classes, list(listing.files), listing.sizes
     _check_classes(classes, [label for _, label in files], source)
     if options.shuffle_seed is not None:
         random.Random(options.shuffle_seed).shuffle(files)
@@ -358,7 +378,9 @@ def pack(source: Path, out: Path, options: PackOptions, stream: ShardStream | No
         try:
             for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
                 stale.unlink()
-            return _pack_locked(source, out, options, classes, files, old_names, stream)
+            samples = _samples(source, files, options) if isinstance(source, Path) \
+                else source.samples(files, options, sizes)
+            return _pack_locked(source, out, options, classes, samples, len(files), old_names, stream)
         finally:
             os.close(lock)
     finally:
@@ -383,8 +405,9 @@ def _manifest_bytes(manifest: Manifest) -> bytes:
     return (json.dumps(manifest.model_dump(), indent=2, sort_keys=True) + "\n").encode()
 
 
-def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[str],
-                 files: list[tuple[str, int]], old_names: set[str], stream: ShardStream | None) -> PackResult:
+def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, classes: list[str],
+                 samples: Iterator[_Sample], total: int, old_names: set[str], stream: ShardStream | None,
+                 ) -> PackResult:
 
     keep_local = stream is None or stream.keep_local
     taken: set[str] = set()
@@ -422,13 +445,13 @@ def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[st
         payloads, labels, pending_bytes = [], [], 0
 
     try:
-        bar = tqdm(total=len(files), unit="img", desc="pack", disable=None if options.progress else True)
+        bar = tqdm(total=total, unit="img", desc="pack", disable=None if options.progress else True)
         with bar:
-            for sample in _samples(source, files, options):
+            for sample in samples:
                 bar.update(1)
                 if sample.payload is None:
                     if options.strict:
-                        raise DataToolError(str(source / sample.relpath), sample.reason)
+                        raise DataToolError(_where(source, sample.relpath), sample.reason)
                     skipped.append({"path": sample.relpath, "reason": sample.reason})
                     continue
                 if payloads and pending_bytes + len(sample.payload) > options.shard_bytes:
@@ -439,7 +462,7 @@ def _pack_locked(source: Path, out: Path, options: PackOptions, classes: list[st
             if payloads:
                 flush()
         if not shards:
-            raise DataToolError(str(source), f"no usable images ({len(skipped)} skipped)")
+            raise DataToolError(_where(source), f"no usable images ({len(skipped)} skipped)")
         _check_classes(classes, all_labels, source)
         if stream is not None:
             stream.finish()  # every shard object confirmed in the bucket, or the upload's error

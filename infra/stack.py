@@ -12,7 +12,12 @@ from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingC
 from infra.config import ConfigError, StackConfig
 from infra.config.deploy import public_access_cidrs
 from infra.config.names import JOBS_NAMESPACE, stack_prefix
-from infra.config.stackcheck import check_stack, job_bucket_names, unpinned_addons_with_minimum
+from infra.config.stackcheck import (
+    check_stack,
+    job_bucket_names,
+    job_object_store_buckets,
+    unpinned_addons_with_minimum,
+)
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
 from infra.monitoring.component import Monitoring, MonitoringArgs
@@ -55,6 +60,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                              namespace=JOBS_NAMESPACE, region=cfg.region,
                              object_store_endpoint=storage_facts.object_store_endpoint,
                              object_store_secret=storage_facts.object_store_secret,
+                             object_store_buckets=job_object_store_buckets(cfg, ctx.stack),
                              volume_claims=storage_facts.volume_claims, image_repository=image_repository,
                              buckets=job_bucket_names(cfg, ctx.stack, account_id), **kueue_facts(cfg.kueue))
     team_namespaces = {team.name: team.namespace for team in cfg.kueue.tenant_teams if team.namespace is not None}

@@ -54,13 +54,18 @@ class ClusterFacts:
     job_service_account: str = "training"  # bound to object-store read access (Pod Identity on EKS)
     object_store_endpoint: str | None = None  # S3-compatible endpoint (COS); None means AWS S3
     object_store_secret: str | None = None  # Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (COS HMAC)
+    # Physical names of the buckets in that store; None: every bucket a Job names is there (a cluster whose only
+    # object store it is, onprem). An EKS stack with COS lists its COS buckets: the others are AWS S3, reached with
+    # the Jobs' role, and a container that talks to them must not get the COS endpoint or keys.
+    object_store_buckets: tuple[str, ...] | None = None
     region: str | None = None
     # PVCs in `namespace` that Jobs may mount (dataset and shared claims); None when unknown (no check).
     volume_claims: tuple[str, ...] | None = None
     # The stack's own image registry (e.g. <account>.dkr.ecr.<region>.amazonaws.com/mlc-dev-train): specs that give
     # an `imageTag` run <image_repository>:<tag>. None when the stack has none.
     image_repository: str | None = None
-    # The stack's buckets by logical name -> physical bucket name: a spec's `bucket: datasets` reads from there.
+    # The stack's buckets (S3 and COS alike) by logical name -> physical bucket name: a spec's `bucket: datasets`
+    # reads from there.
     buckets: dict[str, str] | None = None
     # Kueue: whether the stack runs it, the LocalQueue a Job goes through unless its spec names one, every LocalQueue
     # in `namespace` and the WorkloadPriorityClasses (None: unknown, not checked).
@@ -68,6 +73,12 @@ class ClusterFacts:
     local_queue: str | None = None
     local_queues: tuple[str, ...] | None = None
     workload_priority_classes: tuple[str, ...] | None = None
+
+    def in_object_store(self, bucket: str) -> bool:
+        """Whether a Job reaches physical bucket `bucket` through the S3-compatible store (else AWS S3)."""
+        if self.object_store_endpoint is None:
+            return False
+        return self.object_store_buckets is None or bucket in self.object_store_buckets
 
 
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:

@@ -42,14 +42,45 @@ def _bucket_of(uri: str) -> str:
     return uri.removeprefix("s3://").split("/", 1)[0]
 
 
-def job_bucket_names(cfg: StackConfig, stack: str, account_id: str | None) -> dict[str, str]:
-    """Logical bucket name -> physical bucket name, for the object store the Jobs talk to (COS when the stack has
-    one, else S3): what a spec's `bucket: <name>` resolves to (ClusterFacts.buckets)."""
-    if cfg.storage.cos is not None:
-        return {b.name: b.bucket_name or default_bucket_name(stack, b.name, None) for b in cfg.storage.cos.buckets}
+def _cos_bucket_names(cfg: StackConfig, stack: str) -> dict[str, str]:
+    cos = cfg.storage.cos
+    return {b.name: b.bucket_name or default_bucket_name(stack, b.name, None) for b in (cos.buckets if cos else [])}
+
+
+def _s3_bucket_names(cfg: StackConfig, stack: str, account_id: str | None) -> dict[str, str]:
     if cfg.platform != "eks":
         return {}
     return {b.name: b.bucket_name or default_bucket_name(stack, b.name, account_id) for b in cfg.storage.buckets}
+
+
+def job_bucket_names(cfg: StackConfig, stack: str, account_id: str | None) -> dict[str, str]:
+    """Logical bucket name -> physical bucket name of every bucket the Jobs can address, S3 (EKS) and COS alike:
+    what a spec's `bucket: <name>` resolves to (ClusterFacts.buckets). Logical names are unique across both."""
+    return {**_s3_bucket_names(cfg, stack, account_id), **_cos_bucket_names(cfg, stack)}
+
+
+def job_object_store_buckets(cfg: StackConfig, stack: str) -> tuple[str, ...] | None:
+    """The physical buckets Jobs reach through the COS endpoint (ClusterFacts.object_store_buckets): on EKS the
+    COS buckets (every other bucket is AWS S3); None (every bucket) where COS is the only object store."""
+    if cfg.storage.cos is None or cfg.platform != "eks":
+        return None
+    return tuple(sorted(_cos_bucket_names(cfg, stack).values()))
+
+
+def store_name_problems(cfg: StackConfig, stack: str, account_id: str | None) -> list[tuple[str, str]]:
+    """An S3 and a COS bucket of one name: a Job's s3://<name>/ URI could not say which store it means."""
+    s3_physical = {name: key for key, name in _s3_bucket_names(cfg, stack, account_id).items()}
+    cos_physical = _cos_bucket_names(cfg, stack)
+    problems = []
+    for index, bucket in enumerate(cfg.storage.cos.buckets if cfg.storage.cos else []):
+        name = cos_physical[bucket.name]
+        if name in s3_physical:
+            where = "bucketName" if bucket.bucket_name else "name"
+            problems.append((f"{CONFIG}storage.cos.buckets[{index}].{where}",
+                             f"{name} is also the name of S3 bucket {s3_physical[name]}: a Job's s3://{name}/ URI "
+                             f"would not say which store it means; give COS bucket {bucket.name} another "
+                             "bucketName"))
+    return problems
 
 
 def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> JobBucketAccess:
@@ -57,8 +88,8 @@ def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> J
     on onprem the COS HMAC keys, not a role, decide what a Job can reach)."""
     if cfg.platform != "eks":
         return JobBucketAccess()
-    by_physical = {bucket.bucket_name or default_bucket_name(stack, bucket.name, account_id): bucket.name
-                   for bucket in cfg.storage.buckets}
+    by_physical = {name: key for key, name in _s3_bucket_names(cfg, stack, account_id).items()}
+    in_cos = set(_cos_bucket_names(cfg, stack).values())  # the COS HMAC keys, not the role, reach these
     known = ", ".join(sorted(by_physical)) or "none"
     read: set[str] = set()
     write: set[str] = set()
@@ -77,6 +108,8 @@ def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> J
             uses.append(("checkpoint.uri", spec.checkpoint.uri, "write", write))
         for where, uri, verb, into in uses:
             bucket = _bucket_of(uri)
+            if bucket in in_cos:
+                continue
             if bucket not in by_physical:
                 problems.append((f"{CONFIG}jobs[{index}].{where}",
                                  f"bucket {bucket!r} is not one of this stack's S3 buckets ({known}): the Jobs' "
@@ -219,6 +252,7 @@ def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
     problems += pool_zone_problems(cfg, zones)
     access = job_bucket_access(cfg, stack, account_id)
     problems += access.problems
+    problems += store_name_problems(cfg, stack, account_id)
     problems += team_problems(cfg, JOBS_NAMESPACE)
     problems += addon_default_problems(cfg, addon_defaults or {})
     if problems:

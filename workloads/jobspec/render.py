@@ -89,11 +89,15 @@ METRICS_LABEL = "metrics"
 _TMP_MOUNT = {"name": "tmp", "mountPath": TMP_DIR}
 
 
-def _object_store_env(facts: ClusterFacts) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(env, envFrom) for a container that talks to the object store: region on AWS, HMAC Secret on COS."""
-    env = [{"name": "AWS_REGION", "value": facts.region}] if facts.region else []
-    env_from = [{"secretRef": {"name": facts.object_store_secret}}] if facts.object_store_secret else []
-    return env, env_from
+def _object_store_env(facts: ClusterFacts, uri: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """(env, envFrom, endpoint) for a container that talks to the bucket of `uri`: the region on AWS S3 (the
+    Jobs' role answers); the HMAC Secret and the endpoint on the S3-compatible store. One container talks to one
+    store: the Secret's keys and endpoint would send an S3 request to COS."""
+    bucket = uri.removeprefix("s3://").split("/", 1)[0]
+    if facts.in_object_store(bucket):
+        env_from = [{"secretRef": {"name": facts.object_store_secret}}] if facts.object_store_secret else []
+        return [], env_from, facts.object_store_endpoint
+    return ([{"name": "AWS_REGION", "value": facts.region}] if facts.region else []), [], None
 
 
 def _stage_container(
@@ -120,8 +124,9 @@ def _stage_container(
             "--workers",
             str(dataset.stager_workers),
         ]
-        if facts.object_store_endpoint:
-            command += ["--endpoint-url", facts.object_store_endpoint]
+        env, env_from, endpoint = _object_store_env(facts, dataset.uri)
+        if endpoint:
+            command += ["--endpoint-url", endpoint]
         command += ["--metrics-port", str(STAGE_METRICS_PORT)]
         container["ports"] = [{"name": STAGE_METRICS_PORT_NAME, "containerPort": STAGE_METRICS_PORT,
                                "protocol": "TCP"}]
@@ -130,7 +135,6 @@ def _stage_container(
             # order the trainer plans to read; --linger: serve until the pod stops it (an exiting sidecar restarts).
             command += ["--budget", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB)), "--linger"]
             container["restartPolicy"] = "Always"  # native sidecar: runs beside the trainer, stops after it
-        env, env_from = _object_store_env(facts)
         container["env"] = [_HOME_ENV, _METRICS_ADDR_ENV, *env]
         if env_from:
             container["envFrom"] = env_from
@@ -232,8 +236,7 @@ def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> lis
         env.append({"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
                     "value": str(max(1, spec.grace_seconds() - STOP_MARGIN_S))})
     if spec.checkpoint is not None and spec.checkpoint.uri is not None:
-        store_env, _ = _object_store_env(facts)
-        env += store_env
+        env += _object_store_env(facts, spec.checkpoint.uri)[0]
     return env
 
 
@@ -344,10 +347,10 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
     if args:
         train["args"] = args
     if spec.checkpoint is not None and spec.checkpoint.uri is not None:
-        object_env, object_env_from = _object_store_env(facts)
-        if facts.object_store_endpoint:  # boto3 reads it: the trainer's checkpoint mirror talks to COS
-            object_env.append({"name": "AWS_ENDPOINT_URL_S3", "value": facts.object_store_endpoint})
-        train["env"] = [*train.get("env", []), *(e for e in object_env if e not in train.get("env", []))]
+        object_env, object_env_from, endpoint = _object_store_env(facts, spec.checkpoint.uri)
+        if endpoint:  # boto3 reads it: the trainer's checkpoint mirror talks to COS
+            object_env.append({"name": "AWS_ENDPOINT_URL_S3", "value": endpoint})
+        train["env"] = [*train["env"], *(e for e in object_env if e not in train["env"])]
         if object_env_from:
             train["envFrom"] = object_env_from
     # One metrics port per trainer process (torchrun: one per GPU), named so a PodMonitor can list them.

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup setup-plan plan preflight versions cost test lint lint-workflows scan image push bench bench-peers bench-objectstore \
+.PHONY: help setup setup-plan plan preflight versions cost test test-slow lint lint-workflows scan image push bench bench-peers bench-objectstore \
 	bench-gpu preview up destroy kubeconfig new-stack clean
 
 .DEFAULT_GOAL := help
@@ -68,8 +68,11 @@ versions: setup-plan ## pinned charts and each stack's Kubernetes against upstre
 cost: setup-plan ## STACK's $/hour and $/month from offline prices (PRICES=aws asks AWS)
 	$(BIN)/python scripts/plan.py --stack $(STACK) --cost --prices $(or $(PRICES),fixture)
 
-test: setup ## the whole offline suite
-	PATH="$(CURDIR)/$(PROM_DIR)/usr/bin:$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
+test: setup ## the offline suite, less the long end-to-end cases (make test-slow; CI runs both)
+	PATH="$(CURDIR)/$(PROM_DIR)/usr/bin:$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
+
+test-slow: setup ## the long end-to-end cases: more worlds, start methods and kill points of what make test covers once
+	PATH="$(CURDIR)/$(PROM_DIR)/usr/bin:$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m slow tests
 
 lint: setup ## ruff and mypy
 	$(BIN)/ruff check .

@@ -512,6 +512,7 @@ def test_resume_keeps_verified_shards_in_plan_order_up_to_the_budget(many: Path,
     assert not list(dest.glob(f".*{TEMP_SUFFIX}"))
 
 
+@pytest.mark.slow
 def test_a_stager_killed_mid_fetch_resumes(many: Path, s3_url: str, bucket: str, moto_port: int,
                                            tmp_path: Path) -> None:
     target = _upload(many, s3_url, bucket)

@@ -76,6 +76,7 @@ def test_each_contiguous_run_is_one_read(
     assert contiguous_runs(batch) == [(0, 4, 4), (4, 30, 3), (7, 10, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["decoded", "encoded"])
 def test_batches_identical_across_workers_and_start_methods(tiny_data: dict[str, Path], layout: str) -> None:
     dataset = HDF5Dataset(tiny_data[layout], image_size=IMAGE_SIZE)

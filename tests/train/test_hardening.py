@@ -259,7 +259,11 @@ def test_a_mid_epoch_checkpoint_without_the_loader_position_is_refused(
     assert "--resume" in err and "mid-epoch" in err and "older trainer" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize(("change", "value"), [("--seed", "5"), ("--shuffle-shards", "1"), ("--block-size", "4")])
+@pytest.mark.parametrize(("change", "value"), [
+    ("--seed", "5"),
+    pytest.param("--shuffle-shards", "1", marks=pytest.mark.slow),
+    pytest.param("--block-size", "4", marks=pytest.mark.slow),
+])
 def test_resume_mid_epoch_with_another_order_is_refused(
     tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
     change: str, value: str,
@@ -483,6 +487,7 @@ def test_an_unusable_checkpoint_dir_is_refused_before_training(
 # --- progress -----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_progress_on_a_terminal_and_json_lines_on_stdout(tiny_data: dict[str, Path]) -> None:
     leader, follower = pty.openpty()
     process = subprocess.Popen(

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from tests.jobs.facts import dev_facts
 from workloads.jobspec import TMP_DIR, parse_spec, render_job
 
@@ -47,6 +49,7 @@ runpy.run_module("workloads.train", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 def test_the_trainer_writes_only_where_the_pod_is_writable(tiny_data: dict[str, Path], tmp_path: Path) -> None:
     """The rendered pod's writable places, as stand-ins: /tmp (HOME, TMPDIR), /dev/shm, the checkpoint dir."""
     spec = parse_spec({"name": "resnet", "image": IMAGE, "gpus": 1, "checkpoint": {"claimName": "checkpoints-efs"},

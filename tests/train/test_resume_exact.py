@@ -49,7 +49,7 @@ def _hashes(dataset: HDF5Dataset, sampler: ElasticBatchSampler) -> list[list[str
             for batch in make_loader(dataset, sampler, workers=0)]
 
 
-@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("world", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_killed_mid_epoch_the_rest_is_exactly_what_was_not_seen(
     tiny_data: dict[str, Path], tmp_path: Path, world: int
 ) -> None:

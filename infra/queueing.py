@@ -1,11 +1,15 @@
 """Kueue: gang admission and fair sharing of the GPU pools.
 
 The node pools decide the queues. Every GPU type is a ResourceFlavor (its node label, its pools' taints); the pools
-of no GPU make the `cpu` flavor. The shared ClusterQueue's nominal quota per flavor is what the pools can hold at
-their maximum size (GPUs, CPU, memory, ephemeral storage per node x nodes), less what the teams are guaranteed; each
-team's ClusterQueue holds its guaranteed GPUs of a flavor with CPU, memory and disk per GPU of that flavor, and all of
-them share a cohort, so idle quota is lent and reclaimed by preemption. Nothing in the cohort is counted twice: the
-quotas add up to the pools, and an admitted gang always fits the nodes the autoscaler can bring up.
+of no GPU make the `cpu` flavor. A GPU pool with a capacity reservation (Capacity Block or On-Demand Capacity
+Reservation) is a flavor of its own, `reserved-<pool>`, listed before its type's flavor so Kueue fills the reserved
+GPUs, already paid for, before the autoscaler buys others.
+
+The shared ClusterQueue's nominal quota per flavor is what the pools can hold at their maximum size (GPUs, CPU,
+memory, ephemeral storage per node x nodes), less what the teams are guaranteed; each team's ClusterQueue holds its
+guaranteed GPUs of a flavor with CPU, memory and disk per GPU of that flavor, and all of them share a cohort,
+so idle quota is lent and reclaimed by preemption. Nothing in the cohort is counted twice: the quotas add up to the
+pools, and an admitted gang always fits the nodes the autoscaler can bring up.
 
 Everything here is a pure function of the typed config and the pool plans (manifests as dicts), checked by
 `check_queueing` before any resource is registered; the Queueing component only registers them: the Helm release
@@ -27,7 +31,7 @@ import yaml
 from infra.config.queueing import KueueConfig
 from infra.config.schema import ConfigError
 from infra.context import ClusterInfo, StackContext
-from infra.nodes.poolplan import GPU_TAINT_KEY, PoolPlan
+from infra.nodes.poolplan import CAPACITY_LABEL, GPU_TAINT_KEY, UNRESERVED, PoolPlan
 from workloads.cluster_facts import EFA_RESOURCE
 from workloads.jobspec import KUEUE_QUEUE_LABEL, queue_annotation
 from workloads.quantity import format_bytes, format_millicores, quantity_bytes, quantity_millicores
@@ -41,6 +45,14 @@ GPU = "nvidia.com/gpu"
 RESOURCES = ("cpu", "memory", "ephemeral-storage", GPU)
 KUEUE_EXCLUDED_RESOURCE_PREFIXES = (EFA_RESOURCE, "hugepages-")
 CONFIG_KEY = "ml-cluster:kueue"
+# How a ClusterQueue with reserved flavors walks its flavors (kubernetes-sigs/kueue v0.19.2): in the resource group's
+# order (pkg/scheduler/flavorassigner/flavorassigner.go:1089), skipping a flavor whose nodeLabels contradict the
+# Job's nodeSelector (:1227-1253) or that cannot fit; it stops at the first flavor unless shouldTryNextFlavor
+# (:1259-1275) says go on. whenCanBorrow MayStopSearch: a reserved flavor the queue must borrow (a team's, whose quota
+# of it is 0) is still taken, so idle reserved GPUs are used before on-demand ones are bought; whenCanPreempt
+# TryNextFlavor: a full reservation sends the Job on to the next flavor instead of evicting a running one. Both are the
+# CRD defaults (apis/kueue/v1beta2/clusterqueue_types.go:457-479), stated so a changed default cannot reorder them.
+RESERVED_FIRST = {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"}
 
 Manifest = dict[str, Any]
 
@@ -89,10 +101,13 @@ class Flavor:
     taints: tuple[tuple[str, str, str], ...]  # (key, value, Kubernetes effect) every node of the flavor carries
     capacity: Amounts
     per_gpu: Amounts | None  # CPU, memory, disk of one GPU's share of a node; None for the cpu flavor
+    gpu_type: str | None = None
+    reservation: str | None = None  # the capacity reservation (cr-...) of a reserved pool's flavor
 
 
 def pool_nodes(plan: PoolPlan) -> int:
-    """The most nodes a pool can have: its maxSize, or the existing nodes it names (onprem)."""
+    """The most nodes a pool can have: its maxSize, or the existing nodes it names (onprem). A reserved pool's maxSize
+    is at most its reservation's instanceCount (a config rule), so its quota never exceeds what is reserved."""
     return len(plan.config.existing.nodes) if plan.config.existing is not None else plan.config.max_size
 
 
@@ -107,28 +122,53 @@ def _node_amounts(plan: PoolPlan) -> Amounts:
                    plan.ephemeral_storage_bytes, 0)
 
 
+def reserved_flavor_name(pool: str) -> str:
+    return f"reserved-{pool}"
+
+
+def _flavor(name: str, pools: tuple[PoolPlan, ...], label_prefix: str, gpu_type: str | None,
+            reservation: str | None = None) -> Flavor:
+    capacity = sum((_node_amounts(plan).scaled(pool_nodes(plan)) for plan in pools), Amounts())
+    # A taint only some pools of the flavor carry cannot be promised for all its nodes.
+    taint_sets = [{(t.key, t.value, t.kubernetes_effect) for t in plan.taints} for plan in pools]
+    common = set.intersection(*taint_sets) if taint_sets else set()
+    if gpu_type is None:
+        return Flavor(name, pools, {}, tuple(sorted(common)), capacity, None)
+    common = {t for t in common if t[0] != GPU_TAINT_KEY} | {(GPU_TAINT_KEY, "true", "NoSchedule")}
+    gpus_per_node = min(plan.gpus_per_node for plan in pools)
+    per_gpu = Amounts(min(plan.cpu_per_gpu_millicores or 0 for plan in pools),
+                      min(plan.memory_per_gpu_bytes or 0 for plan in pools),
+                      min(plan.ephemeral_storage_bytes for plan in pools) // gpus_per_node, 1)
+    node_labels = {f"{label_prefix}/gpu-type": gpu_type}
+    capacity_key = f"{label_prefix}/{CAPACITY_LABEL}"
+    if reservation is not None:
+        # Exactly this pool's nodes: a reservation is filled and counted on its own.
+        node_labels[f"{label_prefix}/pool"] = pools[0].name
+    elif any(capacity_key in plan.labels for plan in pools):
+        # The type also has reserved pools: this flavor's Jobs must not land on (and scale up) their nodes.
+        node_labels[capacity_key] = UNRESERVED
+    return Flavor(name, pools, node_labels, tuple(sorted(common)), capacity, per_gpu, gpu_type, reservation)
+
+
 def flavors(plans: Sequence[PoolPlan], label_prefix: str) -> list[Flavor]:
-    """One flavor per GPU type (sorted), then `cpu` for the pools without GPUs (if any)."""
+    """Per GPU type (sorted): a flavor `reserved-<pool>` for each pool with a capacity reservation (in config order),
+    then the type's flavor for its other pools; last `cpu` for the pools without GPUs (if any). A ClusterQueue lists
+    them in this order, which is the order Kueue tries them in: reserved GPUs are filled first."""
     groups: dict[str, list[PoolPlan]] = {}
     for plan in plans:
         groups.setdefault(plan.gpu_type if plan.is_gpu and plan.gpu_type else CPU_FLAVOR, []).append(plan)
     result = []
     for name in sorted(groups, key=lambda flavor: (flavor == CPU_FLAVOR, flavor)):
-        pools = tuple(groups[name])
-        capacity = sum((_node_amounts(plan).scaled(pool_nodes(plan)) for plan in pools), Amounts())
-        # A taint only some pools of the flavor carry cannot be promised for all its nodes.
-        taint_sets = [{(t.key, t.value, t.kubernetes_effect) for t in plan.taints} for plan in pools]
-        common = set.intersection(*taint_sets) if taint_sets else set()
-        if name != CPU_FLAVOR:
-            common = {t for t in common if t[0] != GPU_TAINT_KEY} | {(GPU_TAINT_KEY, "true", "NoSchedule")}
-            gpus_per_node = min(plan.gpus_per_node for plan in pools)
-            per_gpu = Amounts(min(plan.cpu_per_gpu_millicores or 0 for plan in pools),
-                              min(plan.memory_per_gpu_bytes or 0 for plan in pools),
-                              min(plan.ephemeral_storage_bytes for plan in pools) // gpus_per_node, 1)
-            node_labels = {f"{label_prefix}/gpu-type": name}
-        else:
-            per_gpu, node_labels = None, {}
-        result.append(Flavor(name, pools, node_labels, tuple(sorted(common)), capacity, per_gpu))
+        if name == CPU_FLAVOR:
+            result.append(_flavor(name, tuple(groups[name]), label_prefix, None))
+            continue
+        unreserved = tuple(plan for plan in groups[name] if plan.config.capacity_reservation is None)
+        for plan in groups[name]:
+            reservation = plan.config.capacity_reservation
+            if reservation is not None:
+                result.append(_flavor(reserved_flavor_name(plan.name), (plan,), label_prefix, name, reservation.id))
+        if unreserved:
+            result.append(_flavor(name, unreserved, label_prefix, name))
     return result
 
 
@@ -177,7 +217,7 @@ def _flavor_quotas(name: str, quota: Amounts, borrowing: Amounts | None, lending
 
 
 def _cluster_queue(name: str, cfg: KueueConfig, flavor_quotas: list[dict[str, Any]], stack: str, label_prefix: str,
-                   namespace: str, weight: int | None = None) -> Manifest:
+                   namespace: str, weight: int | None = None, reserved: bool = False) -> Manifest:
     spec: dict[str, Any] = {
         # Only the training namespace's LocalQueues may point here.
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
@@ -191,6 +231,8 @@ def _cluster_queue(name: str, cfg: KueueConfig, flavor_quotas: list[dict[str, An
     }
     if cfg.cohort:
         spec["cohortName"] = cfg.cohort
+    if reserved:
+        spec["flavorFungibility"] = dict(RESERVED_FIRST)
     if weight is not None:
         spec["fairSharing"] = {"weight": weight}
     return {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": _metadata(name, stack, label_prefix),
@@ -219,8 +261,10 @@ def queue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str,
         manifests.append({"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass",
                           "metadata": _metadata(priority.name, stack, label_prefix), "value": priority.value,
                           **({"description": priority.description} if priority.description else {})})
+    reserved = any(flavor.reservation is not None for flavor in all_flavors)
     shared = [_flavor_quotas(flavor.name, shared_quota(flavor, cfg), None, None) for flavor in all_flavors]
-    manifests.append(_cluster_queue(cfg.cluster_queue, cfg, shared, stack, label_prefix, namespace))
+    manifests.append(_cluster_queue(cfg.cluster_queue, cfg, shared, stack, label_prefix, namespace,
+                                    reserved=reserved))
     by_name = {flavor.name: flavor for flavor in all_flavors}
     for team in cfg.teams:
         quotas = {quota.flavor: quota for quota in team.quotas}
@@ -240,7 +284,7 @@ def queue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str,
         assert not unknown, "check_queueing lets no unknown flavor through"
         # A tenant team's ClusterQueue takes workloads from its own namespace only.
         manifests.append(_cluster_queue(team.name, cfg, team_flavors, stack, label_prefix,
-                                        team.namespace or namespace, team.fair_sharing_weight))
+                                        team.namespace or namespace, team.fair_sharing_weight, reserved))
     manifests.append(_local_queue(cfg.local_queue, cfg.cluster_queue, namespace, stack, label_prefix))
     for team in cfg.teams:
         manifests.append(_local_queue(team.name, team.name, team.namespace or namespace, stack, label_prefix))
@@ -381,11 +425,13 @@ def team_ceiling(cfg: KueueConfig, team: str, plans: Sequence[PoolPlan], label_p
     return sum((_cohort_max(cfg, team, flavor) for flavor in flavors(plans, label_prefix)), Amounts())
 
 
-def _job_flavor(job: Mapping[str, Any], label_prefix: str, all_flavors: Sequence[Flavor]) -> Flavor | None:
+def _job_flavors(job: Mapping[str, Any], label_prefix: str, all_flavors: Sequence[Flavor]) -> list[Flavor]:
+    """The flavors Kueue may assign a stack Job: those of its GPU type (reserved ones included), or `cpu`."""
     selector = job["spec"]["template"]["spec"].get("nodeSelector") or {}
     gpu_type = selector.get(f"{label_prefix}/gpu-type")
-    wanted = gpu_type if gpu_type else CPU_FLAVOR
-    return next((flavor for flavor in all_flavors if flavor.name == wanted), None)
+    if not gpu_type:
+        return [flavor for flavor in all_flavors if flavor.name == CPU_FLAVOR]
+    return [flavor for flavor in all_flavors if flavor.gpu_type == gpu_type]
 
 
 def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: str,
@@ -406,7 +452,7 @@ def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: st
             flavor = by_name.get(quota.flavor)
             if flavor is None:
                 problems.append((f"{where}.flavor", f"team {team.name}: no node pool provides flavor {quota.flavor} "
-                                                    f"(flavors, one per GPU type of the pools: {known})"))
+                                                    f"(flavors, one per GPU type and per reserved pool: {known})"))
             elif flavor.per_gpu is None:
                 problems.append((f"{where}.flavor", f"team {team.name}: team quotas are GPUs of a GPU type; "
                                                     f"{quota.flavor} has none (CPU Jobs borrow from the cohort)"))
@@ -445,20 +491,24 @@ def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: st
             problems.append((f"{where}.queue", f"requests {', '.join(undeclared)}, which no ClusterQueue covers and "
                                                "Kueue's Configuration does not exclude: Kueue would never admit it"))
             continue
-        flavor = _job_flavor(job, label_prefix, all_flavors)
-        if flavor is None:
+        candidates = _job_flavors(job, label_prefix, all_flavors)
+        if not candidates:
             continue  # the renderer already refused a Job no pool can run
         cluster_queue = cfg.cluster_queue if queue == cfg.local_queue else queue
         [podset] = job_podsets(job)
         needed = podset["requests"].scaled(podset["count"])
-        ceiling = _cohort_max(cfg, cluster_queue, flavor)
-        over = needed.exceeding(ceiling)
-        if over:
+        # A podset is admitted into one flavor: the gang must fit one of them whole.
+        ceilings = [(flavor, _cohort_max(cfg, cluster_queue, flavor)) for flavor in candidates]
+        if all(needed.exceeding(ceiling) for _, ceiling in ceilings):
+            flavor, ceiling = max(ceilings, key=lambda pair: (pair[1].gpus, pair[1].cpu))
+            over = needed.exceeding(ceiling)
             have, want = ceiling.quantities(), needed.quantities()
             detail = ", ".join(f"{name} {want[name]} > {have[name]}" for name in over)
+            others = [f.name for f, _ in ceilings if f is not flavor]
+            also = f", nor from {', '.join(others)} (a gang gets one flavor)" if others else ""
             problems.append((f"{where}.queue" if GPU not in over else f"{where}.gpus",
                              f"the gang ({podset['count']} pod(s)) needs more {flavor.name} quota than ClusterQueue "
-                             f"{cluster_queue} can ever get ({detail}); Kueue would keep it pending forever"))
+                             f"{cluster_queue} can ever get ({detail}){also}; Kueue would keep it pending forever"))
     if problems:
         raise ConfigError(problems)
 

@@ -37,6 +37,11 @@ ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
 # runs, plus 8 pages of headroom. The kubelet reports them as hugepages-2Mi and takes them out of allocatable memory.
 EFA_NODE_HUGEPAGES = 2568
 EFA_LABEL = "efa"  # <prefix>/efa=true on EFA pools: the EFA device plugin's nodeSelector
+# <prefix>/capacity on GPU pools: `reserved` on a pool with a capacityReservation, `unreserved` on the other pools of a
+# GPU type that has one, so Kueue's reserved and unreserved flavors of that type select disjoint nodes (EKS's own
+# eks.amazonaws.com/capacityType says ON_DEMAND for an On-Demand Capacity Reservation's nodes too).
+CAPACITY_LABEL = "capacity"
+RESERVED, UNRESERVED = "reserved", "unreserved"
 ASG_TAG_KEY_MAX = 128
 
 ShapeLookup = Callable[[str], InstanceShape]
@@ -423,7 +428,18 @@ def plan_node_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shap
             plans.append(plan)
     if problems:
         raise ConfigError(problems)
-    return tuple(plans)
+    return _label_capacity(plans, cfg.label_prefix)
+
+
+def _label_capacity(plans: Sequence[PoolPlan], label_prefix: str) -> tuple[PoolPlan, ...]:
+    """<prefix>/capacity on the GPU pools of every GPU type that has a reserved pool (others keep their labels)."""
+    key = f"{label_prefix}/{CAPACITY_LABEL}"
+    reserved_types = {plan.gpu_type for plan in plans if plan.is_gpu and plan.config.capacity_reservation is not None}
+    return tuple(
+        replace(plan, labels={**plan.labels,
+                              key: RESERVED if plan.config.capacity_reservation is not None else UNRESERVED})
+        if plan.is_gpu and plan.gpu_type in reserved_types else plan
+        for plan in plans)
 
 
 def pool_facts(plans: Sequence[PoolPlan]) -> tuple[PoolFacts, ...]:

@@ -181,7 +181,12 @@ def test_every_kind_of_queue_object_the_config_can_produce_is_valid_against_the_
     crds = kueue_crds()
     pools = plan_node_pools(eks_config([{"name": "system", "instanceTypes": ["m6i.large"]},
                                         gpu_pool("gpu-a10g", ["g5.xlarge"], maxSize=8, taints=[
-                                            {"key": "team", "value": "vision", "effect": "NO_SCHEDULE"}])]),
+                                            {"key": "team", "value": "vision", "effect": "NO_SCHEDULE"}]),
+                                        # a reserved pool: its own flavor, and flavorFungibility on every queue
+                                        gpu_pool("a10g-block", ["g5.xlarge"], maxSize=2,
+                                                 capacityType="CAPACITY_BLOCK", capacityReservation={
+                                                     "id": "cr-0123456789abcdef0", "instanceCount": 2,
+                                                     "availabilityZone": "us-west-2a"})]),
                             fixture_lookup)
     config = KueueConfig.model_validate({
         "enabled": True, "fairSharing": True, "queueingStrategy": "StrictFIFO",
@@ -193,6 +198,7 @@ def test_every_kind_of_queue_object_the_config_can_produce_is_valid_against_the_
                   {"name": "nlp", "quotas": [{"flavor": "a10g", "gpus": 2}]}]})
     manifests = queue_manifests(config, pools, "training", "dev", "ml-cluster.io")
     assert {m["kind"] for m in manifests} == {"ResourceFlavor", "WorkloadPriorityClass", "ClusterQueue", "LocalQueue"}
+    assert all("flavorFungibility" in m["spec"] for m in manifests if m["kind"] == "ClusterQueue")
     plan = {"resources": [{"type": f"kubernetes:{m['apiVersion']}:{m['kind']}", "name": m["metadata"]["name"],
                            "inputs": m} for m in manifests]}
     assert render_charts.custom_resource_problems(plan, crds) == (len(manifests), [])

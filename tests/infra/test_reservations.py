@@ -62,6 +62,13 @@ def test_a_capacity_block_and_an_odcr_plan_into_their_reservations(plan_config: 
         "capacityReservationId": ODCR["id"]}}
     assert "instanceMarketOptions" not in odcr
     assert {zones[s] for s in groups["mlc-prod-nodepools-a100-odcr-ng"]["subnetIds"]} == {"us-east-1a"}
+    # Kueue: each reservation a flavor of its own before its GPU type's; the other pools of the type kept apart
+    assert groups["mlc-prod-nodepools-h100-block-ng"]["labels"]["ml-cluster.io/capacity"] == "reserved"
+    assert groups["mlc-prod-nodepools-gpu-h100-ng"]["labels"]["ml-cluster.io/capacity"] == "unreserved"
+    [shared] = [r["inputs"] for r in plan["resources"] if r["name"] == "mlc-prod-kueue-cq-shared"]
+    assert [(f["name"], next(q["nominalQuota"] for q in f["resources"] if q["name"] == "nvidia.com/gpu"))
+            for f in shared["spec"]["resourceGroups"][0]["flavors"]] == [
+        ("reserved-a100-odcr", "32"), ("a100", "64"), ("reserved-h100-block", "16"), ("h100", "128"), ("cpu", "0")]
     open_pool = plan_config("prod", {"ml-cluster:nodePools": prod_values(odcr_pool(
         capacityReservation={**ODCR, "preference": "open"}))["ml-cluster:nodePools"]})
     [spec] = [r["inputs"]["capacityReservationSpecification"] for r in open_pool["resources"]

@@ -188,7 +188,8 @@ def problems(cfg: dict[str, Any], jobs: tuple[dict[str, Any], ...] = ()) -> list
 def test_a_team_quota_naming_a_flavor_no_pool_provides() -> None:
     [(path, why)] = problems({"teams": [{"name": "vision", "quotas": [{"flavor": "h100", "gpus": 1}]}]})
     assert path == "ml-cluster:kueue.teams[0].quotas[0].flavor"
-    assert why == "team vision: no node pool provides flavor h100 (flavors, one per GPU type of the pools: a10g, cpu)"
+    assert why == ("team vision: no node pool provides flavor h100 (flavors, one per GPU type and per reserved pool: "
+                   "a10g, cpu)")
 
 
 def test_teams_guaranteed_more_gpus_than_the_pools_hold() -> None:

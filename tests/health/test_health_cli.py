@@ -1,0 +1,180 @@
+"""The burn-in's container commands end to end against a stand-in for the Node API on 127.0.0.1
+(tests/health/apiserver.py): plan skips a node that passed, report records the verdict the results say."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import workloads.health.__main__ as cli
+from tests.health.apiserver import FakeNodes
+from workloads.health.efa import efa_check, efa_interfaces, provider_listed
+from workloads.health.kube import InCluster
+
+DATA = Path(__file__).parent / "data"
+NODE = "ip-10-0-7-21.ec2.internal"
+
+
+def _node(labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": NODE, "resourceVersion": "100", "labels": {"ml-cluster.io/gpu-type": "h100",
+                                                                            **(labels or {})}},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]}}
+
+
+@pytest.fixture
+def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    with FakeNodes({NODE: _node()}) as fake:
+        (account / "token").write_text(fake.token + "\n")
+        monkeypatch.setattr(cli, "InCluster", lambda: InCluster(host=fake.url, account=account))
+        yield fake
+
+
+def _results(tmp_path: Path, dcgm: str, gpus: int = 8) -> Path:
+    results = tmp_path / "results"
+    results.mkdir()
+    shutil.copy(DATA / dcgm, results / "dcgm.json")
+    (results / "dcgm.rc").write_text("0\n")
+    (results / "gpu.json").write_text(json.dumps({"devices": gpus, "ranks": gpus, "gpus": [
+        {"index": i, "name": "NVIDIA H100 80GB HBM3", "memory_ok": True, "compute_ok": True, "error": None}
+        for i in range(gpus)], "allreduce": {"ok": True, "error": None, "busbw_gbps": 361.5}}))
+    (results / "gpu.rc").write_text("0\n")
+    return results
+
+
+ARGS = ["--node", NODE, "--label-prefix", "ml-cluster.io"]
+
+
+def test_report_labels_a_healthy_node_passed(api: FakeNodes, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    results = _results(tmp_path, "dcgm-r2-pass-p5.json")
+    api.interfere = 1  # another controller writes the node between the reporter's read and its patch
+    assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
+    node = api.nodes[NODE]
+    assert node["metadata"]["labels"]["ml-cluster.io/gpu-health"] == "passed"
+    assert node["metadata"]["labels"]["topology.kubernetes.io/zone"] == "us-east-1a"  # the other write survived
+    assert [method for method, _ in api.requests] == ["GET", "PATCH", "GET", "PATCH"]  # 422, read again
+    assert "labelled ml-cluster.io/gpu-health=passed" in capsys.readouterr().out
+    # The next pod on this node skips every check.
+    assert cli.main(["plan", *ARGS, "--results", str(results)]) == 0
+    assert (results / "skip").exists()
+
+
+def test_report_fails_and_cordons_a_node_with_faulty_memory(api: FakeNodes, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    results = _results(tmp_path, "dcgm-r2-fail-memory.json")
+    assert cli.main(["plan", *ARGS, "--results", str(results)]) == 0
+    assert not (results / "skip").exists()
+    assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
+    node = api.nodes[NODE]
+    assert node["metadata"]["labels"]["ml-cluster.io/gpu-health"] == "failed"
+    assert node["spec"]["unschedulable"] is True
+    assert {"key": "ml-cluster.io/gpu-health", "value": "failed", "effect": "NoSchedule"} in node["spec"]["taints"]
+    assert "Found 4 faulty memory elements on GPU 3" in node["metadata"]["annotations"][
+        "ml-cluster.io/gpu-health-reason"]
+    assert f"{NODE}: failed: dcgm Deployment/software GPU 3" in capsys.readouterr().out
+
+
+def test_report_without_results_fails_the_node(api: FakeNodes, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "dcgm.rc").write_text("124\n")
+    assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
+    reason = api.nodes[NODE]["metadata"]["annotations"]["ml-cluster.io/gpu-health-reason"]
+    assert reason.splitlines() == ["dcgm: the diagnostic left no output (exit 124, timed out)",
+                                   "gpu: the memory/compute check left no result"]
+
+
+def test_a_linked_or_oversized_result_is_refused(api: FakeNodes, tmp_path: Path) -> None:
+    results = _results(tmp_path, "dcgm-r2-pass-p5.json")
+    (results / "gpu.json").unlink()
+    (results / "gpu.json").symlink_to("/etc/hostname")
+    assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
+    assert api.nodes[NODE]["metadata"]["labels"]["ml-cluster.io/gpu-health"] == "failed"
+
+
+def test_bad_arguments_and_api_errors_are_one_line(api: FakeNodes, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["plan", "--node", "../etc", "--label-prefix", "p", "--results", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: arguments: argument --node: '../etc' is not a node name")
+    assert cli.main(["plan", "--node", "gone", "--label-prefix", "p", "--results", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: gone: GET /api/v1/nodes/gone: HTTP 404") and err.count("\n") == 1
+
+
+def test_efa_counts_efa_devices_from_sysfs_links(tmp_path: Path) -> None:
+    sysfs = tmp_path / "infiniband"
+    for index, driver in enumerate(["efa", "efa", "mlx5_core"]):
+        device = tmp_path / "devices" / f"dev{index}"
+        (device / "drivers").mkdir(parents=True)
+        (sysfs / f"rdmap{index}").mkdir(parents=True)
+        (sysfs / f"rdmap{index}" / "device").symlink_to(device)
+        (device / "driver").symlink_to(f"../../bus/pci/drivers/{driver}")
+    assert efa_interfaces(sysfs) == 2
+    assert efa_interfaces(tmp_path / "absent") == 0
+    assert provider_listed("provider: efa\n    fabric: efa\nprovider: efa\n")
+    assert not provider_listed("fi_getinfo: -61 (No data available)\n")
+    assert efa_check(str(tmp_path / "no-fi_info"), sysfs) == {
+        "interfaces": 2, "provider_ok": False,
+        "error": f"{tmp_path / 'no-fi_info'} not found (EFA installer missing from the image)"}
+
+
+def test_the_memory_pattern_catches_a_flipped_bit() -> None:
+    torch = pytest.importorskip("torch")
+    from workloads.health.gpucheck import pattern_mismatches
+
+    block = torch.empty(1 << 16, dtype=torch.int32)
+    assert pattern_mismatches(block, seed=7) == 0
+
+    class Flaky:
+        """Wraps a block whose reads come back with one bit stuck at 1, as a bad HBM cell would."""
+
+        def __init__(self, data: Any) -> None:
+            self.data = data
+            self.device = data.device
+
+        def numel(self) -> int:
+            return int(self.data.numel())
+
+        def copy_(self, source: Any) -> Flaky:
+            self.data.copy_(source)
+            self.data[1000] |= 1 << 5
+            return self
+
+        def bitwise_not_(self) -> Flaky:
+            self.data.bitwise_not_()
+            self.data[1000] |= 1 << 5
+            return self
+
+        def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+            return self.data != other
+
+    assert pattern_mismatches(Flaky(torch.empty(1 << 16, dtype=torch.int32)), seed=7) == 1
+
+
+@pytest.mark.slow
+def test_gpucheck_on_a_machine_without_gpus_reports_instead_of_passing(tmp_path: Path) -> None:
+    """torchrun, two processes, no CUDA: every rank says so, rank 0 writes the summary, the verdict fails."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    from workloads.health.verdict import Evidence, decide, read_gpu_check
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+         "workloads.health.gpucheck", "--out", str(tmp_path), "--timeout", "60"],
+        capture_output=True, text=True, timeout=180, env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    summary = json.loads((tmp_path / "gpu.json").read_text())
+    assert summary["devices"] == 0 and summary["ranks"] == 2
+    assert [gpu["error"] for gpu in summary["gpus"]] == ["no CUDA device 0 (0 visible)", "no CUDA device 1 (0 visible)"]
+    verdict = decide(Evidence(expected_gpus=2, dcgm=None, gpu=read_gpu_check(summary)))
+    assert "gpu: CUDA sees 0 GPUs, the node's type has 2" in verdict.reasons

@@ -1,0 +1,126 @@
+"""Your own PyTorch Lightning module on ml-cluster's data path (`pip install lightning` in your image).
+
+    python examples/train_lightning.py --data /data/my-set --epochs 2
+    python examples/train_lightning.py --data /tmp/my-set --remote s3://my-bucket/my-set --budget 2GiB
+    # in a Job: --data defaults to $DATA_DIR, checkpoints to $CHECKPOINT_DIR (see examples/plain-pytorch-job.yaml)
+
+PackedData already gives each rank its share of every batch (from torchrun's RANK/WORLD_SIZE, which Lightning's
+DDP strategy also sets), so Lightning must not add a DistributedSampler (`use_distributed_sampler=False`), and the
+epoch's batches come from `data.batches(epoch)`, which also tells a staging cache what this node reads next.
+Lightning's checkpoint carries the data position, so a rerun resumes where the last checkpoint was written.
+One JSON line per epoch on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from workloads.cli import parse_size
+from workloads.data.api import LoaderSettings, PackedData, random_resized_crop_flip_normalize
+
+
+class EpochBatches:
+    """The iterable Lightning trains on: each pass is the next epoch of `data.batches`."""
+
+    def __init__(self, data: PackedData, module: L.LightningModule, epochs: int):
+        self.data, self.module, self.epochs = data, module, epochs
+
+    def __len__(self) -> int:
+        return len(self.data.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self.module.current_epoch
+        return self.data.batches(epoch, last_epoch=epoch == self.epochs - 1)
+
+
+class Classifier(L.LightningModule):
+    def __init__(self, data: PackedData, lr: float, crop: int):
+        super().__init__()
+        self.data, self.lr, self.crop = data, lr, crop
+        width = 32
+        self.net = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1, bias=False), nn.BatchNorm2d(2 * width), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, data.num_classes))
+        self.generator: torch.Generator | None = None
+        self.epoch_started, self.samples, self.loss_sum = 0.0, 0, 0.0
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch  # uint8 NHWC, moved to the device by Lightning: a quarter of float32's bytes
+        if self.generator is None:
+            self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(hash((self.current_epoch, self.global_step, self.global_rank)) & 0xFFFF_FFFF)
+        inputs = random_resized_crop_flip_normalize(images, self.crop, generator=self.generator, channels_last=True)
+        loss = nn.functional.cross_entropy(self.net(inputs), labels)
+        self.samples += len(labels)
+        self.loss_sum += loss.item() * len(labels)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, weight_decay=1e-4)
+
+    def on_train_epoch_start(self) -> None:
+        self.epoch_started, self.samples, self.loss_sum = time.perf_counter(), 0, 0.0
+
+    def on_train_epoch_end(self) -> None:
+        if self.global_rank == 0:
+            elapsed = time.perf_counter() - self.epoch_started
+            print(json.dumps({"epoch": self.current_epoch, "samples": self.samples,
+                              "loss": round(self.loss_sum / max(self.samples, 1), 4),
+                              "samples_per_s": round(self.samples / elapsed, 1), "steps": self.global_step}),
+                  flush=True)
+
+    # The data position travels in Lightning's checkpoint.
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["packed_data"] = self.data.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.data.load_state_dict(checkpoint["packed_data"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=os.environ.get("DATA_DIR"), help="packed dataset (default $DATA_DIR)")
+    parser.add_argument("--remote", help="s3://bucket/prefix to stage from while training (default: none)")
+    parser.add_argument("--endpoint-url", help="S3-compatible endpoint (default: AWS)")
+    parser.add_argument("--budget", type=lambda text: parse_size(text, 1 << 20, 1 << 50, ""),
+                        help="with --remote: staging cache budget, e.g. 2GiB (default: a whole copy)")
+    parser.add_argument("--epochs", type=int, default=1, help="(default 1)")
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank (default 64)")
+    parser.add_argument("--workers", type=int, default=4, help="DataLoader workers (default 4)")
+    parser.add_argument("--lr", type=float, default=0.05, help="(default 0.05)")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR"),
+                        help="(default $CHECKPOINT_DIR; none: no checkpoints)")
+    args = parser.parse_args()
+    if not args.data:
+        parser.error("--data: required (or set DATA_DIR)")
+
+    data = PackedData.open(args.data, batch_size=args.batch_size, remote=args.remote, endpoint_url=args.endpoint_url,
+                           budget_bytes=args.budget, min_rank_batch=2)  # 2: BatchNorm cannot train on one sample
+    data.loader(LoaderSettings(workers=args.workers))
+    module = Classifier(data, args.lr, data.image_size)
+    last = Path(args.checkpoint_dir) / "last.ckpt" if args.checkpoint_dir else None
+    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=args.checkpoint_dir, save_last=True,
+                                                     save_top_k=0)] if last else []
+    trainer = L.Trainer(max_epochs=args.epochs, use_distributed_sampler=False, callbacks=callbacks,
+                        enable_checkpointing=bool(last), enable_progress_bar=False, enable_model_summary=False,
+                        logger=False, num_sanity_val_steps=0)
+    with data:
+        trainer.fit(module, train_dataloaders=EpochBatches(data, module, args.epochs),
+                    ckpt_path=str(last) if last is not None and last.exists() else None)
+    if trainer.global_rank == 0 and data.stager_summary:
+        print(json.dumps({"stager": data.stager_summary}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,13 @@ shards come next, so a budget smaller than the dataset still streams), and a Dat
                 ...                                                  # your step
                 state = data.state_dict()                           # the position after the batch just trained
 
+A records dataset (image + caption, token sequences, any typed fields: workloads/data/records.py) reads the same
+way; each batch is then a dict of its fields (or a tuple in the order of `fields`):
+
+    data = PackedData.open("/data/laion-subset", batch_size=256, fields=["image", "caption"])
+    for batch in data.batches(epoch):                               # {"image": uint8 (N, S, S, 3), "caption": [str]}
+        ...
+
 Resume: `data.load_state_dict(state)` before the loop; `data.start_epoch` is then the saved epoch and
 `batches(epoch)` continues after the last batch the state counted. A state is valid for any world size and batch
 size (see workloads/data/sampler.py).
@@ -59,7 +66,8 @@ from workloads.data.cache import (
     read_stager_state,
 )
 from workloads.data.dataset import Batch, DatasetError, DataUnavailableError, HDF5Dataset, make_loader, to_tensors
-from workloads.data.format import MANIFEST_NAME
+from workloads.data.format import MANIFEST_NAME, load_manifest
+from workloads.data.records_dataset import RecordsDataset, pad_sequences, records_to_tensors
 from workloads.data.sampler import ElasticBatchSampler
 from workloads.data.statefile import StateFileError
 from workloads.data.transforms import random_resized_crop_flip_normalize
@@ -71,10 +79,12 @@ __all__ = [
     "LoaderSettings",
     "PackedData",
     "Placement",
+    "RecordsDataset",
     "iter_batches",
     "make_feeder",
     "make_sampler",
     "open_dataset",
+    "pad_sequences",
     "random_resized_crop_flip_normalize",
     "wait_for_manifest",
 ]
@@ -176,18 +186,35 @@ def wait_for_manifest(root: str | os.PathLike[str], timeout_s: float,
 def open_dataset(root: str | os.PathLike[str], *, image_size: int | None = None,
                  shard_wait_s: float = SHARD_WAIT_S, stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
                  decode_cache: str | os.PathLike[str] | None = None,
-                 decode_cache_bytes: int | None = None) -> HDF5Dataset:
+                 decode_cache_bytes: int | None = None, fields: Sequence[str] | None = None,
+                 as_tuple: bool = False) -> HDF5Dataset:
     """The reader of a packed dataset (ROOT holds manifest.json): a local pack, a staged copy, or a directory a
     staging cache fills (detected by ROOT/.cache/: each read then waits for its shard, up to `shard_wait_s`).
 
-    image_size: the encoded layout's decode size (the decoded layout holds one size; asking another is an error).
-    decode_cache / decode_cache_bytes: encoded layout only: keep decoded samples there for the next epochs."""
-    dataset = HDF5Dataset(root, image_size=image_size, draft=True, decode_cache=decode_cache,
-                          decode_cache_bytes=decode_cache_bytes, shard_wait_s=shard_wait_s,
-                          stager_timeout_s=stager_timeout_s)
+    An image-folder pack gives an HDF5Dataset ((images, labels) batches); a records dataset a RecordsDataset (a dict
+    of the fields per batch, or with `as_tuple` a tuple in the order of `fields`; see records_dataset.py).
+    image_size: the decode size of encoded images (the decoded layout holds one size; asking another is an error).
+    decode_cache / decode_cache_bytes: encoded images only: keep decoded samples there for the next epochs.
+    fields: a records dataset's fields to read (default all, in manifest order)."""
+    manifest_path = Path(root) if Path(root).name == MANIFEST_NAME else Path(root) / MANIFEST_NAME
+    try:
+        records = load_manifest(manifest_path).layout == "records"
+    except (OSError, ValueError):
+        records = False  # HDF5Dataset reports what is wrong with the manifest, as one line
+    if records:
+        dataset: HDF5Dataset = RecordsDataset(root, fields=fields, as_tuple=as_tuple, image_size=image_size,
+                                              draft=True, decode_cache=decode_cache,
+                                              decode_cache_bytes=decode_cache_bytes, shard_wait_s=shard_wait_s,
+                                              stager_timeout_s=stager_timeout_s)
+    elif fields is not None or as_tuple:
+        raise ValueError(f"fields, as_tuple: {root} is an image-folder pack (images, labels), not a records dataset")
+    else:
+        dataset = HDF5Dataset(root, image_size=image_size, draft=True, decode_cache=decode_cache,
+                              decode_cache_bytes=decode_cache_bytes, shard_wait_s=shard_wait_s,
+                              stager_timeout_s=stager_timeout_s)
     if len(dataset) == 0:
         raise DatasetError(f"{dataset.root}: the manifest lists no samples")
-    if not dataset.classes:
+    if not dataset.classes and not records:
         raise DatasetError(f"{dataset.root / MANIFEST_NAME}: the manifest lists no classes")
     return dataset
 
@@ -289,6 +316,8 @@ class PackedData:
         stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
         decode_cache: str | os.PathLike[str] | None = None,
         decode_cache_bytes: int | None = None,
+        fields: Sequence[str] | None = None,
+        as_tuple: bool = False,
     ) -> PackedData:
         """Open the packed dataset in PATH.
 
@@ -301,7 +330,8 @@ class PackedData:
 
         wait_for_data_s: how long to wait for PATH/manifest.json (default: 600 s with remote, 1800 s when PATH holds
         a staging sidecar's .cache/ or is the Job's DATA_DIR with DATA_STAGING=cache, else no wait).
-        min_rank_batch: the smallest batch a rank may get at an epoch's tail (2 when the model has BatchNorm). The
+        min_rank_batch: the smallest batch a rank may get at an epoch's tail (2 when the model has BatchNorm).
+        fields, as_tuple: a records dataset's fields to read, and a tuple in that order instead of a dict. The
         other arguments are open_dataset's and make_sampler's.
         """
         placement = placement or Placement.from_env()
@@ -327,7 +357,7 @@ class PackedData:
                                            + _stager_tail(stager))
             dataset = open_dataset(root, image_size=image_size, shard_wait_s=shard_wait_s,
                                    stager_timeout_s=stager_timeout_s, decode_cache=decode_cache,
-                                   decode_cache_bytes=decode_cache_bytes)
+                                   decode_cache_bytes=decode_cache_bytes, fields=fields, as_tuple=as_tuple)
             sampler = make_sampler(dataset.shard_sizes, batch_size, placement, seed=seed, shuffle=shuffle,
                                    shuffle_shards=shuffle_shards, block_size=block_size,
                                    canonical_nodes=canonical_nodes, min_rank_batch=min_rank_batch)
@@ -373,7 +403,9 @@ class PackedData:
         if transport == "auto":
             from workloads.train.shm import plan_shared_memory, shm_available_bytes
 
-            batch_bytes = self.sampler.batch_size * self.image_size * self.image_size * 3
+            sample_bytes = (self.dataset.sample_bytes() if isinstance(self.dataset, RecordsDataset)
+                            else self.image_size * self.image_size * 3)
+            batch_bytes = self.sampler.batch_size * sample_bytes
             plan = plan_shared_memory(batch_bytes, settings.workers, settings.prefetch_factor, shm_available_bytes())
             if plan.transport == "pipe":
                 print(f"warning: {plan.message}", file=sys.stderr)
@@ -387,9 +419,10 @@ class PackedData:
         return self._loader
 
     def batches(self, epoch: int, *, last_epoch: bool = False) -> Iterator[Batch]:
-        """This rank's batches of `epoch`: (images uint8 (N, S, S, 3), labels int64 (N,)) tensors, from the epoch's
-        start or, after load_state_dict for this epoch, from the saved position. last_epoch: no epoch follows (the
-        stager fetches nothing for one)."""
+        """This rank's batches of `epoch`: (images uint8 (N, S, S, 3), labels int64 (N,)) tensors (a records
+        dataset: a dict, or tuple, of its fields; see records_dataset.py), from the epoch's start or, after
+        load_state_dict for this epoch, from the saved position. last_epoch: no epoch follows (the stager fetches
+        nothing for one)."""
         if self._closed:
             raise ValueError("batches: this PackedData is closed")
         if not (self._positioned and epoch == self.sampler.epoch):
@@ -409,7 +442,7 @@ class PackedData:
             except StopIteration:
                 return
             self._done += 1
-            yield to_tensors(batch)
+            yield records_to_tensors(batch) if isinstance(self.dataset, RecordsDataset) else to_tensors(batch)
 
     # -- resume ---------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -127,6 +127,8 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
     (workloads/data/decode_cache.py).
     """
 
+    reads_records = False  # the subclass for layout records (records_dataset.py) says True
+
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -152,6 +154,12 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         except OSError as exc:
             raise DatasetError(f"{self.root / MANIFEST_NAME}: cannot read: {exc.strerror or exc}") from exc
         self.layout = self.manifest.layout
+        if (self.layout == "records") != self.reads_records:
+            names = ", ".join(spec.name for spec in self.manifest.fields or [])
+            raise DatasetError(f"{self.root / MANIFEST_NAME}: a records dataset (fields {names}): read it with "
+                               "open_dataset or RecordsDataset" if self.layout == "records" else
+                               f"{self.root / MANIFEST_NAME}: layout {self.layout}, not a records dataset: read it "
+                               "with open_dataset or HDF5Dataset")
         if self.layout == "decoded":
             stored = self.manifest.image_size
             if image_size is not None and image_size != stored:
@@ -174,17 +182,23 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
         self._open: dict[int, _OpenShard] = {}
         self._rows: dict[int, ShardRows | None] = {}
 
+    def _cache_ids(self) -> list[str]:
+        """What the decode cache keeps rows of, one id per stored image column of a shard: the shard's sha256 (an
+        encoded shard has one image column; decoded shards are read as stored: nothing to keep)."""
+        return [shard.sha256 for shard in self.manifest.shards] if self.layout == "encoded" else []
+
     def _decode_cache(self, directory: str | os.PathLike[str] | None, budget: int | None) -> DecodeCache | None:
         if directory is None:
             return None
-        if self.layout != "encoded":
-            return None  # decoded shards are read as stored: nothing to keep
+        ids = self._cache_ids()
+        if not ids:
+            return None
         if budget is None or budget <= 0:
             raise DatasetError(f"{directory}: a decode cache needs a budget in bytes (decode_cache_bytes)")
         decoder = "simplejpeg" if self.fast_decode and fast_decoder_available() else "pil"
         cache = DecodeCache(directory, budget, DecodeKey(self.image_size, self.draft, decoder))
         try:
-            cache.prepare([shard.sha256 for shard in self.manifest.shards])
+            cache.prepare(ids)
         except OSError as exc:
             raise DatasetError(f"{directory}: cannot use as the decode cache: {exc.strerror or exc}") from exc
         return cache

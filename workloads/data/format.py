@@ -15,7 +15,10 @@ Shard datasets (all contiguous: no chunking, no compression, so a run of samples
     layout "encoded":  data    uint8 (total_bytes,) original file bytes back to back
                        offsets int64 (n + 1,)       sample i is data[offsets[i]:offsets[i + 1]]; offsets[0] == 0
                        labels  int64 (n,)
-Shard attributes: format = FORMAT_NAME, format_version = FORMAT_VERSION, layout.
+    layout "records": /fields/<name>/... per declared field, column-wise (format version 2; see records.py)
+Shard attributes: format = FORMAT_NAME, format_version (1 for decoded/encoded, 2 for records), layout.
+Version 1 manifests (image folders: decoded/encoded) are written and read as before and carry no `fields`; a version
+2 manifest (layout records) declares its fields; a version this code does not know is refused, never guessed at.
 Global sample order: shards in manifest order, samples in file order. Pack sorts by (class, relative path), then
 applies the seeded permutation recorded as `shuffle_seed` (None: sorted order), so shards mix all classes.
 
@@ -35,7 +38,17 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from workloads.data.records import RECORDS_VERSION, FieldSpec, check_fields
 
 FORMAT_NAME: Literal["ml-cluster-hdf5"] = "ml-cluster-hdf5"
 FORMAT_VERSION = 1
@@ -46,7 +59,8 @@ PLAN_STATE = "plan.json"
 HEARTBEAT = "stager.heartbeat"  # touched every second by a serving stager (its mtime is the heartbeat)
 MANIFEST_MAX_BYTES = 1 << 30  # a manifest of a million shards is ~250 MB; a larger "manifest" is not one
 
-Layout = Literal["decoded", "encoded"]
+Layout = Literal["decoded", "encoded", "records"]
+KNOWN_VERSIONS = (FORMAT_VERSION, RECORDS_VERSION)
 MAX_IMAGE_SIZE = 8192  # decoded side in pixels: 8192 x 8192 x 3 is 192 MiB per sample already
 
 # A manifest is untrusted input (it may come from a bucket anyone could write): every name it gives must be a plain
@@ -87,18 +101,43 @@ class Manifest(BaseModel):
     layout: Layout
     image_size: int | None = Field(default=None, ge=1, le=MAX_IMAGE_SIZE,
                                    description="S for layout decoded (images are S x S x 3)")
-    classes: list[str]
+    classes: list[str] = Field(description="class names (an image folder's sub-folders); a records dataset may "
+                                            "leave it empty")
+    fields: list[FieldSpec] | None = Field(default=None, description="layout records: the declared fields, in "
+                                                                     "order (absent in version 1)")
     num_samples: int = Field(ge=0)
     shards: list[ShardInfo]
     skipped: int = Field(default=0, ge=0, description="source files left out (see the pack report)")
     shuffle_seed: int | None = Field(default=None, description="seed of the sample permutation; None: sorted")
 
+    @model_serializer(mode="wrap")
+    def _without_absent_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        # A version-1 manifest is written exactly as before (no "fields" key), so older readers, which forbid
+        # unknown keys, still read the image-folder datasets this code packs.
+        data: dict[str, object] = handler(self)
+        if data.get("fields") is None:
+            data.pop("fields", None)
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
+        if self.version not in KNOWN_VERSIONS:
+            raise ValueError(f"version: {self.version} is not a format version this tool reads "
+                             f"({', '.join(map(str, KNOWN_VERSIONS))}); a newer tool wrote it")
+        records = self.layout == "records"
+        if records != (self.version == RECORDS_VERSION):
+            raise ValueError(f"version: layout {self.layout} is format version "
+                             f"{RECORDS_VERSION if records else FORMAT_VERSION}, not {self.version}")
+        if records:
+            if self.fields is None:
+                raise ValueError("fields: a records dataset declares its fields")
+            check_fields(self.fields)
+        elif self.fields is not None:
+            raise ValueError(f"fields: only a records dataset declares fields, not layout {self.layout}")
         names = [shard.path for shard in self.shards]
         if len(set(names)) != len(names):
             raise ValueError("shards: the same path is named twice")
-        if self.num_samples and not self.classes:
+        if self.num_samples and not self.classes and not records:
             raise ValueError("classes: empty, but the dataset holds samples")
         held = 0
         for number, shard in enumerate(self.shards):

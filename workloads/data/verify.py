@@ -1,4 +1,5 @@
-"""Check a packed dataset directory against its manifest: sizes, sha256, HDF5 structure and sample counts."""
+"""Check a packed dataset directory against its manifest: sizes, sha256, HDF5 structure and sample counts (and for a
+records dataset every declared field's column, its text UTF-8)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from workloads.data.format import (
     manifest_error,
     sha256_file,
 )
+from workloads.data.records import check_column, decode_text
 from workloads.data.s3 import DataToolError
 from workloads.data.statefile import StateFileError
 
@@ -64,6 +66,9 @@ def verify_shard(path: Path, shard: ShardInfo, manifest: Manifest) -> None:
         with h5py.File(path, "r") as handle:
             if handle.attrs.get("format") != FORMAT_NAME or handle.attrs.get("layout") != manifest.layout:
                 raise VerifyError(str(path), "HDF5 attributes do not match the manifest's format and layout")
+            if manifest.layout == "records":
+                _verify_records(handle, shard, manifest, path)
+                return
             labels = handle["labels"][...]
             if manifest.layout == "decoded":
                 size_px = manifest.image_size
@@ -82,6 +87,23 @@ def verify_shard(path: Path, shard: ShardInfo, manifest: Manifest) -> None:
         raise VerifyError(str(path), f"{len(labels)} samples, manifest says {shard.num_samples}")
     if len(labels) and (labels.min() < 0 or labels.max() >= len(manifest.classes)):
         raise VerifyError(str(path), f"labels outside 0..{len(manifest.classes) - 1}")
+
+
+def _verify_records(handle: h5py.File, shard: ShardInfo, manifest: Manifest, path: Path) -> None:
+    """Every declared field's column (records.check_column); every text sample is UTF-8."""
+    for spec in manifest.fields or []:
+        try:
+            column = check_column(handle, spec, shard.num_samples, str(path))
+        except ValueError as exc:
+            raise VerifyError(str(path), str(exc).removeprefix(f"{path}: ")) from None
+        if spec.type == "text" and column.offsets is not None:
+            data = handle[f"fields/{spec.name}/data"][...].tobytes()
+            for index in range(shard.num_samples):
+                try:
+                    decode_text(data[column.offsets[index]:column.offsets[index + 1]], f"field {spec.name}, sample "
+                                                                                       f"{index}")
+                except ValueError as exc:
+                    raise VerifyError(str(path), str(exc)) from None
 
 
 def verify(directory: Path) -> Manifest:

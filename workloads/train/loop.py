@@ -48,6 +48,7 @@ from workloads.data.dataset import (
     to_tensors,
 )
 from workloads.data.format import MANIFEST_NAME
+from workloads.data.records_dataset import RecordsDataset
 from workloads.data.sampler import ElasticBatchSampler
 from workloads.data.transforms import random_resized_crop_flip_normalize
 from workloads.train.checkpoint import (
@@ -256,9 +257,15 @@ def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
             raise DataUnavailableError(f"{manifest}: did not appear within {config.wait_for_data_s:g}s "
                                        "(--wait-for-data); is the staging sidecar running?")
     if os.path.lexists(manifest):
-        return open_packed(path, image_size=config.image_size, shard_wait_s=config.shard_wait_s,
-                           stager_timeout_s=config.stager_timeout_s, decode_cache=config.decode_cache,
-                           decode_cache_bytes=config.decode_cache_bytes)
+        dataset = open_packed(path, image_size=config.image_size, shard_wait_s=config.shard_wait_s,
+                              stager_timeout_s=config.stager_timeout_s, decode_cache=config.decode_cache,
+                              decode_cache_bytes=config.decode_cache_bytes)
+        if isinstance(dataset, RecordsDataset):
+            dataset.close()
+            raise DatasetError(f"{manifest}: a records dataset (fields {', '.join(dataset.field_names)}); the bundled "
+                               "trainer trains image classification on image-folder packs: train it with your own "
+                               "script through workloads.data.api (see examples/)")
+        return dataset
     if path.is_dir():
         return JpegFolderDataset(path, image_size=config.image_size or 256)
     if not path.exists():

@@ -1,0 +1,255 @@
+"""Pack typed records (records.py) into HDF5 shards + a version-2 manifest, with pack's guarantees.
+
+pack_records takes any iterable of (key, record) from Python: every declared field of every record, checked.
+
+Same guarantees as the image-folder pack (pack.py, whose output handling this reuses): shards are written to hidden
+temporary files and renamed into place only when all are complete, the manifest last, so an interrupted pack leaves
+nothing that looks like a dataset; one pack at a time per OUT; an old dataset in OUT is replaced only with --force,
+and only its own shards are deleted. Every input left out is counted in the manifest (`skipped`) and named with its
+reason in OUT/pack-report.json (--strict: the first one is the error instead). Same input -> same shards.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+from tqdm import tqdm
+
+from workloads.data import TOOL_VERSION
+from workloads.data.format import (
+    FORMAT_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    atomic_write_bytes,
+    fsync_dir,
+    shard_name,
+    write_manifest,
+)
+from workloads.data.jpeg import decodes_strictly
+from workloads.data.pack import (
+    REPORT_NAME,
+    TEMP_SUFFIX,
+    _free_name,
+    _lock_output,
+    _os_error,
+    _prepare_output,
+    _to_rgb,
+)
+from workloads.data.records import (
+    RECORDS_VERSION,
+    FieldSpec,
+    RecordError,
+    check_fields,
+    encode_record,
+)
+from workloads.data.s3 import DataToolError
+from workloads.data.verify import sha256_file
+
+CAPTIONS_MAX_BYTES = 4 << 30  # a caption table larger than this is read in slices by a source, not here
+TOKEN_SUFFIX = ".npy"
+
+
+@dataclass(frozen=True)
+class RecordPackOptions:
+    shard_bytes: int = 1 << 30
+    workers: int = max(1, (os.cpu_count() or 1))  # image decoding processes (pack_captions)
+    strict: bool = False
+    force: bool = False
+    progress: bool = True
+    # pack_captions and pack_tokens: the samples in a seeded permutation of the input order (None: input order)
+    shuffle_seed: int | None = 0
+
+
+@dataclass
+class RecordPackResult:
+    manifest: Manifest
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)  # what the source adds (pack_tokens: the dropped tail)
+
+
+# A source yields (key, record, reason): the record when it is usable, else None and why not.
+Item = tuple[str, Mapping[str, Any] | None, str]
+
+
+def normalize_image(raw: bytes) -> bytes:
+    """Image bytes as an image field stores them: an RGB JPEG whose stored orientation is upright stays as it is
+    (when it decodes strictly); anything else Pillow opens is converted as the image-folder pack converts it (pack's
+    _to_rgb: transparency onto white, 16-bit scaled, EXIF applied) and re-encoded as JPEG quality 95. RecordError
+    otherwise."""
+    if not raw:
+        raise RecordError("empty image")
+    try:
+        with Image.open(io.BytesIO(raw)) as image:
+            if image.format == "JPEG" and image.mode == "RGB" and image.getexif().get(0x0112, 1) == 1 \
+                    and decodes_strictly(raw):
+                return raw
+            image.load()
+            buffer = io.BytesIO()
+            _to_rgb(image).save(buffer, format="JPEG", quality=95, subsampling=0)
+            return buffer.getvalue()
+    except Image.DecompressionBombError:
+        raise RecordError("image too large (decompression bomb guard)") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        if isinstance(exc, UnidentifiedImageError):
+            raise RecordError("not an image (unrecognised format)") from None
+        raise RecordError(f"corrupt image: {exc}") from None
+
+
+def _write_shard(path: Path, fields: Sequence[FieldSpec], columns: list[list[Any]]) -> None:
+    count = len(columns[0])
+    with h5py.File(path, "w", libver=("v110", "v110"), track_order=False) as handle:
+        handle.attrs["format"] = FORMAT_NAME
+        handle.attrs["format_version"] = RECORDS_VERSION
+        handle.attrs["layout"] = "records"
+        group = handle.create_group("fields", track_order=False)
+        for spec, values in zip(fields, columns, strict=True):
+            column = group.create_group(spec.name, track_order=False)
+            dtype = spec.numpy_dtype
+            if spec.fixed:
+                stacked = np.stack(values) if values else np.empty((0, *spec.sample_shape), dtype=dtype)
+                column.create_dataset("values", data=stacked.astype(dtype, copy=False), track_times=False)
+                continue
+            arrays = [np.frombuffer(v, dtype=np.uint8) if isinstance(v, bytes) else v for v in values]
+            offsets = np.zeros(count + 1, dtype=np.int64)
+            np.cumsum([len(a) for a in arrays], out=offsets[1:])
+            data = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype=dtype)
+            column.create_dataset("data", data=data, track_times=False)
+            column.create_dataset("offsets", data=offsets, track_times=False)
+    with open(path, "rb+") as written:
+        os.fsync(written.fileno())
+
+
+def _value_bytes(value: bytes | np.ndarray) -> int:
+    return len(value) if isinstance(value, bytes) else int(value.nbytes)
+
+
+def pack_records(items: Iterable[Item], fields: Sequence[FieldSpec], out: Path, options: RecordPackOptions, *,
+                 classes: Sequence[str] = (), source: str = "records", total: int | None = None,
+                 report: Mapping[str, Any] | None = None, images_normalized: bool = False) -> RecordPackResult:
+    """Write every usable record of `items` (in order) into OUT as a records dataset; `source` names the input in
+    errors, `report` is added to the pack report. Image fields go through normalize_image unless the source did
+    that already (`images_normalized`)."""
+    if options.shard_bytes < 1:
+        raise DataToolError("--shard-size", "must be positive")
+    try:
+        fields = check_fields(fields)
+    except ValueError as exc:
+        raise DataToolError(source, str(exc)) from None
+    old_names = _prepare_output(out, options.force)
+    lock = _lock_output(out)
+    try:
+        for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):
+            stale.unlink()
+        images = [] if images_normalized else [spec.name for spec in fields if spec.type == "image"]
+        return _pack_locked(_with_images(items, images), fields, out, options, list(classes), source, total,
+                            dict(report or {}), old_names)
+    finally:
+        os.close(lock)
+
+
+def _with_images(items: Iterable[Item], images: list[str]) -> Iterator[Item]:
+    """Items whose image fields hold normalize_image's bytes; a record whose image does not convert is left out."""
+    for key, record, reason in items:
+        if record is None or not images:
+            yield key, record, reason
+            continue
+        converted = dict(record)
+        try:
+            for name in images:
+                if isinstance(record.get(name), bytes):  # anything else is named by encode_value
+                    converted[name] = normalize_image(record[name])
+        except RecordError as exc:
+            yield key, None, f"{name}: {exc}"
+            continue
+        yield key, converted, ""
+
+
+def _pack_locked(items: Iterable[Item], fields: list[FieldSpec], out: Path, options: RecordPackOptions,
+                 classes: list[str], source: str, total: int | None, report: dict[str, Any],
+                 old_names: set[str]) -> RecordPackResult:
+    taken: set[str] = set()
+    shards: list[ShardInfo] = []
+    temp_paths: list[Path] = []
+    published: list[Path] = []
+    skipped: list[dict[str, str]] = []
+    columns: list[list[Any]] = [[] for _ in fields]
+    pending = 0
+    first_index = 0
+
+    def flush() -> None:
+        nonlocal columns, pending, first_index
+        index = len(shards)
+        temp = out / f".{shard_name(index)}{TEMP_SUFFIX}"
+        temp_paths.append(temp)
+        try:
+            _write_shard(temp, fields, columns)
+        except OSError as exc:
+            raise _os_error(temp, exc) from exc
+        count = len(columns[0])
+        name = _free_name(out, index, taken)
+        shards.append(ShardInfo(path=name, num_samples=count, first_index=first_index, bytes=temp.stat().st_size,
+                                sha256=sha256_file(temp)))
+        first_index += count
+        columns, pending = [[] for _ in fields], 0
+
+    try:
+        with tqdm(total=total, unit="rec", desc="pack", disable=None if options.progress else True) as bar:
+            for key, record, reason in items:
+                bar.update(1)
+                values = None
+                if record is not None:
+                    try:
+                        values = encode_record(fields, record)
+                    except RecordError as exc:
+                        reason = str(exc)
+                if values is None:
+                    if options.strict:
+                        raise DataToolError(f"{source}: {key}", reason)
+                    skipped.append({"path": key, "reason": reason})
+                    continue
+                size = sum(_value_bytes(value) for value in values)
+                if columns[0] and pending + size > options.shard_bytes:
+                    flush()
+                for column, value in zip(columns, values, strict=True):
+                    column.append(value)
+                pending += size
+            if columns[0]:
+                flush()
+        if not shards:
+            raise DataToolError(source, f"no usable records ({len(skipped)} skipped)")
+        for temp, info in zip(temp_paths, shards, strict=True):
+            os.rename(temp, out / info.path)
+            published.append(out / info.path)
+        manifest = Manifest(version=RECORDS_VERSION, tool_version=TOOL_VERSION, layout="records", classes=classes,
+                            fields=fields, num_samples=first_index, shards=shards, skipped=len(skipped),
+                            shuffle_seed=options.shuffle_seed)
+        try:
+            write_manifest(out, manifest)
+        except OSError as exc:
+            raise _os_error(out / MANIFEST_NAME, exc) from exc
+        published = []
+        fsync_dir(out)
+        try:
+            atomic_write_bytes(out / REPORT_NAME, (json.dumps({**report, "skipped": skipped}, indent=2) + "\n")
+                               .encode())
+        except OSError as exc:
+            raise _os_error(out / REPORT_NAME, exc) from exc
+    except BaseException:
+        for temp in temp_paths:
+            temp.unlink(missing_ok=True)
+        for path in published:
+            path.unlink(missing_ok=True)
+        raise
+    for name in sorted(old_names - {info.path for info in manifest.shards}):
+        (out / name).unlink(missing_ok=True)
+    return RecordPackResult(manifest=manifest, skipped=skipped, report=report)

@@ -19,7 +19,6 @@ that must never re-run after a refresh sets `ttlSecondsAfterFinished: null`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,31 +48,17 @@ CONFIG_KEY = "ml-cluster:jobs"
 Manifest = dict[str, Any]
 
 
-def team_facts(facts: ClusterFacts, team: str, namespace: str) -> ClusterFacts:
-    """The facts a team's Job renders against: the team's namespace and LocalQueue, and no claim (the stack's claims
-    live in the training namespace; a Job cannot mount a claim of another namespace)."""
-    return dataclasses.replace(facts, namespace=namespace, local_queue=team if facts.kueue else None,
-                               volume_claims=())
-
-
-def check_jobs(specs: Sequence[TrainingJobSpec], facts: ClusterFacts,
-               team_namespaces: Mapping[str, str] | None = None) -> list[list[Manifest]]:
+def check_jobs(specs: Sequence[TrainingJobSpec], facts: ClusterFacts) -> list[list[Manifest]]:
     """Render every stack Job against the cluster's facts; raise ConfigError naming each spec that cannot be.
 
     Called before any resource is registered, so a spec that does not fit the cluster stops the program early.
-    `team_namespaces`: tenant team -> its namespace; a spec of a team renders in that namespace.
+    A spec of a tenant team renders in that team's namespace (`facts.teams`).
     """
     rendered, problems = [], []
-    teams = team_namespaces or {}
     for index, spec in enumerate(specs):
-        if spec.team is not None and spec.team not in teams:
-            problems.append((f"{CONFIG_KEY}[{index}].team", f"{spec.team} is not a team with a namespace "
-                                                            f"(teams with one: {', '.join(teams) or 'none'})"))
-            continue
-        spec_facts = team_facts(facts, spec.team, teams[spec.team]) if spec.team is not None else facts
         try:
             # Suspended unless the spec says otherwise: no GPU hours before the data is there (submit start).
-            rendered.append(render_job(spec, spec_facts, suspended_by_default=True))
+            rendered.append(render_job(spec, facts, suspended_by_default=True))
         except JobSpecError as error:
             problems.append((f"{CONFIG_KEY}[{index}].{error.path}", error.reason))
     if problems:
@@ -191,9 +176,8 @@ class TrainingJobsArgs:
     # Kueue LocalQueues by name: a queued Job depends on its queue, so `destroy` deletes the Job (and its Workload)
     # before the queue, whose finalizer waits for its workloads.
     local_queues: Mapping[str, pulumi.Resource] = field(default_factory=dict)
-    # Tenant teams: team -> its namespace's name, and what a team's Job needs first (namespace, service account,
-    # Pod Identity association: infra.tenancy.Teams).
-    team_namespaces: Mapping[str, str] = field(default_factory=dict)
+    # Tenant teams: what a team's Job needs first (namespace, service account, Pod Identity association, its claim:
+    # infra.tenancy.Teams).
     team_needs: Mapping[str, Sequence[pulumi.Resource]] = field(default_factory=dict)
 
 
@@ -202,7 +186,7 @@ class TrainingJobs(pulumi.ComponentResource):
         super().__init__("ml-cluster:infra:TrainingJobs", ctx.name("jobs", "all"), None, opts)
         cluster, facts = args.cluster, args.facts
         # Render everything first: a spec that cannot be rendered fails before any Job is registered.
-        rendered = list(zip(args.specs, check_jobs(args.specs, facts, args.team_namespaces), strict=True))
+        rendered = list(zip(args.specs, check_jobs(args.specs, facts), strict=True))
         in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
 
         account = service_account_manifest(facts.job_service_account, facts.namespace, ctx.stack, ctx.label_prefix)

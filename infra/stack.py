@@ -28,7 +28,7 @@ from infra.nodes.poolplan import plan_node_pools, pool_facts
 from infra.queueing import Queueing, QueueingArgs, check_queueing, kueue_facts, queue_manifests, stack_job_queues
 from infra.registry import ImageRegistry, ImageRegistryArgs, repository_name, repository_url
 from infra.storage import Storage, StorageArgs, job_storage_facts
-from infra.tenancy import Teams, TeamsArgs, team_access_policy, team_manifests
+from infra.tenancy import Teams, TeamsArgs, team_access_entries, team_access_policy, team_facts, team_manifests
 from workloads.cluster_facts import ClusterFacts, facts_to_dict
 from workloads.jobspec import metrics_ports
 
@@ -62,14 +62,15 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                              object_store_secret=storage_facts.object_store_secret,
                              object_store_buckets=job_object_store_buckets(cfg, ctx.stack),
                              volume_claims=storage_facts.volume_claims, image_repository=image_repository,
-                             buckets=job_bucket_names(cfg, ctx.stack, account_id), **kueue_facts(cfg.kueue))
+                             buckets=job_bucket_names(cfg, ctx.stack, account_id), **kueue_facts(cfg.kueue),
+                             teams=team_facts(cfg.kueue) if cfg.kueue.enabled else None)
     team_namespaces = {team.name: team.namespace for team in cfg.kueue.tenant_teams if team.namespace is not None}
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
                      else None)
     try:
         # every stack Job fits the pools it targets (a team's Job: in its team's namespace); ConfigError
-        rendered_jobs = check_jobs(cfg.jobs, job_facts, team_namespaces)
+        rendered_jobs = check_jobs(cfg.jobs, job_facts)
     except ConfigError as job_error:  # a bad Job must not hide the stack's other problems
         try:
             check_stack(cfg, ctx.stack, account_id, private_zones)
@@ -178,7 +179,10 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                                      metrics_namespace=monitoring.namespace if monitoring.enabled else None,
                                      metrics_ports=metrics_ports(max_processes)),
             policies={team.name: team_access_policy(team, bucket_names) for team in cfg.kueue.tenant_teams
-                      if cfg.platform == "eks" and team.data}))
+                      if cfg.platform == "eks" and team.data},
+            access_entries=team_access_entries(cfg.kueue, cfg.label_prefix) if cfg.platform == "eks" else (),
+            volumes={team.name: (team, team.volume) for team in cfg.kueue.tenant_teams if team.volume is not None},
+            file_system_id=storage.file_system_id, storage_needs=storage.driver_resources))
         team_needs = {team: [namespace_resource, *teams.accounts.get(team, [])]
                       for team, namespace_resource in teams.namespaces.items()}
         outputs["teams"] = {"namespaces": team_namespaces, "roleArns": teams.role_arns}
@@ -200,7 +204,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         cluster=cluster, facts=job_facts, specs=cfg.jobs, namespace=namespace.namespace,
         bucket_arns=dict(storage.bucket_arns), bucket_access=job_access,
         depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values()),
-        local_queues=local_queues, team_namespaces=team_namespaces, team_needs=team_needs))
+        local_queues=local_queues, team_needs=team_needs))
     outputs["jobFacts"] = facts_to_dict(job_facts)  # `python -m workloads.submit ... --facts` reads this
     outputs["jobs"] = jobs.job_names
 

@@ -13,6 +13,7 @@ the policies against moto with IAM enforced) without a Pulumi engine.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,13 +23,15 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.config.queueing import KueueConfig, TeamConfig, TeamDataConfig
+from infra.cluster import ACCESS_POLICIES
+from infra.config.queueing import TEAM_EFS_ROOT, KueueConfig, TeamConfig, TeamDataConfig, TeamVolumeConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from infra.jobs import namespace_manifest, service_account_manifest
 from infra.nodes.poolplan import PoolPlan
 from infra.policy.rules import TEAM_ROLE_TAG  # tags each team role: the policy pack finds team roles by it
 from infra.queueing import Amounts, team_ceiling
+from workloads.cluster_facts import TeamFacts
 from workloads.jobspec import EgressRules, namespace_network_policies
 
 Manifest = dict[str, Any]
@@ -75,6 +78,97 @@ def limit_range_manifest(team: TeamConfig, stack: str, label_prefix: str) -> Man
                                  "default": dict(DEFAULT_LIMITS)}]}}
 
 
+def team_group(team: str, label_prefix: str) -> str:
+    """The Kubernetes group a team's IAM principals are in (their access entries name it): bound to `view` in the
+    team's namespace for what EKS access policies do not cover (Kueue's Workloads and LocalQueues)."""
+    return f"{label_prefix}:team-{team}"
+
+
+def role_binding_manifest(team: TeamConfig, name: str, cluster_role: str, groups: Sequence[str], stack: str,
+                          label_prefix: str) -> Manifest:
+    """`groups` get the built-in ClusterRole `cluster_role` (edit or view) in the team's namespace only. Both
+    aggregate Kueue's workload and LocalQueue viewer roles (kueue v0.19.2 charts/kueue/templates/rbac/
+    workload_viewer_role.yaml:28-30), so members see their runs' queue state."""
+    assert team.namespace is not None
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": team.namespace, "labels": _labels(team, stack, label_prefix)},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}
+                         for group in groups]}
+
+
+def member_bindings(team: TeamConfig, stack: str, label_prefix: str) -> list[Manifest]:
+    """RoleBindings of the team's Kubernetes groups (by access), and of its IAM principals' group to `view`."""
+    bindings = []
+    for access in ("edit", "view"):
+        groups = sorted(m.group for m in team.members if m.group is not None and m.access == access)
+        if groups:
+            bindings.append(role_binding_manifest(team, f"team-{access}", access, groups, stack, label_prefix))
+    if any(m.principal_arn is not None for m in team.members):
+        bindings.append(role_binding_manifest(team, "team-principals-view", "view",
+                                              [team_group(team.name, label_prefix)], stack, label_prefix))
+    return bindings
+
+
+@dataclass(frozen=True)
+class TeamAccessEntry:
+    """One IAM principal's EKS access entry: its teams' group, and per access policy the namespaces it applies in
+    (a principal in two teams gets one entry; EKS refuses a second entry for the same principal)."""
+
+    principal_arn: str
+    kubernetes_groups: tuple[str, ...]
+    policies: tuple[tuple[str, tuple[str, ...]], ...]  # (access policy ARN, namespaces), sorted
+
+
+def team_access_entries(cfg: KueueConfig, label_prefix: str) -> list[TeamAccessEntry]:
+    groups: dict[str, set[str]] = {}
+    scopes: dict[str, dict[str, set[str]]] = {}
+    for team in cfg.tenant_teams:
+        assert team.namespace is not None
+        for member in team.members:
+            if member.principal_arn is None:
+                continue
+            groups.setdefault(member.principal_arn, set()).add(team_group(team.name, label_prefix))
+            scopes.setdefault(member.principal_arn, {}).setdefault(ACCESS_POLICIES[member.access], set()).add(
+                team.namespace)
+    return [TeamAccessEntry(principal, tuple(sorted(groups[principal])),
+                            tuple((policy, tuple(sorted(namespaces)))
+                                  for policy, namespaces in sorted(scopes[principal].items())))
+            for principal in sorted(scopes)]
+
+
+def access_entry_key(principal_arn: str) -> str:
+    """A short stable key for a principal's resource names (its ARN can be 2048 characters)."""
+    return hashlib.sha256(principal_arn.encode()).hexdigest()[:10]
+
+
+def team_root_directory(team: str) -> str:
+    return f"{TEAM_EFS_ROOT}/{team}"
+
+
+def team_volume_manifests(team: TeamConfig, volume: TeamVolumeConfig, volume_handle: Any, stack: str,
+                          label_prefix: str) -> tuple[Manifest, Manifest]:
+    """A static PV on the team's access point and the claim bound to it in the team's namespace.
+
+    The handle is `<file system>::<access point>`: the EFS CSI driver mounts through the access point, with TLS,
+    from the handle alone (aws-efs-csi-driver pkg/driver/node.go, NodePublishVolume and parseVolumeId). One handle
+    per access point: two PVs sharing a handle are one volume to the kubelet. The PV is retained: deleting the
+    claim never deletes the team's data."""
+    assert team.namespace is not None
+    labels = {**_labels(team, stack, label_prefix), "app.kubernetes.io/component": "storage"}
+    volume_name = f"{team.namespace}-{volume.claim}"
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume_name, "labels": labels},
+          "spec": {"capacity": {"storage": volume.size}, "accessModes": ["ReadWriteMany"],
+                   "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "", "volumeMode": "Filesystem",
+                   "claimRef": {"namespace": team.namespace, "name": volume.claim},
+                   "csi": {"driver": "efs.csi.aws.com", "volumeHandle": volume_handle}}}
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": volume.claim, "namespace": team.namespace, "labels": labels},
+           "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume_name,
+                    "resources": {"requests": {"storage": volume.size}}}}
+    return pv, pvc
+
+
 def team_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], stack: str, label_prefix: str,
                    service_account: str, egress: EgressRules | None = None, metrics_namespace: str | None = None,
                    metrics_ports: tuple[int, ...] = ()) -> dict[str, list[Manifest]]:
@@ -93,8 +187,16 @@ def team_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], stack: str, labe
             resource_quota_manifest(team, team_ceiling(cfg, team.name, plans, label_prefix), stack, label_prefix),
             limit_range_manifest(team, stack, label_prefix),
             account,
+            *member_bindings(team, stack, label_prefix),
         ]
     return result
+
+
+def team_facts(cfg: KueueConfig) -> dict[str, TeamFacts]:
+    """What a Job renderer needs of the tenant teams (ClusterFacts.teams): namespace and claims."""
+    return {team.name: TeamFacts(namespace=team.namespace,
+                                 volume_claims=(team.volume.claim,) if team.volume is not None else ())
+            for team in cfg.tenant_teams if team.namespace is not None}
 
 
 def _object_arns(bucket_names: Mapping[str, str], data: Sequence[TeamDataConfig], partition: str) -> list[str]:
@@ -138,6 +240,11 @@ class TeamsArgs:
     cluster: ClusterInfo
     manifests: Mapping[str, Sequence[Manifest]]  # team_manifests(...)
     policies: Mapping[str, str] = field(default_factory=dict)  # team -> team_access_policy (EKS only)
+    access_entries: Sequence[TeamAccessEntry] = ()  # team_access_entries(...) (EKS only)
+    volumes: Mapping[str, tuple[TeamConfig, TeamVolumeConfig]] = field(default_factory=dict)  # EKS with EFS
+    file_system_id: pulumi.Input[str] | None = None  # the stack's EFS (infra.storage)
+    # What a team volume needs first (the EFS CSI add-on, mount targets), and what `destroy` keeps until it is gone.
+    storage_needs: Sequence[pulumi.Resource] = ()
 
 
 class Teams(pulumi.ComponentResource):
@@ -148,6 +255,7 @@ class Teams(pulumi.ComponentResource):
         ctx, cluster = args.ctx, args.cluster
         self.namespaces: dict[str, pulumi.Resource] = {}
         self.role_arns: dict[str, pulumi.Output[str]] = {}
+        self.access_points: dict[str, pulumi.Output[str]] = {}
         # team -> what its Jobs need besides the namespace: the service account and its Pod Identity association
         self.accounts: dict[str, list[pulumi.Resource]] = {}
         in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
@@ -173,6 +281,9 @@ class Teams(pulumi.ComponentResource):
                                            opts=after_ns)
                 elif kind == "ServiceAccount":
                     account = k8s.core.v1.ServiceAccount(resource_name, metadata=manifest["metadata"], opts=after_ns)
+                elif kind == "RoleBinding":
+                    k8s.rbac.v1.RoleBinding(resource_name, metadata=manifest["metadata"],
+                                            role_ref=manifest["roleRef"], subjects=manifest["subjects"], opts=after_ns)
                 else:
                     raise AssertionError(f"unexpected team object {kind}")
             self.accounts[team] = [account] if account is not None else []
@@ -194,8 +305,54 @@ class Teams(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[account]))
                 self.role_arns[team] = role.arn
                 self.accounts[team].append(association)
+            if team in args.volumes and args.file_system_id is not None:
+                self.accounts[team].append(self._volume(ctx, cluster, *args.volumes[team], args.file_system_id,
+                                                        [ns, *args.storage_needs]))
+        if cluster.is_eks:
+            for entry in args.access_entries:
+                self._access_entry(ctx, cluster, entry)
         self.register_outputs({"namespaces": {team: m[0]["metadata"]["name"] for team, m in args.manifests.items()},
-                               "roleArns": self.role_arns})
+                               "roleArns": self.role_arns, "accessPoints": self.access_points})
+
+    def _volume(self, ctx: StackContext, cluster: ClusterInfo, team: TeamConfig, volume: TeamVolumeConfig,
+                file_system_id: pulumi.Input[str], needs: list[pulumi.Resource]) -> pulumi.Resource:
+        """The team's access point on the stack's EFS, a PV on it and the claim in its namespace; returns the claim."""
+        access_point = aws.efs.AccessPoint(
+            ctx.name("team", f"{team.name}-efs-ap"), file_system_id=file_system_id,
+            posix_user=aws.efs.AccessPointPosixUserArgs(uid=volume.uid, gid=volume.gid),
+            root_directory=aws.efs.AccessPointRootDirectoryArgs(
+                path=team_root_directory(team.name),
+                creation_info=aws.efs.AccessPointRootDirectoryCreationInfoArgs(
+                    owner_uid=volume.uid, owner_gid=volume.gid, permissions=volume.permissions)),
+            tags={**ctx.tags, TEAM_ROLE_TAG: team.name, "Name": ctx.name("team", f"{team.name}-efs-ap")},
+            opts=pulumi.ResourceOptions(parent=self))
+        self.access_points[team.name] = access_point.id
+        handle = pulumi.Output.all(file_system_id, access_point.id).apply(lambda ids: f"{ids[0]}::{ids[1]}")
+        pv, pvc = team_volume_manifests(team, volume, handle, ctx.stack, ctx.label_prefix)
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
+        volume_resource = k8s.core.v1.PersistentVolume(
+            ctx.name("team", f"{team.name}-pv"), metadata=pv["metadata"], spec=pv["spec"],
+            opts=in_cluster.merge(pulumi.ResourceOptions(depends_on=needs, delete_before_replace=True)))
+        return k8s.core.v1.PersistentVolumeClaim(
+            ctx.name("team", f"{team.name}-pvc"), metadata=pvc["metadata"], spec=pvc["spec"],
+            opts=in_cluster.merge(pulumi.ResourceOptions(depends_on=[*needs, volume_resource],
+                                                         protect=ctx.protected)))
+
+    def _access_entry(self, ctx: StackContext, cluster: ClusterInfo, entry: TeamAccessEntry) -> None:
+        """An EKS access entry for a team member, with each access policy scoped to its teams' namespaces."""
+        key = access_entry_key(entry.principal_arn)
+        access = aws.eks.AccessEntry(ctx.name("team", f"access-{key}"), cluster_name=cluster.name,
+                                     principal_arn=entry.principal_arn, type="STANDARD",
+                                     kubernetes_groups=list(entry.kubernetes_groups), tags=ctx.tags,
+                                     opts=pulumi.ResourceOptions(parent=self,
+                                                                 depends_on=list(cluster.eks_dependencies)))
+        for policy_arn, namespaces in entry.policies:
+            aws.eks.AccessPolicyAssociation(
+                ctx.name("team", f"access-{key}-{policy_arn.rsplit('/', 1)[1]}"), cluster_name=cluster.name,
+                principal_arn=entry.principal_arn, policy_arn=policy_arn,
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="namespace",
+                                                                            namespaces=list(namespaces)),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[access]))
 
 
 def manifest_name(manifests: Sequence[Manifest], kind: str) -> str:

@@ -44,6 +44,16 @@ class PoolFacts:
 
 
 @dataclass(frozen=True)
+class TeamFacts:
+    """A tenant team (ml-cluster:kueue.teams with a namespace): where its Jobs run and the claims they may mount."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    namespace: str
+    volume_claims: tuple[str, ...] = ()  # PVCs in the team's namespace (its EFS directory)
+
+
+@dataclass(frozen=True)
 class ClusterFacts:
     __pydantic_config__ = ConfigDict(extra="forbid")
 
@@ -73,6 +83,9 @@ class ClusterFacts:
     local_queue: str | None = None
     local_queues: tuple[str, ...] | None = None
     workload_priority_classes: tuple[str, ...] | None = None
+    # Tenant teams by name: a spec with `team:` renders in its team's namespace, through its LocalQueue, mounting
+    # only its claims. None: facts that predate teams (a spec with `team:` is refused, never run in `namespace`).
+    teams: dict[str, TeamFacts] | None = None
 
     def in_object_store(self, bucket: str) -> bool:
         """Whether a Job reaches physical bucket `bucket` through the S3-compatible store (else AWS S3)."""

@@ -11,6 +11,8 @@
 `--stack S` talks to the kubeconfig `make kubeconfig STACK=S` wrote (~/.kube/ml-S; see workloads.kubeconfig for
 the order with --kubeconfig and KUBECONFIG) and reads the cluster's ClusterFacts from the stack output jobFacts;
 `--facts FILE` gives them as JSON instead (`pulumi stack output jobFacts --json --stack S > facts.json`).
+A spec with `team:` renders in that team's namespace, through its LocalQueue (the facts' `teams`); the other
+commands take the namespace with `-n` (`-n team-vision status <job>`).
 The phase of a run is derived by `job_phase` from the Job, its Pods and their (init) container states, and on a
 stack with Kueue from the Job's Workload (conditions, requeue state) and its position in the queue; it is a pure
 function over API objects in their JSON shape (camelCase keys), tested without a cluster.
@@ -492,7 +494,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the stack's, else KUBECONFIG, else "
                                              "~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: current)")
-    parser.add_argument("--namespace", "-n", default="training")
+    parser.add_argument("--namespace", "-n", default="training",
+                        help="the run's namespace (a team's Jobs run in the team's namespace)")
     parser.add_argument("--request-timeout", type=_request_timeout, default=DEFAULT_REQUEST_TIMEOUT_S,
                         metavar="SECONDS", help="the longest wait for any answer of the API server (default "
                         f"{DEFAULT_REQUEST_TIMEOUT_S:g}; connecting: at most {CONNECT_TIMEOUT_S:g}); then exit 1")

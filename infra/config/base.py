@@ -11,6 +11,9 @@ from pydantic.alias_generators import to_camel
 from workloads.quantity import parse_quantity
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# An IAM role or user, as EKS access entries take it: not an STS assumed-role session
+# (arn:aws:sts::<account>:assumed-role/<role>/<session>: use arn:aws:iam::<account>:role/<role>).
+PRINCIPAL_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$"
 
 
 class StrictModel(BaseModel):

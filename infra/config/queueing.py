@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from infra.config.base import DnsLabel, StrictModel
+from infra.config.base import PRINCIPAL_ARN, DnsLabel, Quantity, StrictModel
 
 # Kueue fills in queue-name `default` for a Job without one when a LocalQueue named `default` exists in its namespace
 # (kubernetes-sigs/kueue v0.19.2 pkg/controller/jobs/job/job_webhook.go:107, pkg/controller/constants/
@@ -90,6 +90,46 @@ class TeamDataConfig(StrictModel):
         return self
 
 
+# A Kubernetes group as an authenticator (OIDC, LDAP, an EKS access entry) reports it; never a built-in `system:`
+# group (system:authenticated would give every user the team's access).
+KUBERNETES_GROUP = r"^[A-Za-z0-9][A-Za-z0-9:._@/+=-]{0,127}$"
+# Where the tenant teams' directories live on the stack's EFS: /teams/<team>.
+TEAM_EFS_ROOT = "/teams"
+
+
+class TeamMemberConfig(StrictModel):
+    """People of a tenant team, with `edit` (submit, watch, delete Jobs) or `view` in the team's namespace only:
+    an IAM role or user (`principalArn`, EKS: an access entry with a namespace-scoped access policy) or a Kubernetes
+    group (`group`, any platform: a RoleBinding in the namespace; onprem: the group its authenticator reports)."""
+
+    principal_arn: str | None = Field(default=None, pattern=PRINCIPAL_ARN)
+    group: str | None = Field(default=None, pattern=KUBERNETES_GROUP)
+    access: Literal["edit", "view"] = "edit"
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TeamMemberConfig:
+        if (self.principal_arn is None) == (self.group is None):
+            raise ValueError("a team member is exactly one of principalArn (an IAM role or user) and group "
+                             "(a Kubernetes group)")
+        if self.group is not None and self.group.startswith("system:"):
+            raise ValueError(f"group {self.group!r}: built-in system: groups are everyone or the cluster itself")
+        return self
+
+
+class TeamVolumeConfig(StrictModel):
+    """The team's own directory on the stack's EFS (storage.efs): an access point rooted at /teams/<team>, created
+    owned by uid:gid with `permissions`, every NFS request through it made as uid:gid whatever the pod's user; a
+    static PersistentVolume on it and the claim `claim` in the team's namespace. Other teams' access points are
+    rooted elsewhere: a team sees its own directory only."""
+
+    uid: int = Field(ge=1, le=2**32 - 2, description="POSIX owner and user of every request (not root)")
+    gid: int = Field(ge=1, le=2**32 - 2)
+    permissions: str = Field(default="0770", pattern=r"^0[0-7]{3}$")
+    claim: DnsLabel = "team-shared"
+    # EFS is elastic; the claim's size is nominal, and what the cost estimate prices as Standard storage.
+    size: Quantity = "1Ti"
+
+
 class TeamConfig(StrictModel):
     """A team: its own ClusterQueue (guaranteed quota, borrowing from the cohort) and LocalQueue `<name>`.
 
@@ -104,6 +144,8 @@ class TeamConfig(StrictModel):
     namespace: DnsLabel | None = None
     datasets: list[TeamDataConfig] = []
     checkpoints: list[TeamDataConfig] = []
+    members: list[TeamMemberConfig] = []
+    volume: TeamVolumeConfig | None = None
 
     @model_validator(mode="after")
     def _flavors_once(self) -> TeamConfig:
@@ -114,6 +156,13 @@ class TeamConfig(StrictModel):
         if (self.datasets or self.checkpoints) and self.namespace is None:
             raise ValueError(f"team {self.name}: datasets and checkpoints need a namespace (the team's role is bound "
                              "to the service account there)")
+        if (self.members or self.volume is not None) and self.namespace is None:
+            raise ValueError(f"team {self.name}: members and volume need a namespace (their access and claim are "
+                             "scoped to it)")
+        seen = [member.principal_arn or f"group {member.group}" for member in self.members]
+        twice = sorted({who for who in seen if seen.count(who) > 1})
+        if twice:
+            raise ValueError(f"team {self.name}: member(s) {', '.join(twice)} listed twice")
         return self
 
     @property
@@ -174,6 +223,11 @@ class KueueConfig(StrictModel):
                 if other != name and bucket == other_bucket and other_prefix.startswith(prefix):
                     raise ValueError(f"teams {name} and {other} overlap in bucket {bucket}: {prefix!r} contains "
                                      f"{other_prefix!r}; a team's prefixes must be its own")
+        uids = [(team.name, team.volume.uid) for team in self.teams if team.volume is not None]
+        for name, uid in uids:
+            others = [other for other, other_uid in uids if other_uid == uid and other != name]
+            if others:
+                raise ValueError(f"teams {name} and {others[0]} share volume uid {uid}: give each team its own")
         if self.cohort is None and any(quota.borrowing_limit is not None or quota.lending_limit is not None
                                        for team in self.teams for quota in team.quotas):
             raise ValueError("borrowingLimit and lendingLimit need a cohort (cohort is null)")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
-from infra.config.base import DnsLabel, StrictModel
+from infra.config.base import PRINCIPAL_ARN, DnsLabel, StrictModel
 from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
 from infra.config.monitoring import MonitoringConfig
@@ -139,9 +139,7 @@ class NetworkConfig(StrictModel):
 
 
 class AccessEntryConfig(StrictModel):
-    # An IAM principal: EKS access entries take a role or user ARN, not an STS assumed-role session
-    # (arn:aws:sts::<account>:assumed-role/<role>/<session>: use arn:aws:iam::<account>:role/<role>).
-    principal_arn: str = Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+    principal_arn: str = Field(pattern=PRINCIPAL_ARN)
     policy: Literal["cluster-admin", "admin", "edit", "view"] = "cluster-admin"
     namespaces: list[DnsLabel] = Field(default=[], description="empty: the access applies cluster-wide")
 

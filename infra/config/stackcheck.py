@@ -20,6 +20,7 @@ from infra.config.names import (
     default_bucket_name,
     derived_names,
 )
+from infra.config.queueing import TEAM_EFS_ROOT
 from infra.config.schema import ConfigError, StackConfig
 from infra.config.storage import MIN_ADDON_VERSIONS, MIN_ADDON_WHY, NODE_MONITORING_AGENT, addon_semver
 
@@ -145,6 +146,29 @@ def team_problems(cfg: StackConfig, training_namespace: str) -> list[tuple[str, 
                     problems.append((f"{where}[{index}].{kind}[{d_index}].bucket",
                                      f"team {team.name}: bucket {data.bucket} is not one of this stack's S3 buckets "
                                      f"({', '.join(sorted(stack_buckets)) or 'none'})"))
+        cluster_principals = {entry.principal_arn for entry in cfg.cluster.access_entries} if cfg.cluster else set()
+        for m_index, member in enumerate(team.members):
+            if member.principal_arn is None:
+                continue
+            if cfg.platform != "eks":
+                problems.append((f"{where}[{index}].members[{m_index}].principalArn",
+                                 f"team {team.name}: IAM principals get in through EKS access entries; on "
+                                 f"{cfg.platform} name the group the cluster's authenticator reports (group:)"))
+            elif member.principal_arn in cluster_principals:
+                # EKS holds one access entry per principal (a second CreateAccessEntry: ResourceInUseException).
+                problems.append((f"{where}[{index}].members[{m_index}].principalArn",
+                                 f"team {team.name}: {member.principal_arn} already has a cluster access entry "
+                                 f"({CONFIG}cluster.accessEntries); give it the team namespace there or remove it"))
+        if team.volume is not None:
+            efs = cfg.storage.efs
+            if cfg.platform != "eks" or efs is None:
+                problems.append((f"{where}[{index}].volume", f"team {team.name}: a team volume is an access point "
+                                                             f"on the stack's EFS ({CONFIG}storage.efs, EKS)"))
+            elif f"{efs.storage_class.base_path}/".startswith(f"{TEAM_EFS_ROOT}/"):
+                problems.append((f"{where}[{index}].volume",
+                                 f"team {team.name}: {CONFIG}storage.efs.storageClass.basePath "
+                                 f"{efs.storage_class.base_path} is under {TEAM_EFS_ROOT}, where the teams' own "
+                                 "directories are; move it"))
     owned = [(team.name, data.bucket, data.prefix) for team in cfg.kueue.teams for data in team.data]
     for index, spec in enumerate(cfg.jobs):
         job_team = teams.get(spec.team) if spec.team is not None else None

@@ -37,6 +37,11 @@ JOB_TYPE = "kubernetes:batch/v1:Job"
 ROLE_TYPE = "aws:iam/role:Role"
 ROLE_POLICY_TYPE = "aws:iam/rolePolicy:RolePolicy"
 TEAM_ROLE_TAG = "ml-cluster-team"  # infra.tenancy tags every team role with its team
+NAMESPACE_TYPE = "kubernetes:core/v1:Namespace"
+RESOURCE_QUOTA_TYPE = "kubernetes:core/v1:ResourceQuota"
+TEAM_LABEL_SUFFIX = "/team"  # <labelPrefix>/team on a tenant team's namespace (infra.tenancy)
+# What a team namespace's ResourceQuota must bound so nothing that bypasses Kueue gets more than the team's share.
+TEAM_QUOTA_KEYS = ("requests.nvidia.com/gpu", "requests.cpu", "requests.memory")
 # Resources whose deletion loses data: protected and retained in protected stacks.
 STATEFUL_TYPES = (*BUCKET_TYPES, EFS_TYPE, "aws:ebs/volume:Volume")
 
@@ -141,6 +146,52 @@ def check_team_roles_scoped(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[Pl
 
 
 # --- buckets (stack-level: the bucket and the resources that configure it) ---
+
+
+def _metadata(resource: PlanResource) -> Mapping[str, Any]:
+    metadata = resource.inputs.get("metadata")
+    return metadata if isinstance(metadata, Mapping) else {}
+
+
+def team_namespaces(plan: Plan) -> dict[str, PlanResource]:
+    """Namespace name -> Namespace, for the namespaces labelled as a tenant team's."""
+    found = {}
+    for namespace in plan.of_type(NAMESPACE_TYPE):
+        labels = _metadata(namespace).get("labels") or {}
+        name = _metadata(namespace).get("name")
+        if isinstance(labels, Mapping) and isinstance(name, str) and _label_ending(labels, TEAM_LABEL_SUFFIX):
+            found[name] = namespace
+    return found
+
+
+def check_team_namespaces_have_quota(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+    """A team namespace without a ResourceQuota lets a pod that bypasses Kueue (no queue label, a bare Pod) take
+    every free GPU of the cluster."""
+    bounded: dict[str, set[str]] = {}
+    for quota in plan.of_type(RESOURCE_QUOTA_TYPE):
+        spec = quota.inputs.get("spec")
+        hard = spec.get("hard") if isinstance(spec, Mapping) else None
+        namespace = _metadata(quota).get("namespace")
+        if isinstance(namespace, str) and isinstance(hard, Mapping):
+            bounded.setdefault(namespace, set()).update(str(key) for key in hard)
+    for name, namespace in sorted(team_namespaces(plan).items()):
+        missing = [key for key in TEAM_QUOTA_KEYS if key not in bounded.get(name, set())]
+        if missing:
+            yield namespace, (f"team namespace {name} has no ResourceQuota on {', '.join(missing)}"
+                              if name in bounded else f"team namespace {name} has no ResourceQuota")
+
+
+def check_gpu_jobs_in_team_namespaces(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+    """Once a stack declares tenant teams, a GPU Job outside their namespaces spends GPUs no team is charged for and
+    runs with the shared Jobs role. Advisory: the stack's own Jobs (acceptance tests, platform runs) may do so."""
+    teams = team_namespaces(plan)
+    if not teams:
+        return
+    for job in plan.of_type(JOB_TYPE):
+        namespace = _metadata(job).get("namespace")
+        if isinstance(namespace, str) and namespace not in teams and _is_gpu_job(job):
+            yield job, (f"GPU Job in namespace {namespace}, not a team's ({', '.join(sorted(teams))}): no team's "
+                        "quota or role applies to it")
 
 
 def _is_s3_compatible(bucket: PlanResource) -> bool:
@@ -587,6 +638,18 @@ POLICIES: tuple[PolicyRule, ...] = (
         "Team roles name only S3 buckets and prefixes: no wildcard bucket, no whole bucket.",
         "mandatory",
         check_stack=check_team_roles_scoped,
+    ),
+    PolicyRule(
+        "team-namespaces-have-quota",
+        "Every tenant team's namespace has a ResourceQuota on GPU, CPU and memory requests.",
+        "mandatory",
+        check_stack=check_team_namespaces_have_quota,
+    ),
+    PolicyRule(
+        "gpu-jobs-in-team-namespaces",
+        "Advisory: where tenant teams are declared, GPU Jobs run in a team's namespace.",
+        "advisory",
+        check_stack=check_gpu_jobs_in_team_namespaces,
     ),
     PolicyRule(
         "protected-stateful-resources",

@@ -14,6 +14,7 @@ from tests.jobs.facts import dev_facts
 from tests.jobs.jobrules import check_job
 from workloads import submit
 from workloads.cluster_facts import facts_to_dict
+from workloads.jobspec.render import KUEUE_QUEUE_LABEL
 from workloads.submit import job_phase, main
 
 JOB = "resnet50-s3-copy-d2e1b094"
@@ -244,6 +245,45 @@ def test_spec_that_does_not_fit_the_cluster_names_file_and_field(facts_file: Pat
     err = capsys.readouterr().err
     assert err == "error: workloads/jobs/multi-node-ddp.yaml: gpuType: h100 is not offered by stack dev " \
                   "(GPU types: a10g)\n"
+
+
+def _team_facts_file(tmp_path: Path, teams: dict[str, Any] | None) -> Path:
+    data = facts_to_dict(dev_facts())
+    data.update(kueue=True, local_queue="training", local_queues=["training", "vision"], teams=teams)
+    path = tmp_path / "team-facts.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _team_spec(tmp_path: Path, claim: str) -> Path:
+    spec = tmp_path / "team.yaml"
+    spec.write_text("name: vision-run\nimage: x:1\nteam: vision\ngpus: 1\ngpuType: a10g\n"
+                    f"checkpoint: {{claimName: {claim}, mountPath: /ckpt}}\n")
+    return spec
+
+
+def test_a_team_spec_renders_in_its_teams_namespace_and_queue(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    facts = _team_facts_file(tmp_path, {"vision": {"namespace": "team-vision", "volume_claims": ["team-shared"]}})
+    assert main(["render", str(_team_spec(tmp_path, "team-shared")), "--facts", str(facts)]) == 0
+    job_manifest, = yaml.safe_load_all(capsys.readouterr().out)
+    assert job_manifest["metadata"]["namespace"] == "team-vision"
+    assert job_manifest["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "vision"
+    # The training namespace's claims are not the team's: a team Job mounts its own claim only.
+    assert main(["render", str(_team_spec(tmp_path, "checkpoints-efs")), "--facts", str(facts)]) == 2
+    assert "checkpoints-efs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("teams", "words"), [
+    (None, "vision: these cluster facts name no teams (read the stack's jobFacts again)"),
+    ({"nlp": {"namespace": "team-nlp"}}, "vision is not a team with a namespace (teams with one: nlp)"),
+])
+def test_a_team_spec_never_falls_back_to_the_training_namespace(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                teams: dict[str, Any] | None, words: str) -> None:
+    facts = _team_facts_file(tmp_path, teams)
+    spec = _team_spec(tmp_path, "team-shared")
+    assert main(["render", str(spec), "--facts", str(facts)]) == 2
+    assert capsys.readouterr().err == f"error: {spec}: team: {words}\n"
 
 
 class FakeApi:

@@ -374,3 +374,48 @@ def test_team_role_with_a_wildcard_bucket_fails(arn: str, words: str) -> None:
 
 def test_team_role_scoped_to_its_prefixes_passes() -> None:
     assert violations(_team_role(["arn:aws:s3:::datasets/team-a/*", "arn:aws:s3:::datasets"])) == []
+
+
+# --- team namespaces ---
+
+
+def _team_namespace(name: str = "team-a", quota: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    namespace = resource("kubernetes:core/v1:Namespace", f"{name}-ns", {
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"ml-cluster.io/team": name.removeprefix("team-")}}})
+    hard = {"requests.nvidia.com/gpu": "8", "requests.cpu": "96", "requests.memory": "1Ti"} if quota is None else quota
+    return [namespace, resource("kubernetes:core/v1:ResourceQuota", f"{name}-quota", {
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "team-quota", "namespace": name}, "spec": {"hard": hard}})]
+
+
+def test_team_namespace_with_its_quota_and_its_jobs_passes() -> None:
+    job = gpu_job()
+    job["inputs"]["metadata"]["namespace"] = "team-a"
+    assert violations([*_team_namespace(), job]) == []
+
+
+def test_team_namespace_without_quota_fails() -> None:
+    namespace, _ = _team_namespace()
+    found = only(violations([namespace]), "team-namespaces-have-quota")
+    assert [v.message for v in found] == ["team namespace team-a has no ResourceQuota"]
+
+
+def test_team_quota_in_another_namespace_or_without_gpus_fails() -> None:
+    namespace, _ = _team_namespace()
+    _, elsewhere = _team_namespace("team-b")
+    found = only(violations([namespace, elsewhere]), "team-namespaces-have-quota")
+    assert [v.message for v in found] == ["team namespace team-a has no ResourceQuota"]
+    cpu_only = _team_namespace(quota={"requests.cpu": "96", "requests.memory": "1Ti"})
+    found = only(violations(cpu_only), "team-namespaces-have-quota")
+    assert [v.message for v in found] == ["team namespace team-a has no ResourceQuota on requests.nvidia.com/gpu"]
+
+
+def test_gpu_job_outside_the_team_namespaces_is_reported() -> None:
+    found = only(violations([*_team_namespace(), gpu_job()]), "gpu-jobs-in-team-namespaces")
+    assert [(v.enforcement, v.message) for v in found] == [
+        ("advisory", "GPU Job in namespace training, not a team's (team-a): no team's quota or role applies to it")]
+
+
+def test_gpu_job_in_a_stack_without_teams_is_not_reported() -> None:
+    assert violations([gpu_job()]) == []

@@ -6,13 +6,23 @@ from typing import Any
 
 from tests.conftest import stack_values
 
+VISION_ENGINEERS = "arn:aws:iam::123456789012:role/vision-engineers"
+LANGUAGE_ENGINEERS = "arn:aws:iam::123456789012:role/language-engineers"
+AUDITOR = "arn:aws:iam::123456789012:user/auditor"  # views both teams: one access entry, two namespaces
+
 TEAMS: list[dict[str, Any]] = [
     {"name": "vision", "namespace": "team-vision", "quotas": [{"flavor": "h100", "gpus": 16, "borrowingLimit": 8}],
      "datasets": [{"bucket": "datasets", "prefix": "vision/"}],
-     "checkpoints": [{"bucket": "checkpoints", "prefix": "vision/"}]},
+     "checkpoints": [{"bucket": "checkpoints", "prefix": "vision/"}],
+     "members": [{"principalArn": VISION_ENGINEERS, "access": "edit"},
+                 {"principalArn": AUDITOR, "access": "view"},
+                 {"group": "vision-oncall", "access": "view"}],
+     "volume": {"uid": 20001, "gid": 20001}},
     {"name": "language", "namespace": "team-language", "quotas": [{"flavor": "a100", "gpus": 8}],
      "datasets": [{"bucket": "datasets", "prefix": "language/"}],
-     "checkpoints": [{"bucket": "checkpoints", "prefix": "language/"}]},
+     "checkpoints": [{"bucket": "checkpoints", "prefix": "language/"}],
+     "members": [{"principalArn": LANGUAGE_ENGINEERS}, {"principalArn": AUDITOR, "access": "view"}],
+     "volume": {"uid": 20002, "gid": 20002, "claim": "shared", "size": "2Ti"}},
 ]
 
 

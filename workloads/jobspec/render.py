@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 from workloads.cli import size_arg
@@ -557,13 +558,30 @@ def job_name(spec: TrainingJobSpec, facts: ClusterFacts) -> str:
     return f"{spec.name}-{spec_hash(spec, facts)}"
 
 
+def team_facts(team: str | None, facts: ClusterFacts) -> ClusterFacts:
+    """The facts a Job of `team` renders against: the team's namespace, its LocalQueue and its claims only (the
+    stack's claims live in the training namespace; a pod cannot mount a claim of another namespace)."""
+    if team is None:
+        return facts
+    if facts.teams is None:
+        raise JobSpecError("team", f"{team}: these cluster facts name no teams (read the stack's jobFacts again)")
+    if team not in facts.teams:
+        raise JobSpecError("team", f"{team} is not a team with a namespace (teams with one: "
+                                   f"{', '.join(sorted(facts.teams)) or 'none'})")
+    own = facts.teams[team]
+    return replace(facts, namespace=own.namespace, local_queue=team if facts.kueue else None,
+                   volume_claims=own.volume_claims, teams={team: own})
+
+
 def render_job(
     spec: TrainingJobSpec, facts: ClusterFacts, *, suspended_by_default: bool = False
 ) -> list[dict[str, Any]]:
-    """The Job (first) and, for multi-node specs, its headless Service and NetworkPolicy.
+    """The Job (first) and, for multi-node specs, its headless Service and NetworkPolicy; a spec of a `team` in
+    that team's namespace.
 
     `suspended_by_default` decides `spec.suspend` where the spec leaves it unset. Raises JobSpecError (field path).
     """
+    facts = team_facts(spec.team, facts)
     if spec.suspend is None:
         spec = spec.model_copy(update={"suspend": suspended_by_default})
     return _render_manifests(spec, facts, job_name(spec, facts))

@@ -85,10 +85,14 @@ class ConfigExit(SystemExit):
 
 
 class NewVpcConfig(StrictModel):
-    cidr: str = "10.0.0.0/16"
+    cidr: str = Field(default="10.0.0.0/16", description="the VPC's IPv4 block (/20 or larger)")
     # EKS needs two AZs; the VPC is split into 8 blocks, a private and a public one per AZ.
     availability_zones: list[str] = Field(min_length=2, max_length=4)
-    nat_gateways: Literal["single", "perAz"] = "single"
+    nat_gateways: Literal["single", "perAz"] = Field(
+        default="single",
+        description=("single: one NAT gateway for every zone (cheaper); perAz: one per zone (a zone outage leaves the "
+                     "others online)"),
+    )
 
     @field_validator("cidr")
     @classmethod
@@ -110,9 +114,15 @@ class NewVpcConfig(StrictModel):
 
 
 class ExistingVpcConfig(StrictModel):
-    vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]{8,17}$")
-    private_subnet_ids: list[str] = Field(min_length=1)
-    public_subnet_ids: list[str] = []
+    vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]{8,17}$", description="the VPC to adopt")
+    private_subnet_ids: list[str] = Field(
+        min_length=1,
+        description="subnets of the nodes, EFS mount targets and the control plane's interfaces",
+    )
+    public_subnet_ids: list[str] = Field(
+        default=[],
+        description="subnets for internet-facing load balancers; empty: none",
+    )
 
     @field_validator("private_subnet_ids", "public_subnet_ids")
     @classmethod
@@ -128,8 +138,14 @@ class ExistingVpcConfig(StrictModel):
 class NetworkConfig(StrictModel):
     """Either `create` a VPC or adopt an `existing` one: exactly one of the two."""
 
-    create: NewVpcConfig | None = None
-    existing: ExistingVpcConfig | None = None
+    create: NewVpcConfig | None = Field(
+        default=None,
+        description="create a VPC with a private and a public subnet per availability zone",
+    )
+    existing: ExistingVpcConfig | None = Field(
+        default=None,
+        description="adopt an existing VPC and its subnets (looked up, never modified)",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> NetworkConfig:
@@ -139,8 +155,16 @@ class NetworkConfig(StrictModel):
 
 
 class AccessEntryConfig(StrictModel):
-    principal_arn: str = Field(pattern=PRINCIPAL_ARN)
-    policy: Literal["cluster-admin", "admin", "edit", "view"] = "cluster-admin"
+    principal_arn: str = Field(
+        pattern=PRINCIPAL_ARN,
+        description=("the IAM role or user ARN (arn:aws:iam::<account>:role/<name>; not an STS assumed-role session "
+                     "ARN)"),
+    )
+    policy: Literal["cluster-admin", "admin", "edit", "view"] = Field(
+        default="cluster-admin",
+        description=("the EKS access policy: AmazonEKSClusterAdminPolicy, AmazonEKSAdminPolicy, AmazonEKSEditPolicy or "
+                     "AmazonEKSViewPolicy"),
+    )
     namespaces: list[DnsLabel] = Field(default=[], description="empty: the access applies cluster-wide")
 
 
@@ -148,19 +172,39 @@ ClusterLogType = Literal["api", "audit", "authenticator", "controllerManager", "
 
 
 class ClusterConfig(StrictModel):
-    name: DnsLabel
-    kubernetes_version: str
+    name: DnsLabel = Field(description="the EKS cluster's name (also its CloudWatch log group /aws/eks/<name>/cluster)")
+    kubernetes_version: str = Field(
+        description="the control plane's Kubernetes minor, e.g. \"1.35\"; node groups follow it",
+    )
     # What EKS does at the end of the minor's standard support: upgrade the cluster (standard) or keep it on the
     # minor at the extended-support rate (extended). EKS's own API default is extended.
     upgrade_policy: Literal["standard", "extended"] = "standard"
-    endpoint_public_access: bool = True
-    endpoint_private_access: bool = True
-    public_access_cidrs: list[str] = ["0.0.0.0/0"]
-    log_types: list[ClusterLogType] = ["api", "audit", "authenticator"]
-    log_retention_days: int = Field(default=30, ge=1, le=3653)
-    access_entries: list[AccessEntryConfig] = []
-    secrets_encryption: bool = True
-    kms_key_arn: str | None = Field(default=None, pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/.+$")
+    endpoint_public_access: bool = Field(
+        default=True,
+        description="the API endpoint is reachable from the internet (from publicAccessCidrs)",
+    )
+    endpoint_private_access: bool = Field(default=True, description="the API endpoint is reachable from inside the VPC")
+    public_access_cidrs: list[str] = Field(
+        default=["0.0.0.0/0"],
+        description="IPv4 blocks allowed to the public API endpoint",
+    )
+    log_types: list[ClusterLogType] = Field(
+        default=["api", "audit", "authenticator"],
+        description="control plane logs sent to CloudWatch",
+    )
+    log_retention_days: int = Field(
+        default=30, ge=1, le=3653,
+        description="how long CloudWatch keeps the control plane logs",
+    )
+    access_entries: list[AccessEntryConfig] = Field(
+        default=[],
+        description="IAM roles and users given access to the cluster (EKS access entries)",
+    )
+    secrets_encryption: bool = Field(default=True, description="envelope-encrypt Kubernetes Secrets with a KMS key")
+    kms_key_arn: str | None = Field(
+        default=None, pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/.+$",
+        description="the KMS key for secretsEncryption; default: a key the stack creates (rotation on)",
+    )
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -184,8 +228,13 @@ class ClusterConfig(StrictModel):
 class OnpremConfig(StrictModel):
     """An existing Kubernetes cluster reached with the `ml-cluster:kubeconfig` secret."""
 
-    cluster_name: DnsLabel
-    kubernetes_version: str
+    cluster_name: DnsLabel = Field(
+        description=("the existing cluster's name, as the stack's outputs report it (the kubeconfig context decides "
+                     "which cluster is reached)"),
+    )
+    kubernetes_version: str = Field(
+        description="the existing cluster's Kubernetes minor, e.g. \"1.36\" (the manifests are validated against it)",
+    )
     context: str | None = Field(default=None, description="kubeconfig context; default: current-context")
 
     @field_validator("kubernetes_version")
@@ -201,28 +250,72 @@ def _check_kubernetes_version(value: str) -> str:
 
 
 class StackConfig(StrictModel):
-    platform: Literal["eks", "onprem"]
+    platform: Literal["eks", "onprem"] = Field(
+        description=("eks: the program creates the VPC (or adopts one), the EKS cluster and its node groups; onprem: "
+                     "an existing cluster reached with ml-cluster:kubeconfig"),
+    )
     region: str | None = Field(default=None, description="from aws:region")
     protected: bool = Field(default=False, description="prod: stateful resources protected and retained")
     # A deploying run refuses credentials for any other account (infra.config.placeholders.account_problems).
     account_id: str | None = Field(default=None, description="the AWS account; optional pin")
-    label_prefix: str = "ml-cluster.io"
-    tags: dict[str, str] = {}
-    network: NetworkConfig | None = None
-    cluster: ClusterConfig | None = None
-    onprem: OnpremConfig | None = None
-    node_pools: list[NodePoolConfig] = []
-    gpu: GpuConfig = Field(default_factory=GpuConfig)
-    kueue: KueueConfig = Field(default_factory=KueueConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    registry: RegistryConfig = Field(default_factory=RegistryConfig)
-    job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)
-    deploy: DeployConfig = Field(default_factory=DeployConfig)
-    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
+    label_prefix: str = Field(
+        default="ml-cluster.io",
+        description=("prefix of the node labels and Kubernetes labels the stack sets (<prefix>/gpu-type, "
+                     "<prefix>/disktype, <prefix>/stack, ...)"),
+    )
+    tags: dict[str, str] = Field(
+        default={},
+        description="AWS tags on every taggable resource, beside project, stack and managed-by",
+    )
+    network: NetworkConfig | None = Field(default=None, description="the VPC (EKS only)")
+    cluster: ClusterConfig | None = Field(default=None, description="the EKS cluster (EKS only)")
+    onprem: OnpremConfig | None = Field(default=None, description="the existing cluster (onprem only)")
+    node_pools: list[NodePoolConfig] = Field(
+        default=[],
+        description="GPU and CPU node pools: EKS managed node groups, or on onprem the existing nodes' shape",
+    )
+    gpu: GpuConfig = Field(
+        default_factory=GpuConfig,
+        description="NVIDIA device plugin, DCGM exporter, cluster-autoscaler and the node monitoring agent",
+    )
+    kueue: KueueConfig = Field(
+        default_factory=KueueConfig,
+        description="Kueue: gang admission, GPU quota, priorities and teams",
+    )
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig,
+        description="EFS, gp3, S3 and COS buckets, NFS, shared volumes and the storage add-ons",
+    )
+    registry: RegistryConfig = Field(
+        default_factory=RegistryConfig,
+        description="the stack's ECR repository for training images (EKS only)",
+    )
+    job_egress: JobEgressConfig = Field(
+        default_factory=JobEgressConfig,
+        description="where training pods may open connections (a NetworkPolicy)",
+    )
+    deploy: DeployConfig = Field(
+        default_factory=DeployConfig,
+        description=("where the deploy and preview workflow jobs run, and whether that runner can reach the cluster's "
+                     "API endpoint"),
+    )
+    monitoring: MonitoringConfig = Field(
+        default_factory=MonitoringConfig,
+        description="kube-prometheus-stack, the GPU alert rules and the training dashboard",
+    )
     jobs: list[TrainingJobSpec] = []
-    kubeconfig: SecretStr | None = None
-    cos_hmac_access_key_id: SecretStr | None = None
-    cos_hmac_secret_access_key: SecretStr | None = None
+    kubeconfig: SecretStr | None = Field(
+        default=None,
+        description="onprem: the kubeconfig of the existing cluster, a Pulumi secret",
+    )
+    cos_hmac_access_key_id: SecretStr | None = Field(
+        default=None,
+        description="with storage.cos: the COS HMAC access key id, a Pulumi secret",
+    )
+    cos_hmac_secret_access_key: SecretStr | None = Field(
+        default=None,
+        description="with storage.cos: the COS HMAC secret access key, a Pulumi secret",
+    )
 
     @field_validator("account_id", mode="before")
     @classmethod

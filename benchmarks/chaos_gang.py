@@ -9,7 +9,13 @@ pod), unless the policy fails the Job or the counted failures pass backoffLimit.
 rendezvous join timeout come from the same rendered Job.
 
 One trial: pick a step and a node at random (seeded), and at that step either SIGKILL the node's whole process group
-(a lost node, a kernel panic) or SIGTERM its agent (the kubelet stopping the pod: a drain, a Spot notice). Checked:
+(a lost node, a kernel panic) or SIGTERM its agent (the kubelet stopping the pod: a drain, a Spot notice). With an
+elastic Job (minNodes 1, --global-batch-size) a trial may also DROP a node: SIGKILL it and leave its replacement pod
+Pending (capacity that does not come back), so the survivor re-forms alone after the rendered elasticWaitSeconds; in
+some trials the capacity comes back a few steps later and the gang grows back to 2 (torchrun's agent sees the node
+waiting at the rendezvous and restarts its workers: SIGTERM, last checkpoint, re-formed at 2). The dropped node is
+never index 0: on a cluster index 0 hosts the c10d rendezvous, so its loss cannot continue on fewer (the harness's
+nodes share 127.0.0.1, where any node could host the store; it keeps to what a cluster can do). Checked:
 every sample trained exactly once per epoch (each rank records the sample ids of its batches; the ones after the
 checkpoint the next run resumed from are dropped), the final weights equal an uninterrupted run's, steps lost 0 for
 SIGTERM and at most --checkpoint-every for SIGKILL, the failure budget untouched. Measured: the time from the kill to
@@ -37,9 +43,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 NODES = 2
 CLASSES, PER_CLASS = 3, 32  # 96 JPEGs: 12 steps of 2 x 4 per epoch
-TRAIN_ARGS = ["--model", "resnet18", "--width", "8", "--batch-size", "4", "--crop-size", "32", "--image-size",
+RANK_BATCH = 4
+TRAIN_ARGS = ["--model", "resnet18", "--width", "8", "--crop-size", "32", "--image-size",
               "32", "--lr", "0.01", "--log-every", "1", "--epochs", "2", "--workers", "0", "--deterministic",
               "--resume", "--collective-timeout", "30"]
+# An elastic gang keeps its global batch whatever its size (the spec asks for it): 8 = 2 nodes x 4, or 1 x 8.
+ELASTIC_BATCH_ARGS = ["--global-batch-size", str(NODES * RANK_BATCH)]
+ELASTIC_WAIT_S = 30  # the rendered elasticWaitSeconds (its floor): how long a re-forming gang waits for a lost node
 
 
 def make_dataset(root: Path) -> Path:
@@ -57,17 +67,27 @@ def make_dataset(root: Path) -> Path:
     return root
 
 
-def rendered_gang_job(rank_restarts: int | None = None) -> dict[str, Any]:
-    """The Job a 2-node spec renders to: its podFailurePolicy, backoffLimit and torchrun settings drive the trials."""
+def rendered_gang_job(rank_restarts: int | None = None, elastic: bool = False) -> dict[str, Any]:
+    """The Job a 2-node spec renders to: its podFailurePolicy, backoffLimit, successPolicy and torchrun settings
+    drive the trials. Elastic: minNodes 1, elasticWaitSeconds ELASTIC_WAIT_S."""
     from workloads.cluster_facts import ClusterFacts, PoolFacts
     from workloads.jobspec import parse_spec, render_job
 
     facts = ClusterFacts(stack="chaos", label_prefix="ml-cluster.io",
                          pools=(PoolFacts("cpu", None, 0, 0),))
+    extra: dict[str, Any] = {} if rank_restarts is None else {"rankRestarts": rank_restarts}
+    if elastic:
+        extra.update({"minNodes": 1, "elasticWaitSeconds": ELASTIC_WAIT_S, "args": ELASTIC_BATCH_ARGS})
     spec = parse_spec({"name": "chaos", "image": "registry.local/train:1", "gpus": 0, "cpu": "1", "memory": "8Gi",
-                       "nodes": NODES, **({} if rank_restarts is None else {"rankRestarts": rank_restarts})})
+                       "nodes": NODES, **extra})
     job, *_ = render_job(spec, facts)
     return job
+
+
+def train_args(job: dict[str, Any]) -> list[str]:
+    """The trainer's arguments: the harness's, with the rendered Job's batch rule (a global batch when elastic)."""
+    args = list(job["spec"]["template"]["spec"]["containers"][0].get("args", []))
+    return TRAIN_ARGS + (args if "--global-batch-size" in args else ["--batch-size", str(RANK_BATCH)])
 
 
 def _descendants(pid: int) -> list[int]:
@@ -117,6 +137,7 @@ class Node:
     log: Path
     process: subprocess.Popen[str] | None = None
     killed: bool = False  # SIGKILLed by the harness: the pod carries DisruptionTarget
+    pending: bool = False  # its replacement pod waits for capacity (a DROP trial)
     stopping_since: float | None = None  # SIGTERM sent (the kubelet SIGKILLs after the grace period)
     done: bool = False
     starts: int = 0
@@ -156,44 +177,57 @@ class Outcome:
     counted_failures: int = 0
     actions: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    world_after: int | None = None  # the world size the gang resumed at after the kill
+    restored: bool = False  # DROP: the capacity came back during the run
+    grow_time_s: float | None = None  # from the node's return to the first step of the gang grown back
+    grow_steps_lost: int | None = None
+    world_final: int | None = None  # the world size of the last formation
 
 
 def trained_ids(log_dir: Path) -> dict[int, Counter[int]]:
-    """epoch -> how often each sample id was trained, over every rank's runs (see benchmarks/chaos_worker.py)."""
-    by_rank: dict[str, list[tuple[float, int, list[dict[str, Any]]]]] = {}
+    """epoch -> how often each sample id was trained, over every rank's runs (see benchmarks/chaos_worker.py).
+
+    A run's batches count up to the step the next formation of the gang resumed from (its checkpoint): batches
+    trained after that checkpoint were lost with the formation and trained again. Every rank of one formation logs
+    the same formation time (rank 0's, broadcast), so formations are ordered whatever their sizes."""
+    runs: list[tuple[float, int, list[dict[str, Any]]]] = []
     for path in log_dir.glob("rank*.jsonl"):
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         if not lines or "start" not in lines[0]:
             continue
-        rank = path.name.split("-")[0]
-        by_rank.setdefault(rank, []).append((lines[0]["time"], lines[0]["start"], lines[1:]))
+        runs.append((lines[0]["time"], lines[0]["start"], lines[1:]))
+    starts = sorted({(formed, start) for formed, start, _ in runs})
     counts: dict[int, Counter[int]] = {}
-    for runs in by_rank.values():
-        runs.sort(key=lambda run: run[0])
-        for number, (_, start, batches) in enumerate(runs):
-            until = runs[number + 1][1] if number + 1 < len(runs) else None  # the step the next run resumed from
-            for k, batch in enumerate(batches, start=1):
-                if until is not None and start + k > until:
-                    break
-                counts.setdefault(batch["epoch"], Counter()).update(batch["ids"])
+    for formed, start, batches in runs:
+        later = [resumed for when, resumed in starts if when > formed]
+        until = later[0] if later else None  # the step the next formation resumed from
+        for k, batch in enumerate(batches, start=1):
+            if until is not None and start + k > until:
+                break
+            counts.setdefault(batch["epoch"], Counter()).update(batch["ids"])
     return counts
 
 
 def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
              kill: tuple[str, int, int] | None = None, timeout_s: float = 240.0, grace_s: float = 30.0,
-             step_delay_s: float = 0.15) -> Outcome:
-    """One gang run to completion under the harness's Job controller; `kill` = (SIGKILL|SIGTERM, step, node)."""
+             step_delay_s: float = 0.15, restore_after_steps: int | None = None) -> Outcome:
+    """One gang run to completion under the harness's Job controller; `kill` = (SIGKILL|SIGTERM|DROP, step, node).
+
+    DROP: the node is SIGKILLed and its replacement stays Pending; `restore_after_steps` steps after the gang
+    resumed without it, the capacity comes back and the replacement starts (None: never)."""
     from benchmarks.gang import COUNT, FAIL_JOB, pod_failure_action
 
     env_of = {item["name"]: item.get("value", "") for item in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # successPolicy (elastic gangs): the Job succeeds when index 0 does; the controller removes the lingering pods
+    leader_decides = "successPolicy" in job["spec"]
     checkpoints, logs = work / "checkpoints", work / "samples"
     logs.mkdir(parents=True)
     port = _free_port()
-    launch = [sys.executable, "-m", "workloads.train.launch", "--nnodes", str(NODES), "--nproc-per-node", "1",
-              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", work.name,
-              "--max-restarts", env_of["PET_MAX_RESTARTS"], "--rdzv-conf", env_of["PET_RDZV_CONF"],
-              "--monitor-interval", "0.5",
-              "-m", "benchmarks.chaos_worker", *TRAIN_ARGS, "--data", str(data),
+    launch = [sys.executable, "-m", "workloads.train.launch", "--nnodes", env_of["PET_NNODES"],
+              "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", work.name, "--max-restarts", env_of["PET_MAX_RESTARTS"],
+              "--rdzv-conf", env_of["PET_RDZV_CONF"], "--monitor-interval", "0.5",
+              "-m", "benchmarks.chaos_worker", *train_args(job), "--data", str(data),
               "--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(checkpoint_every)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CHAOS_LOG_DIR": str(logs),
            "CONFIG_ERROR_EXIT_CODE": env_of["CONFIG_ERROR_EXIT_CODE"],
@@ -209,6 +243,10 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
     trained_before = 0  # the highest step reported before the gang re-formed
     reformed = False
     resumed_step = 0
+    world = NODES  # the world size of the formation now training (the trainer's "config" event)
+    restored_at: float | None = None
+    grown = False
+    grow_resumed = 0
     for node in nodes:
         node.start()
     try:
@@ -221,11 +259,14 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
             except queue.Empty:
                 at, event = 0.0, {}
             name = event.get("event")
+            if name == "config":
+                world = int(event["world_size"])
             if name == "batch" and kill is not None and killed_at is None and event["step"] >= kill[1]:
                 target = nodes[kill[2]]
                 assert target.process is not None
-                if kill[0] == "SIGKILL":
+                if kill[0] in ("SIGKILL", "DROP"):
                     target.killed = True
+                    target.pending = kill[0] == "DROP"
                     kill_tree(target.process)  # the node is gone, with everything on it
                 else:
                     target.process.send_signal(signal.SIGTERM)  # the kubelet stops the pod: SIGTERM to PID 1
@@ -242,12 +283,34 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
                 outcome.time_to_resume_s = at - killed_at if killed_at is not None else None
                 outcome.resumed_step = resumed_step
                 outcome.steps_lost = max(0, trained_before - resumed_step)
+                outcome.world_after = world
+            elif (restore_after_steps is not None and restored_at is None and outcome.time_to_resume_s is not None
+                  and name == "batch" and event["step"] >= resumed_step + restore_after_steps):
+                for node in nodes:
+                    if node.pending:  # the capacity is back: the Pending replacement pod starts
+                        node.pending = False
+                        node.start()
+                        restored_at = time.monotonic()
+                        outcome.restored = True
+                        trained_before = 0
+            elif restored_at is not None and not grown:
+                if name == "batch":
+                    trained_before = max(trained_before, event["step"])
+                elif name == "resumed" and at > restored_at:
+                    grow_resumed = event["step"]
+                elif name == "model_loading" and at > restored_at:
+                    grown = True
+            elif grown and outcome.grow_time_s is None and name == "batch" and restored_at is not None:
+                outcome.grow_time_s = at - restored_at
+                outcome.grow_steps_lost = max(0, trained_before - grow_resumed)
+            if name == "batch":
+                outcome.world_final = world
             for node in nodes:
                 if (node.stopping_since is not None and node.process is not None and node.process.poll() is None
                         and time.monotonic() - node.stopping_since > grace_s):
                     node.killed = True  # the grace period is over: the kubelet SIGKILLs the pod (DisruptionTarget)
                     kill_tree(node.process)
-                if node.done or node.process is None or node.process.poll() is None:
+                if node.done or node.pending or node.process is None or node.process.poll() is None:
                     continue
                 code = node.process.returncode
                 if code == 0:
@@ -265,6 +328,8 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
                         outcome.problems.append("backoffLimit spent: the Job fails")
                         return outcome
                 node.start()  # the replacement pod
+            if leader_decides and nodes[0].done:
+                break  # index 0 succeeded: the Job is complete, the other pods are removed
             if all(node.done for node in nodes):
                 break
     finally:
@@ -292,6 +357,17 @@ def check(outcome: Outcome, work: Path, reference: dict[str, Any] | None, checkp
                                     f"missing: {missing})")
     if outcome.counted_failures:
         outcome.problems.append(f"{outcome.counted_failures} failure(s) counted against backoffLimit")
+    dropped = outcome.kill == "DROP"
+    if dropped:
+        if outcome.world_after is not None and outcome.world_after >= NODES:
+            outcome.problems.append(f"the gang resumed at {outcome.world_after} nodes after losing one for good")
+        if outcome.restored:
+            if outcome.grow_time_s is None:
+                outcome.problems.append("the capacity came back but the gang never grew back")
+            elif outcome.grow_steps_lost != 0:
+                outcome.problems.append(f"growing back lost {outcome.grow_steps_lost} steps")
+            if outcome.world_final != NODES:
+                outcome.problems.append(f"the gang ended at {outcome.world_final} nodes after the capacity came back")
     if outcome.kill is not None:
         if outcome.steps_lost is None:
             outcome.problems.append("no step after the kill")
@@ -306,7 +382,9 @@ def check(outcome: Outcome, work: Path, reference: dict[str, Any] | None, checkp
         if final["step"] != reference["step"]:
             outcome.problems.append(f"final step {final['step']}, uninterrupted {reference['step']}")
         differ = [name for name, tensor in reference["model"].items() if not torch.equal(tensor, final["model"][name])]
-        if differ:
+        # A gang that ran some steps on fewer nodes trained the same global batches, but BatchNorm normalised over
+        # other per-rank batches: its weights differ from the uninterrupted run's (its samples and steps do not).
+        if differ and not dropped:
             outcome.problems.append(f"final weights differ from the uninterrupted run ({differ[0]}, ...)")
     outcome.ok = outcome.ok and not outcome.problems
 
@@ -327,13 +405,18 @@ def _quantiles(values: list[float]) -> dict[str, float | None]:
     return {"median": at(0.5), "p95": at(0.95), "max": ordered[-1]}
 
 
+KINDS = ("SIGKILL", "SIGTERM", "DROP")
+
+
 def run_trials(root: Path, trials: int, seed: int, checkpoint_every: int,
-               progress: Any = None, rank_restarts: int | None = None) -> dict[str, Any]:
-    """An uninterrupted reference run, then `trials` seeded chaos trials; the summary (JSON-ready)."""
+               progress: Any = None, rank_restarts: int | None = None, elastic: bool = False) -> dict[str, Any]:
+    """An uninterrupted reference run, then `trials` seeded chaos trials; the summary (JSON-ready). Elastic: the
+    Job has minNodes 1, and a third of the trials DROP a node (about half of those get the capacity back one step
+    after the resume)."""
     from workloads.train.checkpoint import load_checkpoint
 
     data = make_dataset(root / "data")
-    job = rendered_gang_job(rank_restarts)
+    job = rendered_gang_job(rank_restarts, elastic=elastic)
     straight = run_gang(root / "straight", data, job, checkpoint_every)
     check(straight, root / "straight", None, checkpoint_every)
     reference = load_checkpoint(root / "straight" / "checkpoints")
@@ -343,27 +426,51 @@ def run_trials(root: Path, trials: int, seed: int, checkpoint_every: int,
     rng = random.Random(seed)
     results = []
     for number in range(trials):
-        kind = rng.choice(["SIGKILL", "SIGTERM"])
-        # not the last few steps: the run may end before the signal lands
-        kill = (kind, rng.randint(1, total_steps - 4), rng.randrange(NODES))
+        kind = rng.choice(list(KINDS) if elastic else ["SIGKILL", "SIGTERM"])
+        restore, delay = None, 0.15
+        if kind == "DROP":
+            # never index 0 (it hosts the rendezvous on a cluster)
+            restore = rng.choice([None, 1])
+            if restore is None:
+                kill = (kind, rng.randint(1, total_steps - 4), rng.randrange(1, NODES))
+            else:
+                # the returning node needs seconds to start and join: early, and slower steps, so that it finds the
+                # gang still training rather than its rendezvous closed
+                kill, delay = (kind, rng.randint(1, total_steps // 3), rng.randrange(1, NODES)), 0.6
+        else:
+            # not the last few steps: the run may end before the signal lands
+            kill = (kind, rng.randint(1, total_steps - 4), rng.randrange(NODES))
         work = root / f"trial{number:03d}"
-        outcome = run_gang(work, data, job, checkpoint_every, kill)
+        outcome = run_gang(work, data, job, checkpoint_every, kill, restore_after_steps=restore, step_delay_s=delay,
+                           timeout_s=400.0 if restore is not None else 240.0)
         check(outcome, work, reference, checkpoint_every)
         results.append(outcome)
         if progress is not None:
             progress(number, outcome)
     summary: dict[str, Any] = {"ok": all(o.ok for o in results), "trials": len(results), "seed": seed,
                                "rank_restarts": int(env_value(job, "PET_MAX_RESTARTS")),
+                               "nnodes": env_value(job, "PET_NNODES"),
+                               "rdzv_conf": env_value(job, "PET_RDZV_CONF"),
                                "checkpoint_every": checkpoint_every, "steps_per_run": total_steps,
                                "uninterrupted_seconds": straight.seconds}
-    for kind in ("SIGKILL", "SIGTERM"):
+    for kind in KINDS:
         of_kind = [o for o in results if o.kill == kind]
+        if not of_kind:
+            continue
         summary[kind] = {
             "trials": len(of_kind),
             "time_to_resume_s": _quantiles([o.time_to_resume_s for o in of_kind if o.time_to_resume_s is not None]),
             "steps_lost": _quantiles([float(o.steps_lost) for o in of_kind if o.steps_lost is not None]),
             "counted_failures": sum(o.counted_failures for o in of_kind),
         }
+        if kind == "DROP":
+            grown = [o for o in of_kind if o.restored]
+            summary[kind]["resumed_at_nodes"] = sorted({o.world_after for o in of_kind if o.world_after is not None})
+            summary[kind]["grow_back"] = {
+                "trials": len(grown),
+                "time_to_grow_s": _quantiles([o.grow_time_s for o in grown if o.grow_time_s is not None]),
+                "steps_lost": _quantiles([float(o.grow_steps_lost) for o in grown if o.grow_steps_lost is not None]),
+            }
     summary["failed"] = [{"kill": o.kill, "step": o.kill_step, "node": o.node, "problems": o.problems,
                           "actions": o.actions} for o in results if not o.ok]
     return summary

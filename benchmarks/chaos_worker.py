@@ -1,7 +1,8 @@
 """The trainer as the chaos harness runs it: workloads.train unchanged, plus a record of what each rank trained.
 
-Each worker process appends JSON lines to $CHAOS_LOG_DIR/rank<RANK>-<pid>.jsonl: first {"start": step, "time": t}
-(the step its run resumed from), then one {"epoch": e, "ids": [...]} per batch its sampler hands out. With
+Each worker process appends JSON lines to $CHAOS_LOG_DIR/rank<RANK>-<pid>.jsonl: first {"start": step, "time": t,
+"world": n} (the step its run resumed from; t is rank 0's clock when the formation loaded its model, the same on
+every rank of the formation), then one {"epoch": e, "ids": [...]} per batch its sampler hands out. With
 --workers 0 the k-th batch is the one of step start + k; the harness keeps those at or below the step the next run
 resumed from (the checkpoint), so a batch handed out but not trained, or trained after the last checkpoint and lost,
 is not counted. $CHAOS_STEP_DELAY seconds of sleep per batch make the tiny model's steps last long enough to be
@@ -15,6 +16,8 @@ import os
 import time
 from collections.abc import Iterator
 from typing import Any
+
+import torch.distributed as dist
 
 from workloads.data.sampler import ElasticBatchSampler
 from workloads.train import loop
@@ -36,7 +39,11 @@ def _install(log_path: str) -> None:
 
     def prepared(*args: Any, **kwargs: Any) -> Any:
         state = prepare(*args, **kwargs)
-        log.write(json.dumps({"start": state.step, "time": time.time()}) + "\n")
+        formed = [time.time()]
+        if dist.is_initialized():
+            dist.broadcast_object_list(formed, src=0)  # one formation time for every rank of the formation
+        log.write(json.dumps({"start": state.step, "time": formed[0],
+                              "world": dist.get_world_size() if dist.is_initialized() else 1}) + "\n")
         return state
 
     ElasticBatchSampler.__iter__ = logged  # type: ignore[method-assign]

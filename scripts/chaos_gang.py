@@ -1,5 +1,6 @@
-"""python scripts/chaos_gang.py [--trials 50] [--seed 0] [--checkpoint-every 3] [--json]: chaos trials on a 2-node
-training gang on 127.0.0.1 (benchmarks/chaos_gang.py): SIGKILL or SIGTERM a random node at a random step; prints
+"""python scripts/chaos_gang.py [--trials 50] [--seed 0] [--checkpoint-every 3] [--elastic]: chaos trials on a 2-node
+training gang on 127.0.0.1 (benchmarks/chaos_gang.py): SIGKILL or SIGTERM a random node at a random step (--elastic:
+or DROP one for good, the gang continuing on 1 node and sometimes growing back); prints
 each trial, then the distribution of time-to-resume and steps lost as JSON and a table. Exit 1 when a trial fails
 its checks."""
 
@@ -23,22 +24,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=int, default=3)
     parser.add_argument("--rank-restarts", type=int, default=None,
                         help="torchrun --max-restarts (default: what the rendered Job sets)")
+    parser.add_argument("--elastic", action="store_true",
+                        help="render the Job with minNodes 1 (--global-batch-size) and DROP a node in a third of the "
+                             "trials: the gang continues on 1 node, and in half of those grows back to 2")
     parser.add_argument("--workdir", default=None, help="keep the trials' files here (default: a temp dir)")
     args = parser.parse_args(argv)
 
     def progress(number: int, outcome: Outcome) -> None:
         resume = f"{outcome.time_to_resume_s:.2f}s" if outcome.time_to_resume_s is not None else "-"
+        grow = (f", grew back in {outcome.grow_time_s:.2f}s lost {outcome.grow_steps_lost}"
+                if outcome.grow_time_s is not None else "")
         print(f"trial {number:3d} {outcome.kill} node{outcome.node} at step {outcome.kill_step:2d}: resume {resume}, "
-              f"lost {outcome.steps_lost}, actions {' '.join(outcome.actions) or '-'}, "
+              f"lost {outcome.steps_lost}, at {outcome.world_after} nodes{grow}, "
+              f"actions {' '.join(outcome.actions) or '-'}, "
               f"{'ok' if outcome.ok else 'FAILED: ' + '; '.join(outcome.problems)}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="chaos-gang-") as temp:
         root = Path(args.workdir) if args.workdir else Path(temp)
-        summary = run_trials(root, args.trials, args.seed, args.checkpoint_every, progress, args.rank_restarts)
+        summary = run_trials(root, args.trials, args.seed, args.checkpoint_every, progress, args.rank_restarts,
+                             elastic=args.elastic)
     print(json.dumps(summary, indent=2))
     print(f"{'kill':8} {'trials':>6} {'resume median':>14} {'p95':>7} {'max':>7} {'lost median':>12} {'p95':>5} "
           f"{'max':>5} {'counted':>8}")
-    for kind in ("SIGKILL", "SIGTERM"):
+    for kind in ("SIGKILL", "SIGTERM", "DROP"):
         row = summary.get(kind)
         if not row:
             continue
@@ -50,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind:8} {row['trials']:6d} {fmt(t['median'], 's'):>14} {fmt(t['p95'], 's'):>7} "
               f"{fmt(t['max'], 's'):>7} {fmt(lost['median']):>12} {fmt(lost['p95']):>5} {fmt(lost['max']):>5} "
               f"{row['counted_failures']:8d}")
+        grow = row.get("grow_back")
+        if grow and grow["trials"]:
+            t, lost = grow["time_to_grow_s"], grow["steps_lost"]
+            print(f"{'  grow':8} {grow['trials']:6d} {fmt(t['median'], 's'):>14} {fmt(t['p95'], 's'):>7} "
+                  f"{fmt(t['max'], 's'):>7} {fmt(lost['median']):>12} {fmt(lost['p95']):>5} {fmt(lost['max']):>5}")
     return 0 if summary["ok"] else 1
 
 

@@ -13,6 +13,7 @@ from tests.jobs.jobrules import check_job, validate_strict
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, DISRUPTION_EXIT_CODE, parse_spec, render_job
 from workloads.jobspec.spec import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
+    DEFAULT_ELASTIC_WAIT_S,
     DEFAULT_RANK_RESTARTS,
     NODE_LOST_TOLERATION_S,
     RENDEZVOUS_JOIN_TIMEOUT_S,
@@ -31,7 +32,7 @@ def _job(**fields: Any) -> dict[str, Any]:
 
 
 def _gang(**fields: Any) -> dict[str, Any]:
-    return _job(nodes=2, gpus=8, gpuType="h100", **fields)
+    return _job(**{"nodes": 2, "gpus": 8, "gpuType": "h100", **fields})
 
 
 def _env(job: dict[str, Any]) -> dict[str, str]:
@@ -87,6 +88,46 @@ def test_a_gang_restarts_as_a_whole_through_torchrun_with_finite_waits() -> None
     assert DEFAULT_RANK_RESTARTS == 0  # every pod exits and is replaced: the fast path the harness measured
     tuned = _env(_gang(rankRestarts=2, collectiveTimeoutSeconds=300))
     assert tuned["PET_MAX_RESTARTS"] == "2" and tuned["COLLECTIVE_TIMEOUT_SECONDS"] == "300"
+
+
+def test_an_elastic_gang_renders_min_max_nodes_the_wait_and_success_by_index_0() -> None:
+    # 192 samples a step on 2, 3 or 4 nodes of 8 GPUs: 12, 8 or 6 per GPU
+    job = _gang(nodes=4, minNodes=2, elasticWaitSeconds=120, args=["--global-batch-size", "192"])
+    env = _env(job)
+    assert env["PET_NNODES"] == "2:4"  # torchrun MIN:MAX
+    assert env["PET_RDZV_CONF"] == f"join_timeout={RENDEZVOUS_JOIN_TIMEOUT_S},last_call_timeout=120"
+    # the Job stays an Indexed gang of the largest size: Kueue admits (and quota holds) all 4
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 4
+    # an index that never ran (its pod Pending) does not keep the finished Job open: index 0 decides
+    assert job["spec"]["successPolicy"] == {"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
+    check_job(job, kubernetes_version="1.35")
+    assert _env(_gang(minNodes=1, args=["--global-batch-size", "64"]))["PET_RDZV_CONF"].endswith(
+        f"last_call_timeout={DEFAULT_ELASTIC_WAIT_S}")
+    # minNodes == nodes is a rigid gang, as without minNodes
+    rigid = _gang(minNodes=2)
+    assert _env(rigid)["PET_NNODES"] == "2" and "successPolicy" not in rigid["spec"]
+    assert "successPolicy" not in _gang()["spec"]
+
+
+@pytest.mark.parametrize(("fields", "where", "why"), [
+    ({"nodes": 1, "minNodes": 1}, "minNodes", "nodes >= 2"),
+    ({"nodes": 2, "minNodes": 3}, "minNodes", "more than nodes"),
+    ({"nodes": 2, "minNodes": 1}, "args", "--global-batch-size"),
+    ({"nodes": 2, "minNodes": 1, "args": ["--global-batch-size", "many"]}, "args", "--global-batch-size"),
+    # 8 GPUs a node: 1 x 8 divides 24, 2 x 8 does not
+    ({"nodes": 2, "minNodes": 1, "args": ["--global-batch-size=24"]}, "args", "not divisible by 2 nodes x 8"),
+    ({"nodes": 2, "minNodes": 1, "elasticWaitSeconds": RENDEZVOUS_JOIN_TIMEOUT_S,
+      "args": ["--global-batch-size", "64"]}, "elasticWaitSeconds", ""),
+])
+def test_elastic_gang_spec_errors_name_the_field(fields: dict[str, Any], where: str, why: str) -> None:
+    with pytest.raises(ValueError, match=where) as raised:
+        parse_spec({"name": "resnet", "image": IMAGE, "gpus": 8, "gpuType": "h100", **fields})
+    assert why in str(raised.value)
+
+
+def test_an_elastic_gang_of_your_own_trainer_keeps_its_own_batch_rule() -> None:
+    job = _gang(minNodes=1, command=["python", "train.py"])
+    assert _env(job)["PET_NNODES"] == "1:2"
 
 
 def test_a_users_own_node_toleration_wins() -> None:

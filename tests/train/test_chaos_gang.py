@@ -1,6 +1,8 @@
 """The chaos harness in its small form: one 2-node gang on 127.0.0.1 (real torchrun agents, c10d rendezvous,
-gloo), one node SIGKILLed mid-run and restarted by the rendered Job's rules. The full form, with SIGTERM too, many
-seeded trials and the comparison with an uninterrupted run, is scripts/chaos_gang.py (docs/benchmarks.md)."""
+gloo), one node SIGKILLed mid-run and restarted by the rendered Job's rules; and an elastic gang (minNodes 1) whose
+lost node does not come back, so the survivor continues alone after the rendered wait. The full form, with SIGTERM
+too, many seeded trials, the gang growing back, and the comparison with an uninterrupted run, is
+scripts/chaos_gang.py (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos_gang import check, make_dataset, rendered_gang_job, run_gang
+from benchmarks.chaos_gang import (
+    CLASSES,
+    ELASTIC_WAIT_S,
+    NODES,
+    PER_CLASS,
+    RANK_BATCH,
+    check,
+    make_dataset,
+    rendered_gang_job,
+    run_gang,
+)
+from workloads.train.checkpoint import load_checkpoint
 
 # The harness's one-incident form stays in `make test` (not marked slow): the restart rules are its subject.
 pytestmark = [
@@ -29,3 +42,20 @@ def test_a_lost_node_restarts_the_whole_gang_which_trains_every_sample_once(tmp_
     assert all(action.endswith(":Ignore") for action in outcome.actions)  # the survivor exits 43: not counted
     assert outcome.steps_lost is not None and outcome.steps_lost <= 3
     assert outcome.counted_failures == 0
+
+
+def test_an_elastic_gang_continues_on_fewer_nodes_and_trains_every_sample_once(tmp_path: Path) -> None:
+    data = make_dataset(tmp_path / "data")
+    job = rendered_gang_job(rank_restarts=0, elastic=True)
+    outcome = run_gang(tmp_path / "run", data, job, checkpoint_every=3, kill=("DROP", 5, 1), timeout_s=180,
+                       step_delay_s=0.1)
+    # every sample once per epoch across the 2-node and the 1-node formations, the same number of steps as a
+    # 2-node run (the global batch is kept), steps lost within --checkpoint-every, nothing counted
+    check(outcome, tmp_path / "run", None, checkpoint_every=3)
+    assert outcome.ok, (outcome.problems, outcome.actions)
+    assert outcome.world_after == 1  # continued without the lost node
+    assert outcome.actions == ["node0:43:Ignore"]  # the survivor left the broken gang; the lost node never came back
+    assert outcome.steps_lost is not None and outcome.steps_lost <= 3
+    assert outcome.time_to_resume_s is not None and outcome.time_to_resume_s >= ELASTIC_WAIT_S  # it waited first
+    final = load_checkpoint(tmp_path / "run" / "checkpoints")
+    assert final is not None and final["step"] == 2 * (CLASSES * PER_CLASS) // (NODES * RANK_BATCH)

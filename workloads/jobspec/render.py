@@ -220,14 +220,16 @@ def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> lis
                     }
                 },
             },
-            {"name": "PET_NNODES", "value": str(spec.nodes)},
+            # elastic: torchrun's MIN:MAX, the c10d rendezvous completing with MIN+ nodes after the wait
+            {"name": "PET_NNODES",
+             "value": f"{spec.min_nodes}:{spec.nodes}" if spec.is_elastic() else str(spec.nodes)},
             {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
             {"name": "PET_RDZV_BACKEND", "value": "c10d"},
             {"name": "PET_RDZV_ENDPOINT", "value": f"{master}:{RENDEZVOUS_PORT}"},
             {"name": "PET_RDZV_ID", "value": job_name},
             # A lost rank restarts every pod's workers at one re-formed rendezvous, which waits this long for all.
             {"name": "PET_MAX_RESTARTS", "value": str(spec.rank_restarts)},
-            {"name": "PET_RDZV_CONF", "value": f"join_timeout={RENDEZVOUS_JOIN_TIMEOUT_S}"},
+            {"name": "PET_RDZV_CONF", "value": rendezvous_conf(spec)},
             {"name": "COLLECTIVE_TIMEOUT_SECONDS", "value": str(spec.collective_timeout_seconds)},
         ]
     elif spec.gpus > 1:
@@ -239,6 +241,14 @@ def _train_env(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str) -> lis
     if spec.checkpoint is not None and spec.checkpoint.uri is not None:
         env += _object_store_env(facts, spec.checkpoint.uri)[0]
     return env
+
+
+def rendezvous_conf(spec: TrainingJobSpec) -> str:
+    """torchrun's --rdzv-conf: how long a pod waits for the gang, and (elastic) for the nodes past minNodes."""
+    conf = f"join_timeout={RENDEZVOUS_JOIN_TIMEOUT_S}"
+    if spec.is_elastic():
+        conf += f",last_call_timeout={spec.elastic_wait_seconds}"
+    return conf
 
 
 def _check_claims(spec: TrainingJobSpec, facts: ClusterFacts) -> None:
@@ -480,6 +490,11 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         job_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
     if spec.nodes > 1:
         job_spec.update({"completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes})
+    if spec.is_elastic():
+        # An elastic gang that finished on fewer nodes leaves an index that never ran (its pod Pending for capacity)
+        # or never can (the rendezvous is closed): the Job succeeds when index 0, a member of every formation,
+        # succeeds, and the controller removes the lingering pods (batch/v1 successPolicy, GA in Kubernetes 1.33).
+        job_spec["successPolicy"] = {"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",

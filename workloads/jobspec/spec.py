@@ -49,6 +49,9 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 600
 # exiting and being replaced resumed in 5-11 s. A spec on stable nodes may ask for in-place restarts.
 DEFAULT_RANK_RESTARTS = 0
 RENDEZVOUS_JOIN_TIMEOUT_S = 900
+# Elastic gangs (minNodes): a re-forming gang waits this long, once minNodes have joined, for the rest (torch's c10d
+# rendezvous `last_call_timeout`), then trains on the nodes it has; a pod that comes later grows the gang back.
+DEFAULT_ELASTIC_WAIT_S = 600
 # A pod on a node that stopped answering (kernel panic, lost instance) is evicted after this long (the default is
 # 300 s), so the Job controller replaces it and the gang re-forms sooner.
 NODE_LOST_TOLERATION_S = 60
@@ -395,6 +398,13 @@ class TrainingJobSpec(_Spec):
     collective_timeout_seconds: int = Field(default=DEFAULT_COLLECTIVE_TIMEOUT_S, ge=60, le=7200)
     # Multi-node: torchrun's in-place restarts of a pod's workers before the pod exits (0: it exits and is replaced).
     rank_restarts: int = Field(default=DEFAULT_RANK_RESTARTS, ge=0, le=100)
+    # Multi-node, elastic: the gang may train on as few as this many nodes (nodes is the most) when lost capacity does
+    # not come back within elasticWaitSeconds, and grows back when it does. The bundled trainer then needs
+    # --global-batch-size in args (divisible by every possible world size): the global batch, the epoch order and
+    # the learning rate stay as they are. None: always all nodes.
+    min_nodes: int | None = Field(default=None, ge=1, le=512)
+    # Multi-node, elastic: how long a re-forming gang waits for missing nodes once minNodes have joined.
+    elastic_wait_seconds: int = Field(default=DEFAULT_ELASTIC_WAIT_S, ge=30, le=RENDEZVOUS_JOIN_TIMEOUT_S - 60)
     ttl_seconds_after_finished: int | None = Field(default=7 * 86400, ge=0)
     priority_class: DnsSubdomain | None = None
     # Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue when it runs Kueue.
@@ -432,6 +442,7 @@ class TrainingJobSpec(_Spec):
         clash = sorted(set(self.env) & set(self.secret_env))
         if clash:
             raise JobSpecError(f"secretEnv.{clash[0]}", "also set in env")
+        self._check_elastic()
         if self.gpu_type is not None and self.gpus == 0:
             raise JobSpecError("gpuType", f"{self.gpu_type} with gpus 0: a CPU job cannot select a GPU type")
         mounts = {"/dev/shm": "/dev/shm"}
@@ -453,6 +464,30 @@ class TrainingJobSpec(_Spec):
             if shortfall:
                 raise JobSpecError("memory", shortfall)
         return self
+
+    def _check_elastic(self) -> None:
+        if self.min_nodes is None:
+            return
+        if self.nodes < 2:
+            raise JobSpecError("minNodes", "an elastic gang needs nodes >= 2 (nodes is its largest size)")
+        if self.min_nodes > self.nodes:
+            raise JobSpecError("minNodes", f"{self.min_nodes} is more than nodes ({self.nodes})")
+        if self.command is not None or self.min_nodes == self.nodes:
+            return  # your own trainer keeps its own batch rule
+        global_batch = _option_value(self.args, "--global-batch-size")
+        if global_batch is None or not global_batch.isdigit() or int(global_batch) <= 0:
+            raise JobSpecError("args", "an elastic gang (minNodes) of the bundled trainer needs --global-batch-size N "
+                                       "in args: the global batch, the epoch order and the learning rate then stay "
+                                       "the same on fewer nodes")
+        per_node = max(self.gpus, 1)
+        for nodes in range(self.min_nodes, self.nodes + 1):
+            if int(global_batch) % (nodes * per_node):
+                raise JobSpecError("args", f"--global-batch-size {global_batch} is not divisible by {nodes} nodes x "
+                                           f"{per_node} processes, a size the elastic gang (minNodes "
+                                           f"{self.min_nodes}..nodes {self.nodes}) may run at")
+
+    def is_elastic(self) -> bool:
+        return self.min_nodes is not None and self.min_nodes < self.nodes
 
     # Derived sizes (bytes) the renderer and the tests share.
     def shm_bytes(self) -> int:
@@ -491,6 +526,17 @@ class TrainingJobSpec(_Spec):
         writes = 2 if self.checkpoint.uri is not None or self.checkpoint.bucket is not None else 1
         size, rate = quantity_bytes(self.checkpoint.size), quantity_bytes(self.checkpoint.write_rate)
         return STOP_BASE_S + math.ceil(writes * size / rate)
+
+
+def _option_value(args: list[str], option: str) -> str | None:
+    """The value of `option` in an argument list (`--opt V` or `--opt=V`); the last one wins, as in argparse."""
+    found = None
+    for number, arg in enumerate(args):
+        if arg == option and number + 1 < len(args):
+            found = args[number + 1]
+        elif arg.startswith(option + "="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def _with_headroom(num_bytes: int) -> int:

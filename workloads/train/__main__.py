@@ -168,7 +168,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         "--width", type=_positive, default=64, help="ResNet stem channels (64 = standard; less for CPU smoke runs)"
     )
     parser.add_argument("--epochs", type=_positive, default=1)
-    parser.add_argument("--batch-size", type=_positive, default=256)
+    parser.add_argument("--batch-size", type=_positive, default=256, help="samples per rank and step")
+    parser.add_argument("--global-batch-size", type=_positive, default=None, metavar="N",
+                        help="samples per step over all ranks, each taking N / world size (replaces --batch-size): "
+                             "an elastic gang keeps its epoch order, learning rate and step count on fewer or more "
+                             "nodes")
     parser.add_argument("--workers", type=_non_negative, default=4)
     parser.add_argument("--prefetch-factor", type=_positive, default=2)
     parser.add_argument("--amp", choices=["bf16"], default=None)
@@ -282,6 +286,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         width=args.width,
         epochs=args.epochs,
         batch_size=args.batch_size,
+        global_batch_size=args.global_batch_size,
         workers=args.workers,
         prefetch_factor=args.prefetch_factor,
         amp=args.amp,

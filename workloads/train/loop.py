@@ -67,12 +67,24 @@ from workloads.train.models import MODELS
 from workloads.train.shm import plan_shared_memory, shm_available_bytes
 
 
+def rank_batch_size(global_batch_size: int, world_size: int) -> int:
+    """Each rank's share of a fixed global batch; a world size that does not divide it is a config error."""
+    if global_batch_size % world_size:
+        raise ConfigError(f"--global-batch-size: {global_batch_size} is not divisible by the world size "
+                          f"{world_size} (nodes x processes per node)")
+    return global_batch_size // world_size
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     data: str
     model: str = "resnet50"
     epochs: int = 1
     batch_size: int = 256
+    # Each step's samples over all ranks; each rank then takes global_batch_size / world_size (batch_size is
+    # ignored). Fixed across world sizes, so an elastic gang that shrinks or grows keeps its epoch order and its
+    # optimisation (same learning rate, same steps).
+    global_batch_size: int | None = None
     workers: int = 4
     prefetch_factor: int = 2
     amp: str | None = None  # "bf16"
@@ -122,7 +134,7 @@ class TrainConfig:
         if not isinstance(self.metrics_port, int) or not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"--metrics-port: must be a TCP port (1-65535) or 0 for off, got {self.metrics_port!r}")
         for name, value in (("image_size", self.image_size), ("stop_after_steps", self.stop_after_steps),
-                            ("canonical_nodes", self.canonical_nodes)):
+                            ("canonical_nodes", self.canonical_nodes), ("global_batch_size", self.global_batch_size)):
             if value is not None and value <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {value!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -577,6 +589,8 @@ def _train(
     config.validate()
     check_worker_tmpdir(config.workers)
     env = Distributed.from_env()
+    if config.global_batch_size is not None:
+        config = replace(config, batch_size=rank_batch_size(config.global_batch_size, env.world_size))
     if config.checkpoint_dir:
         check_checkpoint_dir(config.checkpoint_dir)
     mirror = CheckpointMirror(config.checkpoint_uri) if config.checkpoint_uri else None

@@ -192,7 +192,8 @@ def test_image_folder_readers_and_trainer_refuse_records(packed_records: tuple[P
 
 @pytest.mark.parametrize(("spec", "value", "message"), [
     (FieldSpec(name="t", type="text"), b"caf\xe9", r"^t: text is not UTF-8 \(byte 3\)$"),
-    (FieldSpec(name="t", type="text"), "half \ud800", r"^t: text is not valid Unicode"),
+    (FieldSpec(name="t", type="text"), "half \ud800",
+     r"^t: text is not UTF-8 \(an undecodable byte or a lone surrogate at character 5\)$"),
     (FieldSpec(name="e", type="ndarray", dtype="float32", shape=(2,)), np.zeros(2, np.float64),
      r"^e: dtype float64 does not convert to float32 without loss$"),
     (FieldSpec(name="e", type="ndarray", dtype="float32", shape=(2,)), np.zeros(3, np.float32),

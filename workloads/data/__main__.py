@@ -1,4 +1,5 @@
-"""CLI: python -m workloads.data pack [--upload s3://...]|verify|upload|stage (see docs/data-tools.md).
+"""CLI: python -m workloads.data pack [--upload s3://...]|pack-captions|pack-tokens|verify|upload|stage (see
+docs/data-tools.md).
 
 Failures print one line, `error: <where>: <why>`. Exit status: 2 for bad input or configuration (arguments, a
 manifest, a bucket that does not exist, credentials); 1 for a failure a retry may fix (the network, a full disk, a
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from workloads.cli import HelpWithDefaults, parse_size
 from workloads.data.format import MAX_IMAGE_SIZE
 from workloads.data.metrics import STAGE_METRICS_PORT_ENV, StageMetrics
+from workloads.data.records import TOKEN_DTYPES
 from workloads.data.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
 
@@ -124,6 +126,32 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--keep-local", action="store_true",
                       help="with --upload: keep the shards in OUT too (OUT is then the same as a plain pack)")
 
+    captions = commands.add_parser("pack-captions", help="image + caption pairs (a JSONL/CSV/TSV/Parquet table of "
+                                                         "key,caption[,...] beside the images) -> records dataset")
+    captions.add_argument("table", help="TABLE.jsonl|.csv|.tsv|.parquet, local or s3://BUCKET/PATH/TABLE; keys are "
+                                        "image paths relative to its folder")
+    captions.add_argument("out", type=Path)
+    captions.add_argument("--int", action="append", default=[], metavar="COLUMN",
+                          help="store this extra column as an int field (repeatable); other extra columns are text")
+    captions.add_argument("--endpoint-url", type=_endpoint, help="with an s3:// TABLE: S3-compatible endpoint")
+    captions.add_argument("--fetch-workers", type=_int_upto(512), default=32,
+                          help="with an s3:// TABLE: objects fetched at once")
+    captions.add_argument("--workers", type=_int_upto(256), default=cpus, help="image decoding processes")
+
+    tokens = commands.add_parser("pack-tokens", help="pre-tokenized .npy arrays -> fixed-length token sequences")
+    tokens.add_argument("src", type=Path, help="a folder of .npy files, each one document's 1-D token ids")
+    tokens.add_argument("out", type=Path)
+    tokens.add_argument("--seq-len", type=_int_upto(1 << 24), required=True, help="tokens per sequence")
+    tokens.add_argument("--dtype", choices=list(TOKEN_DTYPES), default="uint16",
+                        help="stored dtype of the ids (uint16 holds vocabularies up to 65536)")
+    tokens.add_argument("--eos", type=int, default=None, help="token id appended after each document")
+    for sub in (captions, tokens):
+        sub.add_argument("--shard-size", type=_size(KIB, 64 * GIB), default=1 << 30, help="e.g. 1GiB")
+        sub.add_argument("--strict", action="store_true", help="fail on the first unusable input")
+        sub.add_argument("--force", action="store_true", help="replace a dataset already in OUT")
+        sub.add_argument("--shuffle-seed", type=int, default=0, help="seed of the sample order")
+        sub.add_argument("--no-shuffle", action="store_true", help="keep the input order")
+
     verify = commands.add_parser("verify", help="check shards against the manifest")
     verify.add_argument("out", type=Path)
 
@@ -163,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                        help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
                             f"listens on ${METRICS_ADDR_ENV} (default {DEFAULT_METRICS_ADDR})")
-    for sub in (pack, upload, stage):
+    for sub in (pack, captions, tokens, upload, stage):
         sub.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -209,6 +237,45 @@ def _shard_stream(args: argparse.Namespace, progress: bool) -> ShardStream | Non
     return ShardStream(client, target, options, probe_client=probe)
 
 
+def _pack_records(args: argparse.Namespace, progress: bool) -> int:
+    """pack-captions and pack-tokens: a records dataset (workloads/data/records_pack.py)."""
+    from workloads.data.pack import REPORT_NAME
+    from workloads.data.records_pack import RecordPackOptions, pack_captions, pack_tokens
+
+    options = RecordPackOptions(shard_bytes=args.shard_size, workers=getattr(args, "workers", 1), strict=args.strict,
+                                force=args.force, progress=progress,
+                                shuffle_seed=None if args.no_shuffle else args.shuffle_seed)
+    if args.command == "pack-tokens":
+        result = pack_tokens(args.src, args.out, options, seq_len=args.seq_len, dtype=args.dtype, eos=args.eos)
+        extra = (f"; {result.report['stream_tokens']} tokens of {result.report['documents']} documents, "
+                 f"dropped tail {result.report['dropped_tail_tokens']}")
+    else:
+        client, source_options = None, None
+        if args.table.startswith("s3://"):
+            from workloads.data.s3 import make_client
+            from workloads.data.sources import SourceOptions
+
+            try:
+                parse_s3_uri(args.table)
+            except DataToolError as exc:
+                raise DataToolError("TABLE", f"{exc.why}: {args.table!r}") from None
+            source_options = SourceOptions(fetch_workers=args.fetch_workers)
+            client = make_client(args.endpoint_url, max_connections=args.fetch_workers)
+        else:
+            for flag, wrong in (("--endpoint-url", args.endpoint_url is not None),
+                                ("--fetch-workers", args.fetch_workers != 32)):
+                if wrong:
+                    raise DataToolError(flag, "only meaningful with an s3:// TABLE")
+        result = pack_captions(args.table, args.out, options, args.int, client=client,
+                               source_options=source_options)
+        extra = ""
+    manifest = result.manifest
+    fields = ", ".join(f"{spec.name}:{spec.type}" for spec in manifest.fields or [])
+    print(f"packed {manifest.num_samples} records ({fields}) in {len(manifest.shards)} shards into {args.out}; "
+          f"skipped {len(result.skipped)} (see {args.out / REPORT_NAME}){extra}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress if hasattr(args, "no_progress") else False
     if args.command == "pack":
@@ -229,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"packed {manifest.num_samples} samples in {len(manifest.shards)} shards ({manifest.layout}) "
               f"into {args.out}{sent}; skipped {len(result.skipped)} (see {args.out / REPORT_NAME})")
         return 0
+    if args.command in ("pack-captions", "pack-tokens"):
+        return _pack_records(args, progress)
     if args.command == "verify":
         from workloads.data.verify import VerifyError, verify
 

@@ -164,7 +164,8 @@ def encode_value(spec: FieldSpec, value: Any) -> bytes | np.ndarray:
             try:
                 payload = value.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise RecordError(f"{spec.name}: text is not valid Unicode ({exc.reason})") from None
+                raise RecordError(f"{spec.name}: text is not UTF-8 (an undecodable byte or a lone surrogate at "
+                                  f"character {exc.start})") from None
         elif isinstance(value, (bytes, bytearray, memoryview)):
             payload = bytes(value)
             try:

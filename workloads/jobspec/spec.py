@@ -246,13 +246,18 @@ class _Spec(BaseModel):
 class SecretKeyRef(_Spec):
     """An environment value read from a Kubernetes Secret, so it never appears in a manifest or plan."""
 
-    secret: DnsSubdomain
-    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    secret: DnsSubdomain = Field(description="the Secret's name, in the Job's namespace")
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
+        description="the key in the Secret whose value the variable gets",
+    )
 
 
 class RamDiskSpec(_Spec):
-    size: PositiveQuantity
-    mount_path: AbsolutePath = "/ramdisk"
+    size: PositiveQuantity = Field(description="the RAM disk's sizeLimit")
+    mount_path: AbsolutePath = Field(
+        default="/ramdisk",
+        description="where the RAM disk is mounted in the training container",
+    )
 
 
 def _one_source(uri: str | None, bucket: str | None, claim_name: str | None, prefix: str) -> None:
@@ -277,15 +282,38 @@ class DatasetSpec(_Spec):
     sample holds all of them).
     """
 
-    uri: str | None = None
-    bucket: DnsLabel | None = None
-    prefix: ObjectPrefix = ""
-    claim_name: DnsSubdomain | None = None
-    mount_path: AbsolutePath = "/data"
-    staging: Staging = "none"
-    staged_size: PositiveQuantity | None = None
-    decoded_size: PositiveQuantity | None = None
-    stager_workers: int = Field(default=16, ge=1, le=256)
+    uri: str | None = Field(
+        default=None,
+        description="s3://bucket/prefix of the packed dataset (S3, or the stack's S3-compatible store)",
+    )
+    bucket: DnsLabel | None = Field(
+        default=None,
+        description="one of the stack's buckets by its logical name (storage.buckets or storage.cos.buckets)",
+    )
+    prefix: ObjectPrefix = Field(default="", description="with bucket: the key prefix of the packed dataset in it")
+    claim_name: DnsSubdomain | None = Field(
+        default=None,
+        description="a PersistentVolumeClaim in the Job's namespace holding the dataset",
+    )
+    mount_path: AbsolutePath = Field(
+        default="/data",
+        description="where the training container finds the dataset (DATA_DIR)",
+    )
+    staging: Staging = Field(
+        default="none",
+        description=("none: read the claim in place; copy: stage everything onto NVMe before training; cache: a "
+                     "sidecar stager fetches shards onto NVMe while training, within stagedSize; rolling: the same as "
+                     "cache, kept for older Jobs"),
+    )
+    staged_size: PositiveQuantity | None = Field(
+        default=None,
+        description="what staging keeps on the node's NVMe: the dataset's size for copy, the cache's budget for cache",
+    )
+    decoded_size: PositiveQuantity | None = Field(
+        default=None,
+        description="with staging: room on the NVMe for decoded samples of an encoded dataset (the decode cache)",
+    )
+    stager_workers: int = Field(default=16, ge=1, le=256, description="parallel ranged GETs of the stager")
 
     @model_validator(mode="after")
     def _check(self) -> DatasetSpec:
@@ -329,15 +357,27 @@ class CheckpointSpec(_Spec):
     Not a Mountpoint S3 volume: it cannot rename, which breaks write-then-rename checkpointing.
     """
 
-    uri: str | None = None
-    bucket: DnsLabel | None = None
-    prefix: ObjectPrefix = ""
-    claim_name: DnsSubdomain | None = None
-    mount_path: AbsolutePath = "/checkpoints"
+    uri: str | None = Field(
+        default=None,
+        description="s3://bucket/prefix the trainer uploads checkpoints to and resumes from",
+    )
+    bucket: DnsLabel | None = Field(
+        default=None,
+        description="one of the stack's buckets by its logical name (storage.buckets or storage.cos.buckets)",
+    )
+    prefix: ObjectPrefix = Field(default="", description="with bucket: the key prefix for this run's checkpoints")
+    claim_name: DnsSubdomain | None = Field(
+        default=None,
+        description="a PersistentVolumeClaim for checkpoints (EFS: rename works), mounted read-write",
+    )
+    mount_path: AbsolutePath = Field(default="/checkpoints", description="where a claim is mounted (CHECKPOINT_DIR)")
     # The checkpoint's size, and how fast it is written (bytes per second; the trainer's "checkpoint" events report
     # bytes and seconds): they size terminationGracePeriodSeconds.
     size: PositiveQuantity = DEFAULT_CHECKPOINT_SIZE
-    write_rate: PositiveQuantity = DEFAULT_CHECKPOINT_WRITE_RATE
+    write_rate: PositiveQuantity = Field(
+        default=DEFAULT_CHECKPOINT_WRITE_RATE,
+        description="how fast a checkpoint is written, per second; with size it sizes terminationGracePeriodSeconds",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:
@@ -348,11 +388,23 @@ class CheckpointSpec(_Spec):
 
 
 class TolerationSpec(_Spec):
-    key: Annotated[str, Field(min_length=1, max_length=316)] | None = None
-    operator: Literal["Equal", "Exists"] = "Equal"
-    value: LabelValue | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(default=None, ge=0)
+    key: Annotated[str, Field(min_length=1, max_length=316)] | None = Field(
+        default=None,
+        description="the taint key; unset with operator Exists: every taint",
+    )
+    operator: Literal["Equal", "Exists"] = Field(
+        default="Equal",
+        description="Equal: the taint's value must match value; Exists: any value",
+    )
+    value: LabelValue | None = Field(default=None, description="the taint value (operator Equal)")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None,
+        description="the taint effect tolerated; unset: every effect",
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0,
+        description="NoExecute only: how long the pod stays on a node after the taint appears",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TolerationSpec:
@@ -368,16 +420,39 @@ class TolerationSpec(_Spec):
 class TrainingJobSpec(_Spec):
     """One training run. Resource fields are per pod (one pod per node)."""
 
-    name: JobName
+    name: JobName = Field(
+        description=("the Job's name (DNS label); the rendered Job is <name>-<hash of the spec>, so a changed spec is "
+                     "a new Job"),
+    )
     # Either a full image reference, or a tag of the stack's own registry (ClusterFacts.image_repository).
     image: Image | None = None
-    image_tag: ImageTag | None = None
-    command: list[str] | None = Field(default=None, min_length=1)
-    args: list[str] = Field(default_factory=list)
-    env: dict[EnvName, str] = Field(default_factory=dict)
-    secret_env: dict[EnvName, SecretKeyRef] = Field(default_factory=dict)
-    gpus: int = Field(default=1, ge=0, le=16)
-    gpu_type: DnsLabel | None = None
+    image_tag: ImageTag | None = Field(
+        default=None,
+        description="a tag of the stack's own registry (jobFacts.image_repository); the Job runs <repository>:<tag>",
+    )
+    command: list[str] | None = Field(
+        default=None, min_length=1,
+        description=("the container's command; unset: the image's entrypoint (the bundled trainer), or torchrun for "
+                     "several GPUs or nodes. With a command, no trainer argument (--data, --resume, ...) is implied"),
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description=("the container's arguments; with the bundled trainer, after the data and checkpoint paths the "
+                     "renderer implies"),
+    )
+    env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="environment variables of the training container (plain values; secrets go in secretEnv)",
+    )
+    secret_env: dict[EnvName, SecretKeyRef] = Field(
+        default_factory=dict,
+        description="environment variables read from Kubernetes Secrets, by variable name",
+    )
+    gpus: int = Field(default=1, ge=0, le=16, description="GPUs per pod (nvidia.com/gpu); 0: a CPU Job")
+    gpu_type: DnsLabel | None = Field(
+        default=None,
+        description="the pools' GPU type to run on (a10g, h100, ...); required when the stack has several",
+    )
     cpu: PositiveQuantity | None = None  # default: the pool's per-GPU CPU x gpus
     memory: PositiveQuantity | None = (
         None  # the container's memory limit; default: pool's per-GPU memory x gpus
@@ -385,12 +460,31 @@ class TrainingJobSpec(_Spec):
     process_memory: PositiveQuantity = "4Gi"  # what the process needs besides memory-backed volumes
     ephemeral_storage: PositiveQuantity = "10Gi"  # local scratch besides staging: logs and /tmp (its sizeLimit)
     shm_size: PositiveQuantity | None = None  # /dev/shm; default max(1Gi, 2Gi x gpus)
-    ram_disk: RamDiskSpec | None = None
-    dataset: DatasetSpec | None = None
-    checkpoint: CheckpointSpec | None = None
-    nodes: int = Field(default=1, ge=1, le=512)
-    backoff_limit: int = Field(default=2, ge=0, le=100)
-    active_deadline_seconds: int = Field(default=3 * 86400, ge=60)
+    ram_disk: RamDiskSpec | None = Field(
+        default=None,
+        description="a memory-backed emptyDir for fast scratch, counted in the memory limit",
+    )
+    dataset: DatasetSpec | None = Field(
+        default=None,
+        description="the training data: its source and how it is staged onto the node",
+    )
+    checkpoint: CheckpointSpec | None = Field(
+        default=None,
+        description="where checkpoints go: a PVC or an object-store prefix",
+    )
+    nodes: int = Field(
+        default=1, ge=1, le=512,
+        description=("pods (one per node; with minNodes, the most); above 1 an Indexed Job with a headless Service and "
+                     "torchrun rendezvous"),
+    )
+    backoff_limit: int = Field(
+        default=2, ge=0, le=100,
+        description="failed pods the Job may retry (disruptions such as a Spot reclaim do not count)",
+    )
+    active_deadline_seconds: int = Field(
+        default=3 * 86400, ge=60,
+        description="the longest the Job may run, retries included; then it fails",
+    )
     # Time from SIGTERM to SIGKILL, for the last checkpoint; unset: 60 s plus checkpoint.size over checkpoint.writeRate
     # (twice when the checkpoint is also uploaded), 60 s without a checkpoint.
     termination_grace_period_seconds: int | None = Field(default=None, ge=30, le=3600)
@@ -405,8 +499,14 @@ class TrainingJobSpec(_Spec):
     min_nodes: int | None = Field(default=None, ge=1, le=512)
     # Multi-node, elastic: how long a re-forming gang waits for missing nodes once minNodes have joined.
     elastic_wait_seconds: int = Field(default=DEFAULT_ELASTIC_WAIT_S, ge=30, le=RENDEZVOUS_JOIN_TIMEOUT_S - 60)
-    ttl_seconds_after_finished: int | None = Field(default=7 * 86400, ge=0)
-    priority_class: DnsSubdomain | None = None
+    ttl_seconds_after_finished: int | None = Field(
+        default=7 * 86400, ge=0,
+        description="deletes the finished Job (and its pods) after this long; null keeps it",
+    )
+    priority_class: DnsSubdomain | None = Field(
+        default=None,
+        description="the pods' Kubernetes PriorityClass (priorityClassName)",
+    )
     # Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue when it runs Kueue.
     queue: DnsSubdomain | None = None
     # A stack team with a namespace (ml-cluster:kueue.teams): the Job runs there, through the team's LocalQueue, as
@@ -418,7 +518,10 @@ class TrainingJobSpec(_Spec):
     # Created suspended (spec.suspend) and started later, e.g. once its dataset is uploaded. None: the caller's
     # default, which is suspended for the Jobs a stack deploys and running for `workloads.submit`.
     suspend: bool | None = None
-    tolerations: list[TolerationSpec] = Field(default_factory=list)
+    tolerations: list[TolerationSpec] = Field(
+        default_factory=list,
+        description="tolerations beside the GPU taint's, e.g. for a pool's own taints",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainingJobSpec:

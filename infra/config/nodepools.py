@@ -54,9 +54,15 @@ NodeName = Annotated[str, AfterValidator(_node_name)]
 
 
 class TaintConfig(StrictModel):
-    key: LabelKey
-    value: str = Field(default="", max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-    effect: Literal["NO_SCHEDULE", "NO_EXECUTE", "PREFER_NO_SCHEDULE"] = "NO_SCHEDULE"
+    key: LabelKey = Field(description="the taint key")
+    value: str = Field(
+        default="", max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
+        description="the taint value (may be empty)",
+    )
+    effect: Literal["NO_SCHEDULE", "NO_EXECUTE", "PREFER_NO_SCHEDULE"] = Field(
+        default="NO_SCHEDULE",
+        description="the EKS API's effect names (NO_SCHEDULE is Kubernetes' NoSchedule)",
+    )
 
 
 class LocalStorageConfig(StrictModel):
@@ -66,7 +72,11 @@ class LocalStorageConfig(StrictModel):
     is required); none: leave the instance store alone (no NodeConfig, no NVMe labels).
     """
 
-    mode: Literal["auto", "raid0", "none"] = "auto"
+    mode: Literal["auto", "raid0", "none"] = Field(
+        default="auto",
+        description=("auto: RAID0 when the instance type has instance store; raid0: always (gib then required); none: "
+                     "leave it alone"),
+    )
     gib: int | None = Field(default=None, ge=1, description="total NVMe GiB per node; overrides detection")
 
     @model_validator(mode="after")
@@ -79,16 +89,25 @@ class LocalStorageConfig(StrictModel):
 class ExistingNodesConfig(StrictModel):
     """onprem: nodes that already exist, with their shape declared (there is no instance-type lookup)."""
 
-    nodes: list[NodeName] = Field(min_length=1)
-    vcpus: int = Field(ge=1)
-    memory: Quantity
-    gpu_type: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
-    gpus_per_node: int = Field(default=0, ge=0)
-    gpu_memory_gib: int | None = Field(default=None, ge=1)
+    nodes: list[NodeName] = Field(min_length=1, description="the Kubernetes node names of the pool")
+    vcpus: int = Field(ge=1, description="vCPUs per node")
+    memory: Quantity = Field(description="memory per node")
+    gpu_type: str | None = Field(
+        default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
+        description="the GPU type label value, e.g. a100 (with gpusPerNode)",
+    )
+    gpus_per_node: int = Field(default=0, ge=0, description="GPUs per node (with gpuType); 0: a CPU pool")
+    gpu_memory_gib: int | None = Field(
+        default=None, ge=1,
+        description="memory per GPU, GiB (the <prefix>/gpu-memory-gib label)",
+    )
     nvme_gib: int = Field(default=0, ge=0, description="NVMe-backed kubelet root dir (ephemeral storage), GiB")
     # The kubelet's disk where it is not NVMe: what the nodes offer as ephemeral storage (Kueue's quota counts it).
     kubelet_disk_gib: int | None = Field(default=None, ge=1, description="default: nvmeGib")
-    max_pods: int = Field(default=110, ge=1)
+    max_pods: int = Field(
+        default=110, ge=1,
+        description="the kubelet's maxPods (it sizes the kubelet's memory reservation)",
+    )
 
     @model_validator(mode="after")
     def _gpu_fields_together(self) -> ExistingNodesConfig:
@@ -135,20 +154,55 @@ class NodePoolConfig(StrictModel):
     """One pool: an EKS managed node group (instanceTypes) or, on onprem, existing nodes (existing)."""
 
     name: DnsLabel = Field(max_length=40)  # room for "<prefix>-nodepools-<name>-..." logical names
-    gpu: bool = False
-    instance_types: list[InstanceType] = []
-    existing: ExistingNodesConfig | None = None
-    capacity_type: Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"] = "ON_DEMAND"
-    capacity_reservation: CapacityReservationConfig | None = None
-    min_size: int = Field(default=0, ge=0)
+    gpu: bool = Field(
+        default=False,
+        description=("the pool's nodes have NVIDIA GPUs: the NVIDIA AMI, the nvidia.com/gpu NoSchedule taint and the "
+                     "GPU labels (checked against the instance type)"),
+    )
+    instance_types: list[InstanceType] = Field(
+        default=[],
+        description="EKS: the managed node group's EC2 instance types (several give Spot more capacity pools)",
+    )
+    existing: ExistingNodesConfig | None = Field(
+        default=None,
+        description="onprem: the pool's existing nodes and their shape",
+    )
+    capacity_type: Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"] = Field(
+        default="ON_DEMAND",
+        description="ON_DEMAND, SPOT, or CAPACITY_BLOCK (an EC2 Capacity Block for ML; needs capacityReservation)",
+    )
+    capacity_reservation: CapacityReservationConfig | None = Field(
+        default=None,
+        description="reserved capacity the pool launches into (a Capacity Block or an On-Demand Capacity Reservation)",
+    )
+    min_size: int = Field(
+        default=0, ge=0,
+        description="the fewest nodes; 0 lets the cluster-autoscaler scale the pool from zero",
+    )
     desired_size: int | None = Field(default=None, ge=0, description="default: minSize")
-    max_size: int = Field(default=1, ge=1, le=1000)
-    ami_family: Literal["al2023", "bottlerocket"] = "al2023"
+    max_size: int = Field(default=1, ge=1, le=1000, description="the most nodes the cluster-autoscaler may start")
+    ami_family: Literal["al2023", "bottlerocket"] = Field(
+        default="al2023",
+        description=("al2023: AL2023_x86_64_NVIDIA (GPU) / AL2023_x86_64_STANDARD; bottlerocket: "
+                     "BOTTLEROCKET_x86_64_NVIDIA / BOTTLEROCKET_x86_64 (ARM_64 for Graviton types)"),
+    )
     disk_size_gib: int = Field(default=100, ge=20, le=16384, description="root (AL2023) / data (Bottlerocket) gp3")
-    labels: Labels = {}
-    taints: list[TaintConfig] = []
-    local_storage: LocalStorageConfig = LocalStorageConfig()
-    max_unavailable: int = Field(default=1, ge=1, le=100)
+    labels: Labels = Field(
+        default={},
+        description="node labels beside the stack's own (<prefix>/pool, gpu-type, disktype, ...)",
+    )
+    taints: list[TaintConfig] = Field(
+        default=[],
+        description="node taints beside the GPU taint GPU pools get (EKS pools; existing nodes keep theirs)",
+    )
+    local_storage: LocalStorageConfig = Field(
+        default=LocalStorageConfig(),
+        description="the instance store NVMe: detected, forced to a RAID0, or left alone",
+    )
+    max_unavailable: int = Field(
+        default=1, ge=1, le=100,
+        description="nodes replaced at once when the node group is updated (a new AMI or launch template)",
+    )
     availability_zones: list[str] = Field(default=[], description="restrict to these AZs' private subnets")
     # Elastic Fabric Adapter on every network card the type has, in one AZ and a cluster placement group; multi-node
     # Jobs on the pool get its interfaces and the libfabric/NCCL settings (docs/architecture.md, EFA).
@@ -226,9 +280,9 @@ class NodePoolConfig(StrictModel):
 
 
 class HelmChartConfig(StrictModel):
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="install the chart")
     chart_version: str = Field(pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
-    namespace: DnsLabel = "kube-system"
+    namespace: DnsLabel = Field(default="kube-system", description="the namespace the chart is installed in")
 
 
 class DevicePluginConfig(HelmChartConfig):
@@ -239,8 +293,11 @@ class DevicePluginConfig(HelmChartConfig):
 class DcgmExporterConfig(HelmChartConfig):
     # https://nvidia.github.io/dcgm-exporter/helm-charts, chart dcgm-exporter (4.7.0 was never published: see
     # docs/versions.md)
-    enabled: bool = False
-    chart_version: str = Field(default="4.8.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    enabled: bool = Field(default=False, description="install the chart (off by default)")
+    chart_version: str = Field(
+        default="4.8.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
+        description="the pinned chart version (docs/versions.md)",
+    )
     service_monitor: bool = Field(default=False, description="needs the Prometheus operator's ServiceMonitor CRD")
 
 
@@ -252,9 +309,18 @@ class AutoscalerConfig(HelmChartConfig):
         pattern=r"^v\d+\.\d+\.\d+$",
         description="default: the newest cluster-autoscaler release of the control plane's minor",
     )
-    expander: Literal["least-waste", "random", "most-pods", "priority", "price"] = "least-waste"
-    scale_down_unneeded_time: str = Field(default="10m", pattern=r"^\d+[smh]$")
-    balance_similar_node_groups: bool = True
+    expander: Literal["least-waste", "random", "most-pods", "priority", "price"] = Field(
+        default="least-waste",
+        description="how the autoscaler picks a node group when several fit (cluster-autoscaler --expander)",
+    )
+    scale_down_unneeded_time: str = Field(
+        default="10m", pattern=r"^\d+[smh]$",
+        description="how long a node stays unneeded before it is removed (e.g. 10m)",
+    )
+    balance_similar_node_groups: bool = Field(
+        default=True,
+        description="keep similar node groups (e.g. one per zone) at similar sizes",
+    )
 
 
 class EfaDevicePluginConfig(HelmChartConfig):
@@ -268,20 +334,45 @@ class NodeMonitoringAgentConfig(StrictModel):
     (AcceleratedHardwareReady, ...) that node auto repair acts on. Its version: storage.addonVersions
     (`eks-node-monitoring-agent`), else EKS's default for the cluster version, checked against a minimum."""
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="install the add-on on EKS stacks with a GPU pool")
 
 
 class SizingConfig(StrictModel):
     """Per-node CPU and memory held back beyond kubelet's reservations (system daemons, node DaemonSets)."""
 
-    system_reserved_cpu: Quantity = "500m"
-    system_reserved_memory: Quantity = "1Gi"
+    system_reserved_cpu: Quantity = Field(
+        default="500m",
+        description="CPU per node held back for system daemons and node DaemonSets",
+    )
+    system_reserved_memory: Quantity = Field(
+        default="1Gi",
+        description="memory per node held back for system daemons and node DaemonSets",
+    )
 
 
 class GpuConfig(StrictModel):
-    device_plugin: DevicePluginConfig = DevicePluginConfig()
-    dcgm_exporter: DcgmExporterConfig = DcgmExporterConfig()
-    autoscaler: AutoscalerConfig = AutoscalerConfig()
-    efa_device_plugin: EfaDevicePluginConfig = EfaDevicePluginConfig()
-    node_monitoring_agent: NodeMonitoringAgentConfig = NodeMonitoringAgentConfig()
-    sizing: SizingConfig = SizingConfig()
+    device_plugin: DevicePluginConfig = Field(
+        default=DevicePluginConfig(),
+        description="the NVIDIA device plugin chart: advertises nvidia.com/gpu on GPU nodes",
+    )
+    dcgm_exporter: DcgmExporterConfig = Field(
+        default=DcgmExporterConfig(),
+        description="the DCGM exporter chart: per-GPU metrics (utilisation, memory, XID errors) for Prometheus",
+    )
+    autoscaler: AutoscalerConfig = Field(
+        default=AutoscalerConfig(),
+        description="the cluster-autoscaler chart (EKS): scales node groups with pending pods, GPU pools from zero",
+    )
+    efa_device_plugin: EfaDevicePluginConfig = Field(
+        default=EfaDevicePluginConfig(),
+        description="the EFA device plugin chart, installed when a pool has efa: true",
+    )
+    node_monitoring_agent: NodeMonitoringAgentConfig = Field(
+        default=NodeMonitoringAgentConfig(),
+        description="the EKS node monitoring agent add-on (node conditions node auto repair acts on)",
+    )
+    sizing: SizingConfig = Field(
+        default=SizingConfig(),
+        description=("what each node holds back from pods beyond the kubelet's reservations; the per-GPU defaults "
+                     "follow"),
+    )

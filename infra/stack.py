@@ -21,6 +21,7 @@ from infra.config.stackcheck import (
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
 from infra.monitoring.component import Monitoring, MonitoringArgs
+from infra.monitoring.reservations import reserved_pools
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
 from infra.nodes.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.nodes.nodepools import NodePools, NodePoolsArgs
@@ -155,7 +156,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     if monitoring.enabled:
         collection = Monitoring(f"{ctx.prefix}-monitoring", MonitoringArgs(
             ctx=ctx, cluster=cluster, config=monitoring, training_namespace=JOBS_NAMESPACE,
-            max_processes_per_pod=max_processes, account_id=account_id, pools=tuple(cfg.node_pools),
+            max_processes_per_pod=max_processes, account_id=account_id, pools=reserved_pools(pool_plans),
             depends_on=(*node_groups, *storage.driver_resources)))
         monitors = (collection.release,)
         outputs["monitoringNamespace"] = monitoring.namespace

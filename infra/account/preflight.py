@@ -230,6 +230,9 @@ def check_reservations(ec2: Any, cfg: StackConfig, now: Callable[[], datetime] =
             kind = "CAPACITY_BLOCK" if block else "ON_DEMAND"
             wrong.append((f"it is {'a Capacity Block' if block else 'not a Capacity Block'}, the pool's capacityType "
                           f"is {pool.capacity_type}", f"set ml-cluster:nodePools[{index}].capacityType: {kind}"))
+        if reservation.start_time is not None and isinstance(start, datetime) and start != reservation.start_time:
+            wrong.append((f"it starts {_day(start)}, the config says {_day(reservation.start_time)} (the idle-GPU "
+                          "alert would count the wrong hours)", f"set {where}.startTime: {start.isoformat()}"))
         if reservation.end_time is not None and isinstance(end, datetime) and end != reservation.end_time:
             wrong.append((f"it ends {_day(end)}, the config says {_day(reservation.end_time)} (the end alert "
                           "would fire at the wrong time)", f"set {where}.endTime: {end.isoformat()}"))

@@ -30,6 +30,9 @@ class AlertThresholds(StrictModel):
     pending_minutes: int = Field(default=15, ge=1, le=1440, description="a Job's pod Pending this long is stuck")
     reservation_end_minutes: int = Field(default=60, ge=1, le=10080,
                                          description="warn this long before a reservation's endTime")
+    reserved_idle_minutes: int = Field(default=30, ge=1, le=1440,
+                                       description="reserved GPUs that no running pod uses for this long alert (the "
+                                                   "reservation bills them anyway)")
     restarts_per_hour: int = Field(default=3, ge=1, le=1000,
                                    description="a Job whose gang restarted more often than this within an hour "
                                                "alerts (disruptions do not spend backoffLimit, so nothing else stops "

@@ -146,8 +146,16 @@ class CapacityReservationConfig(StrictModel):
     instance_count: int = Field(ge=1, description="instances reserved")
     # targeted: only this pool uses the reservation; open: any matching instance may (ODCR only)
     preference: Literal["targeted", "open"] = "targeted"
+    start_time: AwareDatetime | None = Field(default=None, description="when the reservation starts (a Capacity "
+                                             "Block's start; the idle-GPU alert waits for it)")
     end_time: AwareDatetime | None = Field(default=None, description="when the reservation ends (a Capacity "
                                            "Block's end; an alert fires before it)")
+
+    @model_validator(mode="after")
+    def _starts_before_it_ends(self) -> CapacityReservationConfig:
+        if self.start_time is not None and self.end_time is not None and self.start_time >= self.end_time:
+            raise ValueError(f"capacityReservation {self.id}: startTime must be before endTime")
+        return self
 
 
 class NodePoolConfig(StrictModel):

@@ -21,12 +21,11 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.config.monitoring import DASHBOARD_CONFIGMAP_NAME, MONITOR_AND_RULE_NAME, MonitoringConfig
-from infra.config.nodepools import NodePoolConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from infra.monitoring.alerts import rule_groups
 from infra.monitoring.dashboard import dashboard_json
-from infra.monitoring.reservations import reservation_groups
+from infra.monitoring.reservations import ReservedPool, reservation_groups
 from workloads.jobspec import METRICS_LABEL, STAGE_METRICS_PORT_NAME, train_metrics_port_name
 
 KPS_CHART = "kube-prometheus-stack"
@@ -50,12 +49,13 @@ def _labels(ctx_stack: str, label_prefix: str) -> dict[str, str]:
     }
 
 
-def kps_values(cfg: MonitoringConfig, label_prefix: str = "ml-cluster.io") -> dict[str, Any]:
+def kps_values(cfg: MonitoringConfig, label_prefix: str = "ml-cluster.io", reserved: bool = False) -> dict[str, Any]:
     """kube-prometheus-stack values: our monitors and rules picked up without Helm labels, retention and storage
     from config, node agents on every node whatever its taints (GPU pools are tainted), and the nodes' GPU-count
     label exported by kube-state-metrics (`kube_node_labels`), which the missing-GPU alert compares with what a
     node offers (kube-state-metrics 8.4.0, the subchart: values.yaml:416 `metricLabelsAllowlist`, passed as
-    `--metric-labels-allowlist` at templates/deployment.yaml:101)."""
+    `--metric-labels-allowlist` at templates/deployment.yaml:101). With reserved pools (`reserved`) their
+    `<prefix>/pool` label too, which the idle-reserved-GPU alert joins on."""
     spec: dict[str, Any] = {
         "retention": cfg.retention,
         "scrapeInterval": cfg.scrape_interval,
@@ -81,7 +81,8 @@ def kps_values(cfg: MonitoringConfig, label_prefix: str = "ml-cluster.io") -> di
         "grafana": {"enabled": cfg.grafana_enabled()},
         # Node agents must run on GPU nodes, which carry NoSchedule (and possibly configured NoExecute) taints.
         "prometheus-node-exporter": {"tolerations": [{"operator": "Exists"}]},
-        "kube-state-metrics": {"metricLabelsAllowlist": [f"nodes=[{label_prefix}/gpu-count]"]},
+        "kube-state-metrics": {"metricLabelsAllowlist": [
+            f"nodes=[{label_prefix}/gpu-count{f',{label_prefix}/pool' if reserved else ''}]"]},
     }
 
 
@@ -124,9 +125,10 @@ def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_
 
 def prometheus_rule(namespace: str, cfg: MonitoringConfig, training_namespace: str,
                     labels: dict[str, str], label_prefix: str = "ml-cluster.io",
-                    pools: Sequence[NodePoolConfig] = ()) -> dict[str, Any]:
+                    pools: Sequence[ReservedPool] = ()) -> dict[str, Any]:
     groups = [*rule_groups(cfg.alerts, training_namespace, label_prefix),
-              *reservation_groups(pools, cfg.alerts.reservation_end_minutes)]
+              *reservation_groups(pools, cfg.alerts.reservation_end_minutes, cfg.alerts.reserved_idle_minutes,
+                                  label_prefix)]
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -146,9 +148,9 @@ def dashboard_config_map(namespace: str, labels: dict[str, str]) -> dict[str, An
 
 
 def monitoring_manifests(cfg: MonitoringConfig, stack: str, label_prefix: str, training_namespace: str,
-                         max_processes_per_pod: int, pools: Sequence[NodePoolConfig] = ()) -> list[dict[str, Any]]:
+                         max_processes_per_pod: int, pools: Sequence[ReservedPool] = ()) -> list[dict[str, Any]]:
     """The objects beside the chart: PodMonitor, PrometheusRule and (with Grafana) the dashboard. `pools`: the
-    stack's node pools (a reserved one with an end time gets an alert before it)."""
+    stack's reserved pools (alerts for their end and their idle GPUs)."""
     labels = _labels(stack, label_prefix)
     manifests = [
         pod_monitor(cfg.namespace, training_namespace, label_prefix, max_processes_per_pod, labels),
@@ -167,7 +169,7 @@ class MonitoringArgs:
     training_namespace: str
     max_processes_per_pod: int
     account_id: str | None = None  # EKS: scopes the AMP remote-write permission to the workspace
-    pools: tuple[NodePoolConfig, ...] = ()  # reserved pools with an end time get an alert before it
+    pools: tuple[ReservedPool, ...] = ()  # reserved pools: alerts before their end and for idle reserved GPUs
     depends_on: Sequence[pulumi.Resource] = ()  # node groups (the operator needs somewhere to run), storage drivers
 
 
@@ -207,7 +209,7 @@ class Monitoring(pulumi.ComponentResource):
             version=cfg.chart_version,
             namespace=cfg.namespace,
             repository_opts={"repo": KPS_REPO},
-            values=kps_values(cfg, ctx.label_prefix),
+            values=kps_values(cfg, ctx.label_prefix, reserved=any(pool.gpus_per_node for pool in args.pools)),
             opts=pulumi.ResourceOptions(parent=self, provider=provider,
                                         depends_on=[namespace, *identity, *args.depends_on]),
         )

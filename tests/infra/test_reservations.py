@@ -69,6 +69,15 @@ def test_a_capacity_block_and_an_odcr_plan_into_their_reservations(plan_config: 
     assert [(f["name"], next(q["nominalQuota"] for q in f["resources"] if q["name"] == "nvidia.com/gpu"))
             for f in shared["spec"]["resourceGroups"][0]["flavors"]] == [
         ("reserved-a100-odcr", "32"), ("a100", "64"), ("reserved-h100-block", "16"), ("h100", "128"), ("cpu", "0")]
+    # monitoring: an idle-GPU alert per reservation, on the pool label kube-state-metrics now exports
+    [rule] = [r["inputs"] for r in plan["resources"]
+              if r["type"] == "kubernetes:monitoring.coreos.com/v1:PrometheusRule"]
+    idle = {r["labels"]["pool"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]
+            if r["alert"] == "ReservedGpusIdle"}
+    assert set(idle) == {"h100-block", "a100-odcr"} and idle["a100-odcr"].startswith("((vector(32) - (sum(")
+    [release] = [r["inputs"] for r in plan["resources"] if r["name"] == "mlc-prod-monitoring-kps"]
+    assert release["values"]["kube-state-metrics"]["metricLabelsAllowlist"] == [
+        "nodes=[ml-cluster.io/gpu-count,ml-cluster.io/pool]"]
     open_pool = plan_config("prod", {"ml-cluster:nodePools": prod_values(odcr_pool(
         capacityReservation={**ODCR, "preference": "open"}))["ml-cluster:nodePools"]})
     [spec] = [r["inputs"]["capacityReservationSpecification"] for r in open_pool["resources"]
@@ -142,6 +151,14 @@ def test_preflight_compares_the_configured_end_with_ec2s(ec2: tuple[AwsStub, Any
     [check] = check_reservations(client, parse(prod_values(wrong)), now=lambda: NOW)
     assert check.status == FAIL and "it ends 2026-11-27 11:30 UTC, the config says 2026-11-28 11:30 UTC" in check.detail
     assert check.fix.endswith(".endTime: 2026-11-27T11:30:00+00:00")
+    early = block_pool(capacityReservation={**BLOCK, "startTime": "2026-11-19T11:30:00Z"})
+    [check] = check_reservations(client, parse(prod_values(early)), now=lambda: NOW)
+    assert check.status == FAIL and "it starts 2026-11-20 11:30 UTC, the config says 2026-11-19 11:30 UTC" in \
+        check.detail
+    assert check.fix.endswith(".startTime: 2026-11-20T11:30:00+00:00")
+    both = block_pool(capacityReservation={**BLOCK, "startTime": "2026-11-20T11:30:00Z",
+                                           "endTime": "2026-11-27T11:30:00Z"})
+    assert [c.status for c in check_reservations(client, parse(prod_values(both)), now=lambda: NOW)] == [PASS]
 
 
 def test_a_reservation_ec2_does_not_know_is_a_fail_with_its_fix(ec2: tuple[AwsStub, Any]) -> None:

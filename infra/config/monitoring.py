@@ -67,19 +67,30 @@ DASHBOARD_CONFIGMAP_NAME = "training-dashboard"
 
 
 class MonitoringConfig(StrictModel):
-    enabled: bool = False
-    mode: Literal["in-cluster", "remote-write"] = "in-cluster"
-    namespace: DnsLabel = "monitoring"
+    enabled: bool = Field(
+        default=False,
+        description=("collect the Jobs', the stager's and DCGM's metrics (and admit the monitoring namespace to the "
+                     "metrics ports)"),
+    )
+    mode: Literal["in-cluster", "remote-write"] = Field(
+        default="in-cluster",
+        description=("in-cluster: kube-prometheus-stack here stores the metrics; remote-write: they go to an existing "
+                     "Prometheus or Amazon Managed Prometheus"),
+    )
+    namespace: DnsLabel = Field(default="monitoring", description="the namespace of the monitoring stack")
     chart_version: str = Field(default="88.5.3", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
                                description="kube-prometheus-stack chart (an exact version: the chart is pinned)")
-    scrape_interval: str = "15s"
+    scrape_interval: str = Field(default="15s", description="how often Prometheus scrapes (a Prometheus duration)")
     retention: str = Field(default="15d", description="how long Prometheus keeps samples")
     storage_size: Quantity = Field(default="50Gi", description="Prometheus' volume (gp3 on EKS)")
     storage_class: str | None = Field(default=None, max_length=253, description="None: the cluster's default class",
                                       pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     grafana: bool = Field(default=True, description="Grafana with the dashboard (in-cluster mode)")
-    remote_write: RemoteWriteConfig | None = None
-    alerts: AlertThresholds = Field(default_factory=AlertThresholds)
+    remote_write: RemoteWriteConfig | None = Field(
+        default=None,
+        description="with mode remote-write: where the samples go",
+    )
+    alerts: AlertThresholds = Field(default_factory=AlertThresholds, description="the alert rules' thresholds")
 
     @field_validator("scrape_interval", "retention")
     @classmethod

@@ -36,8 +36,11 @@ class WaitForPodsReadyConfig(StrictModel):
     timeout: Duration = Field(default="15m", pattern=r"^\d+[smh]$")
     # A running gang that loses a pod (spot reclaim) gets this long to replace it before it is requeued.
     recovery_timeout: Duration = Field(default="10m", pattern=r"^\d+[smh]$")
-    backoff_base_seconds: int = Field(default=60, ge=1)
-    backoff_max_seconds: int = Field(default=3600, ge=1)
+    backoff_base_seconds: int = Field(
+        default=60, ge=1,
+        description="the first requeue delay; it doubles on each further eviction",
+    )
+    backoff_max_seconds: int = Field(default=3600, ge=1, description="the longest requeue delay")
     backoff_limit_count: int | None = Field(default=None, ge=0, description="None: requeue without limit")
     # True: admit one gang at a time per queue until its pods are ready (slower, never two half-started gangs).
     block_admission: bool = False
@@ -46,9 +49,18 @@ class WaitForPodsReadyConfig(StrictModel):
 class PreemptionConfig(StrictModel):
     """ClusterQueue preemption (same values as the ClusterQueue's spec.preemption)."""
 
-    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Any"
-    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "LowerPriority"
-    borrow_within_cohort: Literal["Never", "LowerPriority"] = "Never"
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = Field(
+        default="Any",
+        description="whether a queue may preempt other queues' workloads to take back its lent quota",
+    )
+    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = Field(
+        default="LowerPriority",
+        description="which workloads of its own queue a pending one may preempt",
+    )
+    borrow_within_cohort: Literal["Never", "LowerPriority"] = Field(
+        default="Never",
+        description="whether a queue may preempt in other queues to borrow quota",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> PreemptionConfig:
@@ -62,16 +74,19 @@ class PreemptionConfig(StrictModel):
 class PriorityClassConfig(StrictModel):
     """A WorkloadPriorityClass: a Job's queue priority (spec `workloadPriority`), independent of pod priority."""
 
-    name: DnsLabel
-    value: int = Field(ge=-(2**31), le=2**31 - 1)
-    description: str = ""
+    name: DnsLabel = Field(description="the WorkloadPriorityClass's name (a Job spec's workloadPriority)")
+    value: int = Field(
+        ge=-(2**31), le=2**31 - 1,
+        description="the priority: higher is admitted first and may preempt lower",
+    )
+    description: str = Field(default="", description="free text kept on the WorkloadPriorityClass")
 
 
 class TeamQuotaConfig(StrictModel):
     """A team's guaranteed GPUs of one flavor (a GPU type); CPU, memory and disk follow per GPU of that type."""
 
-    flavor: DnsLabel
-    gpus: int = Field(ge=0)
+    flavor: DnsLabel = Field(description="the ResourceFlavor: a GPU type of the stack's pools (a10g, h100, ...)")
+    gpus: int = Field(ge=0, description="GPUs of that flavor guaranteed to the team")
     borrowing_limit: int | None = Field(default=None, ge=0, description="GPUs it may borrow; None: no limit")
     lending_limit: int | None = Field(default=None, ge=0, description="GPUs it lends idle; None: all")
 
@@ -79,7 +94,7 @@ class TeamQuotaConfig(StrictModel):
 class TeamDataConfig(StrictModel):
     """A prefix of one of the stack's S3 buckets (ml-cluster:storage.buckets, by logical name) that a team owns."""
 
-    bucket: DnsLabel
+    bucket: DnsLabel = Field(description="one of the stack's S3 buckets by its logical name")
     # Non-empty and ending in '/': `team-a/` never matches `team-ab/...`, and no team owns a whole shared bucket.
     prefix: str = Field(pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*/$", max_length=512)
 
@@ -102,9 +117,18 @@ class TeamMemberConfig(StrictModel):
     an IAM role or user (`principalArn`, EKS: an access entry with a namespace-scoped access policy) or a Kubernetes
     group (`group`, any platform: a RoleBinding in the namespace; onprem: the group its authenticator reports)."""
 
-    principal_arn: str | None = Field(default=None, pattern=PRINCIPAL_ARN)
-    group: str | None = Field(default=None, pattern=KUBERNETES_GROUP)
-    access: Literal["edit", "view"] = "edit"
+    principal_arn: str | None = Field(
+        default=None, pattern=PRINCIPAL_ARN,
+        description="an IAM role or user (EKS: an access entry scoped to the team's namespace)",
+    )
+    group: str | None = Field(
+        default=None, pattern=KUBERNETES_GROUP,
+        description="a Kubernetes group (a RoleBinding in the team's namespace); never a system: group",
+    )
+    access: Literal["edit", "view"] = Field(
+        default="edit",
+        description="edit: submit, watch and delete Jobs; view: read only",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> TeamMemberConfig:
@@ -123,9 +147,15 @@ class TeamVolumeConfig(StrictModel):
     rooted elsewhere: a team sees its own directory only."""
 
     uid: int = Field(ge=1, le=2**32 - 2, description="POSIX owner and user of every request (not root)")
-    gid: int = Field(ge=1, le=2**32 - 2)
-    permissions: str = Field(default="0770", pattern=r"^0[0-7]{3}$")
-    claim: DnsLabel = "team-shared"
+    gid: int = Field(ge=1, le=2**32 - 2, description="POSIX group of every request (not root)")
+    permissions: str = Field(
+        default="0770", pattern=r"^0[0-7]{3}$",
+        description="the directory's permissions when the access point creates it (octal)",
+    )
+    claim: DnsLabel = Field(
+        default="team-shared",
+        description="the PersistentVolumeClaim's name in the team's namespace",
+    )
     # EFS is elastic; the claim's size is nominal, and what the cost estimate prices as Standard storage.
     size: Quantity = "1Ti"
 
@@ -138,14 +168,29 @@ class TeamConfig(StrictModel):
     Jobs' service account is bound by Pod Identity to a role of the team's own that reads only `datasets` and
     reads/writes only `checkpoints`. Without one the team's LocalQueue is in the training namespace, as before."""
 
-    name: DnsLabel = Field(max_length=40)
-    quotas: list[TeamQuotaConfig] = []
-    fair_sharing_weight: int | None = Field(default=None, ge=0)
-    namespace: DnsLabel | None = None
-    datasets: list[TeamDataConfig] = []
-    checkpoints: list[TeamDataConfig] = []
-    members: list[TeamMemberConfig] = []
-    volume: TeamVolumeConfig | None = None
+    name: DnsLabel = Field(max_length=40, description="the team's name: its ClusterQueue and LocalQueue")
+    quotas: list[TeamQuotaConfig] = Field(default=[], description="guaranteed GPUs per flavor (GPU type)")
+    fair_sharing_weight: int | None = Field(
+        default=None, ge=0,
+        description="with fairSharing: the team's weight in the cohort's share",
+    )
+    namespace: DnsLabel | None = Field(
+        default=None,
+        description="a namespace of the team's own: makes the team a tenant (quota, role, members)",
+    )
+    datasets: list[TeamDataConfig] = Field(default=[], description="bucket prefixes the team's Jobs may read")
+    checkpoints: list[TeamDataConfig] = Field(
+        default=[],
+        description="bucket prefixes the team's Jobs may read and write",
+    )
+    members: list[TeamMemberConfig] = Field(
+        default=[],
+        description="people given edit or view access to the team's namespace",
+    )
+    volume: TeamVolumeConfig | None = Field(
+        default=None,
+        description="the team's own directory on the stack's EFS, as a claim in its namespace",
+    )
 
     @model_validator(mode="after")
     def _flavors_once(self) -> TeamConfig:
@@ -171,23 +216,49 @@ class TeamConfig(StrictModel):
 
 
 class KueueConfig(StrictModel):
-    enabled: bool = False
+    enabled: bool = Field(
+        default=False,
+        description="install Kueue: Jobs are admitted as whole gangs within the GPU quota",
+    )
     # oci://registry.k8s.io/kueue/charts/kueue (see docs/versions.md)
     chart_version: str = Field(default="0.19.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
-    namespace: DnsLabel = "kueue-system"
-    integrations: list[Integration] = ["batch/job"]
-    wait_for_pods_ready: WaitForPodsReadyConfig = WaitForPodsReadyConfig()
+    namespace: DnsLabel = Field(default="kueue-system", description="the namespace Kueue's controller is installed in")
+    integrations: list[Integration] = Field(
+        default=["batch/job"],
+        description=("the workload kinds Kueue manages (its Configuration's integrations.frameworks); batch/job is "
+                     "required"),
+    )
+    wait_for_pods_ready: WaitForPodsReadyConfig = Field(
+        default=WaitForPodsReadyConfig(),
+        description="evict and requeue an admitted gang whose pods do not all become ready in time",
+    )
     # The queue every Job goes through unless its spec names another (a team's LocalQueue).
     local_queue: DnsLabel = "training"
-    cluster_queue: DnsLabel = "shared"
+    cluster_queue: DnsLabel = Field(
+        default="shared",
+        description="the shared ClusterQueue holding the stack's GPU quota",
+    )
     cohort: DnsLabel | None = Field(default="gpus", description="None: no borrowing between queues")
-    queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = "BestEffortFIFO"
-    preemption: PreemptionConfig = PreemptionConfig()
+    queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = Field(
+        default="BestEffortFIFO",
+        description=("BestEffortFIFO: a gang that does not fit lets smaller ones behind it go first; StrictFIFO: "
+                     "strict order"),
+    )
+    preemption: PreemptionConfig = Field(
+        default=PreemptionConfig(),
+        description="when a ClusterQueue may preempt workloads (the ClusterQueue's spec.preemption)",
+    )
     # Fair sharing: borrowers are preempted towards each queue's weighted share of the cohort (teams'
     # fairSharingWeight). Off: borrowing is first come, first served, and owners reclaim by preemption.
     fair_sharing: bool = False
-    priority_classes: list[PriorityClassConfig] = []
-    teams: list[TeamConfig] = []
+    priority_classes: list[PriorityClassConfig] = Field(
+        default=[],
+        description="WorkloadPriorityClasses a Job spec names in workloadPriority",
+    )
+    teams: list[TeamConfig] = Field(
+        default=[],
+        description="teams with a ClusterQueue and LocalQueue of their own; with a namespace, tenants",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> KueueConfig:

@@ -53,7 +53,7 @@ def write_odd_corpus(root: Path) -> None:
 def source(s3_url: str, uri: str, **options: object) -> S3Source:
     from workloads.data.s3 import parse_s3_uri
 
-    return S3Source(make_client(s3_url, 8), parse_s3_uri(uri), SourceOptions(**options))  # type: ignore[arg-type]
+    return S3Source(make_client(s3_url, 32), parse_s3_uri(uri), SourceOptions(**options))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("layout", "workers"), [("decoded", 2), ("encoded", 1)])
@@ -78,27 +78,33 @@ def test_a_file_list_packs_like_the_class_folders_it_names(kind: str, tmp_path: 
                                                            bucket: str) -> None:
     write_odd_corpus(tmp_path / "src")
     files = sorted(p.relative_to(tmp_path / "src").as_posix() for p in (tmp_path / "src").rglob("*") if p.is_file())
-    # The objects under flat names; the list gives each its class (the folder it had), unordered, plus a key that
-    # is not in the bucket (reported as unreadable, as a file deleted mid-pack is).
+    # The objects under flat names; the list gives each its class (the folder it had), unordered.
     client = make_client(s3_url, 4)
     rows = []
     for rel in reversed(files):
         key = "flat/" + rel.replace("/", "__")
         client.put_object(Bucket=bucket, Key=f"lists/{key}", Body=(tmp_path / "src" / rel).read_bytes())
         rows.append((key, rel.split("/")[0]))
-    rows.append(("flat/gone.jpg", "good"))
-    if kind == "csv":
-        body = "key,label\n" + "".join(f"{key},{label}\n" for key, label in rows)
-    else:
-        body = "".join(json.dumps({"key": key, "label": label}) + "\n" for key, label in rows)
-    client.put_object(Bucket=bucket, Key=f"lists/train.{kind}", Body=body.encode())
+
+    def put_list(rows: list[tuple[str, str]]) -> None:
+        if kind == "csv":
+            body = "key,label\n" + "".join(f"{key},{label}\n" for key, label in rows)
+        else:
+            body = "".join(json.dumps({"key": key, "label": label}) + "\n" for key, label in rows)
+        client.put_object(Bucket=bucket, Key=f"lists/train.{kind}", Body=body.encode())
+
+    put_list(rows)
     options = PackOptions(image_size=16, shard_bytes=4000, workers=1, progress=False, shuffle_seed=None)
     local = pack(tmp_path / "src", tmp_path / "local", options)
     remote = pack(source(s3_url, f"s3://{bucket}/lists/train.{kind}"), tmp_path / "s3", options)
     assert [p.read_bytes() for p in sorted((tmp_path / "s3").glob("shard-*"))] == \
         [p.read_bytes() for p in sorted((tmp_path / "local").glob("shard-*"))]
-    assert remote.manifest == local.manifest.model_copy(update={"skipped": local.manifest.skipped + 1})
-    assert {"path": "flat/gone.jpg", "reason": "unreadable: object not found"} in remote.skipped
+    assert remote.manifest == local.manifest and len(remote.skipped) == len(local.skipped) == 4
+    # A key that is not in the bucket is reported as unreadable, as a file deleted mid-pack is.
+    put_list([*rows, ("flat/gone.jpg", "good")])
+    gone = pack(source(s3_url, f"s3://{bucket}/lists/train.{kind}"), tmp_path / "gone", options)
+    assert {"path": "flat/gone.jpg", "reason": "unreadable: object not found"} in gone.skipped
+    assert gone.manifest.num_samples == local.manifest.num_samples
 
 
 def test_an_empty_class_is_refused_as_locally(tmp_path: Path, s3_url: str, bucket: str) -> None:

@@ -14,6 +14,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,10 +28,12 @@ from workloads.data.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
 
 if TYPE_CHECKING:
+    from workloads.data.pack import PackOptions
     from workloads.data.sources import S3Source
     from workloads.data.upload import ShardStream
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
+JOB_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in every pod of an Indexed Job
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
 
 
@@ -107,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "shards + manifest")
     pack.add_argument("src", help="a local class-folder tree, s3://BUCKET/PREFIX of class folders, or "
                                   "s3://BUCKET/PATH/LIST.csv|.jsonl of key,label rows")
-    pack.add_argument("out", type=Path)
+    pack.add_argument("out", help="a local directory, or s3://BUCKET/PREFIX: packed there in slices, the manifest "
+                                  "published last (see --shard-count, --publish)")
     pack.add_argument("--layout", choices=["decoded", "encoded"], default="decoded")
     pack.add_argument("--size", type=_int_upto(MAX_IMAGE_SIZE), default=256, help="decoded image side in pixels")
     pack.add_argument("--shard-size", type=_size(KIB, 64 * GIB), default=1 << 30, help="e.g. 1GiB")
@@ -125,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with an s3:// SRC: objects fetched at once")
     pack.add_argument("--keep-local", action="store_true",
                       help="with --upload: keep the shards in OUT too (OUT is then the same as a plain pack)")
+    pack.add_argument("--shard-count", type=_int_upto(100_000), default=None, metavar="N",
+                      help="with an s3:// OUT: pack one slice of N (the shards are the same whatever N is); the "
+                           "manifest comes from --publish")
+    pack.add_argument("--shard-index", type=int, default=None, metavar="I",
+                      help=f"with --shard-count: which slice, 0..N-1 (default: ${JOB_INDEX_ENV}, an Indexed Job's)")
+    pack.add_argument("--publish", action="store_true",
+                      help="with an s3:// OUT: publish the manifest once every slice's shards are in and verified")
+    pack.add_argument("--scratch", type=Path, default=None,
+                      help="with an s3:// OUT: local directory for shards being written and sent (default: the "
+                           "system temp directory; an emptyDir in a pod)")
 
     captions = commands.add_parser("pack-captions", help="image + caption pairs (a JSONL/CSV/TSV/Parquet table of "
                                                          "key,caption[,...] beside the images) -> records dataset")
@@ -276,16 +290,85 @@ def _pack_records(args: argparse.Namespace, progress: bool) -> int:
     return 0
 
 
+def _slice_index(args: argparse.Namespace) -> int:
+    if args.shard_index is not None:
+        return int(args.shard_index)
+    text = os.environ.get(JOB_INDEX_ENV, "").strip()
+    if not text:
+        raise DataToolError("--shard-index", f"not given and ${JOB_INDEX_ENV} is not set")
+    try:
+        return int(text)
+    except ValueError:
+        raise DataToolError(JOB_INDEX_ENV, f"not an integer: {text!r}") from None
+
+
+def _pack_to_bucket(args: argparse.Namespace, options: PackOptions, progress: bool) -> int:
+    """pack SRC s3://DEST: one slice (--shard-count), the publish step (--publish), or both in this process."""
+    from workloads.data.pack import REPORT_NAME
+    from workloads.data.s3 import make_client
+    from workloads.data.slices import pack_slice, publish
+    from workloads.data.upload import ShardStream, StreamOptions
+
+    for flag, given in (("--upload", args.upload is not None), ("--keep-local", args.keep_local),
+                        ("--force", args.force)):
+        if given:
+            raise DataToolError(flag, "only for a local OUT (an s3:// OUT is always replaced, manifest last)")
+    if args.publish and args.shard_count is not None:
+        raise DataToolError("--publish", "a step of its own: give it without --shard-count/--shard-index")
+    if args.shard_index is not None and args.shard_count is None:
+        raise DataToolError("--shard-index", "only meaningful with --shard-count")
+    try:
+        target = parse_s3_uri(args.out)
+    except DataToolError as exc:
+        raise DataToolError("OUT", f"{exc.why}: {args.out!r}") from None
+    source = _pack_source(args)
+    scratch = args.scratch if args.scratch is not None else Path(tempfile.gettempdir())
+    if not scratch.is_dir():
+        raise DataToolError(str(scratch), "--scratch: not a directory")
+    stream_options = StreamOptions(progress=progress)
+
+    def stream() -> ShardStream:
+        client = make_client(args.endpoint_url, max_connections=stream_options.workers + stream_options.in_flight,
+                             botocore_attempts=6)
+        return ShardStream(client, target, stream_options,
+                           probe_client=make_client(args.endpoint_url, max_connections=1, botocore_attempts=1))
+
+    client = make_client(args.endpoint_url, max_connections=16, botocore_attempts=6)
+    if not args.publish:
+        index, count = (_slice_index(args), args.shard_count) if args.shard_count is not None else (0, 1)
+        done = pack_slice(client, source, target, options, index, count, scratch, stream())
+        shards = f"{done.shards.start}..{done.shards.stop - 1}" if len(done.shards) else "none"
+        print(f"slice {index} of {count}: shards {shards} into {target}: {len(done.packed)} packed, "
+              f"{len(done.reused)} already complete; {done.samples} samples, skipped {done.skipped}, uploaded "
+              f"{done.uploaded_bytes} bytes, aborted {done.aborted_uploads} open uploads")
+        if args.shard_count is not None:
+            return 0
+    published = publish(client, source, target, options, stream())
+    print(f"published {published.manifest.num_samples} samples in {len(published.manifest.shards)} shards "
+          f"({published.manifest.layout}) at {target}; skipped {len(published.skipped)} (see "
+          f"{target}/{REPORT_NAME}), removed {len(published.removed)} stale shards of a previous pack")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress if hasattr(args, "no_progress") else False
     if args.command == "pack":
         from workloads.data.pack import REPORT_NAME, PackOptions, pack
 
-        stream = _shard_stream(args, progress)
-        result = pack(_pack_source(args), args.out, PackOptions(
+        options = PackOptions(
             layout=args.layout, image_size=args.size, shard_bytes=args.shard_size, workers=args.workers,
             strict=args.strict, force=args.force, progress=progress,
-            shuffle_seed=None if args.no_shuffle else args.shuffle_seed), stream=stream)
+            shuffle_seed=None if args.no_shuffle else args.shuffle_seed)
+        if args.out.startswith("s3://"):
+            return _pack_to_bucket(args, options, progress)
+        for flag, given in (("--shard-count", args.shard_count is not None), ("--shard-index",
+                            args.shard_index is not None), ("--publish", args.publish),
+                            ("--scratch", args.scratch is not None)):
+            if given:
+                raise DataToolError(flag, "only meaningful with an s3:// OUT")
+        args.out = Path(args.out)
+        stream = _shard_stream(args, progress)
+        result = pack(_pack_source(args), args.out, options, stream=stream)
         manifest = result.manifest
         sent = ""
         if stream is not None and result.upload is not None:

@@ -53,6 +53,7 @@ from workloads.data.format import (
 )
 from workloads.data.jpeg import decodes_strictly
 from workloads.data.s3 import DataToolError, is_runtime_oserror
+from workloads.data.shardplan import plan_shards
 from workloads.data.verify import sha256_file
 
 if TYPE_CHECKING:
@@ -354,6 +355,32 @@ def _check_classes(classes: list[str], labels: Iterator[int] | list[int], source
                                                    "since an empty class shifts every label")
 
 
+def ordered_listing(source: Path | S3Source, options: PackOptions,
+                    ) -> tuple[list[str], list[tuple[str, int]], dict[str, int]]:
+    """(classes, files in pack's order, listed sizes): the listing, checked (no empty class), then permuted."""
+    if isinstance(source, Path):
+        classes, files = list_images(source)
+        sizes = {}
+        for relpath, _ in files:
+            try:
+                sizes[relpath] = os.lstat(source / relpath).st_size
+            except OSError:
+                sizes[relpath] = 0  # gone since the listing: the read reports it
+    else:
+        listing = source.list_images()
+        classes, files, sizes = listing.classes, list(listing.files), listing.sizes
+    _check_classes(classes, [label for _, label in files], source)
+    if options.shuffle_seed is not None:
+        random.Random(options.shuffle_seed).shuffle(files)
+    return classes, files, sizes
+
+
+def source_samples(source: Path | S3Source, files: list[tuple[str, int]], options: PackOptions,
+                   sizes: dict[str, int]) -> Iterator[_Sample]:
+    """Decoded samples of `files` in their order, from a folder or an s3:// source."""
+    return _samples(source, files, options) if isinstance(source, Path) else source.samples(files, options, sizes)
+
+
 def pack(source: Path | S3Source, out: Path, options: PackOptions, stream: ShardStream | None = None) -> PackResult:
     """Pack SRC (a folder, or an s3:// source) into OUT; with `stream`, upload each shard as it closes and publish
     the dataset remotely too."""
@@ -361,15 +388,8 @@ def pack(source: Path | S3Source, out: Path, options: PackOptions, stream: Shard
         raise DataToolError("--size", "must be a positive number of pixels")
     if options.shard_bytes < 1:
         raise DataToolError("--shard-size", "must be positive")
-    if isinstance(source, Path):
-        classes, files = list_images(source)
-        sizes: dict[str, int] = {}
-    else:
-        listing = source.list_images()
-        classes, files, sizes = listing.classes, list(listing.files), listing.sizes
-    _check_classes(classes, [label for _, label in files], source)
-    if options.shuffle_seed is not None:
-        random.Random(options.shuffle_seed).shuffle(files)
+    classes, files, sizes = ordered_listing(source, options)
+    starts = plan_shards(files, sizes, options.layout, options.image_size, options.shard_bytes)
     try:
         if stream is not None:
             stream.open()  # endpoint, credentials, bucket and the current remote manifest: before OUT is touched
@@ -378,9 +398,8 @@ def pack(source: Path | S3Source, out: Path, options: PackOptions, stream: Shard
         try:
             for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
                 stale.unlink()
-            samples = _samples(source, files, options) if isinstance(source, Path) \
-                else source.samples(files, options, sizes)
-            return _pack_locked(source, out, options, classes, samples, len(files), old_names, stream)
+            return _pack_locked(source, out, options, classes, source_samples(source, files, options, sizes),
+                                starts, len(files), old_names, stream)
         finally:
             os.close(lock)
     finally:
@@ -406,8 +425,8 @@ def _manifest_bytes(manifest: Manifest) -> bytes:
 
 
 def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, classes: list[str],
-                 samples: Iterator[_Sample], total: int, old_names: set[str], stream: ShardStream | None,
-                 ) -> PackResult:
+                 samples: Iterator[_Sample], starts: list[int], total: int, old_names: set[str],
+                 stream: ShardStream | None) -> PackResult:
 
     keep_local = stream is None or stream.keep_local
     taken: set[str] = set()
@@ -418,12 +437,12 @@ def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, class
     payloads: list[bytes] = []
     labels: list[int] = []
     all_labels: list[int] = []
-    pending_bytes = 0
     first_index = 0
+    planned = 0  # the planned shard (shardplan) being filled: its number names it
 
     def flush() -> None:
-        nonlocal payloads, labels, pending_bytes, first_index
-        index = len(shards)
+        nonlocal payloads, labels, first_index
+        index = planned
         temp = out / f".{shard_name(index)}{TEMP_SUFFIX}"
         temp_paths.append(temp)
         try:
@@ -442,23 +461,25 @@ def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, class
             stream.send(temp, name, sha, md5, size)  # returns at once unless the uploads in flight are all busy
         first_index += len(labels)
         all_labels.extend(labels)
-        payloads, labels, pending_bytes = [], [], 0
+        payloads, labels = [], []
 
     try:
         bar = tqdm(total=total, unit="img", desc="pack", disable=None if options.progress else True)
         with bar:
-            for sample in samples:
+            boundaries = set(starts[1:])
+            for position, sample in enumerate(samples):
+                if position in boundaries:
+                    if payloads:
+                        flush()
+                    planned += 1
                 bar.update(1)
                 if sample.payload is None:
                     if options.strict:
                         raise DataToolError(_where(source, sample.relpath), sample.reason)
                     skipped.append({"path": sample.relpath, "reason": sample.reason})
                     continue
-                if payloads and pending_bytes + len(sample.payload) > options.shard_bytes:
-                    flush()
                 payloads.append(sample.payload)
                 labels.append(sample.label)
-                pending_bytes += len(sample.payload)
             if payloads:
                 flush()
         if not shards:

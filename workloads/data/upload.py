@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,7 +293,10 @@ class ShardStream:
         old = self._old_shards.get(name)
         return old is None or (old.sha256 == sha256 and old.bytes == size)
 
-    def send(self, path: Path, name: str, sha256: str, md5: str, size: int) -> None:
+    def send(self, path: Path, name: str, sha256: str, md5: str, size: int,
+             then: Callable[[], None] | None = None) -> None:
+        """Upload `path` as object `name` in the background; `then` runs (on the upload's thread) once the object
+        is confirmed, before the local file is deleted."""
         if self._pool is None or self._bar is None:
             raise RuntimeError("ShardStream.send before open")
         with self._lock:
@@ -304,7 +308,7 @@ class ShardStream:
             self._collect(block=True)
         self._bar.total += size
         self._bar.refresh()
-        self._pending.add(self._pool.submit(self._send, path, name, sha256, md5, size))
+        self._pending.add(self._pool.submit(self._send, path, name, sha256, md5, size, then))
         with self._lock:
             self._held_after_send = self._held
 
@@ -316,7 +320,8 @@ class ShardStream:
             self._pending.discard(future)
             future.result()  # the upload's failure, as one DataToolError
 
-    def _send(self, path: Path, name: str, sha256: str, md5: str, size: int) -> None:
+    def _send(self, path: Path, name: str, sha256: str, md5: str, size: int,
+              then: Callable[[], None] | None = None) -> None:
         assert self._bar is not None
         key = self.target.key(name)
         if self._stopping.is_set():
@@ -336,6 +341,8 @@ class ShardStream:
             with self._lock:
                 self.result.uploaded.append(name)
                 self.result.uploaded_bytes += size
+        if then is not None:
+            then()
         if not self.options.keep_local:
             path.unlink(missing_ok=True)
             with self._lock:

@@ -1,0 +1,348 @@
+"""Pack a dataset into s3://DEST as N independent slices, then publish its one manifest: `pack SRC s3://DEST`.
+
+    pack SRC s3://DEST --shard-index I --shard-count N     slice I (default: $JOB_COMPLETION_INDEX) of N
+    pack SRC s3://DEST --publish                           the manifest, once every shard is in and verified
+    pack SRC s3://DEST                                     both, in one process (slice 0 of 1)
+
+Every slice lists SRC and orders it as pack does (pack.ordered_listing), and cuts the order into shards from the
+listing alone (workloads.data.shardplan), so shard k holds the same images, and so the same bytes, whatever N is;
+slice I packs shards [I * K // N, (I + 1) * K // N) of the K planned. A shard is uploaded as it closes (pack
+--upload's ShardStream: sha256 metadata, the object name avoiding any name the current manifest at DEST uses for
+other bytes) and, once the object is confirmed, its record is written: DEST/.pack/<plan>/shard-NNNNN.json (name,
+samples, bytes, sha256, per-class counts, the files skipped with their reasons). The plan is a digest of the
+listing and the pack options, so records of another listing or other options are never mistaken for this one's.
+
+A retried slice (a preempted pod, a failed index) reads its shards' records first: a shard whose record and object
+agree (size, sha256 metadata) is not packed again; any other is packed again to the same name and the same bytes,
+so nothing valid is overwritten with other bytes and nothing is left that no manifest will name. Multipart uploads
+a killed slice left open on its own shards' names are aborted (they are invisible objects that are billed).
+
+Publish reads the K records, checks every shard object against its record (size and the sha256 the slice computed
+from the local file before sending it), checks that no class is left without a usable image, and only then puts
+the manifest, byte-identical to a one-machine `pack` of the same source and options; the dataset that was at DEST
+stays valid until that single PUT. Then pack-report.json, the previous pack's shards the new manifest does not
+name, and the records go.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workloads.data import TOOL_VERSION
+from workloads.data.format import Manifest, ShardInfo, check_file_name, shard_name
+from workloads.data.pack import (
+    REPORT_NAME,
+    PackOptions,
+    _manifest_bytes,
+    _where,
+    _write_shard,
+    ordered_listing,
+    source_samples,
+)
+from workloads.data.s3 import DataToolError, S3Uri, describe, error_code
+from workloads.data.shardplan import plan_id, plan_shards
+from workloads.data.upload import SHA256_METADATA, ShardStream
+
+if TYPE_CHECKING:
+    from workloads.data.sources import S3Source
+
+RECORDS_DIR = ".pack"
+RECORD_MAX_BYTES = 64 << 20
+_SHARD_KEY = re.compile(r"^shard-([0-9]{5})(-r[0-9]+)?\.h5$")
+
+
+class ShardRecord(BaseModel):
+    """What a slice knows about one planned shard once its object is in the bucket (read back as untrusted)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plan: str = Field(pattern=r"^[0-9a-f]{64}$")
+    shard: int = Field(ge=0)
+    path: str | None = Field(description="the object's name; None when every input of the shard was unusable")
+    num_samples: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    class_counts: list[int]
+    skipped: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    classes: list[str]
+    files: list[tuple[str, int]]
+    sizes: dict[str, int]
+    starts: list[int]  # input position where each planned shard begins
+    digest: str
+
+    def inputs(self, shard: int) -> list[tuple[str, int]]:
+        end = self.starts[shard + 1] if shard + 1 < len(self.starts) else len(self.files)
+        return self.files[self.starts[shard]:end]
+
+
+@dataclass
+class SliceResult:
+    shards: range  # the planned shards this slice owns
+    packed: list[int] = field(default_factory=list)
+    reused: list[int] = field(default_factory=list)  # complete from an earlier attempt: record and object agree
+    samples: int = 0
+    skipped: int = 0
+    uploaded_bytes: int = 0
+    aborted_uploads: int = 0
+
+
+@dataclass
+class PublishResult:
+    manifest: Manifest
+    skipped: list[dict[str, str]]
+    removed: list[str]
+
+
+def make_plan(source: Path | S3Source, options: PackOptions) -> Plan:
+    classes, files, sizes = ordered_listing(source, options)
+    starts = plan_shards(files, sizes, options.layout, options.image_size, options.shard_bytes)
+    digest = plan_id(TOOL_VERSION, classes, files, sizes, options.layout, options.image_size, options.shard_bytes,
+                     options.shuffle_seed)
+    return Plan(classes, files, sizes, starts, digest)
+
+
+def owned(shards: int, index: int, count: int) -> range:
+    """The planned shards slice `index` of `count` packs: contiguous, disjoint, together all of them."""
+    return range(index * shards // count, (index + 1) * shards // count)
+
+
+def record_key(target: S3Uri, plan: str, shard: int) -> str:
+    return target.key(f"{RECORDS_DIR}/{plan[:16]}/shard-{shard:05d}.json")
+
+
+def _uri(target: S3Uri, key: str) -> str:
+    return f"s3://{target.bucket}/{key}"
+
+
+def read_record(client: Any, target: S3Uri, plan: str, shard: int) -> ShardRecord | None:
+    """Shard `shard`'s record for `plan`, or None when there is none (or it is not a record of this shard)."""
+    key = record_key(target, plan, shard)
+    try:
+        response = client.get_object(Bucket=target.bucket, Key=key)
+        if int(response.get("ContentLength", 0)) > RECORD_MAX_BYTES:
+            return None
+        payload = response["Body"].read(RECORD_MAX_BYTES + 1)
+    except Exception as exc:
+        if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise describe(_uri(target, key), exc) from exc
+    try:
+        record = ShardRecord.model_validate_json(payload)
+    except ValidationError:
+        return None
+    return record if record.plan == plan and record.shard == shard else None
+
+
+def _object_matches(client: Any, target: S3Uri, record: ShardRecord) -> bool:
+    """The record's shard object is in the bucket with the recorded size and sha256 (True for an absent shard)."""
+    if record.path is None:
+        return True
+    try:
+        head = client.head_object(Bucket=target.bucket, Key=target.key(record.path))
+    except Exception as exc:
+        if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise describe(_uri(target, target.key(record.path)), exc) from exc
+    return bool(head["ContentLength"] == record.bytes
+                and head.get("Metadata", {}).get(SHA256_METADATA) == record.sha256)
+
+
+def _abort_open_uploads(client: Any, target: S3Uri, shards: range) -> int:
+    """Abort multipart uploads left open on the names of `shards` (a killed slice's); other slices' are theirs."""
+    aborted = 0
+    prefix = target.key("shard-")
+    try:
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=target.bucket, Prefix=prefix):
+            for upload in page.get("Uploads", []):
+                match = _SHARD_KEY.match(upload["Key"][len(target.key("")):])
+                if match and int(match.group(1)) in shards:
+                    client.abort_multipart_upload(Bucket=target.bucket, Key=upload["Key"],
+                                                  UploadId=upload["UploadId"])
+                    aborted += 1
+    except Exception as exc:
+        raise describe(str(target), exc) from exc
+    return aborted
+
+
+def _free_name(stream: ShardStream, shard: int, sha256: str, size: int) -> str:
+    """shard-NNNNN.h5, or shard-NNNNN-rK.h5 while the manifest now at DEST uses that name for other bytes."""
+    name, k = shard_name(shard), 0
+    while not stream.usable(name, sha256, size):
+        k += 1
+        name = f"shard-{shard:05d}-r{k}.h5"
+    return name
+
+
+def pack_slice(client: Any, source: Path | S3Source, target: S3Uri, options: PackOptions, index: int, count: int,
+               scratch: Path, stream: ShardStream) -> SliceResult:
+    """Pack slice `index` of `count` into `target` (shards and their records; no manifest)."""
+    if not 0 <= index < count:
+        raise DataToolError("--shard-index", f"{index} is not in 0..{count - 1} (--shard-count {count})")
+    plan = make_plan(source, options)
+    result = SliceResult(shards=owned(len(plan.starts), index, count))
+    stream.open()  # bucket present and answering, the manifest now at DEST: before anything is packed
+    try:
+        result.aborted_uploads = _abort_open_uploads(client, target, result.shards)
+        todo = []
+        for shard in result.shards:
+            record = read_record(client, target, plan.digest, shard)
+            if record is not None and _object_matches(client, target, record):
+                result.reused.append(shard)
+                result.samples += record.num_samples
+                result.skipped += len(record.skipped)
+            else:
+                todo.append(shard)
+        work = tempfile.mkdtemp(prefix=".pack-slice-", dir=scratch)
+        try:
+            _pack_shards(client, source, target, options, plan, todo, Path(work), stream, result)
+            stream.finish()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        stream.close()
+    result.uploaded_bytes = stream.result.uploaded_bytes
+    return result
+
+
+def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: PackOptions, plan: Plan,
+                 todo: list[int], work: Path, stream: ShardStream, result: SliceResult) -> None:
+    files: list[tuple[str, int]] = []
+    ends: list[tuple[int, int]] = []  # (position after the shard's last input, shard)
+    for shard in todo:
+        files.extend(plan.inputs(shard))
+        ends.append((len(files), shard))
+    payloads: list[bytes] = []
+    labels: list[int] = []
+    skipped: list[dict[str, str]] = []
+
+    def close(shard: int) -> None:
+        nonlocal payloads, labels, skipped
+        counts = [0] * len(plan.classes)
+        for label in labels:
+            counts[label] += 1
+        empty = ShardRecord(plan=plan.digest, shard=shard, path=None, num_samples=0, bytes=0, class_counts=counts,
+                            skipped=skipped)
+        if payloads:
+            temp = work / f".{shard_name(shard)}.partial"
+            _write_shard(temp, options.layout, options.image_size, payloads, labels)
+            size = temp.stat().st_size
+            sha, md5 = stream.hashes(temp)
+            name = _free_name(stream, shard, sha, size)
+            record = empty.model_copy(update={"path": name, "num_samples": len(labels), "bytes": size,
+                                              "sha256": sha})
+            stream.send(temp, name, sha, md5, size, then=lambda: _put_record(client, target, record))
+        else:
+            _put_record(client, target, empty)
+        result.packed.append(shard)
+        result.samples += len(labels)
+        result.skipped += len(skipped)
+        payloads, labels, skipped = [], [], []
+
+    pending = iter(ends)
+    end, shard = next(pending, (0, -1))
+    for position, sample in enumerate(source_samples(source, files, options, plan.sizes)):
+        while position >= end:
+            close(shard)
+            end, shard = next(pending)
+        if sample.payload is None:
+            if options.strict:
+                raise DataToolError(_where(source, sample.relpath), sample.reason)
+            skipped.append({"path": sample.relpath, "reason": sample.reason})
+            continue
+        payloads.append(sample.payload)
+        labels.append(sample.label)
+    if files:
+        close(shard)
+        for _, rest in pending:  # planned shards with no input cannot exist; kept for safety
+            close(rest)
+
+
+def _put_record(client: Any, target: S3Uri, record: ShardRecord) -> None:
+    key = record_key(target, record.plan, record.shard)
+    try:
+        client.put_object(Bucket=target.bucket, Key=key, Body=(record.model_dump_json() + "\n").encode(),
+                          ContentType="application/json")
+    except Exception as exc:
+        raise describe(_uri(target, key), exc) from exc
+
+
+def publish(client: Any, source: Path | S3Source, target: S3Uri, options: PackOptions,
+            stream: ShardStream) -> PublishResult:
+    """Publish the manifest of the slices' shards at `target`, once every shard is in and matches its record."""
+    plan = make_plan(source, options)
+    stream.open()
+    try:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            records = list(pool.map(lambda k: read_record(client, target, plan.digest, k), range(len(plan.starts))))
+            missing = [k for k, record in enumerate(records) if record is None]
+            if missing:
+                first_input = plan.inputs(missing[0])[0][0]
+                raise DataToolError(str(target), f"{len(missing)} of {len(records)} shards are not packed yet "
+                                                 f"(shard {missing[0]}, from {first_input}, first); run their slices "
+                                                 "(the same SRC and options) before publishing", runtime=True)
+            done = [record for record in records if record is not None]
+            agree = list(pool.map(lambda record: _object_matches(client, target, record), done))
+        for record, ok in zip(done, agree, strict=True):
+            if not ok:
+                where = _uri(target, target.key(record.path or ""))
+                raise DataToolError(where, f"missing, or not the {record.bytes} bytes and sha256 its slice recorded "
+                                           f"(shard {record.shard}); rerun its slice", runtime=True)
+        counts = [sum(column) for column in zip(*(record.class_counts for record in done), strict=True)] \
+            if done else [0] * len(plan.classes)
+        if len(counts) != len(plan.classes):
+            raise DataToolError(str(target), "shard records disagree with the listing's classes; rerun the slices")
+        skipped = [item for record in done for item in record.skipped]
+        shards, first = [], 0
+        for record in done:
+            if record.path is not None and record.sha256 is not None:
+                shards.append(ShardInfo(path=check_file_name(record.path), num_samples=record.num_samples,
+                                        first_index=first, bytes=record.bytes, sha256=record.sha256))
+                first += record.num_samples
+        if not shards:
+            raise DataToolError(_where(source), f"no usable images ({len(skipped)} skipped)")
+        empty = [name for name, count in zip(plan.classes, counts, strict=True) if count == 0]
+        if empty:
+            raise DataToolError(_where(source, empty[0]), f"class folder has no usable images ({len(empty)} such: "
+                                       f"{', '.join(empty[:5])}); remove it or add images, since an empty class "
+                                       "shifts every label")
+        manifest = Manifest(tool_version=TOOL_VERSION, layout=options.layout,
+                            image_size=options.image_size if options.layout == "decoded" else None,
+                            classes=plan.classes, num_samples=first, shards=shards, skipped=len(skipped),
+                            shuffle_seed=options.shuffle_seed)
+        stream.publish(_manifest_bytes(manifest))  # the one moment DEST changes datasets
+        report = (json.dumps({"skipped": skipped}, indent=2) + "\n").encode()
+        try:
+            client.put_object(Bucket=target.bucket, Key=target.key(REPORT_NAME), Body=report,
+                              ContentType="application/json")
+        except Exception as exc:
+            raise describe(_uri(target, target.key(REPORT_NAME)), exc) from exc
+        stream.remove_stale({shard.path for shard in shards})
+        _remove_records(client, target)
+    finally:
+        stream.close()
+    return PublishResult(manifest=manifest, skipped=skipped, removed=stream.result.removed)
+
+
+def _remove_records(client: Any, target: S3Uri) -> None:
+    prefix = target.key(f"{RECORDS_DIR}/")
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=prefix):
+            keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=target.bucket, Delete={"Objects": keys, "Quiet": True})
+    except Exception as exc:
+        raise describe(_uri(target, prefix), exc) from exc
+

@@ -40,6 +40,7 @@ import yaml
 
 from workloads.cli import ArgumentParser
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
+from workloads.incidents import Incident, TrainerRun, incident_line, incidents, trainer_run
 from workloads.jobspec import (
     CONFIG_ERROR_EXIT_CODE,
     DISRUPTION_EXIT_CODE,
@@ -75,6 +76,9 @@ _QUOTA_REASONS = {
     "Misconfigured": "queue misconfigured",
     "Suspended": "queue stopped",
 }
+# The trainer's events in a pod's log tail that `status` reads for a Job with restarts (workloads.incidents).
+INCIDENT_LOG_LINES = 200
+INCIDENT_LOG_BYTES = 256 * 1024
 _GENERIC_JOB_FAILURES = {
     "BackoffLimitExceeded", "PodFailurePolicy", "FailedIndexes", "MaxFailedIndexesExceeded"}
 
@@ -86,6 +90,7 @@ class RunPhase:
     detail: str = ""
     restarts: int = 0  # failed pods the Job replaced (a gang restart replaces every pod of the gang)
     disruptions: int = 0  # of which were disruptions (stopped by SIGTERM, a lost peer or node): not counted
+    incidents: tuple[Incident, ...] = ()  # the restarts grouped by incident (workloads.incidents), oldest first
 
 
 def pod_restarts(pods: Sequence[dict[str, Any]]) -> tuple[int, int]:
@@ -217,12 +222,15 @@ def queued_phase(job: dict[str, Any], workload: dict[str, Any] | None,
 
 
 def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]], workload: dict[str, Any] | None = None,
-              position: tuple[int, int] | None = None) -> RunPhase:
+              position: tuple[int, int] | None = None, runs: Sequence[TrainerRun] = ()) -> RunPhase:
     """The phase of a training run from its Job and Pods (API JSON shapes), with its Kueue Workload and queue
-    position when it is in a queue, and the pods it has replaced so far."""
+    position when it is in a queue, and the pods it has replaced so far, by incident (with the trainer runs read
+    from the pods' logs: the steps lost and the time to resume)."""
     phase = _job_phase(job, pods, workload, position)
     restarts, disruptions = pod_restarts(pods)
-    return replace(phase, restarts=restarts, disruptions=disruptions) if restarts else phase
+    if not restarts:
+        return phase
+    return replace(phase, restarts=restarts, disruptions=disruptions, incidents=tuple(incidents(pods, runs)))
 
 
 def _job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]], workload: dict[str, Any] | None,
@@ -608,13 +616,35 @@ def _metrics_pages(core: Any, namespace: str, pods: list[dict[str, Any]]) -> lis
     return pages
 
 
+def _trainer_runs(core: Any, namespace: str, pods: list[dict[str, Any]]) -> list[TrainerRun]:
+    """The trainer run in each pod's log tail (the events carry where the run started and its first step); a log
+    that cannot be read (the pod or its node gone) is skipped."""
+    from kubernetes.client.exceptions import ApiException
+
+    runs = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") not in ("Running", "Succeeded", "Failed"):
+            continue
+        name = (pod.get("metadata") or {}).get("name", "")
+        try:
+            log = core.read_namespaced_pod_log(name, namespace, container=TRAIN_CONTAINER,
+                                               tail_lines=INCIDENT_LOG_LINES, limit_bytes=INCIDENT_LOG_BYTES)
+        except ApiException:
+            continue
+        run = trainer_run(name, str(log))
+        if run is not None:
+            runs.append(run)
+    return runs
+
+
 def _observe(batch: Any, core: Any, namespace: str, name: str, clock: Any) -> tuple[RunPhase, Snapshot]:
     job = _read_job(batch, namespace, name)
     workload, position = (None, None)
     if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
         workload, position = _kueue_state(namespace, job, _timeout_of(batch))
     pods = _pods(core, namespace, name)
-    phase = job_phase(job, pods, workload, position)
+    restarted = pod_restarts(pods)[0] > 0  # logs are read only for a Job with incidents
+    phase = job_phase(job, pods, workload, position, _trainer_runs(core, namespace, pods) if restarted else ())
     return phase, snapshot(_metrics_pages(core, namespace, pods), clock())
 
 
@@ -633,6 +663,12 @@ def _status_line(name: str, phase: RunPhase, figures: Progress | None) -> str:
     return f"{line}  {phase.detail}" if phase.detail else line
 
 
+def _incident_lines(phase: RunPhase, first: int = 0) -> list[str]:
+    """`  incident N at ...` for each incident from the `first` (0-based) on."""
+    return [f"  {incident_line(number, incident)}"
+            for number, incident in enumerate(phase.incidents, start=1) if number > first]
+
+
 def _status(batch: Any, core: Any, namespace: str, name: str, as_json: bool, clock: Any = None) -> int:
     import time
 
@@ -641,7 +677,7 @@ def _status(batch: Any, core: Any, namespace: str, name: str, as_json: bool, clo
     if as_json:
         print(json.dumps({"name": name, **asdict(phase), "progress": asdict(figures) if figures else None}))
     else:
-        print(_status_line(name, phase, figures))
+        print("\n".join([_status_line(name, phase, figures), *_incident_lines(phase)]))
     return 1 if phase.phase == "Failed" else 0
 
 
@@ -654,10 +690,19 @@ def _watch(batch: Any, core: Any, namespace: str, name: str, interval: float, cl
     clock, sleep = clock or time.time, sleep or time.sleep
     started = time.monotonic()
     before: Snapshot | None = None
+    settled = 0  # incidents already printed with their resume
     while True:
         phase, now = _observe(batch, core, namespace, name, clock)
         figures = progress(now, before) if now.ranks or now.stage_shards is not None else None
         print(_status_line(name, phase, figures), flush=True)
+        # an incident is printed once it has resumed (or when it is the run's last), not on every poll
+        done = phase.phase in ("Succeeded", "Failed")
+        ready = [i for i, incident in enumerate(phase.incidents)
+                 if incident.resumed_step is not None or done]
+        upto = max(ready, default=-1) + 1
+        if upto > settled:
+            print("\n".join(_incident_lines(replace(phase, incidents=phase.incidents[:upto]), settled)), flush=True)
+            settled = upto
         if phase.phase in ("Succeeded", "Failed"):
             return 1 if phase.phase == "Failed" else 0
         left = timeout - (time.monotonic() - started)

@@ -634,6 +634,11 @@ def _train(
 
     identity = dataset_identity(data.dataset)
 
+    # Where this run started and when it took its first step: `submit status` reads them from the first_step event
+    # and from every batch event (a log's tail is enough) to report each incident's steps lost and time to resume.
+    resumed_from = state.step
+    first_step_time: float | None = None
+
     def checkpoint(epoch: int, batch: int, loader: dict[str, Any] | None) -> float:
         """Rank 0 writes; returns the seconds spent (reported apart from data and compute time)."""
         started = time.perf_counter()
@@ -777,6 +782,9 @@ def _train(
             metrics.step(step_data, step_compute, len(labels), loss_value)
             batch_index += 1
             state.step += 1
+            if first_step_time is None:
+                first_step_time = time.time()
+                reporter.emit("first_step", step=state.step, resumed_from=resumed_from, time=first_step_time)
             if state.step % max(1, config.log_every) == 0:
                 gpu = _gpu_utilisation(device)
                 if gpu is not None:
@@ -790,6 +798,8 @@ def _train(
                     data_time=step_data,
                     compute_time=step_compute,
                     gpu_utilization=gpu,
+                    resumed_from=resumed_from,
+                    first_step_time=first_step_time,
                 )
             progress.set_postfix_str(
                 f"loss {loss_value:.4f}, {len(labels) * env.world_size / max(done - waited, 1e-9):.0f} samples/s",

@@ -40,6 +40,19 @@ def test_every_config_key_and_job_field_is_in_the_reference() -> None:
     assert "| `dataset.stagedSize` |" in job and "| `nodePools[].efa` |" in stack
 
 
+def test_every_key_and_field_says_what_it_does() -> None:
+    """A row with an empty description column is a key a reader has to look up in the code: every field carries a
+    `description=` (or a comment the generator reads)."""
+    from infra.config.reference import sections
+    from infra.config.schema import StackConfig
+    from workloads.jobspec import TrainingJobSpec
+
+    silent = [f"{section.model.__name__}: {row.key}"
+              for model, stop in ((StackConfig, {TrainingJobSpec: "the Job spec reference"}), (TrainingJobSpec, {}))
+              for section in sections(model, "", {}, stop=stop) for row in section.rows if not row.description.strip()]
+    assert not silent, f"fields without a description (add description=...): {silent}"
+
+
 @pytest.mark.parametrize("path", stack_files(), ids=lambda path: path.name)
 def test_stack_schema_accepts_each_committed_stack_file(path: Path) -> None:
     _validator(STACK_SCHEMA).validate(yaml.safe_load(path.read_text()))

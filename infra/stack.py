@@ -23,6 +23,7 @@ from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, Traini
 from infra.monitoring.component import Monitoring, MonitoringArgs
 from infra.monitoring.reservations import reserved_pools
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
+from infra.nodes.burnin import GpuBurnIn, GpuBurnInArgs, burnin_manifests
 from infra.nodes.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.nodes.nodepools import NodePools, NodePoolsArgs
 from infra.nodes.poolplan import plan_node_pools, pool_facts
@@ -168,6 +169,17 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
         node_monitoring_agent_version={str(k): v for k, v in cfg.storage.addon_versions.items()}.get(
             "eks-node-monitoring-agent"),
         node_groups=tuple(node_groups)))
+
+    # --- GPU burn-in: every new GPU node is checked and labelled before the gate lets a Job onto it ---
+    health = cfg.gpu.health
+    if health.runs(cfg.protected) and any(plan.is_gpu for plan in pool_plans):
+        image = health.image or f"{image_repository}:{health.image_tag}"
+        burn_in = GpuBurnIn(f"{ctx.prefix}-gpu-health", GpuBurnInArgs(
+            ctx=ctx, cluster=cluster,
+            manifests=tuple(burnin_manifests(health, pool_plans, image, ctx.stack, cfg.label_prefix)),
+            depends_on=tuple(node_groups)))
+        outputs["gpuHealth"] = {"namespace": health.namespace, "gate": health.gated(cfg.protected),
+                                "daemonSets": [d.metadata.name for d in burn_in.daemonsets]}
 
     # --- teams: a namespace, quota, service account and bucket role of their own (before their LocalQueues) ---
     team_needs: dict[str, list[pulumi.Resource]] = {}

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from infra.config.nodepools import BURN_IN_NAME
 from workloads.jobspec import namespace_network_policies
 
 if TYPE_CHECKING:
@@ -175,6 +176,16 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
         add("kubernetes", "Namespace", "", cfg.monitoring.namespace, where)
         for kind, name in cfg.monitoring.side_objects():
             add("kubernetes", kind, cfg.monitoring.namespace, name, where)
+    if cfg.gpu.health.runs(cfg.protected) and any(pool.gpu for pool in cfg.node_pools):
+        where = f"{CONFIG}gpu.health.namespace"
+        add("kubernetes", "Namespace", "", cfg.gpu.health.namespace, where)
+        add("kubernetes", "ServiceAccount", cfg.gpu.health.namespace, BURN_IN_NAME, where)
+        add("kubernetes", "ClusterRole", "", f"{stack}-{BURN_IN_NAME}", where)
+        add("kubernetes", "ClusterRoleBinding", "", f"{stack}-{BURN_IN_NAME}", where)
+        for index, pool in enumerate(cfg.node_pools):
+            if pool.gpu:
+                add("kubernetes", "DaemonSet", cfg.gpu.health.namespace, f"{BURN_IN_NAME}-{pool.name}",
+                    f"{CONFIG}nodePools[{index}].name")
     for index, volume in enumerate(storage.shared_volumes):
         add("kubernetes", "PersistentVolumeClaim", ns, volume.name, f"{CONFIG}storage.sharedVolumes[{index}].name")
     # Kueue's queues and priority classes (its ResourceFlavors are named after the pools' GPU types, which only the

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from infra.config.base import DnsLabel, Quantity, StrictModel
+from workloads.jobspec.spec import Image, ImageTag
 
 _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
@@ -358,6 +359,49 @@ class SizingConfig(StrictModel):
     )
 
 
+# NVIDIA's DCGM image (nv-hostengine, dcgmi and the diagnostic plugins for CUDA 12 and 13: NVIDIA/DCGM
+# docker/Dockerfile.ubuntu22.04, tag <dcgm version>-<build>-ubuntu22.04). 4.5.x is the DCGM the pinned dcgm-exporter
+# chart runs (its image 4.5.3-4.8.2); docs/versions.md.
+# The burn-in's objects are named here, so the derived-name check knows them without importing the component: the
+# ServiceAccount, `<stack>-gpu-burn-in` (ClusterRole and binding), `gpu-burn-in-<pool>` (a DaemonSet per GPU pool).
+BURN_IN_NAME = "gpu-burn-in"
+DCGM_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:4.5.2-1-ubuntu22.04"
+
+
+class GpuHealthConfig(StrictModel):
+    """The GPU burn-in (infra/nodes/burnin.py): every new GPU node runs DCGM's diagnostic, a GPU memory/compute
+    check, an all-reduce across its GPUs and (EFA pools) an EFA check, and is labelled `<prefix>/gpu-health=passed`
+    or tainted and cordoned. With the gate on, training Jobs and Kueue's GPU flavors require the label.
+
+    Default: on for protected (prod) stacks, off otherwise; a small dev stack can leave it off."""
+
+    enabled: bool | None = Field(default=None, description="run the burn-in; default: the stack's `protected`")
+    gate: bool | None = Field(default=None, description="Jobs and GPU flavors require <prefix>/gpu-health=passed; "
+                                                        "default: on when the burn-in runs")
+    image: Image | None = Field(default=None, description="the training image (full reference): the checks run it")
+    image_tag: ImageTag | None = Field(default=None, description="or a tag of the stack's own registry")
+    dcgm_image: Image = Field(default=DCGM_IMAGE, description="NVIDIA's DCGM image (dcgmi diag)")
+    diag_level: Literal[1, 2] = Field(default=2, description="dcgmi diag -r: 1 software only (~1 min), 2 adds "
+                                                             "memory and PCIe (a few minutes)")
+    memory_fraction: float = Field(default=0.5, gt=0, le=0.9, description="share of each GPU's memory tested")
+    check_minutes: int = Field(default=15, ge=2, le=120, description="each check's deadline")
+    namespace: DnsLabel = "gpu-health"
+
+    def runs(self, protected: bool) -> bool:
+        return protected if self.enabled is None else self.enabled
+
+    def gated(self, protected: bool) -> bool:
+        return self.runs(protected) if self.gate is None else self.gate
+
+    @model_validator(mode="after")
+    def _one_image(self) -> GpuHealthConfig:
+        if self.image is not None and self.image_tag is not None:
+            raise ValueError("set one of image (a full reference) and imageTag (a tag of the stack's registry)")
+        if self.gate is True and self.enabled is False:
+            raise ValueError("gate: true needs the burn-in (enabled): nothing else labels nodes gpu-health=passed")
+        return self
+
+
 class GpuConfig(StrictModel):
     device_plugin: DevicePluginConfig = Field(
         default=DevicePluginConfig(),
@@ -383,4 +427,8 @@ class GpuConfig(StrictModel):
         default=SizingConfig(),
         description=("what each node holds back from pods beyond the kubelet's reservations; the per-GPU defaults "
                      "follow"),
+    )
+    health: GpuHealthConfig = Field(
+        default=GpuHealthConfig(),
+        description="the GPU burn-in and the gate: new GPU nodes checked and labelled before Jobs may use them",
     )

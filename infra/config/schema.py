@@ -438,6 +438,7 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
     if config.cluster is not None:  # the deploy workflow's runner must reach the API server
         problems += reachability_problems(config.cluster, config.deploy)
     problems += zone_region_problems(config)
+    problems += gpu_health_problems(config)
     if problems:
         raise ConfigError(problems)
     return config
@@ -450,6 +451,26 @@ def zone_region_problems(config: StackConfig) -> list[tuple[str, str]]:
     return [(f"network.create.availabilityZones.{index}", f"{zone} is not a zone of aws:region {config.region}")
             for index, zone in enumerate(config.network.create.availability_zones)
             if not re.fullmatch(re.escape(config.region) + r"[a-z]", zone)]
+
+
+def gpu_health_problems(config: StackConfig) -> list[tuple[str, str]]:
+    """The burn-in runs the training image; nothing but the burn-in may set its label (a pool label
+    `<prefix>/gpu-health` would let every new node through the gate unchecked)."""
+    problems = []
+    health = config.gpu.health
+    health_label = f"{config.label_prefix}/gpu-health"
+    for index, pool in enumerate(config.node_pools):
+        if health_label in pool.labels:
+            problems.append((f"nodePools.{index}.labels", f"{health_label} is set by the GPU burn-in only "
+                                                          "(gpu.health), never by a pool"))
+    if not health.runs(config.protected) or not any(pool.gpu for pool in config.node_pools):
+        return problems
+    if health.image is None and health.image_tag is None:
+        problems.append(("gpu.health.image", "required: the burn-in runs the training image (image, or imageTag "
+                                             "of the stack's registry); or set gpu.health.enabled: false"))
+    elif health.image_tag is not None and not (config.platform == "eks" and config.registry.enabled):
+        problems.append(("gpu.health.imageTag", "this stack has no image registry: give a full image reference"))
+    return problems
 
 
 def unused_secret_problems(config: StackConfig, secret_keys: Iterable[str]) -> list[tuple[str, str]]:

@@ -75,6 +75,8 @@ FORCE_NEW: dict[str, tuple[str, ...]] = {
                                                                   "volumeBindingMode", "mountOptions"),
     "kubernetes:core/v1:Service": _K8S_IDENTITY + ("spec.clusterIP", "spec.clusterIPs"),
     "kubernetes:core/v1:Secret": _K8S_IDENTITY + ("type",),
+    "kubernetes:apps/v1:DaemonSet": _K8S_IDENTITY + ("spec.selector",),
+    "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding": _K8S_IDENTITY + ("roleRef",),
 }
 _MAX_VALUE = 160  # characters of a value shown in the text diff
 

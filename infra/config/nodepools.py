@@ -385,7 +385,7 @@ class GpuHealthConfig(StrictModel):
                                                              "memory and PCIe (a few minutes)")
     memory_fraction: float = Field(default=0.5, gt=0, le=0.9, description="share of each GPU's memory tested")
     check_minutes: int = Field(default=15, ge=2, le=120, description="each check's deadline")
-    namespace: DnsLabel = "gpu-health"
+    namespace: DnsLabel = Field(default="gpu-health", description="the burn-in's namespace (Pod Security: privileged)")
 
     def runs(self, protected: bool) -> bool:
         return protected if self.enabled is None else self.enabled

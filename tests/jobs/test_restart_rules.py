@@ -118,6 +118,7 @@ def test_an_elastic_gang_renders_min_max_nodes_the_wait_and_success_by_index_0()
     ({"nodes": 2, "minNodes": 1, "args": ["--global-batch-size=24"]}, "args", "not divisible by 2 nodes x 8"),
     ({"nodes": 2, "minNodes": 1, "elasticWaitSeconds": RENDEZVOUS_JOIN_TIMEOUT_S,
       "args": ["--global-batch-size", "64"]}, "elasticWaitSeconds", ""),
+    ({"nodes": 2, "elasticWaitSeconds": 60}, "elasticWaitSeconds", "set minNodes too"),
 ])
 def test_elastic_gang_spec_errors_name_the_field(fields: dict[str, Any], where: str, why: str) -> None:
     with pytest.raises(ValueError, match=where) as raised:

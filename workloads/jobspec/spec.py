@@ -570,6 +570,9 @@ class TrainingJobSpec(_Spec):
 
     def _check_elastic(self) -> None:
         if self.min_nodes is None:
+            if "elastic_wait_seconds" in self.model_fields_set:
+                raise JobSpecError("elasticWaitSeconds", "only an elastic gang waits for its missing nodes: set "
+                                                         "minNodes too")
             return
         if self.nodes < 2:
             raise JobSpecError("minNodes", "an elastic gang needs nodes >= 2 (nodes is its largest size)")

@@ -62,7 +62,7 @@ plan: setup-plan ## render STACK (default dev) offline: no cloud, no Pulumi CLI
 preflight: setup-plan ## read-only checks of the AWS account against STACK (credentials needed)
 	$(BIN)/python scripts/preflight.py --stack $(STACK)
 
-versions: setup-plan ## pinned charts and each stack's Kubernetes against upstream and the support calendar (ARGS=--online)
+versions: setup-plan ## pinned charts, Kubernetes, base image, CUDA/driver, Pulumi and AMIs against upstream (ARGS=--online)
 	$(BIN)/python scripts/versions.py $(ARGS)
 
 cost: setup-plan ## STACK's $/hour and $/month from offline prices (PRICES=aws asks AWS)

@@ -3,6 +3,7 @@ minors against the calendar, with a fixed day and index documents served from me
 
 from __future__ import annotations
 
+import re
 from datetime import date
 from typing import Any
 
@@ -53,3 +54,83 @@ def test_offline_cli_reports_without_failing(capsys: pytest.CaptureFixture[str])
     assert versions.main(["--stacks", "dev", "--today", "2027-03-01", "--fail-behind"]) == 1
     assert "behind:" in capsys.readouterr().out
     assert versions.main(["--stacks", "nope"]) == 2
+
+
+DOCKERFILE = """# syntax=docker/dockerfile:1
+FROM --platform=linux/amd64 pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime@sha256:{digest}
+RUN curl -o /tmp/x https://efa-installer.amazonaws.com/aws-efa-installer-1.47.0.tar.gz
+"""
+PYPROJECT = """[project]
+name = "x"
+dependencies = ["pulumi>=3.200,<4", "pulumi-aws>=7.0,<8"]
+[project.optional-dependencies]
+train = ["torch==2.13.0"]
+"""
+
+
+def test_base_image_is_read_from_the_first_from_line() -> None:
+    image = versions.base_image(DOCKERFILE.format(digest="a" * 64))
+    assert (image.repository, image.tag, image.digest) == ("pytorch/pytorch", "2.13.0-cuda13.0-cudnn9-runtime",
+                                                          "sha256:" + "a" * 64)
+    assert (image.cuda, image.cudnn) == ("13.0", "9")
+    assert versions.base_image("FROM registry:5000/team/img\n") == versions.BaseImage("registry:5000/team/img", None,
+                                                                                      None)
+    for text in ("ARG BASE=x\nFROM ${BASE}\n", "RUN true\n"):
+        with pytest.raises(ValueError):
+            versions.base_image(text)
+
+
+def test_toolchain_report_names_image_driver_pulumi_and_amis(stack_plan: Any) -> None:
+    pinned = "sha256:" + "a" * 64
+    moved = "sha256:" + "b" * 64
+    asked: list[tuple[str, str]] = []
+
+    def digest_of(repository: str, tag: str) -> str:
+        asked.append((repository, tag))
+        return moved
+
+    def newest_of(package: str) -> str:
+        newest = {"pulumi": "3.300.0", "pulumi-aws": "8.1.0"}
+        if package not in newest:
+            raise OSError("connection refused")
+        return newest[package]
+
+    lines, behind = versions.toolchain_report(
+        [stack_plan("dev"), stack_plan("staging")], True, DOCKERFILE.format(digest="a" * 64), PYPROJECT,
+        digest_of=digest_of, newest_of=newest_of,
+        installed_of={"pulumi": "3.272.0", "pulumi-aws": "6.9.0"}.get, plugin_of=lambda package: None)
+    text = "\n".join(lines)
+    assert asked == [("pytorch/pytorch", "2.13.0-cuda13.0-cudnn9-runtime")]
+    assert f"the tag now: {moved}" in text and "driver >= 580.65.06" in text
+    assert "torch          ==2.13.0" in text and "EFA installer  1.47.0" in text
+    assert f"base image pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime now points at {moved}, not the pinned " \
+           f"{pinned}" in behind
+    assert "pulumi-aws 6.9.0 is installed, outside pyproject's <8,>=7.0" in behind
+    assert "pulumi-aws 8.1.0 is out, outside pyproject's <8,>=7.0" in behind
+    assert not any(item.startswith("pulumi ") for item in behind)  # 3.300.0 is inside <4,>=3.200
+    assert "unreadable (connection refused)" in text  # pulumi-kubernetes
+    assert re.search(r"dev +gpu-a10g +AL2023_x86_64_NVIDIA +not pinned: EKS's latest for 1\.35", text)
+    assert re.search(r"staging +gpu-a10g +BOTTLEROCKET_x86_64_NVIDIA ", text)
+
+
+def test_an_unpinned_base_is_reported_and_never_behind() -> None:
+    lines, behind = versions.toolchain_report([], True, "FROM pytorch/pytorch:2.13.0-cuda12.8-cudnn9-runtime\n",
+                                              PYPROJECT, digest_of=lambda repository, tag: "sha256:" + "c" * 64,
+                                              newest_of=lambda package: "3.201.0", installed_of=lambda package: None,
+                                              plugin_of=lambda package: None)
+    text = "\n".join(lines)
+    assert "digest: not pinned (tag only)" in text and "driver >= 570.26" in text
+    assert not any("base image" in item for item in behind)
+
+
+def test_docs_versions_names_the_base_image_and_the_pulumi_ranges_pinned_today() -> None:
+    import tomllib
+
+    docs = (versions.ROOT / "docs" / "versions.md").read_text()
+    image = versions.base_image(versions.DOCKERFILE.read_text())
+    assert f"`{image.repository}:{image.tag}`" in docs
+    assert f">= {versions.CUDA_MIN_DRIVER[image.cuda or '']}" in docs
+    dependencies = tomllib.loads(versions.PYPROJECT.read_text())["project"]["dependencies"]
+    for package in versions.PULUMI_PACKAGES:
+        [text] = [d for d in dependencies if re.match(rf"{re.escape(package)}\s*[<>=!~]", d)]
+        assert f"| {package}" in docs and f"`{text[len(package):].strip()}`" in docs, package

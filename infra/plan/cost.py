@@ -13,7 +13,11 @@ What is priced, and how:
 - EFS: the sum of the PersistentVolumeClaims on EFS storage classes, all in Standard storage (an upper bound:
   lifecycle moves cold files to Infrequent Access);
 - S3 buckets: the Standard storage rate per GiB-month only: a bucket declares no size, so it adds nothing to totals;
-- Jobs: GPU-hours and the cost of the whole nodes they hold for activeDeadlineSeconds (the most a run can bill).
+- Jobs: GPU-hours and the cost of the whole nodes they hold for activeDeadlineSeconds (the most a run can bill);
+- tenant teams (a Kueue ClusterQueue admitting one namespace labelled `<prefix>/team`): their guaranteed GPUs
+  (nominalQuota) and, where a borrowingLimit bounds it, the most they can hold, each GPU at its flavor's dearest
+  pool's per-GPU rate, plus their EFS claims. This attributes the pools' cost for charge-back; it is not added to
+  the totals (the pools are already there).
 Prices are per GB (AWS bills GB-Mo for storage); declared sizes are in GiB, so storage is priced at GiB x 1.0737.
 """
 
@@ -44,6 +48,11 @@ JOB = "kubernetes:batch/v1:Job"
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
 STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
 EFS_PROVISIONER = "efs.csi.aws.com"
+PV = "kubernetes:core/v1:PersistentVolume"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+KUEUE_TYPE_PREFIX = "kubernetes:kueue.x-k8s.io/"
+TEAM_LABEL_SUFFIX = "/team"
+GPU_RESOURCE = "nvidia.com/gpu"
 POOL_LABEL_SUFFIX = "/pool"
 GPU_COUNT_LABEL_SUFFIX = "/gpu-count"
 
@@ -269,16 +278,86 @@ def jobs_of(plan: Mapping[str, Any]) -> list[JobUse]:
     return sorted(jobs, key=lambda job: job.name)
 
 
-def efs_gib(plan: Mapping[str, Any]) -> float:
-    """GiB requested by the PersistentVolumeClaims whose storage class is an EFS class of this plan."""
+def efs_claims(plan: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """(namespace, GiB) of each PersistentVolumeClaim on EFS: of an EFS storage class of this plan, or bound to a
+    static PV of the EFS CSI driver (a team's access point)."""
     classes = {(r["inputs"].get("metadata") or {}).get("name") for r in _of(plan, STORAGE_CLASS)
                if r["inputs"].get("provisioner") == EFS_PROVISIONER}
-    total = 0.0
+    efs_volumes = {(r["inputs"].get("metadata") or {}).get("name") for r in _of(plan, PV)
+                   if ((r["inputs"].get("spec") or {}).get("csi") or {}).get("driver") == EFS_PROVISIONER}
+    claims = []
     for claim in _of(plan, PVC):
         spec = claim["inputs"].get("spec") or {}
-        if spec.get("storageClassName") in classes:
-            total += _quantity_gib(((spec.get("resources") or {}).get("requests") or {}).get("storage", "0"))
-    return total
+        if spec.get("storageClassName") in classes or (spec.get("volumeName") and spec["volumeName"] in efs_volumes):
+            claims.append((str((claim["inputs"].get("metadata") or {}).get("namespace") or ""),
+                           _quantity_gib(((spec.get("resources") or {}).get("requests") or {}).get("storage", "0"))))
+    return claims
+
+
+def efs_gib(plan: Mapping[str, Any]) -> float:
+    """GiB requested by the PersistentVolumeClaims on EFS."""
+    return sum(gib for _, gib in efs_claims(plan))
+
+
+@dataclass(frozen=True)
+class TeamQuota:
+    """A tenant team's GPUs of one flavor: guaranteed (nominalQuota) and the most it may hold (None: no
+    borrowingLimit, as much as the cohort lends)."""
+
+    team: str
+    namespace: str
+    flavor: str
+    gpus: int
+    at_most: int | None
+
+
+def _kueue(plan: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [r for r in plan["resources"] if r["type"].startswith(KUEUE_TYPE_PREFIX) and r["type"].endswith(f":{kind}")]
+
+
+def team_namespaces_of(plan: Mapping[str, Any]) -> dict[str, str]:
+    """Namespace -> team, for the namespaces labelled `<prefix>/team`."""
+    found = {}
+    for namespace in _of(plan, NAMESPACE):
+        metadata = namespace["inputs"].get("metadata") or {}
+        team = next((v for k, v in (metadata.get("labels") or {}).items() if k.endswith(TEAM_LABEL_SUFFIX)), None)
+        if team and metadata.get("name"):
+            found[str(metadata["name"])] = str(team)
+    return found
+
+
+def team_quotas_of(plan: Mapping[str, Any]) -> list[TeamQuota]:
+    """The GPU quotas of the ClusterQueues that admit exactly one team namespace (flavors with a guarantee)."""
+    teams = team_namespaces_of(plan)
+    quotas = []
+    for queue in _kueue(plan, "ClusterQueue"):
+        spec = queue["inputs"].get("spec") or {}
+        selector = (spec.get("namespaceSelector") or {}).get("matchLabels") or {}
+        namespace = selector.get("kubernetes.io/metadata.name")
+        if namespace not in teams:
+            continue
+        for group in spec.get("resourceGroups") or []:
+            for flavor in group.get("flavors") or []:
+                for resource in flavor.get("resources") or []:
+                    if resource.get("name") != GPU_RESOURCE or not int(resource.get("nominalQuota") or 0):
+                        continue
+                    gpus = int(resource["nominalQuota"])
+                    borrow = resource.get("borrowingLimit")
+                    quotas.append(TeamQuota(teams[namespace], str(namespace), str(flavor.get("name")), gpus,
+                                            gpus + int(borrow) if borrow is not None else None))
+    return sorted(quotas, key=lambda quota: (quota.team, quota.flavor))
+
+
+def flavor_pools(plan: Mapping[str, Any], pools: Sequence[Pool]) -> dict[str, list[Pool]]:
+    """ResourceFlavor name -> the GPU pools whose labels carry all its nodeLabels."""
+    found = {}
+    for flavor in _kueue(plan, "ResourceFlavor"):
+        labels = (flavor["inputs"].get("spec") or {}).get("nodeLabels") or {}
+        name = (flavor["inputs"].get("metadata") or {}).get("name")
+        if labels and name:
+            found[str(name)] = [pool for pool in pools if pool.gpus_per_node
+                                and all(pool.labels.get(k) == v for k, v in labels.items())]
+    return found
 
 
 def pool_query(region: str, pool: Pool) -> PriceQuery:
@@ -342,6 +421,22 @@ class JobCost:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class TeamCost:
+    """A tenant team's share for charge-back: per flavor line, the GPUs' hourly rate at quota (and at most)."""
+
+    team: str
+    namespace: str
+    flavor: str  # "" for the team's EFS line
+    gpus: int
+    at_most: int | None
+    gpu_hour_price: float  # USD per GPU-hour of the flavor (its dearest pool); per GB-month for EFS
+    hourly: float  # at the guaranteed quota (EFS: its monthly cost / 730)
+    hourly_at_most: float | None
+    efs_gib: float = 0.0
+    note: str = ""
+
+
 @dataclass
 class CostReport:
     stack: str
@@ -349,7 +444,15 @@ class CostReport:
     source: str
     lines: list[CostLine] = field(default_factory=list)
     jobs: list[JobCost] = field(default_factory=list)
+    teams: list[TeamCost] = field(default_factory=list)
     note: str = ""
+
+    def team_monthly(self) -> dict[str, float]:
+        """Team -> USD per month at its guaranteed quota, EFS included."""
+        totals: dict[str, float] = {}
+        for line in self.teams:
+            totals[line.team] = round(totals.get(line.team, 0.0) + line.hourly * HOURS_PER_MONTH, 2)
+        return totals
 
     def hourly(self) -> tuple[float, float, float]:
         totals = [0.0, 0.0, 0.0]
@@ -434,7 +537,35 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
                                      "GB-month", (0.0, 0.0, 0.0), per_gib_month=True))
     report.jobs = [_job_cost(job, pools, lambda pool: price(by_key[pool_query(region, pool).key]))
                    for job in jobs_of(plan)]
+    report.teams = _team_costs(plan, pools, lambda pool: price(by_key[pool_query(region, pool).key]),
+                               price(efs_query(region)) if _of(plan, EFS_FILE_SYSTEM) else None)
     return report
+
+
+def _team_costs(plan: Mapping[str, Any], pools: Sequence[Pool], rate_of: Callable[[Pool], float],
+                efs_rate: float | None) -> list[TeamCost]:
+    by_flavor = flavor_pools(plan, pools)
+    lines = []
+    for quota in team_quotas_of(plan):
+        candidates = [pool for pool in by_flavor.get(quota.flavor, []) if pool.capacity_type != "CAPACITY_BLOCK"]
+        if not candidates:
+            lines.append(TeamCost(quota.team, quota.namespace, quota.flavor, quota.gpus, quota.at_most, 0.0, 0.0,
+                                  None, note="no priced pool of this flavor"))
+            continue
+        per_gpu = max(rate_of(pool) / pool.gpus_per_node for pool in candidates)
+        lines.append(TeamCost(quota.team, quota.namespace, quota.flavor, quota.gpus, quota.at_most, per_gpu,
+                              per_gpu * quota.gpus, per_gpu * quota.at_most if quota.at_most is not None else None,
+                              note="" if quota.at_most is not None else "may borrow without limit"))
+    teams = team_namespaces_of(plan)
+    if efs_rate is not None:
+        claimed: dict[str, float] = {}
+        for namespace, gib in efs_claims(plan):
+            if namespace in teams:
+                claimed[namespace] = claimed.get(namespace, 0.0) + gib
+        for namespace, gib in sorted(claimed.items()):
+            hourly = efs_rate * gib * GB_PER_GIB / HOURS_PER_MONTH
+            lines.append(TeamCost(teams[namespace], namespace, "", 0, None, efs_rate, hourly, hourly, efs_gib=gib))
+    return sorted(lines, key=lambda line: (line.team, line.flavor == "", line.flavor))
 
 
 def _job_cost(job: JobUse, pools: Sequence[Pool], rate_of: Callable[[Pool], float]) -> JobCost:
@@ -463,7 +594,8 @@ def report_document(report: CostReport) -> dict[str, Any]:
     return {"stack": report.stack, "region": report.region, "source": report.source, "note": report.note,
             "hoursPerMonth": HOURS_PER_MONTH, "sizes": list(SIZES),
             "hourly": list(report.hourly()), "monthly": list(report.monthly()),
-            "lines": [asdict(line) for line in report.lines], "jobs": [asdict(job) for job in report.jobs]}
+            "lines": [asdict(line) for line in report.lines], "jobs": [asdict(job) for job in report.jobs],
+            "teams": [asdict(team) for team in report.teams], "teamMonthly": report.team_monthly()}
 
 
 def _money(value: float) -> str:
@@ -497,6 +629,25 @@ def format_report(report: CostReport) -> str:
             cost = _money(job.cost) if job.cost is not None else "-"
             lines.append(f"  {job.name:<24} {job.pool or '-':<14} {job.nodes:>5} {job.gpus:>5} {hours:>10} "
                          f"{gpu_hours:>10} {rate:>10} {cost:>17}" + (f"  ({job.note})" if job.note else ""))
+    if report.teams:
+        lines += ["", "  teams at their Kueue quota (charge-back; already in the pools above, not added to totals)",
+                  f"  {'team':<16} {'flavor / storage':<18} {'GPUs':>5} {'at most':>7} {'unit price':>17} "
+                  f"{'$/h quota':>12} {'$/h at most':>12} {'$/month quota':>14}"]
+        for team in report.teams:
+            if team.flavor:
+                what, gpus = team.flavor, str(team.gpus)
+                at_most = str(team.at_most) if team.at_most is not None else "-"
+                unit = f"${team.gpu_hour_price:.4f}/GPU-h"
+                most = _money(team.hourly_at_most) if team.hourly_at_most is not None else "-"
+            else:
+                what, gpus, at_most = f"EFS {team.efs_gib:g} GiB", "", ""
+                unit, most = f"${team.gpu_hour_price:.4f}/GB-month", _money(team.hourly)
+            lines.append(f"  {team.team:<16} {what:<18} {gpus:>5} {at_most:>7} {unit:>17} {_money(team.hourly):>12} "
+                         f"{most:>12} {_money(team.hourly * HOURS_PER_MONTH):>14}"
+                         + (f"  ({team.note})" if team.note else ""))
+        for name, team_total in sorted(report.team_monthly().items()):
+            lines.append(f"  {'total ' + name:<35} {'':>5} {'':>7} {'':>17} {'':>12} {'':>12} "
+                         f"{_money(team_total):>14}")
     return "\n".join(lines) + "\n"
 
 

@@ -33,10 +33,55 @@ def summary(plan: dict[str, Any]) -> str:
         parent = f"  (in {resource['parent']})" if resource["parent"] else ""
         marks = f"  [{', '.join(flags)}]" if flags else ""
         lines.append(f"  {resource['type']}  {resource['name']}{parent}{marks}")
+    lines += team_summary(plan)
     if plan.get("outputs"):
         lines += ["", "outputs:"]
         lines += [f"  {key}: {value}" for key, value in plan["outputs"].items()]
     return "\n".join(lines) + "\n"
+
+
+def team_summary(plan: dict[str, Any]) -> list[str]:
+    """Per tenant team (a namespace labelled `<prefix>/team`): its quota, role, EFS directory, people and the
+    Kubernetes objects in its namespace. Empty when the stack has no tenant teams."""
+    teams: dict[str, str] = {}  # namespace -> team
+    for resource in plan["resources"]:
+        metadata = resource["inputs"].get("metadata") or {}
+        if resource["type"] == "kubernetes:core/v1:Namespace":
+            team = next((v for k, v in (metadata.get("labels") or {}).items() if k.endswith("/team")), None)
+            if team:
+                teams[str(metadata.get("name"))] = str(team)
+    if not teams:
+        return []
+    lines = ["", "teams:"]
+    for namespace, team in sorted(teams.items(), key=lambda item: item[1]):
+        kinds: Counter[str] = Counter()
+        gpus, claims, roles, paths, people = "-", [], [], [], []
+        for resource in plan["resources"]:
+            inputs = resource["inputs"]
+            metadata = inputs.get("metadata") or {}
+            if resource["type"].startswith("kubernetes:") and metadata.get("namespace") == namespace:
+                kinds[resource["type"].rsplit(":", 1)[1]] += 1
+                if resource["type"] == "kubernetes:core/v1:ResourceQuota":
+                    gpus = str(((inputs.get("spec") or {}).get("hard") or {}).get("requests.nvidia.com/gpu", "-"))
+                if resource["type"] == "kubernetes:core/v1:PersistentVolumeClaim":
+                    claims.append(str(metadata.get("name")))
+                if resource["type"] == "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding":
+                    role = (inputs.get("roleRef") or {}).get("name")
+                    people += [f"group {subject.get('name')} ({role})" for subject in inputs.get("subjects") or []
+                               if subject.get("kind") == "Group"]
+            elif (inputs.get("tags") or {}).get("ml-cluster-team") == team:
+                if resource["type"] == "aws:iam/role:Role":
+                    roles.append(str(inputs.get("name") or resource["name"]))
+                elif resource["type"] == "aws:efs/accessPoint:AccessPoint":
+                    paths.append(str((inputs.get("rootDirectory") or {}).get("path")))
+            elif resource["type"] == "aws:eks/accessPolicyAssociation:AccessPolicyAssociation" and namespace in (
+                    (inputs.get("accessScope") or {}).get("namespaces") or []):
+                people.append(f"{inputs.get('principalArn')} ({str(inputs.get('policyArn')).rsplit('/', 1)[-1]})")
+        lines.append(f"  {team} (namespace {namespace}): GPU quota {gpus}; role {', '.join(roles) or '-'}; "
+                     f"EFS {', '.join(paths) or '-'} (claims: {', '.join(claims) or '-'})")
+        lines += [f"    access: {who}" for who in sorted(people)]
+        lines.append("    objects: " + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())))
+    return lines
 
 
 # Input paths each provider treats as force-new (a change replaces the resource instead of updating it), from the

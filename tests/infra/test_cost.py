@@ -298,3 +298,68 @@ def test_the_control_plane_is_priced_by_its_support_tier_on_the_day(stack_plan: 
     # = $365 more
     assert report.monthly()[0] - pinned_to("1.36").monthly()[0] == pytest.approx((rate - 0.10) * HOURS_PER_MONTH,
                                                                                    abs=0.02)
+
+
+def _team(name: str, gpus: int, borrowing: int | None) -> list[dict[str, Any]]:
+    gpu = {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}
+    if borrowing is not None:
+        gpu["borrowingLimit"] = str(borrowing)
+    namespace = f"team-{name}"
+    return [
+        _resource("kubernetes:core/v1:Namespace", f"{name}-ns", {
+            "metadata": {"name": namespace, "labels": {"x.io/team": name}}}),
+        _resource("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue", f"cq-{name}", {
+            "metadata": {"name": name}, "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "resourceGroups": [{"flavors": [
+                    {"name": "a10g", "resources": [{"name": "cpu", "nominalQuota": "8"}, gpu]},
+                    {"name": "cpu", "resources": [{"name": "cpu", "nominalQuota": "0"}]}]}]}}),
+    ]
+
+
+def teams_plan() -> dict[str, Any]:
+    """small_plan plus an on-demand pool of the same GPU type (the dearer rate for the flavor), the a10g flavor, team
+    a (2 GPUs, may borrow 1) with a 200Gi claim on an EFS access-point PV, team b (1 GPU, no borrowing limit), and
+    the shared queue (not a team's: no label on its namespace)."""
+    plan = small_plan()
+    plan["resources"] += [
+        _resource("aws:eks/nodeGroup:NodeGroup", "gpu-od", {
+            "instanceTypes": ["g5.xlarge"], "capacityType": "ON_DEMAND", "subnetIds": ["subnet-a"],
+            "scalingConfig": {"minSize": 0, "desiredSize": 0, "maxSize": 2},
+            "labels": {"x.io/pool": "gpu-od", "x.io/gpu-count": "1", "x.io/gpu-type": "a10g"}}),
+        _resource("kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor", "flavor-a10g", {
+            "metadata": {"name": "a10g"}, "spec": {"nodeLabels": {"x.io/gpu-type": "a10g"}}}),
+        *_team("a", 2, 1), *_team("b", 1, None),
+        _resource("kubernetes:core/v1:Namespace", "training-ns", {"metadata": {"name": "training"}}),
+        _resource("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue", "cq-shared", {"spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "training"}},
+            "resourceGroups": [{"flavors": [{"name": "a10g", "resources": [
+                {"name": "nvidia.com/gpu", "nominalQuota": "3"}]}]}]}}),
+        _resource("kubernetes:core/v1:PersistentVolume", "pv-a", {
+            "metadata": {"name": "team-a-team-shared"},
+            "spec": {"csi": {"driver": "efs.csi.aws.com", "volumeHandle": "fs-1::fsap-1"}}}),
+        _resource("kubernetes:core/v1:PersistentVolumeClaim", "pvc-a", {
+            "metadata": {"name": "team-shared", "namespace": "team-a"},
+            "spec": {"storageClassName": "", "volumeName": "team-a-team-shared",
+                     "resources": {"requests": {"storage": "200Gi"}}}}),
+    ]
+    return plan
+
+
+def test_teams_are_charged_their_quota_at_the_dearest_pool_rate_and_their_efs() -> None:
+    prices = {**PRICES, "ec2:us-west-2:g5.xlarge:on-demand": 1.0}
+    report = estimate(teams_plan(), prices, "test prices", TODAY)
+    efs = 200 * GB_PER_GIB * 0.3 / HOURS_PER_MONTH
+    assert [(t.team, t.flavor, t.gpus, t.at_most, t.gpu_hour_price, t.hourly, t.hourly_at_most)
+            for t in report.teams] == [
+        ("a", "a10g", 2, 3, 1.0, 2.0, 3.0),
+        ("a", "", 0, None, 0.3, pytest.approx(efs), pytest.approx(efs)),
+        ("b", "a10g", 1, None, 1.0, 1.0, None),
+    ]
+    assert report.team_monthly() == {"a": pytest.approx(round((2.0 + efs) * 730, 2)), "b": 730.0}
+    # Attribution only: the totals are the pools and storage, the team claim counted once in the EFS line.
+    assert next(line for line in report.lines if line.item == "EFS storage").detail == "350 GiB claimed, Standard"
+    text = format_report(report)
+    assert "teams at their Kueue quota" in text and "(may borrow without limit)" in text
+    # 2 GPUs x $1/h x 730 h + 200 GiB x 1.0737 GB/GiB x $0.30/GB-month
+    assert "$1,524.42" in text.split("  total a", 1)[1].splitlines()[0]

@@ -12,6 +12,7 @@ from infra.config import ConfigError, parse_stack_config
 from infra.config.schema import decode_config_value
 from infra.config.stackcheck import check_stack
 from infra.plan.engine import plan_stack
+from infra.plan.view import team_summary
 from infra.policy.plan import plan_from_document
 from infra.policy.rules import POLICIES, PolicyContext, evaluate
 from tests.conftest import STACKS_DIR, resources_of, stack_values
@@ -167,3 +168,16 @@ def test_policy_pack_passes_the_teams_plan_and_catches_a_missing_quota(plan: dic
     found = evaluate(plan_from_document(without), PolicyContext(stack_protected=True), rules)
     assert [str(v) for v in found] == ["mandatory: team-namespaces-have-quota: kubernetes:core/v1:Namespace "
                                        "mlc-prod-team-language-ns: team namespace team-language has no ResourceQuota"]
+
+
+def test_the_plan_summary_lists_each_teams_objects_and_people(plan: dict[str, Any]) -> None:
+    lines = team_summary(plan)
+    assert lines[:2] == ["", "teams:"]
+    vision = lines.index("  vision (namespace team-vision): GPU quota 88; role mlc-prod-team-vision; "
+                         "EFS /teams/vision (claims: team-shared)")
+    assert lines[vision + 1:vision + 5] == [f"    access: {VISION_ENGINEERS} (AmazonEKSEditPolicy)",
+                                            f"    access: {AUDITOR} (AmazonEKSViewPolicy)",
+                                            "    access: group ml-cluster.io:team-vision (view)",
+                                            "    access: group vision-oncall (view)"]
+    assert lines[vision + 5] == ("    objects: 1 Job, 1 LimitRange, 1 LocalQueue, 2 NetworkPolicy, "
+                                 "1 PersistentVolumeClaim, 1 ResourceQuota, 2 RoleBinding, 1 ServiceAccount")

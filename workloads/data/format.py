@@ -59,7 +59,8 @@ PLAN_STATE = "plan.json"
 HEARTBEAT = "stager.heartbeat"  # touched every second by a serving stager (its mtime is the heartbeat)
 MANIFEST_MAX_BYTES = 1 << 30  # a manifest of a million shards is ~250 MB; a larger "manifest" is not one
 
-Layout = Literal["decoded", "encoded", "records"]
+Layout = Literal["decoded", "encoded"]  # an image folder's pack (pack.py)
+ManifestLayout = Literal["decoded", "encoded", "records"]  # records: typed fields (records.py)
 KNOWN_VERSIONS = (FORMAT_VERSION, RECORDS_VERSION)
 MAX_IMAGE_SIZE = 8192  # decoded side in pixels: 8192 x 8192 x 3 is 192 MiB per sample already
 
@@ -98,7 +99,7 @@ class Manifest(BaseModel):
     format: Literal["ml-cluster-hdf5"] = FORMAT_NAME
     version: int = FORMAT_VERSION
     tool_version: str
-    layout: Layout
+    layout: ManifestLayout
     image_size: int | None = Field(default=None, ge=1, le=MAX_IMAGE_SIZE,
                                    description="S for layout decoded (images are S x S x 3)")
     classes: list[str] = Field(description="class names (an image folder's sub-folders); a records dataset may "

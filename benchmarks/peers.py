@@ -10,8 +10,10 @@ the latency proxy (ctx.endpoint), then reads it back with 2 DataLoader workers a
 cache) live under ctx.local, which the parent watches for its peak size.
 
 Layouts: "decoded" stores uint8 size x size x 3 arrays; "encoded" stores the JPEG bytes and decodes them in the
-workers. Peers decode with PIL's reduced-scale decode (draft mode, the fastest PIL path); ours uses its own
-decoder (workloads.data.transforms). The peer libraries are imported only inside their contender.
+workers; "captions" and "tokens" are multi-field samples (image + caption, token sequences; see
+benchmarks/peers_records.py) that ours, Streaming and LitData carry. Peers decode with PIL's reduced-scale decode
+(draft mode, the fastest PIL path); ours uses its own decoder (workloads.data.transforms). The peer libraries are
+imported only inside their contender.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import peers_records
 from workloads.data.cache import CacheFeeder, working_set_bytes
 from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
 from workloads.data.format import load_manifest
 from workloads.data.pack import PackOptions, pack
+from workloads.data.records_dataset import records_to_tensors
 from workloads.data.s3 import S3Uri, make_client
 from workloads.data.sampler import ElasticBatchSampler
 from workloads.data.stage import StageOptions, stage
@@ -41,6 +45,7 @@ from workloads.data.transforms import decode_bytes, decode_file
 from workloads.data.upload import UploadOptions, upload
 
 BATCH = 128
+RECORD_LAYOUTS = ("captions", "tokens")
 WORKERS = 2
 SHARD_BYTES = 32 << 20
 
@@ -52,7 +57,7 @@ class Context:
     scratch: Path  # conversion output before upload (not counted as the reader's disk)
     endpoint: str  # the S3 server behind the latency proxy
     bucket: str
-    layout: str  # "decoded" | "encoded"
+    layout: str  # "decoded" | "encoded" | "captions" | "tokens"
     size: int
     epochs: int  # measured epochs (>= 2: one cold, the rest warm)
     shard_bytes: int = SHARD_BYTES  # each contender's shard/chunk size
@@ -102,9 +107,12 @@ def _run_epochs(ctx: Context, make_epoch: Callable[[int], Iterable[Any]], measur
         begin = started if epoch == 0 else time.perf_counter()
         count = 0
         for batch in make_epoch(epoch):
-            images = batch[0]
             if count == 0 and epoch == 0:
                 measured.first_batch_s = time.perf_counter() - started
+            if ctx.layout in RECORD_LAYOUTS:
+                count += peers_records.check_batch(ctx, batch)
+                continue
+            images = batch[0]
             if tuple(images.shape[1:]) != (ctx.size, ctx.size, 3) or images.dtype != torch.uint8:
                 raise RuntimeError(f"batch of {tuple(images.shape)} {images.dtype}, expected uint8 "
                                    f"(n, {ctx.size}, {ctx.size}, 3)")
@@ -117,6 +125,8 @@ def _run_epochs(ctx: Context, make_epoch: Callable[[int], Iterable[Any]], measur
 # -- ours: pack -> upload -> stage (parallel ranged GETs) -> HDF5Dataset ---------------------------------------------
 def _pack_and_upload(ctx: Context) -> tuple[Measured, int]:
     """Measured with the conversion time, and the packed dataset's bytes."""
+    if ctx.layout in RECORD_LAYOUTS:
+        return peers_records.pack_and_upload(ctx)
     started = time.perf_counter()
     packed = ctx.scratch / "packed"
     pack(ctx.jpegs, packed, PackOptions(layout=ctx.layout, image_size=ctx.size, shard_bytes=ctx.shard_bytes,
@@ -127,8 +137,8 @@ def _pack_and_upload(ctx: Context) -> tuple[Measured, int]:
 
 def ours(ctx: Context) -> Measured:
     """Copy staging: every shard is local before the first batch."""
-    if ctx.layout == "decoded" and not ctx.keep_decoded:
-        raise NotApplicable("ours-redecode is ours without the decode cache, which only the encoded layout uses")
+    if ctx.layout in ("decoded", "tokens") and not ctx.keep_decoded:
+        raise NotApplicable("ours-redecode is ours without the decode cache, which only encoded images use")
     measured, _ = _pack_and_upload(ctx)
     started = time.perf_counter()
     dest = ctx.local / "staged"
@@ -140,15 +150,21 @@ def ours(ctx: Context) -> Measured:
     def epoch(number: int) -> Iterator[Any]:
         sampler.set_epoch(number)
         for batch in loader:
-            yield to_tensors(batch)
+            yield _tensors(ctx, batch)
 
     return _run_epochs(ctx, epoch, measured, started)
+
+
+def _tensors(ctx: Context, batch: Any) -> Any:
+    return records_to_tensors(batch) if ctx.layout in RECORD_LAYOUTS else to_tensors(batch)
 
 
 def _ours_dataset(ctx: Context, dest: Path) -> HDF5Dataset:
     """The trainer's dataset. Encoded, with unbounded local disk: decoded samples are kept for later epochs, as the
     trainer's --decode-cache does, with a budget that holds every one (the bounded rows and ours-redecode do not
     keep them: the bounded rows' disk is the budget, ours-redecode is the ablation)."""
+    if ctx.layout in RECORD_LAYOUTS:
+        return peers_records.dataset(ctx, dest)
     if ctx.layout != "encoded":
         return HDF5Dataset(dest)
     if not ctx.keep_decoded or ctx.budget_fraction is not None:
@@ -194,7 +210,7 @@ def ours_cache(ctx: Context) -> Measured:
             sampler.set_epoch(number)
             feeder.start_epoch(last_epoch=number == ctx.epochs - 1)
             for done, batch in enumerate(loader, start=1):
-                yield to_tensors(batch)
+                yield _tensors(ctx, batch)
                 feeder.advance(done)
 
         result = _run_epochs(ctx, epoch, measured, started)
@@ -256,6 +272,8 @@ def _stub_torchvision() -> None:
 
 
 def streaming(ctx: Context) -> Measured:
+    if ctx.layout in RECORD_LAYOUTS:
+        return peers_records.streaming(ctx, _run_epochs)
     _stub_torchvision()
     from streaming import MDSWriter, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
@@ -294,6 +312,8 @@ def _litdata_allow_http(_worker: int = 0) -> None:
 
 
 def litdata(ctx: Context) -> Measured:
+    if ctx.layout in RECORD_LAYOUTS:
+        return peers_records.litdata(ctx, _run_epochs)
     import litdata as ld
 
     _litdata_allow_http()
@@ -322,6 +342,8 @@ def _wds_decode(layout: str, size: int, sample: tuple[bytes, bytes]) -> tuple[to
 
 
 def webdataset(ctx: Context) -> Measured:
+    if ctx.layout in RECORD_LAYOUTS:
+        raise NotApplicable("the multi-field rows compare the peers that name typed columns (Streaming, LitData)")
     import functools
 
     import webdataset as wds
@@ -366,7 +388,7 @@ class _S3Decode:
 
 
 def s3torchconnector(ctx: Context) -> Measured:
-    if ctx.layout != "encoded":
+    if ctx.layout != "encoded":  # captions and tokens too: one object per sample has no caption or sequence
         raise NotApplicable("s3torchconnector reads objects as stored (one JPEG per object); it has no packed "
                             "or decoded format of its own")
     from s3torchconnector import S3ClientConfig, S3MapDataset

@@ -10,6 +10,11 @@ rows ours-cache40, streaming-cache40 and litdata-cache40 (local cache limited to
 shards of 1/16 of it). Each contender runs in its own process, interleaved over rounds; the parent samples the
 process tree's RSS and the contender's local disk.
 
+Multi-field layouts (--layouts captions,tokens; benchmarks/peers_records.py): "captions" pairs each JPEG with a
+caption (batches of uint8 images and str captions), "tokens" cuts a generated corpus of --tokens uint16 ids into
+sequences of 513 (int32 batches); contenders ours, ours-cache, ours-redecode (captions), Streaming, LitData and
+their bounded rows.
+
 Reported per contender and layout (best round by 20-epoch total): conversion (+ upload), time to first batch
 (from creating the dataset, downloads included), cold epoch samples/s, warm epoch samples/s, the 20-epoch total
 (conversion + cold epoch + 19 x median warm epoch), peak local disk and peak RSS (all processes). A contender whose
@@ -19,6 +24,7 @@ Run it in the benchmark venv (peers are never installed in the project's venv):
 
     make bench-peers
     .venv-bench/bin/python scripts/bench_peers.py [--images 2048] [--rounds 2] [--epochs 3] [--layouts decoded,encoded]
+                                                  [--tokens 4000000] (with --layouts captions,tokens)
                                                   [--contenders ours,ours-cache,streaming,litdata,...]
                                                   [--json]
 """
@@ -50,11 +56,13 @@ from benchmarks.peers import (  # noqa: E402
     BOUNDED_SHARDS,
     CONTENDERS,
     PACKAGES,
+    RECORD_LAYOUTS,
     Context,
     NotApplicable,
     clear,
     tree_bytes,
 )
+from benchmarks.peers_records import TOKENS_DIR, write_token_corpus  # noqa: E402
 
 BUCKET = "bench-peers"
 STUDY_EPOCHS = 20
@@ -190,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each entry keeps its best")
     parser.add_argument("--epochs", type=int, default=3, help="epochs measured per contender (>= 2)")
-    parser.add_argument("--layouts", default="decoded,encoded")
+    parser.add_argument("--layouts", default="decoded,encoded", help="decoded, encoded, captions, tokens")
+    parser.add_argument("--tokens", type=int, default=4_000_000, help="token ids in the tokens layout's corpus")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument("--per-connection-mb-s", type=float, default=20.0)
@@ -205,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     layouts = [item for item in args.layouts.split(",") if item]
     contenders = [item for item in args.contenders.split(",") if item]
     bad = [name for name in contenders if name not in CONTENDERS] + [
-        layout for layout in layouts if layout not in ("decoded", "encoded")]
+        layout for layout in layouts if layout not in ("decoded", "encoded", *RECORD_LAYOUTS)]
     if bad or args.epochs < 2 or args.images < 128:
         print(f"error: --contenders/--layouts/--epochs/--images: unknown {bad} or too few epochs (>= 2) or images "
               f"(>= 128)", file=sys.stderr)
@@ -226,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             local_s3_behind_latency(args.latency_ms, args.per_connection_mb_s) as s3:
         work = Path(tmp)
         generate(work / "jpegs", args.images)
+        if "tokens" in layouts:
+            write_token_corpus(work / TOKENS_DIR, args.tokens)
         from workloads.data.s3 import make_client
 
         make_client(s3.direct_url, 4, botocore_attempts=3).create_bucket(Bucket=BUCKET)
@@ -239,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                         ctx = dataclasses.replace(ctx, keep_decoded=False)
                     if name in BOUNDED:
                         estimate = (args.images * args.size * args.size * 3 if layout == "decoded"
-                                    else tree_bytes(work / "jpegs"))
+                                    else 2 * args.tokens if layout == "tokens" else tree_bytes(work / "jpegs"))
                         ctx = dataclasses.replace(ctx, budget_fraction=BOUNDED_FRACTION,
                                                   shard_bytes=max(1 << 20, estimate // BOUNDED_SHARDS))
                     result = _run_contender(name, ctx, args.timeout)
@@ -255,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"layouts": results, "ratios": {layout: _ratios(entries) for layout, entries in results.items()},
               "images": args.images, "size": args.size, "latency_ms": args.latency_ms,
               "per_connection_mb_s": args.per_connection_mb_s, "epochs": args.epochs, "rounds": args.rounds,
+              "tokens": args.tokens if "tokens" in layouts else None,
               "load_start": load_start, "load_end": round(os.getloadavg()[0], 2)}
     print(json.dumps(report, indent=2) if args.json else _table(report))
     return 0

@@ -233,3 +233,16 @@ def test_tokens_packing_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str])
                                  "out)\n")
     code, _, err = cli(["pack-tokens", str(src), str(tmp_path / "x")], capsys)
     assert code == 2 and "--seq-len" in err and err.count("\n") == 1
+
+
+def test_the_peer_benchmark_gives_every_contender_the_sequences_pack_tokens_cuts(tmp_path: Path) -> None:
+    from benchmarks.peers_records import SEQ_LEN, token_sequences, write_token_corpus
+    from workloads.data.records_pack import RecordPackOptions, pack_tokens
+
+    write_token_corpus(tmp_path / "corpus", 20_000)
+    expected = token_sequences(tmp_path / "corpus")
+    pack_tokens(tmp_path / "corpus", tmp_path / "out", RecordPackOptions(progress=False, shuffle_seed=None),
+                seq_len=SEQ_LEN, dtype="uint16", eos=0)
+    dataset = open_dataset(tmp_path / "out")
+    got = dataset.__getitems__(list(range(len(dataset))))["tokens"].numpy()
+    np.testing.assert_array_equal(got, expected.astype(np.int32))

@@ -51,6 +51,10 @@ class Snapshot:
     stage_shards: float | None = None
     stage_bytes: float = 0.0
     stage_done: bool = False
+    pack_images: float | None = None  # inputs the pack slices have been through (skipped ones too)
+    pack_shards_done: float = 0.0
+    pack_shards: float = 0.0
+    slices: str | None = None  # "3/4 slices done": an Indexed pack Job's status, not a metric
 
 
 def snapshot(pages: Iterable[dict[str, float]], at: float) -> Snapshot:
@@ -82,6 +86,13 @@ def snapshot(pages: Iterable[dict[str, float]], at: float) -> Snapshot:
             stage_bytes=sum(p.get("ml_stage_bytes_total", 0.0) for p in stagers),
             stage_done=all(p.get("ml_stage_done", 0.0) == 1 for p in stagers),
         )
+    packers = [page for page in pages if "ml_pack_images_total" in page]
+    if packers:
+        fields.update(
+            pack_images=sum(p["ml_pack_images_total"] for p in packers),
+            pack_shards_done=sum(p.get("ml_pack_shards_done", 0.0) for p in packers),
+            pack_shards=sum(p.get("ml_pack_shards", 0.0) for p in packers),
+        )
     return Snapshot(**fields)  # type: ignore[arg-type]
 
 
@@ -96,6 +107,9 @@ class Progress:
     data_wait_share: float | None
     eta_s: float | None
     staged: str | None  # "12/40 shards"
+    images_per_s: float | None = None  # a pack's inputs per second, all slices together
+    packed: str | None = None  # "12/40 shards" the running slices own
+    slices: str | None = None
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -123,6 +137,12 @@ def progress(now: Snapshot, before: Snapshot | None = None) -> Progress:
         eta = 0.0
     elif step_rate and total > 0:
         eta = max(0.0, total - position) / step_rate
+    images_per_s, packed = None, None
+    if now.pack_images is not None:
+        if before is not None and before.pack_images is not None and now.at > before.at \
+                and now.pack_images >= before.pack_images:
+            images_per_s = (now.pack_images - before.pack_images) / (now.at - before.at)
+        packed = f"{int(now.pack_shards_done)}/{int(now.pack_shards)} shards"
     staged = None
     if now.stage_shards is not None:
         staged = f"{int(now.stage_shards_ready or 0)}/{int(now.stage_shards)} shards"
@@ -136,6 +156,9 @@ def progress(now: Snapshot, before: Snapshot | None = None) -> Progress:
         data_wait_share=_ratio(wait, step),
         eta_s=eta,
         staged=staged,
+        images_per_s=images_per_s,
+        packed=packed,
+        slices=now.slices,
     )
 
 
@@ -161,4 +184,10 @@ def progress_line(name: str, phase: str, figures: Progress | None) -> str:
             parts.append(f"ETA {_duration(figures.eta_s)}")
         if figures.staged is not None:
             parts.append(f"staged {figures.staged}")
+        if figures.slices is not None:
+            parts.append(figures.slices)
+        if figures.images_per_s is not None:
+            parts.append(f"{figures.images_per_s:.0f} images/s")
+        if figures.packed is not None:
+            parts.append(f"packed {figures.packed} of the running slices")
     return "  ".join(parts)

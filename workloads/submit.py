@@ -7,6 +7,8 @@
     python -m workloads.submit --stack dev start resnet50-s3-copy-1a2b3c4d      # a Job the stack created suspended
     python -m workloads.submit --stack dev logs resnet50-s3-copy-1a2b3c4d [--container stage] [--index 1] [--follow]
     python -m workloads.submit --stack dev delete resnet50-s3-copy-1a2b3c4d
+    python -m workloads.submit --stack dev pack s3://raw/imagenet/train s3://datasets/imagenet-256 --slices 16 \
+        --image-tag 0.1.0 [--render]                  # an Indexed Job of 16 slices + the publish Job
 
 `--stack S` talks to the kubeconfig `make kubeconfig STACK=S` wrote (~/.kube/ml-S; see workloads.kubeconfig for
 the order with --kubeconfig and KUBECONFIG) and reads the cluster's ClusterFacts from the stack output jobFacts;
@@ -513,6 +515,22 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("job_file", help="YAML spec file, e.g. workloads/jobs/resnet50-s3-copy.yaml")
         sub.add_argument("--facts", help="ClusterFacts JSON (pulumi stack output jobFacts --json); default: "
                                          "read from --stack")
+    pack = commands.add_parser("pack", help="pack a dataset on the cluster: an Indexed Job of --slices slices (CPU "
+                                            "pools, Kueue's cpu flavor) and its publish Job")
+    pack.add_argument("source", help="s3://BUCKET/PREFIX of class folders, or s3://BUCKET/PATH/LIST.csv|.jsonl")
+    pack.add_argument("dest", help="s3://BUCKET/PREFIX the dataset is packed into (manifest published last)")
+    pack.add_argument("--slices", type=int, required=True, help="pods packing at once (completions = parallelism)")
+    pack.add_argument("--name", default="dataset", help="the Jobs' name: pack-<name>-<hash>[-publish]")
+    pack.add_argument("--image", help="container image (default: <the stack's repository>:--image-tag)")
+    pack.add_argument("--image-tag", help="tag of the stack's own registry (jobFacts image_repository)")
+    pack.add_argument("--layout", choices=["decoded", "encoded"], default="decoded")
+    pack.add_argument("--size", type=int, default=256, help="decoded image side in pixels")
+    pack.add_argument("--shard-size", default="1GiB")
+    pack.add_argument("--cpu", type=int, default=4, help="CPUs per slice pod (its decoding processes)")
+    pack.add_argument("--memory", default="8GiB", help="memory per slice pod")
+    pack.add_argument("--queue", help="Kueue LocalQueue (default: the stack's)")
+    pack.add_argument("--facts", help="ClusterFacts JSON; default: read from --stack")
+    pack.add_argument("--render", action="store_true", help="print the manifests instead of creating them")
     start = commands.add_parser("start", help="start a suspended run (the stack creates its Jobs suspended)")
     start.add_argument("name")
     status = commands.add_parser("status", help="phase and progress of a submitted run")
@@ -645,7 +663,21 @@ def _observe(batch: Any, core: Any, namespace: str, name: str, clock: Any) -> tu
     pods = _pods(core, namespace, name)
     restarted = pod_restarts(pods)[0] > 0  # logs are read only for a Job with incidents
     phase = job_phase(job, pods, workload, position, _trainer_runs(core, namespace, pods) if restarted else ())
-    return phase, snapshot(_metrics_pages(core, namespace, pods), clock())
+    now = snapshot(_metrics_pages(core, namespace, pods), clock())
+    slices = slices_done(job)
+    return phase, replace(now, slices=slices) if slices is not None else now
+
+
+def slices_done(job: dict[str, Any]) -> str | None:
+    """`3/4 slices done (failed: 2)` for a pack's Indexed Job (component pack), from its status; None otherwise."""
+    metadata, spec = job.get("metadata") or {}, job.get("spec") or {}
+    if (metadata.get("labels") or {}).get("app.kubernetes.io/component") != "pack" \
+            or spec.get("completionMode") != "Indexed":
+        return None
+    status = job.get("status") or {}
+    line = f"{int(status.get('succeeded') or 0)}/{int(spec.get('completions') or 0)} slices done"
+    failed = status.get("failedIndexes")
+    return f"{line} (failed: {failed})" if failed else line
 
 
 def _timeout_of(api: Any) -> float:
@@ -669,11 +701,15 @@ def _incident_lines(phase: RunPhase, first: int = 0) -> list[str]:
             for number, incident in enumerate(phase.incidents, start=1) if number > first]
 
 
+def _is_pack(now: Snapshot) -> bool:
+    return now.pack_images is not None or now.slices is not None
+
+
 def _status(batch: Any, core: Any, namespace: str, name: str, as_json: bool, clock: Any = None) -> int:
     import time
 
     phase, now = _observe(batch, core, namespace, name, clock or time.time)
-    figures = progress(now) if now.ranks or now.stage_shards is not None else None
+    figures = progress(now) if now.ranks or now.stage_shards is not None or _is_pack(now) else None
     if as_json:
         print(json.dumps({"name": name, **asdict(phase), "progress": asdict(figures) if figures else None}))
     else:
@@ -693,7 +729,7 @@ def _watch(batch: Any, core: Any, namespace: str, name: str, interval: float, cl
     settled = 0  # incidents already printed with their resume
     while True:
         phase, now = _observe(batch, core, namespace, name, clock)
-        figures = progress(now, before) if now.ranks or now.stage_shards is not None else None
+        figures = progress(now, before) if now.ranks or now.stage_shards is not None or _is_pack(now) else None
         print(_status_line(name, phase, figures), flush=True)
         # an incident is printed once it has resumed (or when it is the run's last), not on every poll
         done = phase.phase in ("Succeeded", "Failed")
@@ -708,7 +744,7 @@ def _watch(batch: Any, core: Any, namespace: str, name: str, interval: float, cl
         left = timeout - (time.monotonic() - started)
         if left <= 0:
             raise RuntimeFailure(f"job/{name}", f"still {phase.phase} after {timeout:g}s (watch --timeout)")
-        before = now if now.ranks else before
+        before = now if now.ranks or now.pack_images is not None else before
         sleep(min(interval, left))
 
 
@@ -779,7 +815,34 @@ def _delete(batch: Any, core: Any, networking: Any, namespace: str, name: str) -
     return 0
 
 
+def _render_pack(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from workloads.jobspec.packjob import PackJobSpec, render_pack_job
+
+    if args.facts is None and args.stack is None:
+        raise UsageError("arguments", "give --stack S (facts from the stack) or --facts FILE")
+    facts = _load_facts(args.facts) if args.facts is not None else _stack_facts(str(args.stack))
+    image = args.image
+    if image is None:
+        if args.image_tag is None or facts.image_repository is None:
+            raise UsageError("--image", "give --image, or --image-tag on a stack with its own registry")
+        image = f"{facts.image_repository}:{args.image_tag}"
+    spec = PackJobSpec(name=args.name, source=args.source, dest=args.dest, slices=args.slices, image=image,
+                       layout=args.layout, image_size=args.size, shard_size=args.shard_size,
+                       cpu_millicores=args.cpu * 1000, memory=args.memory, queue=args.queue)
+    return render_pack_job(spec, facts)
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "pack":
+        manifests = _render_pack(args)
+        if args.render:
+            sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+            return 0
+        batch, core, networking = _apis(args)
+        print("\n".join(_submit(manifests, batch, core, networking)))
+        print(f"watch: python -m workloads.submit -n {manifests[0]['metadata']['namespace']} watch "
+              f"{manifests[0]['metadata']['name']}")
+        return 0
     if args.command in ("render", "submit"):
         manifests = _render(args.job_file, args.facts, args.stack)
         if args.command == "render":

@@ -20,6 +20,7 @@ from tests.data.helpers import write_corpus
 from tests.data.test_pack_s3 import put_tree, write_odd_corpus
 from tests.data.test_pack_upload import cli, one_line
 from workloads.data.format import MANIFEST_NAME, load_manifest
+from workloads.data.metrics import PackMetrics
 from workloads.data.pack import REPORT_NAME, PackOptions, pack
 from workloads.data.s3 import S3Uri, make_client
 from workloads.data.shardplan import plan_shards
@@ -95,9 +96,14 @@ def test_slices_in_process_equal_a_local_pack_encoded(tmp_path: Path, s3_url: st
     pack(tmp_path / "src", tmp_path / "local", options)
     client = make_client(s3_url, 8)
     target = S3Uri(bucket, "enc")
+    seen = 0
     for index in (2, 0, 1):
-        pack_slice(client, tmp_path / "src", target, options, index, 3, tmp_path,
-                   ShardStream(client, target, StreamOptions(progress=False)))
+        metrics = PackMetrics()
+        done = pack_slice(client, tmp_path / "src", target, options, index, 3, tmp_path,
+                          ShardStream(client, target, StreamOptions(progress=False)), metrics)
+        assert metrics.shards_done._value.get() == metrics.shards._value.get() == len(done.shards)
+        seen += int(metrics.images._value.get())
+    assert seen == len(make_plan(tmp_path / "src", options).files)
     publish(client, tmp_path / "src", target, options, ShardStream(client, target, StreamOptions(progress=False)))
     assert objects(s3_url, bucket, "enc") == local_dataset(tmp_path / "local")
 

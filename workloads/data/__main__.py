@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from workloads.cli import HelpWithDefaults, parse_size
 from workloads.data.format import MAX_IMAGE_SIZE
-from workloads.data.metrics import STAGE_METRICS_PORT_ENV, StageMetrics
+from workloads.data.metrics import PACK_METRICS_PORT_ENV, STAGE_METRICS_PORT_ENV, PackMetrics, StageMetrics
 from workloads.data.records import TOKEN_DTYPES
 from workloads.data.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"with --shard-count: which slice, 0..N-1 (default: ${JOB_INDEX_ENV}, an Indexed Job's)")
     pack.add_argument("--publish", action="store_true",
                       help="with an s3:// OUT: publish the manifest once every slice's shards are in and verified")
+    pack.add_argument("--wait", type=_seconds, default=None, metavar="SECONDS",
+                      help="with --publish: wait at most this long for slices still packing (default: no wait)")
+    pack.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
+                      help=f"with --shard-count: serve Prometheus metrics on PORT (default: ${PACK_METRICS_PORT_ENV}, "
+                           "else off)")
     pack.add_argument("--scratch", type=Path, default=None,
                       help="with an s3:// OUT: local directory for shards being written and sent (default: the "
                            "system temp directory; an emptyDir in a pod)")
@@ -317,6 +322,8 @@ def _pack_to_bucket(args: argparse.Namespace, options: PackOptions, progress: bo
         raise DataToolError("--publish", "a step of its own: give it without --shard-count/--shard-index")
     if args.shard_index is not None and args.shard_count is None:
         raise DataToolError("--shard-index", "only meaningful with --shard-count")
+    if args.wait is not None and not args.publish:
+        raise DataToolError("--wait", "only meaningful with --publish")
     try:
         target = parse_s3_uri(args.out)
     except DataToolError as exc:
@@ -336,14 +343,21 @@ def _pack_to_bucket(args: argparse.Namespace, options: PackOptions, progress: bo
     client = make_client(args.endpoint_url, max_connections=16, botocore_attempts=6)
     if not args.publish:
         index, count = (_slice_index(args), args.shard_count) if args.shard_count is not None else (0, 1)
-        done = pack_slice(client, source, target, options, index, count, scratch, stream())
+        port = args.metrics_port if args.metrics_port is not None else _env_port(PACK_METRICS_PORT_ENV)
+        metrics = PackMetrics()
+        try:
+            if port:
+                metrics.serve(port, metrics_addr())
+            done = pack_slice(client, source, target, options, index, count, scratch, stream(), metrics)
+        finally:
+            metrics.close()
         shards = f"{done.shards.start}..{done.shards.stop - 1}" if len(done.shards) else "none"
         print(f"slice {index} of {count}: shards {shards} into {target}: {len(done.packed)} packed, "
               f"{len(done.reused)} already complete; {done.samples} samples, skipped {done.skipped}, uploaded "
               f"{done.uploaded_bytes} bytes, aborted {done.aborted_uploads} open uploads")
         if args.shard_count is not None:
             return 0
-    published = publish(client, source, target, options, stream())
+    published = publish(client, source, target, options, stream(), wait_s=args.wait or 0.0)
     print(f"published {published.manifest.num_samples} samples in {len(published.manifest.shards)} shards "
           f"({published.manifest.layout}) at {target}; skipped {len(published.skipped)} (see "
           f"{target}/{REPORT_NAME}), removed {len(published.removed)} stale shards of a previous pack")
@@ -363,7 +377,7 @@ def run(args: argparse.Namespace) -> int:
             return _pack_to_bucket(args, options, progress)
         for flag, given in (("--shard-count", args.shard_count is not None), ("--shard-index",
                             args.shard_index is not None), ("--publish", args.publish),
-                            ("--scratch", args.scratch is not None)):
+                            ("--scratch", args.scratch is not None), ("--wait", args.wait is not None)):
             if given:
                 raise DataToolError(flag, "only meaningful with an s3:// OUT")
         args.out = Path(args.out)

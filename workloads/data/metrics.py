@@ -61,3 +61,30 @@ class StageMetrics:
 
     def close(self) -> None:
         self._endpoint.close()
+
+
+PACK_METRICS_PORT_ENV = "PACK_METRICS_PORT"
+
+
+class PackMetrics:
+    """A pack slice's metrics (what `submit watch` turns into images/s and shards done)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.images = Counter("ml_pack_images", "Source files this slice has been through (usable or skipped)",
+                              registry=r)
+        self.skipped = Counter("ml_pack_skipped", "Source files skipped as unusable", registry=r)
+        self.shards = Gauge("ml_pack_shards", "Planned shards this slice owns", registry=r)
+        self.shards_done = Gauge("ml_pack_shards_done", "Shards of this slice in the bucket with their record",
+                                 registry=r)
+        self._endpoint = MetricsServer(self.registry)
+
+    def serve(self, port: int, addr: str) -> int:
+        try:
+            return self._endpoint.serve(port, addr)
+        except OSError as exc:
+            raise DataToolError("--metrics-port", f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from exc
+
+    def close(self) -> None:
+        self._endpoint.close()

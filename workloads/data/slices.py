@@ -29,7 +29,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workloads.data import TOOL_VERSION
 from workloads.data.format import Manifest, ShardInfo, check_file_name, shard_name
+from workloads.data.metrics import PackMetrics
 from workloads.data.pack import (
     REPORT_NAME,
     PackOptions,
@@ -173,6 +176,10 @@ def _abort_open_uploads(client: Any, target: S3Uri, shards: range) -> int:
                                                   UploadId=upload["UploadId"])
                     aborted += 1
     except Exception as exc:
+        if error_code(exc) in ("AccessDenied", "403"):
+            # A role without s3:ListBucketMultipartUploads: the stack's buckets abort incomplete uploads after
+            # abortIncompleteMultipartDays by their lifecycle rule (infra/storage/buckets.py) instead.
+            return aborted
         raise describe(str(target), exc) from exc
     return aborted
 
@@ -187,12 +194,14 @@ def _free_name(stream: ShardStream, shard: int, sha256: str, size: int) -> str:
 
 
 def pack_slice(client: Any, source: Path | S3Source, target: S3Uri, options: PackOptions, index: int, count: int,
-               scratch: Path, stream: ShardStream) -> SliceResult:
+               scratch: Path, stream: ShardStream, metrics: PackMetrics | None = None) -> SliceResult:
     """Pack slice `index` of `count` into `target` (shards and their records; no manifest)."""
     if not 0 <= index < count:
         raise DataToolError("--shard-index", f"{index} is not in 0..{count - 1} (--shard-count {count})")
     plan = make_plan(source, options)
     result = SliceResult(shards=owned(len(plan.starts), index, count))
+    metrics = metrics if metrics is not None else PackMetrics()
+    metrics.shards.set(len(result.shards))
     stream.open()  # bucket present and answering, the manifest now at DEST: before anything is packed
     try:
         result.aborted_uploads = _abort_open_uploads(client, target, result.shards)
@@ -201,13 +210,14 @@ def pack_slice(client: Any, source: Path | S3Source, target: S3Uri, options: Pac
             record = read_record(client, target, plan.digest, shard)
             if record is not None and _object_matches(client, target, record):
                 result.reused.append(shard)
+                metrics.shards_done.inc()
                 result.samples += record.num_samples
                 result.skipped += len(record.skipped)
             else:
                 todo.append(shard)
         work = tempfile.mkdtemp(prefix=".pack-slice-", dir=scratch)
         try:
-            _pack_shards(client, source, target, options, plan, todo, Path(work), stream, result)
+            _pack_shards(client, source, target, options, plan, todo, Path(work), stream, result, metrics)
             stream.finish()
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -218,7 +228,8 @@ def pack_slice(client: Any, source: Path | S3Source, target: S3Uri, options: Pac
 
 
 def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: PackOptions, plan: Plan,
-                 todo: list[int], work: Path, stream: ShardStream, result: SliceResult) -> None:
+                 todo: list[int], work: Path, stream: ShardStream, result: SliceResult,
+                 metrics: PackMetrics) -> None:
     files: list[tuple[str, int]] = []
     ends: list[tuple[int, int]] = []  # (position after the shard's last input, shard)
     for shard in todo:
@@ -243,9 +254,15 @@ def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: P
             name = _free_name(stream, shard, sha, size)
             record = empty.model_copy(update={"path": name, "num_samples": len(labels), "bytes": size,
                                               "sha256": sha})
-            stream.send(temp, name, sha, md5, size, then=lambda: _put_record(client, target, record))
+
+            def committed() -> None:
+                _put_record(client, target, record)
+                metrics.shards_done.inc()
+
+            stream.send(temp, name, sha, md5, size, then=committed)
         else:
             _put_record(client, target, empty)
+            metrics.shards_done.inc()
         result.packed.append(shard)
         result.samples += len(labels)
         result.skipped += len(skipped)
@@ -257,7 +274,9 @@ def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: P
         while position >= end:
             close(shard)
             end, shard = next(pending)
+        metrics.images.inc()
         if sample.payload is None:
+            metrics.skipped.inc()
             if options.strict:
                 raise DataToolError(_where(source, sample.relpath), sample.reason)
             skipped.append({"path": sample.relpath, "reason": sample.reason})
@@ -280,14 +299,27 @@ def _put_record(client: Any, target: S3Uri, record: ShardRecord) -> None:
 
 
 def publish(client: Any, source: Path | S3Source, target: S3Uri, options: PackOptions,
-            stream: ShardStream) -> PublishResult:
-    """Publish the manifest of the slices' shards at `target`, once every shard is in and matches its record."""
+            stream: ShardStream, wait_s: float = 0.0, poll_s: float = 30.0) -> PublishResult:
+    """Publish the manifest of the slices' shards at `target`, once every shard is in and matches its record;
+    with `wait_s`, wait at most that long for the records of shards still being packed."""
     plan = make_plan(source, options)
     stream.open()
+    deadline = time.monotonic() + wait_s
     try:
         with ThreadPoolExecutor(max_workers=16) as pool:
-            records = list(pool.map(lambda k: read_record(client, target, plan.digest, k), range(len(plan.starts))))
-            missing = [k for k, record in enumerate(records) if record is None]
+            records: list[ShardRecord | None] = [None] * len(plan.starts)
+            missing = list(range(len(plan.starts)))
+            while True:
+                found = list(pool.map(lambda k: read_record(client, target, plan.digest, k), missing))
+                for k, record in zip(missing, found, strict=True):
+                    records[k] = record
+                missing = [k for k in missing if records[k] is None]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    break
+                print(f"publish: {len(records) - len(missing)} of {len(records)} shards packed; waiting for the "
+                      f"rest (at most {left:.0f} s more)", file=sys.stderr, flush=True)
+                time.sleep(min(poll_s, left))
             if missing:
                 first_input = plan.inputs(missing[0])[0][0]
                 raise DataToolError(str(target), f"{len(missing)} of {len(records)} shards are not packed yet "

@@ -1,0 +1,206 @@
+"""A dataset pack on the cluster: an Indexed Job of N slices and its publish Job (`submit pack`), pure manifests.
+
+    slices   batch/v1 Job, completionMode Indexed, completions = parallelism = N: pod I runs
+             `python -m workloads.data pack SRC s3://DEST --shard-count N` (I from JOB_COMPLETION_INDEX, which the
+             Job controller sets in every pod of an Indexed Job)
+    publish  batch/v1 Job, one pod: `pack SRC s3://DEST --publish --wait S`, which waits (at most S) for every
+             shard's record, then verifies and publishes the manifest; created beside the slices, so it needs no
+             controller to start it
+
+Retries are per index (backoffLimitPerIndex, Kubernetes 1.33 GA): a slice that fails is retried on its own and
+resumes from its completed shards; a config error (exit 2) fails that index at once (FailIndex); a Spot reclaim,
+a preemption or a drain (DisruptionTarget) is retried without counting. Other slices go on (maxFailedIndexes = N),
+so the publish step's error names every shard still missing.
+
+Placement: CPU pools only. Kueue gives the pods the `cpu` flavor: a GPU flavor carries the nvidia.com/gpu
+NoSchedule taint as a nodeTaint, and Kueue skips a flavor whose taints the pod does not tolerate
+(kubernetes-sigs/kueue v0.19.2 pkg/scheduler/flavorassigner/flavorassigner.go:1238-1245); the required node
+affinity `<prefix>/gpu-type DoesNotExist` keeps them off GPU nodes without Kueue too. Credentials: the Jobs'
+service account (EKS Pod Identity; it must be able to read SRC and write DEST: a bucket the stack's Jobs write to),
+or the object store's HMAC Secret and endpoint when the buckets are there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from workloads.cli import parse_size
+from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec.render import KUEUE_QUEUE_LABEL, queue_annotation
+from workloads.jobspec.spec import CONFIG_ERROR_EXIT_CODE, RUN_AS_UID, STAGE_METRICS_PORT, TMP_DIR, JobSpecError
+from workloads.quantity import format_bytes
+
+PACK_CONTAINER = "pack"
+# A slice serves its progress (images, shards done: what `submit watch` reads through the pod proxy) on the
+# stager's port, which the stack's NetworkPolicies already open to its monitoring namespace.
+PACK_METRICS_PORT = STAGE_METRICS_PORT
+SCRATCH_DIR = "/scratch"
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class PackJobSpec:
+    name: str
+    source: str  # s3://bucket/prefix (class folders) or s3://bucket/path/list.csv|.jsonl
+    dest: str  # s3://bucket/prefix
+    slices: int
+    image: str
+    layout: Literal["decoded", "encoded"] = "decoded"
+    image_size: int = 256
+    shard_size: str = "1GiB"
+    cpu_millicores: int = 4000  # per slice pod; its decoding processes
+    memory: str = "8GiB"
+    backoff_limit_per_index: int = 3
+    active_deadline_seconds: int = 86_400
+    publish_wait_seconds: int = 86_400
+    ttl_seconds_after_finished: int = 7 * 86_400
+    queue: str | None = None  # None: the stack's default LocalQueue when it runs Kueue
+
+
+def _bucket(uri: str) -> str:
+    return uri.removeprefix("s3://").split("/", 1)[0]
+
+
+def check_pack_spec(spec: PackJobSpec, facts: ClusterFacts) -> int:
+    """Raise JobSpecError naming the field; returns the shard size in bytes."""
+    if not _NAME.match(spec.name):
+        raise JobSpecError("name", f"{spec.name!r}: lowercase letters, digits and '-', at most 40, starting with a "
+                                   "letter")
+    for field, uri in (("source", spec.source), ("dest", spec.dest)):
+        if not uri.startswith("s3://") or not _bucket(uri):
+            raise JobSpecError(field, f"{uri!r} is not an s3://bucket/prefix URI")
+    if facts.in_object_store(_bucket(spec.source)) != facts.in_object_store(_bucket(spec.dest)):
+        raise JobSpecError("dest", "source and dest must be in the same object store (one endpoint per pod)")
+    if not 1 <= spec.slices <= 1000:
+        raise JobSpecError("slices", f"{spec.slices}: 1..1000")
+    if not 1 <= spec.image_size <= 8192:
+        raise JobSpecError("imageSize", f"{spec.image_size}: 1..8192")
+    if not 500 <= spec.cpu_millicores <= 256_000:
+        raise JobSpecError("cpu", f"{spec.cpu_millicores}m: 500m..256")
+    try:
+        shard_bytes = parse_size(spec.shard_size, 1 << 10, 64 << 30)
+        parse_size(spec.memory, 1 << 30, 4 << 40)
+    except Exception as exc:  # argparse's error type: the message names the value
+        raise JobSpecError("shardSize" if spec.shard_size in str(exc) else "memory", str(exc)) from None
+    if not any(pool.gpu_type is None for pool in facts.pools):
+        raise JobSpecError("slices", f"stack {facts.stack} has no CPU pool to pack on")
+    if facts.local_queues is not None and spec.queue is not None and spec.queue not in facts.local_queues:
+        raise JobSpecError("queue", f"{spec.queue} is not a LocalQueue of stack {facts.stack}")
+    return shard_bytes
+
+
+def pack_job_name(spec: PackJobSpec) -> str:
+    digest = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:8]
+    return f"pack-{spec.name}-{digest}"
+
+
+def render_pack_job(spec: PackJobSpec, facts: ClusterFacts) -> list[dict[str, Any]]:
+    """[the slices' Indexed Job, the publish Job]. Raises JobSpecError (field name) for a spec that cannot run."""
+    shard_bytes = check_pack_spec(spec, facts)
+    name = pack_job_name(spec)
+    queue = spec.queue if spec.queue is not None else (facts.local_queue if facts.kueue else None)
+    # Scratch holds the shard being written and the two being uploaded (ShardStream's in_flight), plus 1 GiB.
+    scratch = 3 * shard_bytes + _GIB
+    memory = parse_size(spec.memory, 1 << 30, 4 << 40)
+    pack_args = [spec.source, spec.dest, "--layout", spec.layout, "--size", str(spec.image_size),
+                 "--shard-size", f"{shard_bytes}B", "--no-progress"]
+    env: list[dict[str, Any]] = []
+    env_from: list[dict[str, Any]] = []
+    if facts.in_object_store(_bucket(spec.dest)):
+        if facts.object_store_endpoint:
+            pack_args += ["--endpoint-url", facts.object_store_endpoint]
+        if facts.object_store_secret:
+            env_from = [{"secretRef": {"name": facts.object_store_secret}}]
+    elif facts.region:
+        env = [{"name": "AWS_REGION", "value": facts.region}]
+    workers = max(1, spec.cpu_millicores // 1000)
+    slices = _job(spec, facts, name, queue, component="pack",
+                  command=["python", "-m", "workloads.data", "pack", *pack_args, "--shard-count", str(spec.slices),
+                           "--workers", str(workers), "--scratch", SCRATCH_DIR],
+                  cpu=spec.cpu_millicores, memory=memory, scratch=scratch,
+                  env=[*env, {"name": "PACK_METRICS_PORT", "value": str(PACK_METRICS_PORT)},
+                       {"name": "METRICS_ADDR", "value": "0.0.0.0"}], env_from=env_from)
+    slices["spec"]["template"]["spec"]["containers"][0]["ports"] = [
+        {"name": "metrics-pack", "containerPort": PACK_METRICS_PORT, "protocol": "TCP"}]
+    slices["spec"].update({"completionMode": "Indexed", "completions": spec.slices, "parallelism": spec.slices,
+                           "backoffLimitPerIndex": spec.backoff_limit_per_index, "maxFailedIndexes": spec.slices,
+                           "activeDeadlineSeconds": spec.active_deadline_seconds})
+    slices["spec"]["podFailurePolicy"]["rules"].insert(0, {
+        "action": "FailIndex",
+        "onExitCodes": {"containerName": PACK_CONTAINER, "operator": "In", "values": [CONFIG_ERROR_EXIT_CODE]}})
+    publish = _job(spec, facts, f"{name}-publish", queue, component="pack-publish",
+                   command=["python", "-m", "workloads.data", "pack", *pack_args, "--publish", "--wait",
+                            str(spec.publish_wait_seconds), "--scratch", SCRATCH_DIR],
+                   cpu=1000, memory=max(2 * _GIB, memory // 4), scratch=_GIB, env=env, env_from=env_from)
+    publish["spec"].update({"backoffLimit": 3, "activeDeadlineSeconds": spec.publish_wait_seconds + 3600})
+    publish["spec"]["podFailurePolicy"]["rules"].insert(0, {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": PACK_CONTAINER, "operator": "In", "values": [CONFIG_ERROR_EXIT_CODE]}})
+    return [slices, publish]
+
+
+def _job(spec: PackJobSpec, facts: ClusterFacts, name: str, queue: str | None, *, component: str,
+         command: list[str], cpu: int, memory: int, scratch: int, env: list[dict[str, Any]],
+         env_from: list[dict[str, Any]]) -> dict[str, Any]:
+    prefix = facts.label_prefix
+    labels = {"app.kubernetes.io/name": "ml-cluster-pack", "app.kubernetes.io/instance": name,
+              "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "ml-cluster",
+              "app.kubernetes.io/managed-by": "ml-cluster-submit", f"{prefix}/stack": facts.stack}
+    resources = {"cpu": f"{cpu}m", "memory": format_bytes(memory), "ephemeral-storage": format_bytes(scratch + _GIB)}
+    container: dict[str, Any] = {
+        "name": PACK_CONTAINER,
+        "image": spec.image,
+        "command": command,
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
+    }
+    if env:
+        container["env"] = env
+    if env_from:
+        container["envFrom"] = env_from
+    job_labels = dict(labels)
+    annotations = {"pulumi.com/skipAwait": "true"}
+    if queue is not None:
+        job_labels[KUEUE_QUEUE_LABEL] = queue
+        annotations[queue_annotation(prefix)] = queue
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": facts.namespace, "labels": job_labels, "annotations": annotations},
+        "spec": {
+            "suspend": queue is not None,  # Kueue unsuspends it once admitted
+            "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+            "podFailurePolicy": {"rules": [
+                # A Spot reclaim, a preemption or a drain: retried, not counted (the rerun resumes).
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
+            "podReplacementPolicy": "Failed",
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": facts.job_service_account,
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    # SIGTERM: the packer removes its temporaries and stops; complete shards stay, with records.
+                    "terminationGracePeriodSeconds": 60,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_UID, "runAsGroup": RUN_AS_UID,
+                                        "fsGroup": RUN_AS_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": f"{prefix}/gpu-type", "operator": "DoesNotExist"}]}]}}},
+                    "containers": [container],
+                    "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": format_bytes(scratch)}},
+                                {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                },
+            },
+        },
+    }

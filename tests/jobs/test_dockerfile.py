@@ -16,8 +16,10 @@ def instructions() -> list[tuple[str, str]]:
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
 
 
-def test_base_is_a_cuda_pytorch_image_pinned_by_tag() -> None:
+def test_base_is_a_cuda_pytorch_image_pinned_by_tag_and_digest() -> None:
     image = next(value for key, value in instructions() if key == "FROM")
+    image, _, digest = image.partition("@")
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), "pin the base by digest (docs/versions.md says how)"
     repository, _, tag = image.rpartition(":")
     assert repository.endswith("pytorch/pytorch") and "cuda" in tag and tag != "latest"
     assert tag.startswith("2.13.0-"), "the base's torch must match the project's torch==2.13.0 pin"

@@ -131,8 +131,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     outputs["nodePools"] = {plan.name: {
         "gpuType": plan.gpu_type, "gpusPerNode": plan.gpus_per_node, "nvmeGib": plan.nvme_gib,
         "cpuPerGpuMillicores": plan.cpu_per_gpu_millicores, "memoryPerGpuBytes": plan.memory_per_gpu_bytes,
-        **({"reservation": {"id": plan.config.capacity_reservation.id,
-                            "instanceCount": plan.config.capacity_reservation.instance_count}}
+        **({"reservation": plan.config.capacity_reservation.output()}
            if plan.config.capacity_reservation is not None else {}),
     } for plan in pool_plans}
 

@@ -23,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.config.names import derived_names
 from infra.config.schema import StackConfig
+from infra.plan.cost import block_hours
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
@@ -262,6 +263,55 @@ def check_reservations(ec2: Any, cfg: StackConfig, now: Callable[[], datetime] =
     return checks
 
 
+def check_next_blocks(ec2: Any, cfg: StackConfig, now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                      ) -> list[Check]:
+    """For each Capacity Block pool, the block that could follow it: EC2's offerings
+    (DescribeCapacityBlockOfferings) of the same type, count and duration from the block's end (or now), in its zone,
+    with the upfront fee and what it makes per instance-hour (the cost estimate prices the block the same way)."""
+    checks = []
+    for index, pool in enumerate(cfg.node_pools):
+        reservation = pool.capacity_reservation
+        if reservation is None or pool.capacity_type != "CAPACITY_BLOCK":
+            continue
+        name, where = f"next block {pool.name}", f"ml-cluster:nodePools[{index}].capacityReservation"
+        instance_type, count, zone = pool.instance_types[0], reservation.instance_count, reservation.availability_zone
+        hours = block_hours(*(moment.isoformat() if moment else None
+                              for moment in (reservation.start_time, reservation.end_time)))
+        after = reservation.end_time or now()
+        shape = f"{count} x {instance_type} for {hours} h"
+        try:
+            offers = [offer for page in ec2.get_paginator("describe_capacity_block_offerings").paginate(
+                InstanceType=instance_type, InstanceCount=count, CapacityDurationHours=hours, StartDateRange=after)
+                for offer in page.get("CapacityBlockOfferings") or []
+                if offer.get("InstanceType") == instance_type and int(offer.get("InstanceCount") or 0) == count]
+        except (BotoCoreError, ClientError) as exc:
+            code, message = _error(exc)
+            checks.append(Check(WARN, name, f"{shape}: {code}: {message}", "grant ec2:DescribeCapacityBlockOfferings"))
+            continue
+        in_zone = [offer for offer in offers if offer.get("AvailabilityZone") == zone]
+        if not in_zone:
+            elsewhere = sorted({str(offer.get("AvailabilityZone")) for offer in offers})
+            checks.append(Check(WARN, name, f"{shape} from {_day(after)}: none offered in {zone}"
+                                + (f" (offered in {', '.join(elsewhere)})" if elsewhere else ""),
+                                f"a block in another zone moves the pool: set {where}.availabilityZone with the new "
+                                "block's id" if elsewhere else "look again later, or for a shorter block"))
+            continue
+        offer = min(in_zone, key=lambda o: (o.get("StartDate") or after, float(o.get("UpfrontFee") or 0)))
+        fee, start = float(offer.get("UpfrontFee") or 0), offer.get("StartDate")
+        duration = int(offer.get("CapacityBlockDurationHours") or 0) + int(offer.get("CapacityBlockDurationMinutes")
+                                                                            or 0) / 60
+        facts = (f"{shape} in {zone} from {_day(start)}: {offer.get('CurrencyCode')} {fee:,.2f} upfront"
+                 + (f" ({fee / (count * duration):,.2f} per instance-hour)" if duration else ""))
+        gap = start - after if isinstance(start, datetime) else timedelta(0)
+        if gap > timedelta(minutes=30):  # EC2 stops a block's instances 30 minutes before its end anyway
+            checks.append(Check(WARN, name, f"{facts}: it starts {_hours(gap)} after this one ends",
+                                f"the pool has no nodes in between: queue work elsewhere, or buy it now "
+                                f"({offer.get('CapacityBlockOfferingId')})"))
+        else:
+            checks.append(Check(PASS, name, facts))
+    return checks
+
+
 def _day(value: Any) -> str:
     return value.strftime("%Y-%m-%d %H:%M UTC") if isinstance(value, datetime) else str(value)
 
@@ -426,6 +476,7 @@ def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_r
     checks += zone_checks
     checks += check_offerings(ec2, cfg, zones)
     checks += check_reservations(ec2, cfg)
+    checks += check_next_blocks(ec2, cfg)
     checks += check_quotas(ec2, client("service-quotas"), cfg, cfg.region)
     checks += check_kubernetes_version(client("eks"), cfg.cluster.kubernetes_version)
     checks += check_buckets(client("s3"), cfg, stack, account)

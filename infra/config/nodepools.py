@@ -152,6 +152,12 @@ class CapacityReservationConfig(StrictModel):
     end_time: AwareDatetime | None = Field(default=None, description="when the reservation ends (a Capacity "
                                            "Block's end; an alert fires before it)")
 
+    def output(self) -> dict[str, object]:
+        """What the stack exports of it (stack output nodePools.<pool>.reservation; the cost estimate reads it)."""
+        times = {key: moment.isoformat() for key, moment in (("startTime", self.start_time),
+                                                              ("endTime", self.end_time)) if moment is not None}
+        return {"id": self.id, "instanceCount": self.instance_count, **times}
+
     @model_validator(mode="after")
     def _starts_before_it_ends(self) -> CapacityReservationConfig:
         if self.start_time is not None and self.end_time is not None and self.start_time >= self.end_time:

@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 
 from infra.config.support import eks_tier
@@ -81,6 +81,8 @@ class PriceQuery:
     region: str = ""
     instance_type: str = ""
     zones: tuple[str, ...] = ()
+    instance_count: int = 0  # capacity-block: the block's instances
+    hours: int = 0  # capacity-block: its duration
 
 
 def instance_query(region: str, instance_type: str) -> PriceQuery:
@@ -95,6 +97,26 @@ def instance_query(region: str, instance_type: str) -> PriceQuery:
 def spot_query(region: str, instance_type: str, zones: Sequence[str]) -> PriceQuery:
     return PriceQuery(key=f"ec2:{region}:{instance_type}:spot", kind="spot", service_code="AmazonEC2", filters=(),
                       unit="Hrs", region=region, instance_type=instance_type, zones=tuple(sorted(set(zones))))
+
+
+def block_query(region: str, instance_type: str, instance_count: int, hours: int, zones: Sequence[str]) -> PriceQuery:
+    """A Capacity Block's price per instance-hour: what EC2 offers now for a block of this type, count and duration
+    (ec2.describe_capacity_block_offerings; an existing block's purchase price is in no API: the CapacityBlock and
+    CapacityReservation shapes carry no fee, botocore 1.44.8 data/ec2/2016-11-15/service-2.json:13702 and :14493)."""
+    return PriceQuery(key=f"capacity-block:{region}:{instance_type}:{instance_count}x{hours}h", kind="capacity-block",
+                      service_code="AmazonEC2", filters=(), unit="Hrs", region=region, instance_type=instance_type,
+                      zones=tuple(sorted(set(zones))), instance_count=instance_count, hours=hours)
+
+
+def block_hours(start: str | None, end: str | None) -> int:
+    """A block's duration as DescribeCapacityBlockOfferings takes it (CapacityDurationHours: whole days up to 14,
+    then whole weeks up to 182 days; service-2.json:27344): the configured start to end, rounded up to the next
+    valid duration; one day when either is unknown."""
+    if not start or not end:
+        return 24
+    hours = math.ceil((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds() / 3600)
+    days = max(math.ceil(hours / 24), 1)
+    return 24 * (days if days <= 14 else min(math.ceil(days / 7) * 7, 182))
 
 
 def nat_query(region: str) -> PriceQuery:
@@ -145,6 +167,36 @@ def spot_history_request(query: PriceQuery) -> dict[str, Any]:
     """The boto3 `ec2.describe_spot_price_history` arguments, without StartTime (the caller adds "now", which asks
     for the current price in each zone; the fixture's key leaves it out so it never goes stale)."""
     return {"InstanceTypes": [query.instance_type], "ProductDescriptions": ["Linux/UNIX"]}
+
+
+def capacity_block_request(query: PriceQuery) -> dict[str, Any]:
+    """The boto3 `ec2.describe_capacity_block_offerings` arguments (service-2.json:27320-27372; also the fixture's
+    key)."""
+    return {"InstanceType": query.instance_type, "InstanceCount": query.instance_count,
+            "CapacityDurationHours": query.hours}
+
+
+def parse_capacity_block_offerings(response: Mapping[str, Any], query: PriceQuery) -> float:
+    """USD per instance-hour from a describe_capacity_block_offerings response (CapacityBlockOffering,
+    service-2.json:13962-14035): the cheapest offering of the query's type and count, in its zone when one is
+    offered there, UpfrontFee / (InstanceCount x (CapacityBlockDurationHours + CapacityBlockDurationMinutes / 60))."""
+    offers = [offer for offer in response.get("CapacityBlockOfferings") or []
+              if offer.get("InstanceType") == query.instance_type
+              and int(offer.get("InstanceCount") or 0) == query.instance_count]
+    if not offers:
+        raise PriceError(query.key, f"no Capacity Block of {query.instance_count} x {query.instance_type} for "
+                                    f"{query.hours} h is offered")
+    in_zone = [offer for offer in offers if offer.get("AvailabilityZone") in query.zones]
+    rates = []
+    for offer in in_zone or offers:
+        if offer.get("CurrencyCode") != "USD":
+            raise PriceError(query.key, f"an offering priced in {offer.get('CurrencyCode')}, not USD")
+        hours = int(offer.get("CapacityBlockDurationHours") or 0) + int(offer.get("CapacityBlockDurationMinutes")
+                                                                         or 0) / 60
+        if hours <= 0:
+            raise PriceError(query.key, f"offering {offer.get('CapacityBlockOfferingId')} has no duration")
+        rates.append(float(offer["UpfrontFee"]) / (query.instance_count * hours))
+    return min(rates)
 
 
 def parse_get_products(response: Mapping[str, Any], query: PriceQuery) -> float:
@@ -199,6 +251,7 @@ class Pool:
     disk_gib: float = 0.0  # gp3 GiB per node (root, and Bottlerocket's data volume)
     reserved: int = 0  # instances of a capacity reservation the pool launches into (stack output nodePools)
     reservation_id: str = ""
+    reservation_hours: int = 24  # a Capacity Block's duration (block_hours of its startTime and endTime)
 
 
 @dataclass(frozen=True)
@@ -258,7 +311,9 @@ def pools_of(plan: Mapping[str, Any]) -> list[Pool]:
                               disk_gib=disks.get(str((inputs.get("launchTemplate") or {}).get("id")),
                                                  float(inputs.get("diskSize") or 0)),
                               reserved=int((reservations.get(str(name)) or {}).get("instanceCount") or 0),
-                              reservation_id=str((reservations.get(str(name)) or {}).get("id") or "")))
+                              reservation_id=str((reservations.get(str(name)) or {}).get("id") or ""),
+                              reservation_hours=block_hours((reservations.get(str(name)) or {}).get("startTime"),
+                                                            (reservations.get(str(name)) or {}).get("endTime"))))
     return sorted(pools, key=lambda pool: pool.name)
 
 
@@ -361,9 +416,12 @@ def flavor_pools(plan: Mapping[str, Any], pools: Sequence[Pool]) -> dict[str, li
 
 
 def pool_query(region: str, pool: Pool) -> PriceQuery:
-    """A pool's instances cost the type's Spot price for SPOT pools, its on-demand list price otherwise."""
+    """A pool's instances cost the type's Spot price for SPOT pools, a Capacity Block's offering price per
+    instance-hour for blocks, its on-demand list price otherwise."""
     if pool.capacity_type == "SPOT":
         return spot_query(region, pool.instance_type, pool.zones)
+    if pool.capacity_type == "CAPACITY_BLOCK":
+        return block_query(region, pool.instance_type, pool.reserved, pool.reservation_hours, pool.zones)
     return instance_query(region, pool.instance_type)
 
 
@@ -485,11 +543,15 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
     pools = pools_of(plan)
     for pool in pools:
         counts = "/".join(map(str, pool.sizes))
-        if pool.capacity_type == "CAPACITY_BLOCK":  # paid up front when the block was bought: no hourly charge
+        if pool.capacity_type == "CAPACITY_BLOCK":
+            # Paid up front for every reserved instance and hour, whatever runs: the same at every size.
+            rate = price(by_key[pool_query(region, pool).key])
             report.lines.append(CostLine(
-                item=f"node pool {pool.name}", detail=f"{pool.instance_type} Capacity Block {pool.reservation_id} x "
-                                                      f"{counts}, prepaid (its upfront fee is not priced here)",
-                unit_price=0.0, unit="hour", hourly=(0.0, 0.0, 0.0)))
+                item=f"node pool {pool.name}",
+                detail=f"{pool.instance_type} Capacity Block {pool.reservation_id}: {pool.reserved} reserved for "
+                       f"{pool.reservation_hours} h, prepaid (an offered block's upfront fee per instance-hour; "
+                       f"{counts} running)",
+                unit_price=rate, unit="hour", hourly=(rate * pool.reserved,) * 3))
             continue
         spot = pool.capacity_type == "SPOT"
         rate = price(by_key[pool_query(region, pool).key])

@@ -1,9 +1,10 @@
-"""Where unit prices come from: the AWS Price List API and Spot price history, or the committed offline fixture.
+"""Where unit prices come from: the AWS Price List API, Spot price history and Capacity Block offerings, or the
+committed offline fixture.
 
 Both sources answer the same `infra.plan.cost.PriceQuery`s with a response in the real AWS shape (pricing.get_products,
-ec2.describe_spot_price_history), read by the same parsers, so the offline plan and a real run differ only in where
-the response came from. The fixture (stacks/fixtures/prices.json) holds request/response pairs; a query it
-has no pair for is an error naming the request, never a guessed price.
+ec2.describe_spot_price_history, ec2.describe_capacity_block_offerings), read by the same parsers, so the offline
+plan and a real run differ only in where the response came from. The fixture (stacks/fixtures/prices.json) holds
+request/response pairs; a query it has no pair for is an error naming the request, never a guessed price.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 from infra.plan.cost import (
     PriceError,
     PriceQuery,
+    capacity_block_request,
     get_products_request,
+    parse_capacity_block_offerings,
     parse_get_products,
     parse_spot_history,
     price_queries,
@@ -30,7 +33,8 @@ PRICING_REGION = "us-east-1"
 
 FIXTURE_SOURCE = "offline prices (stacks/fixtures/prices.json; Spot from its price history)"
 AWS_SOURCE = ("AWS prices (pricing.get_products, on-demand list prices; Spot from ec2.describe_spot_price_history, "
-              "newest price per zone, highest zone)")
+              "newest price per zone, highest zone; Capacity Blocks from ec2.describe_capacity_block_offerings, the "
+              "cheapest offer)")
 
 
 def _where(path: Path) -> str:
@@ -47,6 +51,7 @@ def fixture_prices(queries: Sequence[PriceQuery], path: Path = FIXTURE) -> dict[
         document = json.loads(path.read_text())
         products = document["getProducts"]
         spots = document["describeSpotPriceHistory"]
+        blocks = document.get("describeCapacityBlockOfferings", [])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PriceError(where, f"unreadable price fixture: {getattr(exc, 'strerror', None) or exc}") from None
     prices: dict[str, float] = {}
@@ -54,6 +59,9 @@ def fixture_prices(queries: Sequence[PriceQuery], path: Path = FIXTURE) -> dict[
         if query.kind == "spot":
             request = spot_history_request(query)
             pair = next((p for p in spots if p.get("region") == query.region and p.get("request") == request), None)
+        elif query.kind == "capacity-block":
+            request = capacity_block_request(query)
+            pair = next((p for p in blocks if p.get("region") == query.region and p.get("request") == request), None)
         else:
             request = get_products_request(query)
             pair = next((p for p in products if p.get("request") == request), None)
@@ -62,7 +70,8 @@ def fixture_prices(queries: Sequence[PriceQuery], path: Path = FIXTURE) -> dict[
                                     f"({json.dumps(request, sort_keys=True)}); add one to price this offline, "
                                     "or ask AWS's Price List API: make cost PRICES=aws (--prices aws, credentials "
                                     "needed)")
-        parse = parse_spot_history if query.kind == "spot" else parse_get_products
+        parse = {"spot": parse_spot_history, "capacity-block": parse_capacity_block_offerings}.get(
+            query.kind, parse_get_products)
         try:
             prices[query.key] = parse(pair["response"], query)
         except PriceError as exc:
@@ -87,6 +96,12 @@ def aws_prices(queries: Sequence[PriceQuery], client: ClientFactory,
             for page in paginator.paginate(**spot_history_request(query), StartTime=now()):
                 history.extend(page.get("SpotPriceHistory") or [])
             prices[query.key] = parse_spot_history({"SpotPriceHistory": history}, query)
+        elif query.kind == "capacity-block":
+            offers: list[dict[str, Any]] = []
+            paginator = client("ec2", query.region).get_paginator("describe_capacity_block_offerings")
+            for page in paginator.paginate(**capacity_block_request(query)):
+                offers.extend(page.get("CapacityBlockOfferings") or [])
+            prices[query.key] = parse_capacity_block_offerings({"CapacityBlockOfferings": offers}, query)
         else:
             pricing = pricing or client("pricing", PRICING_REGION)
             items: list[Any] = []

@@ -3,6 +3,7 @@ Reservation, and preflight against recorded DescribeCapacityReservations answers
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -13,7 +14,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.account.preflight import FAIL, PASS, WARN, check_reservations
+from infra.account.preflight import FAIL, PASS, WARN, check_next_blocks, check_reservations
 from infra.config import ConfigError, parse_stack_config
 from infra.config.schema import decode_config_value
 from infra.plan.engine import STACKS_DIR
@@ -161,6 +162,84 @@ def test_preflight_compares_the_configured_end_with_ec2s(ec2: tuple[AwsStub, Any
     assert [c.status for c in check_reservations(client, parse(prod_values(both)), now=lambda: NOW)] == [PASS]
 
 
+def _offerings(*offers: dict[str, str]) -> str:
+    """A DescribeCapacityBlockOfferings answer as EC2 writes it: the result's members by their locationName
+    (botocore 1.44.8 data/ec2/2016-11-15/service-2.json: capacityBlockOfferingSet :27379, its `item`s :14113, a
+    CapacityBlockOffering's fields :13962-14035)."""
+    items = []
+    for fields in offers:
+        defaults = {"capacityBlockOfferingId": "cb-0a1b2c3d4e5f60009", "instanceType": "p5.48xlarge",
+                    "availabilityZone": "us-east-1b", "instanceCount": "2", "startDate": "2026-11-27T11:30:00.000Z",
+                    "endDate": "2026-12-04T11:30:00.000Z", "capacityBlockDurationHours": "168",
+                    "capacityBlockDurationMinutes": "0", "upfrontFee": "10080.00", "currencyCode": "USD",
+                    "tenancy": "default"}
+        items.append("<item>" + "".join(f"<{k}>{v}</{k}>" for k, v in {**defaults, **fields}.items()) + "</item>")
+    return ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeCapacityBlockOfferingsResponse "
+            "xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>stub</requestId><capacityBlockOfferingSet>"
+            f"{''.join(items)}</capacityBlockOfferingSet></DescribeCapacityBlockOfferingsResponse>")
+
+
+WEEK_BLOCK = {**BLOCK, "startTime": "2026-11-20T11:30:00Z", "endTime": "2026-11-27T11:30:00Z"}
+
+
+@pytest.mark.parametrize(("answer", "status", "says"), [
+    (_offerings({}), PASS, "2 x p5.48xlarge for 168 h in us-east-1b from 2026-11-27 11:30 UTC: USD 10,080.00 "
+                           "upfront (30.00 per instance-hour)"),
+    (_offerings({"startDate": "2026-11-29T11:30:00.000Z"}), WARN, "it starts 48.0 h after this one ends"),
+    (_offerings({"availabilityZone": "us-east-1c"}), WARN, "none offered in us-east-1b (offered in us-east-1c)"),
+    (_offerings(), WARN, "none offered in us-east-1b"),
+])
+def test_preflight_prices_the_next_block(ec2: tuple[AwsStub, Any], answer: str, status: str, says: str) -> None:
+    stub, client = ec2
+    stub.ec2_actions["DescribeCapacityBlockOfferings"] = lambda form: (200, answer)
+    [check] = check_next_blocks(client, parse(prod_values(block_pool(capacityReservation=WEEK_BLOCK))),
+                                now=lambda: NOW)
+    assert check.status == status and says in check.detail, check
+    assert check.name == "next block h100-block"
+    asked = stub.requests[-1][1]
+    assert (asked["InstanceType"], asked["InstanceCount"], asked["CapacityDurationHours"]) == (
+        "p5.48xlarge", "2", "168")
+    assert asked["StartDateRange"].startswith("2026-11-27T11:30:00")  # from the block's end
+
+
+def test_real_runs_price_a_block_from_ec2s_offerings(ec2: tuple[AwsStub, Any]) -> None:
+    """aws_prices over EC2's query protocol: the fixture's recorded offerings served as XML in two pages (boto3's
+    paginator follows nextToken); the price equals the offline one."""
+    from infra.plan.cost import block_query
+    from infra.plan.prices import FIXTURE, aws_prices, fixture_prices
+
+    stub, _ = ec2
+    query = block_query("us-east-1", "p5.48xlarge", 2, 24, ["us-east-1b"])
+    [pair] = [p for p in json.loads(FIXTURE.read_text())["describeCapacityBlockOfferings"]
+              if p["request"]["CapacityDurationHours"] == 24]
+    pages = [_offerings({key[0].lower() + key[1:]: str(value) for key, value in offer.items()})
+             for offer in pair["response"]["CapacityBlockOfferings"]]
+
+    def answer(form: dict[str, Any]) -> tuple[int, str]:
+        if form.get("NextToken") == "page-2":
+            return 200, pages[1]
+        return 200, pages[0].replace("</capacityBlockOfferingSet>", "</capacityBlockOfferingSet><nextToken>page-2"
+                                                                    "</nextToken>")
+
+    stub.ec2_actions["DescribeCapacityBlockOfferings"] = answer
+    prices = aws_prices([query], lambda service, region: boto3.client(
+        service, region_name=region, endpoint_url=stub.url, aws_access_key_id="testing",
+        aws_secret_access_key="testing"))
+    assert prices == fixture_prices([query]) and prices[query.key] == pytest.approx(1510.27 / 48)
+    asked = [form for action, form in stub.requests if action == "ec2 DescribeCapacityBlockOfferings"][-2:]
+    assert [form.get("NextToken") for form in asked] == [None, "page-2"]
+    assert asked[0]["CapacityDurationHours"] == "24" and asked[0]["InstanceCount"] == "2"
+
+
+def test_preflight_without_permission_for_offerings_warns(ec2: tuple[AwsStub, Any]) -> None:
+    stub, client = ec2
+    stub.ec2_actions["DescribeCapacityBlockOfferings"] = lambda form: (
+        403, ec2_error("UnauthorizedOperation", "You are not authorized to perform this operation."))
+    [check] = check_next_blocks(client, parse(prod_values(block_pool(), odcr_pool())), now=lambda: NOW)
+    assert check.status == WARN and "UnauthorizedOperation" in check.detail  # the ODCR pool has no next block
+    assert check.fix == "grant ec2:DescribeCapacityBlockOfferings"
+
+
 def test_a_reservation_ec2_does_not_know_is_a_fail_with_its_fix(ec2: tuple[AwsStub, Any]) -> None:
     stub, client = ec2
     stub.ec2_actions["DescribeCapacityReservations"] = lambda form: (
@@ -184,9 +263,45 @@ def test_reserved_hours_are_priced_as_what_they_are(plan_config: Any) -> None:
     # the reservation bills 4 instances at every size: the ones running (1/1/4) plus the idle ones (3/3/0)
     assert odcr.hourly == (rate, rate, 4 * rate) and idle.hourly == (3 * rate, 3 * rate, 0.0)
     assert "cr-0fedcba9876543210: 4 x p4d.24xlarge reserved, 3/3/0 idle" in idle.detail
+    # the block: the offering in its zone (us-east-1b, not the cheaper one in us-east-1a), its upfront fee per
+    # instance-hour (stacks/fixtures/prices.json: $1,510.27 for 2 x 24 h) x the 2 reserved, at every size
     block = lines["node pool h100-block"]
-    assert block.hourly == (0.0, 0.0, 0.0) and "Capacity Block cr-0123456789abcdef0" in block.detail
-    assert "prepaid" in block.detail
+    assert block.unit_price == pytest.approx(1510.27 / 48) and block.hourly == (2 * block.unit_price,) * 3
+    assert "Capacity Block cr-0123456789abcdef0: 2 reserved for 24 h, prepaid" in block.detail
+    week = plan_config("prod", {"ml-cluster:nodePools": prod_values(block_pool(capacityReservation={
+        **BLOCK, "startTime": "2026-11-20T11:30:00Z", "endTime": "2026-11-27T11:30:00Z"}))["ml-cluster:nodePools"]})
+    [line] = [line for line in estimate(week, fixture_prices(price_queries(week)), "fixture", NOW.date()).lines
+              if line.item == "node pool h100-block"]
+    assert line.unit_price == pytest.approx(30.125) and "2 reserved for 168 h" in line.detail
+
+
+@pytest.mark.parametrize(("start", "end", "hours"), [
+    (None, "2026-11-27T11:30:00+00:00", 24),  # unknown: a day, the shortest block
+    ("2026-11-20T11:30:00+00:00", "2026-11-21T11:30:00+00:00", 24),
+    ("2026-11-20T11:30:00+00:00", "2026-11-21T12:00:00+00:00", 48),  # rounded up to whole days
+    ("2026-11-20T11:30:00+00:00", "2026-12-04T11:30:00+00:00", 336),  # 14 days
+    ("2026-11-20T11:30:00+00:00", "2026-12-05T11:30:00+00:00", 504),  # 15 days: whole weeks from there on
+    ("2026-01-01T00:00:00+00:00", "2027-01-01T00:00:00+00:00", 4368),  # at most 182 days
+])
+def test_a_blocks_duration_is_one_ec2_offers(start: str | None, end: str, hours: int) -> None:
+    from infra.plan.cost import block_hours
+
+    assert block_hours(start, end) == hours
+
+
+def test_block_offerings_that_cannot_price_it_are_an_error() -> None:
+    from infra.plan.cost import PriceError, block_query, parse_capacity_block_offerings
+
+    query = block_query("us-east-1", "p5.48xlarge", 2, 24, ["us-east-1b"])
+    offer = {"InstanceType": "p5.48xlarge", "InstanceCount": 2, "AvailabilityZone": "us-east-1c",
+             "CapacityBlockDurationHours": 23, "CapacityBlockDurationMinutes": 30, "UpfrontFee": "1410.00",
+             "CurrencyCode": "USD"}
+    assert parse_capacity_block_offerings({"CapacityBlockOfferings": [offer]}, query) == 30.0  # another zone: a price
+    for offers, why in (([], "no Capacity Block of 2 x p5.48xlarge for 24 h is offered"),
+                        ([{**offer, "InstanceCount": 4}], "no Capacity Block of 2 x p5.48xlarge"),
+                        ([{**offer, "CurrencyCode": "CNY"}], "an offering priced in CNY, not USD")):
+        with pytest.raises(PriceError, match=why):
+            parse_capacity_block_offerings({"CapacityBlockOfferings": offers}, query)
 
 
 @settings(max_examples=80, deadline=None)

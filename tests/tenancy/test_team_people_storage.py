@@ -184,3 +184,27 @@ def test_the_plan_summary_lists_each_teams_objects_and_people(plan: dict[str, An
                                             "    access: group vision-oncall (view)"]
     assert lines[vision + 5] == ("    objects: 1 Job, 1 LimitRange, 1 LocalQueue, 2 NetworkPolicy, "
                                  "1 PersistentVolumeClaim, 1 ResourceQuota, 2 RoleBinding, 1 ServiceAccount")
+
+
+ONPREM_TEAM = {"name": "vision", "namespace": "team-vision", "quotas": [{"flavor": "a100", "gpus": 8}],
+               "members": [{"group": "oidc:vision-engineers"}, {"group": "oidc:vision-oncall", "access": "view"}]}
+
+
+def test_onprem_teams_get_their_people_as_groups_bound_in_their_namespace(plan_config: Any) -> None:
+    kueue = {**stack_values("onprem")["ml-cluster:kueue"], "teams": [ONPREM_TEAM]}
+    plan = plan_config("onprem", {"ml-cluster:kueue": kueue})
+    bindings = {b["metadata"]["name"]: (b["metadata"]["namespace"], b["roleRef"]["name"],
+                                        [s["name"] for s in b["subjects"]])
+                for b in _team_inputs(plan, "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")}
+    assert bindings == {"team-edit": ("team-vision", "edit", ["oidc:vision-engineers"]),
+                        "team-view": ("team-vision", "view", ["oidc:vision-oncall"])}
+    assert not [r for r in plan["resources"] if r["type"].startswith("aws:eks/") or r["type"] == "aws:iam/role:Role"]
+
+
+def test_an_iam_principal_on_onprem_is_a_config_error(plan_config: Any) -> None:
+    team = {**ONPREM_TEAM, "members": [{"principalArn": VISION_ENGINEERS}]}
+    kueue = {**stack_values("onprem")["ml-cluster:kueue"], "teams": [team]}
+    with pytest.raises(ConfigError) as error:
+        plan_config("onprem", {"ml-cluster:kueue": kueue})
+    assert any(path == "ml-cluster:kueue.teams[0].members[0].principalArn" and "name the group" in why
+               for path, why in error.value.shown()), error.value.shown()

@@ -156,6 +156,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     if monitoring.enabled:
         collection = Monitoring(f"{ctx.prefix}-monitoring", MonitoringArgs(
             ctx=ctx, cluster=cluster, config=monitoring, training_namespace=JOBS_NAMESPACE,
+            team_namespaces=tuple(sorted(team_namespaces.values())) if cfg.kueue.enabled else (),
             max_processes_per_pod=max_processes, account_id=account_id, pools=reserved_pools(pool_plans),
             depends_on=(*node_groups, *storage.driver_resources)))
         monitors = (collection.release,)

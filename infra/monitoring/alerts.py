@@ -12,6 +12,7 @@ honorLabels) and `Hostname`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,15 +23,27 @@ GPU_HEALTH_GROUP = "ml-cluster-gpu-health"
 # Runbook sections are linked from every GPU-health alert: the repository's docs, unless a stack hands out its own.
 RUNBOOK = "docs/monitoring.md"
 
-def gang_restarts_last_hour(namespace: str) -> str:
+Namespaces = str | Sequence[str]  # the training namespace, or it and the tenant teams' namespaces
+
+
+def namespace_match(namespaces: Namespaces) -> str:
+    """The label matcher for the namespaces Jobs run in: `namespace="training"` for one (the rules of a stack
+    without tenant teams stay as they were), `namespace=~"training|team-a"` for several (DNS labels: no regex
+    metacharacters to escape)."""
+    names = [namespaces] if isinstance(namespaces, str) else list(dict.fromkeys(namespaces))
+    return f'namespace="{names[0]}"' if len(names) == 1 else f'namespace=~"{"|".join(names)}"'
+
+
+def gang_restarts_last_hour(namespace: Namespaces) -> str:
     """Per Job: its pods that failed and were created within the last hour, over the Job's parallelism (a gang
     restart replaces every pod of the gang), from kube-state-metrics."""
-    failed = (f'(kube_pod_status_phase{{namespace="{namespace}", phase="Failed"}} == 1)'
-              f' and on (namespace, pod) ((time() - kube_pod_created{{namespace="{namespace}"}}) < 3600)')
+    ns = namespace_match(namespace)
+    failed = (f'(kube_pod_status_phase{{{ns}, phase="Failed"}} == 1)'
+              f' and on (namespace, pod) ((time() - kube_pod_created{{{ns}}}) < 3600)')
     by_job = (f"sum by (namespace, owner_name) (({failed}) * on (namespace, pod) group_left (owner_name)"
-              f' kube_pod_owner{{namespace="{namespace}", owner_kind="Job"}})')
+              f' kube_pod_owner{{{ns}, owner_kind="Job"}})')
     parallelism = ("max by (namespace, owner_name) (label_replace("
-                   f'kube_job_spec_parallelism{{namespace="{namespace}"}}, "owner_name", "$1", "job_name", "(.+)"))')
+                   f'kube_job_spec_parallelism{{{ns}}}, "owner_name", "$1", "job_name", "(.+)"))')
     return f"{by_job} / on (namespace, owner_name) {parallelism}"
 
 
@@ -41,9 +54,9 @@ def data_wait_share(window: str, by: str = "namespace, job_name", selector: str 
             f" / sum by ({by}) (rate(ml_train_step_seconds_sum{match}[{window}]))")
 
 
-def gpu_utilisation_of_training_pods(namespace: str) -> str:
+def gpu_utilisation_of_training_pods(namespace: Namespaces) -> str:
     """DCGM's utilisation (percent) of the GPUs held by training pods, as a 0..1 ratio per pod."""
-    return f'avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{{namespace="{namespace}"}}) / 100'
+    return f"avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{{{namespace_match(namespace)}}}) / 100"
 
 
 @dataclass(frozen=True)
@@ -73,14 +86,17 @@ class AlertRule:
         }
 
 
-def alert_rules(thresholds: AlertThresholds, training_namespace: str) -> list[AlertRule]:
-    ns = training_namespace
+def alert_rules(thresholds: AlertThresholds, training_namespace: str,
+                team_namespaces: Sequence[str] = ()) -> list[AlertRule]:
+    """The training alerts, over the training namespace and the tenant teams' namespaces."""
+    ns: Namespaces = (training_namespace, *team_namespaces)
+    match = namespace_match(ns)
     return [
         AlertRule(
             name="TrainingGpuIdle",
             # Only pods whose trainer is still running: a finished run's GPU is released, not idle.
             signal=f"{gpu_utilisation_of_training_pods(ns)} and on (namespace, pod) "
-                   f'(max by (namespace, pod) (ml_train_done{{namespace="{ns}"}}) == 0)',
+                   f"(max by (namespace, pod) (ml_train_done{{{match}}}) == 0)",
             comparison=f"< {thresholds.gpu_idle_utilization}",
             for_minutes=thresholds.for_minutes,
             severity="warning",
@@ -112,7 +128,7 @@ def alert_rules(thresholds: AlertThresholds, training_namespace: str) -> list[Al
         AlertRule(
             name="TrainingJobStuckPending",
             # kube-state-metrics: a pod of a training Job that the scheduler has not placed.
-            signal=f'max by (namespace, pod) (kube_pod_status_phase{{namespace="{ns}", phase="Pending"}})',
+            signal=f'max by (namespace, pod) (kube_pod_status_phase{{{match}, phase="Pending"}})',
             comparison="== 1",
             for_minutes=thresholds.pending_minutes,
             severity="warning",
@@ -136,10 +152,11 @@ def alert_rules(thresholds: AlertThresholds, training_namespace: str) -> list[Al
 
 
 def rule_groups(thresholds: AlertThresholds, training_namespace: str,
-                label_prefix: str = "ml-cluster.io") -> list[dict[str, Any]]:
+                label_prefix: str = "ml-cluster.io", team_namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The `groups:` of a Prometheus rule file (also PrometheusRule.spec.groups)."""
     from infra.monitoring.gpu_alerts import gpu_health_rules
 
-    return [{"name": RULE_GROUP, "rules": [rule.to_rule() for rule in alert_rules(thresholds, training_namespace)]},
+    return [{"name": RULE_GROUP, "rules": [rule.to_rule() for rule in alert_rules(thresholds, training_namespace,
+                                                                                  team_namespaces)]},
             {"name": GPU_HEALTH_GROUP,
              "rules": [rule.to_rule() for rule in gpu_health_rules(thresholds, label_prefix)]}]

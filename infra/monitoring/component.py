@@ -102,9 +102,10 @@ def remote_write_policy(workspace_arn: str) -> str:
 
 
 def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_processes_per_pod: int,
-                labels: dict[str, str]) -> dict[str, Any]:
-    """One PodMonitor for every training pod: each trainer rank's port and the stager's, with the Job and node as
-    labels (the dashboard and alerts group by `job_name` and `node`)."""
+                labels: dict[str, str], team_namespaces: Sequence[str] = ()) -> dict[str, Any]:
+    """One PodMonitor for every training pod, in the training namespace and the tenant teams' namespaces: each
+    trainer rank's port and the stager's, with the Job and node as labels (the dashboard and alerts group by
+    `job_name` and `node`)."""
     relabelings = [
         {"sourceLabels": [JOB_NAME_SOURCE], "targetLabel": "job_name", "action": "replace"},
         {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"},
@@ -115,7 +116,7 @@ def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_
         "kind": "PodMonitor",
         "metadata": {"name": MONITOR_AND_RULE_NAME, "namespace": namespace, "labels": dict(labels)},
         "spec": {
-            "namespaceSelector": {"matchNames": [training_namespace]},
+            "namespaceSelector": {"matchNames": [training_namespace, *team_namespaces]},
             "selector": {"matchLabels": {f"{label_prefix}/{METRICS_LABEL}": "true"}},
             "podMetricsEndpoints": [{"port": port, "path": "/metrics", "relabelings": relabelings}
                                     for port in ports],
@@ -125,8 +126,8 @@ def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_
 
 def prometheus_rule(namespace: str, cfg: MonitoringConfig, training_namespace: str,
                     labels: dict[str, str], label_prefix: str = "ml-cluster.io",
-                    pools: Sequence[ReservedPool] = ()) -> dict[str, Any]:
-    groups = [*rule_groups(cfg.alerts, training_namespace, label_prefix),
+                    pools: Sequence[ReservedPool] = (), team_namespaces: Sequence[str] = ()) -> dict[str, Any]:
+    groups = [*rule_groups(cfg.alerts, training_namespace, label_prefix, team_namespaces),
               *reservation_groups(pools, cfg.alerts.reservation_end_minutes, cfg.alerts.reserved_idle_minutes,
                                   label_prefix)]
     return {
@@ -148,13 +149,15 @@ def dashboard_config_map(namespace: str, labels: dict[str, str]) -> dict[str, An
 
 
 def monitoring_manifests(cfg: MonitoringConfig, stack: str, label_prefix: str, training_namespace: str,
-                         max_processes_per_pod: int, pools: Sequence[ReservedPool] = ()) -> list[dict[str, Any]]:
+                         max_processes_per_pod: int, pools: Sequence[ReservedPool] = (),
+                         team_namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The objects beside the chart: PodMonitor, PrometheusRule and (with Grafana) the dashboard. `pools`: the
-    stack's reserved pools (alerts for their end and their idle GPUs)."""
+    stack's reserved pools (alerts for their end and their idle GPUs); `team_namespaces`: where tenant teams' Jobs
+    run, scraped and alerted on like the training namespace."""
     labels = _labels(stack, label_prefix)
     manifests = [
-        pod_monitor(cfg.namespace, training_namespace, label_prefix, max_processes_per_pod, labels),
-        prometheus_rule(cfg.namespace, cfg, training_namespace, labels, label_prefix, pools),
+        pod_monitor(cfg.namespace, training_namespace, label_prefix, max_processes_per_pod, labels, team_namespaces),
+        prometheus_rule(cfg.namespace, cfg, training_namespace, labels, label_prefix, pools, team_namespaces),
     ]
     if cfg.grafana_enabled():
         manifests.append(dashboard_config_map(cfg.namespace, labels))
@@ -168,6 +171,7 @@ class MonitoringArgs:
     config: MonitoringConfig
     training_namespace: str
     max_processes_per_pod: int
+    team_namespaces: tuple[str, ...] = ()  # tenant teams' namespaces: their Jobs are scraped and alerted on too
     account_id: str | None = None  # EKS: scopes the AMP remote-write permission to the workspace
     pools: tuple[ReservedPool, ...] = ()  # reserved pools: alerts before their end and for idle reserved GPUs
     depends_on: Sequence[pulumi.Resource] = ()  # node groups (the operator needs somewhere to run), storage drivers
@@ -215,7 +219,7 @@ class Monitoring(pulumi.ComponentResource):
         )
         after_crds = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.release])
         for manifest in monitoring_manifests(cfg, ctx.stack, ctx.label_prefix, args.training_namespace,
-                                             args.max_processes_per_pod, args.pools):
+                                             args.max_processes_per_pod, args.pools, args.team_namespaces):
             logical = ctx.name("monitoring", f"{manifest['kind'].lower()}-{manifest['metadata']['name']}")
             if manifest["kind"] == "ConfigMap":
                 k8s.core.v1.ConfigMap(logical, metadata=manifest["metadata"], data=manifest["data"], opts=after_crds)

@@ -634,35 +634,47 @@ def _metrics_pages(core: Any, namespace: str, pods: list[dict[str, Any]]) -> lis
     return pages
 
 
-def _trainer_runs(core: Any, namespace: str, pods: list[dict[str, Any]]) -> list[TrainerRun]:
+def _trainer_runs(core: Any, namespace: str, pods: list[dict[str, Any]],
+                  finished: dict[str, TrainerRun | None] | None = None) -> list[TrainerRun]:
     """The trainer run in each pod's log tail (the events carry where the run started and its first step); a log
-    that cannot be read (the pod or its node gone) is skipped."""
+    that cannot be read (the pod or its node gone) is skipped. `finished` keeps what was read from pods that have
+    stopped (their logs no longer change) across the polls of `watch`."""
     from kubernetes.client.exceptions import ApiException
 
     runs = []
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") not in ("Running", "Succeeded", "Failed"):
+        phase = (pod.get("status") or {}).get("phase")
+        if phase not in ("Running", "Succeeded", "Failed"):
             continue
         name = (pod.get("metadata") or {}).get("name", "")
+        if finished is not None and name in finished:
+            known = finished[name]
+            if known is not None:
+                runs.append(known)
+            continue
         try:
             log = core.read_namespaced_pod_log(name, namespace, container=TRAIN_CONTAINER,
                                                tail_lines=INCIDENT_LOG_LINES, limit_bytes=INCIDENT_LOG_BYTES)
         except ApiException:
             continue
         run = trainer_run(name, str(log))
+        if finished is not None and phase != "Running":
+            finished[name] = run
         if run is not None:
             runs.append(run)
     return runs
 
 
-def _observe(batch: Any, core: Any, namespace: str, name: str, clock: Any) -> tuple[RunPhase, Snapshot]:
+def _observe(batch: Any, core: Any, namespace: str, name: str, clock: Any,
+             finished: dict[str, TrainerRun | None] | None = None) -> tuple[RunPhase, Snapshot]:
     job = _read_job(batch, namespace, name)
     workload, position = (None, None)
     if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
         workload, position = _kueue_state(namespace, job, _timeout_of(batch))
     pods = _pods(core, namespace, name)
     restarted = pod_restarts(pods)[0] > 0  # logs are read only for a Job with incidents
-    phase = job_phase(job, pods, workload, position, _trainer_runs(core, namespace, pods) if restarted else ())
+    phase = job_phase(job, pods, workload, position,
+                      _trainer_runs(core, namespace, pods, finished) if restarted else ())
     now = snapshot(_metrics_pages(core, namespace, pods), clock())
     slices = slices_done(job)
     return phase, replace(now, slices=slices) if slices is not None else now
@@ -727,8 +739,9 @@ def _watch(batch: Any, core: Any, namespace: str, name: str, interval: float, cl
     started = time.monotonic()
     before: Snapshot | None = None
     settled = 0  # incidents already printed with their resume
+    finished: dict[str, TrainerRun | None] = {}  # trainer runs of stopped pods, read once
     while True:
-        phase, now = _observe(batch, core, namespace, name, clock)
+        phase, now = _observe(batch, core, namespace, name, clock, finished)
         figures = progress(now, before) if now.ranks or now.stage_shards is not None or _is_pack(now) else None
         print(_status_line(name, phase, figures), flush=True)
         # an incident is printed once it has resumed (or when it is the run's last), not on every poll

@@ -210,3 +210,6 @@ def test_watch_prints_each_incident_once_when_it_has_resumed(capsys: pytest.Capt
     out = capsys.readouterr().out
     assert out.count("incident 1 at") == 1 and "resumed from step 4 after 18.9s" in out
     assert "no resume seen yet" not in out  # not printed while it had not resumed
+    # the stopped pod's log was read once; the running one's on every poll that found it Running
+    reads = [name for name, _ in core.log_reads]
+    assert reads.count(f"{JOB}-a") == 1 and reads.count(f"{JOB}-b") == 3

@@ -202,6 +202,15 @@ class NodePoolConfig(StrictModel):
                      "BOTTLEROCKET_x86_64_NVIDIA / BOTTLEROCKET_x86_64 (ARM_64 for Graviton types)"),
     )
     disk_size_gib: int = Field(default=100, ge=20, le=16384, description="root (AL2023) / data (Bottlerocket) gp3")
+    # The EKS node group's releaseVersion: AL2023 releases are <kubernetes minor>.<patch>-<YYYYMMDD>, Bottlerocket
+    # releases <bottlerocket version>-<commit>. Unset, EKS takes its newest release when the group is created or
+    # its Kubernetes version changes (docs/versions.md).
+    release_version: str | None = Field(
+        default=None, pattern=r"^\d+\.\d+\.\d+-[0-9a-z]+$",
+        description=("pin the AMI release as `aws eks describe-nodegroup` reports it (AL2023: "
+                     "<minor>.<patch>-<YYYYMMDD>); unset: EKS's newest when the group is created or its Kubernetes "
+                     "version changes"),
+    )
     labels: Labels = Field(
         default={},
         description="node labels beside the stack's own (<prefix>/pool, gpu-type, disktype, ...)",
@@ -248,6 +257,9 @@ class NodePoolConfig(StrictModel):
         if self.efa and len(self.availability_zones) > 1:
             raise ValueError(f"node pool {self.name}: an EFA pool lives in one availability zone (one cluster "
                              f"placement group): set availabilityZones to one of {', '.join(self.availability_zones)}")
+        if self.existing is not None and self.release_version is not None:
+            raise ValueError(f"node pool {self.name}: releaseVersion is an EKS AMI release (managed node groups); "
+                             "existing nodes run what their owners installed")
         if self.existing is not None and self.node_repair.enabled:
             raise ValueError(f"node pool {self.name}: nodeRepair is EKS node auto repair (managed node groups); "
                              "existing nodes have none")

@@ -228,6 +228,21 @@ def pool_zone_problems(cfg: StackConfig, private_zones: Sequence[str] | None) ->
     return problems
 
 
+def pool_release_problems(cfg: StackConfig) -> list[tuple[str, str]]:
+    """An AL2023 AMI release names its Kubernetes minor (1.35.0-20251120): one of another minor than the cluster's
+    cannot be given to the node group (EKS refuses it), nor survive a cluster upgrade unchanged."""
+    if cfg.cluster is None:
+        return []
+    minor = cfg.cluster.kubernetes_version
+    return [(f"{CONFIG}nodePools[{index}].releaseVersion",
+             f"node pool {pool.name}: AL2023 release {pool.release_version} is for Kubernetes "
+             f"{'.'.join(pool.release_version.split('.')[:2])}, the cluster runs {minor}: pin a {minor}.x release "
+             "(or remove releaseVersion)")
+            for index, pool in enumerate(cfg.node_pools)
+            if pool.release_version is not None and pool.ami_family == "al2023"
+            and not pool.release_version.startswith(f"{minor}.")]
+
+
 def private_zones_from_config(cfg: StackConfig) -> list[str] | None:
     """The private subnets' zones when the stack creates its VPC (adopted subnets are looked up instead)."""
     if cfg.network is not None and cfg.network.create is not None:
@@ -274,6 +289,7 @@ def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
     problems += check_derived_names(derived_names(cfg, stack, account_id, job_manifests), stack)
     zones = private_zones if private_zones is not None else private_zones_from_config(cfg)
     problems += pool_zone_problems(cfg, zones)
+    problems += pool_release_problems(cfg)
     access = job_bucket_access(cfg, stack, account_id)
     problems += access.problems
     problems += store_name_problems(cfg, stack, account_id)

@@ -280,6 +280,7 @@ class NodePools(pulumi.ComponentResource):
                 instance_types=list(plan.config.instance_types),
                 capacity_type=plan.config.capacity_type,
                 ami_type=plan.ami_type,
+                release_version=plan.config.release_version,
                 scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                     min_size=plan.config.min_size,
                     desired_size=plan.config.initial_size,

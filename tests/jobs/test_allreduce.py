@@ -55,7 +55,9 @@ def test_a_real_two_rank_run_prints_a_table_the_parser_reads(tmp_path: Path) -> 
     # a floor is given but the floor's 2 GiB message was not measured: the check fails, with the table printed
     assert done.returncode != 0 and done.stdout.splitlines()[-1].startswith("# FAIL: 2 ranks, bus bandwidth")
     rows = parse_rows(done.stdout.splitlines())
-    assert [r.size_bytes for r in rows] == [65536, 131072, 262144] and all(r.busbw_gbps > 0 for r in rows)
+    # the table prints bandwidth to two decimals: on a loaded machine a 64 KiB gloo all-reduce can read 0.00 GB/s
+    assert [r.size_bytes for r in rows] == [65536, 131072, 262144]
+    assert all(r.time_us > 0 and r.busbw_gbps >= 0 for r in rows)
     bad = subprocess.run([sys.executable, "-m", "workloads.train.allreduce", "--floor", "-1"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and bad.stderr == "error: --floor: -1 is not a bandwidth (GB/s > 0)\n"

@@ -74,7 +74,10 @@ def _caption_rows(ctx: Any) -> list[tuple[Path, int, str]]:
 
 def check_batch(ctx: Any, batch: Any) -> int:
     """The rows of a batch, after checking that it is what every contender must yield for ctx.layout."""
-    first = batch["image" if ctx.layout == "captions" else "tokens"] if isinstance(batch, dict) else batch[0]
+    if isinstance(batch, torch.Tensor):  # a peer's tokens batch: the sequences alone
+        first = batch
+    else:
+        first = batch["image" if ctx.layout == "captions" else "tokens"] if isinstance(batch, dict) else batch[0]
     if ctx.layout == "captions":
         captions = batch["caption"] if isinstance(batch, dict) else batch[1]
         if tuple(first.shape[1:]) != (ctx.size, ctx.size, 3) or first.dtype != torch.uint8 or \

@@ -609,10 +609,10 @@ def _team_costs(plan: Mapping[str, Any], pools: Sequence[Pool], rate_of: Callabl
     by_flavor = flavor_pools(plan, pools)
     lines = []
     for quota in team_quotas_of(plan):
-        candidates = [pool for pool in by_flavor.get(quota.flavor, []) if pool.capacity_type != "CAPACITY_BLOCK"]
+        candidates = by_flavor.get(quota.flavor, [])  # Capacity Blocks too: priced per instance-hour
         if not candidates:
             lines.append(TeamCost(quota.team, quota.namespace, quota.flavor, quota.gpus, quota.at_most, 0.0, 0.0,
-                                  None, note="no priced pool of this flavor"))
+                                  None, note="no node pool of this flavor"))
             continue
         per_gpu = max(rate_of(pool) / pool.gpus_per_node for pool in candidates)
         lines.append(TeamCost(quota.team, quota.namespace, quota.flavor, quota.gpus, quota.at_most, per_gpu,

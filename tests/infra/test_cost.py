@@ -363,3 +363,15 @@ def test_teams_are_charged_their_quota_at_the_dearest_pool_rate_and_their_efs() 
     assert "teams at their Kueue quota" in text and "(may borrow without limit)" in text
     # 2 GPUs x $1/h x 730 h + 200 GiB x 1.0737 GB/GiB x $0.30/GB-month
     assert "$1,524.42" in text.split("  total a", 1)[1].splitlines()[0]
+
+
+def test_a_capacity_block_of_the_flavor_prices_the_teams_gpus_too() -> None:
+    plan = teams_plan()
+    plan["outputs"]["nodePools"] = {"gpu-block": {"reservation": {"id": "cr-0123456789abcdef0", "instanceCount": 2}}}
+    plan["resources"].append(_resource("aws:eks/nodeGroup:NodeGroup", "gpu-block", {
+        "instanceTypes": ["g5.xlarge"], "capacityType": "CAPACITY_BLOCK", "subnetIds": ["subnet-a"],
+        "scalingConfig": {"minSize": 0, "desiredSize": 0, "maxSize": 2},
+        "labels": {"x.io/pool": "gpu-block", "x.io/gpu-count": "1", "x.io/gpu-type": "a10g"}}))
+    prices = {**PRICES, "ec2:us-west-2:g5.xlarge:on-demand": 1.0, "capacity-block:us-west-2:g5.xlarge:2x24h": 2.5}
+    report = estimate(plan, prices, "test prices", TODAY)
+    assert {(t.team, t.gpu_hour_price) for t in report.teams if t.flavor} == {("a", 2.5), ("b", 2.5)}

@@ -23,6 +23,7 @@ from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, Traini
 from infra.monitoring.component import Monitoring, MonitoringArgs
 from infra.monitoring.reservations import reserved_pools
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
+from infra.nodes.blockend import block_end_problems
 from infra.nodes.burnin import GpuBurnIn, GpuBurnInArgs, burnin_manifests
 from infra.nodes.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.nodes.nodepools import NodePools, NodePoolsArgs
@@ -86,6 +87,10 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     # Flavors known to the pools, team quotas that fit them, every stack Job's gang within its queue's reach.
     check_queueing(cfg.kueue, pool_plans, cfg.label_prefix, rendered_jobs,
                    stack_job_queues(rendered_jobs, cfg.label_prefix))
+    # Jobs that may run on a Capacity Block write their last checkpoint between EKS's drain and EC2's shutdown.
+    block_end = block_end_problems(pool_plans, rendered_jobs)
+    if block_end:
+        raise ConfigError(block_end)
 
     # --- network + cluster ---
     network: NetworkInfo | None = None

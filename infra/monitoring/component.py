@@ -26,6 +26,7 @@ from infra.iam import pod_identity_trust_policy
 from infra.monitoring.alerts import rule_groups
 from infra.monitoring.dashboard import dashboard_json
 from infra.monitoring.reservations import ReservedPool, reservation_groups
+from infra.monitoring.teams import team_rule_groups
 from workloads.jobspec import METRICS_LABEL, STAGE_METRICS_PORT_NAME, train_metrics_port_name
 
 KPS_CHART = "kube-prometheus-stack"
@@ -128,6 +129,7 @@ def prometheus_rule(namespace: str, cfg: MonitoringConfig, training_namespace: s
                     labels: dict[str, str], label_prefix: str = "ml-cluster.io",
                     pools: Sequence[ReservedPool] = (), team_namespaces: Sequence[str] = ()) -> dict[str, Any]:
     groups = [*rule_groups(cfg.alerts, training_namespace, label_prefix, team_namespaces),
+              *team_rule_groups(team_namespaces),
               *reservation_groups(pools, cfg.alerts.reservation_end_minutes, cfg.alerts.reserved_idle_minutes,
                                   label_prefix)]
     return {

@@ -211,8 +211,13 @@ def provider_plugin(package: str) -> str | None:
         return None
     for file in files:
         if file.name == "pulumi-plugin.json":
-            data = json.loads(file.read_text() or "{}")
-            return f"{data.get('name')} v{data.get('version')}" if data.get("resource") else None
+            try:
+                data = json.loads(file.read_text() or "{}")
+            except (OSError, ValueError):
+                return "unreadable pulumi-plugin.json"
+            if not isinstance(data, dict) or not data.get("resource"):
+                return None
+            return f"{data.get('name')} v{data.get('version')}"
     return None
 
 

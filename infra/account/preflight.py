@@ -293,8 +293,8 @@ def check_next_blocks(ec2: Any, cfg: StackConfig, now: Callable[[], datetime] = 
             elsewhere = sorted({str(offer.get("AvailabilityZone")) for offer in offers})
             checks.append(Check(WARN, name, f"{shape} from {_day(after)}: none offered in {zone}"
                                 + (f" (offered in {', '.join(elsewhere)})" if elsewhere else ""),
-                                f"a block in another zone moves the pool: set {where}.availabilityZone with the new "
-                                "block's id" if elsewhere else "look again later, or for a shorter block"))
+                                f"a block in another zone moves the pool: set {where}.id and .availabilityZone to "
+                                "the new block's" if elsewhere else "look again later, or for a shorter block"))
             continue
         offer = min(in_zone, key=lambda o: (o.get("StartDate") or after, float(o.get("UpfrontFee") or 0)))
         fee, start = float(offer.get("UpfrontFee") or 0), offer.get("StartDate")

@@ -439,9 +439,19 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
         problems += reachability_problems(config.cluster, config.deploy)
     problems += zone_region_problems(config)
     problems += gpu_health_problems(config)
+    problems += capacity_label_problems(config)
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def capacity_label_problems(config: StackConfig) -> list[tuple[str, str]]:
+    """`<prefix>/capacity` (reserved / unreserved) keeps Kueue's reserved and unreserved flavors of a GPU type on
+    disjoint nodes (infra/nodes/poolplan.py); a pool that set it itself would put on-demand Jobs on a reservation or
+    the reverse."""
+    key = f"{config.label_prefix}/capacity"
+    return [(f"nodePools.{index}.labels", f"{key} is set by the stack (reserved capacity), never by a pool")
+            for index, pool in enumerate(config.node_pools) if key in pool.labels]
 
 
 def zone_region_problems(config: StackConfig) -> list[tuple[str, str]]:

@@ -188,3 +188,10 @@ def test_a_gang_must_fit_one_flavor_whole() -> None:
     assert why.endswith(", nor from reserved-a10g-block, reserved-a10g-odcr (a gang gets one flavor); Kueue would "
                         "keep it pending forever")
 
+
+
+def test_a_pool_may_not_set_the_capacity_label_itself() -> None:
+    with pytest.raises(ConfigError) as caught:
+        eks_config([gpu_pool("a10g", ["g5.xlarge"], labels={f"{PREFIX}/capacity": "reserved"})])
+    assert caught.value.shown() == [("ml-cluster:nodePools[0].labels",
+                                     "ml-cluster.io/capacity is set by the stack (reserved capacity), never by a pool")]

@@ -189,10 +189,15 @@ def _metadata(name: str, stack: str, label_prefix: str, namespace: str | None = 
     return metadata
 
 
-def flavor_manifest(flavor: Flavor, stack: str, label_prefix: str) -> Manifest:
+def flavor_manifest(flavor: Flavor, stack: str, label_prefix: str,
+                    gpu_node_labels: Mapping[str, str] | None = None) -> Manifest:
+    """`gpu_node_labels`: labels every GPU flavor's nodes must also carry (the burn-in's gpu-health=passed): Kueue
+    adds a flavor's nodeLabels to the nodeSelector of the pods it admits on it."""
     spec: dict[str, Any] = {}
-    if flavor.node_labels:
-        spec["nodeLabels"] = dict(flavor.node_labels)
+    gated = dict(gpu_node_labels or {}) if flavor.per_gpu is not None else {}
+    node_labels = {**flavor.node_labels, **gated}
+    if node_labels:
+        spec["nodeLabels"] = node_labels
     if flavor.taints:
         # Kueue gives this flavor only to workloads that tolerate every one of these taints, so a CPU Job is never
         # admitted against GPU quota.
@@ -253,10 +258,10 @@ def shared_quota(flavor: Flavor, cfg: KueueConfig) -> Amounts:
 
 
 def queue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str, stack: str,
-                    label_prefix: str) -> list[Manifest]:
+                    label_prefix: str, gpu_node_labels: Mapping[str, str] | None = None) -> list[Manifest]:
     """Every Kueue object of the stack: flavors, priority classes, ClusterQueues, LocalQueues (in that order)."""
     all_flavors = flavors(plans, label_prefix)
-    manifests = [flavor_manifest(flavor, stack, label_prefix) for flavor in all_flavors]
+    manifests = [flavor_manifest(flavor, stack, label_prefix, gpu_node_labels) for flavor in all_flavors]
     for priority in cfg.priority_classes:
         manifests.append({"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass",
                           "metadata": _metadata(priority.name, stack, label_prefix), "value": priority.value,

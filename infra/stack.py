@@ -24,7 +24,7 @@ from infra.monitoring.component import Monitoring, MonitoringArgs
 from infra.monitoring.reservations import reserved_pools
 from infra.network import Network, NetworkArgs, lookup_existing_subnets
 from infra.nodes.blockend import block_end_problems
-from infra.nodes.burnin import GpuBurnIn, GpuBurnInArgs, burnin_manifests
+from infra.nodes.burnin import GpuBurnIn, GpuBurnInArgs, burnin_manifests, gpu_health_selector
 from infra.nodes.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.nodes.nodepools import NodePools, NodePoolsArgs
 from infra.nodes.poolplan import plan_node_pools, pool_facts
@@ -59,7 +59,12 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     has_registry = cfg.platform == "eks" and cfg.registry.enabled
     image_repository = (repository_url(account_id, cfg.region, repository_name(ctx.prefix, cfg.registry))
                         if has_registry and account_id and cfg.region else None)
+    # The burn-in's gate: GPU Jobs, Kueue's GPU flavors and the autoscaler's model of a new GPU node all carry the
+    # label only the burn-in sets (infra/nodes/burnin.py).
+    gated = cfg.gpu.health.gated(cfg.protected) and any(plan.is_gpu for plan in pool_plans)
+    gate_labels = dict([gpu_health_selector(cfg.label_prefix)]) if gated else {}
     job_facts = ClusterFacts(stack=ctx.stack, label_prefix=cfg.label_prefix, pools=pool_facts(pool_plans),
+                             gpu_health_gate=gated,
                              namespace=JOBS_NAMESPACE, region=cfg.region,
                              object_store_endpoint=storage_facts.object_store_endpoint,
                              object_store_secret=storage_facts.object_store_secret,
@@ -131,7 +136,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     node_groups: list[pulumi.Resource] = []
     if network is not None:
         pools = NodePools(f"{ctx.prefix}-nodepools", NodePoolsArgs(
-            ctx=ctx, cluster=cluster, network=network, pools=tuple(p for p in pool_plans if p.ami_type)))
+            ctx=ctx, cluster=cluster, network=network, pools=tuple(p for p in pool_plans if p.ami_type),
+            gpu_node_labels=gate_labels))
         node_groups = list(pools.node_groups.values())
     outputs["nodePools"] = {plan.name: {
         "gpuType": plan.gpu_type, "gpusPerNode": plan.gpus_per_node, "nvmeGib": plan.nvme_gib,
@@ -210,7 +216,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     if cfg.kueue.enabled:
         queueing = Queueing(f"{ctx.prefix}-kueue", QueueingArgs(
             ctx=ctx, cluster=cluster, config=cfg.kueue,
-            manifests=tuple(queue_manifests(cfg.kueue, pool_plans, JOBS_NAMESPACE, ctx.stack, cfg.label_prefix)),
+            manifests=tuple(queue_manifests(cfg.kueue, pool_plans, JOBS_NAMESPACE, ctx.stack, cfg.label_prefix,
+                                            gate_labels)),
             depends_on=(*node_groups, namespace.namespace, *(needs[0] for needs in team_needs.values()))))
         local_queues = queueing.local_queues
 

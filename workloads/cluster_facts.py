@@ -83,6 +83,8 @@ class ClusterFacts:
     local_queue: str | None = None
     local_queues: tuple[str, ...] | None = None
     workload_priority_classes: tuple[str, ...] | None = None
+    # The GPU burn-in's gate (infra/nodes/burnin.py): GPU Jobs require the node label <prefix>/gpu-health=passed.
+    gpu_health_gate: bool = False
     # Tenant teams by name: a spec with `team:` renders in its team's namespace, through its LocalQueue, mounting
     # only its claims. None: facts that predate teams (a spec with `team:` is refused, never run in `namespace`).
     teams: dict[str, TeamFacts] | None = None

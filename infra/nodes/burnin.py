@@ -39,11 +39,11 @@ import pulumi_kubernetes as k8s
 from infra.config.nodepools import BURN_IN_NAME, GpuHealthConfig
 from infra.context import ClusterInfo, StackContext
 from infra.nodes.poolplan import PoolPlan
+from workloads.health.verdict import HEALTH_LABEL, PASSED
 
 SERVICE_ACCOUNT = APP = BURN_IN_NAME
 RESULTS = "/results"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-HEALTH_LABEL = "gpu-health"
 TOKEN_SECONDS = 3600
 
 Manifest = dict[str, Any]
@@ -60,7 +60,7 @@ def _labels(stack: str, label_prefix: str, instance: str | None = None) -> dict[
 
 def gpu_health_selector(label_prefix: str) -> tuple[str, str]:
     """The label the gate requires: (`<prefix>/gpu-health`, `passed`)."""
-    return f"{label_prefix}/{HEALTH_LABEL}", "passed"
+    return f"{label_prefix}/{HEALTH_LABEL}", PASSED
 
 
 def _dcgm_script(level: int, deadline_s: int) -> str:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from email import encoders
 from email.mime.application import MIMEApplication
 from email.mime.multipart import MIMEMultipart
@@ -126,9 +127,15 @@ def node_group_taints(plan: PoolPlan) -> list[dict[str, str]]:
     return [{"key": t.key, "value": t.value, "effect": t.effect} for t in plan.taints]
 
 
-def autoscaler_template_tags(plan: PoolPlan) -> dict[str, str]:
-    """The node-template tags cluster-autoscaler reads from an ASG to model a node of a pool at size 0."""
-    tags = {f"{CAS_TEMPLATE}/label/{key}": value for key, value in plan.labels.items()}
+def autoscaler_template_tags(plan: PoolPlan, gpu_node_labels: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The node-template tags cluster-autoscaler reads from an ASG to model a node of a pool at size 0.
+
+    `gpu_node_labels` (the burn-in's gpu-health=passed, with the gate on) are modelled on GPU pools though the
+    node group never sets them: a new node gets the label from the burn-in, and a pending Job that requires it
+    must still scale the pool up from zero."""
+    gated = dict(gpu_node_labels or {}) if plan.is_gpu else {}
+    labels = {**plan.labels, **gated}
+    tags = {f"{CAS_TEMPLATE}/label/{key}": value for key, value in labels.items()}
     tags[f"{CAS_TEMPLATE}/label/eks.amazonaws.com/capacityType"] = plan.config.capacity_type
     for taint in plan.taints:
         tags[f"{CAS_TEMPLATE}/taint/{taint.key}"] = f"{taint.value}:{taint.kubernetes_effect}"
@@ -216,6 +223,7 @@ class NodePoolsArgs:
     cluster: ClusterInfo
     network: NetworkInfo
     pools: tuple[PoolPlan, ...]  # EKS pools (plans with instance types)
+    gpu_node_labels: dict[str, str] = field(default_factory=dict)  # modelled on GPU pools' templates (the gate)
 
 
 class NodePools(pulumi.ComponentResource):
@@ -302,7 +310,7 @@ class NodePools(pulumi.ComponentResource):
                 ),
             )
             asg_name = group.resources.apply(_asg_name)
-            for key, value in autoscaler_template_tags(plan).items():
+            for key, value in autoscaler_template_tags(plan, args.gpu_node_labels).items():
                 aws.autoscaling.Tag(
                     ctx.name("nodepools", f"{plan.name}-cas-{tag_slug(key)}"),
                     autoscaling_group_name=asg_name,

@@ -70,8 +70,14 @@ def test_report_fails_and_cordons_a_node_with_faulty_memory(api: FakeNodes, tmp_
     results = _results(tmp_path, "dcgm-r2-fail-memory.json")
     assert cli.main(["plan", *ARGS, "--results", str(results)]) == 0
     assert not (results / "skip").exists()
+    # While the checks run, cluster-autoscaler must not remove the node (it runs only DaemonSets: "unneeded").
+    assert api.nodes[NODE]["metadata"]["annotations"] == {
+        "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+        "ml-cluster.io/gpu-health-holds-scale-down": "true"}
     assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
     node = api.nodes[NODE]
+    # The verdict is in: the hold is lifted, so the autoscaler may remove the failed (cordoned) node.
+    assert "cluster-autoscaler.kubernetes.io/scale-down-disabled" not in node["metadata"]["annotations"]
     assert node["metadata"]["labels"]["ml-cluster.io/gpu-health"] == "failed"
     assert node["spec"]["unschedulable"] is True
     assert {"key": "ml-cluster.io/gpu-health", "value": "failed", "effect": "NoSchedule"} in node["spec"]["taints"]

@@ -189,3 +189,18 @@ def test_the_reason_annotation_is_bounded() -> None:
     verdict = Verdict(False, tuple(f"gpu {i}: " + "x" * 400 for i in range(40)))
     after = _apply(_node(), node_patch(_node(), verdict, PREFIX, "t"))
     assert len(after["metadata"]["annotations"]["ml-cluster.io/gpu-health-reason"]) <= 2000
+
+
+def test_the_scale_down_hold_is_lifted_only_where_the_burn_in_put_it() -> None:
+    from workloads.health.verdict import hold_patch
+
+    fresh = _node()
+    held = _apply(fresh, hold_patch(fresh, PREFIX))
+    assert held["metadata"]["annotations"] == {"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true",
+                                               "ml-cluster.io/gpu-health-holds-scale-down": "true"}
+    assert _apply(held, node_patch(held, Verdict(True), PREFIX, "t"))["metadata"]["annotations"] == {
+        "ml-cluster.io/gpu-health-checked-at": "t"}
+    operators = _node(annotations={"cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"})
+    assert hold_patch(operators, PREFIX) == []
+    assert _apply(operators, node_patch(operators, Verdict(False, ("x",)), PREFIX, "t"))["metadata"][
+        "annotations"]["cluster-autoscaler.kubernetes.io/scale-down-disabled"] == "true"

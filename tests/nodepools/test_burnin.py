@@ -121,3 +121,57 @@ def test_config_rules() -> None:
     assert parse_stack_config(_config("prod", imageTag="0.1.0")).gpu.health.gated(protected=True)
     dev = parse_stack_config(_config("dev", imageTag="0.1.0")).gpu.health
     assert not dev.runs(protected=False) and not dev.gated(protected=False)
+
+
+GATE = {"key": "ml-cluster.io/gpu-health", "operator": "In", "values": ["passed"]}
+
+
+def _terms(pod: dict[str, Any]) -> list[Any]:
+    affinity = pod.get("affinity", {}).get("nodeAffinity", {})
+    return affinity.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
+
+
+def test_the_gate_every_gpu_job_flavor_and_template_requires_the_label(stack_plan) -> None:  # type: ignore[no-untyped-def]
+    plan = stack_plan("prod")
+    jobs = resources_of(plan, "kubernetes:batch/v1:Job")
+    assert jobs and all(_terms(job["inputs"]["spec"]["template"]["spec"]) == [{"matchExpressions": [GATE]}]
+                        for job in jobs)
+    flavors = {r["inputs"]["metadata"]["name"]: r["inputs"]["spec"]
+               for r in resources_of(plan, "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor")}
+    assert {name: spec.get("nodeLabels", {}).get("ml-cluster.io/gpu-health") for name, spec in flavors.items()} == {
+        "a100": "passed", "h100": "passed", "cpu": None}
+    tags = {r["inputs"]["tag"]["key"]: r["inputs"]["tag"]["value"]
+            for r in resources_of(plan, "aws:autoscaling/tag:Tag")
+            if r["name"].startswith("mlc-prod-nodepools-gpu-h100-")}
+    template = "k8s.io/cluster-autoscaler/node-template/label/ml-cluster.io/gpu-health"
+    assert tags[template] == "passed"  # the autoscaler models a passed node, so a gated Job scales a pool from zero
+    # ... but no node is ever created with the label: only the burn-in sets it.
+    groups = resources_of(plan, "aws:eks/nodeGroup:NodeGroup")
+    assert groups and not any("ml-cluster.io/gpu-health" in (g["inputs"].get("labels") or {}) for g in groups)
+    system_tags = [r for r in resources_of(plan, "aws:autoscaling/tag:Tag")
+                   if r["name"].startswith("mlc-prod-nodepools-system-") and r["inputs"]["tag"]["key"] == template]
+    assert system_tags == []
+
+
+def test_without_the_gate_jobs_and_flavors_are_as_before(stack_plan) -> None:  # type: ignore[no-untyped-def]
+    plan = stack_plan("dev")
+    assert all(not _terms(job["inputs"]["spec"]["template"]["spec"])
+               for job in resources_of(plan, "kubernetes:batch/v1:Job"))
+    assert all("ml-cluster.io/gpu-health" not in (r["inputs"]["spec"].get("nodeLabels") or {})
+               for r in resources_of(plan, "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor"))
+
+
+def test_render_puts_the_gate_on_gpu_jobs_only() -> None:
+    from dataclasses import replace
+
+    from tests.jobs.facts import prod_facts
+    from workloads.jobspec import TrainingJobSpec, render_job
+
+    facts = replace(prod_facts(), gpu_health_gate=True)
+    gpu = TrainingJobSpec.model_validate({"name": "g", "image": "r.example/t:1", "gpus": 8, "gpuType": "h100"})
+    cpu = TrainingJobSpec.model_validate({"name": "c", "image": "r.example/t:1", "gpus": 0, "cpu": "2",
+                                          "memory": "8Gi"})
+    gated = render_job(gpu, facts)
+    assert _terms(gated[0]["spec"]["template"]["spec"]) == [{"matchExpressions": [GATE]}]
+    assert _terms(render_job(cpu, facts)[0]["spec"]["template"]["spec"]) == []
+    assert _terms(render_job(gpu, prod_facts())[0]["spec"]["template"]["spec"]) == []

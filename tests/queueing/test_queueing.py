@@ -60,7 +60,9 @@ def test_flavors_and_the_shared_queue_come_from_the_pools(stack: str, stack_plan
         if name == "cpu":
             assert flavor["spec"] == {}  # CPU Jobs tolerate no GPU taint, so they never get GPU quota
         else:
-            assert flavor["spec"]["nodeLabels"] == {"ml-cluster.io/gpu-type": name}
+            # prod and staging gate GPU flavors on the burn-in's label (gpu.health); dev and onprem run no burn-in
+            gate = {"ml-cluster.io/gpu-health": "passed"} if stack in ("prod", "staging") else {}
+            assert flavor["spec"]["nodeLabels"] == {"ml-cluster.io/gpu-type": name, **gate}
             assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in flavor["spec"]["nodeTaints"]
     cluster_queues = inputs_of(plan, "ClusterQueue")
     assert set(cluster_queues) == {"shared"}

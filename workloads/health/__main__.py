@@ -31,6 +31,7 @@ from workloads.health.kube import InCluster, KubeError, record
 from workloads.health.verdict import (
     Evidence,
     decide,
+    hold_patch,
     node_patch,
     read_efa_check,
     read_gpu_check,
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             if not should_run(node, args.label_prefix):
                 (args.results / SKIP).write_text("the node already passed\n")
                 print(f"{args.node}: already passed; the checks are skipped")
+                return 0
+            record(client, args.node, lambda node: hold_patch(node, args.label_prefix))
+            print(f"{args.node}: checking; cluster-autoscaler holds the node until the verdict")
             return 0
         if args.expect_gpus < 1 or args.expect_efa < 0:
             print("error: arguments: --expect-gpus must be >= 1 and --expect-efa >= 0", file=sys.stderr)

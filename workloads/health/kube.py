@@ -78,8 +78,11 @@ def record(client: InCluster, name: str, build: Callable[[dict[str, Any]], list[
     delay = 1.0
     while True:
         node = client.get_node(name)
+        ops = build(node)
+        if not ops:
+            return node
         try:
-            return client.patch_node(name, build(node))
+            return client.patch_node(name, ops)
         except KubeError as exc:
             if exc.status not in (409, 422) or clock() + delay > until:
                 raise

@@ -25,6 +25,11 @@ PASSED, FAILED = "passed", "failed"
 REASON_ANNOTATION = "gpu-health-reason"
 CHECKED_ANNOTATION = "gpu-health-checked-at"
 CORDONED_ANNOTATION = "gpu-health-cordoned"  # "true": the burn-in cordoned the node, so a pass may uncordon it
+# cluster-autoscaler never scales down a node with this annotation (kubernetes/autoscaler cluster-autoscaler-1.35.2
+# core/scaledown/eligibility/eligibility.go:39). A node in burn-in runs only DaemonSets, so it looks unneeded: the
+# burn-in holds it until its verdict, and marks that it did (HELD_ANNOTATION) so it lifts only its own hold.
+SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+HELD_ANNOTATION = "gpu-health-holds-scale-down"
 MAX_REASON_CHARS = 2000
 MAX_REASONS = 12
 
@@ -152,6 +157,19 @@ def should_run(node: Mapping[str, Any], label_prefix: str) -> bool:
     return labels.get(f"{label_prefix}/{HEALTH_LABEL}") != PASSED
 
 
+def hold_patch(node: Mapping[str, Any], label_prefix: str) -> list[dict[str, Any]]:
+    """Before the checks: keep cluster-autoscaler from removing the node while they run (guarded like node_patch).
+    Nothing to do when the node already carries the annotation (an operator's, or an earlier run's)."""
+    metadata = node.get("metadata") or {}
+    annotations = dict(metadata.get("annotations") or {})
+    if annotations.get(SCALE_DOWN_DISABLED) == "true":
+        return []
+    annotations[SCALE_DOWN_DISABLED] = "true"
+    annotations[f"{label_prefix}/{HELD_ANNOTATION}"] = "true"
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": metadata.get("resourceVersion")},
+            {"op": "add", "path": "/metadata/annotations", "value": annotations}]
+
+
 def _pointer(key: str) -> str:
     """A JSON-pointer token (RFC 6901): `ml-cluster.io/gpu-health` -> `ml-cluster.io~1gpu-health`."""
     return key.replace("~", "~0").replace("/", "~1")
@@ -180,6 +198,8 @@ def node_patch(node: Mapping[str, Any], verdict: Verdict, label_prefix: str, che
     annotations[f"{label_prefix}/{CHECKED_ANNOTATION}"] = checked_at
     reason_key = f"{label_prefix}/{REASON_ANNOTATION}"
     cordoned_key = f"{label_prefix}/{CORDONED_ANNOTATION}"
+    if annotations.pop(f"{label_prefix}/{HELD_ANNOTATION}", None) == "true":
+        annotations.pop(SCALE_DOWN_DISABLED, None)  # the verdict is in: a failed node may now be scaled down
     taints = [taint for taint in spec.get("taints") or [] if taint.get("key") != taint_key]
     unschedulable = bool(spec.get("unschedulable"))
     if verdict.passed:

@@ -10,6 +10,7 @@ from typing import Any
 
 from workloads.cli import size_arg
 from workloads.cluster_facts import ClusterFacts
+from workloads.health.verdict import HEALTH_LABEL, PASSED
 from workloads.jobspec.fabric import gang_pools, job_fabric
 from workloads.jobspec.network import job_network_policy
 from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
@@ -66,6 +67,14 @@ def _security_context(spec: TrainingJobSpec) -> dict[str, Any]:
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def gpu_health_affinity(label_prefix: str) -> dict[str, Any]:
+    """Only nodes the GPU burn-in passed (workloads/health/verdict.py): an unchecked node has no label, a failed
+    one `failed`. Required at scheduling, so a node that fails later keeps its running pods (its taint is
+    NoSchedule); the burn-in never re-labels a node in service."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": f"{label_prefix}/{HEALTH_LABEL}", "operator": "In", "values": [PASSED]}]}]}}}
 
 
 def _image_fields(spec: TrainingJobSpec, facts: ClusterFacts) -> dict[str, str]:
@@ -418,6 +427,8 @@ def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, job_name: str)
         pod_spec["initContainers"] = init_containers
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
+    if spec.gpus > 0 and facts.gpu_health_gate:
+        pod_spec["affinity"] = gpu_health_affinity(prefix)
     if tolerations:
         pod_spec["tolerations"] = tolerations
     if spec.priority_class:

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup setup-plan plan preflight versions cost test test-slow lint lint-workflows scan image push bench bench-peers bench-objectstore \
+.PHONY: help setup setup-plan plan preflight versions cost test test-slow lint lint-workflows scan image push bench bench-peers bench-pack bench-objectstore \
 	bench-gpu preview up destroy kubeconfig new-stack clean
 
 .DEFAULT_GOAL := help
@@ -113,6 +113,9 @@ $(BENCH_VENV)/.deps: pyproject.toml scripts/bench-constraints.txt
 
 bench-peers: $(BENCH_VENV)/.deps ## our data path against Streaming, LitData, WebDataset, s3torchconnector
 	$(BENCH_VENV)/bin/python scripts/bench_peers.py
+
+bench-pack: $(BENCH_VENV)/.deps ## packing from S3: our sliced pack against LitData optimize and Streaming's MDSWriter
+	$(BENCH_VENV)/bin/python scripts/bench_pack.py
 
 # The study's setting: a JPEG folder on an s3fs mount behind added latency. Needs root, /dev/fuse and Debian's s3fs.
 bench-objectstore: setup ## the study's s3fs-over-latency benchmark (root, /dev/fuse)

@@ -32,7 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -239,8 +239,7 @@ def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: P
     labels: list[int] = []
     skipped: list[dict[str, str]] = []
 
-    def close(shard: int) -> None:
-        nonlocal payloads, labels, skipped
+    def commit(shard: int, payloads: list[bytes], labels: list[int], skipped: list[dict[str, str]]) -> None:
         counts = [0] * len(plan.classes)
         for label in labels:
             counts[label] += 1
@@ -266,27 +265,41 @@ def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: P
         result.packed.append(shard)
         result.samples += len(labels)
         result.skipped += len(skipped)
+
+    # A closed shard is written, hashed and handed to the upload on a thread of its own while the next one fills
+    # (the decoders never wait for the HDF5 write); at most one is closing, so memory holds at most two shards.
+    closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-close")
+    closing: list[Future[None]] = []
+
+    def close(shard: int) -> None:
+        nonlocal payloads, labels, skipped
+        if closing:
+            closing.pop().result()
+        closing.append(closer.submit(commit, shard, payloads, labels, skipped))
         payloads, labels, skipped = [], [], []
 
-    pending = iter(ends)
-    end, shard = next(pending, (0, -1))
-    for position, sample in enumerate(source_samples(source, files, options, plan.sizes)):
-        while position >= end:
+    try:
+        pending = iter(ends)
+        end, shard = next(pending, (0, -1))
+        for position, sample in enumerate(source_samples(source, files, options, plan.sizes)):
+            while position >= end:
+                close(shard)
+                end, shard = next(pending)
+            metrics.images.inc()
+            if sample.payload is None:
+                metrics.skipped.inc()
+                if options.strict:
+                    raise DataToolError(_where(source, sample.relpath), sample.reason)
+                skipped.append({"path": sample.relpath, "reason": sample.reason})
+                continue
+            payloads.append(sample.payload)
+            labels.append(sample.label)
+        if files:
             close(shard)
-            end, shard = next(pending)
-        metrics.images.inc()
-        if sample.payload is None:
-            metrics.skipped.inc()
-            if options.strict:
-                raise DataToolError(_where(source, sample.relpath), sample.reason)
-            skipped.append({"path": sample.relpath, "reason": sample.reason})
-            continue
-        payloads.append(sample.payload)
-        labels.append(sample.label)
-    if files:
-        close(shard)
-        for _, rest in pending:  # planned shards with no input cannot exist; kept for safety
-            close(rest)
+        if closing:
+            closing.pop().result()
+    finally:
+        closer.shutdown(wait=True, cancel_futures=True)
 
 
 def _put_record(client: Any, target: S3Uri, record: ShardRecord) -> None:

@@ -82,8 +82,10 @@ def kps_values(cfg: MonitoringConfig, label_prefix: str = "ml-cluster.io", reser
         "grafana": {"enabled": cfg.grafana_enabled()},
         # Node agents must run on GPU nodes, which carry NoSchedule (and possibly configured NoExecute) taints.
         "prometheus-node-exporter": {"tolerations": [{"operator": "Exists"}]},
+        # gpu-health: the burn-in's verdict per node, for the dashboard's GPU health row
         "kube-state-metrics": {"metricLabelsAllowlist": [
-            f"nodes=[{label_prefix}/gpu-count{f',{label_prefix}/pool' if reserved else ''}]"]},
+            f"nodes=[{label_prefix}/gpu-count,{label_prefix}/gpu-health"
+            f"{f',{label_prefix}/pool' if reserved else ''}]"]},
     }
 
 
@@ -140,13 +142,13 @@ def prometheus_rule(namespace: str, cfg: MonitoringConfig, training_namespace: s
     }
 
 
-def dashboard_config_map(namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+def dashboard_config_map(namespace: str, labels: dict[str, str], label_prefix: str = "ml-cluster.io") -> dict[str, Any]:
     key, value = DASHBOARD_LABEL
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": DASHBOARD_CONFIGMAP_NAME, "namespace": namespace, "labels": {**labels, key: value}},
-        "data": {"training-gpu-starving.json": dashboard_json()},
+        "data": {"training-gpu-starving.json": dashboard_json(label_prefix)},
     }
 
 
@@ -162,7 +164,7 @@ def monitoring_manifests(cfg: MonitoringConfig, stack: str, label_prefix: str, t
         prometheus_rule(cfg.namespace, cfg, training_namespace, labels, label_prefix, pools, team_namespaces),
     ]
     if cfg.grafana_enabled():
-        manifests.append(dashboard_config_map(cfg.namespace, labels))
+        manifests.append(dashboard_config_map(cfg.namespace, labels, label_prefix))
     return manifests
 
 

@@ -2,7 +2,9 @@
 
 Read it top to bottom: GPU utilisation (DCGM) beside the trainer's data-wait share and samples/s answers the
 question; step and wait latencies say how badly; the staging row says whether the bytes are arriving (bytes/s,
-shards ready, window occupancy, retries); the node row says whether NVMe or /dev/shm is about to run out.
+shards ready, window occupancy, retries); the node row says whether NVMe or /dev/shm is about to run out; the GPU
+health row says whether a GPU is sick (XIDs by code, retired pages and row remaps, NVLink errors, GPUs missing from
+what a node offers) and how many GPU nodes the burn-in has passed, failed or not yet checked (docs/monitoring.md).
 
 Every query is in `PANELS`, so the tests can run each one against a real Prometheus (Grafana's `$__rate_interval`
 and the template variables substituted as Grafana would).
@@ -21,6 +23,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
 from infra.monitoring.alerts import data_wait_share
+from infra.monitoring.gpu_alerts import ksm_label, missing_gpus
 
 DASHBOARD_UID = "ml-cluster-gpu-starving"
 _DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -85,7 +88,52 @@ PANELS: tuple[PanelSpec, ...] = (
 )
 
 
-def build_dashboard() -> Dashboard:
+def gpu_health_panels(label_prefix: str) -> tuple[PanelSpec, ...]:
+    """The GPU health row. The burn-in's verdicts come from kube-state-metrics: the nodes' `<prefix>/gpu-health`
+    and `<prefix>/gpu-count` labels (allowlisted in infra/monitoring/component.py) and the burn-in's taint."""
+    health = ksm_label(f"{label_prefix}/gpu-health")
+    count = ksm_label(f"{label_prefix}/gpu-count")
+    gpu_nodes = f'kube_node_labels{{{count}!=""}}'
+    return (
+        PanelSpec("GPU health", "XIDs by code (per node, exporter window)", "short", (
+            ("sum by (Hostname, xid) (DCGM_EXP_XID_ERRORS_COUNT > 0)", "{{Hostname}} XID {{xid}}"),
+        ), "XIDs each node's GPUs raised, by code, within dcgm-exporter's XID window. The codes and what to do: "
+           "docs/monitoring.md, the XID table."),
+        PanelSpec("GPU health", "Retired pages and remapped rows (per GPU)", "short", (
+            ("max by (Hostname, gpu) (DCGM_FI_DEV_RETIRED_DBE + DCGM_FI_DEV_RETIRED_SBE)",
+             "retired pages {{Hostname}} GPU {{gpu}}"),
+            ("max by (Hostname, gpu) (DCGM_FI_DEV_RETIRED_PENDING > 0)", "pending retirement {{Hostname}} GPU {{gpu}}"),
+            ("max by (Hostname, gpu) (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS)",
+             "remapped rows {{Hostname}} GPU {{gpu}}"),
+            ("max by (Hostname, gpu) (DCGM_FI_DEV_ROW_REMAP_FAILURE > 0)", "remap FAILED {{Hostname}} GPU {{gpu}}"),
+        ), "Memory the driver took out of service: page retirement (before Ampere), row remapping (Ampere and "
+           "later). A row-remap failure means replace the node."),
+        PanelSpec("GPU health", "NVLink errors/s (per node)", "short", (
+            (f"sum by (Hostname) (rate(DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL[{_RATE}]))",
+             "CRC {{Hostname}}"),
+            (f"sum by (Hostname) (rate(DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL[{_RATE}]))", "replay {{Hostname}}"),
+            (f"sum by (Hostname) (rate(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL[{_RATE}]))",
+             "recovery {{Hostname}}"),
+        )),
+        PanelSpec("GPU health", "GPUs offered by nodes short of their type's count", "short", (
+            (missing_gpus(label_prefix), "{{node}}"),
+        ), "A node here offers fewer nvidia.com/gpu than its <prefix>/gpu-count label: a GPU the device plugin "
+           "marked unhealthy or one that fell off the bus (runbook: missing GPUs)."),
+        PanelSpec("GPU health", "GPU nodes by burn-in verdict", "short", (
+            (f'count by ({health}) (kube_node_labels{{{health}!=""}} and on (node) {gpu_nodes})',
+             f"{{{{{health}}}}}"),
+            (f'count({gpu_nodes} unless on (node) kube_node_labels{{{health}!=""}})', "not checked yet"),
+            (f'count(kube_node_spec_taint{{key="{label_prefix}/gpu-health"}})', "tainted by the burn-in"),
+        ), "passed: Jobs may run there; failed: tainted and cordoned (the reason is the node's "
+           "gpu-health-reason annotation); not checked yet: in burn-in, gangs wait for it."),
+    )
+
+
+def all_panels(label_prefix: str = "ml-cluster.io") -> tuple[PanelSpec, ...]:
+    return (*PANELS, *gpu_health_panels(label_prefix))
+
+
+def build_dashboard(label_prefix: str = "ml-cluster.io") -> Dashboard:
     builder = (
         Dashboard("Training: is my GPU starving?")
         .uid(DASHBOARD_UID)
@@ -99,7 +147,7 @@ def build_dashboard() -> Dashboard:
                        .all_value(".*").query('label_values(ml_train_steps_total{namespace="$namespace"}, job_name)'))
     )
     row = None
-    for panel in PANELS:
+    for panel in all_panels(label_prefix):
         if panel.row != row:
             row = panel.row
             builder = builder.with_row(Row(row))
@@ -112,11 +160,11 @@ def build_dashboard() -> Dashboard:
     return builder
 
 
-def dashboard_json() -> str:
+def dashboard_json(label_prefix: str = "ml-cluster.io") -> str:
     """The dashboard model as Grafana imports it (sorted keys: the same code gives the same bytes, a stable plan)."""
-    model: Any = json.loads(JSONEncoder(sort_keys=True).encode(build_dashboard().build()))
+    model: Any = json.loads(JSONEncoder(sort_keys=True).encode(build_dashboard(label_prefix).build()))
     return json.dumps(model, sort_keys=True, indent=1)
 
 
-def panel_queries() -> list[str]:
-    return [expr for panel in PANELS for expr, _legend in panel.queries]
+def panel_queries(label_prefix: str = "ml-cluster.io") -> list[str]:
+    return [expr for panel in all_panels(label_prefix) for expr, _legend in panel.queries]

@@ -30,6 +30,38 @@ pytestmark = pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None,
 NAMESPACE = "training"
 POD = {"namespace": NAMESPACE, "pod": "tiny-3f2a9c1d-0", "job_name": "tiny-3f2a9c1d", "node": "node-a"}
 
+# The GPU health row's series (tests/monitoring/test_gpu_health_panels.py checks its answers): a sick node beside the
+# healthy one, so that every panel of the row has something to draw here too.
+GPU_HEALTH_STAND_INS = """\
+# TYPE DCGM_EXP_XID_ERRORS_COUNT gauge
+DCGM_EXP_XID_ERRORS_COUNT{gpu="3",UUID="GPU-3",Hostname="node-b",xid="79"} 1
+# TYPE DCGM_FI_DEV_RETIRED_DBE gauge
+DCGM_FI_DEV_RETIRED_DBE{gpu="3",UUID="GPU-3",Hostname="node-b"} 2
+# TYPE DCGM_FI_DEV_RETIRED_SBE gauge
+DCGM_FI_DEV_RETIRED_SBE{gpu="3",UUID="GPU-3",Hostname="node-b"} 1
+# TYPE DCGM_FI_DEV_RETIRED_PENDING gauge
+DCGM_FI_DEV_RETIRED_PENDING{gpu="3",UUID="GPU-3",Hostname="node-b"} 1
+# TYPE DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS gauge
+DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{gpu="3",UUID="GPU-3",Hostname="node-b"} 3
+# TYPE DCGM_FI_DEV_ROW_REMAP_FAILURE gauge
+DCGM_FI_DEV_ROW_REMAP_FAILURE{gpu="3",UUID="GPU-3",Hostname="node-b"} 1
+# TYPE DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL counter
+DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{gpu="3",UUID="GPU-3",Hostname="node-b"} 9
+# TYPE DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL counter
+DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{gpu="3",UUID="GPU-3",Hostname="node-b"} 4
+# TYPE DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL counter
+DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{gpu="3",UUID="GPU-3",Hostname="node-b"} 1
+# TYPE kube_node_labels gauge
+kube_node_labels{node="node-a",label_ml_cluster_io_gpu_count="8",label_ml_cluster_io_gpu_health="passed"} 1
+kube_node_labels{node="node-b",label_ml_cluster_io_gpu_count="8",label_ml_cluster_io_gpu_health="failed"} 1
+kube_node_labels{node="node-c",label_ml_cluster_io_gpu_count="8"} 1
+# TYPE kube_node_status_allocatable gauge
+kube_node_status_allocatable{node="node-a",resource="nvidia_com_gpu",unit="integer"} 8
+kube_node_status_allocatable{node="node-b",resource="nvidia_com_gpu",unit="integer"} 7
+# TYPE kube_node_spec_taint gauge
+kube_node_spec_taint{node="node-b",key="ml-cluster.io/gpu-health",value="failed",effect="NoSchedule"} 1
+"""
+
 # What dcgm-exporter (GPU mapped to the training pod, scraped with honorLabels) and kube-state-metrics would expose
 # for that pod: neither can run here (no GPU, no API server).
 STAND_INS = f"""\
@@ -48,7 +80,8 @@ kube_pod_owner{{namespace="{NAMESPACE}",pod="run-1-0-x",owner_kind="Job",owner_n
 owner_is_controller="true"}} 1
 # TYPE kube_job_spec_parallelism gauge
 kube_job_spec_parallelism{{namespace="{NAMESPACE}",job_name="run-1"}} 2
-"""
+""" + GPU_HEALTH_STAND_INS
+
 
 SUBSTITUTIONS = {"$__rate_interval": "1m", "$namespace": NAMESPACE, "$job": ".*"}
 

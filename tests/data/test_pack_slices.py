@@ -200,3 +200,19 @@ def test_bad_slice_arguments_are_one_line(flags: list[str], where: str, why: str
                         "--shard-count", "2"], capsys)
     assert (code, err) == (2, "error: JOB_COMPLETION_INDEX: not an integer: 'one'\n")
     assert objects(s3_url, bucket, "x") == {}
+
+
+def test_a_failing_slice_names_its_shards_and_inputs(tmp_path: Path, s3_url: str, bucket: str,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    write_corpus(tmp_path / "src", per_class=3)
+    (tmp_path / "src" / "bees" / "001.jpg").write_bytes((tmp_path / "src" / "bees" / "001.jpg").read_bytes()[:300])
+    plan = make_plan(tmp_path / "src", PackOptions(image_size=16, shard_bytes=2500, workers=1, strict=True))
+    [index] = [i for i in range(2) if any(rel == "bees/001.jpg" for shard in owned(len(plan.starts), i, 2)
+                                          for rel, _ in plan.inputs(shard))]
+    code, _, err = cli(["pack", tmp_path / "src", f"s3://{bucket}/x", *OPTIONS, "--endpoint-url", s3_url,
+                        "--strict", "--shard-count", "2", "--shard-index", str(index)], capsys)
+    mine = owned(len(plan.starts), index, 2)
+    first, last = plan.inputs(mine[0])[0][0], plan.inputs(mine[-1])[-1][0]
+    assert code == 2 and one_line(err), err
+    assert err.startswith(f"error: {tmp_path / 'src' / 'bees' / '001.jpg'}: corrupt image"), err
+    assert err.endswith(f" [slice {index} of 2: shards {mine[0]}..{mine[-1]}, inputs {first} .. {last}]\n"), err

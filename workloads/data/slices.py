@@ -219,6 +219,12 @@ def pack_slice(client: Any, source: Path | S3Source, target: S3Uri, options: Pac
         try:
             _pack_shards(client, source, target, options, plan, todo, Path(work), stream, result, metrics)
             stream.finish()
+        except DataToolError as exc:
+            # A slice that fails names what it was packing, so its inputs can be looked at (or left out).
+            first, last = plan.inputs(result.shards[0])[0][0], plan.inputs(result.shards[-1])[-1][0]
+            raise DataToolError(exc.where, f"{exc.why} [slice {index} of {count}: shards {result.shards[0]}.."
+                                           f"{result.shards[-1]}, inputs {first} .. {last}]",
+                                runtime=exc.runtime) from exc
         finally:
             shutil.rmtree(work, ignore_errors=True)
     finally:

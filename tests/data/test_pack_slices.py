@@ -195,6 +195,8 @@ def test_bad_slice_arguments_are_one_line(flags: list[str], where: str, why: str
     assert code == 2 and one_line(err) and err.startswith(f"error: {where}: ") and why in err, err
     code, _, err = cli(["pack", tmp_path / "src", tmp_path / "out", *OPTIONS, "--shard-count", "2"], capsys)
     assert (code, err) == (2, "error: --shard-count: only meaningful with an s3:// OUT\n")
+    code, _, err = cli(["pack", tmp_path / "src", tmp_path / "out", *OPTIONS, "--metrics-port", "9449"], capsys)
+    assert (code, err) == (2, "error: --metrics-port: only meaningful with an s3:// OUT\n")
     monkeypatch.setenv("JOB_COMPLETION_INDEX", "one")
     code, _, err = cli(["pack", tmp_path / "src", f"s3://{bucket}/x", *OPTIONS, "--endpoint-url", s3_url,
                         "--shard-count", "2"], capsys)

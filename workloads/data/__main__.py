@@ -377,7 +377,8 @@ def run(args: argparse.Namespace) -> int:
             return _pack_to_bucket(args, options, progress)
         for flag, given in (("--shard-count", args.shard_count is not None), ("--shard-index",
                             args.shard_index is not None), ("--publish", args.publish),
-                            ("--scratch", args.scratch is not None), ("--wait", args.wait is not None)):
+                            ("--scratch", args.scratch is not None), ("--wait", args.wait is not None),
+                            ("--metrics-port", args.metrics_port is not None)):
             if given:
                 raise DataToolError(flag, "only meaningful with an s3:// OUT")
         args.out = Path(args.out)

@@ -109,11 +109,12 @@ _GPU_ENV = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"}]
 
 
-def _resources(cpu: str, memory: str, memory_limit: str) -> dict[str, Any]:
+def _resources(cpu: str, memory: str, cpu_limit: str, memory_limit: str) -> dict[str, Any]:
     # Requests stay small: a DaemonSet pod's requests (its largest init container's too) are held for its life,
-    # out of the systemReserved headroom the per-GPU sizes leave for node DaemonSets.
+    # out of the systemReserved headroom the per-GPU sizes leave for node DaemonSets. Limits let a check use the
+    # idle node it runs on (nothing else is scheduled there before the verdict).
     return {"requests": {"cpu": cpu, "memory": memory, "ephemeral-storage": "64Mi"},
-            "limits": {"memory": memory_limit, "ephemeral-storage": "1Gi"}}
+            "limits": {"cpu": cpu_limit, "memory": memory_limit, "ephemeral-storage": "1Gi"}}
 
 
 def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace: str, stack: str,
@@ -128,30 +129,32 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
     init: list[dict[str, Any]] = [
         {"name": "plan", "image": image, "imagePullPolicy": pull,
          "command": ["python", "-m", "workloads.health", "plan", *node_args],
-         "env": [_NODE_ENV], "securityContext": _RESTRICTED, "resources": _resources("50m", "128Mi", "512Mi"),
+         "env": [_NODE_ENV], "securityContext": _RESTRICTED, "resources": _resources("50m", "128Mi", "500m", "512Mi"),
          "volumeMounts": [results_mount, api_mount, tmp_mount]},
-        {"name": "dcgm", "image": cfg.dcgm_image, "imagePullPolicy": "IfNotPresent",
+        {"name": "dcgm", "image": cfg.dcgm_image, "imagePullPolicy": "Always",
          "command": ["sh", "-c", _dcgm_script(cfg.diag_level, deadline)],
          # DCGM writes its diagnostic logs under its own directories: a writable root, as NVIDIA runs it.
          "env": _GPU_ENV, "securityContext": {"privileged": True},
-         "resources": _resources("100m", "256Mi", "8Gi"),
+         "resources": _resources("100m", "256Mi", "4", "8Gi"),
          "volumeMounts": [results_mount, tmp_mount]},
         {"name": "gpu", "image": image, "imagePullPolicy": pull,
          "command": ["sh", "-c", _gpu_script(plan.gpus_per_node, cfg.memory_fraction, deadline)],
          "env": [*_GPU_ENV, {"name": "HOME", "value": "/tmp"}],
          "securityContext": {**_PRIVILEGED, "runAsUser": 10001, "runAsGroup": 10001},
-         "resources": _resources("100m", "512Mi", f"{4 * plan.gpus_per_node + 4}Gi"),
+         "resources": _resources("100m", "512Mi", str(plan.gpus_per_node + 1), f"{4 * plan.gpus_per_node + 4}Gi"),
          "volumeMounts": [results_mount, tmp_mount]},
     ]
     expected = ["--expect-gpus", str(plan.gpus_per_node)]
     if plan.efa_interfaces:
         init.append({"name": "efa", "image": image, "imagePullPolicy": pull, "command": ["sh", "-c", _efa_script(120)],
                      "env": [{"name": "HOME", "value": "/tmp"}], "securityContext": _PRIVILEGED,
-                     "resources": _resources("50m", "128Mi", "512Mi"), "volumeMounts": [results_mount, tmp_mount]})
+                     "resources": _resources("50m", "128Mi", "500m", "512Mi"),
+                     "volumeMounts": [results_mount, tmp_mount]})
         expected += ["--expect-efa", str(plan.efa_interfaces)]
     report = {"name": "report", "image": image, "imagePullPolicy": pull,
               "command": ["python", "-m", "workloads.health", "report", *node_args, *expected],
-              "env": [_NODE_ENV], "securityContext": _RESTRICTED, "resources": _resources("10m", "64Mi", "256Mi"),
+              "env": [_NODE_ENV], "securityContext": _RESTRICTED,
+              "resources": _resources("10m", "64Mi", "200m", "256Mi"),
               "volumeMounts": [results_mount, api_mount, tmp_mount]}
     # The pool's taints (the GPU taint among them), and the one the burn-in itself puts on a failed node: its pod
     # stays, so the next re-run (delete the pod) lands there again.
@@ -172,6 +175,8 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
                 "spec": {
                     "serviceAccountName": SERVICE_ACCOUNT,
                     "automountServiceAccountToken": False,
+                    # The privileged check containers run unconfined whatever this says; plan and report do not.
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "priorityClassName": "system-node-critical",
                     "nodeSelector": {f"{label_prefix}/pool": plan.name},
                     "tolerations": tolerations,

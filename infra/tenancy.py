@@ -24,7 +24,16 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.cluster import ACCESS_POLICIES
-from infra.config.queueing import TEAM_EFS_ROOT, KueueConfig, TeamConfig, TeamDataConfig, TeamVolumeConfig
+from infra.config.queueing import (
+    TEAM_EFS_ROOT,
+    TEAM_LIMITS_NAME,
+    TEAM_PRINCIPALS_BINDING,
+    TEAM_QUOTA_NAME,
+    KueueConfig,
+    TeamConfig,
+    TeamDataConfig,
+    TeamVolumeConfig,
+)
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from infra.jobs import namespace_manifest, service_account_manifest
@@ -64,7 +73,7 @@ def resource_quota_manifest(team: TeamConfig, ceiling: Amounts, stack: str, labe
     hard = {f"requests.{name}": value for name, value in quantities.items()}
     hard["limits.nvidia.com/gpu"] = quantities["nvidia.com/gpu"]
     return {"apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "team-quota", "namespace": team.namespace,
+            "metadata": {"name": TEAM_QUOTA_NAME, "namespace": team.namespace,
                          "labels": _labels(team, stack, label_prefix)},
             "spec": {"hard": hard}}
 
@@ -72,7 +81,7 @@ def resource_quota_manifest(team: TeamConfig, ceiling: Amounts, stack: str, labe
 def limit_range_manifest(team: TeamConfig, stack: str, label_prefix: str) -> Manifest:
     assert team.namespace is not None
     return {"apiVersion": "v1", "kind": "LimitRange",
-            "metadata": {"name": "team-defaults", "namespace": team.namespace,
+            "metadata": {"name": TEAM_LIMITS_NAME, "namespace": team.namespace,
                          "labels": _labels(team, stack, label_prefix)},
             "spec": {"limits": [{"type": "Container", "defaultRequest": dict(DEFAULT_REQUESTS),
                                  "default": dict(DEFAULT_LIMITS)}]}}
@@ -101,11 +110,11 @@ def member_bindings(team: TeamConfig, stack: str, label_prefix: str) -> list[Man
     """RoleBindings of the team's Kubernetes groups (by access), and of its IAM principals' group to `view`."""
     bindings = []
     for access in ("edit", "view"):
-        groups = sorted(m.group for m in team.members if m.group is not None and m.access == access)
+        groups = team.member_groups(access)
         if groups:
             bindings.append(role_binding_manifest(team, f"team-{access}", access, groups, stack, label_prefix))
     if any(m.principal_arn is not None for m in team.members):
-        bindings.append(role_binding_manifest(team, "team-principals-view", "view",
+        bindings.append(role_binding_manifest(team, TEAM_PRINCIPALS_BINDING, "view",
                                               [team_group(team.name, label_prefix)], stack, label_prefix))
     return bindings
 
@@ -156,7 +165,7 @@ def team_volume_manifests(team: TeamConfig, volume: TeamVolumeConfig, volume_han
     claim never deletes the team's data."""
     assert team.namespace is not None
     labels = {**_labels(team, stack, label_prefix), "app.kubernetes.io/component": "storage"}
-    volume_name = f"{team.namespace}-{volume.claim}"
+    volume_name = team.volume_name
     pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume_name, "labels": labels},
           "spec": {"capacity": {"storage": volume.size}, "accessModes": ["ReadWriteMany"],
                    "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "", "volumeMode": "Filesystem",

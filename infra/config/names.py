@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infra.config.nodepools import BURN_IN_NAME
+from infra.config.queueing import TEAM_LIMITS_NAME, TEAM_QUOTA_NAME
 from workloads.jobspec import namespace_network_policies
 
 if TYPE_CHECKING:
@@ -198,8 +199,20 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
             where = f"{CONFIG}kueue.teams[{index}]"
             add("kubernetes", "ClusterQueue", "", team.name, f"{where}.name")
             add("kubernetes", "LocalQueue", team.namespace or ns, team.name, f"{where}.name")
-            if team.namespace is not None:  # a tenant: its own namespace and (EKS) a role named after it
-                add("kubernetes", "Namespace", "", team.namespace, f"{where}.namespace")
+            if team.namespace is not None:  # a tenant: its own namespace and objects, (EKS) a role named after it
+                team_ns = team.namespace
+                add("kubernetes", "Namespace", "", team_ns, f"{where}.namespace")
+                for policy in namespace_network_policies(team_ns, {}, metrics_namespace=metrics_namespace,
+                                                         metrics_ports=(1,), egress=cfg.job_egress.rules(cfg.platform)):
+                    add("kubernetes", "NetworkPolicy", team_ns, policy["metadata"]["name"], f"{where}.namespace")
+                add("kubernetes", "ResourceQuota", team_ns, TEAM_QUOTA_NAME, f"{where}.namespace")
+                add("kubernetes", "LimitRange", team_ns, TEAM_LIMITS_NAME, f"{where}.namespace")
+                add("kubernetes", "ServiceAccount", team_ns, JOBS_SERVICE_ACCOUNT, f"{where}.namespace")
+                for binding in team.binding_names:
+                    add("kubernetes", "RoleBinding", team_ns, binding, f"{where}.members")
+                if team.volume is not None and team.volume_name is not None:
+                    add("kubernetes", "PersistentVolume", "", team.volume_name, f"{where}.volume.claim")
+                    add("kubernetes", "PersistentVolumeClaim", team_ns, team.volume.claim, f"{where}.volume.claim")
                 if eks:
                     add("iam", "role", "", f"{prefix}-team-{team.name}", f"{where}.name")
         for index, priority in enumerate(kueue.priority_classes):

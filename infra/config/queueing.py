@@ -110,6 +110,11 @@ class TeamDataConfig(StrictModel):
 KUBERNETES_GROUP = r"^[A-Za-z0-9][A-Za-z0-9:._@/+=-]{0,127}$"
 # Where the tenant teams' directories live on the stack's EFS: /teams/<team>.
 TEAM_EFS_ROOT = "/teams"
+# A tenant namespace's ResourceQuota and LimitRange.
+TEAM_QUOTA_NAME = "team-quota"
+TEAM_LIMITS_NAME = "team-defaults"
+# The RoleBinding of a team's IAM principals' group to `view` (its Kubernetes groups get team-edit / team-view).
+TEAM_PRINCIPALS_BINDING = "team-principals-view"
 
 
 class TeamMemberConfig(StrictModel):
@@ -191,6 +196,23 @@ class TeamConfig(StrictModel):
         default=None,
         description="the team's own directory on the stack's EFS, as a claim in its namespace",
     )
+
+    def member_groups(self, access: str) -> list[str]:
+        """The team's Kubernetes groups given `access` (edit or view), sorted."""
+        return sorted(m.group for m in self.members if m.group is not None and m.access == access)
+
+    @property
+    def binding_names(self) -> list[str]:
+        """The RoleBindings in the team's namespace, in the order they are created."""
+        names = [f"team-{access}" for access in ("edit", "view") if self.member_groups(access)]
+        if any(m.principal_arn is not None for m in self.members):
+            names.append(TEAM_PRINCIPALS_BINDING)
+        return names
+
+    @property
+    def volume_name(self) -> str | None:
+        """The cluster-scoped PersistentVolume on the team's access point (its claim is `volume.claim`)."""
+        return f"{self.namespace}-{self.volume.claim}" if self.volume is not None and self.namespace else None
 
     @model_validator(mode="after")
     def _flavors_once(self) -> TeamConfig:

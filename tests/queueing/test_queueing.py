@@ -65,9 +65,14 @@ def test_flavors_and_the_shared_queue_come_from_the_pools(stack: str, stack_plan
             assert flavor["spec"]["nodeLabels"] == {"ml-cluster.io/gpu-type": name, **gate}
             assert {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"} in flavor["spec"]["nodeTaints"]
     cluster_queues = inputs_of(plan, "ClusterQueue")
-    assert set(cluster_queues) == {"shared"}
-    shared = quotas(cluster_queues["shared"])
-    assert {flavor: amounts["nvidia.com/gpu"] for flavor, amounts in shared.items()} == EXPECTED_GPUS[stack]
+    teams = {team["name"] for team in stack_values(stack).get("ml-cluster:kueue", {}).get("teams", [])}
+    assert set(cluster_queues) == {"shared", *teams}  # one queue each for the stack's teams (staging has two)
+    # the pools' GPUs are shared out: the teams' guaranteed quotas, the shared queue the rest
+    total: dict[str, int] = {}
+    for queue in cluster_queues.values():
+        for flavor, amounts in quotas(queue).items():
+            total[flavor] = total.get(flavor, 0) + int(amounts["nvidia.com/gpu"])
+    assert {flavor: str(gpus) for flavor, gpus in total.items()} == EXPECTED_GPUS[stack]
     assert cluster_queues["shared"]["spec"]["cohortName"] == "gpus"
     assert cluster_queues["shared"]["spec"]["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": "training"}}

@@ -23,9 +23,12 @@ def test_buckets_images_and_policies_follow_the_callers_account(stack: str, tmp_
     identity = json.loads((fixtures / "caller_identity.json").read_text())
     (fixtures / "caller_identity.json").write_text(json.dumps({**identity, "accountId": OTHER_ACCOUNT}))
     plan = plan_stack(stack, fixtures=Fixtures(fixtures))
-    # Only what the user wrote may still name the file's account: access-entry principals (their own roles).
-    written = {entry["principalArn"] for entry in
-               (stack_values(stack).get("ml-cluster:cluster") or {}).get("accessEntries", [])}
+    # Only what the user wrote may still name the file's account: access-entry principals and tenant teams'
+    # members (their own roles).
+    values = stack_values(stack)
+    written = {entry["principalArn"] for entry in (values.get("ml-cluster:cluster") or {}).get("accessEntries", [])}
+    written |= {member["principalArn"] for team in (values.get("ml-cluster:kueue") or {}).get("teams", [])
+                for member in team.get("members", []) if "principalArn" in member}
     text = json.dumps(plan)
     for arn in written:
         text = text.replace(arn, "")

@@ -142,7 +142,8 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
          "env": [*_GPU_ENV, {"name": "HOME", "value": "/tmp"}],
          "securityContext": {**_PRIVILEGED, "runAsUser": 10001, "runAsGroup": 10001},
          "resources": _resources("100m", "512Mi", str(plan.gpus_per_node + 1), f"{4 * plan.gpus_per_node + 4}Gi"),
-         "volumeMounts": [results_mount, tmp_mount]},
+         # NCCL's shared-memory segments: a container's default 64 MiB /dev/shm fails an all-reduce across 8 GPUs
+         "volumeMounts": [results_mount, tmp_mount, {"name": "shm", "mountPath": "/dev/shm"}]},
     ]
     expected = ["--expect-gpus", str(plan.gpus_per_node)]
     if plan.efa_interfaces:
@@ -186,6 +187,7 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
                     "volumes": [
                         {"name": "results", "emptyDir": {"sizeLimit": "64Mi"}},
                         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
                         {"name": "api-token", "projected": {"sources": [
                             {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_SECONDS}},
                             {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},

@@ -40,6 +40,8 @@ def test_prod_checks_every_gpu_pool_and_only_gpu_pools(stack_plan) -> None:  # t
     assert report[-4:] == ["--expect-gpus", "8", "--expect-efa", "32"]
     assert _container(a100, "report")["command"][-2:] == ["--expect-gpus", "8"]
     assert "--nproc-per-node=8 -m workloads.health.gpucheck" in _container(h100, "gpu")["command"][2]
+    assert {"name": "shm", "mountPath": "/dev/shm"} in _container(h100, "gpu")["volumeMounts"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in h100["volumes"]
     assert "dcgmi diag -r 2 -j" in _container(h100, "dcgm")["command"][2]
     assert _container(h100, "dcgm")["image"] == "nvcr.io/nvidia/cloud-native/dcgm:4.5.2-1-ubuntu22.04"
     assert _container(h100, "gpu")["image"] == "111122223333.dkr.ecr.us-east-1.amazonaws.com/mlc-prod-train:0.1.0"

@@ -11,7 +11,7 @@ import pulumi_aws as aws
 from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
 from infra.config import ConfigError, StackConfig
 from infra.config.deploy import public_access_cidrs
-from infra.config.names import JOBS_NAMESPACE, stack_prefix
+from infra.config.names import JOBS_NAMESPACE, PACK_SERVICE_ACCOUNT, stack_prefix
 from infra.config.stackcheck import (
     check_stack,
     job_bucket_names,
@@ -28,6 +28,7 @@ from infra.nodes.burnin import GpuBurnIn, GpuBurnInArgs, burnin_manifests, gpu_h
 from infra.nodes.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.nodes.nodepools import NodePools, NodePoolsArgs
 from infra.nodes.poolplan import plan_node_pools, pool_facts
+from infra.packing import DatasetPacker, DatasetPackerArgs, pack_bucket_keys
 from infra.queueing import Queueing, QueueingArgs, check_queueing, kueue_facts, queue_manifests, stack_job_queues
 from infra.registry import ImageRegistry, ImageRegistryArgs, repository_name, repository_url
 from infra.storage import Storage, StorageArgs, job_storage_facts
@@ -63,6 +64,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     # label only the burn-in sets (infra/nodes/burnin.py).
     gated = cfg.gpu.health.gated(cfg.protected) and any(plan.is_gpu for plan in pool_plans)
     gate_labels = dict([gpu_health_selector(cfg.label_prefix)]) if gated else {}
+    bucket_names = job_bucket_names(cfg, ctx.stack, account_id)
+    pack_keys = pack_bucket_keys(cfg)
     job_facts = ClusterFacts(stack=ctx.stack, label_prefix=cfg.label_prefix, pools=pool_facts(pool_plans),
                              gpu_health_gate=gated,
                              namespace=JOBS_NAMESPACE, region=cfg.region,
@@ -70,8 +73,10 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                              object_store_secret=storage_facts.object_store_secret,
                              object_store_buckets=job_object_store_buckets(cfg, ctx.stack),
                              volume_claims=storage_facts.volume_claims, image_repository=image_repository,
-                             buckets=job_bucket_names(cfg, ctx.stack, account_id), **kueue_facts(cfg.kueue),
-                             teams=team_facts(cfg.kueue) if cfg.kueue.enabled else None)
+                             buckets=bucket_names, **kueue_facts(cfg.kueue),
+                             teams=team_facts(cfg.kueue) if cfg.kueue.enabled else None,
+                             pack_service_account=PACK_SERVICE_ACCOUNT if pack_keys else None,
+                             pack_buckets=tuple(sorted(bucket_names[key] for key in pack_keys)))
     team_namespaces = {team.name: team.namespace for team in cfg.kueue.tenant_teams if team.namespace is not None}
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
@@ -195,7 +200,6 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     # --- teams: a namespace, quota, service account and bucket role of their own (before their LocalQueues) ---
     team_needs: dict[str, list[pulumi.Resource]] = {}
     if cfg.kueue.enabled and cfg.kueue.tenant_teams:
-        bucket_names = job_bucket_names(cfg, ctx.stack, account_id)
         teams = Teams(f"{ctx.prefix}-teams", TeamsArgs(
             ctx=ctx, cluster=cluster,
             manifests=team_manifests(cfg.kueue, pool_plans, ctx.stack, cfg.label_prefix, job_facts.job_service_account,
@@ -220,6 +224,13 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                                             gate_labels)),
             depends_on=(*node_groups, namespace.namespace, *(needs[0] for needs in team_needs.values()))))
         local_queues = queueing.local_queues
+
+    # --- dataset packs (submit pack): their own account, writing only the packInto buckets ---
+    if pack_keys:
+        packer = DatasetPacker(ctx, DatasetPackerArgs(
+            cluster=cluster, namespace=JOBS_NAMESPACE, namespace_resource=namespace.namespace,
+            bucket_arns=dict(storage.bucket_arns), writable=pack_keys))
+        outputs["packRoleArn"] = packer.role_arn
 
     # --- training jobs ---
     # The Jobs were checked against claim names derived from config; they must be the claims Storage made.

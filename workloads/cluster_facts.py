@@ -88,6 +88,10 @@ class ClusterFacts:
     # Tenant teams by name: a spec with `team:` renders in its team's namespace, through its LocalQueue, mounting
     # only its claims. None: facts that predate teams (a spec with `team:` is refused, never run in `namespace`).
     teams: dict[str, TeamFacts] | None = None
+    # Dataset packs (`submit pack`) on AWS S3: the service account whose role reads the stack's buckets and writes
+    # the packInto ones, and those buckets' physical names. None: no such account (packs run as the Jobs' account).
+    pack_service_account: str | None = None
+    pack_buckets: tuple[str, ...] = ()
 
     def in_object_store(self, bucket: str) -> bool:
         """Whether a Job reaches physical bucket `bucket` through the S3-compatible store (else AWS S3)."""

@@ -29,6 +29,7 @@ CONFIG = "ml-cluster:"
 STACK_PATH = "stack"
 JOBS_NAMESPACE = "training"  # the Jobs' namespace (infra.stack.JOBS_NAMESPACE, ClusterFacts.namespace)
 JOBS_SERVICE_ACCOUNT = "training"  # ClusterFacts.job_service_account
+PACK_SERVICE_ACCOUNT = "packer"  # ClusterFacts.pack_service_account: dataset packs (infra/packing.py)
 COS_JOB_SECRET = "cos-credentials"  # infra.storage.COS_JOB_SECRET
 AUTONAME_SUFFIX = 8  # Pulumi auto-naming appends "-" and 7 random hex characters to the logical name
 PLACEHOLDER_ACCOUNT = "000000000000"  # account ids are always 12 digits: right for every length rule
@@ -123,6 +124,8 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
             role(f"{prefix}-gpu-autoscaler-role", f"{CONFIG}gpu.autoscaler")
         if storage.buckets:
             role(f"{prefix}-jobs-role", f"{CONFIG}storage.buckets")
+        if any(bucket.pack_into for bucket in storage.buckets):
+            role(f"{prefix}-pack-role", f"{CONFIG}storage.buckets")
         for index, pool in enumerate(cfg.node_pools):
             if pool.instance_types:
                 add("eks", "node group", "", f"{prefix}-nodepools-{pool.name}-ng-xxxxxxx",
@@ -143,6 +146,8 @@ def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
     ns = JOBS_NAMESPACE
     add("kubernetes", "Namespace", "", ns, STACK_PATH)
     add("kubernetes", "ServiceAccount", ns, JOBS_SERVICE_ACCOUNT, STACK_PATH)
+    if eks and any(bucket.pack_into for bucket in storage.buckets):
+        add("kubernetes", "ServiceAccount", ns, PACK_SERVICE_ACCOUNT, f"{CONFIG}storage.buckets")
     metrics_namespace = cfg.monitoring.namespace if cfg.monitoring.enabled else None
     for policy in namespace_network_policies(ns, {}, metrics_namespace=metrics_namespace, metrics_ports=(1,),
                                              egress=cfg.job_egress.rules(cfg.platform)):

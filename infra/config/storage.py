@@ -131,6 +131,11 @@ class BucketConfig(_BucketCommon):
         default=None, pattern=_KMS_KEY_ARN,
         description="with encryption aws:kms: the key; default: the AWS-managed aws/s3 key",
     )
+    pack_into: bool = Field(
+        default=False,
+        description=("dataset packs (`submit pack`) may write here: their own service account and role read every "
+                     "stack bucket and write only these (training Jobs never write datasets)"),
+    )
 
     @model_validator(mode="after")
     def _kms(self) -> BucketConfig:

@@ -150,3 +150,25 @@ def test_watch_shows_images_per_second_and_slices_done() -> None:
     figures = progress(with_fields(now, slices=slices_done(slices)), before)
     line = progress_line("pack-x", "Running", figures)
     assert line == "pack-x  Running  3/4 slices done (failed: 2)  50 images/s  packed 3/10 shards of the running slices"
+
+
+def test_packs_into_s3_run_as_the_packer_account_and_only_into_packinto_buckets() -> None:
+    _, facts = kueue_dev()
+    assert all(job["spec"]["template"]["spec"]["serviceAccountName"] == "training"
+               for job in render_pack_job(spec(), facts))  # facts without a packer: the Jobs' account, as before
+    packer = replace(facts, pack_service_account="packer", pack_buckets=("mlc-dev-datasets-210987654321",))
+    assert all(job["spec"]["template"]["spec"]["serviceAccountName"] == "packer"
+               for job in render_pack_job(spec(), packer))
+    with pytest.raises(JobSpecError) as refused:
+        render_pack_job(spec(dest="s3://mlc-dev-checkpoints-210987654321/imagenet"), packer)
+    assert refused.value.path == "dest" and "packInto: true" in str(refused.value)
+
+
+def test_the_dev_stack_facts_name_the_packer_and_its_bucket(stack_plan: Any) -> None:
+    facts = stack_plan("dev")["outputs"]["jobFacts"]
+    assert facts["pack_service_account"] == "packer"
+    assert list(facts["pack_buckets"]) == [facts["buckets"]["datasets"]]
+    policy = next(json.loads(r["inputs"]["policy"]) for r in stack_plan("dev")["resources"]
+                  if r["name"] == "mlc-dev-pack-bucket-access")
+    writes = next(s for s in policy["Statement"] if s["Sid"] == "WritePackedDatasets")
+    assert writes["Resource"] == [f"arn:aws:s3:::{facts['buckets']['datasets']}/*"]

@@ -15,9 +15,10 @@ so the publish step's error names every shard still missing.
 Placement: CPU pools only. Kueue gives the pods the `cpu` flavor: a GPU flavor carries the nvidia.com/gpu
 NoSchedule taint as a nodeTaint, and Kueue skips a flavor whose taints the pod does not tolerate
 (kubernetes-sigs/kueue v0.19.2 pkg/scheduler/flavorassigner/flavorassigner.go:1238-1245); the required node
-affinity `<prefix>/gpu-type DoesNotExist` keeps them off GPU nodes without Kueue too. Credentials: the Jobs'
-service account (EKS Pod Identity; it must be able to read SRC and write DEST: a bucket the stack's Jobs write to),
-or the object store's HMAC Secret and endpoint when the buckets are there.
+affinity `<prefix>/gpu-type DoesNotExist` keeps them off GPU nodes without Kueue too. Credentials: on AWS S3 the
+packs' own service account (EKS Pod Identity; its role reads every stack bucket and writes only those marked
+`packInto`, infra/packing.py), or the Jobs' account where the stack has none; the object store's HMAC Secret and
+endpoint when the buckets are there.
 """
 
 from __future__ import annotations
@@ -66,6 +67,18 @@ def _bucket(uri: str) -> str:
     return uri.removeprefix("s3://").split("/", 1)[0]
 
 
+def pack_service_account(spec: PackJobSpec, facts: ClusterFacts) -> str:
+    """The packs' own account (its role writes only the stack's packInto buckets) for a pack into AWS S3 where the
+    stack has one; otherwise the Jobs' account (COS: the HMAC Secret is the credential)."""
+    if facts.pack_service_account is None or facts.in_object_store(_bucket(spec.dest)):
+        return facts.job_service_account
+    if _bucket(spec.dest) not in facts.pack_buckets:
+        raise JobSpecError("dest", f"{_bucket(spec.dest)} is not a bucket packs may write on stack {facts.stack} "
+                                   f"(those with packInto: true in storage.buckets: "
+                                   f"{', '.join(facts.pack_buckets)})")
+    return facts.pack_service_account
+
+
 def check_pack_spec(spec: PackJobSpec, facts: ClusterFacts) -> int:
     """Raise JobSpecError naming the field; returns the shard size in bytes."""
     if not _NAME.match(spec.name):
@@ -91,6 +104,7 @@ def check_pack_spec(spec: PackJobSpec, facts: ClusterFacts) -> int:
         raise JobSpecError("slices", f"stack {facts.stack} has no CPU pool to pack on")
     if facts.local_queues is not None and spec.queue is not None and spec.queue not in facts.local_queues:
         raise JobSpecError("queue", f"{spec.queue} is not a LocalQueue of stack {facts.stack}")
+    pack_service_account(spec, facts)
     return shard_bytes
 
 
@@ -187,7 +201,7 @@ def _job(spec: PackJobSpec, facts: ClusterFacts, name: str, queue: str | None, *
                 "metadata": {"labels": labels},
                 "spec": {
                     "restartPolicy": "Never",
-                    "serviceAccountName": facts.job_service_account,
+                    "serviceAccountName": pack_service_account(spec, facts),
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     # SIGTERM: the packer removes its temporaries and stops; complete shards stay, with records.

@@ -44,6 +44,7 @@ def test_a_lost_node_restarts_the_whole_gang_which_trains_every_sample_once(tmp_
     assert outcome.counted_failures == 0
 
 
+@pytest.mark.slow  # about 50 s: it waits out the elastic wait, then a restart on one node
 def test_an_elastic_gang_continues_on_fewer_nodes_and_trains_every_sample_once(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "data")
     job = rendered_gang_job(rank_restarts=0, elastic=True)

@@ -252,3 +252,48 @@ def test_the_peer_benchmark_gives_every_contender_the_sequences_pack_tokens_cuts
     dataset = open_dataset(tmp_path / "out")
     got = dataset.__getitems__(list(range(len(dataset))))["tokens"].numpy()
     np.testing.assert_array_equal(got, expected.astype(np.int32))
+
+
+def test_tokens_from_arrow_files_beside_npy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pa = pytest.importorskip("pyarrow")
+    ipc = pytest.importorskip("pyarrow.ipc")
+    src = tmp_path / "corpus"
+    src.mkdir()
+    np.save(src / "a.npy", np.arange(0, 5, dtype=np.int32))
+    rows = [[10, 11, 12], None, [], [13, 14, 15, 16, 17]]  # a null row is a document of no ids
+    table = pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32())), "text": ["x", "y", "z", "w"]})
+    with ipc.new_file(str(src / "b.arrow"), table.schema) as writer:  # the IPC file format
+        writer.write_table(table)
+    stream_rows = [[20, 21], [22, 23, 24]]
+    streamed = pa.table({"input_ids": pa.array(stream_rows, type=pa.large_list(pa.uint16()))})
+    with ipc.new_stream(str(src / "c.arrow"), streamed.schema) as writer:  # the stream format (HF datasets' cache)
+        writer.write_table(streamed)
+    with ipc.new_file(str(src / "floats.arrow"), pa.schema([("input_ids", pa.list_(pa.float32()))])) as writer:
+        writer.write_table(pa.table({"input_ids": pa.array([[1.0]], type=pa.list_(pa.float32()))}))
+    with ipc.new_file(str(src / "other.arrow"), pa.schema([("ids", pa.list_(pa.int64()))])) as writer:
+        writer.write_table(pa.table({"ids": pa.array([[1, 2]], type=pa.list_(pa.int64()))}))
+    with ipc.new_file(str(src / "wide.arrow"), pa.schema([("input_ids", pa.list_(pa.int64()))])) as writer:
+        writer.write_table(pa.table({"input_ids": pa.array([[1], [70_000]], type=pa.list_(pa.int64()))}))
+    (src / "garbage.arrow").write_bytes(b"ARROW1 not really")
+    out = tmp_path / "out"
+    code, stdout, err = cli(["pack-tokens", str(src), str(out), "--seq-len", "3", "--eos", "9", "--no-progress"],
+                            capsys)
+    assert (code, err) == (0, "")
+    # sorted paths (a.npy, b.arrow, c.arrow, ...), an Arrow file's rows in order, each document then eos 9
+    documents = [list(range(5)), *[row or [] for row in rows], *stream_rows, [1]]  # wide.arrow#0 fits, #1 not
+    stream = np.concatenate([np.asarray(doc + [9], dtype=np.int64) for doc in documents])
+    expected = stream[: len(stream) // 3 * 3].reshape(-1, 3)
+    assert stdout.endswith(f"; {len(stream)} tokens of {len(documents)} documents, dropped tail {len(stream) % 3}\n")
+    dataset = open_dataset(out)
+    got = dataset.__getitems__(list(range(len(dataset))))["tokens"].numpy()
+    assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected.tolist()))
+    reasons = {item["path"]: item["reason"] for item in json.loads((out / "pack-report.json").read_text())["skipped"]}
+    assert reasons["floats.arrow"] == "column 'input_ids' is list<item: float>, expected a list of integer token ids " \
+                                      "per row"
+    assert reasons["other.arrow"] == "no column 'input_ids' (columns: ids); name it with --arrow-column"
+    assert reasons["wide.arrow#1"] == "token ids 70000..70000 do not fit uint16"
+    assert reasons["garbage.arrow"].startswith("not a readable Arrow IPC file")
+    code, stdout, err = cli(["pack-tokens", str(src), str(tmp_path / "named"), "--seq-len", "2", "--arrow-column",
+                             "ids", "--no-shuffle", "--no-progress"], capsys)
+    assert code == 0 and "other.arrow" not in {
+        item["path"] for item in json.loads((tmp_path / "named" / "pack-report.json").read_text())["skipped"]}

@@ -157,13 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with an s3:// TABLE: objects fetched at once")
     captions.add_argument("--workers", type=_int_upto(256), default=cpus, help="image decoding processes")
 
-    tokens = commands.add_parser("pack-tokens", help="pre-tokenized .npy arrays -> fixed-length token sequences")
-    tokens.add_argument("src", type=Path, help="a folder of .npy files, each one document's 1-D token ids")
+    tokens = commands.add_parser("pack-tokens",
+                                 help="pre-tokenized .npy or Arrow arrays -> fixed-length token sequences")
+    tokens.add_argument("src", type=Path, help=("a folder of .npy files (each one document's 1-D token ids) and/or "
+                                                ".arrow files (Arrow IPC, a document per row)"))
     tokens.add_argument("out", type=Path)
     tokens.add_argument("--seq-len", type=_int_upto(1 << 24), required=True, help="tokens per sequence")
     tokens.add_argument("--dtype", choices=list(TOKEN_DTYPES), default="uint16",
                         help="stored dtype of the ids (uint16 holds vocabularies up to 65536)")
     tokens.add_argument("--eos", type=int, default=None, help="token id appended after each document")
+    tokens.add_argument("--arrow-column", default="input_ids",
+                        help=".arrow files: the list-of-integers column holding each row's token ids")
     for sub in (captions, tokens):
         sub.add_argument("--shard-size", type=_size(KIB, 64 * GIB), default=1 << 30, help="e.g. 1GiB")
         sub.add_argument("--strict", action="store_true", help="fail on the first unusable input")
@@ -265,7 +269,8 @@ def _pack_records(args: argparse.Namespace, progress: bool) -> int:
                                 force=args.force, progress=progress,
                                 shuffle_seed=None if args.no_shuffle else args.shuffle_seed)
     if args.command == "pack-tokens":
-        result = pack_tokens(args.src, args.out, options, seq_len=args.seq_len, dtype=args.dtype, eos=args.eos)
+        result = pack_tokens(args.src, args.out, options, seq_len=args.seq_len, dtype=args.dtype, eos=args.eos,
+                             arrow_column=args.arrow_column)
         extra = (f"; {result.report['stream_tokens']} tokens of {result.report['documents']} documents, "
                  f"dropped tail {result.report['dropped_tail_tokens']}")
     else:

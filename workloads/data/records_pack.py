@@ -65,6 +65,10 @@ from workloads.data.verify import sha256_file
 
 CAPTIONS_MAX_BYTES = 4 << 30  # a caption table larger than this is read in slices by a source, not here
 TOKEN_SUFFIX = ".npy"
+# Arrow IPC files (file or stream format, as Hugging Face datasets caches them): a list-of-integers column, one
+# document per row.
+ARROW_SUFFIX = ".arrow"
+ARROW_COLUMN = "input_ids"
 
 
 @dataclass(frozen=True)
@@ -478,14 +482,49 @@ def pack_captions(table: str | Path, out: Path, options: RecordPackOptions, int_
 
 # -- pre-tokenized corpora ---------------------------------------------------------------------------------------
 
-def _token_documents(source: Path, dtype: np.dtype[Any]) -> tuple[list[tuple[str, np.ndarray]],
-                                                                   list[dict[str, str]]]:
-    """Every .npy file below SOURCE in sorted relative-path order, memory-mapped: (name, 1-D ids), and the files
-    left out with why (not 1-D integers, ids outside the dtype, unreadable)."""
+def _arrow_documents(path: Path, name: str, column: str) -> list[tuple[str, np.ndarray]]:
+    """The rows of an Arrow IPC file's list-of-integers `column`, memory-mapped: (name#row, 1-D ids). Raises
+    ValueError (the reason) for a file that is not one; a null row is a document of no ids."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise DataToolError(str(path), "reading Arrow needs pyarrow (pip install pyarrow), or give .npy files") \
+            from None
+    try:
+        source = pa.memory_map(str(path))  # the arrays below keep it open; nothing is read until they are used
+        try:
+            table = pa.ipc.open_file(source).read_all()
+        except pa.ArrowInvalid:
+            source.seek(0)
+            table = pa.ipc.open_stream(source).read_all()
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"not a readable Arrow IPC file: {exc}") from None
+    if column not in table.column_names:
+        raise ValueError(f"no column {column!r} (columns: {', '.join(table.column_names) or 'none'}); "
+                         "name it with --arrow-column")
+    values = table.column(column).combine_chunks()
+    kind = values.type
+    if not ((pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)):
+        raise ValueError(f"column {column!r} is {kind}, expected a list of integer token ids per row")
+    if values.values.null_count:  # a null inside a row's list has no id to give
+        raise ValueError(f"column {column!r} has null ids inside rows")
+    ids = values.values.to_numpy()  # the child array, zero-copy from the map; offsets index into it as they are
+    offsets = values.offsets.to_numpy()
+    valid = values.is_valid().to_numpy(zero_copy_only=False)
+    return [(f"{name}#{row}", ids[offsets[row]:offsets[row + 1]] if valid[row] else ids[:0])
+            for row in range(len(values))]
+
+
+def _token_documents(source: Path, dtype: np.dtype[Any], arrow_column: str = ARROW_COLUMN,
+                     ) -> tuple[list[tuple[str, np.ndarray]], list[dict[str, str]]]:
+    """Every .npy file (one document) and .arrow file (a document per row of `arrow_column`) below SOURCE, in
+    sorted relative-path order and an Arrow file's rows in order, memory-mapped: (name, 1-D ids); and the files or
+    rows left out with why (not 1-D integers, ids outside the dtype, unreadable)."""
     if not source.is_dir():
         raise DataToolError(str(source), "not a readable directory")
-    names = sorted(path.relative_to(source).as_posix() for path in source.rglob(f"*{TOKEN_SUFFIX}")
-                   if not any(part.startswith(".") for part in path.relative_to(source).parts))
+    names = sorted(path.relative_to(source).as_posix() for path in source.rglob("*")
+                   if path.suffix in (TOKEN_SUFFIX, ARROW_SUFFIX)
+                   and not any(part.startswith(".") for part in path.relative_to(source).parts))
     documents: list[tuple[str, np.ndarray]] = []
     bad: list[dict[str, str]] = []
     info = np.iinfo(dtype)
@@ -495,26 +534,34 @@ def _token_documents(source: Path, dtype: np.dtype[Any]) -> tuple[list[tuple[str
             if not stat.S_ISREG(os.stat(path).st_mode):
                 bad.append({"path": name, "reason": "not a regular file"})
                 continue
-            ids = np.load(path, mmap_mode="r", allow_pickle=False)
+            if path.suffix == ARROW_SUFFIX:
+                found = _arrow_documents(path, name, arrow_column)
+            else:
+                found = [(name, np.load(path, mmap_mode="r", allow_pickle=False))]
         except (OSError, ValueError, EOFError) as exc:
-            bad.append({"path": name, "reason": f"not a readable .npy array: {exc}"})
+            reason = str(exc) if path.suffix == ARROW_SUFFIX else f"not a readable .npy array: {exc}"
+            bad.append({"path": name, "reason": reason})
             continue
-        if ids.dtype.kind not in "iu" or ids.ndim != 1:
-            bad.append({"path": name, "reason": f"{ids.dtype} array of shape {list(ids.shape)}, expected 1-D "
-                                                "integer token ids"})
-            continue
-        if ids.size and (int(ids.min()) < info.min or int(ids.max()) > info.max):
-            bad.append({"path": name, "reason": f"token ids {int(ids.min())}..{int(ids.max())} do not fit {dtype}"})
-            continue
-        documents.append((name, ids))
+        for document, ids in found:
+            if ids.dtype.kind not in "iu" or ids.ndim != 1:
+                bad.append({"path": document, "reason": f"{ids.dtype} array of shape {list(ids.shape)}, expected "
+                                                        "1-D integer token ids"})
+            elif ids.size and (int(ids.min()) < info.min or int(ids.max()) > info.max):
+                bad.append({"path": document,
+                            "reason": f"token ids {int(ids.min())}..{int(ids.max())} do not fit {dtype}"})
+            else:
+                documents.append((document, ids))
     return documents, bad
 
 
 def pack_tokens(source: Path, out: Path, options: RecordPackOptions, *, seq_len: int, dtype: str = "uint16",
-                eos: int | None = None) -> RecordPackResult:
-    """Pre-tokenized documents (SOURCE/**/*.npy, 1-D integer ids) as fixed-length sequences in field "tokens".
+                eos: int | None = None, arrow_column: str = ARROW_COLUMN) -> RecordPackResult:
+    """Pre-tokenized documents as fixed-length sequences in field "tokens": SOURCE/**/*.npy (1-D integer ids, one
+    document each) and SOURCE/**/*.arrow (Arrow IPC, a document per row of the list-of-integers `arrow_column`,
+    e.g. a Hugging Face datasets cache file's input_ids).
 
-    The packing rule: documents in sorted relative-path order, each followed by `eos` when given, are concatenated
+    The packing rule: documents in sorted relative-path order (an Arrow file's rows in row order), each followed by
+    `eos` when given, are concatenated
     into one stream, which is cut into consecutive sequences of exactly `seq_len` ids (a sequence may span
     documents; none overlaps another). The stream's tail of fewer than seq_len ids is dropped and its length is in
     the pack report (`dropped_tail_tokens`). The sequences are then stored in a seeded permutation (shuffle_seed)."""
@@ -522,7 +569,7 @@ def pack_tokens(source: Path, out: Path, options: RecordPackOptions, *, seq_len:
     target = spec.numpy_dtype
     if eos is not None and not np.iinfo(target).min <= eos <= np.iinfo(target).max:
         raise DataToolError("--eos", f"{eos} does not fit {target}")
-    documents, bad = _token_documents(source, target)
+    documents, bad = _token_documents(source, target, arrow_column)
     if options.strict and bad:
         raise DataToolError(str(source / bad[0]["path"]), bad[0]["reason"])
     pieces = [ids for _, ids in documents]

@@ -1,4 +1,5 @@
-# ml-cluster: `make plan` renders the dev stack offline; `make test` runs the whole offline suite.
+# ml-cluster: `make plan` renders the dev stack offline; `make test` runs the offline suite but its long cases
+# (`make test-slow` runs those).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

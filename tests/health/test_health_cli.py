@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,19 @@ def test_a_linked_or_oversized_result_is_refused(api: FakeNodes, tmp_path: Path)
     results = _results(tmp_path, "dcgm-r2-pass-p5.json")
     (results / "gpu.json").unlink()
     (results / "gpu.json").symlink_to("/etc/hostname")
+    assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
+    assert api.nodes[NODE]["metadata"]["labels"]["ml-cluster.io/gpu-health"] == "failed"
+
+
+def test_a_fifo_or_deeply_nested_result_fails_the_node_without_blocking(api: FakeNodes, tmp_path: Path) -> None:
+    results = _results(tmp_path, "dcgm-r2-pass-p5.json")
+    (results / "gpu.json").unlink()
+    os.mkfifo(results / "gpu.json")  # no writer: an open that waited for one would hang the burn-in
+    assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
+    reason = api.nodes[NODE]["metadata"]["annotations"]["ml-cluster.io/gpu-health-reason"]
+    assert "gpu.json: is a FIFO, not a regular file" in reason
+    (results / "gpu.json").unlink()
+    (results / "gpu.json").write_text("[" * 100_000)
     assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
     assert api.nodes[NODE]["metadata"]["labels"]["ml-cluster.io/gpu-health"] == "failed"
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads.cli import ArgumentParser
+from workloads.data.statefile import parse_json_object, read_regular
 from workloads.health.dcgm import MAX_DIAG_BYTES, parse_diag
 from workloads.health.efa import efa_check
 from workloads.health.kube import InCluster, KubeError, record
@@ -50,18 +51,15 @@ def _node_name(text: str) -> str:
 
 
 def read_result(path: Path, cap: int = MAX_RESULT_BYTES) -> str | None:
-    """A result file's text, or None when there is none. Links are not followed; oversized files are refused."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot open ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(cap + 1)
-    if len(data) > cap:
-        raise ValueError(f"{path}: larger than {cap} bytes")
-    return data.decode("utf-8", "replace")
+    """A result file's text, or None when there is none. Only a regular file is read (a link is not followed, a
+    FIFO never blocks); oversized files are refused (StateFileError, a ValueError naming the file)."""
+    data, _ = read_regular(path, cap)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def _json_result(path: Path) -> dict[str, Any] | None:
+    data, _ = read_regular(path, MAX_RESULT_BYTES)
+    return None if data is None else parse_json_object(data, path)
 
 
 def _exit_code(results: Path, name: str) -> int | None:
@@ -75,15 +73,15 @@ def gather(results: Path, expected_gpus: int, expected_efa: int) -> tuple[Eviden
     dcgm_text = read_result(results / "dcgm.json", MAX_DIAG_BYTES)
     gpu = efa = None
     try:
-        gpu_text = read_result(results / "gpu.json")
-        gpu = read_gpu_check(json.loads(gpu_text)) if gpu_text is not None else None
-    except (ValueError, json.JSONDecodeError) as exc:
+        gpu_document = _json_result(results / "gpu.json")
+        gpu = read_gpu_check(gpu_document) if gpu_document is not None else None
+    except ValueError as exc:
         problems.append(f"gpu: unreadable result: {exc}")
     if expected_efa:
         try:
-            efa_text = read_result(results / "efa.json")
-            efa = read_efa_check(json.loads(efa_text)) if efa_text is not None else None
-        except (ValueError, json.JSONDecodeError) as exc:
+            efa_document = _json_result(results / "efa.json")
+            efa = read_efa_check(efa_document) if efa_document is not None else None
+        except ValueError as exc:
             problems.append(f"efa: unreadable result: {exc}")
     evidence = Evidence(expected_gpus=expected_gpus, expected_efa=expected_efa,
                         dcgm=parse_diag(dcgm_text) if dcgm_text is not None else None,

@@ -42,6 +42,7 @@ import yaml
 
 from workloads.cli import ArgumentParser
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
+from workloads.data.statefile import StateFileError, read_regular
 from workloads.incidents import Incident, TrainerRun, incident_line, incidents, trainer_run
 from workloads.jobspec import (
     CONFIG_ERROR_EXIT_CODE,
@@ -355,12 +356,18 @@ class TimedApi:
 MAX_NESTING = 64  # a job spec or facts file nests a handful of levels; deeper is hostile or broken input
 
 
+MAX_INPUT_BYTES = 16 << 20  # a job spec or facts file is kilobytes; a FIFO or /dev/zero must not hang or fill memory
+
+
 def _read_text(path: str) -> str:
-    """The file as UTF-8 text, or a UsageError (unreadable, binary, NUL bytes)."""
+    """The file as UTF-8 text, or a UsageError (missing, not a regular file, too large, binary, NUL bytes).
+    A link the user names is followed; a FIFO or a device is refused without blocking."""
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise UsageError(path, f"cannot read: {exc.strerror or exc}") from None
+        raw, _ = read_regular(path, MAX_INPUT_BYTES, follow=True)
+    except StateFileError as exc:
+        raise UsageError(path, exc.why) from None
+    if raw is None:
+        raise UsageError(path, "cannot read: No such file or directory")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

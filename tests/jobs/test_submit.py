@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,16 @@ def test_unreadable_facts_file_is_an_error_not_a_traceback(tmp_path: Path,
     facts.write_text('{"stack": "dev", "label_prefix": "x", "pools": [], "colour": "red"}')
     assert main(["render", "workloads/jobs/efs-pvc.yaml", "--facts", str(facts)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {facts}: cluster facts: ")
+
+
+def test_a_fifo_or_device_as_spec_or_facts_is_one_line_without_blocking(tmp_path: Path, facts_file: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)  # no writer: reading it as a file would wait forever
+    assert main(["render", str(fifo), "--facts", str(facts_file)]) == 2
+    assert capsys.readouterr().err == f"error: {fifo}: is a FIFO, not a regular file\n"
+    assert main(["render", "workloads/jobs/efs-pvc.yaml", "--facts", "/dev/zero"]) == 2
+    assert capsys.readouterr().err == "error: /dev/zero: is a character device, not a regular file\n"
 
 
 def test_spec_that_does_not_fit_the_cluster_names_file_and_field(facts_file: Path,

@@ -82,7 +82,7 @@ def trainer_run(pod: str, log: str) -> TrainerRun | None:
             continue
         try:
             event = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # a pod prints anything, nested arrays too
             continue
         if not isinstance(event, dict):
             continue

@@ -115,6 +115,7 @@ def test_without_trainer_events_failures_apart_by_more_than_the_gap_are_separate
     "plain text\nTraceback (most recent call last):\n",
     '["event", "batch"]\n{"event": "batch", "step": "seven"}\n{not json\n',
     '{"event": "batch", "step": ' + "1" * 70000 + "}\n",  # longer than any event: not parsed
+    '{"event": ' + "[" * 5000 + "]" * 5000 + "}\n",  # nested past the JSON decoder's recursion limit
 ])
 def test_logs_without_trainer_events_give_no_run(log: str) -> None:
     assert trainer_run("p", log) is None

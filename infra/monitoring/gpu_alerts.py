@@ -68,6 +68,15 @@ def missing_gpus(label_prefix: str) -> str:
     return " or ".join(clauses)
 
 
+def _per_gpu(name: str, signal: str, comparison: str, for_minutes: int, severity: str, action: str, summary: str,
+             detail: str, runbook: str | None = None) -> AlertRule:
+    """A rule over one GPU's series: the description names the GPU, the `action` label says what to do with the
+    node, and the runbook is that action's unless given."""
+    return AlertRule(name=name, signal=signal, comparison=comparison, for_minutes=for_minutes, severity=severity,
+                     summary=summary, description="{{ $labels.Hostname }} GPU {{ $labels.gpu }}: " + detail,
+                     labels={"action": action}, runbook=RUNBOOK[action] if runbook is None else runbook)
+
+
 def gpu_health_rules(thresholds: AlertThresholds, label_prefix: str = "ml-cluster.io") -> list[AlertRule]:
     latch = thresholds.xid_latch_minutes
     rules = [
@@ -88,92 +97,35 @@ def gpu_health_rules(thresholds: AlertThresholds, label_prefix: str = "ml-cluste
     ]
     app_codes = "|".join(str(code) for code in codes("ignore"))
     rules += [
-        AlertRule(
-            name="GpuXidUnknown",
-            signal=unknown_xid(latch),
-            comparison="> 0",
-            for_minutes=FOR_MINUTES["drain"],
-            severity="warning",
-            summary="A GPU raised an XID the table does not know",
-            description="{{ $labels.Hostname }} GPU {{ $labels.gpu }}: XID {{ $value }}. Look it up in NVIDIA's "
-                        "catalogue, add it to infra/monitoring/xid.py; until then treat the node as suspect.",
-            labels={"action": "drain"},
-            runbook=RUNBOOK["drain"],
-        ),
-        AlertRule(
-            name="GpuApplicationXidsFrequent",
-            signal=f'max by ({GPU_LABELS}, xid) (DCGM_EXP_XID_ERRORS_COUNT{{xid=~"{app_codes}"}})',
-            comparison=f"> {thresholds.app_xids_per_window}",
-            for_minutes=5,
-            severity="warning",
-            summary="A GPU keeps raising application-class XIDs",
-            description="{{ $labels.Hostname }} GPU {{ $labels.gpu }}: {{ $value }} XID {{ $labels.xid }} in the "
-                        "exporter's window. One is the application's fault; a steady stream on one GPU while "
-                        "others run the same code points at the node.",
-            labels={"action": "drain"},
-            runbook=RUNBOOK["ignore"],
-        ),
-        AlertRule(
-            name="GpuRowRemapFailure",
-            signal=f"max by ({GPU_LABELS}) (DCGM_FI_DEV_ROW_REMAP_FAILURE)",
-            comparison="> 0",
-            for_minutes=1,
-            severity="critical",
-            summary="GPU memory row remapping failed (no spare rows left)",
-            description="{{ $labels.Hostname }} GPU {{ $labels.gpu }}: row remap failed; the GPU cannot isolate "
-                        "further memory errors.",
-            labels={"action": "replace"},
-            runbook=RUNBOOK["replace"],
-        ),
-        AlertRule(
-            name="GpuUncorrectableRowsRemapped",
-            signal=f"max by ({GPU_LABELS}) (increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS[1h]))",
-            comparison="> 0",
-            for_minutes=1,
-            severity="warning",
-            summary="GPU memory rows were remapped after uncorrectable errors",
-            description="{{ $labels.Hostname }} GPU {{ $labels.gpu }}: {{ $value }} rows remapped in the last hour; "
-                        "the remap takes effect at the next GPU reset.",
-            labels={"action": "reset"},
-            runbook=RUNBOOK["reset"],
-        ),
-        AlertRule(
-            name="GpuRetiredPagesPending",
-            signal=f"max by ({GPU_LABELS}) (DCGM_FI_DEV_RETIRED_PENDING)",
-            comparison="> 0",
-            for_minutes=5,
-            severity="warning",
-            summary="GPU memory pages wait for retirement",
-            description="{{ $labels.Hostname }} GPU {{ $labels.gpu }}: {{ $value }} pages are retired at the next "
-                        "GPU reset.",
-            labels={"action": "reset"},
-            runbook=RUNBOOK["reset"],
-        ),
-        AlertRule(
-            name="GpuPagesRetiredDoubleBit",
-            signal=f"max by ({GPU_LABELS}) (increase(DCGM_FI_DEV_RETIRED_DBE[1h]))",
-            comparison="> 0",
-            for_minutes=1,
-            severity="critical",
-            summary="GPU memory pages retired after double-bit errors",
-            description="{{ $labels.Hostname }} GPU {{ $labels.gpu }}: {{ $value }} pages retired for double-bit "
-                        "errors in the last hour.",
-            labels={"action": "drain"},
-            runbook=RUNBOOK["drain"],
-        ),
-        AlertRule(
-            name="GpuNvlinkErrors",
-            signal=(f"max by ({GPU_LABELS}) (increase(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL[10m])"
-                    " + increase(DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL[10m]))"),
-            comparison="> 0",
-            for_minutes=5,
-            severity="warning",
-            summary="NVLink recovery or data CRC errors",
-            description="{{ $labels.Hostname }} GPU {{ $labels.gpu }}: {{ $value }} NVLink recovery/CRC errors in "
-                        "10 minutes; all-reduce over NVLink slows or fails.",
-            labels={"action": "drain"},
-            runbook=RUNBOOK["drain"],
-        ),
+        _per_gpu("GpuXidUnknown", unknown_xid(latch), "> 0", FOR_MINUTES["drain"], "warning", "drain",
+                 "A GPU raised an XID the table does not know",
+                 "XID {{ $value }}. Look it up in NVIDIA's catalogue, add it to infra/monitoring/xid.py; until then "
+                 "treat the node as suspect."),
+        _per_gpu("GpuApplicationXidsFrequent",
+                 f'max by ({GPU_LABELS}, xid) (DCGM_EXP_XID_ERRORS_COUNT{{xid=~"{app_codes}"}})',
+                 f"> {thresholds.app_xids_per_window}", 5, "warning", "drain",
+                 "A GPU keeps raising application-class XIDs",
+                 "{{ $value }} XID {{ $labels.xid }} in the exporter's window. One is the application's fault; a "
+                 "steady stream on one GPU while others run the same code points at the node.",
+                 runbook=RUNBOOK["ignore"]),
+        _per_gpu("GpuRowRemapFailure", f"max by ({GPU_LABELS}) (DCGM_FI_DEV_ROW_REMAP_FAILURE)", "> 0", 1,
+                 "critical", "replace", "GPU memory row remapping failed (no spare rows left)",
+                 "row remap failed; the GPU cannot isolate further memory errors."),
+        _per_gpu("GpuUncorrectableRowsRemapped",
+                 f"max by ({GPU_LABELS}) (increase(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS[1h]))", "> 0", 1,
+                 "warning", "reset", "GPU memory rows were remapped after uncorrectable errors",
+                 "{{ $value }} rows remapped in the last hour; the remap takes effect at the next GPU reset."),
+        _per_gpu("GpuRetiredPagesPending", f"max by ({GPU_LABELS}) (DCGM_FI_DEV_RETIRED_PENDING)", "> 0", 5,
+                 "warning", "reset", "GPU memory pages wait for retirement",
+                 "{{ $value }} pages are retired at the next GPU reset."),
+        _per_gpu("GpuPagesRetiredDoubleBit", f"max by ({GPU_LABELS}) (increase(DCGM_FI_DEV_RETIRED_DBE[1h]))",
+                 "> 0", 1, "critical", "drain", "GPU memory pages retired after double-bit errors",
+                 "{{ $value }} pages retired for double-bit errors in the last hour."),
+        _per_gpu("GpuNvlinkErrors",
+                 (f"max by ({GPU_LABELS}) (increase(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL[10m])"
+                  " + increase(DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL[10m]))"),
+                 "> 0", 5, "warning", "drain", "NVLink recovery or data CRC errors",
+                 "{{ $value }} NVLink recovery/CRC errors in 10 minutes; all-reduce over NVLink slows or fails."),
         AlertRule(
             name="GpuMissingFromAllocatable",
             signal=missing_gpus(label_prefix),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 import workloads.health.__main__ as cli
 from tests.health.apiserver import FakeNodes
 from workloads.health.efa import efa_check, efa_interfaces, provider_listed
-from workloads.health.kube import InCluster
+from workloads.health.kube import InCluster, KubeError
 
 DATA = Path(__file__).parent / "data"
 NODE = "ip-10-0-7-21.ec2.internal"
@@ -127,6 +129,31 @@ def test_bad_arguments_and_api_errors_are_one_line(api: FakeNodes, tmp_path: Pat
     assert cli.main(["plan", "--node", "gone", "--label-prefix", "p", "--results", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: gone: GET /api/v1/nodes/gone: HTTP 404") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe{", b"not json", b"[" * 100_000])
+def test_an_answer_that_is_not_json_is_a_kube_error(tmp_path: Path, body: bytes) -> None:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    (tmp_path / "token").write_text("t\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = InCluster(host=f"http://127.0.0.1:{server.server_address[1]}", account=tmp_path)
+        with pytest.raises(KubeError, match=f"^GET /api/v1/nodes/{NODE}: answer is not JSON"):
+            client.get_node(NODE)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_efa_counts_efa_devices_from_sysfs_links(tmp_path: Path) -> None:

@@ -56,7 +56,10 @@ class InCluster:
             raise KubeError(None, f"{method} {path}: {exc}") from None
         if len(data) > MAX_NODE_BYTES:
             raise KubeError(None, f"{method} {path}: answer larger than {MAX_NODE_BYTES} bytes")
-        document = json.loads(data)
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the decoder's limit
+            raise KubeError(None, f"{method} {path}: answer is not JSON ({type(exc).__name__})") from None
         if not isinstance(document, dict):
             raise KubeError(None, f"{method} {path}: answer is not an object")
         return document

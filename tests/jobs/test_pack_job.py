@@ -109,6 +109,7 @@ def test_cos_buckets_get_the_endpoint_and_the_hmac_secret() -> None:
 @pytest.mark.parametrize(("fields", "path"), [
     ({"name": "Bad_Name"}, "name"), ({"source": "raw/x"}, "source"), ({"slices": 0}, "slices"),
     ({"shard_size": "12 parsecs"}, "shardSize"),
+    ({"shard_size": "1GiB", "memory": "1GiB0"}, "memory"),  # a bad memory whose text contains the shard size
 ])
 def test_bad_pack_specs_name_the_field(fields: dict[str, Any], path: str) -> None:
     with pytest.raises(JobSpecError) as caught:

@@ -23,6 +23,7 @@ endpoint when the buckets are there.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
@@ -97,9 +98,12 @@ def check_pack_spec(spec: PackJobSpec, facts: ClusterFacts) -> int:
         raise JobSpecError("cpu", f"{spec.cpu_millicores}m: 500m..256")
     try:
         shard_bytes = parse_size(spec.shard_size, 1 << 10, 64 << 30)
+    except argparse.ArgumentTypeError as exc:
+        raise JobSpecError("shardSize", str(exc)) from None
+    try:
         parse_size(spec.memory, 1 << 30, 4 << 40)
-    except Exception as exc:  # argparse's error type: the message names the value
-        raise JobSpecError("shardSize" if spec.shard_size in str(exc) else "memory", str(exc)) from None
+    except argparse.ArgumentTypeError as exc:
+        raise JobSpecError("memory", str(exc)) from None
     if not any(pool.gpu_type is None for pool in facts.pools):
         raise JobSpecError("slices", f"stack {facts.stack} has no CPU pool to pack on")
     if facts.local_queues is not None and spec.queue is not None and spec.queue not in facts.local_queues:

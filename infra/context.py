@@ -26,6 +26,12 @@ class StackContext:
         return f"{self.prefix}-{capability}-{thing}"
 
 
+def stack_labels(stack: str, label_prefix: str) -> dict[str, str]:
+    """The labels every Kubernetes object this stack creates carries: whose it is and which stack's."""
+    return {"app.kubernetes.io/part-of": "ml-cluster", "app.kubernetes.io/managed-by": "pulumi",
+            f"{label_prefix}/stack": stack}
+
+
 @dataclass(frozen=True)
 class SubnetRef:
     id: pulumi.Input[str]

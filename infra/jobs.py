@@ -30,7 +30,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.schema import ConfigError
 from infra.config.stackcheck import JobBucketAccess
-from infra.context import ClusterInfo, StackContext
+from infra.context import ClusterInfo, StackContext, stack_labels
 from infra.iam import pod_identity_trust_policy
 from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec import (
@@ -74,9 +74,7 @@ def namespace_manifest(name: str, stack: str, label_prefix: str) -> Manifest:
         "metadata": {
             "name": name,
             "labels": {
-                "app.kubernetes.io/part-of": "ml-cluster",
-                "app.kubernetes.io/managed-by": "pulumi",
-                f"{label_prefix}/stack": stack,
+                **stack_labels(stack, label_prefix),
                 "pod-security.kubernetes.io/enforce": "restricted",
                 "pod-security.kubernetes.io/enforce-version": "latest",
             },
@@ -91,12 +89,7 @@ def service_account_manifest(name: str, namespace: str, stack: str, label_prefix
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {
-                "app.kubernetes.io/component": "training",
-                "app.kubernetes.io/part-of": "ml-cluster",
-                "app.kubernetes.io/managed-by": "pulumi",
-                f"{label_prefix}/stack": stack,
-            },
+            "labels": {"app.kubernetes.io/component": "training", **stack_labels(stack, label_prefix)},
         },
     }
 

@@ -34,7 +34,7 @@ from infra.config.queueing import (
     TeamDataConfig,
     TeamVolumeConfig,
 )
-from infra.context import ClusterInfo, StackContext
+from infra.context import ClusterInfo, StackContext, stack_labels
 from infra.iam import pod_identity_trust_policy
 from infra.jobs import namespace_manifest, service_account_manifest
 from infra.nodes.poolplan import PoolPlan
@@ -62,8 +62,7 @@ def team_namespace_manifest(team: TeamConfig, stack: str, label_prefix: str) -> 
 
 
 def _labels(team: TeamConfig, stack: str, label_prefix: str) -> dict[str, str]:
-    return {"app.kubernetes.io/part-of": "ml-cluster", "app.kubernetes.io/managed-by": "pulumi",
-            f"{label_prefix}/stack": stack, team_label(label_prefix): team.name}
+    return {**stack_labels(stack, label_prefix), team_label(label_prefix): team.name}
 
 
 def resource_quota_manifest(team: TeamConfig, ceiling: Amounts, stack: str, label_prefix: str) -> Manifest:

@@ -37,7 +37,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config.nodepools import BURN_IN_NAME, GpuHealthConfig
-from infra.context import ClusterInfo, StackContext
+from infra.context import ClusterInfo, StackContext, stack_labels
 from infra.nodes.poolplan import PoolPlan
 from workloads.health.verdict import HEALTH_LABEL, PASSED
 
@@ -51,8 +51,7 @@ Manifest = dict[str, Any]
 
 def _labels(stack: str, label_prefix: str, instance: str | None = None) -> dict[str, str]:
     labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": "gpu-health",
-              "app.kubernetes.io/part-of": "ml-cluster", "app.kubernetes.io/managed-by": "pulumi",
-              f"{label_prefix}/stack": stack}
+              **stack_labels(stack, label_prefix)}
     if instance is not None:
         labels["app.kubernetes.io/instance"] = instance
     return labels

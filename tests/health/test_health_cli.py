@@ -173,6 +173,17 @@ def test_efa_counts_efa_devices_from_sysfs_links(tmp_path: Path) -> None:
         "error": f"{tmp_path / 'no-fi_info'} not found (EFA installer missing from the image)"}
 
 
+def test_efa_writes_its_result_whole_and_a_missing_results_directory_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["efa", "--results", str(tmp_path)]) == 0
+    assert set(json.loads((tmp_path / "efa.json").read_text())) == {"interfaces", "provider_ok", "error"}
+    assert [path.name for path in tmp_path.iterdir()] == ["efa.json"]  # no temporary file left beside it
+    missing = tmp_path / "missing"
+    assert cli.main(["efa", "--results", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {missing}: cannot write efa.json") and err.count("\n") == 1
+
+
 def test_the_memory_pattern_catches_a_flipped_bit() -> None:
     torch = pytest.importorskip("torch")
     from workloads.health.gpucheck import pattern_mismatches

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads.cli import ArgumentParser
-from workloads.data.statefile import parse_json_object, read_regular
+from workloads.data.statefile import StateFileError, atomic_write_in, parse_json_object, read_regular
 from workloads.health.dcgm import MAX_DIAG_BYTES, parse_diag
 from workloads.health.efa import efa_check
 from workloads.health.kube import InCluster, KubeError, record
@@ -90,15 +89,6 @@ def gather(results: Path, expected_gpus: int, expected_efa: int) -> tuple[Eviden
     return evidence, problems
 
 
-def _write_json(path: Path, document: dict[str, Any]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w") as handle:
-        json.dump(document, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
 def _hold() -> int:
     """Stay until the pod is stopped (SIGTERM): the DaemonSet's pod is the record that this node was checked."""
     stop = threading.Event()
@@ -125,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "efa":
         if (args.results / SKIP).exists():
             return 0
-        _write_json(args.results / "efa.json", efa_check())
+        try:
+            atomic_write_in(args.results, "efa.json", json.dumps(efa_check(), sort_keys=True).encode(),
+                            create_dir=False)
+        except (StateFileError, OSError) as exc:
+            print(f"error: {args.results}: cannot write efa.json ({exc})", file=sys.stderr)
+            return 1
         return 0
     try:
         client = InCluster()

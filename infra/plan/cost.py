@@ -543,9 +543,9 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
     pools = pools_of(plan)
     for pool in pools:
         counts = "/".join(map(str, pool.sizes))
+        rate = price(by_key[pool_query(region, pool).key])
         if pool.capacity_type == "CAPACITY_BLOCK":
             # Paid up front for every reserved instance and hour, whatever runs: the same at every size.
-            rate = price(by_key[pool_query(region, pool).key])
             report.lines.append(CostLine(
                 item=f"node pool {pool.name}",
                 detail=f"{pool.instance_type} Capacity Block {pool.reservation_id}: {pool.reserved} reserved for "
@@ -554,7 +554,6 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
                 unit_price=rate, unit="hour", hourly=(rate * pool.reserved,) * 3))
             continue
         spot = pool.capacity_type == "SPOT"
-        rate = price(by_key[pool_query(region, pool).key])
         report.lines.append(CostLine(
             item=f"node pool {pool.name}",
             detail=f"{pool.instance_type} {'spot' if spot else 'on-demand'} x {counts}",

@@ -20,13 +20,13 @@ class MetricsParseError(ValueError):
 
 def parse_metrics(text: str) -> dict[str, float]:
     """{sample name: value} of one page, label sets summed (every series here is per process; the GPU ones per
-    device, which a progress line does not split)."""
+    device, which a progress line does not split); NaN and infinite samples are left out."""
     values: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name.endswith("_bucket"):
-                    continue
+                if sample.name.endswith("_bucket") or not math.isfinite(sample.value):
+                    continue  # a NaN or infinite sample is no progress figure (and no int to print)
                 values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
     except ValueError as exc:
         raise MetricsParseError(f"not Prometheus text exposition: {exc}") from None

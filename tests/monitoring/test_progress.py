@@ -67,6 +67,13 @@ def test_a_page_that_is_not_metrics_is_refused() -> None:
         parse_metrics("<html>502 Bad Gateway</html>\n{")
 
 
+def test_nan_and_infinite_samples_are_left_out_of_the_figures() -> None:
+    page = "ml_pack_images_total 5\nml_pack_shards_done +Inf\nml_pack_shards NaN\nml_train_epochs +Inf\n"
+    assert parse_metrics(page) == {"ml_pack_images_total": 5.0}
+    assert progress_line("pack-x", "Running", progress(snapshot([parse_metrics(page)], at=1.0))) == \
+        "pack-x  Running  packed 0/0 shards of the running slices"
+
+
 def test_progress_line() -> None:
     figures = progress(snapshot([parse_metrics(_page(_trainer(0, 5)))], at=1030.0))
     line = progress_line(JOB, "Running", figures)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads.cli import ArgumentParser
+from workloads.data.statefile import atomic_write_in
 
 BLOCK_BYTES = 256 * 2**20
 MATRIX = 1024
@@ -89,12 +90,7 @@ def compute_check(device: Any) -> tuple[bool, str | None, Any]:
 
 def _write(out: Path, summary: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    temporary = out / ".gpu.json.tmp"
-    with open(temporary, "w") as handle:
-        json.dump(summary, handle, sort_keys=True, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, out / "gpu.json")
+    atomic_write_in(out, "gpu.json", json.dumps(summary, sort_keys=True, indent=1).encode(), create_dir=False)
 
 
 def main(argv: list[str] | None = None) -> int:

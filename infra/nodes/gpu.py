@@ -16,7 +16,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, GpuConfig
+from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, GpuConfig, HelmChartConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy
 from infra.nodes.dcgm_metrics import metrics_csv
@@ -239,32 +239,32 @@ class GpuPlumbing(pulumi.ComponentResource):
             )
 
         if cfg.device_plugin.enabled and any(plan.needs_device_plugin_daemonset for plan in args.pools):
-            self.releases["nvidia-device-plugin"] = self._release(
-                ctx.name("gpu", "device-plugin"),
+            self._release(
+                ctx,
+                "device-plugin",
                 "nvidia-device-plugin",
                 DEVICE_PLUGIN_REPO,
-                cfg.device_plugin.chart_version,
-                cfg.device_plugin.namespace,
+                cfg.device_plugin,
                 device_plugin_values(args.pools),
                 k8s_opts.merge(pulumi.ResourceOptions(depends_on=patches)),
             )
         if cfg.dcgm_exporter.enabled and any(plan.is_gpu for plan in args.pools):
-            self.releases["dcgm-exporter"] = self._release(
-                ctx.name("gpu", "dcgm-exporter"),
+            self._release(
+                ctx,
+                "dcgm-exporter",
                 "dcgm-exporter",
                 DCGM_EXPORTER_REPO,
-                cfg.dcgm_exporter.chart_version,
-                cfg.dcgm_exporter.namespace,
+                cfg.dcgm_exporter,
                 dcgm_exporter_values(cfg.dcgm_exporter, args.pools, ctx.label_prefix),
                 k8s_opts,
             )
         if cfg.efa_device_plugin.enabled and any(plan.efa_interfaces for plan in args.pools):
-            self.releases["aws-efa-k8s-device-plugin"] = self._release(
-                ctx.name("gpu", "efa-device-plugin"),
+            self._release(
+                ctx,
+                "efa-device-plugin",
                 "aws-efa-k8s-device-plugin",
                 EFA_DEVICE_PLUGIN_REPO,
-                cfg.efa_device_plugin.chart_version,
-                cfg.efa_device_plugin.namespace,
+                cfg.efa_device_plugin,
                 efa_device_plugin_values(args.pools, ctx.label_prefix),
                 k8s_opts,
             )
@@ -288,20 +288,21 @@ class GpuPlumbing(pulumi.ComponentResource):
 
     def _release(
         self,
-        logical: str,
+        ctx: StackContext,
+        thing: str,
         chart: str,
         repo: str,
-        version: str,
-        namespace: str,
+        cfg: HelmChartConfig,
         values: Any,
         opts: pulumi.ResourceOptions,
-    ) -> k8s.helm.v3.Release:
-        return k8s.helm.v3.Release(
-            logical,
+    ) -> None:
+        """The chart's Helm release, named after the chart and kept in `releases` under that name."""
+        self.releases[chart] = k8s.helm.v3.Release(
+            ctx.name("gpu", thing),
             name=chart,
             chart=chart,
-            version=version,
-            namespace=namespace,
+            version=cfg.chart_version,
+            namespace=cfg.namespace,
             repository_opts={"repo": repo},
             values=values,
             opts=opts,
@@ -332,12 +333,12 @@ class GpuPlumbing(pulumi.ComponentResource):
             tags=ctx.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(cluster.eks_dependencies)),
         )
-        self.releases["cluster-autoscaler"] = self._release(
-            ctx.name("gpu", "cluster-autoscaler"),
+        self._release(
+            ctx,
+            "cluster-autoscaler",
             "cluster-autoscaler",
             AUTOSCALER_REPO,
-            cfg.chart_version,
-            cfg.namespace,
+            cfg,
             autoscaler_values(cfg, args.cluster_name, ctx.region, args.kubernetes_version),
             k8s_opts.merge(pulumi.ResourceOptions(depends_on=[policy, association])),
         )

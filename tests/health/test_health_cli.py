@@ -68,6 +68,17 @@ def test_report_labels_a_healthy_node_passed(api: FakeNodes, tmp_path: Path,
     assert (results / "skip").exists()
 
 
+def test_plan_replaces_a_planted_skip_link_instead_of_writing_through_it(api: FakeNodes, tmp_path: Path) -> None:
+    results = _results(tmp_path, "dcgm-r2-pass-p5.json")
+    assert cli.main(["report", *ARGS, "--results", str(results), "--expect-gpus", "8", "--no-hold"]) == 0
+    outside = tmp_path / "outside"
+    outside.write_text("keep\n")
+    (results / "skip").symlink_to(outside)
+    assert cli.main(["plan", *ARGS, "--results", str(results)]) == 0
+    assert outside.read_text() == "keep\n"
+    assert not (results / "skip").is_symlink() and (results / "skip").read_text() == "the node already passed\n"
+
+
 def test_report_fails_and_cordons_a_node_with_faulty_memory(api: FakeNodes, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     results = _results(tmp_path, "dcgm-r2-fail-memory.json")

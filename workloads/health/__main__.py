@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             node = client.get_node(args.node)
             if not should_run(node, args.label_prefix):
-                (args.results / SKIP).write_text("the node already passed\n")
+                atomic_write_in(args.results, SKIP, b"the node already passed\n", create_dir=False)
                 print(f"{args.node}: already passed; the checks are skipped")
                 return 0
             record(client, args.node, lambda node: hold_patch(node, args.label_prefix))

@@ -62,7 +62,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
                         if has_registry and account_id and cfg.region else None)
     # The burn-in's gate: GPU Jobs, Kueue's GPU flavors and the autoscaler's model of a new GPU node all carry the
     # label only the burn-in sets (infra/nodes/burnin.py).
-    gated = cfg.gpu.health.gated(cfg.protected) and any(plan.is_gpu for plan in pool_plans)
+    has_gpus = any(plan.is_gpu for plan in pool_plans)
+    gated = cfg.gpu.health.gated(cfg.protected) and has_gpus
     gate_labels = dict([gpu_health_selector(cfg.label_prefix)]) if gated else {}
     bucket_names = job_bucket_names(cfg, ctx.stack, account_id)
     pack_keys = pack_bucket_keys(cfg)
@@ -188,13 +189,13 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
 
     # --- GPU burn-in: every new GPU node is checked and labelled before the gate lets a Job onto it ---
     health = cfg.gpu.health
-    if health.runs(cfg.protected) and any(plan.is_gpu for plan in pool_plans):
+    if health.runs(cfg.protected) and has_gpus:
         image = health.image or f"{image_repository}:{health.image_tag}"
         burn_in = GpuBurnIn(f"{ctx.prefix}-gpu-health", GpuBurnInArgs(
             ctx=ctx, cluster=cluster,
             manifests=tuple(burnin_manifests(health, pool_plans, image, ctx.stack, cfg.label_prefix)),
             depends_on=tuple(node_groups)))
-        outputs["gpuHealth"] = {"namespace": health.namespace, "gate": health.gated(cfg.protected),
+        outputs["gpuHealth"] = {"namespace": health.namespace, "gate": gated,
                                 "daemonSets": [d.metadata.name for d in burn_in.daemonsets]}
 
     # --- teams: a namespace, quota, service account and bucket role of their own (before their LocalQueues) ---

@@ -28,6 +28,7 @@ from typing import Any
 
 from workloads.cli import ArgumentParser
 from workloads.data.statefile import atomic_write_in
+from workloads.train.allreduce import bus_bandwidth
 
 BLOCK_BYTES = 256 * 2**20
 MATRIX = 1024
@@ -178,7 +179,7 @@ def _allreduce(local_rank: int, world: int, timeout: int) -> dict[str, Any]:
         seconds = time.perf_counter() - started
         if not bool((tensor == expected).all()):
             return {"ok": False, "error": f"all_reduce sum is not {expected:g} on rank {rank}"}
-        busbw = ALLREDUCE_BYTES / seconds * 2 * (world - 1) / world / 1e9 if world > 1 else 0.0
+        _, busbw = bus_bandwidth(ALLREDUCE_BYTES, seconds, world)  # nccl-tests' definition; 0 for one rank
         return {"ok": True, "error": None, "busbw_gbps": round(busbw, 2)}
     except RuntimeError as exc:
         return {"ok": False, "error": " ".join(str(exc).split())[:300]}

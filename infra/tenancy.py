@@ -275,6 +275,7 @@ class Teams(pulumi.ComponentResource):
             self.namespaces[team] = ns
             after_ns = in_cluster.merge(pulumi.ResourceOptions(depends_on=[ns]))
             account: pulumi.Resource | None = None
+            account_name = ""
             for manifest in objects:
                 kind, object_name = manifest["kind"], manifest["metadata"]["name"]
                 resource_name = ctx.name("team", f"{team}-{kind.lower()}-{object_name}")
@@ -289,6 +290,7 @@ class Teams(pulumi.ComponentResource):
                                            opts=after_ns)
                 elif kind == "ServiceAccount":
                     account = k8s.core.v1.ServiceAccount(resource_name, metadata=manifest["metadata"], opts=after_ns)
+                    account_name = object_name
                 elif kind == "RoleBinding":
                     k8s.rbac.v1.RoleBinding(resource_name, metadata=manifest["metadata"],
                                             role_ref=manifest["roleRef"], subjects=manifest["subjects"], opts=after_ns)
@@ -308,7 +310,7 @@ class Teams(pulumi.ComponentResource):
                                    opts=child)
                 association = aws.eks.PodIdentityAssociation(
                     ctx.name("team", f"{team}-pod-identity"), cluster_name=cluster.name,
-                    namespace=namespace["metadata"]["name"], service_account=manifest_name(objects, "ServiceAccount"),
+                    namespace=namespace["metadata"]["name"], service_account=account_name,
                     role_arn=role.arn, tags={**ctx.tags, TEAM_ROLE_TAG: team},
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[account]))
                 self.role_arns[team] = role.arn
@@ -361,7 +363,3 @@ class Teams(pulumi.ComponentResource):
                 access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="namespace",
                                                                             namespaces=list(namespaces)),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[access]))
-
-
-def manifest_name(manifests: Sequence[Manifest], kind: str) -> str:
-    return str(next(m["metadata"]["name"] for m in manifests if m["kind"] == kind))

@@ -170,11 +170,6 @@ def hold_patch(node: Mapping[str, Any], label_prefix: str) -> list[dict[str, Any
             {"op": "add", "path": "/metadata/annotations", "value": annotations}]
 
 
-def _pointer(key: str) -> str:
-    """A JSON-pointer token (RFC 6901): `ml-cluster.io/gpu-health` -> `ml-cluster.io~1gpu-health`."""
-    return key.replace("~", "~0").replace("/", "~1")
-
-
 def reason_text(verdict: Verdict) -> str:
     shown = list(verdict.reasons[:MAX_REASONS])
     if len(verdict.reasons) > MAX_REASONS:

@@ -30,7 +30,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from workloads.cli import parse_size
+from workloads.cli import GIB, parse_size
 from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec.render import KUEUE_QUEUE_LABEL, queue_annotation
 from workloads.jobspec.spec import CONFIG_ERROR_EXIT_CODE, RUN_AS_UID, STAGE_METRICS_PORT, TMP_DIR, JobSpecError
@@ -42,7 +42,6 @@ PACK_CONTAINER = "pack"
 PACK_METRICS_PORT = STAGE_METRICS_PORT
 SCRATCH_DIR = "/scratch"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
-_GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ def render_pack_job(spec: PackJobSpec, facts: ClusterFacts) -> list[dict[str, An
     name = pack_job_name(spec)
     queue = spec.queue if spec.queue is not None else (facts.local_queue if facts.kueue else None)
     # Scratch holds the shard being written and the two being uploaded (ShardStream's in_flight), plus 1 GiB.
-    scratch = 3 * shard_bytes + _GIB
+    scratch = 3 * shard_bytes + GIB
     memory = parse_size(spec.memory, 1 << 30, 4 << 40)
     pack_args = [spec.source, spec.dest, "--layout", spec.layout, "--size", str(spec.image_size),
                  "--shard-size", f"{shard_bytes}B", "--no-progress"]
@@ -154,7 +153,7 @@ def render_pack_job(spec: PackJobSpec, facts: ClusterFacts) -> list[dict[str, An
     publish = _job(spec, facts, f"{name}-publish", queue, component="pack-publish",
                    command=["python", "-m", "workloads.data", "pack", *pack_args, "--publish", "--wait",
                             str(spec.publish_wait_seconds), "--scratch", SCRATCH_DIR],
-                   cpu=1000, memory=max(2 * _GIB, memory // 4), scratch=_GIB, env=env, env_from=env_from)
+                   cpu=1000, memory=max(2 * GIB, memory // 4), scratch=GIB, env=env, env_from=env_from)
     publish["spec"].update({"backoffLimit": 3, "activeDeadlineSeconds": spec.publish_wait_seconds + 3600})
     publish["spec"]["podFailurePolicy"]["rules"].insert(0, {
         "action": "FailJob",
@@ -169,7 +168,7 @@ def _job(spec: PackJobSpec, facts: ClusterFacts, name: str, queue: str | None, *
     labels = {"app.kubernetes.io/name": "ml-cluster-pack", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "ml-cluster",
               "app.kubernetes.io/managed-by": "ml-cluster-submit", f"{prefix}/stack": facts.stack}
-    resources = {"cpu": f"{cpu}m", "memory": format_bytes(memory), "ephemeral-storage": format_bytes(scratch + _GIB)}
+    resources = {"cpu": f"{cpu}m", "memory": format_bytes(memory), "ephemeral-storage": format_bytes(scratch + GIB)}
     container: dict[str, Any] = {
         "name": PACK_CONTAINER,
         "image": spec.image,

@@ -16,11 +16,29 @@ from workloads.metrics_http import MetricsServer
 STAGE_METRICS_PORT_ENV = "STAGE_METRICS_PORT"
 
 
-class StageMetrics:
+class _ServedMetrics:
+    """A tool's metrics in a registry of their own, served on /metrics."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._endpoint = MetricsServer(self.registry)
+
+    def serve(self, port: int, addr: str) -> int:
+        """Serve /metrics on addr:port (0: a free port); returns the port."""
+        try:
+            return self._endpoint.serve(port, addr)
+        except OSError as exc:
+            raise DataToolError("--metrics-port", f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from exc
+
+    def close(self) -> None:
+        self._endpoint.close()
+
+
+class StageMetrics(_ServedMetrics):
     """The stager's metrics in a registry of their own (no process-global state)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        super().__init__(registry)
         r = self.registry
         self.bytes = Counter("ml_stage_bytes", "Shard bytes downloaded (every ranged GET that completed)", registry=r)
         self.retries = Counter("ml_stage_retries", "Requests retried after throttling or a dropped connection",
@@ -40,7 +58,6 @@ class StageMetrics:
         self.window_capacity = Gauge("ml_stage_window_capacity_bytes", "Staging-cache budget (no budget: the "
                                      "dataset's size)", registry=r)
         self.done = Gauge("ml_stage_done", "1 once the stager has staged everything it was asked for", registry=r)
-        self._endpoint = MetricsServer(self.registry)
 
     def dataset(self, shards: int, total_bytes: int, budget_bytes: int | None) -> None:
         self.shards.set(shards)
@@ -52,25 +69,15 @@ class StageMetrics:
         self.window_used.set(held_bytes)
         self.done.set(1 if done else 0)
 
-    def serve(self, port: int, addr: str) -> int:
-        """Serve /metrics on addr:port (0: a free port); returns the port."""
-        try:
-            return self._endpoint.serve(port, addr)
-        except OSError as exc:
-            raise DataToolError("--metrics-port", f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from exc
-
-    def close(self) -> None:
-        self._endpoint.close()
-
 
 PACK_METRICS_PORT_ENV = "PACK_METRICS_PORT"
 
 
-class PackMetrics:
+class PackMetrics(_ServedMetrics):
     """A pack slice's metrics (what `submit watch` turns into images/s and shards done)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        super().__init__(registry)
         r = self.registry
         self.images = Counter("ml_pack_images", "Source files this slice has been through (usable or skipped)",
                               registry=r)
@@ -78,13 +85,3 @@ class PackMetrics:
         self.shards = Gauge("ml_pack_shards", "Planned shards this slice owns", registry=r)
         self.shards_done = Gauge("ml_pack_shards_done", "Shards of this slice in the bucket with their record",
                                  registry=r)
-        self._endpoint = MetricsServer(self.registry)
-
-    def serve(self, port: int, addr: str) -> int:
-        try:
-            return self._endpoint.serve(port, addr)
-        except OSError as exc:
-            raise DataToolError("--metrics-port", f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from exc
-
-    def close(self) -> None:
-        self._endpoint.close()

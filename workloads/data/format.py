@@ -229,7 +229,12 @@ def atomic_write_bytes(target: str | os.PathLike[str], payload: bytes) -> None:
         raise
 
 
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The manifest file's bytes (a remote copy is these same bytes, so local and remote compare by content)."""
+    return (json.dumps(manifest.model_dump(), indent=2, sort_keys=True) + "\n").encode()
+
+
 def write_manifest(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
     target = Path(directory) / MANIFEST_NAME
-    atomic_write_bytes(target, (json.dumps(manifest.model_dump(), indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(target, manifest_bytes(manifest))
     return target

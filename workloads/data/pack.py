@@ -48,6 +48,7 @@ from workloads.data.format import (
     atomic_write_bytes,
     fsync_dir,
     load_manifest,
+    manifest_bytes,
     shard_name,
     write_manifest,
 )
@@ -419,11 +420,6 @@ def _lock_output(out: Path) -> int:
     return fd
 
 
-def _manifest_bytes(manifest: Manifest) -> bytes:
-    """The manifest as format.write_manifest writes it (the remote and the local copy are these same bytes)."""
-    return (json.dumps(manifest.model_dump(), indent=2, sort_keys=True) + "\n").encode()
-
-
 def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, classes: list[str],
                  samples: Iterator[_Sample], starts: list[int], total: int, old_names: set[str],
                  stream: ShardStream | None) -> PackResult:
@@ -502,7 +498,7 @@ def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, class
             if stream is None:
                 write_manifest(out, manifest)
             else:
-                payload = _manifest_bytes(manifest)
+                payload = manifest_bytes(manifest)
                 stream.publish(payload)  # the remote dataset is now the new one
                 atomic_write_bytes(out / MANIFEST_NAME, payload)  # OUT's record of it
         except OSError as exc:

@@ -40,12 +40,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workloads.data import TOOL_VERSION
-from workloads.data.format import Manifest, ShardInfo, check_file_name, shard_name
+from workloads.data.format import Manifest, ShardInfo, check_file_name, manifest_bytes, shard_name
 from workloads.data.metrics import PackMetrics
 from workloads.data.pack import (
     REPORT_NAME,
     PackOptions,
-    _manifest_bytes,
     _where,
     _write_shard,
     ordered_listing,
@@ -373,7 +372,7 @@ def publish(client: Any, source: Path | S3Source, target: S3Uri, options: PackOp
                             image_size=options.image_size if options.layout == "decoded" else None,
                             classes=plan.classes, num_samples=first, shards=shards, skipped=len(skipped),
                             shuffle_seed=options.shuffle_seed)
-        stream.publish(_manifest_bytes(manifest))  # the one moment DEST changes datasets
+        stream.publish(manifest_bytes(manifest))  # the one moment DEST changes datasets
         report = (json.dumps({"skipped": skipped}, indent=2) + "\n").encode()
         try:
             client.put_object(Bucket=target.bucket, Key=target.key(REPORT_NAME), Body=report,

@@ -345,6 +345,13 @@ def _where(source: Path | S3Source, relpath: str = "") -> str:
     return source.where(relpath) if relpath else str(source)
 
 
+def skip_sample(source: Path | S3Source, sample: _Sample, strict: bool, skipped: list[dict[str, str]]) -> None:
+    """An unusable sample: a line of the skip report, or with --strict the error that stops the pack."""
+    if strict:
+        raise DataToolError(_where(source, sample.relpath), sample.reason)
+    skipped.append({"path": sample.relpath, "reason": sample.reason})
+
+
 def _check_classes(classes: list[str], labels: Iterator[int] | list[int], source: Path | S3Source) -> None:
     counts = [0] * len(classes)
     for label in labels:
@@ -470,9 +477,7 @@ def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, class
                     planned += 1
                 bar.update(1)
                 if sample.payload is None:
-                    if options.strict:
-                        raise DataToolError(_where(source, sample.relpath), sample.reason)
-                    skipped.append({"path": sample.relpath, "reason": sample.reason})
+                    skip_sample(source, sample, options.strict, skipped)
                     continue
                 payloads.append(sample.payload)
                 labels.append(sample.label)

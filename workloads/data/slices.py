@@ -48,6 +48,7 @@ from workloads.data.pack import (
     _where,
     _write_shard,
     ordered_listing,
+    skip_sample,
     source_samples,
 )
 from workloads.data.s3 import DataToolError, S3Uri, describe, error_code
@@ -293,9 +294,7 @@ def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: P
             metrics.images.inc()
             if sample.payload is None:
                 metrics.skipped.inc()
-                if options.strict:
-                    raise DataToolError(_where(source, sample.relpath), sample.reason)
-                skipped.append({"path": sample.relpath, "reason": sample.reason})
+                skip_sample(source, sample, options.strict, skipped)
                 continue
             payloads.append(sample.payload)
             labels.append(sample.label)

@@ -299,7 +299,7 @@ def _samples(source: Path, files: list[tuple[str, int]], options: PackOptions) -
                 future.cancel()
 
 
-def _prepare_output(out: Path, force: bool) -> set[str]:
+def prepare_output(out: Path, force: bool) -> set[str]:
     """Create OUT; refuse an existing dataset unless `force`. Returns the shard names the old manifest owns (the only
     files, besides pack's own temporaries, that a pack may ever delete)."""
     if out.exists() and not out.is_dir():
@@ -322,7 +322,7 @@ def _prepare_output(out: Path, force: bool) -> set[str]:
     return old
 
 
-def _free_name(out: Path, index: int, taken: set[str], usable: Callable[[str], bool] = lambda name: True) -> str:
+def free_name(out: Path, index: int, taken: set[str], usable: Callable[[str], bool] = lambda name: True) -> str:
     """shard-NNNNN.h5, or when that name is in use (an old dataset, a user's file; with --upload also a name the
     remote manifest uses for other bytes: `usable` says no) shard-NNNNN-rK.h5."""
     name, k = shard_name(index), 0
@@ -333,7 +333,8 @@ def _free_name(out: Path, index: int, taken: set[str], usable: Callable[[str], b
     return name
 
 
-def _os_error(where: Path, exc: OSError) -> DataToolError:
+def write_error(where: Path, exc: OSError) -> DataToolError:
+    """The one-line error for a failed write into OUT (runtime when the errno is one of s3.RUNTIME_ERRNOS)."""
     why = os.strerror(exc.errno) if exc.errno else str(exc)
     return DataToolError(str(where), f"cannot write: {why}", runtime=is_runtime_oserror(exc))
 
@@ -401,8 +402,8 @@ def pack(source: Path | S3Source, out: Path, options: PackOptions, stream: Shard
     try:
         if stream is not None:
             stream.open()  # endpoint, credentials, bucket and the current remote manifest: before OUT is touched
-        old_names = _prepare_output(out, options.force)
-        lock = _lock_output(out)
+        old_names = prepare_output(out, options.force)
+        lock = lock_output(out)
         try:
             for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
                 stale.unlink()
@@ -415,7 +416,7 @@ def pack(source: Path | S3Source, out: Path, options: PackOptions, stream: Shard
             stream.close()
 
 
-def _lock_output(out: Path) -> int:
+def lock_output(out: Path) -> int:
     """One pack at a time per OUT (flock on the directory itself, so no lock file is left behind): a second pack
     would delete the first's temporaries and mix shards."""
     fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
@@ -451,12 +452,12 @@ def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, class
         try:
             _write_shard(temp, options.layout, options.image_size, payloads, labels)
         except OSError as exc:
-            raise _os_error(temp, exc) from exc
+            raise write_error(temp, exc) from exc
         size = temp.stat().st_size
         sha, md5 = stream.hashes(temp) if stream is not None else (sha256_file(temp), "")
         # The final name is fixed now (with --upload it is the object's key): never one the old dataset, a user's
         # file or, remotely, the current manifest uses for other bytes.
-        name = _free_name(out, index, taken, (lambda n: stream.usable(n, sha, size)) if stream is not None
+        name = free_name(out, index, taken, (lambda n: stream.usable(n, sha, size)) if stream is not None
                           else (lambda n: True))
         shards.append(ShardInfo(path=name, num_samples=len(labels), first_index=first_index, bytes=size,
                                 sha256=sha))
@@ -507,13 +508,13 @@ def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, class
                 stream.publish(payload)  # the remote dataset is now the new one
                 atomic_write_bytes(out / MANIFEST_NAME, payload)  # OUT's record of it
         except OSError as exc:
-            raise _os_error(out / MANIFEST_NAME, exc) from exc
+            raise write_error(out / MANIFEST_NAME, exc) from exc
         published = []  # from here on the new dataset is the dataset
         fsync_dir(out)
         try:
             atomic_write_bytes(out / REPORT_NAME, (json.dumps({"skipped": skipped}, indent=2) + "\n").encode())
         except OSError as exc:
-            raise _os_error(out / REPORT_NAME, exc) from exc
+            raise write_error(out / REPORT_NAME, exc) from exc
     except BaseException:
         if stream is not None:
             stream.close()  # no upload reads a temporary any more, nothing more is sent

@@ -45,12 +45,12 @@ from workloads.data.pack import (
     REPORT_NAME,
     TEMP_SUFFIX,
     PackOptions,
-    _free_name,
-    _lock_output,
-    _os_error,
-    _prepare_output,
     _samples,
     decode_image,
+    free_name,
+    lock_output,
+    prepare_output,
+    write_error,
 )
 from workloads.data.records import (
     RECORDS_VERSION,
@@ -143,8 +143,8 @@ def pack_records(items: Iterable[Item], fields: Sequence[FieldSpec], out: Path, 
         fields = check_fields(fields)
     except ValueError as exc:
         raise DataToolError(source, str(exc)) from None
-    old_names = _prepare_output(out, options.force)
-    lock = _lock_output(out)
+    old_names = prepare_output(out, options.force)
+    lock = lock_output(out)
     try:
         for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):
             stale.unlink()
@@ -192,9 +192,9 @@ def _pack_locked(items: Iterable[Item], fields: list[FieldSpec], out: Path, opti
         try:
             _write_shard(temp, fields, columns)
         except OSError as exc:
-            raise _os_error(temp, exc) from exc
+            raise write_error(temp, exc) from exc
         count = len(columns[0])
-        name = _free_name(out, index, taken)
+        name = free_name(out, index, taken)
         shards.append(ShardInfo(path=name, num_samples=count, first_index=first_index, bytes=temp.stat().st_size,
                                 sha256=sha256_file(temp)))
         first_index += count
@@ -234,14 +234,14 @@ def _pack_locked(items: Iterable[Item], fields: list[FieldSpec], out: Path, opti
         try:
             write_manifest(out, manifest)
         except OSError as exc:
-            raise _os_error(out / MANIFEST_NAME, exc) from exc
+            raise write_error(out / MANIFEST_NAME, exc) from exc
         published = []
         fsync_dir(out)
         try:
             atomic_write_bytes(out / REPORT_NAME, (json.dumps({**report, "skipped": skipped}, indent=2) + "\n")
                                .encode())
         except OSError as exc:
-            raise _os_error(out / REPORT_NAME, exc) from exc
+            raise write_error(out / REPORT_NAME, exc) from exc
     except BaseException:
         for temp in temp_paths:
             temp.unlink(missing_ok=True)

@@ -624,6 +624,23 @@ def metrics_endpoints(pod: dict[str, Any]) -> list[str]:
             for port in container.get("ports") or [] if str(port.get("name", "")).startswith("metrics-")]
 
 
+MAX_METRICS_PAGE_BYTES = 4 << 20  # the trainer's and stager's pages are a few KiB; more is not theirs
+
+
+def _metrics_page(core: Any, namespace: str, endpoint: str) -> str:
+    """One endpoint's page through the pod proxy, read at most MAX_METRICS_PAGE_BYTES (the client would otherwise
+    hold whatever the pod sends); MetricsParseError when it is larger."""
+    response = core.connect_get_namespaced_pod_proxy_with_path(endpoint, namespace, "metrics",
+                                                               _preload_content=False)
+    try:
+        data = response.read(MAX_METRICS_PAGE_BYTES + 1)
+    finally:
+        response.release_conn()
+    if len(data) > MAX_METRICS_PAGE_BYTES:
+        raise MetricsParseError(f"{endpoint}: page larger than {MAX_METRICS_PAGE_BYTES} bytes")
+    return bytes(data).decode("utf-8", "replace")
+
+
 def _metrics_pages(core: Any, namespace: str, pods: list[dict[str, Any]]) -> list[dict[str, float]]:
     """The metrics of every live pod's endpoints; an endpoint that is not up (yet, or any more) is skipped."""
     from kubernetes.client.exceptions import ApiException
@@ -634,8 +651,7 @@ def _metrics_pages(core: Any, namespace: str, pods: list[dict[str, Any]]) -> lis
             continue
         for endpoint in metrics_endpoints(pod):
             try:
-                text = core.connect_get_namespaced_pod_proxy_with_path(endpoint, namespace, "metrics")
-                pages.append(parse_metrics(str(text)))
+                pages.append(parse_metrics(_metrics_page(core, namespace, endpoint)))
             except (ApiException, MetricsParseError):
                 continue
     return pages

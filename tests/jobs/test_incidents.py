@@ -146,7 +146,7 @@ class _Core:
             raise ApiException(status=404, reason="NotFound")  # the lost node took its log with it
         return self.logs[name]
 
-    def connect_get_namespaced_pod_proxy_with_path(self, *args: Any) -> str:
+    def connect_get_namespaced_pod_proxy_with_path(self, *args: Any, **kwargs: Any) -> str:
         from kubernetes.client.exceptions import ApiException
 
         raise ApiException(status=503, reason="ServiceUnavailable")

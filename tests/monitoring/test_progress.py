@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from tests.jobs.test_submit import JOB, RUNNING, FakeBatch, condition, container_status, job, pod, terminated
 from workloads.data.metrics import StageMetrics
 from workloads.progress import MetricsParseError, parse_metrics, progress, progress_line, snapshot
-from workloads.submit import _watch, metrics_endpoints
+from workloads.submit import MAX_METRICS_PAGE_BYTES, _metrics_pages, _watch, metrics_endpoints
 from workloads.train.metrics import RunShape, TrainMetrics
 
 
@@ -90,13 +90,27 @@ class FakeCore:
         pods, _ = self.polls[min(self.poll, len(self.polls) - 1)]
         return SimpleNamespace(items=pods)
 
-    def connect_get_namespaced_pod_proxy_with_path(self, name: str, namespace: str, path: str) -> str:
+    def connect_get_namespaced_pod_proxy_with_path(self, name: str, namespace: str, path: str,
+                                                   _preload_content: bool = True) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         _, pages = self.polls[min(self.poll, len(self.polls) - 1)]
         if name not in pages:
             raise ApiException(status=503, reason="Service Unavailable")
-        return pages[name]
+        return pages[name] if _preload_content else _Response(pages[name].encode())
+
+
+class _Response:
+    """What the client returns with _preload_content=False (a urllib3 response): read(amt), release_conn()."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body, self.released = body, False
+
+    def read(self, amt: int) -> bytes:
+        return self.body[:amt]
+
+    def release_conn(self) -> None:
+        self.released = True
 
 
 def _running_pod() -> dict[str, Any]:
@@ -132,3 +146,12 @@ def test_watch_prints_a_line_per_poll_until_the_run_ends(capsys: pytest.CaptureF
     assert lines[1] == f"{JOB}  Running  epoch 2/2 batch 6/10 (80%)  13 samples/s  data-wait 20%  ETA 0m10s  " \
                        "1 pod(s) running"
     assert lines[2].startswith(f"{JOB}  Succeeded")
+
+
+def test_a_metrics_page_larger_than_the_cap_is_skipped_not_held() -> None:
+    running = _running_pod()
+    stage, train = metrics_endpoints(running)
+    big = "ml_train_steps_total 1\n" + "# padding\n" * (MAX_METRICS_PAGE_BYTES // 10 + 1)
+    core = FakeCore([([running], {stage: big, train: _page(_trainer(0, 2))})])
+    pages = _metrics_pages(core, "training", [running])
+    assert len(pages) == 1 and pages[0]["ml_train_steps_total"] == 12  # the trainer's page only

@@ -51,6 +51,7 @@ from tqdm import tqdm
 
 from workloads.data.cache import Heartbeat, Plan, StagerState, cache_dir, plan_file, write_stager_state
 from workloads.data.format import (
+    MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
     PLAN_STATE,
     STAGER_STATE,
@@ -121,7 +122,11 @@ def fetch_manifest(
     where = f"s3://{source.bucket}/{source.key(MANIFEST_NAME)}"
 
     def get() -> bytes:
-        return client.get_object(Bucket=source.bucket, Key=source.key(MANIFEST_NAME))["Body"].read()
+        payload = client.get_object(Bucket=source.bucket, Key=source.key(MANIFEST_NAME))["Body"].read(
+            MANIFEST_MAX_BYTES + 1)
+        if len(payload) > MANIFEST_MAX_BYTES:
+            raise DataToolError(where, f"larger than {MANIFEST_MAX_BYTES} bytes: not a dataset manifest")
+        return bytes(payload)
 
     try:
         payload = with_retries(get, where, retry, on_retry)

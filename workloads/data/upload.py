@@ -29,7 +29,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from s3transfer.subscribers import BaseSubscriber
 from tqdm import tqdm
 
-from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo
+from workloads.data.format import MANIFEST_MAX_BYTES, MANIFEST_NAME, Manifest, ShardInfo
 from workloads.data.s3 import DataToolError, S3Uri, describe, error_code
 from workloads.data.verify import read_manifest, sha256_file
 
@@ -111,7 +111,8 @@ def _remote_sha256(client: Any, target: S3Uri, name: str, size: int | None, md5:
 
 def _remote_manifest(client: Any, target: S3Uri) -> Manifest | None:
     try:
-        payload = client.get_object(Bucket=target.bucket, Key=target.key(MANIFEST_NAME))["Body"].read()
+        payload = client.get_object(Bucket=target.bucket, Key=target.key(MANIFEST_NAME))["Body"].read(
+            MANIFEST_MAX_BYTES + 1)
         return Manifest.model_validate_json(payload)
     except Exception:  # noqa: BLE001 - absent or not a manifest: nothing known to clean up
         return None
@@ -210,7 +211,8 @@ def current_manifest(client: Any, target: S3Uri) -> Manifest | None:
     shards hold, and so the names a new pack must not overwrite, are unknown."""
     where = f"s3://{target.bucket}/{target.key(MANIFEST_NAME)}"
     try:
-        payload = client.get_object(Bucket=target.bucket, Key=target.key(MANIFEST_NAME))["Body"].read()
+        payload = client.get_object(Bucket=target.bucket, Key=target.key(MANIFEST_NAME))["Body"].read(
+            MANIFEST_MAX_BYTES + 1)
     except Exception as exc:
         if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
             return None

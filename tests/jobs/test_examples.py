@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from tests.jobs.facts import ALL_FACTS
 from tests.jobs.jobrules import check_companion, check_job
-from workloads.jobspec import load_job_file, render_job
+from workloads.jobspec import JobSpecError, load_job_file, render_job
 
 JOBS_DIR = Path(__file__).resolve().parents[2] / "workloads" / "jobs"
 TARGET_STACK = {
@@ -69,3 +70,17 @@ def test_job_file_errors_name_the_file_and_the_field(tmp_path: Path) -> None:
     broken.write_text("name: [unclosed\n")
     with pytest.raises(JobSpecError, match=r"broken\.yaml: not valid YAML"):
         load_job_file(broken)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "missing", "binary"])
+def test_a_job_file_that_is_not_one_is_one_error_without_blocking(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "job.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)  # reading it plainly would wait for a writer forever
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "binary":
+        path.write_bytes(b"name: \xff\xfe\x00")
+    with pytest.raises(JobSpecError) as error:
+        load_job_file(path)
+    assert str(error.value).startswith(f"{path}: ") and "\n" not in str(error.value)

@@ -11,7 +11,10 @@ from pydantic import (
     ValidationError,
 )
 
+from workloads.data.statefile import StateFileError, read_regular
 from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
+
+JOB_FILE_MAX_BYTES = 16 << 20  # a job file is a few KiB; anything near this is not one
 
 
 def _loc_to_path(loc: Sequence[int | str]) -> str:
@@ -55,9 +58,14 @@ def load_job_file(path: str | Path) -> list[TrainingJobSpec]:
     """
     file = Path(path)
     try:
-        document = yaml.safe_load(file.read_text())
-    except OSError as exc:
-        raise JobSpecError(str(file), f"cannot read: {exc.strerror or exc}") from None
+        content, _ = read_regular(file, JOB_FILE_MAX_BYTES, follow=True)  # never blocks on a FIFO or /dev/zero
+        if content is None:
+            raise JobSpecError(str(file), "cannot read: No such file or directory")
+        document = yaml.safe_load(content.decode("utf-8"))
+    except StateFileError as exc:
+        raise JobSpecError(str(file), exc.why) from None
+    except UnicodeDecodeError as exc:
+        raise JobSpecError(str(file), f"not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise JobSpecError(str(file), f"not valid YAML: {exc}".splitlines()[0]) from None
     if isinstance(document, dict) and set(document) == {"jobs"}:

@@ -12,7 +12,7 @@ import pytest
 
 from workloads.jobspec import TrainingJobSpec, render_job
 from workloads.jobspec.loading import load_job_file
-from workloads.train.allreduce import FLOORS_GBPS, Row, bus_bandwidth, parse_rows, verdict
+from workloads.train.allreduce import FLOOR_SOURCES, FLOORS_GBPS, Row, bus_bandwidth, floor_for, parse_rows, verdict
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,30 @@ def test_the_verdict_needs_the_floors_message_size_and_rows() -> None:
     small = [Row(2**20, 100.0, 10.0, 15.0)]
     assert verdict(small, 355.0) == (False, "bus bandwidth 15.00 GB/s at 1048576 B: the floor is set at 2147483648 "
                                             "B; measure it (--max-bytes 2Gi)")
-    assert verdict(small, None)[0] and verdict([], None) == (False, "no all_reduce rows in the output")
+    assert verdict([], None) == (False, "no all_reduce rows in the output")
+
+
+# A 2-node p5en run whose EFA fell back to TCP: the primary ENA interface's 200 Gbps at best (25 GB/s of link, a
+# bus bandwidth below that), written as all_reduce_perf prints it.
+TCP_LEVEL = [Row(2**31, 171798.7, 12.50, 12.50)]
+
+
+@pytest.mark.parametrize("instance_type", ["p5en.48xlarge", "p5e.48xlarge", "p6-b200.48xlarge", "p6-b300.48xlarge",
+                                           "g6e.48xlarge", "p9-imaginary.96xlarge", None])
+def test_a_type_without_a_published_floor_fails_and_says_how_to_give_one(instance_type: str | None) -> None:
+    floor, why = floor_for(instance_type, None)
+    assert floor is None
+    passed, said = verdict(TCP_LEVEL, floor, why)
+    assert not passed and "--floor GBPS" in said and said.startswith("bus bandwidth 12.50 GB/s at 2147483648 B; ")
+    # and a measured floor of its own judges it
+    assert verdict(TCP_LEVEL, *floor_for(instance_type, 300.0)) == (
+        False, "bus bandwidth 12.50 GB/s at 2147483648 B against a floor of 300 GB/s")
+
+
+def test_every_published_floor_names_its_source() -> None:
+    assert set(FLOOR_SOURCES) == set(FLOORS_GBPS)
+    assert all(floor_for(name, None) == (FLOORS_GBPS[name], FLOOR_SOURCES[name]) for name in FLOORS_GBPS)
+    assert not verdict(TCP_LEVEL, FLOORS_GBPS["p5.48xlarge"])[0]
 
 
 def test_bus_bandwidth_is_nccl_tests_formula() -> None:

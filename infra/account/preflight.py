@@ -20,12 +20,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.parsers import ResponseParserError
 
 from infra.config.names import derived_names
 from infra.config.schema import StackConfig
 from infra.plan.cost import block_hours
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+# What an AWS call may raise besides a programming error: an error answer, a transport failure, and an answer that
+# is not the service's protocol at all (an HTML 500 page from a proxy or a stand-in: botocore's parser raises
+# ResponseParserError, which is not a BotoCoreError).
+AWS_ERRORS = (BotoCoreError, ClientError, ResponseParserError)
 
 # EC2 vCPU quotas (Service Quotas, service code `ec2`), each with the name AWS gives it, e.g.
 # https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/L-417A185B (Running On-Demand P instances).
@@ -79,6 +84,8 @@ def _error(exc: Exception) -> tuple[str, str]:
     if isinstance(exc, ClientError):
         error = exc.response.get("Error") or {}
         return str(error.get("Code") or "error"), str(error.get("Message") or exc)
+    if isinstance(exc, ResponseParserError):
+        return "ResponseParserError", "the answer is not the service's protocol (an error page from a proxy?)"
     return type(exc).__name__, str(exc)
 
 
@@ -89,7 +96,7 @@ def check_identity(sts: Any, cfg: StackConfig, expected_account: str | None) -> 
     """The caller's account; a FAIL when there are no usable credentials or they are another account's."""
     try:
         identity = sts.get_caller_identity()
-    except (BotoCoreError, ClientError) as exc:
+    except AWS_ERRORS as exc:
         code, message = _error(exc)
         fix = "configure AWS credentials for the stack's account (aws configure sso, or the deploy role)"
         return [Check(FAIL, "credentials", f"sts:GetCallerIdentity failed: {code}: {message}", fix)], None
@@ -111,7 +118,7 @@ def check_region(ec2: Any, region: str, session_region: str | None) -> list[Chec
     checks = []
     try:
         regions = {r["RegionName"] for r in ec2.describe_regions()["Regions"]}
-    except (BotoCoreError, ClientError) as exc:
+    except AWS_ERRORS as exc:
         code, message = _error(exc)
         return [Check(FAIL, "region", f"{region}: ec2:DescribeRegions failed: {code}: {message}",
                       "grant ec2:DescribeRegions, or check that the region name is right")]
@@ -143,7 +150,7 @@ def stack_zones(ec2: Any, cfg: StackConfig) -> tuple[list[Check], list[str]]:
             return [Check(PASS, "availability zones", ", ".join(wanted))], list(wanted)
         ids = cfg.network.existing.private_subnet_ids if cfg.network.existing else []
         subnets = ec2.describe_subnets(SubnetIds=ids)["Subnets"]
-    except (BotoCoreError, ClientError) as exc:
+    except AWS_ERRORS as exc:
         code, message = _error(exc)
         return [Check(FAIL, "availability zones", f"{code}: {message}",
                       "check ml-cluster:network (adopted subnets must exist in the stack's region and account)")], []
@@ -167,7 +174,7 @@ def check_offerings(ec2: Any, cfg: StackConfig, zones: Sequence[str]) -> list[Ch
         for page in paginator.paginate(LocationType="availability-zone", Filters=[
                 {"Name": "instance-type", "Values": types}, {"Name": "location", "Values": list(zones)}]):
             offered |= {(o["InstanceType"], o["Location"]) for o in page["InstanceTypeOfferings"]}
-    except (BotoCoreError, ClientError) as exc:
+    except AWS_ERRORS as exc:
         code, message = _error(exc)
         return [Check(FAIL, "instance offerings", f"{code}: {message}", "grant ec2:DescribeInstanceTypeOfferings")]
     checks = []
@@ -207,7 +214,7 @@ def check_reservations(ec2: Any, cfg: StackConfig, now: Callable[[], datetime] =
         try:
             found = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation.id])
             [item] = found.get("CapacityReservations") or [{}]
-        except (BotoCoreError, ClientError) as exc:
+        except AWS_ERRORS as exc:
             code, message = _error(exc)
             fix = (f"set {where}.id to a reservation of this account and region (aws ec2 "
                    "describe-capacity-reservations)") if "NotFound" in code else \
@@ -284,7 +291,7 @@ def check_next_blocks(ec2: Any, cfg: StackConfig, now: Callable[[], datetime] = 
                 InstanceType=instance_type, InstanceCount=count, CapacityDurationHours=hours, StartDateRange=after)
                 for offer in page.get("CapacityBlockOfferings") or []
                 if offer.get("InstanceType") == instance_type and int(offer.get("InstanceCount") or 0) == count]
-        except (BotoCoreError, ClientError) as exc:
+        except AWS_ERRORS as exc:
             code, message = _error(exc)
             checks.append(Check(WARN, name, f"{shape}: {code}: {message}", "grant ec2:DescribeCapacityBlockOfferings"))
             continue
@@ -343,6 +350,10 @@ def check_quotas(ec2: Any, quotas: Any, cfg: StackConfig, region: str) -> list[C
     need: dict[tuple[str, str], tuple[int, list[str]]] = {}
     checks = []
     for pool in pools:
+        if pool.capacity_type == "CAPACITY_BLOCK":
+            checks.append(Check(PASS, f"quota {pool.name}", f"{', '.join(pool.instance_types)}: a Capacity Block "
+                                "pool, not held to a vCPU quota here (its reservation row checks the block's size)"))
+            continue
         families = {quota_family(t, pool.capacity_type) for t in pool.instance_types}
         known = [vcpus[t] for t in pool.instance_types if t in vcpus]
         if None in families:
@@ -367,7 +378,7 @@ def check_quotas(ec2: Any, quotas: Any, cfg: StackConfig, region: str) -> list[C
                     raise
                 quota = quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]
                 origin = "AWS default"
-        except (BotoCoreError, ClientError) as exc:
+        except AWS_ERRORS as exc:
             error, message = _error(exc)
             checks.append(Check(WARN, name, f"{title}: cannot read ({error}: {message}); the pools need {needed} "
                                 "vCPUs", "grant servicequotas:GetServiceQuota to check it"))
@@ -390,7 +401,7 @@ def check_kubernetes_version(eks: Any, version: str) -> list[Check]:
         for page in eks.get_paginator("describe_cluster_versions").paginate(clusterType="eks", includeAll=True):
             for item in page.get("clusterVersions") or []:
                 offered[str(item["clusterVersion"])] = str(item.get("versionStatus") or item.get("status") or "")
-    except (BotoCoreError, ClientError) as exc:
+    except AWS_ERRORS as exc:
         code, message = _error(exc)
         return [Check(WARN, name, f"eks:DescribeClusterVersions failed: {code}: {message}",
                       "grant eks:DescribeClusterVersions to check it")]

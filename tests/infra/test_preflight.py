@@ -383,3 +383,45 @@ def test_an_efa_pool_is_checked_in_its_one_zone_only() -> None:
     by_name = {c.name: c for c in check_offerings(Offerings(), config("dev", efa_pool(["us-west-2c"])), zones)}
     assert by_name["offering h100 p5.48xlarge"].status == FAIL
     assert by_name["offering h100 p5.48xlarge"].detail == "not offered in any of us-west-2c"
+
+
+def test_a_capacity_block_pool_preflights_in_rows_with_no_traceback(world: AwsStub, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A CAPACITY_BLOCK pool has no vCPU quota of its own in the table: its row says so, the other pools' quotas are
+    still checked, and the block itself is checked by its reservation row (moto knows no such block: a FAIL row)."""
+    def edit(values: dict[str, Any]) -> None:
+        own_account(values)
+        values["ml-cluster:nodePools"].append({
+            "name": "h100-block", "instanceTypes": ["p5.48xlarge"], "gpu": True, "capacityType": "CAPACITY_BLOCK",
+            "maxSize": 2, "capacityReservation": {"id": "cr-0123456789abcdef0", "availabilityZone": "us-west-2a",
+                                                  "instanceCount": 2}})
+
+    checks = statuses(check_quotas(client("ec2"), client("service-quotas"), config("dev", edit), "us-west-2"))
+    assert checks["quota h100-block"] == PASS and checks["quota L-3819A6DF"] == PASS
+    assert preflight_cli.main(["--stack", "dev", "--config", str(stack_file(tmp_path, edit)),
+                               "--account", MOTO_ACCOUNT]) == 2
+    out, err = capsys.readouterr()
+    flat = re.sub(r" +", " ", out)
+    assert "Traceback" not in out + err
+    assert "PASS quota h100-block p5.48xlarge: a Capacity Block pool, not held to a vCPU quota here" in flat
+    assert "FAIL reservation h100-block cr-0123456789abcdef0" in flat
+
+
+def test_the_quota_codes_in_the_docs_are_the_codes_preflight_checks() -> None:
+    """Every EC2 quota code docs/ names is one preflight asks for, under the name AWS gives it (an old Spot code for
+    p5 stood in the runbook after the code moved to the P5 Spot quota)."""
+    from infra.account.preflight import QUOTAS
+
+    titles = {code: title for code, title in QUOTAS.values()}
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    named = 0
+    for page in sorted(docs.glob("*.md")):
+        for match in re.finditer(r"`?(L-[0-9A-F]{8})`?\s+([A-Z][^|:\n]*?)(?=\s*(?:\||:|;|$))", page.read_text(),
+                                 flags=re.MULTILINE):
+            code, title = match.group(1), match.group(2).strip()
+            assert code in titles, f"{page.name}: {code} is not a quota preflight checks"
+            if title.startswith(("Running", "All")):
+                named += 1
+                short = re.sub(r" \([^)]*\)", "", titles[code])  # the family list in brackets may be left out
+                assert title in (titles[code], short), f"{page.name}: {code} is {titles[code]!r}, not {title!r}"
+    assert named >= 5

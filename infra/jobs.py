@@ -174,6 +174,30 @@ class TrainingJobsArgs:
     team_needs: Mapping[str, Sequence[pulumi.Resource]] = field(default_factory=dict)
 
 
+# The typed resource classes of the objects a run renders; any other kind of the kind table (a controller's custom
+# resource) is registered as a CustomResource of its apiVersion and kind.
+_TYPED: dict[tuple[str, str], Any] = {
+    ("batch/v1", "Job"): k8s.batch.v1.Job,
+    ("v1", "Service"): k8s.core.v1.Service,
+    ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
+}
+_COMPANION_SUFFIX = {"Service": "service", "NetworkPolicy": "netpol"}
+
+
+def _companion_suffix(manifest: Manifest) -> str:
+    return _COMPANION_SUFFIX.get(manifest["kind"], manifest["kind"].lower())
+
+
+def register_manifest(name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> pulumi.Resource:
+    """One rendered object as a Pulumi resource: its typed class, else a CustomResource."""
+    typed = _TYPED.get((manifest["apiVersion"], manifest["kind"]))
+    if typed is not None:
+        resource: pulumi.Resource = typed(name, metadata=manifest["metadata"], spec=manifest["spec"], opts=opts)
+        return resource
+    return k8s.apiextensions.CustomResource(name, api_version=manifest["apiVersion"], kind=manifest["kind"],
+                                            metadata=manifest["metadata"], spec=manifest["spec"], opts=opts)
+
+
 class TrainingJobs(pulumi.ComponentResource):
     def __init__(self, ctx: StackContext, args: TrainingJobsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:TrainingJobs", ctx.name("jobs", "all"), None, opts)
@@ -210,35 +234,28 @@ class TrainingJobs(pulumi.ComponentResource):
 
         self.job_names: dict[str, str] = {}  # spec name -> Job name (with the spec hash)
         for spec, manifests in rendered:
-            job, *companions = manifests
-            services = [manifest for manifest in companions if manifest["kind"] == "Service"]
-            policies = [manifest for manifest in companions if manifest["kind"] == "NetworkPolicy"]
+            workload, *companions = manifests
             namespace_needs = ([args.namespace] if spec.team is None
                                else list(args.team_needs.get(spec.team, []))[:1])
-            service_resources: list[pulumi.Resource] = [
-                k8s.core.v1.Service(ctx.name("jobs", f"{spec.name}-service"), metadata=service["metadata"],
-                                    spec=service["spec"],
-                                    opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
-                                        depends_on=namespace_needs, delete_before_replace=True)))
-                for service in services]
-            service_resources += [
-                k8s.networking.v1.NetworkPolicy(
-                    ctx.name("jobs", f"{spec.name}-netpol"), metadata=policy["metadata"], spec=policy["spec"],
-                    opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
-                        depends_on=namespace_needs, delete_before_replace=True)))
-                for policy in policies]
-            queue = job["metadata"]["labels"].get(KUEUE_QUEUE_LABEL) or job["metadata"]["annotations"].get(
+            companion_opts = pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
+                depends_on=namespace_needs, delete_before_replace=True))
+            # in the wrapper's order (an Indexed Job: its headless Service, then its NetworkPolicy)
+            companion_resources = [
+                register_manifest(ctx.name("jobs", f"{spec.name}-{_companion_suffix(manifest)}"), manifest,
+                                  companion_opts)
+                for manifest in companions]
+            queue = workload["metadata"]["labels"].get(KUEUE_QUEUE_LABEL) or workload["metadata"]["annotations"].get(
                 queue_annotation(ctx.label_prefix))
             queue_needs = [args.local_queues[queue]] if queue in args.local_queues else []
-            k8s.batch.v1.Job(
-                ctx.name("jobs", spec.name), metadata=job["metadata"], spec=job["spec"],
-                opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
+            register_manifest(
+                ctx.name("jobs", spec.name), workload,
+                pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
                     delete_before_replace=True,
                     depends_on=[*(job_needs if spec.team is None else args.team_needs.get(spec.team, [])),
-                                *service_resources, *queue_needs],
+                                *companion_resources, *queue_needs],
                     # `submit start` and Kueue resume suspended Jobs, and `submit start` puts a held Job in its
                     # Kueue queue; neither is drift to undo on the next `up` (Kueue refuses a queue change on a
                     # running Job).
                     ignore_changes=["spec.suspend", f'metadata.labels["{KUEUE_QUEUE_LABEL}"]'])))
-            self.job_names[spec.name] = job["metadata"]["name"]
+            self.job_names[spec.name] = workload["metadata"]["name"]
         self.register_outputs({"jobNames": self.job_names})

@@ -15,7 +15,7 @@ from tests.jobs.facts import dev_facts
 from tests.jobs.jobrules import check_job
 from workloads import submit
 from workloads.cluster_facts import facts_to_dict
-from workloads.jobspec.render import KUEUE_QUEUE_LABEL
+from workloads.jobspec import KUEUE_QUEUE_LABEL
 from workloads.submit import job_phase, main
 
 JOB = "resnet50-s3-copy-d2e1b094"

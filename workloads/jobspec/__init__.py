@@ -24,22 +24,20 @@ keys). The renderer turns it, with the ClusterFacts of the cluster it targets, i
 - Multi-node: an Indexed Job (completions = parallelism = nodes), a headless Service, torchrun c10d env.
 
 The package splits along those lines: `spec` (models and field checks), `loading` (dicts and files ->
-specs), `placement` (which pools, what resources) and `render` (the manifests). No Pulumi or infra
-imports here: the same code runs in `workloads.submit` and inside the cluster.
+specs), `placement` and `fabric` (which pools, what resources, EFA), `defaults` (the pod defaults every pod of the
+project shares: labels, security contexts, tolerations), `containers` and `pod` (the pod-template builder),
+`controllers/` (one wrapper per controller kind around that pod), `kinds` (the kind table: a spec's kind -> its
+wrapper, for `up` and `submit`), `queue` (Kueue metadata), `network` (NetworkPolicies) and `render` (the entry
+point: render_job, the hashed name). No Pulumi or infra imports here: the same code runs in `workloads.submit` and
+inside the cluster.
 """
 
+from workloads.jobspec.kinds import DEFAULT_KIND, KINDS, Controller, controller_for, controller_of
 from workloads.jobspec.loading import load_job_file, parse_spec
 from workloads.jobspec.network import EgressRules, job_network_policy, namespace_network_policies
-from workloads.jobspec.render import (
-    KUEUE_PRIORITY_LABEL,
-    KUEUE_QUEUE_LABEL,
-    METRICS_LABEL,
-    job_name,
-    job_queue,
-    queue_annotation,
-    render_job,
-    spec_hash,
-)
+from workloads.jobspec.pod import METRICS_LABEL
+from workloads.jobspec.queue import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, job_queue, queue_annotation
+from workloads.jobspec.render import job_name, render_job, spec_hash
 from workloads.jobspec.spec import (
     CONFIG_ERROR_EXIT_CODE,
     DISRUPTION_EXIT_CODE,
@@ -62,6 +60,11 @@ from workloads.jobspec.spec import (
 )
 
 __all__ = [
+    "Controller",
+    "DEFAULT_KIND",
+    "KINDS",
+    "controller_for",
+    "controller_of",
     "EgressRules",
     "METRICS_LABEL",
     "STAGE_METRICS_PORT",

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from workloads.cli import GIB, parse_size
 from workloads.cluster_facts import ClusterFacts
-from workloads.jobspec.render import KUEUE_QUEUE_LABEL, queue_annotation
+from workloads.jobspec.queue import KUEUE_QUEUE_LABEL, queue_annotation
 from workloads.jobspec.spec import CONFIG_ERROR_EXIT_CODE, RUN_AS_UID, STAGE_METRICS_PORT, TMP_DIR, JobSpecError
 from workloads.quantity import format_bytes
 

@@ -424,6 +424,11 @@ class TrainingJobSpec(_Spec):
         description=("the Job's name (DNS label); the rendered Job is <name>-<hash of the spec>, so a changed spec is "
                      "a new Job"),
     )
+    kind: str = Field(
+        default="Job",
+        description=("the controller that runs the gang, a row of the kind table (workloads/jobspec/kinds.py): Job, "
+                     "a batch/v1 Indexed Job (no controller to install)"),
+    )
     # Either a full image reference, or a tag of the stack's own registry (ClusterFacts.image_repository).
     image: Image | None = None
     image_tag: ImageTag | None = Field(

@@ -37,9 +37,19 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config.nodepools import BURN_IN_NAME, GpuHealthConfig
-from infra.context import ClusterInfo, StackContext, stack_labels
+from infra.context import ClusterInfo, StackContext
 from infra.nodes.poolplan import PoolPlan
-from workloads.health.verdict import HEALTH_LABEL, PASSED
+from workloads.jobspec.defaults import (
+    HOME_ENV,
+    SECCOMP_RUNTIME_DEFAULT,
+    TMP_MOUNT,
+    app_labels,
+    health_gate_label,
+    pull_policy,
+    restricted_container,
+    tolerate,
+)
+from workloads.jobspec.spec import RUN_AS_UID
 
 SERVICE_ACCOUNT = APP = BURN_IN_NAME
 RESULTS = "/results"
@@ -50,16 +60,14 @@ Manifest = dict[str, Any]
 
 
 def _labels(stack: str, label_prefix: str, instance: str | None = None) -> dict[str, str]:
-    labels = {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": "gpu-health",
-              **stack_labels(stack, label_prefix)}
+    labels = app_labels(APP, "gpu-health", stack, label_prefix, managed_by="pulumi")
     if instance is not None:
         labels["app.kubernetes.io/instance"] = instance
     return labels
 
 
-def gpu_health_selector(label_prefix: str) -> tuple[str, str]:
-    """The label the gate requires: (`<prefix>/gpu-health`, `passed`)."""
-    return f"{label_prefix}/{HEALTH_LABEL}", PASSED
+# The label the gate requires and the burn-in sets: (`<prefix>/gpu-health`, `passed`), the training pods' own.
+gpu_health_selector = health_gate_label
 
 
 def _dcgm_script(level: int, deadline_s: int) -> str:
@@ -98,9 +106,7 @@ def _efa_script(deadline_s: int) -> str:
             f"echo $? > {RESULTS}/efa.rc; exit 0")
 
 
-_RESTRICTED = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-               "runAsUser": 10001, "runAsGroup": 10001, "capabilities": {"drop": ["ALL"]},
-               "seccompProfile": {"type": "RuntimeDefault"}}
+_RESTRICTED = {**restricted_container(), "runAsUser": RUN_AS_UID, "runAsGroup": RUN_AS_UID}
 # The checks: the NVIDIA runtime exposes every GPU and /dev/infiniband to a privileged container (see the module doc).
 _PRIVILEGED = {"privileged": True, "readOnlyRootFilesystem": True}
 _NODE_ENV = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
@@ -122,8 +128,8 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
     health_key, _passed = gpu_health_selector(label_prefix)
     api_mount = {"name": "api-token", "mountPath": TOKEN_DIR, "readOnly": True}
     results_mount = {"name": "results", "mountPath": RESULTS}
-    tmp_mount = {"name": "tmp", "mountPath": "/tmp"}
-    pull = "IfNotPresent" if "@sha256:" in image else "Always"
+    tmp_mount = TMP_MOUNT
+    pull = pull_policy(image)
     node_args = ["--node", "$(NODE_NAME)", "--label-prefix", label_prefix, "--results", RESULTS]
     init: list[dict[str, Any]] = [
         {"name": "plan", "image": image, "imagePullPolicy": pull,
@@ -138,8 +144,8 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
          "volumeMounts": [results_mount, tmp_mount]},
         {"name": "gpu", "image": image, "imagePullPolicy": pull,
          "command": ["sh", "-c", _gpu_script(plan.gpus_per_node, cfg.memory_fraction, deadline)],
-         "env": [*_GPU_ENV, {"name": "HOME", "value": "/tmp"}],
-         "securityContext": {**_PRIVILEGED, "runAsUser": 10001, "runAsGroup": 10001},
+         "env": [*_GPU_ENV, HOME_ENV],
+         "securityContext": {**_PRIVILEGED, "runAsUser": RUN_AS_UID, "runAsGroup": RUN_AS_UID},
          "resources": _resources("100m", "512Mi", str(plan.gpus_per_node + 1), f"{4 * plan.gpus_per_node + 4}Gi"),
          # NCCL's shared-memory segments: a container's default 64 MiB /dev/shm fails an all-reduce across 8 GPUs
          "volumeMounts": [results_mount, tmp_mount, {"name": "shm", "mountPath": "/dev/shm"}]},
@@ -147,7 +153,7 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
     expected = ["--expect-gpus", str(plan.gpus_per_node)]
     if plan.efa_interfaces:
         init.append({"name": "efa", "image": image, "imagePullPolicy": pull, "command": ["sh", "-c", _efa_script(120)],
-                     "env": [{"name": "HOME", "value": "/tmp"}], "securityContext": _PRIVILEGED,
+                     "env": [HOME_ENV], "securityContext": _PRIVILEGED,
                      "resources": _resources("50m", "128Mi", "500m", "512Mi"),
                      "volumeMounts": [results_mount, tmp_mount]})
         expected += ["--expect-efa", str(plan.efa_interfaces)]
@@ -158,8 +164,8 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
               "volumeMounts": [results_mount, api_mount, tmp_mount]}
     # The pool's taints (the GPU taint among them), and the one the burn-in itself puts on a failed node: its pod
     # stays, so the next re-run (delete the pod) lands there again.
-    tolerations = [{"key": taint.key, "operator": "Exists", "effect": taint.kubernetes_effect} for taint in plan.taints]
-    tolerations.append({"key": health_key, "operator": "Exists", "effect": "NoSchedule"})
+    tolerations = [tolerate(taint.key, taint.kubernetes_effect) for taint in plan.taints]
+    tolerations.append(tolerate(health_key))
     selector = {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": plan.name}
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet",
@@ -176,7 +182,7 @@ def burnin_daemonset(plan: PoolPlan, cfg: GpuHealthConfig, image: str, namespace
                     "serviceAccountName": SERVICE_ACCOUNT,
                     "automountServiceAccountToken": False,
                     # The privileged check containers run unconfined whatever this says; plan and report do not.
-                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": {"seccompProfile": dict(SECCOMP_RUNTIME_DEFAULT)},
                     "priorityClassName": "system-node-critical",
                     "nodeSelector": {f"{label_prefix}/pool": plan.name},
                     "tolerations": tolerations,

@@ -32,8 +32,19 @@ from typing import Any, Literal
 
 from workloads.cli import GIB, parse_size
 from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec.controllers.indexed_job import ignore_disruption_target
+from workloads.jobspec.defaults import (
+    METRICS_ADDR_ENV,
+    TMP_MOUNT,
+    TMP_VOLUME,
+    app_labels,
+    required_node_affinity,
+    restricted_container,
+    restricted_pod,
+    run_once_pod,
+)
 from workloads.jobspec.queue import KUEUE_QUEUE_LABEL, queue_annotation
-from workloads.jobspec.spec import CONFIG_ERROR_EXIT_CODE, RUN_AS_UID, STAGE_METRICS_PORT, TMP_DIR, JobSpecError
+from workloads.jobspec.spec import CONFIG_ERROR_EXIT_CODE, STAGE_METRICS_PORT, JobSpecError
 from workloads.quantity import format_bytes
 
 PACK_CONTAINER = "pack"
@@ -141,7 +152,7 @@ def render_pack_job(spec: PackJobSpec, facts: ClusterFacts) -> list[dict[str, An
                            "--workers", str(workers), "--scratch", SCRATCH_DIR],
                   cpu=spec.cpu_millicores, memory=memory, scratch=scratch,
                   env=[*env, {"name": "PACK_METRICS_PORT", "value": str(PACK_METRICS_PORT)},
-                       {"name": "METRICS_ADDR", "value": "0.0.0.0"}], env_from=env_from)
+                       METRICS_ADDR_ENV], env_from=env_from)
     slices["spec"]["template"]["spec"]["containers"][0]["ports"] = [
         {"name": "metrics-pack", "containerPort": PACK_METRICS_PORT, "protocol": "TCP"}]
     slices["spec"].update({"completionMode": "Indexed", "completions": spec.slices, "parallelism": spec.slices,
@@ -165,19 +176,16 @@ def _job(spec: PackJobSpec, facts: ClusterFacts, name: str, queue: str | None, *
          command: list[str], cpu: int, memory: int, scratch: int, env: list[dict[str, Any]],
          env_from: list[dict[str, Any]]) -> dict[str, Any]:
     prefix = facts.label_prefix
-    labels = {"app.kubernetes.io/name": "ml-cluster-pack", "app.kubernetes.io/instance": name,
-              "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": "ml-cluster",
-              "app.kubernetes.io/managed-by": "ml-cluster-submit", f"{prefix}/stack": facts.stack}
+    labels = app_labels("ml-cluster-pack", component, facts.stack, prefix, instance=name,
+                        managed_by="ml-cluster-submit")
     resources = {"cpu": f"{cpu}m", "memory": format_bytes(memory), "ephemeral-storage": format_bytes(scratch + GIB)}
     container: dict[str, Any] = {
         "name": PACK_CONTAINER,
         "image": spec.image,
         "command": command,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
-                            "seccompProfile": {"type": "RuntimeDefault"}},
-        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}, {"name": "tmp", "mountPath": TMP_DIR}],
+        "securityContext": restricted_container(),
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH_DIR}, TMP_MOUNT],
     }
     if env:
         container["env"] = env
@@ -195,28 +203,19 @@ def _job(spec: PackJobSpec, facts: ClusterFacts, name: str, queue: str | None, *
         "spec": {
             "suspend": queue is not None,  # Kueue unsuspends it once admitted
             "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
-            "podFailurePolicy": {"rules": [
-                # A Spot reclaim, a preemption or a drain: retried, not counted (the rerun resumes).
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            ]},
+            # A Spot reclaim, a preemption or a drain: retried, not counted (the rerun resumes).
+            "podFailurePolicy": {"rules": [ignore_disruption_target()]},
             "podReplacementPolicy": "Failed",
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "restartPolicy": "Never",
-                    "serviceAccountName": pack_service_account(spec, facts),
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
                     # SIGTERM: the packer removes its temporaries and stops; complete shards stay, with records.
-                    "terminationGracePeriodSeconds": 60,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_UID, "runAsGroup": RUN_AS_UID,
-                                        "fsGroup": RUN_AS_UID, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [{"matchExpressions": [
-                            {"key": f"{prefix}/gpu-type", "operator": "DoesNotExist"}]}]}}},
+                    **run_once_pod(pack_service_account(spec, facts), 60),
+                    "securityContext": restricted_pod(),
+                    "affinity": required_node_affinity({"key": f"{prefix}/gpu-type", "operator": "DoesNotExist"}),
                     "containers": [container],
                     "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": format_bytes(scratch)}},
-                                {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                                {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "1Gi"}}],
                 },
             },
         },

@@ -26,6 +26,12 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
+# A pod the cluster stopped (Spot reclaim, preemption, node drain: the DisruptionTarget condition): retried, not
+# counted. Every batch Job of the project (training, pack) has this rule.
+def ignore_disruption_target() -> dict[str, Any]:
+    return {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+
+
 def gang_address(run_name: str, namespace: str) -> GangAddress:
     """An Indexed Job's pod I is `<job>-I` under the subdomain `<job>` (the headless Service); its index is in an
     annotation."""
@@ -50,7 +56,7 @@ def pod_failure_policy() -> dict[str, Any]:
         # Stopped by SIGTERM after a last checkpoint, or a peer of the gang lost: retry, not counted.
         _on_exit("Ignore", "In", DISRUPTION_EXIT_CODE),
         # Spot reclaim, preemption, node drain: retry without spending backoffLimit.
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ignore_disruption_target(),
         # Any other failure of the trainer (a crash, the OOM killer) spends one of backoffLimit.
         _on_exit("Count", "NotIn", 0),
     ]}

@@ -19,6 +19,7 @@ from infra.config.stackcheck import (
     unpinned_addons_with_minimum,
 )
 from infra.context import ClusterInfo, NetworkInfo, StackContext
+from infra.controllers import JobControllers, JobControllersArgs
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs, check_jobs
 from infra.monitoring.component import Monitoring, MonitoringArgs
 from infra.monitoring.reservations import reserved_pools
@@ -226,6 +227,12 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
             depends_on=(*node_groups, namespace.namespace, *(needs[0] for needs in team_needs.values()))))
         local_queues = queueing.local_queues
 
+    # --- gang controllers: JobSet and Kubeflow Trainer v2 (with the stack's ClusterTrainingRuntimes) ---
+    controller_releases: list[pulumi.Resource] = []
+    if cfg.job_controllers.jobset.enabled:  # trainer needs it (config)
+        controller_releases = JobControllers(f"{ctx.prefix}-controllers", JobControllersArgs(
+            ctx=ctx, cluster=cluster, config=cfg.job_controllers, depends_on=tuple(node_groups))).releases
+
     # --- dataset packs (submit pack): their own account, writing only the packInto buckets ---
     if pack_keys:
         packer = DatasetPacker(ctx, DatasetPackerArgs(
@@ -240,7 +247,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> dict[str, pulumi.Input[o
     jobs = TrainingJobs(ctx, TrainingJobsArgs(
         cluster=cluster, facts=job_facts, specs=cfg.jobs, namespace=namespace.namespace,
         bucket_arns=dict(storage.bucket_arns), bucket_access=job_access,
-        depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values()),
+        depends_on=(*storage.driver_resources, *storage.kubernetes_objects, *gpu.releases.values(),
+                    *controller_releases),
         local_queues=local_queues, team_needs=team_needs))
     outputs["jobFacts"] = facts_to_dict(job_facts)  # `python -m workloads.submit ... --facts` reads this
     outputs["jobs"] = jobs.job_names

@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from infra.config.base import PRINCIPAL_ARN, DnsLabel, StrictModel
+from infra.config.controllers import JobControllersConfig
 from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
 from infra.config.monitoring import MonitoringConfig
@@ -282,6 +283,10 @@ class StackConfig(StrictModel):
         default_factory=KueueConfig,
         description="Kueue: gang admission, GPU quota, priorities and teams",
     )
+    job_controllers: JobControllersConfig = Field(
+        default_factory=JobControllersConfig,
+        description="JobSet and Kubeflow Trainer v2: the gang controllers beside the batch/v1 Indexed Job",
+    )
     storage: StorageConfig = Field(
         default_factory=StorageConfig,
         description="EFS, gp3, S3 and COS buckets, NFS, shared volumes and the storage add-ons",
@@ -363,6 +368,11 @@ class StackConfig(StrictModel):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"node pool names must be unique: {', '.join(duplicates)}")
+        missing = [name for name in self.job_controllers.integrations() if name not in self.kueue.integrations]
+        if self.kueue.enabled and missing:
+            # Kueue leaves a kind it does not integrate alone: a queued JobSet or TrainJob would run unadmitted.
+            raise ValueError(f"kueue.integrations must list {', '.join(missing)} (jobControllers enables it): "
+                             "without it Kueue ignores the queue label and the gang runs outside the quota")
         job_names = [job.name for job in self.jobs]
         duplicate_jobs = sorted({name for name in job_names if job_names.count(name) > 1})
         if duplicate_jobs:

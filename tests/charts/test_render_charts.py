@@ -353,3 +353,32 @@ def test_bad_arguments_are_one_error_line(capsys: pytest.CaptureFixture[str]) ->
         render_charts.main(["--plan", "x.json"])
     assert exited.value.code == 2
     assert capsys.readouterr().err == "error: arguments: the following arguments are required: --charts\n"
+
+
+def test_jobset_and_trainer_install_one_jobset_controller_and_no_upstream_runtimes() -> None:
+    jobset = release_objects("prod", "mlc-prod-jobset-release")
+    [deployment] = [m for m in jobset if m["kind"] == "Deployment"]
+    assert {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]} == {
+        "registry.k8s.io/jobset/jobset:v0.12.0"}
+    trainer = release_objects("prod", "mlc-prod-trainer-release")
+    kinds = {(m["kind"], m["metadata"]["name"]) for m in trainer}
+    # The chart's JobSet subchart is off: the jobset release is the only JobSet controller and webhook.
+    assert not [name for kind, name in kinds if kind == "Deployment" and "jobset" in name]
+    assert not [m for m in trainer if m["kind"] in ("ClusterTrainingRuntime", "Job")]  # upstream runtimes off
+    [manager] = [m for m in trainer if m["kind"] == "Deployment"]
+    assert {c["image"] for c in manager["spec"]["template"]["spec"]["containers"]} == {
+        "ghcr.io/kubeflow/trainer/trainer-controller-manager:v2.3.0"}
+    crds = {(m["spec"]["group"], m["spec"]["names"]["kind"]) for m in trainer
+            if m["kind"] == "CustomResourceDefinition"}
+    assert crds == {("trainer.kubeflow.org", kind)
+                    for kind in ("TrainJob", "TrainingRuntime", "ClusterTrainingRuntime")}
+
+
+def test_kueue_integrates_jobsets_and_trainjobs_where_the_controllers_run() -> None:
+    for stack in ("prod", "staging"):
+        objects = release_objects(stack, f"mlc-{stack}-kueue-release")
+        [config_map] = [m for m in objects if m["kind"] == "ConfigMap"
+                        and m["metadata"]["name"] == "kueue-manager-config"]
+        config = yaml.safe_load(config_map["data"]["controller_manager_config.yaml"])
+        assert config["integrations"]["frameworks"] == [
+            "batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]

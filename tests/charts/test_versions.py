@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.config.controllers import JobSetConfig, TrainerConfig
 from infra.config.monitoring import MonitoringConfig
 from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, DevicePluginConfig, EfaDevicePluginConfig
 from infra.config.queueing import KueueConfig
@@ -34,6 +35,8 @@ def pinned() -> set[tuple[str, str]]:
         ("aws-efa-k8s-device-plugin", EfaDevicePluginConfig().chart_version),
         ("kube-prometheus-stack", MonitoringConfig().chart_version),
         ("kueue", KueueConfig().chart_version),
+        ("jobset", JobSetConfig().chart_version),
+        ("kubeflow-trainer", TrainerConfig().chart_version),
         *((chart.chart, chart.version) for chart in (IBM_COS_CHART, CSI_S3_CHART, NFS_CHART)),
     }
     charts = {
@@ -53,6 +56,11 @@ def pinned() -> set[tuple[str, str]]:
         kueue_version = (config.get("ml-cluster:kueue") or {}).get("chartVersion")
         if kueue_version:
             versions.add(("kueue", str(kueue_version)))
+        controllers = config.get("ml-cluster:jobControllers") or {}
+        for key, chart in (("jobset", "jobset"), ("trainer", "kubeflow-trainer")):
+            version = (controllers.get(key) or {}).get("chartVersion")
+            if version:
+                versions.add((chart, str(version)))
         for addon, version in ((config.get("ml-cluster:storage") or {}).get("addonVersions") or {}).items():
             versions.add((addon, str(version)))
     return versions

@@ -1,0 +1,85 @@
+"""The gang controllers beside the batch/v1 Indexed Job: JobSet and Kubeflow Trainer v2 (`ml-cluster:jobControllers`).
+
+Both come from their upstream charts at pinned versions (tests/charts/upstream, docs/versions.md). Trainer's chart
+carries JobSet as a subchart; it is switched off (`jobset.install: false`) so one JobSet release, installed first,
+serves both. The stack's ClusterTrainingRuntimes (built by workloads.jobspec from the same pod template as its Jobs)
+are created after the Trainer release, whose templates hold their CRD and webhook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.config.controllers import JobControllersConfig
+from infra.context import ClusterInfo, StackContext
+
+JOBSET_CHART = "jobset"
+JOBSET_REPO = "oci://registry.k8s.io/jobset/charts/jobset"
+TRAINER_CHART = "kubeflow-trainer"
+TRAINER_REPO = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
+Manifest = Mapping[str, Any]
+
+
+def jobset_values() -> dict[str, Any]:
+    """The chart's defaults: its controller already requests 500m/128Mi with limits 2/4Gi
+    (charts/jobset/values.yaml:53-59 at v0.12.0)."""
+    return {}
+
+
+def trainer_values() -> dict[str, Any]:
+    """Upstream's runtimes stay off (`runtimes.defaultEnabled: false`, charts/kubeflow-trainer/values.yaml:190-193):
+    the stack ships its own; the JobSet subchart too (`jobset.install`, values.yaml:31-37): the stack's JobSet
+    release serves it; data cache (LeaderWorkerSet) off (values.yaml:164-167)."""
+    return {"jobset": {"install": False}, "dataCache": {"enabled": False},
+            "manager": {"resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}}}
+
+
+@dataclass(frozen=True)
+class JobControllersArgs:
+    ctx: StackContext
+    cluster: ClusterInfo
+    config: JobControllersConfig
+    runtimes: tuple[Manifest, ...] = ()  # ClusterTrainingRuntimes (with trainer enabled)
+    depends_on: tuple[pulumi.Resource, ...] = ()  # node groups: the controllers need a node to run on
+
+
+class _ClusterObject(pulumi.CustomResource):
+    """A cluster-scoped custom resource with every top-level field of its manifest."""
+
+    def __init__(self, name: str, manifest: Manifest, opts: pulumi.ResourceOptions) -> None:
+        super().__init__(f"kubernetes:{manifest['apiVersion']}:{manifest['kind']}", name, dict(manifest), opts)
+
+
+class JobControllers(pulumi.ComponentResource):
+    """The JobSet release, the Kubeflow Trainer release and the stack's ClusterTrainingRuntimes."""
+
+    releases: list[pulumi.Resource]
+
+    def __init__(self, name: str, args: JobControllersArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("ml-cluster:infra:JobControllers", name, None, opts)
+        ctx, cfg = args.ctx, args.config
+        base = pulumi.ResourceOptions(parent=self, provider=args.cluster.provider, depends_on=list(args.depends_on))
+        self.releases = []
+        runtime_names: Sequence[str] = ()
+        if cfg.jobset.enabled:
+            jobset = k8s.helm.v3.Release(
+                ctx.name("jobset", "release"), name=JOBSET_CHART, chart=JOBSET_REPO, version=cfg.jobset.chart_version,
+                namespace=cfg.jobset.namespace, create_namespace=True, values=jobset_values(), opts=base)
+            self.releases.append(jobset)
+        if cfg.trainer.enabled:
+            trainer = k8s.helm.v3.Release(
+                ctx.name("trainer", "release"), name=TRAINER_CHART, chart=TRAINER_REPO,
+                version=cfg.trainer.chart_version, namespace=cfg.trainer.namespace, create_namespace=True,
+                values=trainer_values(),
+                opts=base.merge(pulumi.ResourceOptions(depends_on=[*args.depends_on, *self.releases])))
+            self.releases.append(trainer)
+            after = pulumi.ResourceOptions(parent=self, provider=args.cluster.provider, depends_on=[trainer])
+            for manifest in args.runtimes:
+                _ClusterObject(ctx.name("trainer", f"runtime-{manifest['metadata']['name']}"), manifest, after)
+            runtime_names = [m["metadata"]["name"] for m in args.runtimes]
+        self.register_outputs({"releases": [r.urn for r in self.releases], "runtimes": list(runtime_names)})

@@ -342,7 +342,7 @@ def test_fewer_classes_than_labels(tmp_path: Path, packed: Path, capsys: pytest.
 @pytest.mark.parametrize("kind", ["binary", "deep-list", "deep-map", "alias-bomb", "nul"])
 @pytest.mark.parametrize("which", ["job", "facts"])
 def test_submit_hostile_files(kind: str, which: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from workloads.submit import main as submit_main
+    from workloads.submit.cli import main as submit_main
 
     payloads = {
         "binary": bytes(range(256)) * 4,

@@ -10,7 +10,7 @@ from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.placeholders import placeholder_problems
 from infra.config.schema import ClusterConfig, ConfigError
 from tests.conftest import stack_values
-from workloads.submit import _parser
+from workloads.submit.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATIONS = (ROOT / "docs" / "operations.md").read_text()
@@ -32,7 +32,7 @@ def test_every_make_target_and_script_the_runbook_names_exists() -> None:
 
 
 def test_every_submit_subcommand_the_runbook_uses_exists() -> None:
-    (commands,) = [action for action in _parser()._actions if action.dest == "command"]
+    (commands,) = [action for action in build_parser()._actions if action.dest == "command"]
     used = set(re.findall(r"workloads\.submit --stack \S+ ([a-z]+)", RUNBOOK))
     assert used and used <= set(commands.choices or {})
 

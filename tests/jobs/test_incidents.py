@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from tests.jobs.test_submit import JOB, container_status, job, pod, terminated
-from workloads import submit
 from workloads.incidents import INCIDENT_GAP_S, incident_line, incidents, trainer_run
-from workloads.submit import job_phase
+from workloads.submit.observe import show_status, watch_run
+from workloads.submit.phase import job_phase
 
 DATA = Path(__file__).parent / "data"
 KILLED_AT = 1795574263.0  # 2026-11-25T02:37:43Z: when the SIGKILLed run was gone
@@ -161,7 +161,7 @@ def test_status_prints_a_line_per_incident_from_the_pods_logs(capsys: pytest.Cap
     pods = [_lost("a", "2026-11-25T02:37:43Z"), _running("b", "2026-11-25T02:37:45Z")]
     core = _Core(pods, {f"{JOB}-a": _log("trainer-killed-at-step-7.log"),
                         f"{JOB}-b": _log("trainer-resumed-from-step-4.log")})
-    assert submit._status(_Batch(), core, "training", JOB, as_json=False, clock=lambda: KILLED_AT + 60) == 0
+    assert show_status(_Batch(), core, "training", JOB, as_json=False, clock=lambda: KILLED_AT + 60) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "restarts: 1 pod(s) replaced (1 disruption(s), 0 counted against backoffLimit)" in lines[0]
     assert lines[1:] == [f"  incident 1 at 2026-11-25T02:37:43Z: disruption (DeletionByTaintManager) of {JOB}-a: "
@@ -169,14 +169,14 @@ def test_status_prints_a_line_per_incident_from_the_pods_logs(capsys: pytest.Cap
                          "at least 2 step(s) lost"]
     assert all(kwargs["container"] == "train" and kwargs["tail_lines"] > 0 and kwargs["limit_bytes"] > 0
                for _, kwargs in core.log_reads)
-    assert submit._status(_Batch(), core, "training", JOB, as_json=True, clock=lambda: KILLED_AT + 60) == 0
+    assert show_status(_Batch(), core, "training", JOB, as_json=True, clock=lambda: KILLED_AT + 60) == 0
     [incident] = json.loads(capsys.readouterr().out)["incidents"]
     assert (incident["resumed_step"], incident["steps_lost"], incident["pod"]) == (4, 2, f"{JOB}-a")
 
 
 def test_status_reads_no_logs_for_a_job_without_restarts(capsys: pytest.CaptureFixture[str]) -> None:
     core = _Core([_running("b", "2026-11-25T02:37:45Z")], {})
-    assert submit._status(_Batch(), core, "training", JOB, as_json=False, clock=lambda: KILLED_AT) == 0
+    assert show_status(_Batch(), core, "training", JOB, as_json=False, clock=lambda: KILLED_AT) == 0
     assert core.log_reads == [] and "incident" not in capsys.readouterr().out
 
 
@@ -207,7 +207,7 @@ def test_watch_prints_each_incident_once_when_it_has_resumed(capsys: pytest.Capt
             done = self.polled >= 3
             return job({"type": "Complete", "status": "True"}, succeeded=1) if done else job(active=1, ready=1)
 
-    assert submit._watch(Batch(), core, "training", JOB, 1.0, clock=lambda: KILLED_AT, sleep=lambda s: None) == 0
+    assert watch_run(Batch(), core, "training", JOB, 1.0, clock=lambda: KILLED_AT, sleep=lambda s: None) == 0
     out = capsys.readouterr().out
     assert out.count("incident 1 at") == 1 and "resumed from step 4 after 18.9s" in out
     assert "no resume seen yet" not in out  # not printed while it had not resumed

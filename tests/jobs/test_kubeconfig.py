@@ -59,7 +59,7 @@ def test_inside_a_pod_the_service_account_is_the_last_resort(home: Path) -> None
 
 def test_submit_without_the_stacks_kubeconfig_says_how_to_get_it(home: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    from workloads.submit import main
+    from workloads.submit.cli import main
 
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("KUBECONFIG", raising=False)
@@ -94,7 +94,7 @@ def test_submit_with_a_stack_reads_its_facts_from_the_stack_output(tmp_path: Pat
 
     from tests.jobs.facts import dev_facts
     from workloads.cluster_facts import facts_to_dict
-    from workloads.submit import main
+    from workloads.submit.cli import main
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -120,7 +120,7 @@ def test_submit_with_a_stack_reads_its_facts_from_the_stack_output(tmp_path: Pat
 def test_a_kubeconfig_that_is_no_kubeconfig_is_one_error_line(home: Path, monkeypatch: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str],
                                                               content: bytes | None, why: str) -> None:
-    from workloads.submit import main
+    from workloads.submit.cli import main
 
     path = home / "kc"
     if content is None:
@@ -135,7 +135,7 @@ def test_a_kubeconfig_that_is_no_kubeconfig_is_one_error_line(home: Path, monkey
 @pytest.mark.parametrize("stack", ["../x", "/etc/passwd", "a b", "Dev", ""])
 def test_a_stack_name_with_path_characters_is_refused(home: Path, stack: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from workloads.submit import main
+    from workloads.submit.cli import main
 
     with pytest.raises(KubeconfigError, match="not a valid stack name"):
         resolve_kubeconfig(None, stack, {}, home)
@@ -145,7 +145,7 @@ def test_a_stack_name_with_path_characters_is_refused(home: Path, stack: str,
 
 @pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf", "abc", "1e400"])
 def test_a_bad_watch_interval_is_one_error_line(interval: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from workloads.submit import main
+    from workloads.submit.cli import main
 
     with pytest.raises(SystemExit) as caught:
         main(["watch", "x", "--interval", interval])

@@ -20,7 +20,7 @@ from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
 from workloads.cluster_facts import facts_to_dict
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, JobSpecError
 from workloads.jobspec.packjob import PackJobSpec, render_pack_job
-from workloads.submit import main
+from workloads.submit.cli import main
 
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
 PREFIX = "ml-cluster.io"
@@ -136,7 +136,7 @@ def test_watch_shows_images_per_second_and_slices_done() -> None:
     from dataclasses import replace as with_fields
 
     from workloads.progress import parse_metrics, progress, progress_line, snapshot
-    from workloads.submit import slices_done
+    from workloads.submit.phase import slices_done
 
     slices, _ = render_pack_job(spec(), kueue_dev()[1])
     slices["status"] = {"succeeded": 3, "failedIndexes": "2"}

@@ -13,10 +13,14 @@ import yaml
 
 from tests.jobs.facts import dev_facts
 from tests.jobs.jobrules import check_job
-from workloads import submit
 from workloads.cluster_facts import facts_to_dict
 from workloads.jobspec import KUEUE_QUEUE_LABEL
-from workloads.submit import job_phase, main
+from workloads.submit.cli import main
+from workloads.submit.commands import start_run
+from workloads.submit.errors import RuntimeFailure, UsageError
+from workloads.submit.kube import create_manifests
+from workloads.submit.observe import status_line, watch_run
+from workloads.submit.phase import job_phase, queue_position
 
 JOB = "resnet50-s3-copy-d2e1b094"
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
@@ -109,18 +113,17 @@ class FakeBatch:
 
 def test_start_unsuspends_a_suspended_job_and_leaves_kueue_jobs_to_kueue(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from workloads.submit import UsageError, _start
 
     batch = FakeBatch(job(suspend=True))
-    assert _start(batch, "training", JOB) == 0
+    assert start_run(batch, "training", JOB) == 0
     assert batch.patches == [("training", JOB, {"spec": {"suspend": False}})]
     assert capsys.readouterr().out == f"started job/{JOB}\n"
     running = FakeBatch(job(suspend=False))
-    assert _start(running, "training", JOB) == 0 and running.patches == []
+    assert start_run(running, "training", JOB) == 0 and running.patches == []
     queued = job(suspend=True)
     queued["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-h100"}
     with pytest.raises(UsageError, match="Kueue starts this Job"):
-        _start(FakeBatch(queued), "training", JOB)
+        start_run(FakeBatch(queued), "training", JOB)
 
 
 def test_copy_stager_running_is_staging() -> None:
@@ -316,16 +319,15 @@ class FakeApi:
 def test_submit_creates_job_and_service_and_treats_an_existing_hash_as_unchanged() -> None:
     from tests.jobs.facts import prod_facts
     from workloads.jobspec import parse_spec, render_job
-    from workloads.submit import _submit
 
     manifests = render_job(parse_spec({"name": "ddp", "image": IMAGE, "nodes": 2, "gpus": 8, "gpuType": "h100"}),
                            prod_facts())
     api = FakeApi(existing=set())
-    lines = _submit(manifests, api, api, api)
+    lines = create_manifests(manifests, api, api, api)
     assert [kind for _, kind, _ in api.created] == ["Job", "Service", "NetworkPolicy"]
     assert lines[0].startswith("created job/ddp-")
     again = FakeApi(existing={manifests[0]["metadata"]["name"]})
-    assert _submit(manifests, again, again, again)[0].startswith("unchanged job/ddp-")
+    assert create_manifests(manifests, again, again, again)[0].startswith("unchanged job/ddp-")
 
 
 # --- Kueue: holding, queueing and why a queued run is pending --------------------------------------------------
@@ -353,18 +355,16 @@ def wl_condition(kind: str, status: str, reason: str, message: str = "") -> dict
 
 
 def test_start_puts_a_held_job_in_its_queue_instead_of_unsuspending_it(capsys: pytest.CaptureFixture[str]) -> None:
-    from workloads.submit import _start
 
     held = job(suspend=True)
     held["metadata"]["annotations"]["ml-cluster.io/queue-name"] = "training"
     batch = FakeBatch(held)
-    assert _start(batch, "training", JOB) == 0
+    assert start_run(batch, "training", JOB) == 0
     assert batch.patches == [("training", JOB, {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "training"}}})]
     assert "queued job/" in capsys.readouterr().out
 
 
 def test_a_queued_job_waiting_for_quota_shows_its_place_and_why() -> None:
-    from workloads.submit import queue_position
 
     pending = {"items": [{"metadata": {"name": "job-other-1"}, "positionInLocalQueue": 0,
                           "positionInClusterQueue": 0},
@@ -478,8 +478,8 @@ def test_watch_gives_up_at_its_deadline_naming_the_run() -> None:
             return type("Pods", (), {"items": []})()
 
     slept: list[float] = []
-    with pytest.raises(submit.RuntimeFailure, match=r"job/run-1: still Pending after 0.2s \(watch --timeout\)"):
-        submit._watch(Batch(), Core(), "training", "run-1", 10.0, clock=lambda: 0.0,
+    with pytest.raises(RuntimeFailure, match=r"job/run-1: still Pending after 0.2s \(watch --timeout\)"):
+        watch_run(Batch(), Core(), "training", "run-1", 10.0, clock=lambda: 0.0,
                       sleep=lambda seconds: (slept.append(seconds), __import__("time").sleep(seconds)),
                       timeout=0.2)
     assert slept and max(slept) <= 0.2  # never sleeps past the deadline
@@ -494,6 +494,6 @@ def test_status_counts_replaced_pods_and_which_were_disruptions() -> None:
     phase = job_phase(job(active=1, ready=1), [stopped, lost, crashed, running])
     assert phase.phase == "Running"
     assert (phase.restarts, phase.disruptions) == (3, 2)
-    line = submit._status_line(JOB, phase, None)
+    line = status_line(JOB, phase, None)
     assert "restarts: 3 pod(s) replaced (2 disruption(s), 1 counted against backoffLimit)" in line
     assert job_phase(job(active=1, ready=1), [running]).restarts == 0

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from tests.jobs.test_submit import JOB, RUNNING, FakeBatch, condition, container_status, job, pod, terminated
 from workloads.data.metrics import StageMetrics
 from workloads.progress import MetricsParseError, parse_metrics, progress, progress_line, snapshot
-from workloads.submit import MAX_METRICS_PAGE_BYTES, _metrics_pages, _watch, metrics_endpoints
+from workloads.submit.observe import MAX_METRICS_PAGE_BYTES, metrics_endpoints, metrics_pages, watch_run
 from workloads.train.metrics import RunShape, TrainMetrics
 
 
@@ -136,7 +136,7 @@ def test_watch_prints_a_line_per_poll_until_the_run_ends(capsys: pytest.CaptureF
         core.poll += 1
         batch.body = jobs[core.poll]
 
-    assert _watch(batch, core, "training", JOB, 10.0, clock=lambda: next(clock), sleep=sleep) == 0
+    assert watch_run(batch, core, "training", JOB, 10.0, clock=lambda: next(clock), sleep=sleep) == 0
     lines = capsys.readouterr().out.splitlines()
     print("\n".join(lines))
     # First poll: lifetime figures (12 steps in the 10 s since the start, 8 to go); then the last interval's
@@ -153,5 +153,5 @@ def test_a_metrics_page_larger_than_the_cap_is_skipped_not_held() -> None:
     stage, train = metrics_endpoints(running)
     big = "ml_train_steps_total 1\n" + "# padding\n" * (MAX_METRICS_PAGE_BYTES // 10 + 1)
     core = FakeCore([([running], {stage: big, train: _page(_trainer(0, 2))})])
-    pages = _metrics_pages(core, "training", [running])
+    pages = metrics_pages(core, "training", [running])
     assert len(pages) == 1 and pages[0]["ml_train_steps_total"] == 12  # the trainer's page only

@@ -1,0 +1,126 @@
+"""What `submit` reads before it talks to the cluster: spec files and facts files (bounded, refused in one line
+when they are not what they should be), the stack's facts from its `jobFacts` output, and the manifests they
+render to."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from typing import Any
+
+import yaml
+
+from workloads.cluster_facts import ClusterFacts, facts_from_dict
+from workloads.data.statefile import StateFileError, read_regular
+from workloads.jobspec import JobSpecError, load_job_file, render_job
+from workloads.submit.errors import RuntimeFailure, UsageError
+
+MAX_NESTING = 64  # a job spec or facts file nests a handful of levels; deeper is hostile or broken input
+MAX_INPUT_BYTES = 16 << 20  # a job spec or facts file is kilobytes; a FIFO or /dev/zero must not hang or fill memory
+PULUMI_TIMEOUT_S = 120.0
+
+
+def _read_text(path: str) -> str:
+    """The file as UTF-8 text, or a UsageError (missing, not a regular file, too large, binary, NUL bytes).
+    A link the user names is followed; a FIFO or a device is refused without blocking."""
+    try:
+        raw, _ = read_regular(path, MAX_INPUT_BYTES, follow=True)
+    except StateFileError as exc:
+        raise UsageError(path, exc.why) from None
+    if raw is None:
+        raise UsageError(path, "cannot read: No such file or directory")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(path, f"not UTF-8 text (byte {exc.start}): is this a binary file?") from None
+    if "\x00" in text:
+        raise UsageError(path, "contains NUL bytes: is this a binary file?")
+    return text
+
+
+def _check_yaml_nesting(path: str) -> None:
+    """Refuse binary or absurdly nested YAML before the recursive loader sees it (one-line error, no traceback).
+
+    yaml.parse is an iterative event stream, so measuring depth cannot itself overflow the stack."""
+    text = _read_text(path)
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise UsageError(path, f"nested deeper than {MAX_NESTING} levels")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        raise UsageError(path, f"not valid YAML: {exc}".splitlines()[0]) from None
+
+
+def load_facts(path: str) -> ClusterFacts:
+    text = _read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(path, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(path, "nested too deeply to be cluster facts") from None
+    if not isinstance(data, dict):
+        raise UsageError(path, "expected a JSON object of cluster facts")
+    try:
+        return facts_from_dict(data)
+    except ValueError as exc:
+        raise UsageError(path, str(exc)) from None
+
+
+def stack_facts(stack: str) -> ClusterFacts:
+    """The stack's ClusterFacts from its `jobFacts` output (the Pulumi CLI, logged in to the stack's backend)."""
+    where = f"pulumi stack output jobFacts --stack {stack}"
+    try:
+        done = subprocess.run(["pulumi", "stack", "output", "jobFacts", "--json", "--stack", stack],
+                              capture_output=True, text=True, check=False, timeout=PULUMI_TIMEOUT_S)
+    except FileNotFoundError:
+        raise UsageError("pulumi", "not installed: pass --facts FILE instead of reading the stack") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeFailure(where, f"no answer within {PULUMI_TIMEOUT_S:g}s (is the state backend reachable?); "
+                                    "or pass --facts FILE") from None
+    if done.returncode != 0:
+        raise UsageError(where, (done.stderr.strip().splitlines() or ["failed"])[-1])
+    try:
+        data = json.loads(done.stdout)
+        return facts_from_dict(data)
+    except (json.JSONDecodeError, ValueError, AttributeError) as exc:
+        raise UsageError(where, f"not cluster facts ({exc}); run make up first") from None
+
+
+def render_spec_file(job_file: str, facts_file: str | None, stack: str | None) -> list[dict[str, Any]]:
+    if facts_file is None and stack is None:
+        raise UsageError("arguments", "give --stack S (facts from the stack) or --facts FILE")
+    facts = load_facts(facts_file) if facts_file is not None else stack_facts(str(stack))
+    _check_yaml_nesting(job_file)
+    specs = load_job_file(job_file)
+    manifests: list[dict[str, Any]] = []
+    for index, spec in enumerate(specs):
+        try:
+            manifests += render_job(spec, facts)
+        except JobSpecError as exc:
+            where = f"jobs[{index}].{exc.path}" if len(specs) > 1 else exc.path
+            raise JobSpecError(f"{job_file}: {where}", exc.reason) from None
+    return manifests
+
+
+def render_pack(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from workloads.jobspec.packjob import PackJobSpec, render_pack_job
+
+    if args.facts is None and args.stack is None:
+        raise UsageError("arguments", "give --stack S (facts from the stack) or --facts FILE")
+    facts = load_facts(args.facts) if args.facts is not None else stack_facts(str(args.stack))
+    image = args.image
+    if image is None:
+        if args.image_tag is None or facts.image_repository is None:
+            raise UsageError("--image", "give --image, or --image-tag on a stack with its own registry")
+        image = f"{facts.image_repository}:{args.image_tag}"
+    spec = PackJobSpec(name=args.name, source=args.source, dest=args.dest, slices=args.slices, image=image,
+                       layout=args.layout, image_size=args.size, shard_size=args.shard_size,
+                       cpu_millicores=args.cpu * 1000, memory=args.memory, queue=args.queue)
+    return render_pack_job(spec, facts)

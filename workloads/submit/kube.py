@@ -1,0 +1,185 @@
+"""The Kubernetes client layer of `submit`: API clients whose every call has a deadline, and creating, reading and
+listing a run's objects. Objects come back in their JSON shape (camelCase keys), which the phase logic reads."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from workloads.jobspec import DEFAULT_KIND, KINDS, KUEUE_QUEUE_LABEL, Controller, controller_of
+from workloads.kubeconfig import load_kubernetes_config, resolve_kubeconfig
+from workloads.submit.errors import RuntimeFailure, UsageError
+from workloads.submit.phase import created, queue_position
+
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+FOLLOW_READ_TIMEOUT_S = 300.0  # logs --follow: a stream silent for this long (or --request-timeout, if longer) ends
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+# Kueue labels each Workload with the UID of the Job it stands for (pkg/controller/constants/constants.go:43 at
+# v0.19.2); the Workload's name is derived from the Job's and is not guessed here.
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    from urllib3.exceptions import MaxRetryError
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+    if isinstance(exc, MaxRetryError):
+        return isinstance(exc.reason, Urllib3Timeout | TimeoutError)
+    return isinstance(exc, Urllib3Timeout | TimeoutError)
+
+
+class TimedApi:
+    """A kubernetes client API object whose every call carries `_request_timeout` (connect, read), so an API server
+    that accepts the connection and never answers cannot hold a command forever; a call that runs out of time is a
+    RuntimeFailure naming the API server and the call."""
+
+    def __init__(self, api: Any, server: str, timeout_s: float) -> None:
+        self._api = api
+        self._server = server
+        self._timeout = (min(CONNECT_TIMEOUT_S, timeout_s), timeout_s)
+
+    @property
+    def api_client(self) -> Any:
+        return self._api.api_client
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._api, name)
+        if not callable(target):
+            return target
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", self._timeout)
+            try:
+                return target(*args, **kwargs)
+            except Exception as exc:
+                if _is_timeout(exc):
+                    raise RuntimeFailure(f"kubernetes API {self._server}",
+                                         f"{name}: no answer within {kwargs['_request_timeout'][1]:g}s "
+                                         "(--request-timeout)") from None
+                raise
+
+        return call
+
+
+def apis(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    from kubernetes import client
+
+    choice = resolve_kubeconfig(args.kubeconfig, args.stack, os.environ, Path.home())
+    load_kubernetes_config(choice, args.context)
+    from urllib3.util.retry import Retry
+
+    configuration = client.Configuration.get_default_copy()
+    # A read that timed out is not sent again: --request-timeout is the whole wait for an answer, not per attempt.
+    configuration.retries = Retry(total=3, connect=3, read=0, status=0, other=0, redirect=3)
+    client.Configuration.set_default(configuration)
+    server = configuration.host
+    timeout = args.request_timeout
+    return (TimedApi(client.BatchV1Api(), server, timeout), TimedApi(client.CoreV1Api(), server, timeout),
+            TimedApi(client.NetworkingV1Api(), server, timeout))
+
+
+def to_json(api_object: Any) -> dict[str, Any]:
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(api_object)
+
+
+# The typed client (its place in apis()' answer) and method that create a built-in object; an object of a kind of
+# the kind table that is a custom resource goes through the custom objects API with the table's plural.
+_TYPED_CREATE = {("batch/v1", "Job"): (0, "create_namespaced_job"),
+                 ("v1", "Service"): (1, "create_namespaced_service"),
+                 ("networking.k8s.io/v1", "NetworkPolicy"): (2, "create_namespaced_network_policy")}
+
+
+def custom_objects_api(timeout_s: float) -> Any:
+    from kubernetes import client
+
+    return TimedApi(client.CustomObjectsApi(), client.Configuration.get_default_copy().host, timeout_s)
+
+
+def _creator(manifest: dict[str, Any], typed_clients: tuple[Any, Any, Any], custom: Any) -> Any:
+    """The call `(namespace, body)` that creates `manifest`."""
+    typed = _TYPED_CREATE.get((manifest["apiVersion"], manifest["kind"]))
+    if typed is not None:
+        return getattr(typed_clients[typed[0]], typed[1])
+    controller = controller_of(manifest)
+    if controller is None:
+        raise UsageError(f"{manifest['kind'].lower()}/{manifest['metadata']['name']}",
+                         f"{manifest['apiVersion']} {manifest['kind']} is not a kind submit creates")
+    api = custom if custom is not None else custom_objects_api(timeout_of(typed_clients[0]))
+    return lambda namespace, body: api.create_namespaced_custom_object(
+        controller.group, controller.version, namespace, controller.plural, body)
+
+
+def create_manifests(manifests: list[dict[str, Any]], batch: Any, core: Any, networking: Any,
+                     custom: Any = None) -> list[str]:
+    """Create a run's objects in order (the controller object first); one that exists already is `unchanged` (the
+    name holds the spec's hash: same name, same content)."""
+    from kubernetes.client.exceptions import ApiException
+
+    lines = []
+    for manifest in manifests:
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        create = _creator(manifest, (batch, core, networking), custom)
+        try:
+            create(namespace, manifest)
+            lines.append(f"created {manifest['kind'].lower()}/{name} in {namespace}")
+        except ApiException as exc:
+            if exc.status != 409:
+                raise UsageError(f"{manifest['kind'].lower()}/{name}", f"{exc.status} {exc.reason}") from None
+            # Same hash, same content: the run already exists.
+            lines.append(f"unchanged {manifest['kind'].lower()}/{name} (already exists)")
+    return lines
+
+
+def run_pods(core: Any, namespace: str, name: str,
+             controller: Controller = KINDS[DEFAULT_KIND]) -> list[dict[str, Any]]:
+    """The pods of the run `name` (its controller's pod selector)."""
+    pods = core.list_namespaced_pod(namespace, label_selector=controller.pod_selector(name))
+    return [to_json(pod) for pod in pods.items]
+
+
+def read_job(batch: Any, namespace: str, name: str) -> dict[str, Any]:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return to_json(batch.read_namespaced_job(name, namespace))
+    except ApiException as exc:
+        why = "not found" if exc.status == 404 else f"{exc.status} {exc.reason}"
+        raise UsageError(f"job/{name}", why) from None
+
+
+def kueue_state(namespace: str, job: dict[str, Any], timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 ) -> tuple[dict[str, Any] | None, tuple[int, int] | None]:
+    """The Job's Workload and, while it is pending, its place in the queue (visibility API; None where the
+    caller may not read it)."""
+    from kubernetes.client.exceptions import ApiException
+
+    uid = (job.get("metadata") or {}).get("uid")
+    if not uid:
+        return None, None
+    custom = custom_objects_api(timeout_s)
+    found = custom.list_namespaced_custom_object(
+        KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}")
+    items = (found.get("items") if isinstance(found, dict) else None) or []
+    if not items:
+        return None, None
+    workload = max(items, key=created)
+    queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    try:
+        pending = custom.api_client.call_api(
+            "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads",
+            "GET", path_params={"namespace": namespace, "name": queue}, response_type="object",
+            auth_settings=["BearerToken"], _return_http_data_only=True,
+            _request_timeout=(min(CONNECT_TIMEOUT_S, timeout_s), timeout_s))
+    except ApiException:  # no RBAC for the visibility API, or it is not served: the position is optional
+        pending = None
+    return workload, queue_position(pending, workload["metadata"]["name"])
+
+
+def timeout_of(api: Any) -> float:
+    timeout = getattr(api, "_timeout", None)
+    return float(timeout[1]) if isinstance(timeout, tuple) else DEFAULT_REQUEST_TIMEOUT_S

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from workloads.cli import HelpWithDefaults, parse_size
+from workloads.data import tables_cli
 from workloads.data.format import MAX_IMAGE_SIZE
 from workloads.data.metrics import PACK_METRICS_PORT_ENV, STAGE_METRICS_PORT_ENV, PackMetrics, StageMetrics
 from workloads.data.records import TOKEN_DTYPES
@@ -166,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     tokens.add_argument("--dtype", choices=list(TOKEN_DTYPES), default="uint16",
                         help="stored dtype of the ids (uint16 holds vocabularies up to 65536)")
     tokens.add_argument("--eos", type=int, default=None, help="token id appended after each document")
+    tokens.add_argument("--doc-offsets", action="store_true",
+                        help="also store each sequence's document starts (field doc_offsets: a block-diagonal "
+                             "attention mask, workloads/data/documents.py)")
     tokens.add_argument("--arrow-column", default="input_ids",
                         help=".arrow files: the list-of-integers column holding each row's token ids")
     for sub in (captions, tokens):
@@ -188,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     upload.add_argument("--force", action="store_true",
                         help="re-send every shard even when the remote object's sha256 metadata matches")
 
-    stage = commands.add_parser("stage", help="s3://bucket/prefix -> local directory")
-    stage.add_argument("uri")
+    stage = commands.add_parser("stage", help="s3://bucket/prefix -> local directory (several: a mixture's sources "
+                                              "into DEST/0, DEST/1, ... with one budget)")
+    stage.add_argument("uri", nargs="+")
     stage.add_argument("dest", type=Path)
     stage.add_argument("--endpoint-url", type=_endpoint, help="S3-compatible endpoint (COS, MinIO)")
     stage.add_argument("--workers", type=_int_upto(512), default=16, help="parallel ranged GETs")
@@ -214,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                        help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
                             f"listens on ${METRICS_ADDR_ENV} (default {DEFAULT_METRICS_ADDR})")
-    for sub in (pack, captions, tokens, upload, stage):
+    tables = tables_cli.add_parser(commands, _endpoint, _seconds, _int_upto)
+    for sub in (pack, captions, tokens, upload, stage, tables):
         sub.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -270,7 +276,7 @@ def _pack_records(args: argparse.Namespace, progress: bool) -> int:
                                 shuffle_seed=None if args.no_shuffle else args.shuffle_seed)
     if args.command == "pack-tokens":
         result = pack_tokens(args.src, args.out, options, seq_len=args.seq_len, dtype=args.dtype, eos=args.eos,
-                             arrow_column=args.arrow_column)
+                             arrow_column=args.arrow_column, doc_offsets=args.doc_offsets)
         extra = (f"; {result.report['stream_tokens']} tokens of {result.report['documents']} documents, "
                  f"dropped tail {result.report['dropped_tail_tokens']}")
     else:
@@ -371,6 +377,8 @@ def _pack_to_bucket(args: argparse.Namespace, options: PackOptions, progress: bo
 
 def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress if hasattr(args, "no_progress") else False
+    if args.command == "pack-tables":
+        return tables_cli.run(args, progress)
     if args.command == "pack":
         from workloads.data.pack import REPORT_NAME, PackOptions, pack
 
@@ -414,7 +422,8 @@ def run(args: argparse.Namespace) -> int:
 
     from workloads.data.s3 import RetryPolicy, make_client
 
-    uri = parse_s3_uri(args.uri)
+    uris = args.uri if isinstance(args.uri, list) else [args.uri]
+    uri = parse_s3_uri(uris[0])
     if args.command == "upload":
         from workloads.data.upload import UploadOptions, upload
 
@@ -425,6 +434,7 @@ def run(args: argparse.Namespace) -> int:
               f"{len(uploaded.removed)} stale shards of a previous pack, to {uri}")
         return 0
 
+    from workloads.data.mixture_stage import stage_mixture
     from workloads.data.stage import StageOptions, stage
 
     if args.budget is not None and args.window is not None:
@@ -438,10 +448,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if port:
             metrics.serve(port, metrics_addr())
-        staged = stage(client, uri, args.dest, StageOptions(
-            workers=args.workers, part_bytes=args.part_size, budget_bytes=budget,
-            retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger,
-            wait_timeout_s=args.wait_timeout, metrics=metrics))
+        options = StageOptions(workers=args.workers, part_bytes=args.part_size, budget_bytes=budget,
+                               retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger,
+                               wait_timeout_s=args.wait_timeout, metrics=metrics)
+        staged = (stage(client, uri, args.dest, options) if len(uris) == 1
+                  else stage_mixture(client, [parse_s3_uri(text) for text in uris], args.dest, options))
     finally:
         metrics.close()
     print(f"staged into {args.dest}: fetched {len(staged.fetched)} shards ({staged.fetched_bytes} bytes), kept "

@@ -269,7 +269,7 @@ def iter_batches(loader: Any) -> Iterator[Any]:
 
 
 @dataclass
-class _Stager:
+class StagerProcess:
     process: subprocess.Popen[bytes]
     log: Path
 
@@ -286,7 +286,7 @@ class PackedData:
     start_epoch: int = 0
     stager_summary: str | None = None  # after close: the last line of the stager this object started
     _loader: DataLoader[Any] | None = None
-    _stager: _Stager | None = None
+    _stager: StagerProcess | None = None
     _done: int = 0  # batches of the current iteration handed out (the position state_dict reports)
     _total: int = -1  # batches in the current iteration
     _positioned: bool = False  # load_state_dict set the position of `start_epoch`
@@ -342,7 +342,7 @@ class PackedData:
             raise ValueError(f"budget_bytes: must be at least 1 MiB (and the largest shard), got {budget_bytes!r}")
         stager = None
         if remote is not None and placement.local_rank == 0:
-            stager = _start_stager(remote, root, endpoint_url, budget_bytes, stager_workers)
+            stager = start_stager(remote, root, endpoint_url, budget_bytes, stager_workers)
         try:
             if wait_for_data_s is None:
                 sidecar = is_cached(root) or (os.environ.get("DATA_STAGING") == "cache"
@@ -351,10 +351,10 @@ class PackedData:
                                    else SIDECAR_START_TIMEOUT_S if sidecar else 0.0)
             if wait_for_data_s > 0 and not wait_for_manifest(root, wait_for_data_s, stager_timeout_s):
                 raise DataUnavailableError(f"{root / MANIFEST_NAME}: did not appear within {wait_for_data_s:g}s; is "
-                                           "the stager running?" + _stager_tail(stager))
+                                           "the stager running?" + stager_tail(stager))
             if stager is not None and stager.process.poll() not in (None, 0):
                 raise DataUnavailableError(f"{remote}: the stager exited with {stager.process.returncode}"
-                                           + _stager_tail(stager))
+                                           + stager_tail(stager))
             dataset = open_dataset(root, image_size=image_size, shard_wait_s=shard_wait_s,
                                    stager_timeout_s=stager_timeout_s, decode_cache=decode_cache,
                                    decode_cache_bytes=decode_cache_bytes, fields=fields, as_tuple=as_tuple)
@@ -364,7 +364,7 @@ class PackedData:
             feeder = make_feeder(dataset, sampler, placement)
         except BaseException:
             if stager is not None:
-                _stop_stager(stager, timeout_s=0)
+                stop_stager(stager, timeout_s=0)
             raise
         return cls(dataset=dataset, sampler=sampler, placement=placement, feeder=feeder, _stager=stager)
 
@@ -476,7 +476,7 @@ class PackedData:
                 self.feeder.finish()
         finally:
             if self._stager is not None:
-                self.stager_summary = _stop_stager(self._stager, timeout_s)
+                self.stager_summary = stop_stager(self._stager, timeout_s)
             self.dataset.close()
 
     def __enter__(self) -> PackedData:
@@ -486,12 +486,15 @@ class PackedData:
         self.close()
 
 
-def _start_stager(remote: str, dest: Path, endpoint_url: str | None, budget_bytes: int | None,
-                  workers: int) -> _Stager:
-    if not remote.startswith("s3://"):
-        raise ValueError(f"remote: expected an s3://bucket/prefix URI, got {remote!r}")
+def start_stager(remote: str | Sequence[str], dest: Path, endpoint_url: str | None, budget_bytes: int | None,
+                 workers: int) -> StagerProcess:
+    """`python -m workloads.data stage` of one remote (or a mixture's remotes, into DEST/0, DEST/1, ...)."""
+    remotes = [remote] if isinstance(remote, str) else list(remote)
+    for text in remotes:
+        if not text.startswith("s3://"):
+            raise ValueError(f"remote: expected an s3://bucket/prefix URI, got {text!r}")
     dest.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "workloads.data", "stage", remote, str(dest), "--no-progress",
+    command = [sys.executable, "-m", "workloads.data", "stage", *remotes, str(dest), "--no-progress",
                "--workers", str(workers)]
     if budget_bytes is not None:
         command += ["--budget", f"{budget_bytes}B"]  # a bare number would be GiB
@@ -503,10 +506,10 @@ def _start_stager(remote: str, dest: Path, endpoint_url: str | None, budget_byte
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     with tempfile.NamedTemporaryFile(prefix="stager-", suffix=".log", delete=False) as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    return _Stager(process, Path(out.name))
+    return StagerProcess(process, Path(out.name))
 
 
-def _stager_tail(stager: _Stager | None) -> str:
+def stager_tail(stager: StagerProcess | None) -> str:
     if stager is None:
         return ""
     with contextlib.suppress(OSError):
@@ -516,7 +519,7 @@ def _stager_tail(stager: _Stager | None) -> str:
     return ""
 
 
-def _stop_stager(stager: _Stager, timeout_s: float) -> str | None:
+def stop_stager(stager: StagerProcess, timeout_s: float) -> str | None:
     """Wait for the stager (stop it after `timeout_s`); its last line of output."""
     try:
         stager.process.wait(timeout=timeout_s)
@@ -527,7 +530,7 @@ def _stop_stager(stager: _Stager, timeout_s: float) -> str | None:
         except subprocess.TimeoutExpired:
             stager.process.kill()
             stager.process.wait()
-    summary = _stager_tail(stager)
+    summary = stager_tail(stager)
     if stager.process.returncode == 0:
         stager.log.unlink(missing_ok=True)
     return summary.removeprefix(" (stager: ").removesuffix(")") or None

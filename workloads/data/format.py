@@ -110,14 +110,17 @@ class Manifest(BaseModel):
     shards: list[ShardInfo]
     skipped: int = Field(default=0, ge=0, description="source files left out (see the pack report)")
     shuffle_seed: int | None = Field(default=None, description="seed of the sample permutation; None: sorted")
+    map_hook: dict[str, str] | None = Field(default=None, description="records packed through a map hook "
+                                                                       "(maphook.py): its name and source sha256")
 
     @model_serializer(mode="wrap")
     def _without_absent_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         # A version-1 manifest is written exactly as before (no "fields" key), so older readers, which forbid
         # unknown keys, still read the image-folder datasets this code packs.
         data: dict[str, object] = handler(self)
-        if data.get("fields") is None:
-            data.pop("fields", None)
+        for name in ("fields", "map_hook"):
+            if data.get(name) is None:
+                data.pop(name, None)
         return data
 
     @model_validator(mode="after")

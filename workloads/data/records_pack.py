@@ -31,6 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from workloads.data import TOOL_VERSION
+from workloads.data.documents import DOC_OFFSETS_FIELD, sequence_offsets
 from workloads.data.format import (
     FORMAT_NAME,
     MANIFEST_NAME,
@@ -103,7 +104,8 @@ def normalize_image(raw: bytes) -> bytes:
     return sample.payload
 
 
-def _write_shard(path: Path, fields: Sequence[FieldSpec], columns: list[list[Any]]) -> None:
+def write_records_shard(path: Path, fields: Sequence[FieldSpec], columns: list[list[Any]]) -> None:
+    """One records shard: each field's column as records.py lays it out (same columns -> same bytes)."""
     count = len(columns[0])
     with h5py.File(path, "w", libver=("v110", "v110"), track_order=False) as handle:
         handle.attrs["format"] = FORMAT_NAME
@@ -190,7 +192,7 @@ def _pack_locked(items: Iterable[Item], fields: list[FieldSpec], out: Path, opti
         temp = out / f".{shard_name(index)}{TEMP_SUFFIX}"
         temp_paths.append(temp)
         try:
-            _write_shard(temp, fields, columns)
+            write_records_shard(temp, fields, columns)
         except OSError as exc:
             raise write_error(temp, exc) from exc
         count = len(columns[0])
@@ -555,7 +557,8 @@ def _token_documents(source: Path, dtype: np.dtype[Any], arrow_column: str = ARR
 
 
 def pack_tokens(source: Path, out: Path, options: RecordPackOptions, *, seq_len: int, dtype: str = "uint16",
-                eos: int | None = None, arrow_column: str = ARROW_COLUMN) -> RecordPackResult:
+                eos: int | None = None, arrow_column: str = ARROW_COLUMN, doc_offsets: bool = False,
+                ) -> RecordPackResult:
     """Pre-tokenized documents as fixed-length sequences in field "tokens": SOURCE/**/*.npy (1-D integer ids, one
     document each) and SOURCE/**/*.arrow (Arrow IPC, a document per row of the list-of-integers `arrow_column`,
     e.g. a Hugging Face datasets cache file's input_ids).
@@ -564,8 +567,10 @@ def pack_tokens(source: Path, out: Path, options: RecordPackOptions, *, seq_len:
     `eos` when given, are concatenated
     into one stream, which is cut into consecutive sequences of exactly `seq_len` ids (a sequence may span
     documents; none overlaps another). The stream's tail of fewer than seq_len ids is dropped and its length is in
-    the pack report (`dropped_tail_tokens`). The sequences are then stored in a seeded permutation (shuffle_seed)."""
+    the pack report (`dropped_tail_tokens`). The sequences are then stored in a seeded permutation (shuffle_seed).
+    doc_offsets: also store each sequence's document segment starts (field "doc_offsets", documents.py)."""
     spec = FieldSpec(name="tokens", type="tokens", dtype=dtype, length=seq_len)
+    fields = [spec, FieldSpec(name=DOC_OFFSETS_FIELD, type="tokens", dtype="uint32")] if doc_offsets else [spec]
     target = spec.numpy_dtype
     if eos is not None and not np.iinfo(target).min <= eos <= np.iinfo(target).max:
         raise DataToolError("--eos", f"{eos} does not fit {target}")
@@ -576,6 +581,7 @@ def pack_tokens(source: Path, out: Path, options: RecordPackOptions, *, seq_len:
     if eos is not None:
         pieces = [part for ids in pieces for part in (ids, np.asarray([eos], dtype=target))]
     ends = np.cumsum([len(part) for part in pieces], dtype=np.int64)
+    document_ends = ends[1::2] if eos is not None else ends  # a document ends after its eos
     stream_tokens = int(ends[-1]) if len(ends) else 0
     count = stream_tokens // seq_len
     order = list(range(count))
@@ -600,11 +606,14 @@ def pack_tokens(source: Path, out: Path, options: RecordPackOptions, *, seq_len:
         for entry in bad:
             yield entry["path"], None, entry["reason"]
         for index in order:
-            yield f"sequence {index}", {"tokens": sequence(index)}, ""
+            record = {"tokens": sequence(index)}
+            if doc_offsets:
+                record[DOC_OFFSETS_FIELD] = sequence_offsets(document_ends, index * seq_len, (index + 1) * seq_len)
+            yield f"sequence {index}", record, ""
 
     report = {"seq_len": seq_len, "documents": len(documents), "stream_tokens": stream_tokens,
               "sequences": count, "dropped_tail_tokens": stream_tokens - count * seq_len, "eos": eos}
     if count == 0:
         raise DataToolError(str(source), f"{stream_tokens} usable token ids, fewer than one sequence of {seq_len} "
                                          f"({len(bad)} files left out)")
-    return pack_records(items(), [spec], out, options, source=str(source), total=count + len(bad), report=report)
+    return pack_records(items(), fields, out, options, source=str(source), total=count + len(bad), report=report)

@@ -149,7 +149,7 @@ def read_record(client: Any, target: S3Uri, plan: str, shard: int) -> ShardRecor
     return record if record.plan == plan and record.shard == shard else None
 
 
-def _object_matches(client: Any, target: S3Uri, record: ShardRecord) -> bool:
+def object_matches(client: Any, target: S3Uri, record: ShardRecord) -> bool:
     """The record's shard object is in the bucket with the recorded size and sha256 (True for an absent shard)."""
     if record.path is None:
         return True
@@ -163,7 +163,7 @@ def _object_matches(client: Any, target: S3Uri, record: ShardRecord) -> bool:
                 and head.get("Metadata", {}).get(SHA256_METADATA) == record.sha256)
 
 
-def _abort_open_uploads(client: Any, target: S3Uri, shards: range) -> int:
+def abort_open_uploads(client: Any, target: S3Uri, shards: range) -> int:
     """Abort multipart uploads left open on the names of `shards` (a killed slice's); other slices' are theirs."""
     aborted = 0
     prefix = target.key("shard-")
@@ -184,7 +184,7 @@ def _abort_open_uploads(client: Any, target: S3Uri, shards: range) -> int:
     return aborted
 
 
-def _free_name(stream: ShardStream, shard: int, sha256: str, size: int) -> str:
+def free_shard_name(stream: ShardStream, shard: int, sha256: str, size: int) -> str:
     """shard-NNNNN.h5, or shard-NNNNN-rK.h5 while the manifest now at DEST uses that name for other bytes."""
     name, k = shard_name(shard), 0
     while not stream.usable(name, sha256, size):
@@ -204,11 +204,11 @@ def pack_slice(client: Any, source: Path | S3Source, target: S3Uri, options: Pac
     metrics.shards.set(len(result.shards))
     stream.open()  # bucket present and answering, the manifest now at DEST: before anything is packed
     try:
-        result.aborted_uploads = _abort_open_uploads(client, target, result.shards)
+        result.aborted_uploads = abort_open_uploads(client, target, result.shards)
         todo = []
         for shard in result.shards:
             record = read_record(client, target, plan.digest, shard)
-            if record is not None and _object_matches(client, target, record):
+            if record is not None and object_matches(client, target, record):
                 result.reused.append(shard)
                 metrics.shards_done.inc()
                 result.samples += record.num_samples
@@ -256,17 +256,17 @@ def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: P
             _write_shard(temp, options.layout, options.image_size, payloads, labels)
             size = temp.stat().st_size
             sha, md5 = stream.hashes(temp)
-            name = _free_name(stream, shard, sha, size)
+            name = free_shard_name(stream, shard, sha, size)
             record = empty.model_copy(update={"path": name, "num_samples": len(labels), "bytes": size,
                                               "sha256": sha})
 
             def committed() -> None:
-                _put_record(client, target, record)
+                put_record(client, target, record)
                 metrics.shards_done.inc()
 
             stream.send(temp, name, sha, md5, size, then=committed)
         else:
-            _put_record(client, target, empty)
+            put_record(client, target, empty)
             metrics.shards_done.inc()
         result.packed.append(shard)
         result.samples += len(labels)
@@ -306,7 +306,7 @@ def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: P
         closer.shutdown(wait=True, cancel_futures=True)
 
 
-def _put_record(client: Any, target: S3Uri, record: ShardRecord) -> None:
+def put_record(client: Any, target: S3Uri, record: ShardRecord) -> None:
     key = record_key(target, record.plan, record.shard)
     try:
         client.put_object(Bucket=target.bucket, Key=key, Body=(record.model_dump_json() + "\n").encode(),
@@ -343,7 +343,7 @@ def publish(client: Any, source: Path | S3Source, target: S3Uri, options: PackOp
                                                  f"(shard {missing[0]}, from {first_input}, first); run their slices "
                                                  "(the same SRC and options) before publishing", runtime=True)
             done = [record for record in records if record is not None]
-            agree = list(pool.map(lambda record: _object_matches(client, target, record), done))
+            agree = list(pool.map(lambda record: object_matches(client, target, record), done))
         for record, ok in zip(done, agree, strict=True):
             if not ok:
                 where = _uri(target, target.key(record.path or ""))
@@ -379,13 +379,13 @@ def publish(client: Any, source: Path | S3Source, target: S3Uri, options: PackOp
         except Exception as exc:
             raise describe(_uri(target, target.key(REPORT_NAME)), exc) from exc
         stream.remove_stale({shard.path for shard in shards})
-        _remove_records(client, target)
+        remove_records(client, target)
     finally:
         stream.close()
     return PublishResult(manifest=manifest, skipped=skipped, removed=stream.result.removed)
 
 
-def _remove_records(client: Any, target: S3Uri) -> None:
+def remove_records(client: Any, target: S3Uri) -> None:
     prefix = target.key(f"{RECORDS_DIR}/")
     try:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=prefix):

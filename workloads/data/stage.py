@@ -217,7 +217,9 @@ def read_checked_plan(dest: Path, names: Container[str], source: StateFile | Non
     return plan
 
 
-class _Stager:
+class ShardStager:
+    """Fetches a manifest's shards into DEST (see the module docstring); `run_stager` runs it."""
+
     def __init__(self, client: Any, source: S3Uri, dest: Path, manifest: Manifest, options: StageOptions) -> None:
         self.client = client
         self.source = source
@@ -254,15 +256,19 @@ class _Stager:
         self.metrics = options.metrics or StageMetrics()
         self.metrics.dataset(len(manifest.shards), sum(s.bytes for s in manifest.shards), self.budget)
 
+    def object_of(self, name: str) -> tuple[str, str]:
+        """The bucket and key a shard is fetched from."""
+        return self.source.bucket, self.source.key(name)
+
     # -- pieces run in the pool -------------------------------------------------------------------------------
     def _fetch_part(self, fetch: _ShardFetch, start: int, end: int) -> int:
-        key = self.source.key(fetch.info.path)
+        bucket, key = self.object_of(fetch.info.path)
         expected = end - start + 1
 
         def attempt() -> int:
             if self.aborted.is_set():
                 raise DataToolError(key, "cancelled after another part failed", runtime=True)
-            response = self.client.get_object(Bucket=self.source.bucket, Key=key, Range=f"bytes={start}-{end}")
+            response = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}")
             offset = start
             for chunk in response["Body"].iter_chunks(_BODY_CHUNK):
                 if offset + len(chunk) > end + 1:
@@ -273,7 +279,7 @@ class _Stager:
                 raise TransientError(f"short body: {offset - start} of {expected} bytes")
             return expected
 
-        got = with_retries(attempt, f"s3://{self.source.bucket}/{key}", self.options.retry,
+        got = with_retries(attempt, f"s3://{bucket}/{key}", self.options.retry,
                            on_retry=self.metrics.retries.inc)
         self.metrics.bytes.inc(got)
         fetch.part_done(start, end + 1)
@@ -294,15 +300,17 @@ class _Stager:
         if not hashed == fetch.info.bytes == fetch.temp.stat().st_size or digest != fetch.info.sha256:
             fetch.temp.unlink()
             return False
-        os.replace(fetch.temp, self.dest / fetch.info.path)
-        fsync_dir(self.dest)
+        final = self.dest / fetch.info.path
+        os.replace(fetch.temp, final)
+        fsync_dir(final.parent)
         return True
 
     # -- coordination (main thread only) ----------------------------------------------------------------------
     def _start_fetch(self, pool: ThreadPoolExecutor, info: ShardInfo, attempt: int, urgent: bool = False) -> None:
         """Create the temp file and queue the shard's parts. An urgent shard (the reader waits for it now) is split
         over every connection, down to min_part_bytes, so it arrives in the time of one small part."""
-        temp = self.dest / f".{info.path}.{os.getpid()}.{attempt}{TEMP_SUFFIX}"
+        final = self.dest / info.path  # a mixture's shards sit in one folder per source (mixture_stage.py)
+        temp = final.parent / f".{final.name}.{os.getpid()}.{attempt}{TEMP_SUFFIX}"
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, info.bytes)
@@ -593,7 +601,7 @@ class _Stager:
             self.publish()
             return
         if fetch.attempt >= self.options.shard_attempts:
-            raise DataToolError(f"s3://{self.source.bucket}/{self.source.key(name)}",
+            raise DataToolError("s3://{}/{}".format(*self.object_of(name)),
                                 f"sha256 does not match the manifest after {fetch.attempt} downloads", runtime=True)
         self.metrics.mismatches.inc()
         self._start_fetch(pool, fetch.info, attempt=fetch.attempt + 1)
@@ -657,12 +665,22 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
         if largest is not None and largest.bytes > options.budget_bytes:
             raise DataToolError("--budget", f"{options.budget_bytes} bytes cannot hold {largest.path} "
                                             f"({largest.bytes} bytes); use a budget of at least the largest shard")
-    stager = _Stager(client, source, dest, manifest, options)
+    return run_stager(ShardStager(client, source, dest, manifest, options), {MANIFEST_NAME: manifest_bytes})
+
+
+def run_stager(stager: ShardStager, manifests: dict[str, bytes]) -> StageResult:
+    """Run a stager in its DEST: copy mode, or cache mode with a heartbeat; `manifests` (paths relative to DEST ->
+    bytes) are written once every shard is here (copy) or once the kept shards are published (cache)."""
+    dest, options = stager.dest, stager.options
     try:
         dest.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temps(dest, stager.names)
+        for folder in sorted({str(Path(name).parent) for name in stager.names}):
+            (dest / folder).mkdir(parents=True, exist_ok=True)
+            _remove_stale_temps(dest / folder, [Path(name).name for name in stager.names
+                                                if str(Path(name).parent) == folder])
         if not stager.serving:
-            (dest / MANIFEST_NAME).unlink(missing_ok=True)  # copy mode: a local manifest means "all shards here"
+            for name in manifests:  # copy mode: a local manifest means "all shards here"
+                (dest / name).unlink(missing_ok=True)
             _remove_cache_state(dest)  # nor may a reader trust the ready list of an earlier cache run
     except StateFileError as exc:
         raise DataToolError(exc.where, f"cannot hold the cache state: {exc.why}") from exc
@@ -672,7 +690,8 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
     if not stager.serving:
         stager.resume()
         result = stager.run()
-        atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+        for name, payload in manifests.items():
+            atomic_write_bytes(dest / name, payload)
         return result
     try:
         heartbeat = Heartbeat(dest, options.heartbeat_interval_s).__enter__()
@@ -689,7 +708,8 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
             stager.resume()
             # The reader needs the manifest to start; stager.json, written first, says which shards are present.
             stager.publish()
-            atomic_write_bytes(dest / MANIFEST_NAME, manifest_bytes)
+            for name, payload in manifests.items():
+                atomic_write_bytes(dest / name, payload)
         except BaseException as exc:
             stager.fail(exc)
             raise

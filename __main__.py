@@ -7,6 +7,7 @@ import pulumi_aws as aws
 
 from infra.config import ConfigError, ConfigExit, load_pulumi_config
 from infra.config.names import check_stack_name
+from infra.config.nodes import renamed_key_notes
 from infra.config.partial import more_pool_problems, more_stack_problems
 from infra.config.placeholders import account_problems, placeholder_problems
 from infra.config.schema import runtime_config_values, runtime_secret_keys
@@ -34,6 +35,8 @@ try:
                                partial, pulumi.get_stack(), account))]) from None
     if placeholders:
         raise ConfigError(placeholders)
+    for note in renamed_key_notes(raw):  # an old spelling still read: say the new one
+        print(f"note: {note}", file=sys.stderr)
     if DEPLOYING and config.platform == "eks" and config.account_id is not None:
         problems = account_problems(config.account_id, aws.get_caller_identity().account_id)
         if problems:

@@ -160,6 +160,9 @@ class TrainingJobsArgs:
     cluster: ClusterInfo
     facts: ClusterFacts
     specs: Sequence[TrainingJobSpec]
+    # Each spec's manifests as the facts phase rendered and checked them (check_jobs), in spec order: never
+    # rendered again.
+    rendered: Sequence[Sequence[Manifest]]
     namespace: pulumi.Resource  # TrainingNamespace.namespace
     bucket_arns: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)  # the stack's S3 buckets by key
     bucket_access: JobBucketAccess = JobBucketAccess()  # which of them the Jobs read and write
@@ -202,8 +205,9 @@ class TrainingJobs(pulumi.ComponentResource):
     def __init__(self, ctx: StackContext, args: TrainingJobsArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:TrainingJobs", ctx.name("jobs", "all"), None, opts)
         cluster, facts = args.cluster, args.facts
-        # Render everything first: a spec that cannot be rendered fails before any Job is registered.
-        rendered = list(zip(args.specs, check_jobs(args.specs, facts), strict=True))
+        # Rendered and checked before any resource was registered (infra.facts): a spec that cannot be rendered
+        # failed there.
+        rendered = list(zip(args.specs, args.rendered, strict=True))
         in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
 
         account = service_account_manifest(facts.job_service_account, facts.namespace, ctx.stack, ctx.label_prefix)

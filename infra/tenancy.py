@@ -38,8 +38,8 @@ from infra.context import ClusterInfo, StackContext, stack_labels
 from infra.iam import pod_identity_trust_policy
 from infra.jobs import namespace_manifest, service_account_manifest
 from infra.nodes.poolplan import PoolPlan
-from infra.policy.rules import TEAM_ROLE_TAG  # tags each team role: the policy pack finds team roles by it
-from infra.queueing import Amounts, team_ceiling
+from infra.policy.aws_rules import TEAM_ROLE_TAG  # tags each team role: the policy pack finds team roles by it
+from infra.quota import Amounts, team_ceiling
 from workloads.cluster_facts import TeamFacts
 from workloads.jobspec import EgressRules, namespace_network_policies
 

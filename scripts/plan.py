@@ -28,8 +28,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.config import ConfigError  # noqa: E402
-from infra.plan.cost import PriceError, estimate, format_cost_diff, format_report, report_document  # noqa: E402
+from infra.plan.cost import estimate, format_cost_diff, format_report, report_document  # noqa: E402
 from infra.plan.engine import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
+from infra.plan.pricing import PriceError  # noqa: E402
 from infra.plan.view import (  # noqa: E402
     PlanDocumentError,
     diff,

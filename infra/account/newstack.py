@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import yaml
 
 from infra.config.names import check_stack_name
-from infra.config.nodepools import AutoscalerConfig, DevicePluginConfig
+from infra.config.nodepools import DevicePluginConfig
+from infra.config.nodes import AutoscalerConfig
 from infra.config.placeholders import placeholder_problems
 from infra.config.schema import ConfigError, parse_stack_config
 from infra.config.support import EKS_DEFAULT_VERSION
@@ -91,6 +92,7 @@ config:
   ml-cluster:gpu:
     devicePlugin: {{chartVersion: {DevicePluginConfig().chart_version}}}
     dcgmExporter: {{enabled: false}}
+  ml-cluster:nodes:
     autoscaler: {{chartVersion: {AutoscalerConfig().chart_version}, scaleDownUnneededTime: 5m}}
   # Gang admission and team quotas (Kueue) and metrics with alerts and the dashboard are off in a new stack; turn
   # them on here (docs/architecture.md, Kueue; docs/monitoring.md):

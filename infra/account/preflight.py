@@ -24,7 +24,7 @@ from botocore.parsers import ResponseParserError
 
 from infra.config.names import derived_names
 from infra.config.schema import StackConfig
-from infra.plan.cost import block_hours
+from infra.plan.pricing import block_hours
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 # What an AWS call may raise besides a programming error: an error answer, a transport failure, and an answer that

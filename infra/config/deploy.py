@@ -34,10 +34,14 @@ class DeployConfig(StrictModel):
         description=("github-hosted: GitHub's runners (they reach a public endpoint only); self-hosted: a runner that "
                      "reaches the private endpoint"),
     )
-    # runs-on of the stack's deploy and preview jobs; GitHub-hosted default: ubuntu-latest.
-    labels: list[str] = Field(default_factory=list)
-    # The runner's public egress networks (static IPs); the cluster's endpoint allows them.
-    egress_cidrs: list[str] = Field(default_factory=list)
+    labels: list[str] = Field(
+        default_factory=list,
+        description="runs-on of the stack's deploy and preview jobs; GitHub-hosted default: ubuntu-latest.",
+    )
+    egress_cidrs: list[str] = Field(
+        default_factory=list,
+        description="The runner's public egress networks (static IPs); the cluster's endpoint allows them.",
+    )
 
     @field_validator("egress_cidrs")
     @classmethod

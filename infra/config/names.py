@@ -14,12 +14,12 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infra.config.nodepools import BURN_IN_NAME
-from infra.config.queueing import TEAM_LIMITS_NAME, TEAM_QUOTA_NAME
+from infra.config.queueing import TEAM_LIMITS_NAME, TEAM_QUOTA_NAME, TeamConfig
 from workloads.jobspec import namespace_network_policies
 
 if TYPE_CHECKING:
@@ -88,147 +88,222 @@ def check_stack_name(stack: str) -> list[tuple[str, str]]:
     return []
 
 
-def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
-                  job_manifests: Sequence[Sequence[dict[str, Any]]] = ()) -> list[DerivedName]:
-    """Every physical name the stack would create, in a fixed order (config order).
+@dataclass(frozen=True)
+class _Naming:
+    """What every capability's names are derived from besides its own config."""
 
-    `job_manifests` are the rendered manifests of `cfg.jobs` (index-aligned); without them Jobs are not listed.
-    """
-    names: list[DerivedName] = []
-    prefix = stack_prefix(stack)
-    eks = cfg.platform == "eks"
-    account = account_id or PLACEHOLDER_ACCOUNT
+    cfg: StackConfig
+    stack: str
+    account: str  # the account id, or PLACEHOLDER_ACCOUNT
+    job_manifests: Sequence[Sequence[dict[str, Any]]]
 
-    def add(service: str, kind: str, namespace: str, name: str, path: str, unique: bool = True) -> None:
-        names.append(DerivedName(service, kind, namespace, name, path, unique))
+    @property
+    def prefix(self) -> str:
+        return stack_prefix(self.stack)
 
-    def role(logical: str, path: str) -> None:  # auto-named: the logical name plus Pulumi's suffix
-        add("iam", "role", "", f"{logical}-xxxxxxx", path)
+    @property
+    def eks(self) -> bool:
+        return self.cfg.platform == "eks"
 
-    storage = cfg.storage
-    # --- the stack name in labels on every object ---
-    add("label", "label value", "", stack, STACK_PATH, unique=False)
-    # --- AWS ---
-    if eks:
-        assert cfg.cluster is not None
-        add("eks", "cluster", "", cfg.cluster.name, f"{CONFIG}cluster.name")
-        add("logs", "log group", "", f"/aws/eks/{cfg.cluster.name}/cluster", f"{CONFIG}cluster.name")
-        role(f"{prefix}-cluster-role", STACK_PATH)
-        role(f"{prefix}-cluster-node-role", STACK_PATH)
-        role(f"{prefix}-storage-ebs-csi-role", STACK_PATH)
+    def role(self, logical: str, path: str) -> DerivedName:  # auto-named: the logical name plus Pulumi's suffix
+        return DerivedName("iam", "role", "", f"{logical}-xxxxxxx", path)
+
+    def network_policies(self, namespace: str, path: str) -> Iterator[DerivedName]:
+        """The NetworkPolicies every namespace Jobs run in gets (infra/jobs.py, infra/tenancy.py)."""
+        monitoring = self.cfg.monitoring
+        for policy in namespace_network_policies(namespace, {}, metrics_ports=(1,),
+                                                 metrics_namespace=monitoring.namespace if monitoring.enabled
+                                                 else None, egress=self.cfg.job_egress.rules(self.cfg.platform)):
+            yield DerivedName("kubernetes", "NetworkPolicy", namespace, policy["metadata"]["name"], path)
+
+
+def _cluster_names(n: _Naming) -> Iterator[DerivedName]:
+    """The stack name in labels on every object; the EKS cluster, its log group and roles."""
+    yield DerivedName("label", "label value", "", n.stack, STACK_PATH, unique=False)
+    if n.eks:
+        assert n.cfg.cluster is not None
+        yield DerivedName("eks", "cluster", "", n.cfg.cluster.name, f"{CONFIG}cluster.name")
+        yield DerivedName("logs", "log group", "", f"/aws/eks/{n.cfg.cluster.name}/cluster", f"{CONFIG}cluster.name")
+        yield n.role(f"{n.prefix}-cluster-role", STACK_PATH)
+        yield n.role(f"{n.prefix}-cluster-node-role", STACK_PATH)
+
+
+def _storage_aws_names(n: _Naming) -> Iterator[DerivedName]:
+    """The CSI drivers' roles, the S3 buckets (EKS) and the COS buckets."""
+    storage = n.cfg.storage
+    if n.eks:
+        yield n.role(f"{n.prefix}-storage-ebs-csi-role", STACK_PATH)
         if storage.efs is not None:
-            role(f"{prefix}-storage-efs-csi-role", f"{CONFIG}storage.efs")
+            yield n.role(f"{n.prefix}-storage-efs-csi-role", f"{CONFIG}storage.efs")
         if any(bucket.mount for bucket in storage.buckets):
-            role(f"{prefix}-storage-mountpoint-s3-csi-role", f"{CONFIG}storage.buckets")
-        if cfg.gpu.autoscaler.enabled:
-            role(f"{prefix}-gpu-autoscaler-role", f"{CONFIG}gpu.autoscaler")
-        if storage.buckets:
-            role(f"{prefix}-jobs-role", f"{CONFIG}storage.buckets")
-        if any(bucket.pack_into for bucket in storage.buckets):
-            role(f"{prefix}-pack-role", f"{CONFIG}storage.buckets")
-        for index, pool in enumerate(cfg.node_pools):
-            if pool.instance_types:
-                add("eks", "node group", "", f"{prefix}-nodepools-{pool.name}-ng-xxxxxxx",
-                    f"{CONFIG}nodePools[{index}].name")
-        if cfg.registry.enabled:
-            add("ecr", "repository", "", f"{prefix}-{cfg.registry.repository}", f"{CONFIG}registry.repository")
+            yield n.role(f"{n.prefix}-storage-mountpoint-s3-csi-role", f"{CONFIG}storage.buckets")
         for index, bucket in enumerate(storage.buckets):
-            physical = bucket.bucket_name or default_bucket_name(stack, bucket.name, account)
+            physical = bucket.bucket_name or default_bucket_name(n.stack, bucket.name, n.account)
             where = "bucketName" if bucket.bucket_name else "name"
-            add("s3", "bucket", "", physical, f"{CONFIG}storage.buckets[{index}].{where}")
+            yield DerivedName("s3", "bucket", "", physical, f"{CONFIG}storage.buckets[{index}].{where}")
     if storage.cos is not None:
         for index, cos_bucket in enumerate(storage.cos.buckets):
-            physical = cos_bucket.bucket_name or default_bucket_name(stack, cos_bucket.name, None)
+            physical = cos_bucket.bucket_name or default_bucket_name(n.stack, cos_bucket.name, None)
             where = "bucketName" if cos_bucket.bucket_name else "name"
-            add("cos", "bucket", "", physical, f"{CONFIG}storage.cos.buckets[{index}].{where}")
+            yield DerivedName("cos", "bucket", "", physical, f"{CONFIG}storage.cos.buckets[{index}].{where}")
 
-    # --- Kubernetes ---
-    ns = JOBS_NAMESPACE
-    add("kubernetes", "Namespace", "", ns, STACK_PATH)
-    add("kubernetes", "ServiceAccount", ns, JOBS_SERVICE_ACCOUNT, STACK_PATH)
-    if eks and any(bucket.pack_into for bucket in storage.buckets):
-        add("kubernetes", "ServiceAccount", ns, PACK_SERVICE_ACCOUNT, f"{CONFIG}storage.buckets")
-    metrics_namespace = cfg.monitoring.namespace if cfg.monitoring.enabled else None
-    for policy in namespace_network_policies(ns, {}, metrics_namespace=metrics_namespace, metrics_ports=(1,),
-                                             egress=cfg.job_egress.rules(cfg.platform)):
-        add("kubernetes", "NetworkPolicy", ns, policy["metadata"]["name"], STACK_PATH)
-    if eks and storage.gp3 is not None:
-        add("kubernetes", "StorageClass", "", storage.gp3.name, f"{CONFIG}storage.gp3.name")
-    if eks and storage.efs is not None:
-        add("kubernetes", "StorageClass", "", storage.efs.storage_class.name, f"{CONFIG}storage.efs.storageClass.name")
+
+def _node_names(n: _Naming) -> Iterator[DerivedName]:
+    """EKS: the managed node groups, the autoscaler's role and the image registry."""
+    if not n.eks:
+        return
+    for index, pool in enumerate(n.cfg.node_pools):
+        if pool.instance_types:
+            yield DerivedName("eks", "node group", "", f"{n.prefix}-nodepools-{pool.name}-ng-xxxxxxx",
+                              f"{CONFIG}nodePools[{index}].name")
+    if n.cfg.nodes.autoscaler.enabled:
+        yield n.role(f"{n.prefix}-gpu-autoscaler-role", f"{CONFIG}nodes.autoscaler")
+    if n.cfg.registry.enabled:
+        yield DerivedName("ecr", "repository", "", f"{n.prefix}-{n.cfg.registry.repository}",
+                          f"{CONFIG}registry.repository")
+
+
+def _job_names(n: _Naming) -> Iterator[DerivedName]:
+    """The Jobs' namespace, service accounts, NetworkPolicies and roles (the stack Jobs themselves come last)."""
+    buckets = n.cfg.storage.buckets
+    packs = n.eks and any(bucket.pack_into for bucket in buckets)
+    if n.eks and buckets:
+        yield n.role(f"{n.prefix}-jobs-role", f"{CONFIG}storage.buckets")
+    if packs:
+        yield n.role(f"{n.prefix}-pack-role", f"{CONFIG}storage.buckets")
+    yield DerivedName("kubernetes", "Namespace", "", JOBS_NAMESPACE, STACK_PATH)
+    yield DerivedName("kubernetes", "ServiceAccount", JOBS_NAMESPACE, JOBS_SERVICE_ACCOUNT, STACK_PATH)
+    if packs:
+        yield DerivedName("kubernetes", "ServiceAccount", JOBS_NAMESPACE, PACK_SERVICE_ACCOUNT,
+                          f"{CONFIG}storage.buckets")
+    yield from n.network_policies(JOBS_NAMESPACE, STACK_PATH)
+
+
+def _storage_object_names(n: _Naming) -> Iterator[DerivedName]:
+    """StorageClasses, static PVs and their claims, the COS Secrets, shared volumes."""
+    storage, ns = n.cfg.storage, JOBS_NAMESPACE
+    if n.eks and storage.gp3 is not None:
+        yield DerivedName("kubernetes", "StorageClass", "", storage.gp3.name, f"{CONFIG}storage.gp3.name")
+    if n.eks and storage.efs is not None:
+        yield DerivedName("kubernetes", "StorageClass", "", storage.efs.storage_class.name,
+                          f"{CONFIG}storage.efs.storageClass.name")
     if storage.nfs is not None:
-        add("kubernetes", "StorageClass", "", storage.nfs.storage_class_name, f"{CONFIG}storage.nfs.storageClassName")
-    for index, bucket in enumerate(storage.buckets if eks else []):
+        yield DerivedName("kubernetes", "StorageClass", "", storage.nfs.storage_class_name,
+                          f"{CONFIG}storage.nfs.storageClassName")
+    for index, bucket in enumerate(storage.buckets if n.eks else []):
         if bucket.mount:
             claim = s3_claim_name(bucket.name)
             path = f"{CONFIG}storage.buckets[{index}].name"
-            add("kubernetes", "PersistentVolume", "", static_volume_name(ns, claim), path)
-            add("kubernetes", "PersistentVolumeClaim", ns, claim, path)
+            yield DerivedName("kubernetes", "PersistentVolume", "", static_volume_name(ns, claim), path)
+            yield DerivedName("kubernetes", "PersistentVolumeClaim", ns, claim, path)
     if storage.cos is not None:
-        cos = storage.cos
-        add("kubernetes", "Secret", ns, COS_JOB_SECRET, f"{CONFIG}storage.cos")
-        if not eks:
-            add("kubernetes", "Secret", ns, cos.secret_name, f"{CONFIG}storage.cos.secretName")
-            add("kubernetes", "StorageClass", "", cos.storage_class_name, f"{CONFIG}storage.cos.storageClassName")
-            for index, cos_bucket in enumerate(cos.buckets):
-                if cos_bucket.mount:
-                    claim = cos_claim_name(cos_bucket.name)
-                    path = f"{CONFIG}storage.cos.buckets[{index}].name"
-                    if cos.driver == "csi-s3":
-                        add("kubernetes", "PersistentVolume", "", static_volume_name(ns, claim), path)
-                    add("kubernetes", "PersistentVolumeClaim", ns, claim, path)
-    if cfg.monitoring.enabled:
-        where = f"{CONFIG}monitoring.namespace"
-        add("kubernetes", "Namespace", "", cfg.monitoring.namespace, where)
-        for kind, name in cfg.monitoring.side_objects():
-            add("kubernetes", kind, cfg.monitoring.namespace, name, where)
-    if cfg.gpu.health.runs(cfg.protected) and any(pool.gpu for pool in cfg.node_pools):
-        where = f"{CONFIG}gpu.health.namespace"
-        add("kubernetes", "Namespace", "", cfg.gpu.health.namespace, where)
-        add("kubernetes", "ServiceAccount", cfg.gpu.health.namespace, BURN_IN_NAME, where)
-        add("kubernetes", "ClusterRole", "", f"{stack}-{BURN_IN_NAME}", where)
-        add("kubernetes", "ClusterRoleBinding", "", f"{stack}-{BURN_IN_NAME}", where)
-        for index, pool in enumerate(cfg.node_pools):
-            if pool.gpu:
-                add("kubernetes", "DaemonSet", cfg.gpu.health.namespace, f"{BURN_IN_NAME}-{pool.name}",
-                    f"{CONFIG}nodePools[{index}].name")
+        yield from _cos_object_names(n)
     for index, volume in enumerate(storage.shared_volumes):
-        add("kubernetes", "PersistentVolumeClaim", ns, volume.name, f"{CONFIG}storage.sharedVolumes[{index}].name")
-    # Kueue's queues and priority classes (its ResourceFlavors are named after the pools' GPU types, which only the
-    # instance-type facts know).
-    kueue = cfg.kueue
-    if kueue.enabled:
-        add("kubernetes", "ClusterQueue", "", kueue.cluster_queue, f"{CONFIG}kueue.clusterQueue")
-        add("kubernetes", "LocalQueue", ns, kueue.local_queue, f"{CONFIG}kueue.localQueue")
-        for index, team in enumerate(kueue.teams):
-            where = f"{CONFIG}kueue.teams[{index}]"
-            add("kubernetes", "ClusterQueue", "", team.name, f"{where}.name")
-            add("kubernetes", "LocalQueue", team.namespace or ns, team.name, f"{where}.name")
-            if team.namespace is not None:  # a tenant: its own namespace and objects, (EKS) a role named after it
-                team_ns = team.namespace
-                add("kubernetes", "Namespace", "", team_ns, f"{where}.namespace")
-                for policy in namespace_network_policies(team_ns, {}, metrics_namespace=metrics_namespace,
-                                                         metrics_ports=(1,), egress=cfg.job_egress.rules(cfg.platform)):
-                    add("kubernetes", "NetworkPolicy", team_ns, policy["metadata"]["name"], f"{where}.namespace")
-                add("kubernetes", "ResourceQuota", team_ns, TEAM_QUOTA_NAME, f"{where}.namespace")
-                add("kubernetes", "LimitRange", team_ns, TEAM_LIMITS_NAME, f"{where}.namespace")
-                add("kubernetes", "ServiceAccount", team_ns, JOBS_SERVICE_ACCOUNT, f"{where}.namespace")
-                for binding in team.binding_names:
-                    add("kubernetes", "RoleBinding", team_ns, binding, f"{where}.members")
-                if team.volume is not None and team.volume_name is not None:
-                    add("kubernetes", "PersistentVolume", "", team.volume_name, f"{where}.volume.claim")
-                    add("kubernetes", "PersistentVolumeClaim", team_ns, team.volume.claim, f"{where}.volume.claim")
-                if eks:
-                    add("iam", "role", "", f"{prefix}-team-{team.name}", f"{where}.name")
-        for index, priority in enumerate(kueue.priority_classes):
-            add("kubernetes", "WorkloadPriorityClass", "", priority.name,
-                f"{CONFIG}kueue.priorityClasses[{index}].name")
-    for index, manifests in enumerate(job_manifests):
+        yield DerivedName("kubernetes", "PersistentVolumeClaim", ns, volume.name,
+                          f"{CONFIG}storage.sharedVolumes[{index}].name")
+
+
+def _cos_object_names(n: _Naming) -> Iterator[DerivedName]:
+    cos, ns = n.cfg.storage.cos, JOBS_NAMESPACE
+    assert cos is not None
+    yield DerivedName("kubernetes", "Secret", ns, COS_JOB_SECRET, f"{CONFIG}storage.cos")
+    if n.eks:
+        return
+    yield DerivedName("kubernetes", "Secret", ns, cos.secret_name, f"{CONFIG}storage.cos.secretName")
+    yield DerivedName("kubernetes", "StorageClass", "", cos.storage_class_name, f"{CONFIG}storage.cos.storageClassName")
+    for index, cos_bucket in enumerate(cos.buckets):
+        if cos_bucket.mount:
+            claim = cos_claim_name(cos_bucket.name)
+            path = f"{CONFIG}storage.cos.buckets[{index}].name"
+            if cos.driver == "csi-s3":
+                yield DerivedName("kubernetes", "PersistentVolume", "", static_volume_name(ns, claim), path)
+            yield DerivedName("kubernetes", "PersistentVolumeClaim", ns, claim, path)
+
+
+def _monitoring_names(n: _Naming) -> Iterator[DerivedName]:
+    monitoring = n.cfg.monitoring
+    if monitoring.enabled:
+        where = f"{CONFIG}monitoring.namespace"
+        yield DerivedName("kubernetes", "Namespace", "", monitoring.namespace, where)
+        for kind, name in monitoring.side_objects():
+            yield DerivedName("kubernetes", kind, monitoring.namespace, name, where)
+
+
+def _burn_in_names(n: _Naming) -> Iterator[DerivedName]:
+    cfg, health = n.cfg, n.cfg.gpu.health
+    if not (health.runs(cfg.protected) and any(pool.gpu for pool in cfg.node_pools)):
+        return
+    where = f"{CONFIG}gpu.health.namespace"
+    yield DerivedName("kubernetes", "Namespace", "", health.namespace, where)
+    yield DerivedName("kubernetes", "ServiceAccount", health.namespace, BURN_IN_NAME, where)
+    yield DerivedName("kubernetes", "ClusterRole", "", f"{n.stack}-{BURN_IN_NAME}", where)
+    yield DerivedName("kubernetes", "ClusterRoleBinding", "", f"{n.stack}-{BURN_IN_NAME}", where)
+    for index, pool in enumerate(cfg.node_pools):
+        if pool.gpu:
+            yield DerivedName("kubernetes", "DaemonSet", health.namespace, f"{BURN_IN_NAME}-{pool.name}",
+                              f"{CONFIG}nodePools[{index}].name")
+
+
+def _queue_names(n: _Naming) -> Iterator[DerivedName]:
+    """Kueue's queues, teams and priority classes (its ResourceFlavors are named after the pools' GPU types, which
+    only the instance-type facts know)."""
+    kueue = n.cfg.kueue
+    if not kueue.enabled:
+        return
+    yield DerivedName("kubernetes", "ClusterQueue", "", kueue.cluster_queue, f"{CONFIG}kueue.clusterQueue")
+    yield DerivedName("kubernetes", "LocalQueue", JOBS_NAMESPACE, kueue.local_queue, f"{CONFIG}kueue.localQueue")
+    for index, team in enumerate(kueue.teams):
+        where = f"{CONFIG}kueue.teams[{index}]"
+        yield DerivedName("kubernetes", "ClusterQueue", "", team.name, f"{where}.name")
+        yield DerivedName("kubernetes", "LocalQueue", team.namespace or JOBS_NAMESPACE, team.name, f"{where}.name")
+        if team.namespace is not None:
+            yield from _tenant_names(n, index, team)
+    for index, priority in enumerate(kueue.priority_classes):
+        yield DerivedName("kubernetes", "WorkloadPriorityClass", "", priority.name,
+                          f"{CONFIG}kueue.priorityClasses[{index}].name")
+
+
+def _tenant_names(n: _Naming, index: int, team: TeamConfig) -> Iterator[DerivedName]:
+    """A tenant team: its own namespace and objects, (EKS) a role named after it."""
+    where, team_ns = f"{CONFIG}kueue.teams[{index}]", team.namespace
+    assert team_ns is not None
+    yield DerivedName("kubernetes", "Namespace", "", team_ns, f"{where}.namespace")
+    yield from n.network_policies(team_ns, f"{where}.namespace")
+    yield DerivedName("kubernetes", "ResourceQuota", team_ns, TEAM_QUOTA_NAME, f"{where}.namespace")
+    yield DerivedName("kubernetes", "LimitRange", team_ns, TEAM_LIMITS_NAME, f"{where}.namespace")
+    yield DerivedName("kubernetes", "ServiceAccount", team_ns, JOBS_SERVICE_ACCOUNT, f"{where}.namespace")
+    for binding in team.binding_names:
+        yield DerivedName("kubernetes", "RoleBinding", team_ns, binding, f"{where}.members")
+    if team.volume is not None and team.volume_name is not None:
+        yield DerivedName("kubernetes", "PersistentVolume", "", team.volume_name, f"{where}.volume.claim")
+        yield DerivedName("kubernetes", "PersistentVolumeClaim", team_ns, team.volume.claim, f"{where}.volume.claim")
+    if n.eks:
+        yield DerivedName("iam", "role", "", f"{n.prefix}-team-{team.name}", f"{where}.name")
+
+
+def _stack_job_names(n: _Naming) -> Iterator[DerivedName]:
+    """Every object of every rendered stack Job (a Job, its headless Service and NetworkPolicy)."""
+    for index, manifests in enumerate(n.job_manifests):
         for manifest in manifests:
             metadata = manifest.get("metadata") or {}
-            add("kubernetes", str(manifest.get("kind")), str(metadata.get("namespace") or ""),
-                str(metadata.get("name")), f"{CONFIG}jobs[{index}].name")
-    return names
+            yield DerivedName("kubernetes", str(manifest.get("kind")), str(metadata.get("namespace") or ""),
+                              str(metadata.get("name")), f"{CONFIG}jobs[{index}].name")
+
+
+# Per capability, in the order names are listed (a name two capabilities share is reported on the later one).
+_CAPABILITIES: tuple[Callable[[_Naming], Iterator[DerivedName]], ...] = (
+    _cluster_names, _storage_aws_names, _node_names, _job_names, _storage_object_names, _monitoring_names,
+    _burn_in_names, _queue_names, _stack_job_names)
+
+
+def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,
+                  job_manifests: Sequence[Sequence[dict[str, Any]]] = ()) -> list[DerivedName]:
+    """Every physical name the stack would create, capability by capability, each in config order.
+
+    `job_manifests` are the rendered manifests of `cfg.jobs` (index-aligned); without them Jobs are not listed.
+    """
+    naming = _Naming(cfg, stack, account_id or PLACEHOLDER_ACCOUNT, job_manifests)
+    return [name for capability in _CAPABILITIES for name in capability(naming)]
 
 
 def _rule_violation(item: DerivedName) -> str | None:

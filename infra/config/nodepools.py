@@ -1,4 +1,5 @@
-"""Stack config: node pools (`ml-cluster:nodePools`) and GPU plumbing (`ml-cluster:gpu`).
+"""Stack config: node pools (`ml-cluster:nodePools`) and GPU plumbing (`ml-cluster:gpu`); how every pool scales
+and what each node holds back are `ml-cluster:nodes` (infra/config/nodes.py).
 
 What the config alone can show is checked here; facts about instance types (GPUs, local NVMe, shape)
 are checked by infra.nodes.poolplan against aws.ec2.get_instance_type before any resource is registered.
@@ -132,8 +133,11 @@ class NodeRepairConfig(StrictModel):
     max_unhealthy: int | None = Field(default=None, ge=1, le=1000,
                                       description="repair stops above this many unhealthy nodes; default: a fifth "
                                                   "of maxSize rounded up")
-    # The accelerated-hardware overrides (AcceleratedHardwareReady reasons -> Replace/Reboot); off: EKS's defaults.
-    gpu_overrides: bool = True
+    gpu_overrides: bool = Field(
+        default=True,
+        description=("The accelerated-hardware overrides (AcceleratedHardwareReady reasons -> Replace/Reboot); off: "
+                     "EKS's defaults."),
+    )
 
 
 class CapacityReservationConfig(StrictModel):
@@ -145,8 +149,10 @@ class CapacityReservationConfig(StrictModel):
     id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$", description="the reservation's id (cr-...)")
     availability_zone: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$", description="the reservation's AZ")
     instance_count: int = Field(ge=1, description="instances reserved")
-    # targeted: only this pool uses the reservation; open: any matching instance may (ODCR only)
-    preference: Literal["targeted", "open"] = "targeted"
+    preference: Literal["targeted", "open"] = Field(
+        default="targeted",
+        description="targeted: only this pool uses the reservation; open: any matching instance may (ODCR only)",
+    )
     start_time: AwareDatetime | None = Field(default=None, description="when the reservation starts (a Capacity "
                                              "Block's start; the idle-GPU alert waits for it)")
     end_time: AwareDatetime | None = Field(default=None, description="when the reservation ends (a Capacity "
@@ -168,7 +174,10 @@ class CapacityReservationConfig(StrictModel):
 class NodePoolConfig(StrictModel):
     """One pool: an EKS managed node group (instanceTypes) or, on onprem, existing nodes (existing)."""
 
-    name: DnsLabel = Field(max_length=40)  # room for "<prefix>-nodepools-<name>-..." logical names
+    name: DnsLabel = Field(
+        max_length=40,
+        description="room for \"<prefix>-nodepools-<name>-...\" logical names",
+    )
     gpu: bool = Field(
         default=False,
         description=("the pool's nodes have NVIDIA GPUs: the NVIDIA AMI, the nvidia.com/gpu NoSchedule taint and the "
@@ -228,11 +237,16 @@ class NodePoolConfig(StrictModel):
         description="nodes replaced at once when the node group is updated (a new AMI or launch template)",
     )
     availability_zones: list[str] = Field(default=[], description="restrict to these AZs' private subnets")
-    # Elastic Fabric Adapter on every network card the type has, in one AZ and a cluster placement group; multi-node
-    # Jobs on the pool get its interfaces and the libfabric/NCCL settings (docs/architecture.md, EFA).
-    efa: bool = False
-    # EKS node auto repair (managed node groups only; onprem nodes have none: docs/monitoring.md)
-    node_repair: NodeRepairConfig = NodeRepairConfig()
+    efa: bool = Field(
+        default=False,
+        description=("Elastic Fabric Adapter on every network card the type has, in one AZ and a cluster placement "
+                     "group; multi-node Jobs on the pool get its interfaces and the libfabric/NCCL settings "
+                     "(docs/architecture.md, EFA)."),
+    )
+    node_repair: NodeRepairConfig = Field(
+        default=NodeRepairConfig(),
+        description="EKS node auto repair (managed node groups only; onprem nodes have none: docs/monitoring.md)",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> NodePoolConfig:
@@ -313,8 +327,10 @@ class HelmChartConfig(StrictModel):
 
 
 class DevicePluginConfig(HelmChartConfig):
-    # https://nvidia.github.io/k8s-device-plugin, chart nvidia-device-plugin
-    chart_version: str = Field(default="0.20.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    chart_version: str = Field(
+        default="0.20.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
+        description="https://nvidia.github.io/k8s-device-plugin, chart nvidia-device-plugin",
+    )
 
 
 class DcgmExporterConfig(HelmChartConfig):
@@ -328,32 +344,12 @@ class DcgmExporterConfig(HelmChartConfig):
     service_monitor: bool = Field(default=False, description="needs the Prometheus operator's ServiceMonitor CRD")
 
 
-class AutoscalerConfig(HelmChartConfig):
-    # https://kubernetes.github.io/autoscaler, chart cluster-autoscaler
-    chart_version: str = Field(default="9.59.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
-    image_tag: str | None = Field(
-        default=None,
-        pattern=r"^v\d+\.\d+\.\d+$",
-        description="default: the newest cluster-autoscaler release of the control plane's minor",
-    )
-    expander: Literal["least-waste", "random", "most-pods", "priority", "price"] = Field(
-        default="least-waste",
-        description="how the autoscaler picks a node group when several fit (cluster-autoscaler --expander)",
-    )
-    scale_down_unneeded_time: str = Field(
-        default="10m", pattern=r"^\d+[smh]$",
-        description="how long a node stays unneeded before it is removed (e.g. 10m)",
-    )
-    balance_similar_node_groups: bool = Field(
-        default=True,
-        description="keep similar node groups (e.g. one per zone) at similar sizes",
-    )
-
-
 class EfaDevicePluginConfig(HelmChartConfig):
-    # https://aws.github.io/eks-charts, chart aws-efa-k8s-device-plugin (its versions carry a v); installed when a
-    # pool has efa: true
-    chart_version: str = Field(default="v0.5.30", pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    chart_version: str = Field(
+        default="v0.5.30", pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
+        description=("https://aws.github.io/eks-charts, chart aws-efa-k8s-device-plugin (its versions carry a v); "
+                     "installed when a pool has efa: true"),
+    )
 
 
 class NodeMonitoringAgentConfig(StrictModel):
@@ -362,19 +358,6 @@ class NodeMonitoringAgentConfig(StrictModel):
     (`eks-node-monitoring-agent`), else EKS's default for the cluster version, checked against a minimum."""
 
     enabled: bool = Field(default=True, description="install the add-on on EKS stacks with a GPU pool")
-
-
-class SizingConfig(StrictModel):
-    """Per-node CPU and memory held back beyond kubelet's reservations (system daemons, node DaemonSets)."""
-
-    system_reserved_cpu: Quantity = Field(
-        default="500m",
-        description="CPU per node held back for system daemons and node DaemonSets",
-    )
-    system_reserved_memory: Quantity = Field(
-        default="1Gi",
-        description="memory per node held back for system daemons and node DaemonSets",
-    )
 
 
 # NVIDIA's DCGM image (nv-hostengine, dcgmi and the diagnostic plugins for CUDA 12 and 13: NVIDIA/DCGM
@@ -429,10 +412,6 @@ class GpuConfig(StrictModel):
         default=DcgmExporterConfig(),
         description="the DCGM exporter chart: per-GPU metrics (utilisation, memory, XID errors) for Prometheus",
     )
-    autoscaler: AutoscalerConfig = Field(
-        default=AutoscalerConfig(),
-        description="the cluster-autoscaler chart (EKS): scales node groups with pending pods, GPU pools from zero",
-    )
     efa_device_plugin: EfaDevicePluginConfig = Field(
         default=EfaDevicePluginConfig(),
         description="the EFA device plugin chart, installed when a pool has efa: true",
@@ -440,11 +419,6 @@ class GpuConfig(StrictModel):
     node_monitoring_agent: NodeMonitoringAgentConfig = Field(
         default=NodeMonitoringAgentConfig(),
         description="the EKS node monitoring agent add-on (node conditions node auto repair acts on)",
-    )
-    sizing: SizingConfig = Field(
-        default=SizingConfig(),
-        description=("what each node holds back from pods beyond the kubelet's reservations; the per-GPU defaults "
-                     "follow"),
     )
     health: GpuHealthConfig = Field(
         default=GpuHealthConfig(),

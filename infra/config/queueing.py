@@ -32,18 +32,26 @@ class WaitForPodsReadyConfig(StrictModel):
     """An admitted gang that does not get all its pods ready in `timeout` is evicted (its quota freed, its pods
     deleted) and requeued with exponential backoff; it never sits on GPUs while part of it waits for nodes."""
 
-    # Long enough for a GPU node to scale up from zero and pull the training image.
-    timeout: Duration = Field(default="15m", pattern=r"^\d+[smh]$")
-    # A running gang that loses a pod (spot reclaim) gets this long to replace it before it is requeued.
-    recovery_timeout: Duration = Field(default="10m", pattern=r"^\d+[smh]$")
+    timeout: Duration = Field(
+        default="15m", pattern=r"^\d+[smh]$",
+        description="Long enough for a GPU node to scale up from zero and pull the training image.",
+    )
+    recovery_timeout: Duration = Field(
+        default="10m", pattern=r"^\d+[smh]$",
+        description=("A running gang that loses a pod (spot reclaim) gets this long to replace it before it is "
+                     "requeued."),
+    )
     backoff_base_seconds: int = Field(
         default=60, ge=1,
         description="the first requeue delay; it doubles on each further eviction",
     )
     backoff_max_seconds: int = Field(default=3600, ge=1, description="the longest requeue delay")
     backoff_limit_count: int | None = Field(default=None, ge=0, description="None: requeue without limit")
-    # True: admit one gang at a time per queue until its pods are ready (slower, never two half-started gangs).
-    block_admission: bool = False
+    block_admission: bool = Field(
+        default=False,
+        description=("True: admit one gang at a time per queue until its pods are ready (slower, never two "
+                     "half-started gangs)."),
+    )
 
 
 class PreemptionConfig(StrictModel):
@@ -95,8 +103,11 @@ class TeamDataConfig(StrictModel):
     """A prefix of one of the stack's S3 buckets (ml-cluster:storage.buckets, by logical name) that a team owns."""
 
     bucket: DnsLabel = Field(description="one of the stack's S3 buckets by its logical name")
-    # Non-empty and ending in '/': `team-a/` never matches `team-ab/...`, and no team owns a whole shared bucket.
-    prefix: str = Field(pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*/$", max_length=512)
+    prefix: str = Field(
+        pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*/$", max_length=512,
+        description=("Non-empty and ending in '/': `team-a/` never matches `team-ab/...`, and no team owns a whole "
+                     "shared bucket."),
+    )
 
     @model_validator(mode="after")
     def _no_wildcard(self) -> TeamDataConfig:
@@ -161,8 +172,11 @@ class TeamVolumeConfig(StrictModel):
         default="team-shared",
         description="the PersistentVolumeClaim's name in the team's namespace",
     )
-    # EFS is elastic; the claim's size is nominal, and what the cost estimate prices as Standard storage.
-    size: Quantity = "1Ti"
+    size: Quantity = Field(
+        default="1Ti",
+        description=("EFS is elastic; the claim's size is nominal, and what the cost estimate prices as Standard "
+                     "storage."),
+    )
 
 
 class TeamConfig(StrictModel):
@@ -242,8 +256,10 @@ class KueueConfig(StrictModel):
         default=False,
         description="install Kueue: Jobs are admitted as whole gangs within the GPU quota",
     )
-    # oci://registry.k8s.io/kueue/charts/kueue (see docs/versions.md)
-    chart_version: str = Field(default="0.19.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    chart_version: str = Field(
+        default="0.19.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
+        description="oci://registry.k8s.io/kueue/charts/kueue (see docs/versions.md)",
+    )
     namespace: DnsLabel = Field(default="kueue-system", description="the namespace Kueue's controller is installed in")
     integrations: list[Integration] = Field(
         default=["batch/job"],
@@ -254,8 +270,10 @@ class KueueConfig(StrictModel):
         default=WaitForPodsReadyConfig(),
         description="evict and requeue an admitted gang whose pods do not all become ready in time",
     )
-    # The queue every Job goes through unless its spec names another (a team's LocalQueue).
-    local_queue: DnsLabel = "training"
+    local_queue: DnsLabel = Field(
+        default="training",
+        description="The queue every Job goes through unless its spec names another (a team's LocalQueue).",
+    )
     cluster_queue: DnsLabel = Field(
         default="shared",
         description="the shared ClusterQueue holding the stack's GPU quota",
@@ -270,9 +288,12 @@ class KueueConfig(StrictModel):
         default=PreemptionConfig(),
         description="when a ClusterQueue may preempt workloads (the ClusterQueue's spec.preemption)",
     )
-    # Fair sharing: borrowers are preempted towards each queue's weighted share of the cohort (teams'
-    # fairSharingWeight). Off: borrowing is first come, first served, and owners reclaim by preemption.
-    fair_sharing: bool = False
+    fair_sharing: bool = Field(
+        default=False,
+        description=("Fair sharing: borrowers are preempted towards each queue's weighted share of the cohort "
+                     "(teams' fairSharingWeight). Off: borrowing is first come, first served, and owners reclaim by "
+                     "preemption."),
+    )
     priority_classes: list[PriorityClassConfig] = Field(
         default=[],
         description="WorkloadPriorityClasses a Job spec names in workloadPriority",

@@ -1,18 +1,16 @@
 """The reference of every stack config key and Job spec field, and the JSON Schemas editors validate files with,
 generated from the pydantic models (scripts/gen_reference.py writes them; a test fails when they are stale).
 
-Descriptions come from each field's `description=` or, where the model documents a field with comments in its
-source, from those comments (the lines right above the field and the one after it). Rules come from the field's
-constraints (ge, le, min_length, pattern, literals) and the docstrings of its validators. Examples come from the
+Everything comes from the models themselves, never from their source text: descriptions from each field's
+`description=` (every field has one; a test says which lack it), rules from the field's constraints (ge, le,
+min_length, pattern, literals) and the docstrings of its validators. Examples come from the
 committed files: the first value each key has in stacks/Pulumi.*.yaml, workloads/jobs/*.yaml and examples/*.yaml.
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
-import textwrap
 import types
 import typing
 from collections.abc import Iterable, Iterator
@@ -55,39 +53,6 @@ class Section:
 
 
 # -- reading the models ------------------------------------------------------------------------------------------
-def _comment_text(line: str) -> str | None:
-    stripped = line.strip()
-    return stripped[1:].strip() if stripped.startswith("#") else None
-
-
-def field_comments(model: type[BaseModel]) -> dict[str, str]:
-    """The comments that document each field in the model's source: the comment lines right above it and the
-    trailing comments on its own lines."""
-    try:
-        source = textwrap.dedent(inspect.getsource(model))
-    except (OSError, TypeError):
-        return {}
-    lines = source.splitlines()
-    (node,) = ast.parse(source).body
-    assert isinstance(node, ast.ClassDef)
-    found: dict[str, str] = {}
-    for item in node.body:
-        if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
-            continue
-        above: list[str] = []
-        index = item.lineno - 2
-        while index >= 0 and (text := _comment_text(lines[index])) is not None:
-            above.insert(0, text)
-            index -= 1
-        inline = []
-        for number in range(item.lineno - 1, (item.end_lineno or item.lineno)):
-            code, sep, comment = lines[number].partition("  #")
-            if sep and comment.strip():
-                inline.append(comment.strip().lstrip("#").strip())
-        found[item.target.id] = " ".join([*above, *inline]).strip()
-    return found
-
-
 def _validator_docs(model: type[BaseModel]) -> tuple[dict[str, list[str]], list[str]]:
     """({field: [docstring of a field validator]}, [docstrings of model validators]), first lines only."""
     decorators = model.__pydantic_decorators__
@@ -237,14 +202,13 @@ def sections(model: type[BaseModel], prefix: str, examples: dict[str, Any],
         if current in seen or current in stop:
             return
         seen.add(current)
-        comments = field_comments(current)
         field_docs, _ = _validator_docs(current)
         rows = []
         children: list[tuple[type[BaseModel], str]] = []
         for name, field in current.model_fields.items():
             alias = _alias(name, field)
             path = f"{key}.{alias}" if key else alias
-            description = field.description or comments.get(name, "")
+            description = field.description or ""
             for model_type, suffix in _models_in(field.annotation):
                 if model_type in stop:
                     description = (description + " " if description else "") + f"See {stop[model_type]}."

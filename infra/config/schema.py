@@ -18,6 +18,7 @@ from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
 from infra.config.monitoring import MonitoringConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
+from infra.config.nodes import NodesConfig, move_renamed_keys
 from infra.config.queueing import KueueConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
@@ -87,8 +88,10 @@ class ConfigExit(SystemExit):
 
 class NewVpcConfig(StrictModel):
     cidr: str = Field(default="10.0.0.0/16", description="the VPC's IPv4 block (/20 or larger)")
-    # EKS needs two AZs; the VPC is split into 8 blocks, a private and a public one per AZ.
-    availability_zones: list[str] = Field(min_length=2, max_length=4)
+    availability_zones: list[str] = Field(
+        min_length=2, max_length=4,
+        description="EKS needs two AZs; the VPC is split into 8 blocks, a private and a public one per AZ.",
+    )
     nat_gateways: Literal["single", "perAz"] = Field(
         default="single",
         description=("single: one NAT gateway for every zone (cheaper); perAz: one per zone (a zone outage leaves the "
@@ -177,9 +180,12 @@ class ClusterConfig(StrictModel):
     kubernetes_version: str = Field(
         description="the control plane's Kubernetes minor, e.g. \"1.35\"; node groups follow it",
     )
-    # What EKS does at the end of the minor's standard support: upgrade the cluster (standard) or keep it on the
-    # minor at the extended-support rate (extended). EKS's own API default is extended.
-    upgrade_policy: Literal["standard", "extended"] = "standard"
+    upgrade_policy: Literal["standard", "extended"] = Field(
+        default="standard",
+        description=("What EKS does at the end of the minor's standard support: upgrade the cluster (standard) or "
+                     "keep it on the minor at the extended-support rate (extended). EKS's own API default is "
+                     "extended."),
+    )
     endpoint_public_access: bool = Field(
         default=True,
         description="the API endpoint is reachable from the internet (from publicAccessCidrs)",
@@ -277,7 +283,12 @@ class StackConfig(StrictModel):
     )
     gpu: GpuConfig = Field(
         default_factory=GpuConfig,
-        description="NVIDIA device plugin, DCGM exporter, cluster-autoscaler and the node monitoring agent",
+        description="NVIDIA device plugin, DCGM exporter, EFA device plugin, GPU burn-in and the node monitoring agent",
+    )
+    nodes: NodesConfig = Field(
+        default_factory=NodesConfig,
+        description="what applies to every node pool: how the pools scale (cluster-autoscaler) and what each node "
+                    "holds back from pods",
     )
     kueue: KueueConfig = Field(
         default_factory=KueueConfig,
@@ -308,7 +319,10 @@ class StackConfig(StrictModel):
         default_factory=MonitoringConfig,
         description="kube-prometheus-stack, the GPU alert rules and the training dashboard",
     )
-    jobs: list[TrainingJobSpec] = []
+    jobs: list[TrainingJobSpec] = Field(
+        default=[],
+        description="training Jobs deployed with the stack, each created held until `submit start` releases it.",
+    )
     kubeconfig: SecretStr | None = Field(
         default=None,
         description="onprem: the kubeconfig of the existing cluster, a Pulumi secret",
@@ -321,6 +335,12 @@ class StackConfig(StrictModel):
         default=None,
         description="with storage.cos: the COS HMAC secret access key, a Pulumi secret",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, values: Any) -> Any:
+        """Old spellings (gpu.autoscaler, gpu.sizing) are read as their new keys (nodes.autoscaler, nodes.sizing)."""
+        return move_renamed_keys(values) if isinstance(values, Mapping) else values
 
     @field_validator("account_id", mode="before")
     @classmethod

@@ -203,7 +203,10 @@ class EfsStorageClassConfig(StrictModel):
 
 
 class EfsConfig(StrictModel):
-    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)  # default: the AWS-managed EFS key
+    kms_key_arn: str | None = Field(
+        default=None, pattern=_KMS_KEY_ARN,
+        description="default: the AWS-managed EFS key",
+    )
     throughput_mode: Literal["elastic", "bursting", "provisioned"] = Field(
         default="elastic",
         description=("elastic: pay per use, scales with the load; bursting: credits by size; provisioned: "
@@ -244,8 +247,14 @@ class EfsConfig(StrictModel):
 
 class Gp3StorageClassConfig(StrictModel):
     name: DnsLabel = Field(default="gp3", description="the StorageClass's name")
-    default: bool = True  # annotated as the cluster's default StorageClass
-    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)  # default: the account's EBS key
+    default: bool = Field(
+        default=True,
+        description="annotated as the cluster's default StorageClass",
+    )
+    kms_key_arn: str | None = Field(
+        default=None, pattern=_KMS_KEY_ARN,
+        description="default: the account's EBS key",
+    )
     iops: int | None = Field(
         default=None, ge=3000, le=80000,
         description="provisioned IOPS per volume; default: gp3's baseline 3000",
@@ -259,21 +268,28 @@ class Gp3StorageClassConfig(StrictModel):
 class CosConfig(StrictModel):
     """IBM Cloud Object Storage (or another S3-compatible store), reached with the stack's HMAC keys."""
 
-    endpoint: str  # e.g. https://s3.us-south.cloud-object-storage.appdomain.cloud
+    endpoint: str = Field(
+        description="e.g. https://s3.us-south.cloud-object-storage.appdomain.cloud",
+    )
     region: str = Field(
         default="us-south", pattern=r"^[a-z0-9-]+$",
         description="the COS region (its location constraint is <region>-<tier>)",
     )
-    # COS location constraint = <region>-<tier>; also the SigV4 signing region COS expects.
-    tier: Literal["standard", "vault", "cold", "smart"] = "smart"
+    tier: Literal["standard", "vault", "cold", "smart"] = Field(
+        default="smart",
+        description="COS location constraint = <region>-<tier>; also the SigV4 signing region COS expects.",
+    )
     driver: Literal["ibm-flex", "csi-s3"] = Field(
         default="ibm-flex",
         description=("onprem: ibm-flex (IBM's s3fs flex driver chart) or csi-s3 (a CSI driver: flex volumes are "
                      "deprecated)"),
     )
-    # ibm-flex: the OS family of the nodes (the chart's workerOS; its `helm ibmc` plugin reads it from the nodes'
-    # osImage: Red Hat/OpenShift -> redhat, anything else, e.g. Ubuntu/DGX OS -> debian).
-    worker_os: Literal["debian", "redhat"] = "debian"
+    worker_os: Literal["debian", "redhat"] = Field(
+        default="debian",
+        description=("ibm-flex: the OS family of the nodes (the chart's workerOS; its `helm ibmc` plugin reads it "
+                     "from the nodes' osImage: Red Hat/OpenShift -> redhat, anything else, e.g. Ubuntu/DGX OS -> "
+                     "debian)."),
+    )
     storage_class_name: DnsLabel = Field(default="cos-s3fs", description="onprem: the StorageClass of the COS volumes")
     secret_name: DnsLabel = Field(
         default="cos-hmac",
@@ -312,13 +328,25 @@ class SharedVolumeConfig(StrictModel):
 
     name: DnsLabel = Field(description="the PVC's name (what a Job's claimName names)")
     storage_class: DnsLabel = Field(description="a ReadWriteMany class of this stack (the EFS class or nfs)")
-    size: Quantity = "1Ti"  # EFS ignores it (elastic), but a PVC must request something
+    size: Quantity = Field(
+        default="1Ti",
+        description="EFS ignores it (elastic), but a PVC must request something",
+    )
 
 
 class StorageConfig(StrictModel):
-    efs: EfsConfig | None = None  # EKS only
-    gp3: Gp3StorageClassConfig | None = None  # EKS only (EBS CSI)
-    buckets: list[BucketConfig] = []  # S3; EKS only
+    efs: EfsConfig | None = Field(
+        default=None,
+        description="EKS only",
+    )
+    gp3: Gp3StorageClassConfig | None = Field(
+        default=None,
+        description="EKS only (EBS CSI)",
+    )
+    buckets: list[BucketConfig] = Field(
+        default=[],
+        description="S3; EKS only",
+    )
     cos: CosConfig | None = Field(
         default=None,
         description=("IBM Cloud Object Storage (or another S3-compatible store) and its buckets, reached with the HMAC "
@@ -334,7 +362,10 @@ class StorageConfig(StrictModel):
     )
     addon_versions: dict[
         AddonName, AddonVersion
-    ] = {}  # pin EKS add-on versions (vX.Y.Z-eksbuild.N); default: EKS's default for the cluster
+    ] = Field(
+        default={},
+        description="pin EKS add-on versions (vX.Y.Z-eksbuild.N); default: EKS's default for the cluster",
+    )
 
     @field_validator("addon_versions")
     @classmethod

@@ -13,15 +13,17 @@ honorLabels) and `Hostname`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from infra.config.monitoring import AlertThresholds
+from infra.monitoring.alertrule import RUNBOOK, AlertRule
+from infra.monitoring.gpu_alerts import gpu_health_rules
+
+__all__ = ["GPU_HEALTH_GROUP", "RULE_GROUP", "RUNBOOK", "AlertRule", "alert_rules", "data_wait_share",
+           "gang_restarts_last_hour", "gpu_utilisation_of_training_pods", "namespace_match", "rule_groups"]
 
 RULE_GROUP = "ml-cluster-training"
 GPU_HEALTH_GROUP = "ml-cluster-gpu-health"
-# Runbook sections are linked from every GPU-health alert: the repository's docs, unless a stack hands out its own.
-RUNBOOK = "docs/monitoring.md"
 
 Namespaces = str | Sequence[str]  # the training namespace, or it and the tenant teams' namespaces
 
@@ -57,33 +59,6 @@ def data_wait_share(window: str, by: str = "namespace, job_name", selector: str 
 def gpu_utilisation_of_training_pods(namespace: Namespaces) -> str:
     """DCGM's utilisation (percent) of the GPUs held by training pods, as a 0..1 ratio per pod."""
     return f"avg by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{{{namespace_match(namespace)}}}) / 100"
-
-
-@dataclass(frozen=True)
-class AlertRule:
-    name: str
-    signal: str  # the PromQL whose value is compared: the dashboards and tests query it on its own
-    comparison: str  # "> 0.3"
-    for_minutes: int
-    severity: str
-    summary: str
-    description: str
-    labels: dict[str, str] = field(default_factory=dict)
-    runbook: str = ""  # the anchor of the runbook section in docs/monitoring.md
-
-    @property
-    def expr(self) -> str:
-        return f"({self.signal}) {self.comparison}"
-
-    def to_rule(self) -> dict[str, Any]:
-        return {
-            "alert": self.name,
-            "expr": self.expr,
-            "for": f"{self.for_minutes}m",
-            "labels": {"severity": self.severity, **self.labels},
-            "annotations": {"summary": self.summary, "description": self.description,
-                            **({"runbook_url": f"{RUNBOOK}#{self.runbook}"} if self.runbook else {})},
-        }
 
 
 def alert_rules(thresholds: AlertThresholds, training_namespace: str,
@@ -154,8 +129,6 @@ def alert_rules(thresholds: AlertThresholds, training_namespace: str,
 def rule_groups(thresholds: AlertThresholds, training_namespace: str,
                 label_prefix: str = "ml-cluster.io", team_namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The `groups:` of a Prometheus rule file (also PrometheusRule.spec.groups)."""
-    from infra.monitoring.gpu_alerts import gpu_health_rules
-
     return [{"name": RULE_GROUP, "rules": [rule.to_rule() for rule in alert_rules(thresholds, training_namespace,
                                                                                   team_namespaces)]},
             {"name": GPU_HEALTH_GROUP,

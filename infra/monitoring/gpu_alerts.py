@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 
 from infra.config.monitoring import AlertThresholds
-from infra.monitoring.alerts import AlertRule
+from infra.monitoring.alertrule import AlertRule
 from infra.monitoring.xid import XIDS, codes
 
 GPU_LABELS = "Hostname, gpu, UUID"

@@ -1,6 +1,7 @@
 """GPU plumbing: the NVIDIA device plugin (nvidia.com/gpu becomes schedulable), the optional DCGM exporter,
-the cluster-autoscaler (EKS: scale pools from zero, IAM through Pod Identity), the EKS node monitoring agent add-on
-(the node conditions node auto repair acts on) and, on onprem, the labels of existing nodes (NodePatch).
+the EKS node monitoring agent add-on (the node conditions node auto repair acts on) and, on onprem, the labels of
+existing nodes (NodePatch). The cluster-autoscaler is node scaling's (infra/nodes/scaling/autoscaler.py); its
+resources are created here, as children of this component, so their names and parents stay what they were.
 
 Helm values and IAM policies are built by pure functions; the GpuPlumbing component only creates resources.
 """
@@ -16,17 +17,16 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, GpuConfig, HelmChartConfig
+from infra.config.nodepools import DcgmExporterConfig, GpuConfig, HelmChartConfig
+from infra.config.nodes import AutoscalerConfig
 from infra.context import ClusterInfo, StackContext
-from infra.iam import pod_identity_trust_policy
 from infra.nodes.dcgm_metrics import metrics_csv
 from infra.nodes.poolplan import EFA_LABEL, GPU_PRESENT_LABEL, PoolPlan
+from infra.nodes.scaling.autoscaler import AutoscalerTarget, cluster_autoscaler, helm_release
 
 DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
 DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
-AUTOSCALER_REPO = "https://kubernetes.github.io/autoscaler"
 EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
-AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
 
 
@@ -109,12 +109,6 @@ def dcgm_exporter_values(cfg: DcgmExporterConfig, plans: Sequence[PoolPlan], lab
     }
 
 
-# The newest cluster-autoscaler release of each minor (its git tags cluster-autoscaler-<version>): its minor must
-# match the control plane's, and its patches fix the autoscaler, so a stack runs the newest one.
-AUTOSCALER_RELEASES = {"1.30": "v1.30.7", "1.31": "v1.31.5", "1.32": "v1.32.7", "1.33": "v1.33.6",
-                       "1.34": "v1.34.5", "1.35": "v1.35.2", "1.36": "v1.36.1"}
-
-
 def efa_device_plugin_values(plans: Sequence[PoolPlan], label_prefix: str) -> dict[str, Any]:
     """aws-efa-k8s-device-plugin values: only on EFA pools (their <prefix>/efa label; the chart's own affinity also
     lists every EFA instance type, values.yaml:10-13), tolerating those pools' taints (the chart tolerates only
@@ -125,71 +119,6 @@ def efa_device_plugin_values(plans: Sequence[PoolPlan], label_prefix: str) -> di
             tolerations.setdefault((taint.key, taint.kubernetes_effect),
                                    {"key": taint.key, "operator": "Exists", "effect": taint.kubernetes_effect})
     return {"nodeSelector": {f"{label_prefix}/{EFA_LABEL}": "true"}, "tolerations": list(tolerations.values())}
-
-
-def autoscaler_image_tag(cfg: AutoscalerConfig, kubernetes_version: str) -> str:
-    """cluster-autoscaler's minor version must match the control plane's."""
-    return cfg.image_tag or AUTOSCALER_RELEASES.get(kubernetes_version, f"v{kubernetes_version}.0")
-
-
-def autoscaler_values(cfg: AutoscalerConfig, cluster_name: str, region: str, kubernetes_version: str) -> dict[str, Any]:
-    """cluster-autoscaler values: AWS, auto-discovery by the tags EKS puts on managed node groups' ASGs
-    (k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/<cluster>); credentials: Pod Identity."""
-    return {
-        "cloudProvider": "aws",
-        "awsRegion": region,
-        "autoDiscovery": {"clusterName": cluster_name},
-        "fullnameOverride": "cluster-autoscaler",
-        "image": {"tag": autoscaler_image_tag(cfg, kubernetes_version)},
-        "rbac": {"serviceAccount": {"create": True, "name": AUTOSCALER_SERVICE_ACCOUNT}},
-        "priorityClassName": "system-cluster-critical",
-        "extraArgs": {
-            "expander": cfg.expander,
-            "balance-similar-node-groups": cfg.balance_similar_node_groups,
-            "scale-down-unneeded-time": cfg.scale_down_unneeded_time,
-        },
-        "resources": {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"memory": "600Mi"}},
-    }
-
-
-def autoscaler_policy(cluster_name: str) -> str:
-    """Least privilege for cluster-autoscaler: describe anything, change only this cluster's ASGs."""
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Sid": "ScaleOwnGroups",
-                    "Effect": "Allow",
-                    "Action": [
-                        "autoscaling:SetDesiredCapacity",
-                        "autoscaling:TerminateInstanceInAutoScalingGroup",
-                    ],
-                    "Resource": "*",
-                    "Condition": {
-                        "StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}
-                    },
-                },
-                {
-                    "Sid": "Describe",
-                    "Effect": "Allow",
-                    "Action": [
-                        "autoscaling:DescribeAutoScalingGroups",
-                        "autoscaling:DescribeAutoScalingInstances",
-                        "autoscaling:DescribeLaunchConfigurations",
-                        "autoscaling:DescribeScalingActivities",
-                        "autoscaling:DescribeTags",
-                        "ec2:DescribeImages",
-                        "ec2:DescribeInstanceTypes",
-                        "ec2:DescribeLaunchTemplateVersions",
-                        "ec2:GetInstanceTypesFromInstanceRequirements",
-                        "eks:DescribeNodegroup",
-                    ],
-                    "Resource": "*",
-                },
-            ],
-        }
-    )
 
 
 def node_patch_manifests(plans: Sequence[PoolPlan]) -> list[dict[str, Any]]:
@@ -212,6 +141,7 @@ class GpuPlumbingArgs:
     config: GpuConfig
     pools: tuple[PoolPlan, ...]
     cluster_name: str  # the configured cluster name (EKS tags ASGs with it)
+    autoscaler: AutoscalerConfig  # node scaling (infra/nodes/scaling), installed with the GPU plumbing
     kubernetes_version: str
     depends_on: tuple[pulumi.Resource, ...] = ()  # node groups, the Pod Identity agent add-on
     node_monitoring_agent_version: str | None = None  # storage.addonVersions pin; None: EKS's default
@@ -268,8 +198,13 @@ class GpuPlumbing(pulumi.ComponentResource):
                 efa_device_plugin_values(args.pools, ctx.label_prefix),
                 k8s_opts,
             )
-        if cluster.is_eks and cfg.autoscaler.enabled:
-            self._autoscaler(args, k8s_opts)
+        if cluster.is_eks and args.autoscaler.enabled:
+            assert ctx.region is not None
+            # Children of this component (their names and parents are the stack's state since before scaling had
+            # a module of its own).
+            self.releases["cluster-autoscaler"] = cluster_autoscaler(
+                self, ctx, cluster, args.autoscaler,
+                AutoscalerTarget(args.cluster_name, ctx.region, args.kubernetes_version), k8s_opts)
         self.node_monitoring_agent: aws.eks.Addon | None = None
         if cluster.is_eks and cfg.node_monitoring_agent.enabled and any(plan.is_gpu for plan in args.pools):
             self.node_monitoring_agent = aws.eks.Addon(
@@ -297,48 +232,5 @@ class GpuPlumbing(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions,
     ) -> None:
         """The chart's Helm release, named after the chart and kept in `releases` under that name."""
-        self.releases[chart] = k8s.helm.v3.Release(
-            ctx.name("gpu", thing),
-            name=chart,
-            chart=chart,
-            version=cfg.chart_version,
-            namespace=cfg.namespace,
-            repository_opts={"repo": repo},
-            values=values,
-            opts=opts,
-        )
+        self.releases[chart] = helm_release(ctx.name("gpu", thing), chart, repo, cfg, values, opts)
 
-    def _autoscaler(self, args: GpuPlumbingArgs, k8s_opts: pulumi.ResourceOptions) -> None:
-        ctx, cluster, cfg = args.ctx, args.cluster, args.config.autoscaler
-        assert ctx.region is not None
-        child = pulumi.ResourceOptions(parent=self)
-        role = aws.iam.Role(
-            ctx.name("gpu", "autoscaler-role"),
-            assume_role_policy=pod_identity_trust_policy(),
-            tags=ctx.tags,
-            opts=child,
-        )
-        policy = aws.iam.RolePolicy(
-            ctx.name("gpu", "autoscaler-policy"),
-            role=role.id,
-            policy=autoscaler_policy(args.cluster_name),
-            opts=child,
-        )
-        association = aws.eks.PodIdentityAssociation(
-            ctx.name("gpu", "autoscaler-identity"),
-            cluster_name=cluster.name,
-            namespace=cfg.namespace,
-            service_account=AUTOSCALER_SERVICE_ACCOUNT,
-            role_arn=role.arn,
-            tags=ctx.tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(cluster.eks_dependencies)),
-        )
-        self._release(
-            ctx,
-            "cluster-autoscaler",
-            "cluster-autoscaler",
-            AUTOSCALER_REPO,
-            cfg,
-            autoscaler_values(cfg, args.cluster_name, ctx.region, args.kubernetes_version),
-            k8s_opts.merge(pulumi.ResourceOptions(depends_on=[policy, association])),
-        )

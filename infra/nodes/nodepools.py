@@ -1,5 +1,6 @@
 """Node pools: EKS managed node groups with launch templates (IMDSv2, NVMe RAID0 user data), labels, taints
-and the cluster-autoscaler node-template tags that let a pool scale up from zero.
+and the cluster-autoscaler node-template tags that let a pool scale up from zero (built by
+infra/nodes/scaling/autoscaler.py; tagged here, on the node group's Auto Scaling group).
 
 The builders are pure (plan in, dicts/strings out); the NodePools component only turns them into resources.
 """
@@ -7,8 +8,6 @@ The builders are pure (plan in, dicts/strings out); the NodePools component only
 from __future__ import annotations
 
 import base64
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email import encoders
 from email.mime.application import MIMEApplication
@@ -21,10 +20,9 @@ import pulumi_aws as aws
 import yaml
 
 from infra.context import ClusterInfo, NetworkInfo, StackContext
-from infra.nodes.poolplan import CAS_TEMPLATE, EFA_NODE_HUGEPAGES, PoolPlan
+from infra.nodes.poolplan import EFA_NODE_HUGEPAGES, PoolPlan
 from infra.nodes.repair import node_repair_config
-from workloads.cluster_facts import EFA_HUGEPAGES, EFA_RESOURCE
-from workloads.quantity import format_bytes
+from infra.nodes.scaling.autoscaler import node_template_tags, tag_slug
 
 NODECONFIG_API_VERSION = "node.eks.aws/v1alpha1"
 NODECONFIG_CONTENT_TYPE = "application/node.eks.aws"
@@ -125,32 +123,6 @@ def block_device_mappings(plan: PoolPlan) -> list[dict[str, Any]]:
 
 def node_group_taints(plan: PoolPlan) -> list[dict[str, str]]:
     return [{"key": t.key, "value": t.value, "effect": t.effect} for t in plan.taints]
-
-
-def autoscaler_template_tags(plan: PoolPlan, gpu_node_labels: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The node-template tags cluster-autoscaler reads from an ASG to model a node of a pool at size 0.
-
-    `gpu_node_labels` (the burn-in's gpu-health=passed, with the gate on) are modelled on GPU pools though the
-    node group never sets them: a new node gets the label from the burn-in, and a pending Job that requires it
-    must still scale the pool up from zero."""
-    gated = dict(gpu_node_labels or {}) if plan.is_gpu else {}
-    labels = {**plan.labels, **gated}
-    tags = {f"{CAS_TEMPLATE}/label/{key}": value for key, value in labels.items()}
-    tags[f"{CAS_TEMPLATE}/label/eks.amazonaws.com/capacityType"] = plan.config.capacity_type
-    for taint in plan.taints:
-        tags[f"{CAS_TEMPLATE}/taint/{taint.key}"] = f"{taint.value}:{taint.kubernetes_effect}"
-    if plan.gpus_per_node:
-        tags[f"{CAS_TEMPLATE}/resources/nvidia.com/gpu"] = str(plan.gpus_per_node)
-    if plan.efa_interfaces:
-        tags[f"{CAS_TEMPLATE}/resources/{EFA_RESOURCE}"] = str(plan.efa_interfaces)
-        tags[f"{CAS_TEMPLATE}/resources/hugepages-2Mi"] = EFA_HUGEPAGES
-    tags[f"{CAS_TEMPLATE}/resources/ephemeral-storage"] = format_bytes(plan.ephemeral_storage_bytes)
-    return tags
-
-
-def tag_slug(key: str) -> str:
-    """A tag key in a logical name: ".../label/ml-cluster.io/gpu-type" -> "label-ml-cluster-io-gpu-type"."""
-    return re.sub(r"[^a-z0-9]+", "-", key.removeprefix(CAS_TEMPLATE + "/").lower()).strip("-")
 
 
 def pool_subnet_ids(plan: PoolPlan, network: NetworkInfo) -> list[pulumi.Input[str]]:
@@ -310,7 +282,7 @@ class NodePools(pulumi.ComponentResource):
                 ),
             )
             asg_name = group.resources.apply(_asg_name)
-            for key, value in autoscaler_template_tags(plan, args.gpu_node_labels).items():
+            for key, value in node_template_tags(plan, args.gpu_node_labels).items():
                 aws.autoscaling.Tag(
                     ctx.name("nodepools", f"{plan.name}-cas-{tag_slug(key)}"),
                     autoscaling_group_name=asg_name,

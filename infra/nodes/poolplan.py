@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from infra.config.nodepools import GpuConfig, NodePoolConfig
+from infra.config.nodepools import NodePoolConfig
+from infra.config.nodes import SizingConfig
 from infra.config.schema import ConfigError, StackConfig
 from infra.nodes.instances import (
     GIB,
@@ -23,16 +24,12 @@ from infra.nodes.instances import (
     node_allocatable,
     per_gpu_size,
 )
+from infra.nodes.scaling.template import ACCELERATOR_LABEL, ASG_TAG_KEY_MAX, accelerator_label_value, template_label_key
 from workloads.cluster_facts import EVICTION_HARD_NODEFS, PoolFacts
 from workloads.quantity import quantity_bytes, quantity_millicores
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"  # what the device plugin chart's node affinity accepts
-CAS_TEMPLATE = "k8s.io/cluster-autoscaler/node-template"  # ASG tag prefix cluster-autoscaler reads
-# cluster-autoscaler (AWS) treats a node as a GPU node, and waits for its GPUs to register before it counts the
-# scale-up as done, only when it carries this label (kubernetes/autoscaler cluster-autoscaler-1.33.0,
-# cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go:38 GPULabel, :94 GetNodeGpuConfig).
-ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
 # 2 MiB pages an EFA node preallocates at boot (its user data): EFA_HUGEPAGES (5120Mi) for the one gang pod a node
 # runs, plus 8 pages of headroom. The kubelet reports them as hugepages-2Mi and takes them out of allocatable memory.
 EFA_NODE_HUGEPAGES = 2568
@@ -42,7 +39,6 @@ EFA_LABEL = "efa"  # <prefix>/efa=true on EFA pools: the EFA device plugin's nod
 # eks.amazonaws.com/capacityType says ON_DEMAND for an On-Demand Capacity Reservation's nodes too).
 CAPACITY_LABEL = "capacity"
 RESERVED, UNRESERVED = "reserved", "unreserved"
-ASG_TAG_KEY_MAX = 128
 
 ShapeLookup = Callable[[str], InstanceShape]
 
@@ -115,19 +111,6 @@ class PoolPlan:
 def gpu_type_label(gpu_name: str) -> str:
     """ "A10G" -> "a10g", "L40S" -> "l40s": a label value that names the GPU model."""
     return "".join(ch for ch in gpu_name.lower().replace(" ", "-") if ch.isalnum() or ch in "-.")
-
-
-# cluster-autoscaler's AWS provider knows these values of ACCELERATOR_LABEL (availableGPUTypes,
-# cluster-autoscaler/cloudprovider/aws/aws_cloud_provider.go:54-63 at tag cluster-autoscaler-1.36.1); a GPU it
-# does not list (H100, H200, B200) gets the same "nvidia-<model>" form, which the autoscaler still counts as a GPU.
-_AUTOSCALER_GPU_TYPES = {"k80": "nvidia-tesla-k80", "p100": "nvidia-tesla-p100", "v100": "nvidia-tesla-v100",
-                         "t4": "nvidia-tesla-t4", "a100": "nvidia-tesla-a100", "a10g": "nvidia-a10g",
-                         "l4": "nvidia-l4", "l40s": "nvidia-l40s"}
-
-
-def accelerator_label_value(gpu_type: str) -> str:
-    """The value of ACCELERATOR_LABEL for a gpu_type_label: "a10g" -> "nvidia-a10g", "v100" -> "nvidia-tesla-v100"."""
-    return _AUTOSCALER_GPU_TYPES.get(gpu_type, f"nvidia-{gpu_type}")
 
 
 def ami_type(family: str, gpu: bool, architecture: str) -> str:
@@ -280,7 +263,7 @@ def _taints(pool: NodePoolConfig, gpu: bool) -> tuple[Taint, ...]:
 
 
 def plan_instance_pool(
-    pool: NodePoolConfig, shapes: Sequence[InstanceShape], gpu_cfg: GpuConfig, label_prefix: str
+    pool: NodePoolConfig, shapes: Sequence[InstanceShape], sizing: SizingConfig, label_prefix: str
 ) -> PoolPlan:
     """The plan of an EKS pool whose types passed _check_instance_pool. The smallest type sizes the pool."""
     smallest = min(shapes, key=lambda s: (s.vcpus, s.memory_mib))
@@ -315,14 +298,14 @@ def plan_instance_pool(
         smallest.vcpus,
         smallest.memory_mib,
         smallest.max_pods,
-        quantity_millicores(gpu_cfg.sizing.system_reserved_cpu),
+        quantity_millicores(sizing.system_reserved_cpu),
         # preallocated hugepages are not allocatable memory
-        quantity_bytes(gpu_cfg.sizing.system_reserved_memory) + (EFA_NODE_HUGEPAGES * 2 * MIB if efa else 0),
+        quantity_bytes(sizing.system_reserved_memory) + (EFA_NODE_HUGEPAGES * 2 * MIB if efa else 0),
     )
     return _sized(plan, allocatable, gpus)
 
 
-def plan_existing_pool(pool: NodePoolConfig, gpu_cfg: GpuConfig, label_prefix: str) -> PoolPlan:
+def plan_existing_pool(pool: NodePoolConfig, sizing: SizingConfig, label_prefix: str) -> PoolPlan:
     existing = pool.existing
     assert existing is not None
     gpus = existing.gpus_per_node
@@ -350,8 +333,8 @@ def plan_existing_pool(pool: NodePoolConfig, gpu_cfg: GpuConfig, label_prefix: s
         existing.vcpus,
         quantity_bytes(existing.memory) // 2**20,
         existing.max_pods,
-        quantity_millicores(gpu_cfg.sizing.system_reserved_cpu),
-        quantity_bytes(gpu_cfg.sizing.system_reserved_memory),
+        quantity_millicores(sizing.system_reserved_cpu),
+        quantity_bytes(sizing.system_reserved_memory),
         ec2_memory=False,
     )
     return _sized(plan, allocatable, gpus)
@@ -392,7 +375,7 @@ def plan_node_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shap
             )
             continue
         if pool.existing is not None:
-            plans.append(plan_existing_pool(pool, cfg.gpu, cfg.label_prefix))
+            plans.append(plan_existing_pool(pool, cfg.nodes.sizing, cfg.label_prefix))
             continue
         shapes: list[InstanceShape] = []
         for type_index, instance_type in enumerate(pool.instance_types):
@@ -415,8 +398,8 @@ def plan_node_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shap
         pool_problems = _check_instance_pool(path, pool, shapes)
         problems.extend(pool_problems)
         if not pool_problems:
-            plan = plan_instance_pool(pool, shapes, cfg.gpu, cfg.label_prefix)
-            too_long = [key for key in plan.labels if len(f"{CAS_TEMPLATE}/label/{key}") > ASG_TAG_KEY_MAX]
+            plan = plan_instance_pool(pool, shapes, cfg.nodes.sizing, cfg.label_prefix)
+            too_long = [key for key in plan.labels if len(template_label_key(key)) > ASG_TAG_KEY_MAX]
             if too_long:
                 problems.append(
                     (

@@ -6,7 +6,8 @@ plan offline, in CI (base against head) and against live AWS prices. Which price
 ec2.describe_spot_price_history for Spot), read by `parse_get_products` / `parse_spot_history` whether it came from
 AWS or from the committed fixture (infra.plan.prices).
 
-What is priced, and how:
+The questions and their parsers are infra/plan/pricing.py; what a plan holds (pools, Jobs, claims, teams) is read by
+infra/plan/holdings.py; this module prices it and writes the report. What is priced, and how:
 - node groups: instances x the type's Linux on-demand hourly rate, or its Spot rate for SPOT pools, at each size;
 - node volumes: the launch template's gp3 volumes (or the node group's diskSize) per node, at each size;
 - NAT gateways and the EKS control plane: their hourly rate (data processed is usage, not priced);
@@ -23,432 +24,46 @@ Prices are per GB (AWS bills GB-Mo for storage); declared sizes are in GiB, so s
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime
+from datetime import date
 from typing import Any
 
 from infra.config.support import eks_tier
-from infra.plan.engine import offline_id
+from infra.plan.holdings import (
+    BUCKET,
+    EFS_FILE_SYSTEM,
+    EKS_CLUSTER,
+    NAT_GATEWAY,
+    JobUse,
+    Pool,
+    efs_claims,
+    efs_gib,
+    flavor_pools,
+    jobs_of,
+    plan_region,
+    pool_query,
+    pools_of,
+    price_queries,
+    resources_of,
+    team_namespaces_of,
+    team_quotas_of,
+)
+from infra.plan.pricing import (
+    PriceError,
+    PriceQuery,
+    efs_query,
+    eks_extended_query,
+    eks_query,
+    gp3_query,
+    nat_query,
+    s3_query,
+)
 
 HOURS_PER_MONTH = 730  # AWS's own convention in its pricing pages and calculator
 GB_PER_GIB = 1024**3 / 1000**3
 SIZES = ("min", "desired", "max")
-
-NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
-LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
-NAT_GATEWAY = "aws:ec2/natGateway:NatGateway"
-EKS_CLUSTER = "aws:eks/cluster:Cluster"
-EFS_FILE_SYSTEM = "aws:efs/fileSystem:FileSystem"
-BUCKET = "aws:s3/bucket:Bucket"
-JOB = "kubernetes:batch/v1:Job"
-PVC = "kubernetes:core/v1:PersistentVolumeClaim"
-STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
-EFS_PROVISIONER = "efs.csi.aws.com"
-PV = "kubernetes:core/v1:PersistentVolume"
-NAMESPACE = "kubernetes:core/v1:Namespace"
-KUEUE_TYPE_PREFIX = "kubernetes:kueue.x-k8s.io/"
-TEAM_LABEL_SUFFIX = "/team"
-GPU_RESOURCE = "nvidia.com/gpu"
-POOL_LABEL_SUFFIX = "/pool"
-GPU_COUNT_LABEL_SUFFIX = "/gpu-count"
-
-
-class PriceError(ValueError):
-    """A price that cannot be found or read; `where` names the source (fixture file, API)."""
-
-    def __init__(self, where: str, why: str):
-        self.where, self.why = where, why
-        super().__init__(f"{where}: {why}")
-
-
-@dataclass(frozen=True)
-class PriceQuery:
-    """One unit price a plan needs. `kind` is `list` (pricing.get_products) or `spot`
-    (ec2.describe_spot_price_history). For list prices, `filters` are TERM_MATCH filters and `usagetype_suffix`
-    picks the product among those that match (the usage type carries a region prefix such as USE2-, which the
-    region code already pins, so a suffix is the account- and region-independent part)."""
-
-    key: str
-    kind: str
-    service_code: str
-    filters: tuple[tuple[str, str], ...]
-    unit: str
-    usagetype_suffix: str = ""
-    region: str = ""
-    instance_type: str = ""
-    zones: tuple[str, ...] = ()
-    instance_count: int = 0  # capacity-block: the block's instances
-    hours: int = 0  # capacity-block: its duration
-
-
-def instance_query(region: str, instance_type: str) -> PriceQuery:
-    return PriceQuery(
-        key=f"ec2:{region}:{instance_type}:on-demand", kind="list", service_code="AmazonEC2",
-        filters=(("regionCode", region), ("instanceType", instance_type), ("operatingSystem", "Linux"),
-                 ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"),
-                 ("licenseModel", "No License required")),
-        unit="Hrs")
-
-
-def spot_query(region: str, instance_type: str, zones: Sequence[str]) -> PriceQuery:
-    return PriceQuery(key=f"ec2:{region}:{instance_type}:spot", kind="spot", service_code="AmazonEC2", filters=(),
-                      unit="Hrs", region=region, instance_type=instance_type, zones=tuple(sorted(set(zones))))
-
-
-def block_query(region: str, instance_type: str, instance_count: int, hours: int, zones: Sequence[str]) -> PriceQuery:
-    """A Capacity Block's price per instance-hour: what EC2 offers now for a block of this type, count and duration
-    (ec2.describe_capacity_block_offerings; an existing block's purchase price is in no API: the CapacityBlock and
-    CapacityReservation shapes carry no fee, botocore 1.44.8 data/ec2/2016-11-15/service-2.json:13702 and :14493)."""
-    return PriceQuery(key=f"capacity-block:{region}:{instance_type}:{instance_count}x{hours}h", kind="capacity-block",
-                      service_code="AmazonEC2", filters=(), unit="Hrs", region=region, instance_type=instance_type,
-                      zones=tuple(sorted(set(zones))), instance_count=instance_count, hours=hours)
-
-
-def block_hours(start: str | None, end: str | None) -> int:
-    """A block's duration as DescribeCapacityBlockOfferings takes it (CapacityDurationHours: whole days up to 14,
-    then whole weeks up to 182 days; service-2.json:27344): the configured start to end, rounded up to the next
-    valid duration; one day when either is unknown."""
-    if not start or not end:
-        return 24
-    hours = math.ceil((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds() / 3600)
-    days = max(math.ceil(hours / 24), 1)
-    return 24 * (days if days <= 14 else min(math.ceil(days / 7) * 7, 182))
-
-
-def nat_query(region: str) -> PriceQuery:
-    return PriceQuery(key=f"nat:{region}", kind="list", service_code="AmazonEC2",
-                      filters=(("regionCode", region), ("productFamily", "NAT Gateway")),
-                      unit="Hrs", usagetype_suffix="NatGateway-Hours")
-
-
-def eks_query(region: str) -> PriceQuery:
-    return PriceQuery(key=f"eks:{region}", kind="list", service_code="AmazonEKS",
-                      filters=(("regionCode", region), ("productFamily", "Compute")),
-                      unit="Hrs", usagetype_suffix="AmazonEKS-Hours:perCluster")
-
-
-def eks_extended_query(region: str) -> PriceQuery:
-    """The control plane's rate while its Kubernetes minor is in extended support (instead of eks_query's)."""
-    return PriceQuery(key=f"eks-extended:{region}", kind="list", service_code="AmazonEKS",
-                      filters=(("regionCode", region), ("productFamily", "Compute")),
-                      unit="Hrs", usagetype_suffix="AmazonEKS-Hours:extendedSupport")
-
-
-def gp3_query(region: str) -> PriceQuery:
-    return PriceQuery(key=f"gp3:{region}", kind="list", service_code="AmazonEC2",
-                      filters=(("regionCode", region), ("productFamily", "Storage"), ("volumeApiName", "gp3")),
-                      unit="GB-Mo", usagetype_suffix="EBS:VolumeUsage.gp3")
-
-
-def efs_query(region: str) -> PriceQuery:
-    return PriceQuery(key=f"efs:{region}", kind="list", service_code="AmazonEFS",
-                      filters=(("regionCode", region), ("productFamily", "Storage"),
-                               ("storageClass", "General Purpose")),
-                      unit="GB-Mo", usagetype_suffix="TimedStorage-ByteHrs")
-
-
-def s3_query(region: str) -> PriceQuery:
-    return PriceQuery(key=f"s3:{region}", kind="list", service_code="AmazonS3",
-                      filters=(("regionCode", region), ("productFamily", "Storage"), ("volumeType", "Standard")),
-                      unit="GB-Mo", usagetype_suffix="TimedStorage-ByteHrs")
-
-
-def get_products_request(query: PriceQuery) -> dict[str, Any]:
-    """The boto3 `pricing.get_products` arguments for a list-price query (also the offline fixture's key)."""
-    return {"ServiceCode": query.service_code, "FormatVersion": "aws_v1",
-            "Filters": [{"Type": "TERM_MATCH", "Field": name, "Value": value} for name, value in query.filters]}
-
-
-def spot_history_request(query: PriceQuery) -> dict[str, Any]:
-    """The boto3 `ec2.describe_spot_price_history` arguments, without StartTime (the caller adds "now", which asks
-    for the current price in each zone; the fixture's key leaves it out so it never goes stale)."""
-    return {"InstanceTypes": [query.instance_type], "ProductDescriptions": ["Linux/UNIX"]}
-
-
-def capacity_block_request(query: PriceQuery) -> dict[str, Any]:
-    """The boto3 `ec2.describe_capacity_block_offerings` arguments (service-2.json:27320-27372; also the fixture's
-    key)."""
-    return {"InstanceType": query.instance_type, "InstanceCount": query.instance_count,
-            "CapacityDurationHours": query.hours}
-
-
-def parse_capacity_block_offerings(response: Mapping[str, Any], query: PriceQuery) -> float:
-    """USD per instance-hour from a describe_capacity_block_offerings response (CapacityBlockOffering,
-    service-2.json:13962-14035): the cheapest offering of the query's type and count, in its zone when one is
-    offered there, UpfrontFee / (InstanceCount x (CapacityBlockDurationHours + CapacityBlockDurationMinutes / 60))."""
-    offers = [offer for offer in response.get("CapacityBlockOfferings") or []
-              if offer.get("InstanceType") == query.instance_type
-              and int(offer.get("InstanceCount") or 0) == query.instance_count]
-    if not offers:
-        raise PriceError(query.key, f"no Capacity Block of {query.instance_count} x {query.instance_type} for "
-                                    f"{query.hours} h is offered")
-    in_zone = [offer for offer in offers if offer.get("AvailabilityZone") in query.zones]
-    rates = []
-    for offer in in_zone or offers:
-        if offer.get("CurrencyCode") != "USD":
-            raise PriceError(query.key, f"an offering priced in {offer.get('CurrencyCode')}, not USD")
-        hours = int(offer.get("CapacityBlockDurationHours") or 0) + int(offer.get("CapacityBlockDurationMinutes")
-                                                                         or 0) / 60
-        if hours <= 0:
-            raise PriceError(query.key, f"offering {offer.get('CapacityBlockOfferingId')} has no duration")
-        rates.append(float(offer["UpfrontFee"]) / (query.instance_count * hours))
-    return min(rates)
-
-
-def parse_get_products(response: Mapping[str, Any], query: PriceQuery) -> float:
-    """USD per `query.unit` from a get_products response: the first tier (beginRange 0) of the OnDemand term of the
-    product whose usage type ends with the query's suffix. Raises PriceError when there is none or several."""
-    prices: set[float] = set()
-    for raw in response.get("PriceList") or []:
-        item = json.loads(raw) if isinstance(raw, str) else raw
-        attributes = (item.get("product") or {}).get("attributes") or {}
-        if query.usagetype_suffix and not str(attributes.get("usagetype", "")).endswith(query.usagetype_suffix):
-            continue
-        for term in ((item.get("terms") or {}).get("OnDemand") or {}).values():
-            for dimension in (term.get("priceDimensions") or {}).values():
-                if dimension.get("unit") == query.unit and str(dimension.get("beginRange", "0")) == "0":
-                    prices.add(float(dimension["pricePerUnit"]["USD"]))
-    if not prices:
-        raise PriceError(query.key, f"no {query.unit} on-demand price in the get_products response")
-    if len(prices) > 1:  # a filter too loose to name one product: refuse rather than guess
-        raise PriceError(query.key, f"{len(prices)} different prices match: {sorted(prices)}")
-    return prices.pop()
-
-
-def parse_spot_history(response: Mapping[str, Any], query: PriceQuery) -> float:
-    """USD per hour from a describe_spot_price_history response: the newest price in each of the query's zones,
-    then the highest of those (the autoscaler may start a node in any of the pool's zones)."""
-    latest: dict[str, tuple[str, float]] = {}
-    for entry in response.get("SpotPriceHistory") or []:
-        zone = str(entry.get("AvailabilityZone", ""))
-        if entry.get("InstanceType") != query.instance_type or (query.zones and zone not in query.zones):
-            continue
-        stamp = str(entry.get("Timestamp", ""))
-        if zone not in latest or stamp > latest[zone][0]:
-            latest[zone] = (stamp, float(entry["SpotPrice"]))
-    if not latest:
-        zones = ", ".join(query.zones) or "any zone"
-        raise PriceError(query.key, f"no Spot price for {query.instance_type} in {zones}")
-    return max(price for _, price in latest.values())
-
-
-# --------------------------------------------------------------------------------------------- what a plan holds
-
-
-@dataclass(frozen=True)
-class Pool:
-    name: str
-    instance_type: str
-    capacity_type: str  # ON_DEMAND or SPOT
-    sizes: tuple[int, int, int]  # min, desired, max
-    zones: tuple[str, ...]
-    gpus_per_node: int
-    labels: Mapping[str, str]
-    disk_gib: float = 0.0  # gp3 GiB per node (root, and Bottlerocket's data volume)
-    reserved: int = 0  # instances of a capacity reservation the pool launches into (stack output nodePools)
-    reservation_id: str = ""
-    reservation_hours: int = 24  # a Capacity Block's duration (block_hours of its startTime and endTime)
-
-
-@dataclass(frozen=True)
-class JobUse:
-    name: str
-    pods: int
-    gpus_per_pod: int
-    deadline_s: int | None
-    node_selector: Mapping[str, str]
-
-
-def _quantity_gib(text: str) -> float:
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGTPE]i?)?", str(text))
-    if match is None:
-        raise ValueError(f"{text!r} is not a storage quantity")
-    number, unit = float(match.group(1)), match.group(2) or ""
-    binary = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-    decimal = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-    return number * (binary.get(unit) or decimal.get(unit) or 1) / 2**30
-
-
-def _of(plan: Mapping[str, Any], token: str) -> list[dict[str, Any]]:
-    return [r for r in plan["resources"] if r["type"] == token]
-
-
-def plan_region(plan: Mapping[str, Any]) -> str | None:
-    region = (plan.get("outputs") or {}).get("region")
-    return str(region) if region else None
-
-
-def pools_of(plan: Mapping[str, Any]) -> list[Pool]:
-    subnet_azs = (plan.get("outputs") or {}).get("subnetAzs") or {}
-    reservations = {name: facts.get("reservation") or {} for name, facts in
-                    ((plan.get("outputs") or {}).get("nodePools") or {}).items() if isinstance(facts, Mapping)}
-    # A node group names its launch template by id; offline, that id is derived from the template's name.
-    disks: dict[str, float] = {}
-    for template in _of(plan, LAUNCH_TEMPLATE):
-        disks[offline_id(LAUNCH_TEMPLATE, template["name"])] = float(sum(
-            float((m.get("ebs") or {}).get("volumeSize") or 0) for m in template["inputs"].get("blockDeviceMappings")
-            or [] if (m.get("ebs") or {}).get("volumeType") == "gp3"))
-    pools = []
-    for resource in _of(plan, NODE_GROUP):
-        inputs = resource["inputs"]
-        labels = inputs.get("labels") or {}
-        scaling = inputs.get("scalingConfig") or {}
-        low, high = int(scaling.get("minSize") or 0), int(scaling.get("maxSize") or 0)
-        desired = scaling.get("desiredSize")
-        name = next((v for k, v in labels.items() if k.endswith(POOL_LABEL_SUFFIX)), resource["name"])
-        gpus = next((int(v) for k, v in labels.items() if k.endswith(GPU_COUNT_LABEL_SUFFIX)), 0)
-        for instance_type in (inputs.get("instanceTypes") or [])[:1]:  # the first type is what EKS launches first
-            pools.append(Pool(name=str(name), instance_type=str(instance_type),
-                              capacity_type=str(inputs.get("capacityType") or "ON_DEMAND"),
-                              sizes=(low, int(desired) if desired is not None else low, high),
-                              zones=tuple(sorted({str(subnet_azs[s]) for s in inputs.get("subnetIds") or []
-                                                  if s in subnet_azs})),
-                              gpus_per_node=gpus, labels=labels,
-                              disk_gib=disks.get(str((inputs.get("launchTemplate") or {}).get("id")),
-                                                 float(inputs.get("diskSize") or 0)),
-                              reserved=int((reservations.get(str(name)) or {}).get("instanceCount") or 0),
-                              reservation_id=str((reservations.get(str(name)) or {}).get("id") or ""),
-                              reservation_hours=block_hours((reservations.get(str(name)) or {}).get("startTime"),
-                                                            (reservations.get(str(name)) or {}).get("endTime"))))
-    return sorted(pools, key=lambda pool: pool.name)
-
-
-def jobs_of(plan: Mapping[str, Any]) -> list[JobUse]:
-    jobs = []
-    for resource in _of(plan, JOB):
-        spec = resource["inputs"].get("spec") or {}
-        pod = (spec.get("template") or {}).get("spec") or {}
-        gpus = sum(int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
-                   for c in pod.get("containers") or [])
-        metadata = resource["inputs"].get("metadata") or {}
-        name = (metadata.get("labels") or {}).get("app.kubernetes.io/name") or metadata.get("name") or resource["name"]
-        deadline = spec.get("activeDeadlineSeconds")
-        jobs.append(JobUse(name=str(name), pods=int(spec.get("parallelism") or 1), gpus_per_pod=gpus,
-                           deadline_s=int(deadline) if deadline is not None else None,
-                           node_selector=pod.get("nodeSelector") or {}))
-    return sorted(jobs, key=lambda job: job.name)
-
-
-def efs_claims(plan: Mapping[str, Any]) -> list[tuple[str, float]]:
-    """(namespace, GiB) of each PersistentVolumeClaim on EFS: of an EFS storage class of this plan, or bound to a
-    static PV of the EFS CSI driver (a team's access point)."""
-    classes = {(r["inputs"].get("metadata") or {}).get("name") for r in _of(plan, STORAGE_CLASS)
-               if r["inputs"].get("provisioner") == EFS_PROVISIONER}
-    efs_volumes = {(r["inputs"].get("metadata") or {}).get("name") for r in _of(plan, PV)
-                   if ((r["inputs"].get("spec") or {}).get("csi") or {}).get("driver") == EFS_PROVISIONER}
-    claims = []
-    for claim in _of(plan, PVC):
-        spec = claim["inputs"].get("spec") or {}
-        if spec.get("storageClassName") in classes or (spec.get("volumeName") and spec["volumeName"] in efs_volumes):
-            claims.append((str((claim["inputs"].get("metadata") or {}).get("namespace") or ""),
-                           _quantity_gib(((spec.get("resources") or {}).get("requests") or {}).get("storage", "0"))))
-    return claims
-
-
-def efs_gib(plan: Mapping[str, Any]) -> float:
-    """GiB requested by the PersistentVolumeClaims on EFS."""
-    return sum(gib for _, gib in efs_claims(plan))
-
-
-@dataclass(frozen=True)
-class TeamQuota:
-    """A tenant team's GPUs of one flavor: guaranteed (nominalQuota) and the most it may hold (None: no
-    borrowingLimit, as much as the cohort lends)."""
-
-    team: str
-    namespace: str
-    flavor: str
-    gpus: int
-    at_most: int | None
-
-
-def _kueue(plan: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [r for r in plan["resources"] if r["type"].startswith(KUEUE_TYPE_PREFIX) and r["type"].endswith(f":{kind}")]
-
-
-def team_namespaces_of(plan: Mapping[str, Any]) -> dict[str, str]:
-    """Namespace -> team, for the namespaces labelled `<prefix>/team`."""
-    found = {}
-    for namespace in _of(plan, NAMESPACE):
-        metadata = namespace["inputs"].get("metadata") or {}
-        team = next((v for k, v in (metadata.get("labels") or {}).items() if k.endswith(TEAM_LABEL_SUFFIX)), None)
-        if team and metadata.get("name"):
-            found[str(metadata["name"])] = str(team)
-    return found
-
-
-def team_quotas_of(plan: Mapping[str, Any]) -> list[TeamQuota]:
-    """The GPU quotas of the ClusterQueues that admit exactly one team namespace (flavors with a guarantee)."""
-    teams = team_namespaces_of(plan)
-    quotas = []
-    for queue in _kueue(plan, "ClusterQueue"):
-        spec = queue["inputs"].get("spec") or {}
-        selector = (spec.get("namespaceSelector") or {}).get("matchLabels") or {}
-        namespace = selector.get("kubernetes.io/metadata.name")
-        if namespace not in teams:
-            continue
-        for group in spec.get("resourceGroups") or []:
-            for flavor in group.get("flavors") or []:
-                for resource in flavor.get("resources") or []:
-                    if resource.get("name") != GPU_RESOURCE or not int(resource.get("nominalQuota") or 0):
-                        continue
-                    gpus = int(resource["nominalQuota"])
-                    borrow = resource.get("borrowingLimit")
-                    quotas.append(TeamQuota(teams[namespace], str(namespace), str(flavor.get("name")), gpus,
-                                            gpus + int(borrow) if borrow is not None else None))
-    return sorted(quotas, key=lambda quota: (quota.team, quota.flavor))
-
-
-def flavor_pools(plan: Mapping[str, Any], pools: Sequence[Pool]) -> dict[str, list[Pool]]:
-    """ResourceFlavor name -> the GPU pools whose labels carry all its nodeLabels."""
-    found = {}
-    for flavor in _kueue(plan, "ResourceFlavor"):
-        labels = (flavor["inputs"].get("spec") or {}).get("nodeLabels") or {}
-        name = (flavor["inputs"].get("metadata") or {}).get("name")
-        if labels and name:
-            found[str(name)] = [pool for pool in pools if pool.gpus_per_node
-                                and all(pool.labels.get(k) == v for k, v in labels.items())]
-    return found
-
-
-def pool_query(region: str, pool: Pool) -> PriceQuery:
-    """A pool's instances cost the type's Spot price for SPOT pools, a Capacity Block's offering price per
-    instance-hour for blocks, its on-demand list price otherwise."""
-    if pool.capacity_type == "SPOT":
-        return spot_query(region, pool.instance_type, pool.zones)
-    if pool.capacity_type == "CAPACITY_BLOCK":
-        return block_query(region, pool.instance_type, pool.reserved, pool.reservation_hours, pool.zones)
-    return instance_query(region, pool.instance_type)
-
-
-def price_queries(plan: Mapping[str, Any]) -> list[PriceQuery]:
-    """Every unit price the plan needs, each once, in a fixed order."""
-    region = plan_region(plan)
-    if region is None:
-        return []
-    queries: dict[str, PriceQuery] = {}
-    for pool in pools_of(plan):
-        query = pool_query(region, pool)
-        if query.key in queries and query.kind == "spot":  # two Spot pools of one type: every zone of both
-            query = spot_query(region, pool.instance_type, queries[query.key].zones + query.zones)
-        queries[query.key] = query
-    if any(pool.disk_gib for pool in pools_of(plan)):
-        queries.setdefault(f"gp3:{region}", gp3_query(region))
-    if _of(plan, NAT_GATEWAY):
-        queries.setdefault(f"nat:{region}", nat_query(region))
-    if _of(plan, EKS_CLUSTER):  # both tiers: which one applies depends on the day the estimate is made
-        queries.setdefault(f"eks:{region}", eks_query(region))
-        queries.setdefault(f"eks-extended:{region}", eks_extended_query(region))
-    if _of(plan, EFS_FILE_SYSTEM):
-        queries.setdefault(f"efs:{region}", efs_query(region))
-    if _of(plan, BUCKET):
-        queries.setdefault(f"s3:{region}", s3_query(region))
-    return list(queries.values())
-
 
 # --------------------------------------------------------------------------------------------- the estimate
 
@@ -574,24 +189,24 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
         sizes = sorted({pool.disk_gib for pool in with_disks})
         detail = f"gp3, {'/'.join(f'{size:g}' for size in sizes)} GiB per node"
         report.lines.append(CostLine("node volumes", detail, rate, "GB-month", (hourly[0], hourly[1], hourly[2])))
-    nats = len(_of(plan, NAT_GATEWAY))
+    nats = len(resources_of(plan, NAT_GATEWAY))
     if nats:
         rate = price(nat_query(region))
         report.lines.append(CostLine("NAT gateways", f"{nats} x hourly (data processed not included)", rate, "hour",
                                      (rate * nats,) * 3))
-    for cluster in _of(plan, EKS_CLUSTER):  # one per stack
+    for cluster in resources_of(plan, EKS_CLUSTER):  # one per stack
         version = str(cluster["inputs"].get("version") or "")
         extended = eks_tier(version, today) in ("extended", "ended")
         rate = price(eks_extended_query(region) if extended else eks_query(region))
         tier = f"extended support on {today}" if extended else "standard support"
         report.lines.append(CostLine("EKS control plane", f"Kubernetes {version}, {tier}", rate, "hour",
                                      (rate,) * 3))
-    if _of(plan, EFS_FILE_SYSTEM):
+    if resources_of(plan, EFS_FILE_SYSTEM):
         rate, gib = price(efs_query(region)), efs_gib(plan)
         efs_hourly = rate * gib * GB_PER_GIB / HOURS_PER_MONTH
         report.lines.append(CostLine("EFS storage", f"{gib:g} GiB claimed, Standard", rate, "GB-month",
                                      (efs_hourly, efs_hourly, efs_hourly)))
-    buckets = _of(plan, BUCKET)
+    buckets = resources_of(plan, BUCKET)
     if buckets:
         rate = price(s3_query(region))
         report.lines.append(CostLine("S3 buckets", f"{len(buckets)} bucket(s), Standard; no declared size", rate,
@@ -599,7 +214,7 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
     report.jobs = [_job_cost(job, pools, lambda pool: price(by_key[pool_query(region, pool).key]))
                    for job in jobs_of(plan)]
     report.teams = _team_costs(plan, pools, lambda pool: price(by_key[pool_query(region, pool).key]),
-                               price(efs_query(region)) if _of(plan, EFS_FILE_SYSTEM) else None)
+                               price(efs_query(region)) if resources_of(plan, EFS_FILE_SYSTEM) else None)
     return report
 
 

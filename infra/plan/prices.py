@@ -1,10 +1,11 @@
 """Where unit prices come from: the AWS Price List API, Spot price history and Capacity Block offerings, or the
 committed offline fixture.
 
-Both sources answer the same `infra.plan.cost.PriceQuery`s with a response in the real AWS shape (pricing.get_products,
-ec2.describe_spot_price_history, ec2.describe_capacity_block_offerings), read by the same parsers, so the offline
-plan and a real run differ only in where the response came from. The fixture (stacks/fixtures/prices.json) holds
-request/response pairs; a query it has no pair for is an error naming the request, never a guessed price.
+Both sources answer the same `infra.plan.pricing.PriceQuery`s with a response in the real AWS shape
+(pricing.get_products, ec2.describe_spot_price_history, ec2.describe_capacity_block_offerings), read by the same
+parsers, so the offline plan and a real run differ only in where the response came from. The fixture
+(stacks/fixtures/prices.json) holds request/response pairs; a query it has no pair for is an error naming the
+request, never a guessed price.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra.plan.cost import (
+from infra.plan.holdings import price_queries
+from infra.plan.pricing import (
     PriceError,
     PriceQuery,
     capacity_block_request,
@@ -23,7 +25,6 @@ from infra.plan.cost import (
     parse_capacity_block_offerings,
     parse_get_products,
     parse_spot_history,
-    price_queries,
     spot_history_request,
 )
 

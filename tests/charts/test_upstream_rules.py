@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from infra.config.schema import AccessEntryConfig, ConfigError
 from infra.config.storage import CosConfig, StorageConfig
-from infra.nodes.poolplan import ACCELERATOR_LABEL, accelerator_label_value, plan_node_pools
+from infra.nodes.poolplan import plan_node_pools
+from infra.nodes.scaling.template import ACCELERATOR_LABEL, accelerator_label_value
 from infra.storage.drivers import IBM_COS_CHART, ibm_cos_values
 from scripts.render_charts import rendered_objects
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool

@@ -10,7 +10,8 @@ import yaml
 
 from infra.config.controllers import JobSetConfig, TrainerConfig
 from infra.config.monitoring import MonitoringConfig
-from infra.config.nodepools import AutoscalerConfig, DcgmExporterConfig, DevicePluginConfig, EfaDevicePluginConfig
+from infra.config.nodepools import DcgmExporterConfig, DevicePluginConfig, EfaDevicePluginConfig
+from infra.config.nodes import AutoscalerConfig
 from infra.config.queueing import KueueConfig
 from infra.storage.drivers import CSI_S3_CHART, IBM_COS_CHART, NFS_CHART
 

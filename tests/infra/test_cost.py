@@ -12,24 +12,19 @@ from typing import Any
 import boto3
 import pytest
 
-from infra.plan.cost import (
-    GB_PER_GIB,
-    HOURS_PER_MONTH,
-    CostReport,
+from infra.plan.cost import GB_PER_GIB, HOURS_PER_MONTH, CostReport, estimate, format_cost_diff, format_report
+from infra.plan.holdings import price_queries
+from infra.plan.prices import FIXTURE, aws_prices, fixture_prices
+from infra.plan.pricing import (
     PriceError,
     eks_query,
-    estimate,
-    format_cost_diff,
-    format_report,
     get_products_request,
     instance_query,
     parse_get_products,
     parse_spot_history,
-    price_queries,
     s3_query,
     spot_query,
 )
-from infra.plan.prices import FIXTURE, aws_prices, fixture_prices
 from scripts import plan as plan_cli
 from tests.awsstub import AwsStub
 from tests.moto_server import moto_server

@@ -208,8 +208,8 @@ def test_preflight_prices_the_next_block(ec2: tuple[AwsStub, Any], answer: str, 
 def test_real_runs_price_a_block_from_ec2s_offerings(ec2: tuple[AwsStub, Any]) -> None:
     """aws_prices over EC2's query protocol: the fixture's recorded offerings served as XML in two pages (boto3's
     paginator follows nextToken); the price equals the offline one."""
-    from infra.plan.cost import block_query
     from infra.plan.prices import FIXTURE, aws_prices, fixture_prices
+    from infra.plan.pricing import block_query
 
     stub, _ = ec2
     query = block_query("us-east-1", "p5.48xlarge", 2, 24, ["us-east-1b"])
@@ -254,7 +254,8 @@ def test_a_reservation_ec2_does_not_know_is_a_fail_with_its_fix(ec2: tuple[AwsSt
 
 
 def test_reserved_hours_are_priced_as_what_they_are(plan_config: Any) -> None:
-    from infra.plan.cost import estimate, price_queries
+    from infra.plan.cost import estimate
+    from infra.plan.holdings import price_queries
     from infra.plan.prices import fixture_prices
 
     plan = plan_config("prod", {"ml-cluster:nodePools": prod_values(block_pool(), odcr_pool(minSize=1))[
@@ -287,13 +288,13 @@ def test_reserved_hours_are_priced_as_what_they_are(plan_config: Any) -> None:
     ("2026-01-01T00:00:00+00:00", "2027-01-01T00:00:00+00:00", 4368),  # at most 182 days
 ])
 def test_a_blocks_duration_is_one_ec2_offers(start: str | None, end: str, hours: int) -> None:
-    from infra.plan.cost import block_hours
+    from infra.plan.pricing import block_hours
 
     assert block_hours(start, end) == hours
 
 
 def test_block_offerings_that_cannot_price_it_are_an_error() -> None:
-    from infra.plan.cost import PriceError, block_query, parse_capacity_block_offerings
+    from infra.plan.pricing import PriceError, block_query, parse_capacity_block_offerings
 
     query = block_query("us-east-1", "p5.48xlarge", 2, 24, ["us-east-1b"])
     offer = {"InstanceType": "p5.48xlarge", "InstanceCount": 2, "AvailabilityZone": "us-east-1c",

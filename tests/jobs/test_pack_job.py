@@ -12,7 +12,8 @@ import yaml
 
 from infra.config.queueing import KueueConfig
 from infra.nodes.poolplan import plan_node_pools, pool_facts
-from infra.queueing import check_queueing, flavors, job_podsets, kueue_facts
+from infra.queueing import kueue_facts
+from infra.quota import check_queueing, flavors, job_podsets
 from tests.jobs.facts import dev_facts, onprem_facts
 from tests.jobs.jobrules import validate_strict
 from tests.jobs.pss import restricted_violations

@@ -9,14 +9,8 @@ import tomllib
 
 import yaml
 
-from infra.config.nodepools import AutoscalerConfig
-from infra.nodes.gpu import (
-    autoscaler_policy,
-    autoscaler_values,
-    device_plugin_values,
-    gpu_tolerations,
-    node_patch_manifests,
-)
+from infra.config.nodes import AutoscalerConfig
+from infra.nodes.gpu import device_plugin_values, gpu_tolerations, node_patch_manifests
 from infra.nodes.nodepools import (
     bottlerocket_user_data,
     metadata_options,
@@ -25,6 +19,7 @@ from infra.nodes.nodepools import (
     user_data,
 )
 from infra.nodes.poolplan import plan_node_pools
+from infra.nodes.scaling.autoscaler import autoscaler_policy, autoscaler_values
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
 
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from infra.config.schema import ConfigError
-from infra.nodes.gpu import AUTOSCALER_RELEASES
+from infra.nodes.scaling.autoscaler import AUTOSCALER_RELEASES
 from infra.plan.engine import validate_kubernetes_objects
 from tests.conftest import AWS_STACKS, resources_of, stack_values
 from tests.nodepools.helpers import FIXTURES

@@ -19,7 +19,8 @@ from infra.config.queueing import KueueConfig
 from infra.config.schema import ConfigError
 from infra.nodes.poolplan import plan_node_pools, pool_facts
 from infra.plan.view import diff, format_diff
-from infra.queueing import Amounts, check_queueing, job_podsets, kueue_facts, pod_requests, queue_manifests
+from infra.queueing import kueue_facts, queue_manifests
+from infra.quota import Amounts, check_queueing, job_podsets, pod_requests
 from tests.conftest import resources_of, stack_values
 from tests.jobs.facts import GIB, dev_facts, prod_facts
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
@@ -320,7 +321,8 @@ def test_verify_stack_reports_inactive_or_missing_queues() -> None:
 
 def test_efa_gangs_are_admissible_kueue_excludes_per_node_devices(stack_plan: Callable[[str], Plan]) -> None:
     from infra.config.queueing import KueueConfig
-    from infra.queueing import KUEUE_EXCLUDED_RESOURCE_PREFIXES, manager_config, undeclared_resources
+    from infra.queueing import manager_config
+    from infra.quota import KUEUE_EXCLUDED_RESOURCE_PREFIXES, undeclared_resources
 
     jobs = [r["inputs"] for r in stack_plan("prod")["resources"] if r["type"] == "kubernetes:batch/v1:Job"]
     gang = next(job for job in jobs if job["spec"].get("parallelism") == 2)

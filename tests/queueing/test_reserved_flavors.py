@@ -12,7 +12,8 @@ import pytest
 from infra.config.queueing import KueueConfig
 from infra.config.schema import ConfigError
 from infra.nodes.poolplan import plan_node_pools, pool_facts
-from infra.queueing import RESERVED_FIRST, check_queueing, flavors, job_podsets, kueue_facts, queue_manifests
+from infra.queueing import RESERVED_FIRST, kueue_facts, queue_manifests
+from infra.quota import check_queueing, flavors, job_podsets
 from tests.jobs.facts import dev_facts
 from tests.nodepools.helpers import eks_config, fixture_lookup, gpu_pool
 from workloads.jobspec import parse_spec, render_job

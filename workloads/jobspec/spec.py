@@ -371,9 +371,11 @@ class CheckpointSpec(_Spec):
         description="a PersistentVolumeClaim for checkpoints (EFS: rename works), mounted read-write",
     )
     mount_path: AbsolutePath = Field(default="/checkpoints", description="where a claim is mounted (CHECKPOINT_DIR)")
-    # The checkpoint's size, and how fast it is written (bytes per second; the trainer's "checkpoint" events report
-    # bytes and seconds): they size terminationGracePeriodSeconds.
-    size: PositiveQuantity = DEFAULT_CHECKPOINT_SIZE
+    size: PositiveQuantity = Field(
+        default=DEFAULT_CHECKPOINT_SIZE,
+        description=("The checkpoint's size, and how fast it is written (bytes per second; the trainer's "
+                     "\"checkpoint\" events report bytes and seconds): they size terminationGracePeriodSeconds."),
+    )
     write_rate: PositiveQuantity = Field(
         default=DEFAULT_CHECKPOINT_WRITE_RATE,
         description="how fast a checkpoint is written, per second; with size it sizes terminationGracePeriodSeconds",
@@ -429,8 +431,11 @@ class TrainingJobSpec(_Spec):
         description=("the controller that runs the gang, a row of the kind table (workloads/jobspec/kinds.py): Job, "
                      "a batch/v1 Indexed Job (no controller to install)"),
     )
-    # Either a full image reference, or a tag of the stack's own registry (ClusterFacts.image_repository).
-    image: Image | None = None
+    image: Image | None = Field(
+        default=None,
+        description=("Either a full image reference, or a tag of the stack's own registry "
+                     "(ClusterFacts.image_repository)."),
+    )
     image_tag: ImageTag | None = Field(
         default=None,
         description="a tag of the stack's own registry (jobFacts.image_repository); the Job runs <repository>:<tag>",
@@ -458,13 +463,26 @@ class TrainingJobSpec(_Spec):
         default=None,
         description="the pools' GPU type to run on (a10g, h100, ...); required when the stack has several",
     )
-    cpu: PositiveQuantity | None = None  # default: the pool's per-GPU CPU x gpus
-    memory: PositiveQuantity | None = (
-        None  # the container's memory limit; default: pool's per-GPU memory x gpus
+    cpu: PositiveQuantity | None = Field(
+        default=None,
+        description="default: the pool's per-GPU CPU x gpus",
     )
-    process_memory: PositiveQuantity = "4Gi"  # what the process needs besides memory-backed volumes
-    ephemeral_storage: PositiveQuantity = "10Gi"  # local scratch besides staging: logs and /tmp (its sizeLimit)
-    shm_size: PositiveQuantity | None = None  # /dev/shm; default max(1Gi, 2Gi x gpus)
+    memory: PositiveQuantity | None = Field(
+        default=None,
+        description="the container's memory limit; default: pool's per-GPU memory x gpus",
+    )
+    process_memory: PositiveQuantity = Field(
+        default="4Gi",
+        description="what the process needs besides memory-backed volumes",
+    )
+    ephemeral_storage: PositiveQuantity = Field(
+        default="10Gi",
+        description="local scratch besides staging: logs and /tmp (its sizeLimit)",
+    )
+    shm_size: PositiveQuantity | None = Field(
+        default=None,
+        description="/dev/shm; default max(1Gi, 2Gi x gpus)",
+    )
     ram_disk: RamDiskSpec | None = Field(
         default=None,
         description="a memory-backed emptyDir for fast scratch, counted in the memory limit",
@@ -490,20 +508,34 @@ class TrainingJobSpec(_Spec):
         default=3 * 86400, ge=60,
         description="the longest the Job may run, retries included; then it fails",
     )
-    # Time from SIGTERM to SIGKILL, for the last checkpoint; unset: 60 s plus checkpoint.size over checkpoint.writeRate
-    # (twice when the checkpoint is also uploaded), 60 s without a checkpoint.
-    termination_grace_period_seconds: int | None = Field(default=None, ge=30, le=3600)
-    # Multi-node: the longest a rank waits in a collective for a lost peer; then it exits and the whole gang restarts.
-    collective_timeout_seconds: int = Field(default=DEFAULT_COLLECTIVE_TIMEOUT_S, ge=60, le=7200)
-    # Multi-node: torchrun's in-place restarts of a pod's workers before the pod exits (0: it exits and is replaced).
-    rank_restarts: int = Field(default=DEFAULT_RANK_RESTARTS, ge=0, le=100)
-    # Multi-node, elastic: the gang may train on as few as this many nodes (nodes is the most) when lost capacity does
-    # not come back within elasticWaitSeconds, and grows back when it does. The bundled trainer then needs
-    # --global-batch-size in args (divisible by every possible world size): the global batch, the epoch order and
-    # the learning rate stay as they are. None: always all nodes.
-    min_nodes: int | None = Field(default=None, ge=1, le=512)
-    # Multi-node, elastic: how long a re-forming gang waits for missing nodes once minNodes have joined.
-    elastic_wait_seconds: int = Field(default=DEFAULT_ELASTIC_WAIT_S, ge=30, le=RENDEZVOUS_JOIN_TIMEOUT_S - 60)
+    termination_grace_period_seconds: int | None = Field(
+        default=None, ge=30, le=3600,
+        description=("Time from SIGTERM to SIGKILL, for the last checkpoint; unset: 60 s plus checkpoint.size over "
+                     "checkpoint.writeRate (twice when the checkpoint is also uploaded), 60 s without a checkpoint."),
+    )
+    collective_timeout_seconds: int = Field(
+        default=DEFAULT_COLLECTIVE_TIMEOUT_S, ge=60, le=7200,
+        description=("Multi-node: the longest a rank waits in a collective for a lost peer; then it exits and the "
+                     "whole gang restarts."),
+    )
+    rank_restarts: int = Field(
+        default=DEFAULT_RANK_RESTARTS, ge=0, le=100,
+        description=("Multi-node: torchrun's in-place restarts of a pod's workers before the pod exits (0: it exits "
+                     "and is replaced)."),
+    )
+    min_nodes: int | None = Field(
+        default=None, ge=1, le=512,
+        description=("Multi-node, elastic: the gang may train on as few as this many nodes (nodes is the most) when "
+                     "lost capacity does not come back within elasticWaitSeconds, and grows back when it does. The "
+                     "bundled trainer then needs --global-batch-size in args (divisible by every possible world "
+                     "size): the global batch, the epoch order and the learning rate stay as they are. None: always "
+                     "all nodes."),
+    )
+    elastic_wait_seconds: int = Field(
+        default=DEFAULT_ELASTIC_WAIT_S, ge=30, le=RENDEZVOUS_JOIN_TIMEOUT_S - 60,
+        description=("Multi-node, elastic: how long a re-forming gang waits for missing nodes once minNodes have "
+                     "joined."),
+    )
     ttl_seconds_after_finished: int | None = Field(
         default=7 * 86400, ge=0,
         description="deletes the finished Job (and its pods) after this long; null keeps it",
@@ -512,17 +544,31 @@ class TrainingJobSpec(_Spec):
         default=None,
         description="the pods' Kubernetes PriorityClass (priorityClassName)",
     )
-    # Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue when it runs Kueue.
-    queue: DnsSubdomain | None = None
-    # A stack team with a namespace (ml-cluster:kueue.teams): the Job runs there, through the team's LocalQueue, as
-    # the team's service account, and may name only the team's bucket prefixes. None: the training namespace.
-    team: DnsLabel | None = None
-    workload_priority: DnsSubdomain | None = None  # a Kueue WorkloadPriorityClass: order in the queue, preemption
-    # An image that writes outside /tmp, the RAM disk and its mounts can opt out of the read-only root.
-    read_only_root_filesystem: bool = True
-    # Created suspended (spec.suspend) and started later, e.g. once its dataset is uploaded. None: the caller's
-    # default, which is suspended for the Jobs a stack deploys and running for `workloads.submit`.
-    suspend: bool | None = None
+    queue: DnsSubdomain | None = Field(
+        default=None,
+        description=("Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue "
+                     "when it runs Kueue."),
+    )
+    team: DnsLabel | None = Field(
+        default=None,
+        description=("A stack team with a namespace (ml-cluster:kueue.teams): the Job runs there, through the "
+                     "team's LocalQueue, as the team's service account, and may name only the team's bucket "
+                     "prefixes. None: the training namespace."),
+    )
+    workload_priority: DnsSubdomain | None = Field(
+        default=None,
+        description="a Kueue WorkloadPriorityClass: order in the queue, preemption",
+    )
+    read_only_root_filesystem: bool = Field(
+        default=True,
+        description="An image that writes outside /tmp, the RAM disk and its mounts can opt out of the read-only root.",
+    )
+    suspend: bool | None = Field(
+        default=None,
+        description=("Created suspended (spec.suspend) and started later, e.g. once its dataset is uploaded. None: "
+                     "the caller's default, which is suspended for the Jobs a stack deploys and running for "
+                     "`workloads.submit`."),
+    )
     tolerations: list[TolerationSpec] = Field(
         default_factory=list,
         description="tolerations beside the GPU taint's, e.g. for a pool's own taints",

@@ -1,0 +1,136 @@
+"""The stack's facts-and-checks phase: every data-source lookup and every cross-check, before any resource exists.
+
+`stack_facts` asks the data sources once (adopted subnets, instance types, the caller's account, EKS add-on
+defaults), renders every stack Job once against the cluster facts, and runs every check that spans sections
+(derived names, zones, Kueue quotas, Capacity Block ends). A bad reference is a ConfigError naming the field before
+anything is registered. What it returns, `StackFacts`, is all infra/stack.py hands the components: the checked
+Job manifests among it, so no Job is rendered again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi_aws as aws
+
+from infra.config import ConfigError, StackConfig
+from infra.config.names import JOBS_NAMESPACE, PACK_SERVICE_ACCOUNT
+from infra.config.stackcheck import (
+    JobBucketAccess,
+    check_stack,
+    job_bucket_names,
+    job_object_store_buckets,
+    unpinned_addons_with_minimum,
+)
+from infra.context import StackContext, SubnetRef
+from infra.jobs import check_jobs
+from infra.network import lookup_existing_subnets
+from infra.nodes.blockend import block_end_problems
+from infra.nodes.burnin import gpu_health_selector
+from infra.nodes.poolplan import PoolPlan, plan_node_pools, pool_facts
+from infra.packing import pack_bucket_keys
+from infra.queueing import kueue_facts, stack_job_queues
+from infra.quota import check_queueing
+from infra.registry import repository_name, repository_url
+from infra.storage import job_storage_facts
+from infra.tenancy import team_facts
+from workloads.cluster_facts import ClusterFacts
+
+Manifest = dict[str, Any]
+ExistingSubnets = tuple[tuple[SubnetRef, ...], tuple[SubnetRef, ...]]  # (private, public)
+
+
+@dataclass(frozen=True)
+class StackFacts:
+    """What the data sources said and the checks accepted; the input of every component."""
+
+    existing_subnets: ExistingSubnets | None  # the adopted VPC's subnets (network.existing), looked up
+    pool_plans: tuple[PoolPlan, ...]  # every pool, resolved against its instance types
+    account_id: str | None  # EKS: the caller's account
+    image_repository: str | None  # the stack's registry URL, when it has one
+    gated: bool  # GPU Jobs, Kueue's GPU flavors and the autoscaler's model of a GPU node need the burn-in's label
+    gate_labels: dict[str, str]  # that label ({} without the gate)
+    bucket_names: dict[str, str]  # logical bucket -> physical name
+    pack_keys: tuple[str, ...]  # the buckets dataset packs write to
+    job_facts: ClusterFacts  # what Jobs render against (also the jobFacts output)
+    rendered_jobs: tuple[tuple[Manifest, ...], ...]  # each stack Job's checked manifests (Job first), in spec order
+    job_access: JobBucketAccess  # which buckets the Jobs read and write
+
+    @property
+    def has_gpus(self) -> bool:
+        return any(plan.is_gpu for plan in self.pool_plans)
+
+    @property
+    def max_processes(self) -> int:
+        """The most GPUs (so trainer processes) a pod of any pool can have."""
+        return max((pool.gpus_per_node for pool in self.job_facts.pools), default=1)
+
+
+def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
+    """Look everything up and check everything; raise ConfigError with all the problems found."""
+    existing_subnets = None
+    if cfg.network is not None and cfg.network.existing is not None:
+        existing_subnets = lookup_existing_subnets(cfg.network.existing)
+    pool_plans = plan_node_pools(cfg)  # instance-type facts per pool (aws.ec2.get_instance_type); ConfigError
+    account_id = aws.get_caller_identity().account_id if cfg.platform == "eks" else None
+    image_repository = (repository_url(account_id, cfg.region, repository_name(ctx.prefix, cfg.registry))
+                        if cfg.platform == "eks" and cfg.registry.enabled and account_id and cfg.region else None)
+    # The burn-in's gate: GPU Jobs, Kueue's GPU flavors and the autoscaler's model of a new GPU node all carry the
+    # label only the burn-in sets (infra/nodes/burnin.py).
+    gated = cfg.gpu.health.gated(cfg.protected) and any(plan.is_gpu for plan in pool_plans)
+    gate_labels = dict([gpu_health_selector(cfg.label_prefix)]) if gated else {}
+    bucket_names = job_bucket_names(cfg, ctx.stack, account_id)
+    pack_keys = tuple(pack_bucket_keys(cfg))
+    job_facts = _job_facts(cfg, ctx, pool_plans, gated, image_repository, bucket_names, pack_keys)
+    # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
+    private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
+                     else None)
+    rendered_jobs = _checked_jobs(cfg, ctx, job_facts, account_id, private_zones)
+    addon_defaults = {name: aws.eks.get_addon_version(addon_name=name, kubernetes_version=cfg.kubernetes_version,
+                                                      most_recent=False).version
+                      for name in unpinned_addons_with_minimum(cfg)}
+    job_access = check_stack(cfg, ctx.stack, account_id, private_zones, rendered_jobs, addon_defaults)
+    # Flavors known to the pools, team quotas that fit them, every stack Job's gang within its queue's reach.
+    check_queueing(cfg.kueue, pool_plans, cfg.label_prefix, rendered_jobs,
+                   stack_job_queues(rendered_jobs, cfg.label_prefix))
+    # Jobs that may run on a Capacity Block write their last checkpoint between EKS's drain and EC2's shutdown.
+    block_end = block_end_problems(pool_plans, rendered_jobs)
+    if block_end:
+        raise ConfigError(block_end)
+    return StackFacts(existing_subnets=existing_subnets, pool_plans=pool_plans, account_id=account_id,
+                      image_repository=image_repository, gated=gated, gate_labels=gate_labels,
+                      bucket_names=bucket_names, pack_keys=pack_keys, job_facts=job_facts,
+                      rendered_jobs=rendered_jobs, job_access=job_access)
+
+
+def _job_facts(cfg: StackConfig, ctx: StackContext, pool_plans: Sequence[PoolPlan], gated: bool,
+               image_repository: str | None, bucket_names: dict[str, str], pack_keys: Sequence[str]) -> ClusterFacts:
+    """What a Job renders against: the pools, storage, queues, teams and buckets the config declares."""
+    storage_facts = job_storage_facts(cfg.storage, is_eks=cfg.platform == "eks")
+    return ClusterFacts(stack=ctx.stack, label_prefix=cfg.label_prefix, pools=pool_facts(pool_plans),
+                        gpu_health_gate=gated,
+                        namespace=JOBS_NAMESPACE, region=cfg.region,
+                        object_store_endpoint=storage_facts.object_store_endpoint,
+                        object_store_secret=storage_facts.object_store_secret,
+                        object_store_buckets=job_object_store_buckets(cfg, ctx.stack),
+                        volume_claims=storage_facts.volume_claims, image_repository=image_repository,
+                        buckets=bucket_names, **kueue_facts(cfg.kueue),
+                        teams=team_facts(cfg.kueue) if cfg.kueue.enabled else None,
+                        pack_service_account=PACK_SERVICE_ACCOUNT if pack_keys else None,
+                        pack_buckets=tuple(sorted(bucket_names[key] for key in pack_keys)))
+
+
+def _checked_jobs(cfg: StackConfig, ctx: StackContext, job_facts: ClusterFacts, account_id: str | None,
+                  private_zones: Sequence[str] | None) -> tuple[tuple[Manifest, ...], ...]:
+    """Every stack Job rendered, once, against the facts: each fits the pools it targets (a team's Job: in its
+    team's namespace). A Job that does not must not hide the stack's other problems: they are reported together."""
+    try:
+        return tuple(tuple(manifests) for manifests in check_jobs(cfg.jobs, job_facts))
+    except ConfigError as job_error:
+        try:
+            check_stack(cfg, ctx.stack, account_id, private_zones)
+        except ConfigError as other:
+            raise ConfigError([*job_error.problems, *other.problems]) from None
+        raise

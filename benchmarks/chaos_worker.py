@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.train import loop
 from workloads.train.__main__ import exit_with, main
 

@@ -12,8 +12,8 @@ cache) live under ctx.local, which the parent watches for its peak size.
 Layouts: "decoded" stores uint8 size x size x 3 arrays; "encoded" stores the JPEG bytes and decodes them in the
 workers; "captions" and "tokens" are multi-field samples (image + caption, token sequences; see
 benchmarks/peers_records.py) that ours, Streaming and LitData carry. Peers decode with PIL's reduced-scale decode
-(draft mode, the fastest PIL path); ours uses its own decoder (workloads.data.transforms). The peer libraries are
-imported only inside their contender.
+(draft mode, the fastest PIL path); ours uses its own decoder (workloads.data.reading.transforms). The peer
+libraries are imported only inside their contender.
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ import numpy as np
 import torch
 
 from benchmarks import peers_records
-from workloads.data.cache import CacheFeeder, working_set_bytes
-from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
-from workloads.data.format import load_manifest
-from workloads.data.pack import PackOptions, pack
-from workloads.data.records_dataset import records_to_tensors
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.sampler import ElasticBatchSampler
-from workloads.data.stage import StageOptions, stage
-from workloads.data.transforms import decode_bytes, decode_file
-from workloads.data.upload import UploadOptions, upload
+from workloads.data.format.manifest import load_manifest
+from workloads.data.moving.cache import CacheFeeder, working_set_bytes
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.stage import StageOptions, stage
+from workloads.data.moving.upload import UploadOptions, upload
+from workloads.data.reading.dataset import HDF5Dataset, make_loader, to_tensors
+from workloads.data.reading.records_dataset import records_to_tensors
+from workloads.data.reading.sampler import ElasticBatchSampler
+from workloads.data.reading.transforms import decode_bytes, decode_file
+from workloads.data.writing.pack import PackOptions, pack
 
 BATCH = 128
 RECORD_LAYOUTS = ("captions", "tokens")

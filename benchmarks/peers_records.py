@@ -5,7 +5,7 @@ The same samples for everyone, on the same S3 path (benchmarks/peers.py: latency
     captions   each generated JPEG with a caption (a few words naming its class and number): batches of
                uint8 (128, S, S, 3) images, decoded in the workers, and the 128 captions as strings
     tokens     a corpus of .npy documents of uint16 token ids, cut into sequences of SEQ_LEN ids by our packing rule
-               (workloads/data/records_pack.pack_tokens); every contender stores those same sequences and yields
+               (workloads/data/writing/records_pack.pack_tokens); every contender stores those same sequences and yields
                int32 (128, SEQ_LEN) batches
 
 Ours: pack_captions / pack_tokens -> upload -> stage (copy, or the staging cache) -> RecordsDataset (captions: the
@@ -93,9 +93,9 @@ def check_batch(ctx: Any, batch: Any) -> int:
 def pack_and_upload(ctx: Any) -> tuple[Any, int]:
     """Measured with the conversion (pack_captions or pack_tokens, then upload) time, and the packed bytes."""
     from benchmarks.peers import WORKERS, Measured, tree_bytes
-    from workloads.data.records_pack import RecordPackOptions, pack_captions, pack_tokens
-    from workloads.data.s3 import S3Uri, make_client
-    from workloads.data.upload import UploadOptions, upload
+    from workloads.data.moving.s3 import S3Uri, make_client
+    from workloads.data.moving.upload import UploadOptions, upload
+    from workloads.data.writing.records_pack import RecordPackOptions, pack_captions, pack_tokens
 
     started = time.perf_counter()
     packed = Path(ctx.scratch) / "packed"
@@ -118,8 +118,8 @@ def pack_and_upload(ctx: Any) -> tuple[Any, int]:
 
 
 def dataset(ctx: Any, dest: Path) -> Any:
-    from workloads.data.format import load_manifest
-    from workloads.data.records_dataset import RecordsDataset
+    from workloads.data.format.manifest import load_manifest
+    from workloads.data.reading.records_dataset import RecordsDataset
 
     if ctx.layout == "tokens":
         return RecordsDataset(dest, fields=["tokens"])
@@ -138,7 +138,7 @@ class _StreamingSample:
         self.layout, self.size = layout, size
 
     def __call__(self, sample: dict[str, Any]) -> Any:
-        from workloads.data.transforms import decode_bytes
+        from workloads.data.reading.transforms import decode_bytes
 
         if self.layout == "tokens":
             return torch.from_numpy(np.asarray(sample["tokens"]).astype(np.int32))

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors  # noqa: E402
-from workloads.data.sampler import ElasticBatchSampler  # noqa: E402
-from workloads.data.transforms import random_resized_crop_flip_normalize  # noqa: E402
+from workloads.data.reading.dataset import HDF5Dataset, make_loader, to_tensors  # noqa: E402
+from workloads.data.reading.sampler import ElasticBatchSampler  # noqa: E402
+from workloads.data.reading.transforms import random_resized_crop_flip_normalize  # noqa: E402
 from workloads.train.models import MODELS  # noqa: E402
 
 
@@ -116,7 +116,7 @@ def loader_rate(step: Step, dataset: HDF5Dataset, batch: int, workers: int, step
 def prepare_data(workdir: Path, images: int, size: int) -> Path:
     from bench_loader import generate
 
-    from workloads.data.pack import PackOptions, pack
+    from workloads.data.writing.pack import PackOptions, pack
 
     generate(workdir / "jpegs", images)
     pack(

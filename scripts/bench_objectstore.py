@@ -35,13 +35,13 @@ from bench_loader import generate  # noqa: E402
 from svgbars import bar_chart_svg  # noqa: E402
 
 from benchmarks.netem import local_s3_behind_latency  # noqa: E402
-from workloads.data.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
-from workloads.data.format import atomic_write_bytes  # noqa: E402
-from workloads.data.pack import PackOptions, pack  # noqa: E402
-from workloads.data.s3 import S3Uri, make_client  # noqa: E402
-from workloads.data.sampler import ElasticBatchSampler  # noqa: E402
-from workloads.data.stage import StageOptions, stage  # noqa: E402
-from workloads.data.upload import UploadOptions, upload  # noqa: E402
+from workloads.data.format.manifest import atomic_write_bytes  # noqa: E402
+from workloads.data.moving.s3 import S3Uri, make_client  # noqa: E402
+from workloads.data.moving.stage import StageOptions, stage  # noqa: E402
+from workloads.data.moving.upload import UploadOptions, upload  # noqa: E402
+from workloads.data.reading.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
+from workloads.data.reading.sampler import ElasticBatchSampler  # noqa: E402
+from workloads.data.writing.pack import PackOptions, pack  # noqa: E402
 
 BUCKET = "bench-objectstore"
 STUDY_EPOCHS = 20

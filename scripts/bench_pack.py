@@ -31,7 +31,7 @@ from bench_loader import generate  # noqa: E402
 
 from tests.moto_server import free_port  # noqa: E402
 from workloads.cli import HelpWithDefaults, parse_size  # noqa: E402
-from workloads.data.s3 import make_client  # noqa: E402
+from workloads.data.moving.s3 import make_client  # noqa: E402
 
 BUCKET = "bench-pack"
 

@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         generate(work / "jpegs", args.images)
         if "tokens" in layouts:
             write_token_corpus(work / TOKENS_DIR, args.tokens)
-        from workloads.data.s3 import make_client
+        from workloads.data.moving.s3 import make_client
 
         make_client(s3.direct_url, 4, botocore_attempts=3).create_bucket(Bucket=BUCKET)
         for round_number in range(args.rounds):

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.netem import local_s3_behind_latency  # noqa: E402
-from workloads.data.s3 import make_client  # noqa: E402
+from workloads.data.moving.s3 import make_client  # noqa: E402
 
 BUCKET = "request-cost"
 

@@ -2,7 +2,8 @@
 
 Ways to move the same objects through the same proxy:
   sequential    one boto3 get_object stream at a time, written to disk (the study's download loop)
-  stager        workloads.data.stage (copy mode): parallel ranged GETs, pwrite, fsync, sha256 verify, atomic rename
+  stager        workloads.data.moving.stage (copy mode): parallel ranged GETs, pwrite, fsync, sha256 verify,
+                atomic rename
   ceiling       the same ranged GETs as raw http.client requests from as many threads, bytes discarded
   cache         `stage --budget` of --budget-shards shards (the CLI in its own process, as the Job's sidecar),
                 while a reader (CacheReader, as the training node uses it) walks the shards in manifest order for
@@ -45,10 +46,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.netem import local_s3_behind_latency  # noqa: E402
 from workloads.data import TOOL_VERSION  # noqa: E402
-from workloads.data.cache import CacheReader  # noqa: E402
-from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo, shard_name  # noqa: E402
-from workloads.data.s3 import S3Uri, make_client  # noqa: E402
-from workloads.data.stage import StageOptions, stage  # noqa: E402
+from workloads.data.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, shard_name  # noqa: E402
+from workloads.data.moving.cache import CacheReader  # noqa: E402
+from workloads.data.moving.s3 import S3Uri, make_client  # noqa: E402
+from workloads.data.moving.stage import StageOptions, stage  # noqa: E402
 
 BUCKET = "bench-stage"
 PREFIX = "dataset"

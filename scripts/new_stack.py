@@ -23,7 +23,7 @@ DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent
 from infra.account.newstack import NewStackFacts, render_stack_file  # noqa: E402
 from infra.config import ConfigError  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
-from workloads.data.format import atomic_write_bytes  # noqa: E402
+from workloads.data.format.manifest import atomic_write_bytes  # noqa: E402
 
 
 def _csv(text: str | None, flag: str) -> list[str]:

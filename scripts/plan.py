@@ -42,7 +42,7 @@ from infra.plan.view import (  # noqa: E402
     write_manifests,
 )
 from workloads.cli import ArgumentParser, parse_day  # noqa: E402
-from workloads.data.format import atomic_write_bytes  # noqa: E402
+from workloads.data.format.manifest import atomic_write_bytes  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent
 from infra.policy.rules import POLICIES  # noqa: E402
 from infra.policy.stackfile import StackFileError, stack_file_path, stack_protected  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
-from workloads.data.format import atomic_write_bytes  # noqa: E402
+from workloads.data.format.manifest import atomic_write_bytes  # noqa: E402
 
 
 def pack_config(protected: bool) -> dict[str, dict[str, bool]]:

@@ -11,8 +11,8 @@ import pytest
 
 from tests.data.helpers import write_corpus
 from tests.moto_server import moto_server
-from workloads.data.pack import PackOptions, pack
-from workloads.data.s3 import make_client
+from workloads.data.moving.s3 import make_client
+from workloads.data.writing.pack import PackOptions, pack
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from workloads.data.s3 import RetryPolicy, S3Uri, make_client
-from workloads.data.stage import StageOptions
-from workloads.data.upload import UploadOptions, upload
+from workloads.data.moving.s3 import RetryPolicy, S3Uri, make_client
+from workloads.data.moving.stage import StageOptions
+from workloads.data.moving.upload import UploadOptions, upload
 
 
 def _jpeg(image: Image.Image, **kwargs: object) -> bytes:

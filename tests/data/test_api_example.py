@@ -12,10 +12,10 @@ import pytest
 
 from tests.data.helpers import write_corpus
 from workloads.data.api import LoaderSettings, PackedData, Placement
-from workloads.data.cache import Plan, read_plan
-from workloads.data.pack import PackOptions, pack
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.upload import UploadOptions, upload
+from workloads.data.moving.cache import Plan, read_plan
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.upload import UploadOptions, upload
+from workloads.data.writing.pack import PackOptions, pack
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_plain.py"

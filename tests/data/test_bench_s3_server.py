@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from benchmarks.netem import local_s3_behind_latency
-from workloads.data.s3 import make_client
+from workloads.data.moving.s3 import make_client
 
 BUCKET = "bench-server"
 

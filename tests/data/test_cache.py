@@ -1,4 +1,5 @@
-"""The staging cache: `stage` with a budget serving a reader's plan (workloads/data/cache.py), against moto over HTTP.
+"""The staging cache: `stage` with a budget serving a reader's plan (workloads/data/moving/cache.py), against moto
+over HTTP.
 
 A reader thread plays the training node: it writes the plan (the rest of this epoch, then the next epoch) as it
 goes, waits for each shard with CacheReader.wait_ready and hashes what it reads.
@@ -26,7 +27,9 @@ import pytest
 from benchmarks.netem import FaultProxy, LatencyProxy
 from tests.data.helpers import FAST_RETRY, write_corpus
 from workloads.data.__main__ import main
-from workloads.data.cache import (
+from workloads.data.format.manifest import CACHE_DIR, MANIFEST_NAME, PLAN_STATE, STAGER_STATE, Manifest, load_manifest
+from workloads.data.format.verify import sha256_file
+from workloads.data.moving.cache import (
     CacheReader,
     CacheStagerError,
     Plan,
@@ -37,12 +40,10 @@ from workloads.data.cache import (
     write_plan,
     write_stager_state,
 )
-from workloads.data.format import CACHE_DIR, MANIFEST_NAME, PLAN_STATE, STAGER_STATE, Manifest, load_manifest
-from workloads.data.pack import PackOptions, pack
-from workloads.data.s3 import DataToolError, S3Uri, make_client
-from workloads.data.stage import TEMP_SUFFIX, StageOptions, StageResult, part_size, stage
-from workloads.data.upload import UploadOptions, upload
-from workloads.data.verify import sha256_file
+from workloads.data.moving.s3 import DataToolError, S3Uri, make_client
+from workloads.data.moving.stage import TEMP_SUFFIX, StageOptions, StageResult, part_size, stage
+from workloads.data.moving.upload import UploadOptions, upload
+from workloads.data.writing.pack import PackOptions, pack
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "sets/many"

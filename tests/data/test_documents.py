@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from workloads.data.api import PackedData, Placement
-from workloads.data.documents import block_diagonal_mask, document_ids, sequence_offsets
-from workloads.data.records_pack import RecordPackOptions, pack_tokens
+from workloads.data.format.documents import block_diagonal_mask, document_ids, sequence_offsets
+from workloads.data.writing.records_pack import RecordPackOptions, pack_tokens
 
 
 def test_offsets_of_a_sequence() -> None:

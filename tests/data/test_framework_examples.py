@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from workloads.data.cache import Plan, read_plan
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.upload import UploadOptions, upload
+from workloads.data.moving.cache import Plan, read_plan
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.upload import UploadOptions, upload
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {"lightning": ROOT / "examples" / "train_lightning.py",

@@ -19,11 +19,11 @@ import pytest
 
 from tests.data.helpers import write_corpus
 from workloads.data.__main__ import main
-from workloads.data.format import load_manifest
-from workloads.data.pack import PackOptions, pack
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.upload import UploadOptions, upload
-from workloads.data.verify import sha256_file, verify
+from workloads.data.format.manifest import load_manifest
+from workloads.data.format.verify import sha256_file, verify
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.upload import UploadOptions, upload
+from workloads.data.writing.pack import PackOptions, pack
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = os.geteuid() == 0
@@ -97,7 +97,7 @@ def test_duplicate_shard_paths_are_refused(tmp_path: Path, packed: Path, capsys:
 @pytest.mark.parametrize("bad", ["../victim.h5", "/tmp/victim.h5"])
 def test_verify_and_dataset_refuse_escaping_paths(bad: str, tmp_path: Path, packed: Path,
                                                   capsys: pytest.CaptureFixture) -> None:
-    from workloads.data.dataset import DatasetError, HDF5Dataset
+    from workloads.data.reading.dataset import DatasetError, HDF5Dataset
 
     copy = copy_dataset(packed, tmp_path / "d" / "copy")
     victim = tmp_path / "d" / "victim.h5"
@@ -127,7 +127,7 @@ def test_upload_refuses_escaping_paths(tmp_path: Path, packed: Path, s3_url: str
 def test_symlinked_shard_in_dest_is_replaced_not_written_through(tmp_path: Path, packed: Path, s3_url: str,
                                                                   bucket: str) -> None:
     from tests.data.helpers import stage_options, uploaded
-    from workloads.data.stage import stage
+    from workloads.data.moving.stage import stage
 
     target = uploaded(packed, s3_url, bucket)
     victim = tmp_path / "victim.h5"
@@ -444,7 +444,7 @@ def test_high_bit_depth_greyscale_keeps_its_values(mode: str) -> None:
     import numpy as np
     from PIL import Image
 
-    from workloads.data.pack import _to_rgb
+    from workloads.data.writing.pack import _to_rgb
 
     if mode == "F":
         values = np.array([[0.0, 0.25], [0.5, 1.0]], dtype=np.float32)
@@ -472,7 +472,7 @@ def test_high_bit_depth_greyscale_keeps_its_values(mode: str) -> None:
 def test_every_mode_converts_to_the_right_rgb(mode: str, fill: object, rgb: tuple[int, int, int]) -> None:
     from PIL import Image
 
-    from workloads.data.pack import _to_rgb
+    from workloads.data.writing.pack import _to_rgb
 
     got = _to_rgb(Image.new(mode, (3, 3), fill)).getpixel((1, 1))
     assert all(abs(a - b) <= 5 for a, b in zip(got, rgb, strict=True)), (mode, fill, got, rgb)
@@ -481,7 +481,7 @@ def test_every_mode_converts_to_the_right_rgb(mode: str, fill: object, rgb: tupl
 def test_palette_modes_convert_through_their_palette() -> None:
     from PIL import Image
 
-    from workloads.data.pack import _to_rgb
+    from workloads.data.writing.pack import _to_rgb
 
     p = Image.new("P", (2, 2), 1)
     p.putpalette([0, 0, 0, 0, 200, 0] + [0] * 762)
@@ -526,8 +526,8 @@ def test_class_of_only_unusable_files_is_refused(tmp_path: Path, capsys: pytest.
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_written_files_follow_the_umask(umask: int, tmp_path: Path, packed: Path, s3_url: str, bucket: str) -> None:
     from tests.data.helpers import stage_options, uploaded
-    from workloads.data.cache import Plan, write_plan
-    from workloads.data.stage import stage
+    from workloads.data.moving.cache import Plan, write_plan
+    from workloads.data.moving.stage import stage
 
     target = uploaded(packed, s3_url, bucket)
     write_plan(tmp_path / "dest", Plan(order=[], done=True))  # the reader is done already: the stager only publishes

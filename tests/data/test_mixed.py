@@ -10,13 +10,13 @@ import pytest
 
 from tests.data.helpers import write_corpus
 from workloads.data.api import LoaderSettings, Placement, open_dataset
-from workloads.data.dataset import DatasetError
+from workloads.data.format.records import FieldSpec
 from workloads.data.mixed import MixedData, MixtureSource
-from workloads.data.pack import PackOptions, pack
-from workloads.data.records import FieldSpec
-from workloads.data.records_pack import RecordPackOptions, pack_records, pack_tokens
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.upload import UploadOptions, upload
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.upload import UploadOptions, upload
+from workloads.data.reading.dataset import DatasetError
+from workloads.data.writing.pack import PackOptions, pack
+from workloads.data.writing.records_pack import RecordPackOptions, pack_records, pack_tokens
 
 SHARD_BYTES = 60_000  # about 19 decoded 32px samples per shard
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workloads.data.mixture import MixtureBatchSampler, MixtureShare, batch_counts, epoch_counts
+from workloads.data.reading.mixture import MixtureBatchSampler, MixtureShare, batch_counts, epoch_counts
 
 PROPERTY = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -17,10 +17,10 @@ from PIL import Image
 
 from tests.data.helpers import write_awkward_corpus, write_corpus
 from workloads.data.__main__ import main
-from workloads.data.format import load_manifest
-from workloads.data.pack import PackOptions, _samples, list_images, pack
-from workloads.data.s3 import DataToolError
-from workloads.data.verify import verify
+from workloads.data.format.manifest import load_manifest
+from workloads.data.format.verify import verify
+from workloads.data.moving.s3 import DataToolError
+from workloads.data.writing.pack import PackOptions, _samples, list_images, pack
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ from infra.packing import pack_access_policy
 from tests.data.helpers import write_corpus
 from tests.data.test_pack_s3 import put_tree
 from tests.tenancy.test_team_access_moto import _client, moto_iam  # noqa: F401 (the fixture)
-from workloads.data.format import MANIFEST_NAME
+from workloads.data.format.manifest import MANIFEST_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS, CHECKPOINTS = "dev-datasets-123456789012", "dev-checkpoints-123456789012"

@@ -16,10 +16,10 @@ from PIL import Image
 
 from tests.data.helpers import write_awkward_corpus, write_corpus
 from tests.data.test_pack_upload import cli, one_line
-from workloads.data.format import MANIFEST_NAME
-from workloads.data.pack import REPORT_NAME, PackOptions, pack
-from workloads.data.s3 import DataToolError, S3Uri, make_client
-from workloads.data.sources import S3Source, SourceOptions
+from workloads.data.format.manifest import MANIFEST_NAME
+from workloads.data.moving.s3 import DataToolError, S3Uri, make_client
+from workloads.data.writing.pack import REPORT_NAME, PackOptions, pack
+from workloads.data.writing.sources import S3Source, SourceOptions
 
 COMMON = ["--size", "16", "--no-progress"]
 
@@ -51,7 +51,7 @@ def write_odd_corpus(root: Path) -> None:
 
 
 def source(s3_url: str, uri: str, **options: object) -> S3Source:
-    from workloads.data.s3 import parse_s3_uri
+    from workloads.data.moving.s3 import parse_s3_uri
 
     return S3Source(make_client(s3_url, 32), parse_s3_uri(uri), SourceOptions(**options))  # type: ignore[arg-type]
 

@@ -19,13 +19,13 @@ from benchmarks.netem import LatencyProxy
 from tests.data.helpers import write_corpus
 from tests.data.test_pack_s3 import put_tree, write_odd_corpus
 from tests.data.test_pack_upload import cli, one_line
-from workloads.data.format import MANIFEST_NAME, load_manifest
-from workloads.data.metrics import PackMetrics
-from workloads.data.pack import REPORT_NAME, PackOptions, pack
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.shardplan import plan_shards
-from workloads.data.slices import RECORDS_DIR, make_plan, owned, pack_slice, publish
-from workloads.data.upload import ShardStream, StreamOptions
+from workloads.data.format.manifest import MANIFEST_NAME, load_manifest
+from workloads.data.moving.metrics import PackMetrics
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.upload import ShardStream, StreamOptions
+from workloads.data.writing.pack import REPORT_NAME, PackOptions, pack
+from workloads.data.writing.shardplan import plan_shards
+from workloads.data.writing.slices import RECORDS_DIR, make_plan, owned, pack_slice, publish
 
 REPO = Path(__file__).resolve().parents[2]
 OPTIONS = ["--size", "16", "--shard-size", "2500B", "--workers", "1", "--no-progress"]  # 3 images a shard
@@ -140,7 +140,7 @@ def test_publish_waits_for_every_slice_and_keeps_the_old_dataset(tmp_path: Path,
 
 
 def load_manifest_bytes(payload: bytes):  # noqa: ANN201
-    from workloads.data.format import Manifest
+    from workloads.data.format.manifest import Manifest
 
     return Manifest.model_validate_json(payload)
 

@@ -23,12 +23,12 @@ import pytest
 from benchmarks.netem import LatencyProxy
 from tests.data.helpers import write_corpus
 from tests.moto_server import free_port
-from workloads.data import s3 as s3_module
 from workloads.data.__main__ import main
-from workloads.data.format import MANIFEST_NAME, load_manifest
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.stage import StageOptions, stage
-from workloads.data.verify import verify
+from workloads.data.format.manifest import MANIFEST_NAME, load_manifest
+from workloads.data.format.verify import verify
+from workloads.data.moving import s3 as s3_module
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.stage import StageOptions, stage
 
 REPO = Path(__file__).resolve().parents[2]
 COMMON = ["--size", "16", "--workers", "1", "--no-progress"]

@@ -15,9 +15,9 @@ from PIL import Image
 
 from workloads.data.__main__ import main
 from workloads.data.api import open_dataset
-from workloads.data.format import load_manifest
-from workloads.data.s3 import make_client
-from workloads.data.transforms import decode_bytes
+from workloads.data.format.manifest import load_manifest
+from workloads.data.moving.s3 import make_client
+from workloads.data.reading.transforms import decode_bytes
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -243,7 +243,7 @@ def test_tokens_packing_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 def test_the_peer_benchmark_gives_every_contender_the_sequences_pack_tokens_cuts(tmp_path: Path) -> None:
     from benchmarks.peers_records import SEQ_LEN, token_sequences, write_token_corpus
-    from workloads.data.records_pack import RecordPackOptions, pack_tokens
+    from workloads.data.writing.records_pack import RecordPackOptions, pack_tokens
 
     write_token_corpus(tmp_path / "corpus", 20_000)
     expected = token_sequences(tmp_path / "corpus")

@@ -12,11 +12,11 @@ import pytest
 
 from tests.data.test_records import FIELDS, assert_same, make_records
 from workloads.data.api import LoaderSettings, PackedData, Placement
-from workloads.data.cache import Plan, read_plan
-from workloads.data.format import load_manifest
-from workloads.data.records_pack import RecordPackOptions, pack_records
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.upload import UploadOptions, upload
+from workloads.data.format.manifest import load_manifest
+from workloads.data.moving.cache import Plan, read_plan
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.upload import UploadOptions, upload
+from workloads.data.writing.records_pack import RecordPackOptions, pack_records
 
 SAMPLES = 24
 RAW_BYTES = 120_000  # each sample's `raw` field: shards of 2 samples, 12 of them, ~2.9 MB against a 1 MiB budget

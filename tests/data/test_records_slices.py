@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from workloads.data.maphook import load_map
-from workloads.data.records import FieldSpec
-from workloads.data.records_slices import TablePackOptions, pack_table_slice, pack_tables, publish_tables
-from workloads.data.s3 import S3Uri, make_client
-from workloads.data.tables import TableSource
-from workloads.data.upload import ShardStream, StreamOptions
+from workloads.data.format.records import FieldSpec
+from workloads.data.moving.s3 import S3Uri, make_client
+from workloads.data.moving.upload import ShardStream, StreamOptions
+from workloads.data.writing.maphook import load_map
+from workloads.data.writing.records_slices import TablePackOptions, pack_table_slice, pack_tables, publish_tables
+from workloads.data.writing.tables import TableSource
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = (FieldSpec(name="image", type="image"), FieldSpec(name="caption", type="text"),
@@ -181,7 +181,7 @@ def test_jsonl_and_npy_tables_and_strict(tmp_path: Path) -> None:
     assert result.manifest.num_samples == 2 + 4
     assert sorted(item["reason"].split(":")[0] for item in result.skipped) == ["a JSON list, not an object",
                                                                                 "not JSON"]
-    from workloads.data.s3 import DataToolError
+    from workloads.data.moving.s3 import DataToolError
     with pytest.raises(DataToolError, match=r"a\.jsonl#2: a JSON list, not an object"):
         pack_tables(TableSource(str(src)), tmp_path / "strict", TablePackOptions(
             fields=options.fields, shard_rows=2, strict=True), None)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workloads.awsenv import configured_region
-from workloads.data.s3 import make_client
+from workloads.data.moving.s3 import make_client
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,12 +11,12 @@ import pytest
 from benchmarks.netem import FaultProxy
 from tests.data.helpers import shard_files, stage_options, uploaded
 from workloads.data.__main__ import main
-from workloads.data.format import MANIFEST_NAME, load_manifest
-from workloads.data.metrics import StageMetrics
-from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, make_client
-from workloads.data.stage import stage
-from workloads.data.upload import UploadOptions, upload
-from workloads.data.verify import sha256_file
+from workloads.data.format.manifest import MANIFEST_NAME, load_manifest
+from workloads.data.format.verify import sha256_file
+from workloads.data.moving.metrics import StageMetrics
+from workloads.data.moving.s3 import DataToolError, RetryPolicy, S3Uri, make_client
+from workloads.data.moving.stage import stage
+from workloads.data.moving.upload import UploadOptions, upload
 
 
 def test_round_trip_is_byte_identical_and_idempotent(packed: Path, s3_url: str, bucket: str,

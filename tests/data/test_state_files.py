@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workloads.data import statefile
-from workloads.data.cache import (
+from workloads import safeio
+from workloads.data.format.manifest import HEARTBEAT, PLAN_STATE, STAGER_STATE
+from workloads.data.moving.cache import (
     CacheReader,
     CacheStagerError,
     Plan,
@@ -32,8 +33,7 @@ from workloads.data.cache import (
     write_plan,
     write_stager_state,
 )
-from workloads.data.format import HEARTBEAT, PLAN_STATE, STAGER_STATE
-from workloads.data.statefile import StateFileError
+from workloads.safeio import StateFileError
 
 SHARD = "shard-00000.h5"
 
@@ -151,7 +151,7 @@ def test_a_stager_state_that_links_to_dev_zero_is_not_followed(tmp_path: Path) -
 def test_a_huge_state_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
     cache_dir(tmp_path).mkdir()
     with open(state_path(tmp_path), "wb") as handle:
-        handle.truncate(statefile.STATE_MAX_BYTES + 1)  # sparse: costs nothing to make, a lot to read
+        handle.truncate(safeio.STATE_MAX_BYTES + 1)  # sparse: costs nothing to make, a lot to read
     _, error = within(2, lambda: read_stager_state(tmp_path))
     assert isinstance(error, StateFileError) and "larger than" in str(error)
 
@@ -175,15 +175,15 @@ def test_a_cache_dir_that_is_a_link_is_neither_read_nor_written_through(tmp_path
 def test_an_unchanged_state_is_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader polls every 10 ms: an unchanged file costs a stat, not a parse (a large plan used to cost a core)."""
     parses: list[int] = []
-    original = statefile.parse_json_object
+    original = safeio.parse_json_object
 
     def counting(payload: bytes, where: Any) -> dict[str, Any]:
         parses.append(len(payload))
         return original(payload, where)
 
-    monkeypatch.setattr(statefile, "parse_json_object", counting)
+    monkeypatch.setattr(safeio, "parse_json_object", counting)
     write_plan(tmp_path, Plan(order=[f"shard-{i:05d}.h5" for i in range(20_000)]))
-    from workloads.data.cache import plan_file
+    from workloads.data.moving.cache import plan_file
 
     source = plan_file(tmp_path)
     first = source.read()
@@ -216,7 +216,7 @@ def _make(path: Path, kind: str, payload: bytes) -> None:
         path.write_bytes(payload)
     elif kind == "huge":
         with open(path, "wb") as handle:
-            handle.truncate(statefile.STATE_MAX_BYTES + 4096)
+            handle.truncate(safeio.STATE_MAX_BYTES + 4096)
     elif kind == "fifo":
         os.mkfifo(path)
     elif kind == "dir":
@@ -272,15 +272,15 @@ def test_any_cache_state_gives_a_clean_answer_in_time(tmp_path_factory: pytest.T
 @pytest.fixture
 def source(packed: Path, s3_url: str, bucket: str) -> tuple[Any, Any, int]:
     from tests.data.helpers import uploaded
-    from workloads.data.format import load_manifest
-    from workloads.data.s3 import make_client
+    from workloads.data.format.manifest import load_manifest
+    from workloads.data.moving.s3 import make_client
 
     return make_client(s3_url, 8), uploaded(packed, s3_url, bucket), sum(s.bytes for s in load_manifest(packed).shards)
 
 
 def _stage(source: tuple[Any, Any, int], dest: Path, **options: Any) -> Callable[[], Any]:
     from tests.data.helpers import stage_options
-    from workloads.data.stage import stage
+    from workloads.data.moving.stage import stage
 
     client, uri, _ = source
     return lambda: stage(client, uri, dest, stage_options(**options))
@@ -289,7 +289,7 @@ def _stage(source: tuple[Any, Any, int], dest: Path, **options: Any) -> Callable
 def test_wait_timeout_gives_up_on_a_reader_that_never_comes_when_everything_fits(
         source: tuple[Any, Any, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The budget holds the dataset: everything is fetched, then the stager waited forever for a plan."""
-    from workloads.data.s3 import DataToolError
+    from workloads.data.moving.s3 import DataToolError
 
     dest = tmp_path / "dest"
     _, error = within(15, _stage(source, dest, budget_bytes=source[2], wait_timeout_s=0.3, first_plan_wait_s=0.05))
@@ -301,7 +301,7 @@ def test_wait_timeout_gives_up_on_a_reader_that_never_comes_when_everything_fits
 
 
 def test_a_plan_that_is_a_fifo_does_not_block_the_stager(source: tuple[Any, Any, int], tmp_path: Path) -> None:
-    from workloads.data.s3 import DataToolError
+    from workloads.data.moving.s3 import DataToolError
 
     dest = tmp_path / "dest"
     cache_dir(dest).mkdir(parents=True)
@@ -313,7 +313,7 @@ def test_a_plan_that_is_a_fifo_does_not_block_the_stager(source: tuple[Any, Any,
 
 def test_a_cache_dir_that_is_a_link_never_lets_the_stager_write_outside_dest(source: tuple[Any, Any, int],
                                                                              tmp_path: Path) -> None:
-    from workloads.data.s3 import DataToolError
+    from workloads.data.moving.s3 import DataToolError
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

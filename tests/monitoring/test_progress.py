@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from tests.jobs.test_submit import JOB, RUNNING, FakeBatch, condition, container_status, job, pod, terminated
-from workloads.data.metrics import StageMetrics
+from workloads.data.moving.metrics import StageMetrics
 from workloads.progress import MetricsParseError, parse_metrics, progress, progress_line, snapshot
 from workloads.submit.observe import MAX_METRICS_PAGE_BYTES, metrics_endpoints, metrics_pages, watch_run
 from workloads.train.metrics import RunShape, TrainMetrics

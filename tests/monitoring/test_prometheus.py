@@ -17,9 +17,9 @@ from infra.monitoring.alerts import alert_rules, rule_groups
 from infra.monitoring.dashboard import panel_queries
 from tests.data.helpers import stage_options, uploaded
 from tests.monitoring.prom import PROMETHEUS, PROMTOOL, prometheus, static_exporter
-from workloads.data.metrics import StageMetrics
-from workloads.data.s3 import make_client
-from workloads.data.stage import stage
+from workloads.data.moving.metrics import StageMetrics
+from workloads.data.moving.s3 import make_client
+from workloads.data.moving.stage import stage
 from workloads.train.__main__ import parse_args
 from workloads.train.loop import Reporter, train
 from workloads.train.metrics import TrainMetrics

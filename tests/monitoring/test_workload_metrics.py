@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workloads.data.__main__ import main as data_main
-from workloads.data.metrics import StageMetrics
+from workloads.data.moving.metrics import StageMetrics
 from workloads.train.__main__ import main as train_main
 from workloads.train.__main__ import parse_args
 from workloads.train.metrics import RunShape, TrainMetrics, metrics_port_for

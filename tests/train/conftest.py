@@ -1,6 +1,6 @@
 """Tiny datasets for the training tests: a JPEG folder and its packed shards in both layouts.
 
-The shards are written here by a minimal writer that follows workloads/data/format.py exactly (the real
+The shards are written here by a minimal writer that follows workloads/data/format/manifest.py exactly (the real
 packer is another module's concern); every sample's pixels carry its global index so tests can identify
 samples exactly.
 """
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from workloads.data.format import FORMAT_NAME, FORMAT_VERSION, Manifest, ShardInfo, shard_name, write_manifest
-from workloads.data.transforms import decode_bytes
+from workloads.data.format.manifest import FORMAT_NAME, FORMAT_VERSION, Manifest, ShardInfo, shard_name, write_manifest
+from workloads.data.reading.transforms import decode_bytes
 
 NUM_CLASSES = 3
 PER_CLASS = 14

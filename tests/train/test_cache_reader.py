@@ -1,4 +1,4 @@
-"""Reading a directory that a staging cache fills and evicts while training runs (see workloads/data/cache.py)."""
+"""Reading a directory that a staging cache fills and evicts while training runs (workloads/data/moving/cache.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.moto_server import moto_server
-from workloads.data.cache import CacheReader, Plan, StagerState, read_plan, working_set_bytes, write_stager_state
-from workloads.data.dataset import DataUnavailableError, HDF5Dataset
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.moving.cache import CacheReader, Plan, StagerState, read_plan, working_set_bytes, write_stager_state
+from workloads.data.reading.dataset import DataUnavailableError, HDF5Dataset
+from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.train.__main__ import main, parse_args
 from workloads.train.loop import Reporter, train
 
@@ -138,11 +138,11 @@ def test_training_tells_the_stager_what_comes_next_across_epochs(
 def test_trains_several_epochs_through_the_real_stager_on_a_budget_below_the_dataset(
     tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stager (workloads.data.stage) against a moto S3 server, with a budget of three of the dataset's seven
+    """The stager (workloads.data.moving.stage) against a moto S3 server, with a budget of three of the dataset's seven
     shards: every epoch it must evict shards training is done with and fetch the next ones in the epoch's order."""
-    from workloads.data.pack import PackOptions, pack
-    from workloads.data.s3 import S3Uri, make_client
-    from workloads.data.stage import StageOptions, stage
+    from workloads.data.moving.s3 import S3Uri, make_client
+    from workloads.data.moving.stage import StageOptions, stage
+    from workloads.data.writing.pack import PackOptions, pack
 
     credentials = {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}
     for name, value in credentials.items():

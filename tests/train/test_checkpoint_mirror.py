@@ -11,7 +11,7 @@ import torch
 
 from tests.moto_server import moto_server
 from tests.train.test_train import _events, _train_here
-from workloads.data.s3 import make_client
+from workloads.data.moving.s3 import make_client
 from workloads.train.checkpoint import CHECKPOINT_NAME, CheckpointMirror, load_checkpoint
 
 

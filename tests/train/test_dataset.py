@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.train.conftest import IMAGE_SIZE
-from workloads.data.dataset import (
+from workloads.data.reading.dataset import (
     DatasetError,
     HDF5Dataset,
     JpegFolderDataset,
@@ -19,8 +19,8 @@ from workloads.data.dataset import (
     make_loader,
     to_tensors,
 )
-from workloads.data.sampler import ElasticBatchSampler
-from workloads.data.transforms import decode_file
+from workloads.data.reading.sampler import ElasticBatchSampler
+from workloads.data.reading.transforms import decode_file
 
 
 def _epoch(dataset, workers: int, context: str | None = None, transport: str = "shm") -> tuple[np.ndarray, np.ndarray]:
@@ -148,8 +148,8 @@ def test_decoded_layout_refuses_a_different_size(tiny_data: dict[str, Path]) -> 
 
 @pytest.mark.parametrize("layout", ["decoded", "encoded"])
 def test_reads_what_the_real_packer_writes(tiny_data: dict[str, Path], tmp_path: Path, layout: str) -> None:
-    """Contract check against workloads.data.pack (the fixtures above use a minimal writer of their own)."""
-    from workloads.data.pack import PackOptions, pack
+    """Contract check against workloads.data.writing.pack (the fixtures above use a minimal writer of their own)."""
+    from workloads.data.writing.pack import PackOptions, pack
 
     out = tmp_path / layout
     options = PackOptions(layout=layout, image_size=IMAGE_SIZE, shard_bytes=20_000, workers=1, progress=False,

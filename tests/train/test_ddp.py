@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.reading.dataset import HDF5Dataset, make_loader, to_tensors
+from workloads.data.reading.sampler import ElasticBatchSampler
 
 WORLD = 2
 

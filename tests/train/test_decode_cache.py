@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from tests.train.conftest import IMAGE_SIZE
-from workloads.data import dataset as dataset_module
-from workloads.data.dataset import DatasetError, HDF5Dataset, make_loader, to_tensors
-from workloads.data.decode_cache import KEPT, SUFFIX, DecodeCache, DecodeKey
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.reading import dataset as dataset_module
+from workloads.data.reading.dataset import DatasetError, HDF5Dataset, make_loader, to_tensors
+from workloads.data.reading.decode_cache import KEPT, SUFFIX, DecodeCache, DecodeKey
+from workloads.data.reading.sampler import ElasticBatchSampler
 
 ROW = IMAGE_SIZE * IMAGE_SIZE * 3
 

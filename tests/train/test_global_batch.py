@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.train.__main__ import parse_args
 from workloads.train.loop import ConfigError, rank_batch_size
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.train.test_train import REPO, TINY_RUN, _env, _events, _train, _train_here
-from workloads.data.format import load_manifest, write_manifest
+from workloads.data.format.manifest import load_manifest, write_manifest
 from workloads.train.__main__ import main, parse_args
 from workloads.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 

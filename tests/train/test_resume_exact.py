@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.reading.dataset import HDF5Dataset, make_loader, to_tensors
+from workloads.data.reading.sampler import ElasticBatchSampler
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 # samples seen so far are saved together atomically, as a checkpoint would hold them.
 CHILD = """
 import hashlib, json, os, sys, time
-from workloads.data.dataset import HDF5Dataset, make_loader, to_tensors
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.reading.dataset import HDF5Dataset, make_loader, to_tensors
+from workloads.data.reading.sampler import ElasticBatchSampler
 data, state_path = sys.argv[1], sys.argv[2]
 dataset = HDF5Dataset(data)
 samplers = [ElasticBatchSampler(dataset.shard_sizes, 3, seed=21, shuffle_shards=1, canonical_nodes=2, rank=r,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.reading.sampler import ElasticBatchSampler
 
 UNEVEN_SHARDS = [50, 50, 50, 50, 50, 50, 50, 37]  # 387 samples, a short last shard, as pack writes them
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from workloads.data.reading.shm import SHM_BYTES_ENV, plan_shared_memory
 from workloads.train.__main__ import main, parse_args
 from workloads.train.checkpoint import load_checkpoint
 from workloads.train.loop import Reporter, train
-from workloads.train.shm import SHM_BYTES_ENV, plan_shared_memory
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_RUN = [

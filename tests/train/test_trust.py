@@ -16,9 +16,7 @@ import pytest
 import torch
 
 from tests.train.test_train import TINY_RUN, _events, _train_here
-from workloads.data.cache import StagerState, cache_dir, touch_heartbeat, write_stager_state
-from workloads.data.dataset import DatasetError, HDF5Dataset
-from workloads.data.format import (
+from workloads.data.format.manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
     HEARTBEAT,
@@ -28,7 +26,9 @@ from workloads.data.format import (
     shard_name,
     write_manifest,
 )
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.moving.cache import StagerState, cache_dir, touch_heartbeat, write_stager_state
+from workloads.data.reading.dataset import DatasetError, HDF5Dataset
+from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.train.__main__ import main
 from workloads.train.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, sidecar_path
 from workloads.train.loop import Distributed, check_resumable, dataset_identity

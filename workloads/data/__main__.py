@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from workloads.cli import HelpWithDefaults, parse_size
 from workloads.data import tables_cli
-from workloads.data.format import MAX_IMAGE_SIZE
-from workloads.data.metrics import PACK_METRICS_PORT_ENV, STAGE_METRICS_PORT_ENV, PackMetrics, StageMetrics
-from workloads.data.records import TOKEN_DTYPES
-from workloads.data.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
+from workloads.data.format.manifest import MAX_IMAGE_SIZE
+from workloads.data.format.records import TOKEN_DTYPES
+from workloads.data.moving.metrics import PACK_METRICS_PORT_ENV, STAGE_METRICS_PORT_ENV, PackMetrics, StageMetrics
+from workloads.data.moving.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
 
 if TYPE_CHECKING:
-    from workloads.data.pack import PackOptions
-    from workloads.data.sources import S3Source
-    from workloads.data.upload import ShardStream
+    from workloads.data.moving.upload import ShardStream
+    from workloads.data.writing.pack import PackOptions
+    from workloads.data.writing.sources import S3Source
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 JOB_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in every pod of an Indexed Job
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     tokens.add_argument("--eos", type=int, default=None, help="token id appended after each document")
     tokens.add_argument("--doc-offsets", action="store_true",
                         help="also store each sequence's document starts (field doc_offsets: a block-diagonal "
-                             "attention mask, workloads/data/documents.py)")
+                             "attention mask, workloads/data/format/documents.py)")
     tokens.add_argument("--arrow-column", default="input_ids",
                         help=".arrow files: the list-of-integers column holding each row's token ids")
     for sub in (captions, tokens):
@@ -231,8 +231,8 @@ def _pack_source(args: argparse.Namespace) -> Path | S3Source:
         if args.fetch_workers != 32:
             raise DataToolError("--fetch-workers", "only meaningful with an s3:// SRC")
         return Path(args.src)
-    from workloads.data.s3 import make_client
-    from workloads.data.sources import S3Source, SourceOptions
+    from workloads.data.moving.s3 import make_client
+    from workloads.data.writing.sources import S3Source, SourceOptions
 
     try:
         uri = parse_s3_uri(args.src)
@@ -256,8 +256,8 @@ def _shard_stream(args: argparse.Namespace, progress: bool) -> ShardStream | Non
         target = parse_s3_uri(args.upload)
     except DataToolError as exc:
         raise DataToolError("--upload", f"{exc.why}: {args.upload!r}") from None
-    from workloads.data.s3 import make_client
-    from workloads.data.upload import ShardStream, StreamOptions
+    from workloads.data.moving.s3 import make_client
+    from workloads.data.moving.upload import ShardStream, StreamOptions
 
     options = StreamOptions(keep_local=args.keep_local, progress=progress)
     client = make_client(args.endpoint_url, max_connections=options.workers + options.in_flight, botocore_attempts=6)
@@ -267,9 +267,9 @@ def _shard_stream(args: argparse.Namespace, progress: bool) -> ShardStream | Non
 
 
 def _pack_records(args: argparse.Namespace, progress: bool) -> int:
-    """pack-captions and pack-tokens: a records dataset (workloads/data/records_pack.py)."""
-    from workloads.data.pack import REPORT_NAME
-    from workloads.data.records_pack import RecordPackOptions, pack_captions, pack_tokens
+    """pack-captions and pack-tokens: a records dataset (workloads/data/writing/records_pack.py)."""
+    from workloads.data.writing.pack import REPORT_NAME
+    from workloads.data.writing.records_pack import RecordPackOptions, pack_captions, pack_tokens
 
     options = RecordPackOptions(shard_bytes=args.shard_size, workers=getattr(args, "workers", 1), strict=args.strict,
                                 force=args.force, progress=progress,
@@ -282,8 +282,8 @@ def _pack_records(args: argparse.Namespace, progress: bool) -> int:
     else:
         client, source_options = None, None
         if args.table.startswith("s3://"):
-            from workloads.data.s3 import make_client
-            from workloads.data.sources import SourceOptions
+            from workloads.data.moving.s3 import make_client
+            from workloads.data.writing.sources import SourceOptions
 
             try:
                 parse_s3_uri(args.table)
@@ -320,10 +320,10 @@ def _slice_index(args: argparse.Namespace) -> int:
 
 def _pack_to_bucket(args: argparse.Namespace, options: PackOptions, progress: bool) -> int:
     """pack SRC s3://DEST: one slice (--shard-count), the publish step (--publish), or both in this process."""
-    from workloads.data.pack import REPORT_NAME
-    from workloads.data.s3 import make_client
-    from workloads.data.slices import pack_slice, publish
-    from workloads.data.upload import ShardStream, StreamOptions
+    from workloads.data.moving.s3 import make_client
+    from workloads.data.moving.upload import ShardStream, StreamOptions
+    from workloads.data.writing.pack import REPORT_NAME
+    from workloads.data.writing.slices import pack_slice, publish
 
     for flag, given in (("--upload", args.upload is not None), ("--keep-local", args.keep_local),
                         ("--force", args.force)):
@@ -380,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "pack-tables":
         return tables_cli.run(args, progress)
     if args.command == "pack":
-        from workloads.data.pack import REPORT_NAME, PackOptions, pack
+        from workloads.data.writing.pack import REPORT_NAME, PackOptions, pack
 
         options = PackOptions(
             layout=args.layout, image_size=args.size, shard_bytes=args.shard_size, workers=args.workers,
@@ -410,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command in ("pack-captions", "pack-tokens"):
         return _pack_records(args, progress)
     if args.command == "verify":
-        from workloads.data.verify import VerifyError, verify
+        from workloads.data.format.verify import VerifyError, verify
 
         try:
             manifest = verify(args.out)
@@ -420,12 +420,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"ok: {len(manifest.shards)} shards, {manifest.num_samples} samples match {args.out}/manifest.json")
         return 0
 
-    from workloads.data.s3 import RetryPolicy, make_client
+    from workloads.data.moving.s3 import RetryPolicy, make_client
 
     uris = args.uri if isinstance(args.uri, list) else [args.uri]
     uri = parse_s3_uri(uris[0])
     if args.command == "upload":
-        from workloads.data.upload import UploadOptions, upload
+        from workloads.data.moving.upload import UploadOptions, upload
 
         client = make_client(args.endpoint_url, max_connections=args.workers, botocore_attempts=6)
         uploaded = upload(client, args.out, uri, UploadOptions(workers=args.workers, part_bytes=args.part_size,
@@ -434,8 +434,8 @@ def run(args: argparse.Namespace) -> int:
               f"{len(uploaded.removed)} stale shards of a previous pack, to {uri}")
         return 0
 
-    from workloads.data.mixture_stage import stage_mixture
-    from workloads.data.stage import StageOptions, stage
+    from workloads.data.moving.mixture_stage import stage_mixture
+    from workloads.data.moving.stage import StageOptions, stage
 
     if args.budget is not None and args.window is not None:
         raise DataToolError("--window", "an alias of --budget: give one of them")

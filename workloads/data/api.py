@@ -19,7 +19,7 @@ shards come next, so a budget smaller than the dataset still streams), and a Dat
                 ...                                                  # your step
                 state = data.state_dict()                           # the position after the batch just trained
 
-A records dataset (image + caption, token sequences, any typed fields: workloads/data/records.py) reads the same
+A records dataset (image + caption, token sequences, any typed fields: workloads/data/format/records.py) reads the same
 way; each batch is then a dict of its fields (or a tuple in the order of `fields`):
 
     data = PackedData.open("/data/laion-subset", batch_size=256, fields=["image", "caption"])
@@ -28,7 +28,7 @@ way; each batch is then a dict of its fields (or a tuple in the order of `fields
 
 Resume: `data.load_state_dict(state)` before the loop; `data.start_epoch` is then the saved epoch and
 `batches(epoch)` continues after the last batch the state counted. A state is valid for any world size and batch
-size (see workloads/data/sampler.py).
+size (see workloads/data/reading/sampler.py).
 
 Distributed: rank, world size and ranks per node come from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE) unless given. Every rank constructs its own PackedData; ranks must step together (one batch each
@@ -56,7 +56,8 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
-from workloads.data.cache import (
+from workloads.data.format.manifest import MANIFEST_NAME, load_manifest
+from workloads.data.moving.cache import (
     HEARTBEAT_TIMEOUT_S,
     SHARD_WAIT_S,
     CacheFeeder,
@@ -65,12 +66,18 @@ from workloads.data.cache import (
     is_cached,
     read_stager_state,
 )
-from workloads.data.dataset import Batch, DatasetError, DataUnavailableError, HDF5Dataset, make_loader, to_tensors
-from workloads.data.format import MANIFEST_NAME, load_manifest
-from workloads.data.records_dataset import RecordsDataset, pad_sequences, records_to_tensors
-from workloads.data.sampler import ElasticBatchSampler
-from workloads.data.statefile import StateFileError
-from workloads.data.transforms import random_resized_crop_flip_normalize
+from workloads.data.reading.dataset import (
+    Batch,
+    DatasetError,
+    DataUnavailableError,
+    HDF5Dataset,
+    make_loader,
+    to_tensors,
+)
+from workloads.data.reading.records_dataset import RecordsDataset, pad_sequences, records_to_tensors
+from workloads.data.reading.sampler import ElasticBatchSampler
+from workloads.data.reading.transforms import random_resized_crop_flip_normalize
+from workloads.safeio import StateFileError
 
 __all__ = [
     "CacheTooSmall",
@@ -401,7 +408,7 @@ class PackedData:
         settings = settings or LoaderSettings()
         transport = settings.transport
         if transport == "auto":
-            from workloads.train.shm import plan_shared_memory, shm_available_bytes
+            from workloads.data.reading.shm import plan_shared_memory, shm_available_bytes
 
             sample_bytes = (self.dataset.sample_bytes() if isinstance(self.dataset, RecordsDataset)
                             else self.image_size * self.image_size * 3)

@@ -17,13 +17,13 @@
 A source's share is a weight, a fixed number of `samples` per epoch or `repeat` (times its size), optionally capped
 (`cap`); `epoch_samples` sets the epoch's size (default: the weighted sources' samples together, plus the fixed
 ones). The order is a pure function of (seed, epoch, shares, source sizes), each global batch holds every source's
-share to within one sample, and a state resumes sample-exact on any world size (workloads/data/mixture.py).
+share to within one sample, and a state resumes sample-exact on any world size (workloads/data/reading/mixture.py).
 
 The sources must read alike: all image-folder packs of one image size and the same classes, or all records
 datasets whose read fields (`fields`, default all) agree in name, type, dtype and shape. Anything else is refused
 with the first source that differs. Either every source has a `remote` (one stager, started by local rank 0, stages
 them into STAGING_DIR/0, /1, ... with one budget: the plan lists every source's shards in the order the mixture first
-uses them, workloads/data/mixture_stage.py) or none has.
+uses them, workloads/data/moving/mixture_stage.py) or none has.
 """
 
 from __future__ import annotations
@@ -50,13 +50,20 @@ from workloads.data.api import (
     start_stager,
     stop_stager,
 )
-from workloads.data.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheFeeder, CacheReader, read_stager_state
-from workloads.data.dataset import DatasetError, DataUnavailableError, HDF5Dataset, Transport, make_loader, uint8_batch
-from workloads.data.format import MANIFEST_NAME
-from workloads.data.mixture import MixtureBatchSampler, MixtureShare
-from workloads.data.mixture_stage import SourceCache, source_dir
-from workloads.data.records_dataset import RecordsDataset, records_to_tensors
-from workloads.data.statefile import StateFileError
+from workloads.data.format.manifest import MANIFEST_NAME
+from workloads.data.moving.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheFeeder, CacheReader, read_stager_state
+from workloads.data.moving.mixture_stage import SourceCache, source_dir
+from workloads.data.reading.dataset import (
+    DatasetError,
+    DataUnavailableError,
+    HDF5Dataset,
+    Transport,
+    make_loader,
+    uint8_batch,
+)
+from workloads.data.reading.mixture import MixtureBatchSampler, MixtureShare
+from workloads.data.reading.records_dataset import RecordsDataset, records_to_tensors
+from workloads.safeio import StateFileError
 
 SOURCE_FIELD = "source"
 
@@ -301,7 +308,7 @@ class MixedData:
         settings = settings or LoaderSettings()
         transport = settings.transport
         if transport == "auto":
-            from workloads.train.shm import plan_shared_memory, shm_available_bytes
+            from workloads.data.reading.shm import plan_shared_memory, shm_available_bytes
 
             plan = plan_shared_memory(self.sampler.batch_size * self.dataset.sample_bytes(), settings.workers,
                                       settings.prefetch_factor, shm_available_bytes())

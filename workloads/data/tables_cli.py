@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workloads.data.s3 import DataToolError, parse_s3_uri
+from workloads.data.moving.s3 import DataToolError, parse_s3_uri
 
 JOB_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
@@ -56,17 +56,17 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace, progress: bool) -> int:
-    from workloads.data.maphook import load_map
-    from workloads.data.records_slices import (
+    from workloads.data.moving.s3 import make_client
+    from workloads.data.moving.upload import ShardStream, StreamOptions
+    from workloads.data.writing.maphook import load_map
+    from workloads.data.writing.records_slices import (
         TablePackOptions,
         pack_table_slice,
         pack_tables,
         publish_tables,
         read_fields,
     )
-    from workloads.data.s3 import make_client
-    from workloads.data.tables import TableSource
-    from workloads.data.upload import ShardStream, StreamOptions
+    from workloads.data.writing.tables import TableSource
 
     options = TablePackOptions(fields=read_fields(args.fields), shard_rows=args.shard_rows,
                                image_columns=tuple(args.image_column), images=args.images, strict=args.strict,

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from workloads.cli import ArgumentParser
-from workloads.data.statefile import StateFileError, atomic_write_in, parse_json_object, read_regular
 from workloads.health.dcgm import MAX_DIAG_BYTES, parse_diag
 from workloads.health.efa import efa_check
 from workloads.health.kube import InCluster, KubeError, record
@@ -37,6 +36,7 @@ from workloads.health.verdict import (
     read_gpu_check,
     should_run,
 )
+from workloads.safeio import StateFileError, atomic_write_in, parse_json_object, read_regular
 
 SKIP = "skip"
 MAX_RESULT_BYTES = 1024 * 1024

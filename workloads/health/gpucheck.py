@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workloads.cli import ArgumentParser
-from workloads.data.statefile import atomic_write_in
+from workloads.safeio import atomic_write_in
 from workloads.train.allreduce import bus_bandwidth
 
 BLOCK_BYTES = 256 * 2**20

@@ -11,8 +11,8 @@ from pydantic import (
     ValidationError,
 )
 
-from workloads.data.statefile import StateFileError, read_regular
 from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
+from workloads.safeio import StateFileError, read_regular
 
 JOB_FILE_MAX_BYTES = 16 << 20  # a job file is a few KiB; anything near this is not one
 

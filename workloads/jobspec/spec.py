@@ -55,14 +55,14 @@ DEFAULT_ELASTIC_WAIT_S = 600
 # A pod on a node that stopped answering (kernel panic, lost instance) is evicted after this long (the default is
 # 300 s), so the Job controller replaces it and the gang re-forms sooner.
 NODE_LOST_TOLERATION_S = 60
-DECODED_MOUNT = "/decoded"  # the decode cache's emptyDir in the trainer (workloads/data/decode_cache.py)
+DECODED_MOUNT = "/decoded"  # the decode cache's emptyDir in the trainer (workloads/data/reading/decode_cache.py)
 CACHE_START_TIMEOUT_S = 600  # how long the trainer waits for the staging sidecar's manifest and first shards
 
 TRAIN_CONTAINER = "train"
 STAGE_CONTAINER = "stage"
 RENDEZVOUS_PORT = 29500
-# Prometheus endpoints (workloads/train/metrics.py, workloads/data/metrics.py). torchrun starts one trainer process
-# per GPU; each serves TRAIN_METRICS_PORT + its local rank, so every rank is scraped on its own port.
+# Prometheus endpoints (workloads/train/metrics.py, workloads/data/moving/metrics.py). torchrun starts one trainer
+# process per GPU; each serves TRAIN_METRICS_PORT + its local rank, so every rank is scraped on its own port.
 TRAIN_METRICS_PORT = 9450
 STAGE_METRICS_PORT = 9449
 STAGE_METRICS_PORT_NAME = "metrics-stage"

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
-from workloads.data.statefile import StateFileError, read_regular
 from workloads.jobspec import JobSpecError, load_job_file, render_job
+from workloads.safeio import StateFileError, read_regular
 from workloads.submit.errors import RuntimeFailure, UsageError
 
 MAX_NESTING = 64  # a job spec or facts file nests a handful of levels; deeper is hostile or broken input

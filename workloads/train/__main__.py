@@ -19,11 +19,11 @@ from pathlib import Path
 from torch.distributed import DistError
 
 from workloads.cli import HelpWithDefaults, parse_size
-from workloads.data.cache import CacheStagerError, CacheTooSmall
-from workloads.data.dataset import DatasetError, DataUnavailableError
-from workloads.data.s3 import DataToolError
-from workloads.data.statefile import StateFileError
+from workloads.data.moving.cache import CacheStagerError, CacheTooSmall
+from workloads.data.moving.s3 import DataToolError
+from workloads.data.reading.dataset import DatasetError, DataUnavailableError
 from workloads.metrics_http import metrics_addr, port_number
+from workloads.safeio import StateFileError
 from workloads.train.checkpoint import CheckpointError, CheckpointStoreError
 from workloads.train.loop import ConfigError, Disrupted, Distributed, TrainConfig, TrainingDiverged, train
 from workloads.train.metrics import METRICS_PORT_ENV, MetricsPortError, TrainMetrics, metrics_port_for

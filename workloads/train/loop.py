@@ -38,8 +38,9 @@ from workloads.data.api import (
     wait_for_manifest,
 )
 from workloads.data.api import open_dataset as open_packed
-from workloads.data.cache import CacheFeeder
-from workloads.data.dataset import (
+from workloads.data.format.manifest import MANIFEST_NAME
+from workloads.data.moving.cache import CacheFeeder
+from workloads.data.reading.dataset import (
     DatasetError,
     DataUnavailableError,
     HDF5Dataset,
@@ -47,10 +48,10 @@ from workloads.data.dataset import (
     make_loader,
     to_tensors,
 )
-from workloads.data.format import MANIFEST_NAME
-from workloads.data.records_dataset import RecordsDataset
-from workloads.data.sampler import ElasticBatchSampler
-from workloads.data.transforms import random_resized_crop_flip_normalize
+from workloads.data.reading.records_dataset import RecordsDataset
+from workloads.data.reading.sampler import ElasticBatchSampler
+from workloads.data.reading.shm import plan_shared_memory, shm_available_bytes
+from workloads.data.reading.transforms import random_resized_crop_flip_normalize
 from workloads.train.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
@@ -64,7 +65,6 @@ from workloads.train.checkpoint import (
 )
 from workloads.train.metrics import RunShape, TrainMetrics
 from workloads.train.models import MODELS
-from workloads.train.shm import plan_shared_memory, shm_available_bytes
 
 
 def rank_batch_size(global_batch_size: int, world_size: int) -> int:
@@ -98,7 +98,7 @@ class TrainConfig:
     stager_timeout_s: float = 60.0  # staging cache: no stager heartbeat for this long means no stager is running
     decode_cache: str | None = None  # encoded datasets: directory where decoded samples are kept (see decode_cache.py)
     decode_cache_bytes: int | None = None  # its budget
-    shuffle_shards: int = 4  # shards whose samples are shuffled together (see workloads/data/sampler.py)
+    shuffle_shards: int = 4  # shards whose samples are shuffled together (see workloads/data/reading/sampler.py)
     canonical_nodes: int | None = None  # streams of the epoch order; None: the first run's node count
     lr: float = 0.1
     momentum: float = 0.9

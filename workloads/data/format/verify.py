@@ -8,7 +8,7 @@ from pathlib import Path
 import h5py
 from pydantic import ValidationError
 
-from workloads.data.format import (
+from workloads.data.format.manifest import (
     FORMAT_NAME,
     MANIFEST_NAME,
     Manifest,
@@ -17,9 +17,9 @@ from workloads.data.format import (
     manifest_error,
     sha256_file,
 )
-from workloads.data.records import check_column, decode_text
-from workloads.data.s3 import DataToolError
-from workloads.data.statefile import StateFileError
+from workloads.data.format.records import check_column, decode_text
+from workloads.data.moving.s3 import DataToolError
+from workloads.safeio import StateFileError
 
 
 class VerifyError(DataToolError):

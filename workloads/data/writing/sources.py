@@ -8,7 +8,7 @@
     s3://bucket/path/list.jsonl   list's own directory (`path/`); a label is a class name, classes sorted by name
 
 The listing is paginated (list_objects_v2, 1,000 keys a page) and each object is fetched by GETs of at most
-`part_bytes` (ranged beyond that), each retried with backoff (workloads.data.s3.with_retries) under the client's
+`part_bytes` (ranged beyond that), each retried with backoff (workloads.data.moving.s3.with_retries) under the client's
 connect/read timeouts, many objects at once on a thread pool; the decoding runs on pack's process pool with the
 same per-image rules as a local pack (pack.decode_image). Relative paths in the listing (and so in the pack report)
 are `<class>/<...>/<file>` for class folders and the listed key for a file list, so a local tree and its copy in a
@@ -32,10 +32,18 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, describe, error_code, with_retries
+from workloads.data.moving.s3 import (
+    DataToolError,
+    RetryPolicy,
+    S3Uri,
+    TransientError,
+    describe,
+    error_code,
+    with_retries,
+)
 
 if TYPE_CHECKING:
-    from workloads.data.pack import PackOptions, _Sample
+    from workloads.data.writing.pack import PackOptions, _Sample
 
 FILE_LIST_SUFFIXES = (".csv", ".jsonl")
 FILE_LIST_MAX_BYTES = 4 << 30  # ~50 M rows of `key,label`; a larger "list" is not one
@@ -234,7 +242,7 @@ class S3Source:
     def samples(self, files: list[tuple[str, int]], options: PackOptions, sizes: dict[str, int]) -> Iterator[_Sample]:
         """Decoded samples in input order: objects fetched on a thread pool at most `fetch window` ahead, decoded in
         chunks on pack's process pool at most 2 x workers chunks ahead of the consumer (as a local pack)."""
-        from workloads.data.pack import _worker_init
+        from workloads.data.writing.pack import _worker_init
 
         chunk = max(1, min(64, len(files) // (options.workers * 8) or 1))
         window = max(2 * self.options.fetch_workers, chunk)
@@ -279,7 +287,7 @@ class S3Source:
 
 def decode_fetched(tasks: list[tuple[str, int, bytes | None, str, Any, int]]) -> list[_Sample]:
     """Decode fetched objects (in a pack worker process); a fetch that failed is a skipped sample."""
-    from workloads.data.pack import _Sample, decode_image
+    from workloads.data.writing.pack import _Sample, decode_image
 
     return [decode_image(relpath, label, raw, layout, size) if raw is not None
             else _Sample(relpath, label, None, reason)

@@ -7,7 +7,7 @@ optionally capped (`cap`). The split is largest-remainder apportionment in exact
 function of the shares and the sizes.
 
 Every source reads its own endless stream: pass 0 of its samples, then pass 1, ..., each pass the single-dataset
-order of that source (workloads/data/sampler.py with one stream: shards permuted, spans of `shuffle_shards` shards
+order of that source (reading/sampler.py with one stream: shards permuted, spans of `shuffle_shards` shards
 shuffled; seeded by (seed, k) and the pass number). Epoch e of the mixture takes positions [e n_k, (e + 1) n_k) of
 source k's stream: a source smaller than its share cycles through passes, a larger one goes through a pass over
 several epochs; either way no sample appears twice within a pass of its source.
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from workloads.data.sampler import ElasticBatchSampler
+from workloads.data.reading.sampler import ElasticBatchSampler
 
 STATE_VERSION = 1
 STATE_KIND = "mixture"

@@ -31,8 +31,8 @@ import numpy as np
 from tqdm import tqdm
 
 from workloads.data import TOOL_VERSION
-from workloads.data.documents import DOC_OFFSETS_FIELD, sequence_offsets
-from workloads.data.format import (
+from workloads.data.format.documents import DOC_OFFSETS_FIELD, sequence_offsets
+from workloads.data.format.manifest import (
     FORMAT_NAME,
     MANIFEST_NAME,
     Manifest,
@@ -42,7 +42,16 @@ from workloads.data.format import (
     shard_name,
     write_manifest,
 )
-from workloads.data.pack import (
+from workloads.data.format.records import (
+    RECORDS_VERSION,
+    FieldSpec,
+    RecordError,
+    check_fields,
+    encode_record,
+)
+from workloads.data.format.verify import sha256_file
+from workloads.data.moving.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, parse_s3_uri, with_retries
+from workloads.data.writing.pack import (
     REPORT_NAME,
     TEMP_SUFFIX,
     PackOptions,
@@ -53,16 +62,7 @@ from workloads.data.pack import (
     prepare_output,
     write_error,
 )
-from workloads.data.records import (
-    RECORDS_VERSION,
-    FieldSpec,
-    RecordError,
-    check_fields,
-    encode_record,
-)
-from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, parse_s3_uri, with_retries
-from workloads.data.sources import S3Source, SourceOptions
-from workloads.data.verify import sha256_file
+from workloads.data.writing.sources import S3Source, SourceOptions
 
 CAPTIONS_MAX_BYTES = 4 << 30  # a caption table larger than this is read in slices by a source, not here
 TOKEN_SUFFIX = ".npy"

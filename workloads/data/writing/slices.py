@@ -5,7 +5,7 @@
     pack SRC s3://DEST                                     both, in one process (slice 0 of 1)
 
 Every slice lists SRC and orders it as pack does (pack.ordered_listing), and cuts the order into shards from the
-listing alone (workloads.data.shardplan), so shard k holds the same images, and so the same bytes, whatever N is;
+listing alone (writing/shardplan.py), so shard k holds the same images, and so the same bytes, whatever N is;
 slice I packs shards [I * K // N, (I + 1) * K // N) of the K planned. A shard is uploaded as it closes (pack
 --upload's ShardStream: sha256 metadata, the object name avoiding any name the current manifest at DEST uses for
 other bytes) and, once the object is confirmed, its record is written: DEST/.pack/<plan>/shard-NNNNN.json (name,
@@ -40,9 +40,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workloads.data import TOOL_VERSION
-from workloads.data.format import Manifest, ShardInfo, check_file_name, manifest_bytes, shard_name
-from workloads.data.metrics import PackMetrics
-from workloads.data.pack import (
+from workloads.data.format.manifest import Manifest, ShardInfo, check_file_name, manifest_bytes, shard_name
+from workloads.data.moving.metrics import PackMetrics
+from workloads.data.moving.s3 import DataToolError, S3Uri, describe, error_code
+from workloads.data.moving.upload import SHA256_METADATA, ShardStream
+from workloads.data.writing.pack import (
     REPORT_NAME,
     PackOptions,
     _where,
@@ -51,12 +53,10 @@ from workloads.data.pack import (
     skip_sample,
     source_samples,
 )
-from workloads.data.s3 import DataToolError, S3Uri, describe, error_code
-from workloads.data.shardplan import plan_id, plan_shards
-from workloads.data.upload import SHA256_METADATA, ShardStream
+from workloads.data.writing.shardplan import plan_id, plan_shards
 
 if TYPE_CHECKING:
-    from workloads.data.sources import S3Source
+    from workloads.data.writing.sources import S3Source
 
 RECORDS_DIR = ".pack"
 RECORD_MAX_BYTES = 64 << 20

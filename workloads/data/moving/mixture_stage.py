@@ -1,9 +1,9 @@
 """Stage the sources of a mixture into one directory with one budget: `stage URI0 URI1 ... DEST`.
 
 Source k lands in DEST/k/ (its manifest.json and shards, as `stage` lays out one dataset), and one stager serves
-them all through DEST/.cache/ (the protocol of workloads/data/cache.py), with shard names relative to DEST
+them all through DEST/.cache/ (the protocol of workloads/data/moving/cache.py), with shard names relative to DEST
 ("0/shard-00000.h5"). So the budget is shared: the reader's plan lists the shards of every source in the order the
-mixture first uses them (workloads/data/mixture.py), and the stager keeps the longest prefix of that plan that fits,
+mixture first uses them (reading/mixture.py), and the stager keeps the longest prefix of that plan that fits,
 whichever source each shard belongs to. `source_cache` gives source k's reader its view of the shared cache.
 """
 
@@ -13,11 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from workloads.data.cache import CacheReader, StagerState
-from workloads.data.format import MANIFEST_NAME, Manifest, ShardInfo
-from workloads.data.metrics import StageMetrics
-from workloads.data.s3 import DataToolError, S3Uri
-from workloads.data.stage import ShardStager, StageOptions, StageResult, fetch_manifest, run_stager
+from workloads.data.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from workloads.data.moving.cache import CacheReader, StagerState
+from workloads.data.moving.metrics import StageMetrics
+from workloads.data.moving.s3 import DataToolError, S3Uri
+from workloads.data.moving.stage import ShardStager, StageOptions, StageResult, fetch_manifest, run_stager
 
 
 def source_dir(dest: str | Path, source: int) -> Path:

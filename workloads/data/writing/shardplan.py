@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from workloads.data.format import FORMAT_VERSION, Layout
+from workloads.data.format.manifest import FORMAT_VERSION, Layout
 
 
 def plan_shards(files: Sequence[tuple[str, int]], sizes: dict[str, int], layout: Layout, image_size: int,

@@ -2,8 +2,8 @@
 
 The stager keeps a set of verified shards in DEST, at most `budget` bytes of them (no bound: the whole dataset),
 fetching them in the order the reader says it will read them and evicting the ones it will not need soonest. The
-two sides agree through two small JSON files in DEST/.cache/ (see workloads/data/format.py), each written by exactly
-one side with an atomic rename:
+two sides agree through two small JSON files in DEST/.cache/ (see workloads/data/format/manifest.py), each written
+by exactly one side with an atomic rename:
 
     stager.json  {"budget": int | null, "ready": [...], "done": bool, "error": str | null}   written by the stager
     plan.json    {"order": [...], "done": bool}                                              written by the reader
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from workloads.data.format import CACHE_DIR, HEARTBEAT, PLAN_STATE, STAGER_STATE
-from workloads.data.statefile import StateFile, StateFileError, atomic_write_in, open_dir
-from workloads.data.statefile import field as typed
+from workloads.data.format.manifest import CACHE_DIR, HEARTBEAT, PLAN_STATE, STAGER_STATE
+from workloads.safeio import StateFile, StateFileError, atomic_write_in, open_dir
+from workloads.safeio import field as typed
 
 SHARD_WAIT_S = 3600.0  # how long a reader waits for one shard by default
 HEARTBEAT_INTERVAL_S = 1.0  # how often a serving stager touches its heartbeat file
@@ -278,7 +278,7 @@ class CacheReader:
 
 
 class NodeOrder(Protocol):
-    """What the feeder needs from the sampler (workloads/data/sampler.py ElasticBatchSampler)."""
+    """What the feeder needs from the sampler (workloads/data/reading/sampler.py ElasticBatchSampler)."""
 
     def node_shards(self, from_batch: int = 0) -> tuple[list[int], list[int], list[int]]: ...
 

@@ -49,7 +49,7 @@ def decodes_strictly(payload: bytes | memoryview) -> bool:
 def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = True,
                 use_simplejpeg: bool = True) -> None:
     """Decode one image into `out` (shape (size, size, 3), uint8). Raises OSError when it does not decode."""
-    from workloads.data.transforms import decode_image
+    from workloads.data.reading.transforms import decode_image
 
     size = out.shape[0]
     if use_simplejpeg and _SIMPLEJPEG is not None and bytes(payload[:2]) == b"\xff\xd8":
@@ -64,7 +64,7 @@ def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = T
 def _decode_simplejpeg(simplejpeg: ModuleType, payload: bytes | memoryview, size: int,
                        draft: bool) -> np.ndarray | None:
     """The simplejpeg path, or None where only PIL gives the right answer (PIL then decodes)."""
-    from workloads.data.transforms import _square_center_box
+    from workloads.data.reading.transforms import _square_center_box
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(payload)

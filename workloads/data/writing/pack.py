@@ -38,7 +38,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from tqdm import tqdm
 
 from workloads.data import TOOL_VERSION
-from workloads.data.format import (
+from workloads.data.format.jpeg import decodes_strictly
+from workloads.data.format.manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -52,14 +53,13 @@ from workloads.data.format import (
     shard_name,
     write_manifest,
 )
-from workloads.data.jpeg import decodes_strictly
-from workloads.data.s3 import DataToolError, is_runtime_oserror
-from workloads.data.shardplan import plan_shards
-from workloads.data.verify import sha256_file
+from workloads.data.format.verify import sha256_file
+from workloads.data.moving.s3 import DataToolError, is_runtime_oserror
+from workloads.data.writing.shardplan import plan_shards
 
 if TYPE_CHECKING:
-    from workloads.data.sources import S3Source
-    from workloads.data.upload import ShardStream, StreamResult
+    from workloads.data.moving.upload import ShardStream, StreamResult
+    from workloads.data.writing.sources import S3Source
 
 REPORT_NAME = "pack-report.json"
 TEMP_SUFFIX = ".partial"

@@ -4,7 +4,7 @@ Copy mode (no budget, no linger) fetches every shard in manifest order and write
 manifest means every shard is here.
 
 Cache mode (a budget, or linger) serves a training reader on the same node through DEST/.cache/ (the protocol is
-workloads/data/cache.py). stager.json is written first, then manifest.json (the reader needs it to start). The
+workloads/data/moving/cache.py). stager.json is written first, then manifest.json (the reader needs it to start). The
 stager re-reads the reader's plan.json every poll interval; the shards it wants are the longest prefix of the plan's
 distinct shards whose bytes fit the budget (no budget: every shard, the plan's first; no plan yet: manifest order).
 It starts downloads for wanted shards in plan order while the bytes it holds (verified shards plus downloads in
@@ -49,8 +49,7 @@ from typing import Any
 from pydantic import ValidationError
 from tqdm import tqdm
 
-from workloads.data.cache import Heartbeat, Plan, StagerState, cache_dir, plan_file, write_stager_state
-from workloads.data.format import (
+from workloads.data.format.manifest import (
     MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
     PLAN_STATE,
@@ -62,9 +61,10 @@ from workloads.data.format import (
     manifest_error,
     sha256_file,
 )
-from workloads.data.metrics import StageMetrics
-from workloads.data.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, is_runtime_oserror, with_retries
-from workloads.data.statefile import StateFile, StateFileError, open_dir
+from workloads.data.moving.cache import Heartbeat, Plan, StagerState, cache_dir, plan_file, write_stager_state
+from workloads.data.moving.metrics import StageMetrics
+from workloads.data.moving.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, is_runtime_oserror, with_retries
+from workloads.safeio import StateFile, StateFileError, open_dir
 
 TEMP_SUFFIX = ".part"
 _BODY_CHUNK = 1 << 20

@@ -30,12 +30,12 @@ import h5py
 import numpy as np
 import torch
 
-from workloads.data.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S
-from workloads.data.dataset import DatasetError, HDF5Dataset, _OpenShard, uint8_batch
-from workloads.data.decode_cache import ShardRows
-from workloads.data.format import FORMAT_NAME
-from workloads.data.jpeg import decode_into
-from workloads.data.records import Column, FieldSpec, check_column, decode_text
+from workloads.data.format.jpeg import decode_into
+from workloads.data.format.manifest import FORMAT_NAME
+from workloads.data.format.records import Column, FieldSpec, check_column, decode_text
+from workloads.data.moving.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S
+from workloads.data.reading.dataset import DatasetError, HDF5Dataset, _OpenShard, uint8_batch
+from workloads.data.reading.decode_cache import ShardRows
 
 _WIDEN = {np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64}
 

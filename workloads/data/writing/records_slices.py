@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from workloads.data import TOOL_VERSION
-from workloads.data.format import (
+from workloads.data.format.manifest import (
     Manifest,
     ShardInfo,
     atomic_write_bytes,
@@ -46,12 +46,14 @@ from workloads.data.format import (
     shard_name,
     write_manifest,
 )
-from workloads.data.maphook import MapHook
-from workloads.data.pack import REPORT_NAME, TEMP_SUFFIX, free_name, lock_output, prepare_output, write_error
-from workloads.data.records import RECORDS_VERSION, FieldSpec, RecordError, check_fields, encode_record
-from workloads.data.records_pack import normalize_image, write_records_shard
-from workloads.data.s3 import DataToolError, S3Uri, describe, parse_s3_uri
-from workloads.data.slices import (
+from workloads.data.format.records import RECORDS_VERSION, FieldSpec, RecordError, check_fields, encode_record
+from workloads.data.format.verify import sha256_file
+from workloads.data.moving.s3 import DataToolError, S3Uri, describe, parse_s3_uri
+from workloads.data.moving.upload import ShardStream
+from workloads.data.writing.maphook import MapHook
+from workloads.data.writing.pack import REPORT_NAME, TEMP_SUFFIX, free_name, lock_output, prepare_output, write_error
+from workloads.data.writing.records_pack import normalize_image, write_records_shard
+from workloads.data.writing.slices import (
     ShardRecord,
     SliceResult,
     abort_open_uploads,
@@ -62,10 +64,8 @@ from workloads.data.slices import (
     read_record,
     remove_records,
 )
-from workloads.data.sources import S3Source, SourceOptions
-from workloads.data.tables import TableFile, TableSource, read_rows, table_units
-from workloads.data.upload import ShardStream
-from workloads.data.verify import sha256_file
+from workloads.data.writing.sources import S3Source, SourceOptions
+from workloads.data.writing.tables import TableFile, TableSource, read_rows, table_units
 
 FILTERED = "filtered by the map hook"  # a ShardRecord.skipped reason that is not a skip: the hook said None
 

@@ -22,7 +22,7 @@ Version 1 manifests (image folders: decoded/encoded) are written and read as bef
 Global sample order: shards in manifest order, samples in file order. Pack sorts by (class, relative path), then
 applies the seeded permutation recorded as `shuffle_seed` (None: sorted order), so shards mix all classes.
 
-The staging cache (stage, see workloads/data/cache.py) agrees with the reader through two small JSON files in
+The staging cache (stage, see workloads/data/moving/cache.py) agrees with the reader through two small JSON files in
 DEST/.cache/, each written by exactly one side with an atomic rename:
     stager.json  {"budget": bytes | null, "ready": [paths present and verified now], "done": bool, "error": ...}
     plan.json    {"order": [the node's next shards, in order of first use], "done": bool}
@@ -48,7 +48,7 @@ from pydantic import (
     model_validator,
 )
 
-from workloads.data.records import RECORDS_VERSION, FieldSpec, check_fields
+from workloads.data.format.records import RECORDS_VERSION, FieldSpec, check_fields
 
 FORMAT_NAME: Literal["ml-cluster-hdf5"] = "ml-cluster-hdf5"
 FORMAT_VERSION = 1
@@ -164,7 +164,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
     Read as untrusted input: a regular file only (a link the user made is followed, but a FIFO never blocks and a
     link to a device is refused), at most MANIFEST_MAX_BYTES. FileNotFoundError when there is none; ValueError
     (StateFileError or a validation error) for anything that is not a valid manifest."""
-    from workloads.data.statefile import read_regular
+    from workloads.safeio import read_regular
 
     target = Path(path)
     if target.is_dir() and target.name != MANIFEST_NAME:

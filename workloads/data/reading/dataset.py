@@ -8,7 +8,7 @@ samples and reads each run with one call; in a DataLoader worker the batch is wr
 memory, so handing it to the main process costs no further copy.
 
 Use `make_loader` (or pass `collate_fn=keep_batch`): `__getitems__` already returns the collated batch
-`(images uint8 (N, S, S, 3), labels int64 (N,))`. With transport="pipe" (see workloads/train/shm.py) batches
+`(images uint8 (N, S, S, 3), labels int64 (N,))`. With transport="pipe" (see workloads/data/reading/shm.py) batches
 are numpy arrays, which workers pickle through their pipe instead of /dev/shm; `to_tensors` turns either
 into tensors.
 """
@@ -27,18 +27,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from workloads.data.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheReader, CacheStagerError, is_cached
-from workloads.data.decode_cache import DecodeCache, DecodeKey, ShardRows
-from workloads.data.format import (
+from workloads.data.format.jpeg import decode_into, fast_decoder_available
+from workloads.data.format.manifest import (
     FORMAT_NAME,
     MANIFEST_NAME,
     Manifest,
     load_manifest,
     manifest_error,
 )
-from workloads.data.jpeg import decode_into, fast_decoder_available
-from workloads.data.statefile import StateFileError
-from workloads.data.transforms import decode_file
+from workloads.data.moving.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheReader, CacheStagerError, is_cached
+from workloads.data.reading.decode_cache import DecodeCache, DecodeKey, ShardRows
+from workloads.data.reading.transforms import decode_file
+from workloads.safeio import StateFileError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Transport = Literal["shm", "pipe"]
@@ -122,9 +122,9 @@ class HDF5Dataset(Dataset[tuple[torch.Tensor, int]]):
     decoded layout: images come back as stored (S x S x 3).
     encoded layout: stored bytes are decoded in the calling process (a worker) to image_size x image_size x 3,
     straight into the batch; `draft` allows libjpeg's reduced-scale decoding when the source is at least twice that
-    size; `fast_decode` uses simplejpeg where it is installed (workloads/data/jpeg.py), PIL otherwise;
+    size; `fast_decode` uses simplejpeg where it is installed (workloads/data/format/jpeg.py), PIL otherwise;
     `decode_cache` (a directory, with `decode_cache_bytes` its budget) keeps decoded samples for the next epochs
-    (workloads/data/decode_cache.py).
+    (workloads/data/reading/decode_cache.py).
     """
 
     reads_records = False  # the subclass for layout records (records_dataset.py) says True

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pulumi
 from pydantic import SecretStr
 
-from infra.config.storage import StorageConfig
+from infra.config.storage import BucketConfig, StorageConfig
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.storage import classes
 from infra.storage.buckets import CosBuckets, CosBucketsArgs, S3Buckets, S3BucketsArgs
@@ -95,53 +95,13 @@ class Storage(pulumi.ComponentResource):
             )
 
         # --- cloud resources ---
-        efs = None
-        if config.efs is not None:
-            if args.network is None or cluster.node_security_group_id is None:
-                raise ValueError("storage.efs needs an EKS network and node security group")
-            efs = SharedFileSystem(
-                ctx, SharedFileSystemArgs(config.efs, args.network, cluster.node_security_group_id), child
-            )
-            self.file_system_id, self.file_system_arn = efs.file_system_id, efs.file_system_arn
-            self.efs_security_group_id = efs.security_group_id
-        if config.buckets:
-            s3 = S3Buckets(ctx, S3BucketsArgs(config.buckets), child)
-            self.bucket_names.update(s3.names)
-            self.bucket_arns.update(s3.arns)
-        if config.cos is not None:
-            if args.cos_access_key_id is None or args.cos_secret_access_key is None:
-                raise ValueError("storage.cos needs the COS HMAC secrets")
-            cos = CosBuckets(ctx, CosBucketsArgs(config.cos, args.cos_access_key_id, args.cos_secret_access_key), child)
-            self.bucket_names.update(cos.names)
+        efs = self._cloud_resources(ctx, args, child)
 
         # --- drivers ---
-        efs_driver: list[pulumi.Resource] = []
-        ebs_driver: list[pulumi.Resource] = []
-        s3_driver: list[pulumi.Resource] = []
-        cos_driver: list[pulumi.Resource] = []
-        nfs_driver: list[pulumi.Resource] = []
         mounted_s3 = [bucket for bucket in config.buckets if bucket.mount]
-        if cluster.is_eks:
-            drivers = EksStorageDrivers(
-                ctx,
-                EksStorageDriversArgs(
-                    config=config,
-                    cluster=cluster,
-                    file_system_arn=self.file_system_arn,
-                    dataset_bucket_arns=[self.bucket_arns[bucket.name] for bucket in mounted_s3],
-                    wait_for=args.node_pools,
-                ),
-                child,
-            )
-            self.driver_resources.extend(drivers.addons.values())
-            efs_driver = [drivers.addons["aws-efs-csi-driver"]] if efs is not None else []
-            ebs_driver = [drivers.addons["aws-ebs-csi-driver"]]
-            s3_driver = [drivers.addons["aws-mountpoint-s3-csi-driver"]]
-        else:
-            onprem = OnpremStorageDrivers(ctx, OnpremStorageDriversArgs(config=config, cluster=cluster), child)
-            cos_driver = [onprem.cos_driver] if onprem.cos_driver is not None else []
-            nfs_driver = [onprem.nfs_driver] if onprem.nfs_driver is not None else []
-            self.driver_resources.extend(cos_driver + nfs_driver)
+        drivers = self._drivers(ctx, args, efs is not None, mounted_s3, child)
+        efs_driver, ebs_driver, s3_driver = drivers["efs"], drivers["ebs"], drivers["s3"]
+        cos_driver, nfs_driver = drivers["cos"], drivers["nfs"]
 
         # --- classes ---
         class_resources: dict[str, list[pulumi.Resource]] = {}
@@ -207,6 +167,59 @@ class Storage(pulumi.ComponentResource):
         self.shared_claim_names: list[str] = created.shared_claims
         self.kubernetes_objects: list[pulumi.Resource] = created.resources
         self.register_outputs({"bucketNames": self.bucket_names, "storageClasses": self.storage_class_names})
+
+    def _cloud_resources(self, ctx: StackContext, args: StorageArgs,
+                         child: pulumi.ResourceOptions) -> SharedFileSystem | None:
+        """EFS (with its security group and mount targets), the S3 buckets and the COS buckets."""
+        config, cluster = args.config, args.cluster
+        efs = None
+        if config.efs is not None:
+            if args.network is None or cluster.node_security_group_id is None:
+                raise ValueError("storage.efs needs an EKS network and node security group")
+            efs = SharedFileSystem(
+                ctx, SharedFileSystemArgs(config.efs, args.network, cluster.node_security_group_id), child
+            )
+            self.file_system_id, self.file_system_arn = efs.file_system_id, efs.file_system_arn
+            self.efs_security_group_id = efs.security_group_id
+        if config.buckets:
+            s3 = S3Buckets(ctx, S3BucketsArgs(config.buckets), child)
+            self.bucket_names.update(s3.names)
+            self.bucket_arns.update(s3.arns)
+        if config.cos is not None:
+            if args.cos_access_key_id is None or args.cos_secret_access_key is None:
+                raise ValueError("storage.cos needs the COS HMAC secrets")
+            cos = CosBuckets(ctx, CosBucketsArgs(config.cos, args.cos_access_key_id, args.cos_secret_access_key), child)
+            self.bucket_names.update(cos.names)
+        return efs
+
+    def _drivers(self, ctx: StackContext, args: StorageArgs, has_efs: bool, mounted_s3: Sequence[BucketConfig],
+                 child: pulumi.ResourceOptions) -> dict[str, list[pulumi.Resource]]:
+        """The CSI add-ons (EKS) or the COS / NFS drivers (onprem); what each kind of volume waits for, by kind
+        (efs, ebs, s3, cos, nfs)."""
+        config, cluster = args.config, args.cluster
+        found: dict[str, list[pulumi.Resource]] = {kind: [] for kind in ("efs", "ebs", "s3", "cos", "nfs")}
+        if cluster.is_eks:
+            drivers = EksStorageDrivers(
+                ctx,
+                EksStorageDriversArgs(
+                    config=config,
+                    cluster=cluster,
+                    file_system_arn=self.file_system_arn,
+                    dataset_bucket_arns=[self.bucket_arns[bucket.name] for bucket in mounted_s3],
+                    wait_for=args.node_pools,
+                ),
+                child,
+            )
+            self.driver_resources.extend(drivers.addons.values())
+            found["efs"] = [drivers.addons["aws-efs-csi-driver"]] if has_efs else []
+            found["ebs"] = [drivers.addons["aws-ebs-csi-driver"]]
+            found["s3"] = [drivers.addons["aws-mountpoint-s3-csi-driver"]]
+        else:
+            onprem = OnpremStorageDrivers(ctx, OnpremStorageDriversArgs(config=config, cluster=cluster), child)
+            found["cos"] = [onprem.cos_driver] if onprem.cos_driver is not None else []
+            found["nfs"] = [onprem.nfs_driver] if onprem.nfs_driver is not None else []
+            self.driver_resources.extend(found["cos"] + found["nfs"])
+        return found
 
     def _cos_volumes(
         self,

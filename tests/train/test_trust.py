@@ -189,13 +189,13 @@ def test_a_lone_sample_after_an_elastic_resume_trains_in_batchnorm_eval(tiny_dat
     resumed.load_state_dict(state)
     assert [len(batch) for batch in resumed] == [1]  # nothing to merge it into
 
-    from workloads.train import loop
+    from workloads.train import inputs
 
     class Unmerged(ElasticBatchSampler):  # a sampler that leaves the tail of one: the trainer must cope
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **{**kwargs, "min_rank_batch": 1})
 
-    monkeypatch.setattr(loop, "ElasticBatchSampler", Unmerged)
+    monkeypatch.setattr(inputs, "ElasticBatchSampler", Unmerged)
     lines = _train_here(["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0",
                          "--batch-size", "41"])
     assert [batch["batch"] for batch in _events(lines, "batch")] == [0, 1]

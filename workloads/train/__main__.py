@@ -10,7 +10,6 @@ rank) exits with $DISRUPTION_EXIT_CODE (43), which the Jobs retry without counti
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import traceback
@@ -18,16 +17,15 @@ from pathlib import Path
 
 from torch.distributed import DistError
 
-from workloads.cli import HelpWithDefaults, parse_size
+from workloads.cli import HelpWithDefaults
 from workloads.data.moving.cache import CacheStagerError, CacheTooSmall
 from workloads.data.moving.s3 import DataToolError
 from workloads.data.reading.dataset import DatasetError, DataUnavailableError
-from workloads.metrics_http import metrics_addr, port_number
 from workloads.safeio import StateFileError
 from workloads.train.checkpoint import CheckpointError, CheckpointStoreError
-from workloads.train.loop import ConfigError, Disrupted, Distributed, TrainConfig, TrainingDiverged, train
-from workloads.train.metrics import METRICS_PORT_ENV, MetricsPortError, TrainMetrics, metrics_port_for
-from workloads.train.models import MODELS
+from workloads.train.config import ConfigError, TrainConfig, build_parser, config_from_args
+from workloads.train.loop import Disrupted, Distributed, TrainingDiverged, train
+from workloads.train.metrics import MetricsPortError, TrainMetrics, metrics_port_for
 
 EPILOG = """\
 environment:
@@ -60,58 +58,8 @@ exit status:
 """
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _finite_float(text: str, *, strictly: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0 or (strictly and value == 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strictly else '>='} 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    return _finite_float(text, strictly=True)
-
-
-def _size(text: str) -> int:
-    """A size flag, by the rule every size flag follows (workloads.cli.parse_size: a bare number is GiB)."""
-    return parse_size(text, minimum=1)
-
-
-def _non_negative_float(text: str) -> float:
-    return _finite_float(text, strictly=False)
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _port_from_env(parser: argparse.ArgumentParser) -> int:
-    """$METRICS_PORT, checked like the flag: a bad value in a Job's env is a config error, not a traceback."""
-    text = os.environ.get(METRICS_PORT_ENV, "").strip()
-    if not text:
-        return 0
-    try:
-        return port_number(text)
-    except argparse.ArgumentTypeError as exc:
-        parser.error(f"{METRICS_PORT_ENV}: {exc}")
-        raise  # unreachable: error() exits
-
-
 RUNTIME_EXIT_CODE = 1  # a failure a retry may fix; never the config-error code
 DISRUPTION_EXIT_CODE = 43  # the default; workloads/jobspec/spec.py renders the same number into every Job
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0  # NCCL's own default in PyTorch 2.x, gloo's is 30 minutes
 
 
 def config_error_exit_code() -> int:
@@ -137,17 +85,6 @@ def disruption_exit_code() -> int:
     return code if 2 <= code <= 125 and code != config else fallback
 
 
-def _collective_timeout_from_env(parser: argparse.ArgumentParser) -> float:
-    text = os.environ.get("COLLECTIVE_TIMEOUT_SECONDS", "").strip()
-    if not text:
-        return DEFAULT_COLLECTIVE_TIMEOUT_S
-    try:
-        return _positive_float(text)
-    except argparse.ArgumentTypeError as exc:
-        parser.error(f"COLLECTIVE_TIMEOUT_SECONDS: {exc}")
-        raise  # unreachable: error() exits
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
@@ -156,166 +93,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """The command line (and the environment defaults it names) as a TrainConfig: every option is declared once,
+    on its TrainConfig field (workloads/train/config.py)."""
     parser = _Parser(
         prog="python -m workloads.train",
         description=__doc__,
         epilog=EPILOG,
         formatter_class=HelpWithDefaults,  # the description as written, and every option's default
     )
-    parser.add_argument("--data", required=True, help="packed dataset directory or manifest.json, or a JPEG folder")
-    parser.add_argument("--model", choices=sorted(MODELS), default="resnet50")
-    parser.add_argument(
-        "--width", type=_positive, default=64, help="ResNet stem channels (64 = standard; less for CPU smoke runs)"
-    )
-    parser.add_argument("--epochs", type=_positive, default=1)
-    parser.add_argument("--batch-size", type=_positive, default=256, help="samples per rank and step")
-    parser.add_argument("--global-batch-size", type=_positive, default=None, metavar="N",
-                        help="samples per step over all ranks, each taking N / world size (replaces --batch-size): "
-                             "an elastic gang keeps its epoch order, learning rate and step count on fewer or more "
-                             "nodes")
-    parser.add_argument("--workers", type=_non_negative, default=4)
-    parser.add_argument("--prefetch-factor", type=_positive, default=2)
-    parser.add_argument("--amp", choices=["bf16"], default=None)
-    parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--crop-size", type=_positive, default=224)
-    parser.add_argument("--image-size", type=_positive, default=None, help="decode size for JPEG sources")
-    parser.add_argument("--block-size", type=_positive, default=1,
-                        help="samples shuffled as blocks of this many consecutive ones (their boundaries move every "
-                             "epoch); 1 shuffles sample by sample")
-    parser.add_argument(
-        "--wait-for-data",
-        type=_non_negative_float,
-        default=0.0,
-        metavar="SECONDS",
-        help="wait up to this long for DATA/manifest.json to appear (a staging-cache sidecar is starting); "
-             "fails at once (exit 1) when the stager reports an error or no stager is running",
-    )
-    parser.add_argument(
-        "--shard-timeout",
-        type=_positive_float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="staging cache: the longest wait for one shard to be staged (default 3600); then exit 1",
-    )
-    parser.add_argument(
-        "--stager-timeout",
-        type=_positive_float,
-        default=60.0,
-        metavar="SECONDS",
-        help="staging cache: no stager heartbeat for this long while waiting means no stager is running (killed, "
-             "out of memory): exit 1 instead of waiting for --shard-timeout (default 60)",
-    )
-    parser.add_argument(
-        "--decode-cache",
-        default=None,
-        metavar="DIR",
-        help="encoded datasets: keep decoded samples in DIR (local disk or /dev/shm, shared by every rank on the "
-             "node) so each JPEG is decoded once, not once per epoch; needs --decode-cache-size",
-    )
-    parser.add_argument(
-        "--decode-cache-size",
-        type=_size,
-        default=None,
-        metavar="SIZE",
-        help="the decode cache's budget: GiB, or e.g. 20GiB, 20Gi, 512MiB, 500MB (the rule of every size flag); "
-             "shards that do not fit are decoded every epoch",
-    )
-    parser.add_argument(
-        "--shuffle-shards",
-        "--window-shards",  # the name older Jobs pass
-        dest="shuffle_shards",
-        type=_positive,
-        default=4,
-        help="shards whose samples are shuffled together (per stream); a staging cache must hold at least "
-             "this many per canonical node this node reads",
-    )
-    parser.add_argument(
-        "--canonical-nodes",
-        type=_positive,
-        default=None,
-        help="streams the epoch order is cut into (default: the number of nodes of the first run, kept on resume); "
-             "the order is the same for any node count that divides it",
-    )
-    parser.add_argument("--lr", type=_positive_float, default=0.1, help="learning rate (finite, > 0)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (exact resume)")
-    parser.add_argument("--checkpoint-dir", default=None)
-    parser.add_argument(
-        "--checkpoint-uri",
-        default=os.environ.get("CHECKPOINT_URI") or None,
-        help="s3://bucket/prefix to mirror checkpoints to (default: $CHECKPOINT_URI); pulled on --resume",
-    )
-    parser.add_argument("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints")
-    parser.add_argument(
-        "--resume", action="store_true", help="continue from the checkpoint (local, else pulled from the mirror)"
-    )
-    parser.add_argument(
-        "--allow-unverified-checkpoint",
-        action="store_true",
-        help="resume from a checkpoint without a sha256 sidecar/metadata (written by an older trainer); warns",
-    )
-    parser.add_argument("--log-every", type=_positive, default=10)
-    parser.add_argument(
-        "--metrics-port",
-        type=port_number,
-        default=_port_from_env(parser),
-        metavar="PORT",
-        help="serve Prometheus metrics on PORT + local rank (default: $METRICS_PORT; 0 = off)",
-    )
-    parser.add_argument("--mp-context", choices=["fork", "spawn", "forkserver"], default=None)
-    parser.add_argument(
-        "--collective-timeout",
-        type=_positive_float,
-        default=_collective_timeout_from_env(parser),
-        metavar="SECONDS",
-        help="the longest an all-reduce or barrier waits for the other ranks (default: "
-             "$COLLECTIVE_TIMEOUT_SECONDS, else 600); a lost peer then exits with the disruption code instead of "
-             "hanging; keep it above the slowest checkpoint write (the other ranks wait for it at a barrier)",
-    )
-    parser.add_argument(
-        "--stop-after-steps",
-        type=_positive,
-        default=None,
-        metavar="N",
-        help="SIGKILL this process after N steps (preemption drills and resume tests)",
-    )
-    args = parser.parse_args(argv)
-    return TrainConfig(
-        data=args.data,
-        model=args.model,
-        width=args.width,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        global_batch_size=args.global_batch_size,
-        workers=args.workers,
-        prefetch_factor=args.prefetch_factor,
-        amp=args.amp,
-        channels_last=args.channels_last,
-        crop_size=args.crop_size,
-        image_size=args.image_size,
-        block_size=args.block_size,
-        shuffle_shards=args.shuffle_shards,
-        canonical_nodes=args.canonical_nodes,
-        wait_for_data_s=args.wait_for_data,
-        shard_wait_s=args.shard_timeout,
-        stager_timeout_s=args.stager_timeout,
-        decode_cache=args.decode_cache,
-        decode_cache_bytes=args.decode_cache_size,
-        lr=args.lr,
-        seed=args.seed,
-        deterministic=args.deterministic,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_uri=args.checkpoint_uri,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        log_every=args.log_every,
-        mp_context=args.mp_context,
-        stop_after_steps=args.stop_after_steps,
-        allow_unverified_checkpoint=args.allow_unverified_checkpoint,
-        metrics_port=args.metrics_port,
-        metrics_addr=metrics_addr(),
-        collective_timeout_s=args.collective_timeout,
-    )
+    return config_from_args(build_parser(parser).parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -269,6 +269,54 @@ def docker_hub_digest(repository: str, tag: str) -> str:
     return digest
 
 
+AUTOSCALER_IMAGE = "registry.k8s.io/autoscaling/cluster-autoscaler"
+
+
+def registry_k8s_tags(repository: str) -> list[str]:
+    """The tags registry.k8s.io publishes for a repository (the OCI distribution API's tags/list, anonymous)."""
+    path = repository.removeprefix("registry.k8s.io/")
+    tags = _get_json(f"https://registry.k8s.io/v2/{path}/tags/list").get("tags")
+    if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
+        raise ValueError(f"{repository}: tags/list: no list of tags")
+    return tags
+
+
+def autoscaler_tags(plans: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
+    """The cluster-autoscaler image tag each stack's release runs -> the stacks."""
+    found: dict[str, list[str]] = {}
+    for plan in plans:
+        for resource in plan["resources"]:
+            inputs = resource.get("inputs") or {}
+            if resource["type"] == RELEASE and inputs.get("chart") == "cluster-autoscaler":
+                tag = str(((inputs.get("values") or {}).get("image") or {}).get("tag") or "?")
+                found.setdefault(tag, []).append(plan["stack"])
+    return found
+
+
+def autoscaler_report(plans: list[dict[str, Any]], online: bool,
+                      tags_of: Callable[[str], list[str]] = registry_k8s_tags) -> tuple[list[str], list[str]]:
+    """Each cluster-autoscaler image tag the stacks pin, against the tags the registry publishes (a git tag of
+    kubernetes/autoscaler is not a published image)."""
+    lines, behind = ["", f"cluster-autoscaler image ({AUTOSCALER_IMAGE}):"], []
+    pinned = autoscaler_tags(plans)
+    published: list[str] | str = "not checked (offline)"
+    if online and pinned:
+        try:
+            published = tags_of(AUTOSCALER_IMAGE)
+        except (OSError, ValueError) as exc:
+            published = f"unreadable ({str(exc).splitlines()[0][:120]})"
+    for tag, stacks in sorted(pinned.items()):
+        if isinstance(published, str):
+            state = published
+        elif tag in published:
+            state = "published"
+        else:
+            state = "NOT published in the registry"
+            behind.append(f"cluster-autoscaler {tag} ({', '.join(stacks)}) is not a tag of {AUTOSCALER_IMAGE}")
+        lines.append(f"  {tag:10} {', '.join(stacks):28} {state}")
+    return lines, behind
+
+
 def _online(fetch: Callable[[], str]) -> str:
     try:
         return fetch()
@@ -349,7 +397,8 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {DOCKERFILE.relative_to(ROOT)} / {PYPROJECT.relative_to(ROOT)}: {exc}", file=sys.stderr)
         return 2
-    lines, behind = lines + more, behind + more_behind
+    scaler, scaler_behind = autoscaler_report(plans, args.online)
+    lines, behind = lines + more + scaler, behind + more_behind + scaler_behind
     print("\n".join(lines))
     if behind:
         print("\nbehind:\n" + "\n".join(f"  {item}" for item in behind))

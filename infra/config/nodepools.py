@@ -25,6 +25,11 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 def _instance_type(value: str) -> str:
     if not _INSTANCE_TYPE.match(value):
         raise ValueError(f"{value!r} is not an EC2 instance type like g5.xlarge")
+    if value.startswith("p6e-gb200."):
+        # AWS runs P6e-GB200 UltraServers on EKS with the ARM64 NVIDIA AMI, the NVIDIA DRA driver for its
+        # ComputeDomains and IMEX across the NVLink domain (EKS User Guide, "ML on EKS: P6e-GB200 UltraServers").
+        raise ValueError(f"{value} (GB200 UltraServer) needs the ARM64 NVIDIA AMI, the NVIDIA DRA driver and IMEX "
+                         "channels, which ml-cluster does not configure yet: use p6-b200.48xlarge or p6-b300.48xlarge")
     return value
 
 

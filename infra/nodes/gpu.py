@@ -82,6 +82,13 @@ def device_plugin_values(plans: Sequence[PoolPlan]) -> dict[str, Any]:
         "priorityClassName": "system-node-critical",
         "gfd": {"enabled": False},
         "nfd": {"enabled": False},
+        # MOFED (Mellanox OFED) injection off, said rather than left to the chart's null (chart 0.20.0
+        # values.yaml:38 sets no MOFED_ENABLED then, templates/daemonset-device-plugin.yml:186-188, and the plugin's
+        # flag is a BoolFlag without a default, k8s-device-plugin@v0.20.0 cmd/nvidia-device-plugin/main.go:115-119,
+        # read at internal/plugin/server.go:345): EKS GPU nodes reach the network through EFA, whose own device
+        # plugin hands out the interfaces; NVIDIA_MOFED=enabled would ask the container toolkit for MOFED mounts
+        # these AMIs do not have.
+        "mofedEnabled": False,
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
     }
 

@@ -46,6 +46,31 @@ def nodeconfig_raid0() -> dict[str, Any]:
     }
 
 
+# RLIM_INFINITY as an OCI runtime spec writes it (an unsigned 64-bit count).
+RLIMIT_UNLIMITED = 2**64 - 1
+# The AL2023 AMI's containerd base runtime spec sets RLIMIT_NOFILE alone (amazon-eks-ami v20260724
+# nodeadm/internal/containerd/base-runtime-spec.json:159-165), so a container's locked-memory limit is whatever the
+# runtime inherits, finite by default; libfabric on EFA registers memory and fails with "Cannot allocate memory"
+# under a finite limit. A NodeConfig's containerd.baseRuntimeSpec replaces the rlimits list (nodeadm/doc/
+# examples.md:198-219), so the AMI's NOFILE pair is restated beside MEMLOCK.
+AL2023_NOFILE = (65536, 1048576)
+
+
+def nodeconfig_efa_memlock() -> dict[str, Any]:
+    """The nodeadm NodeConfig that gives every container on an EFA node an unlimited locked-memory limit."""
+    soft, hard = AL2023_NOFILE
+    rlimits = [{"type": "RLIMIT_NOFILE", "soft": soft, "hard": hard},
+               {"type": "RLIMIT_MEMLOCK", "soft": RLIMIT_UNLIMITED, "hard": RLIMIT_UNLIMITED}]
+    return {"apiVersion": NODECONFIG_API_VERSION, "kind": "NodeConfig",
+            "spec": {"containerd": {"baseRuntimeSpec": {"process": {"rlimits": rlimits}}}}}
+
+
+# Bottlerocket takes "unlimited" for a resource limit and writes RLIMIT_MEMLOCK 18446744073709551615 into its OCI
+# defaults (bottlerocket@91632ff5 sources/api/schnauzer/src/helpers.rs:3035-3047).
+BOTTLEROCKET_EFA_MEMLOCK = ('[settings.oci-defaults.resource-limits.max-locked-memory]\n'
+                            'soft-limit = "unlimited"\nhard-limit = "unlimited"\n')
+
+
 def mime_user_data(nodeconfigs: list[dict[str, Any]], scripts: list[str] | None = None) -> str:
     """MIME multi-part user data with one application/node.eks.aws part per NodeConfig (for nodeadm) and one
     text/x-shellscript part per script (cloud-init runs them after nodeadm's config phase, before the kubelet
@@ -86,10 +111,10 @@ def user_data(plan: PoolPlan) -> str | None:
     if plan.is_bottlerocket:
         settings = bottlerocket_user_data() if plan.nvme_gib else ""
         if pages:
-            settings += f'[settings.kernel.sysctl]\n"vm.nr_hugepages" = "{pages}"\n'
+            settings += f'[settings.kernel.sysctl]\n"vm.nr_hugepages" = "{pages}"\n' + BOTTLEROCKET_EFA_MEMLOCK
         return settings
-    return mime_user_data([nodeconfig_raid0()] if plan.nvme_gib else [],
-                          [hugepages_script(pages)] if pages else [])
+    nodeconfigs = ([nodeconfig_raid0()] if plan.nvme_gib else []) + ([nodeconfig_efa_memlock()] if pages else [])
+    return mime_user_data(nodeconfigs, [hugepages_script(pages)] if pages else [])
 
 
 def root_device_name(plan: PoolPlan) -> str:
@@ -159,15 +184,19 @@ def reservation_options(plan: PoolPlan) -> dict[str, Any]:
 
 
 def efa_network_interfaces(plan: PoolPlan) -> list[dict[str, Any]]:
-    """One EFA interface per network card: card 0's is the primary interface (device 0, `efa`: IP and EFA), every
-    other card's an `efa-only` interface at device 1 (no IP address used; EC2 User Guide, "Maximize network
-    bandwidth on accelerated instances"; the same layout as terraform-aws-modules/eks
-    modules/eks-managed-node-group/main.tf:57-64). Security groups go on the interfaces (a launch template with
+    """AWS's recommended layout for EFA on a type with several network cards (EC2 User Guide, "Maximize network
+    bandwidth on Amazon EC2 instances with multiple network cards", efa-acc-inst-types): the primary interface
+    (card 0, device 0) is an ENA interface; if card 0 carries EFA, an `efa-only` interface at card 0, device 1;
+    each further EFA card an `efa-only` interface at device 0 (no IP address used). The EFA cards are the first
+    `efa_interfaces` cards, except where the type has more cards than EFA interfaces: p6-b300.48xlarge (17 cards,
+    16 EFA interfaces) keeps card 0 for ENA alone. Security groups go on the interfaces (a launch template with
     interfaces takes none of its own)."""
-    cards = plan.network_cards[: plan.efa_interfaces]
-    return [{"network_card_index": card, "device_index": 0 if position == 0 else 1,
-             "interface_type": "efa" if position == 0 else "efa-only", "delete_on_termination": "true"}
-            for position, card in enumerate(cards)]
+    cards, count = plan.network_cards, plan.efa_interfaces
+    efa_cards = cards[1:count + 1] if len(cards) > count else cards[:count]
+    primary = {"network_card_index": cards[0], "device_index": 0, "interface_type": "interface",
+               "delete_on_termination": "true"}
+    return [primary] + [{"network_card_index": card, "device_index": 1 if card == cards[0] else 0,
+                         "interface_type": "efa-only", "delete_on_termination": "true"} for card in efa_cards]
 
 
 def _asg_name(resources: Any) -> str | None:

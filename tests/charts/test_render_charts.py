@@ -128,6 +128,18 @@ def test_dcgm_exporter_resources_are_the_projects_not_a_merge() -> None:
                                       "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
+def test_the_nvidia_device_plugin_runs_with_mofed_off_on_efa_stacks() -> None:
+    """EFA nodes get their interfaces from the EFA device plugin; the NVIDIA plugin is told MOFED is off rather than
+    left to the chart's unset default."""
+    plan = plan_stack("prod")
+    [release] = [r for r in render_charts.helm_releases(plan) if r["inputs"]["chart"] == "nvidia-device-plugin"]
+    daemonsets = [m for m in render_charts.rendered_objects(release, UPSTREAM) if m["kind"] == "DaemonSet"]
+    [plugin] = [d for d in daemonsets if d["metadata"]["name"].endswith("nvidia-device-plugin")]
+    env = {e["name"]: e.get("value") for c in plugin["spec"]["template"]["spec"]["containers"]
+           for e in c.get("env", [])}
+    assert env["MOFED_ENABLED"] == "false"
+
+
 def test_kueue_runs_with_wait_for_pods_ready_and_leaves_jobs_without_a_queue_alone() -> None:
     objects = release_objects("dev", "mlc-dev-kueue-release")
     [config_map] = [m for m in objects if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "kueue-manager-config"]

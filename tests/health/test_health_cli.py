@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,6 +19,7 @@ import workloads.health.__main__ as cli
 from tests.health.apiserver import FakeNodes
 from workloads.health.efa import efa_check, efa_interfaces, provider_listed
 from workloads.health.kube import InCluster, KubeError
+from workloads.health.verdict import Evidence, decide, read_efa_check
 
 DATA = Path(__file__).parent / "data"
 NODE = "ip-10-0-7-21.ec2.internal"
@@ -179,15 +182,35 @@ def test_efa_counts_efa_devices_from_sysfs_links(tmp_path: Path) -> None:
     assert efa_interfaces(tmp_path / "absent") == 0
     assert provider_listed("provider: efa\n    fabric: efa\nprovider: efa\n")
     assert not provider_listed("fi_getinfo: -61 (No data available)\n")
-    assert efa_check(str(tmp_path / "no-fi_info"), sysfs) == {
+    result = efa_check(str(tmp_path / "no-fi_info"), sysfs)
+    assert {key: result[key] for key in ("interfaces", "provider_ok", "error")} == {
         "interfaces": 2, "provider_ok": False,
         "error": f"{tmp_path / 'no-fi_info'} not found (EFA installer missing from the image)"}
+
+
+def test_the_efa_check_reports_the_containers_locked_memory_limit(tmp_path: Path) -> None:
+    """The burn-in's EFA check runs in a container of the node like a training pod's and records the locked-memory
+    limit the runtime gave it; a finite one is a named failure of the node."""
+    script = ("import json, resource, sys; from workloads.health.efa import efa_check; "
+              "resource.setrlimit(resource.RLIMIT_MEMLOCK, (65536, 65536)); "
+              f"print(json.dumps(efa_check({str(tmp_path / 'no-fi_info')!r}, {str(tmp_path)!r})))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    result = json.loads(done.stdout)
+    assert result["memlock_unlimited"] is False and result["memlock_kib"] == 64
+    efa = read_efa_check({**result, "interfaces": 2, "provider_ok": True, "error": None})
+    verdict = decide(Evidence(expected_gpus=0, expected_efa=2, efa=efa))
+    efa_reasons = tuple(reason for reason in verdict.reasons if reason.startswith("efa"))
+    assert efa_reasons == ("efa: containers get 64 KiB of locked memory (ulimit -l); libfabric needs unlimited "
+                               "(the node's containerd rlimits: docs/architecture.md, EFA)",)
+    with pytest.raises(ValueError, match="memlock_kib"):
+        read_efa_check({"interfaces": 2, "provider_ok": True, "memlock_kib": "64"})
 
 
 def test_efa_writes_its_result_whole_and_a_missing_results_directory_is_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["efa", "--results", str(tmp_path)]) == 0
-    assert set(json.loads((tmp_path / "efa.json").read_text())) == {"interfaces", "provider_ok", "error"}
+    assert set(json.loads((tmp_path / "efa.json").read_text())) == {"interfaces", "provider_ok", "error",
+                                                                    "memlock_unlimited", "memlock_kib"}
     assert [path.name for path in tmp_path.iterdir()] == ["efa.json"]  # no temporary file left beside it
     missing = tmp_path / "missing"
     assert cli.main(["efa", "--results", str(missing)]) == 1

@@ -58,7 +58,8 @@ def test_a_capacity_block_and_an_odcr_plan_into_their_reservations(plan_config: 
     assert block["instanceMarketOptions"] == {"marketType": "capacity-block"}
     assert groups["mlc-prod-nodepools-h100-block-ng"]["capacityType"] == "CAPACITY_BLOCK"
     assert {zones[s] for s in groups["mlc-prod-nodepools-h100-block-ng"]["subnetIds"]} == {"us-east-1b"}
-    assert len(block["networkInterfaces"]) == 32  # an EFA block: its one zone is the reservation's
+    # an EFA block (its one zone is the reservation's): the ENA primary and an EFA-only interface per card
+    assert len(block["networkInterfaces"]) == 33
     assert odcr["capacityReservationSpecification"] == {"capacityReservationTarget": {
         "capacityReservationId": ODCR["id"]}}
     assert "instanceMarketOptions" not in odcr

@@ -21,7 +21,7 @@ END_EXT_133 = date(2027, 7, 29)
 
 
 @pytest.mark.parametrize(("day", "tier"), [
-    (date(2025, 5, 27), "unreleased"), (date(2025, 5, 28), "standard"), (END_133 - timedelta(days=1), "standard"),
+    (date(2025, 5, 28), "unreleased"), (date(2025, 5, 29), "standard"), (END_133 - timedelta(days=1), "standard"),
     (END_133, "extended"), (END_EXT_133 - timedelta(days=1), "extended"), (END_EXT_133, "ended"),
 ])
 def test_tiers_change_on_the_calendars_days(day: date, tier: str) -> None:
@@ -54,6 +54,23 @@ def test_the_calendar_is_ordered_and_consistent() -> None:
         for release in releases.values():
             assert release.released < release.end_of_standard <= release.end_of_extended, release
     assert supported_on(calendar().eks, date(2026, 11, 24)) == ["1.34", "1.35", "1.36"]
+
+
+def _months_later(day: date, months: int) -> date:
+    year, month = divmod(day.month - 1 + months, 12)
+    return day.replace(year=day.year + year, month=month + 1)
+
+
+def test_eks_rows_follow_the_user_guides_14_and_12_month_rule() -> None:
+    """EKS: standard support for 14 months after the EKS release, extended support for 12 more (EKS User Guide,
+    "Understand the Kubernetes version lifecycle on EKS"). Release dates taken from elsewhere (the general
+    availability posts, a scrape) broke it for 1.32-1.34 by one to four days. 1.35's published end of standard
+    support is a day short of the rule (2027-03-27 for a 2026-01-28 release), kept as published."""
+    published_exceptions = {"1.35": date(2027, 3, 27)}
+    for version, release in calendar().eks.items():
+        expected = published_exceptions.get(version, _months_later(release.released, 14))
+        assert release.end_of_standard == expected, version
+        assert release.end_of_extended == _months_later(release.end_of_standard, 12), version
 
 
 def _stack_versions() -> list[tuple[str, str, str]]:

@@ -134,3 +134,26 @@ def test_docs_versions_names_the_base_image_and_the_pulumi_ranges_pinned_today()
     for package in versions.PULUMI_PACKAGES:
         [text] = [d for d in dependencies if re.match(rf"{re.escape(package)}\s*[<>=!~]", d)]
         assert f"| {package}" in docs and f"`{text[len(package):].strip()}`" in docs, package
+
+
+def test_an_autoscaler_tag_the_registry_does_not_publish_is_behind(stack_plan: Any) -> None:
+    """A git tag of kubernetes/autoscaler is not an image: the pinned tag is checked against registry.k8s.io's
+    tags/list (served from memory here), offline it is said to be unchecked."""
+    plans = [stack_plan("dev"), stack_plan("prod")]
+    pinned = versions.autoscaler_tags(plans)
+    assert set(pinned) == {"v1.35.2"} and pinned["v1.35.2"] == ["dev", "prod"]
+    asked: list[str] = []
+
+    def published_without_it(repository: str) -> list[str]:
+        asked.append(repository)
+        return ["v1.34.5", "v1.35.0", "v1.35.1", "v1.36.1"]
+
+    lines, behind = versions.autoscaler_report(plans, True, tags_of=published_without_it)
+    assert asked == ["registry.k8s.io/autoscaling/cluster-autoscaler"]
+    assert behind == ["cluster-autoscaler v1.35.2 (dev, prod) is not a tag of "
+                      "registry.k8s.io/autoscaling/cluster-autoscaler"]
+    assert re.search(r"v1\.35\.2 +dev, prod +NOT published", "\n".join(lines))
+    lines, behind = versions.autoscaler_report(plans, True, tags_of=lambda repository: ["v1.35.2"])
+    assert behind == [] and re.search(r"v1\.35\.2 +dev, prod +published", "\n".join(lines))
+    offline, behind = versions.autoscaler_report(plans, False, tags_of=published_without_it)
+    assert behind == [] and "not checked (offline)" in "\n".join(offline) and len(asked) == 1

@@ -4,9 +4,12 @@ for its interfaces, hugepages and the libfabric/NCCL environment."""
 
 from __future__ import annotations
 
+import email
+import tomllib
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -32,7 +35,7 @@ def test_p5_pools_get_32_interfaces_a_placement_group_one_subnet_and_both_self_r
     template = by_name(plan, "aws:ec2/launchTemplate:LaunchTemplate")["mlc-prod-nodepools-gpu-h100-lt"]["inputs"]
     interfaces = template["networkInterfaces"]
     assert [(i["networkCardIndex"], i["deviceIndex"], i["interfaceType"]) for i in interfaces] == \
-        [(0, 0, "efa")] + [(card, 1, "efa-only") for card in range(1, 32)]
+        [(0, 0, "interface"), (0, 1, "efa-only")] + [(card, 0, "efa-only") for card in range(1, 32)]
     assert "vpcSecurityGroupIds" not in template  # the groups are on the interfaces
     [group] = by_name(plan, "aws:ec2/placementGroup:PlacementGroup").values()
     assert group["inputs"] == {"name": "mlc-prod-gpu-h100", "strategy": "cluster",
@@ -80,13 +83,45 @@ def test_efa_nodes_preallocate_hugepages_and_lose_them_from_allocatable_memory()
     assert f'"vm.nr_hugepages" = "{EFA_NODE_HUGEPAGES}"' in (user_data(bottlerocket) or "")
 
 
+def test_efa_nodes_give_containers_an_unlimited_locked_memory_limit() -> None:
+    """libfabric registers memory on EFA: AL2023 EFA pools restate the AMI's containerd rlimits with RLIMIT_MEMLOCK
+    unlimited (a NodeConfig part nodeadm merges), Bottlerocket EFA pools set max-locked-memory; other pools keep the
+    AMI's defaults."""
+    efa, plain = plan_node_pools(eks_config([gpu_pool("efa", ["p5.48xlarge"], efa=True),
+                                             gpu_pool("plain", ["p5.48xlarge"])]), fixture_lookup)
+    message = email.message_from_string(user_data(efa) or "")
+    documents = [yaml.safe_load(part.get_payload(decode=True)) for part in message.walk()
+                 if part.get_content_type() == "application/node.eks.aws"]
+    rlimits = [d["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"] for d in documents
+               if "containerd" in d["spec"]]
+    assert rlimits == [[{"type": "RLIMIT_NOFILE", "soft": 65536, "hard": 1048576},
+                        {"type": "RLIMIT_MEMLOCK", "soft": 2**64 - 1, "hard": 2**64 - 1}]]
+    assert "RLIMIT_MEMLOCK" not in (user_data(plain) or "")
+    [bottlerocket] = plan_node_pools(eks_config([gpu_pool("br", ["p5.48xlarge"], efa=True,
+                                                          amiFamily="bottlerocket")]), fixture_lookup)
+    settings_toml = tomllib.loads(user_data(bottlerocket) or "")
+    assert settings_toml["settings"]["oci-defaults"]["resource-limits"]["max-locked-memory"] == {
+        "soft-limit": "unlimited", "hard-limit": "unlimited"}
+
+
 @pytest.mark.parametrize(("types", "interfaces"), [(["p4d.24xlarge"], 4), (["p5en.48xlarge"], 16),
-                                                   (["g6e.48xlarge"], 4), (["g5.48xlarge"], 1)])
-def test_one_interface_per_network_card_of_the_type(types: list[str], interfaces: int) -> None:
+                                                   (["g6e.48xlarge"], 4), (["g5.48xlarge"], 1),
+                                                   (["p6-b200.48xlarge"], 8), (["p6-b300.48xlarge"], 16)])
+def test_an_ena_primary_and_one_efa_only_interface_per_efa_card(types: list[str], interfaces: int) -> None:
+    """AWS's layout (EC2 User Guide, efa-acc-inst-types): ENA at card 0 device 0; EFA-only at card 0 device 1 where
+    card 0 has EFA, at device 0 on every other EFA card; each card used once per device index."""
     [plan] = plan_node_pools(eks_config([gpu_pool("efa", types, efa=True)]), fixture_lookup)
     layout = efa_network_interfaces(plan)
-    assert len(layout) == interfaces == FIXTURES[types[0]]["efaMaximumInterfaces"]
-    assert layout[0]["interface_type"] == "efa" and all(i["interface_type"] == "efa-only" for i in layout[1:])
+    efa = [i for i in layout if i["interface_type"] == "efa-only"]
+    assert len(efa) == interfaces == FIXTURES[types[0]]["efaMaximumInterfaces"]
+    assert layout[0] == {"network_card_index": 0, "device_index": 0, "interface_type": "interface",
+                         "delete_on_termination": "true"}
+    slots = [(i["network_card_index"], i["device_index"]) for i in layout]
+    assert len(set(slots)) == len(slots) and {card for card, _ in slots} <= set(plan.network_cards)
+    assert all(i["device_index"] == (1 if i["network_card_index"] == 0 else 0) for i in efa)
+    card0_efa = any(i["network_card_index"] == 0 for i in efa)
+    # p6-b300 has 17 cards for 16 EFA interfaces: card 0 stays ENA only
+    assert card0_efa == (len(plan.network_cards) == interfaces)
 
 
 @pytest.mark.parametrize(("pool", "path", "why"), [

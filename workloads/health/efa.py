@@ -12,6 +12,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from workloads.train.memlock import memlock_limit
+
 SYSFS = Path("/sys/class/infiniband")
 FI_INFO = "/opt/amazon/efa/bin/fi_info"
 MAX_DEVICES = 64
@@ -40,6 +42,14 @@ def provider_listed(output: str) -> bool:
 
 
 def efa_check(fi_info: str = FI_INFO, sysfs: Path = SYSFS, timeout: float = 60) -> dict[str, object]:
+    result = _provider_check(fi_info, sysfs, timeout)
+    limit = memlock_limit()  # the container runtime's limit: every container on the node gets the same
+    result["memlock_unlimited"] = limit is None
+    result["memlock_kib"] = None if limit is None else limit // 1024
+    return result
+
+
+def _provider_check(fi_info: str, sysfs: Path, timeout: float) -> dict[str, object]:
     interfaces = efa_interfaces(sysfs)
     try:
         completed = subprocess.run([fi_info, "-p", "efa"], capture_output=True, text=True, timeout=timeout,

@@ -59,6 +59,7 @@ class EfaCheck:
     interfaces: int  # EFA devices under /sys/class/infiniband
     provider_ok: bool  # `fi_info -p efa` listed the efa provider
     error: str | None = None
+    memlock_kib: int | None = None  # the containers' locked-memory limit when finite; None: unlimited (or not said)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,9 @@ def _efa_reasons(evidence: Evidence) -> list[str]:
         reasons.append(f"efa: {check.interfaces} EFA interfaces, the pool expects {evidence.expected_efa}")
     if not check.provider_ok:
         reasons.append("efa: fi_info -p efa lists no efa provider (libfabric cannot open the interfaces)")
+    if check.memlock_kib is not None:
+        reasons.append(f"efa: containers get {check.memlock_kib} KiB of locked memory (ulimit -l); libfabric needs "
+                       "unlimited (the node's containerd rlimits: docs/architecture.md, EFA)")
     return reasons
 
 
@@ -239,8 +243,11 @@ def read_gpu_check(document: Any) -> GpuCheck:
 def read_efa_check(document: Any) -> EfaCheck:
     if not isinstance(document, dict) or not isinstance(document.get("interfaces"), int):
         raise ValueError("efa.json: interfaces: not a count")
+    memlock = document.get("memlock_kib")
+    if memlock is not None and (isinstance(memlock, bool) or not isinstance(memlock, int) or memlock < 0):
+        raise ValueError("efa.json: memlock_kib: not a size in KiB")
     return EfaCheck(document["interfaces"], document.get("provider_ok") is True,
-                    str(document["error"]) if document.get("error") is not None else None)
+                    str(document["error"]) if document.get("error") is not None else None, memlock)
 
 
 def _items(value: Any, name: str) -> Sequence[dict[str, Any]]:

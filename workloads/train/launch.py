@@ -22,11 +22,13 @@ between its SIGTERM and a SIGKILL.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Iterable
 
 from workloads.train.__main__ import RUNTIME_EXIT_CODE, config_error_exit_code, disruption_exit_code
+from workloads.train.memlock import efa_memlock_error, memlock_limit, memlock_line
 
 
 def exit_code_for(worker_codes: Iterable[int]) -> int:
@@ -50,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     from torch.distributed.run import main as torchrun
 
+    limit = memlock_limit()
+    print(f"launch: {memlock_line(limit)}", file=sys.stderr)
+    refused = efa_memlock_error(os.environ, limit)
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return config_error_exit_code()
     try:
         torchrun(argv)
     except ChildFailedError as exc:

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
-.PHONY: help setup setup-plan plan preflight versions cost test test-slow lint lint-workflows scan image push bench bench-peers bench-pack bench-objectstore \
+.PHONY: help setup setup-plan plan preflight versions cost test test-slow lint lint-workflows scan image push bench bench-peers bench-check bench-pack bench-objectstore \
 	bench-gpu preview up destroy kubeconfig new-stack clean
 
 .DEFAULT_GOAL := help
@@ -114,6 +114,11 @@ $(BENCH_VENV)/.deps: pyproject.toml scripts/bench-constraints.txt
 
 bench-peers: $(BENCH_VENV)/.deps ## our data path against Streaming, LitData, WebDataset, s3torchconnector
 	$(BENCH_VENV)/bin/python scripts/bench_peers.py
+
+# The data path's regression guard: ours against LitData in one run, each ratio against benchmarks/baselines.json
+# (PASS/FAIL per contender; exit 1 on a FAIL). `--record` after a deliberate change rewrites the baselines.
+bench-check: $(BENCH_VENV)/.deps ## data-path regression guard: ratios to LitData against the recorded baselines
+	$(BENCH_VENV)/bin/python scripts/bench_check.py
 
 bench-pack: $(BENCH_VENV)/.deps ## packing from S3: our sliced pack against LitData optimize and Streaming's MDSWriter
 	$(BENCH_VENV)/bin/python scripts/bench_pack.py

@@ -26,7 +26,11 @@ Run it in the benchmark venv (peers are never installed in the project's venv):
     .venv-bench/bin/python scripts/bench_peers.py [--images 2048] [--rounds 2] [--epochs 3] [--layouts decoded,encoded]
                                                   [--tokens 4000000] (with --layouts captions,tokens)
                                                   [--contenders ours,ours-cache,streaming,litdata,...]
-                                                  [--json]
+                                                  [--checkouts base=/work/wt/base,...] [--json]
+
+--checkouts runs the ours* contenders of other checkouts too (their own harness and code, e.g. a worktree of the
+previous commit), interleaved with this one's in the same rounds, as rows NAME@LABEL: a data-path change is
+compared with the code before it on the same machine at the same load.
 """
 
 from __future__ import annotations
@@ -107,7 +111,8 @@ def _watch(pid: int, local: Path, stop: threading.Event, peaks: dict[str, int]) 
         peaks["disk"] = max(peaks.get("disk", 0), tree_bytes(local))
 
 
-def _run_contender(name: str, ctx: Context, timeout_s: float) -> dict[str, Any]:
+def _run_contender(name: str, ctx: Context, timeout_s: float, repo: Path = REPO) -> dict[str, Any]:
+    """One contender in a child process: this checkout's, or with `repo`, another checkout's harness and code."""
     package = PACKAGES.get(name)
     if package and importlib.util.find_spec(package.replace("mosaicml-", "").replace("-", "_")) is None:
         return {"status": "not installed", "reason": f"{package} is not installed in {sys.prefix}"}
@@ -117,9 +122,9 @@ def _run_contender(name: str, ctx: Context, timeout_s: float) -> dict[str, Any]:
     ctx.scratch.mkdir(parents=True)
     payload = json.dumps({key: str(value) if isinstance(value, Path) else value
                           for key, value in dataclasses.asdict(ctx).items()})
-    command = [sys.executable, __file__, "--contender", name, "--child", payload]
+    command = [sys.executable, str(repo / "scripts" / "bench_peers.py"), "--contender", name, "--child", payload]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
+                               env={**os.environ, "PYTHONPATH": str(repo)})
     stop, peaks = threading.Event(), {}
     watcher = threading.Thread(target=_watch, args=(process.pid, ctx.local, stop, peaks), daemon=True)
     watcher.start()
@@ -173,8 +178,9 @@ def _table(report: dict[str, Any]) -> str:
 
 
 def _ratios(entries: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """Our best row against the best peer that completed, separately with unbounded and with bounded local disk."""
-    ok = {name: entry for name, entry in entries.items() if entry["status"] == "ok"}
+    """Our best row against the best peer that completed, separately with unbounded and with bounded local disk
+    (rows of other checkouts, NAME@LABEL, are for comparing checkouts, not peers)."""
+    ok = {name: entry for name, entry in entries.items() if entry["status"] == "ok" and "@" not in name}
     out = {}
     kinds = {"unbounded": [n for n in ok if n not in BOUNDED], "bounded": [n for n in ok if n in BOUNDED]}
     for kind, names in kinds.items():
@@ -192,6 +198,31 @@ def _ratios(entries: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     return out or None
 
 
+def _context(args: argparse.Namespace, work: Path, endpoint: str, layout: str, name: str) -> Context:
+    ctx = Context(jpegs=work / "jpegs", local=work / "local", scratch=work / "scratch", endpoint=endpoint,
+                  bucket=BUCKET, layout=layout, size=args.size, epochs=args.epochs)
+    if name == "ours-redecode":
+        ctx = dataclasses.replace(ctx, keep_decoded=False)
+    if name in BOUNDED:
+        estimate = (args.images * args.size * args.size * 3 if layout == "decoded"
+                    else 2 * args.tokens if layout == "tokens" else tree_bytes(work / "jpegs"))
+        ctx = dataclasses.replace(ctx, budget_fraction=BOUNDED_FRACTION,
+                                  shard_bytes=max(1 << 20, estimate // BOUNDED_SHARDS))
+    return ctx
+
+
+def parse_checkouts(text: str) -> list[tuple[str, Path]]:
+    """--checkouts "base=/path,prev=/path" -> [(label, repo root)]; ValueError names the bad entry."""
+    out: list[tuple[str, Path]] = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        label, _, path = item.partition("=")
+        repo = Path(path).expanduser().resolve()
+        if not label or not label.isidentifier() or not (repo / "scripts" / "bench_peers.py").is_file():
+            raise ValueError(f"{item!r}: expected LABEL=PATH of a checkout holding scripts/bench_peers.py")
+        out.append((label, repo))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=2048)
@@ -205,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-connection-mb-s", type=float, default=20.0)
     parser.add_argument("--timeout", type=float, default=600.0, help="per contender run, seconds")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--checkouts", default="", help="LABEL=PATH,...: other checkouts (e.g. the previous commit's "
+                        "worktree) whose ours* contenders run too, interleaved in the same rounds, as NAME@LABEL")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--contender", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -219,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --contenders/--layouts/--epochs/--images: unknown {bad} or too few epochs (>= 2) or images "
               f"(>= 128)", file=sys.stderr)
         return 2
+    try:
+        checkouts = parse_checkouts(args.checkouts)
+    except ValueError as exc:
+        print(f"error: --checkouts: {exc}", file=sys.stderr)
+        return 2
+    runs = [run for name in contenders for run in [(name, name, REPO)] + [
+        (f"{name}@{label}", name, repo) for label, repo in checkouts if name.startswith("ours")]]
     if importlib.util.find_spec("psutil") is None:
         print(f"error: {sys.executable}: psutil missing (run `make bench-peers`, which builds .venv-bench)",
               file=sys.stderr)
@@ -242,27 +282,18 @@ def main(argv: list[str] | None = None) -> int:
         make_client(s3.direct_url, 4, botocore_attempts=3).create_bucket(Bucket=BUCKET)
         for round_number in range(args.rounds):
             for layout in layouts:
-                for name in contenders:
-                    ctx = Context(jpegs=work / "jpegs", local=work / "local", scratch=work / "scratch",
-                                  endpoint=s3.endpoint_url, bucket=BUCKET, layout=layout, size=args.size,
-                                  epochs=args.epochs)
-                    if name == "ours-redecode":
-                        ctx = dataclasses.replace(ctx, keep_decoded=False)
-                    if name in BOUNDED:
-                        estimate = (args.images * args.size * args.size * 3 if layout == "decoded"
-                                    else 2 * args.tokens if layout == "tokens" else tree_bytes(work / "jpegs"))
-                        ctx = dataclasses.replace(ctx, budget_fraction=BOUNDED_FRACTION,
-                                                  shard_bytes=max(1 << 20, estimate // BOUNDED_SHARDS))
-                    result = _run_contender(name, ctx, args.timeout)
+                for label, name, repo in runs:
+                    ctx = _context(args, work, s3.endpoint_url, layout, name)
+                    result = _run_contender(name, ctx, args.timeout, repo)
                     result["round"] = round_number
                     result["load_average"] = round(os.getloadavg()[0], 2)
                     figure = f" {result['total_20_s']:.1f} s" if result["status"] == "ok" else ""
-                    print(f"round {round_number} {layout} {name}: {result['status']}{figure} "
+                    print(f"round {round_number} {layout} {label}: {result['status']}{figure} "
                           f"{result.get('reason', '')}", file=sys.stderr, flush=True)
-                    best = results[layout].get(name)
+                    best = results[layout].get(label)
                     if best is None or (result["status"] == "ok" and (
                             best["status"] != "ok" or result["total_20_s"] < best["total_20_s"])):
-                        results[layout][name] = result
+                        results[layout][label] = result
     report = {"layouts": results, "ratios": {layout: _ratios(entries) for layout, entries in results.items()},
               "images": args.images, "size": args.size, "latency_ms": args.latency_ms,
               "per_connection_mb_s": args.per_connection_mb_s, "epochs": args.epochs, "rounds": args.rounds,

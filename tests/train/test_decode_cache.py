@@ -14,7 +14,7 @@ import torch
 from tests.train.conftest import IMAGE_SIZE
 from workloads.data.reading import dataset as dataset_module
 from workloads.data.reading.dataset import DatasetError, HDF5Dataset, make_loader, to_tensors
-from workloads.data.reading.decode_cache import KEPT, SUFFIX, DecodeCache, DecodeKey
+from workloads.data.reading.decode_cache import CHECKSUMS, KEPT, SUFFIX, DecodeCache, DecodeKey
 from workloads.data.reading.sampler import ElasticBatchSampler
 
 ROW = IMAGE_SIZE * IMAGE_SIZE * 3
@@ -215,6 +215,34 @@ def test_a_row_is_kept_only_whole(tmp_path: Path) -> None:
     assert rows.read(0, out) == [0, 2] and np.array_equal(out[1], pixels)
     assert rows.read(1, out[:1]) == [] and np.array_equal(out[0], pixels)
     rows.close()
+
+
+@pytest.mark.parametrize("checksum", sorted(CHECKSUMS))
+def test_every_read_checks_the_row_with_either_checksum(tmp_path: Path, checksum: str) -> None:
+    """Whichever checksum the process has (hardware CRC-32C, or zlib's crc32 without the package), a row changed
+    after it was kept is refused on every read, not only the first; the two kinds never share a file."""
+    key = DecodeKey(4, True, "pil", checksum=checksum)
+    assert checksum in key.file_name("ab" * 32)
+    if "crc32c" in CHECKSUMS:
+        assert DecodeKey(4, True, "pil", checksum="crc32").file_name("ab" * 32) != DecodeKey(
+            4, True, "pil", checksum="crc32c").file_name("ab" * 32)
+    cache = DecodeCache(tmp_path, 1 << 20, key)
+    cache.prepare(["ab" * 32])
+    rows = cache.open_shard("ab" * 32, 3)
+    assert rows is not None
+    pixels = [np.full((4, 4, 3), value, dtype=np.uint8) for value in (1, 2, 3)]
+    for local, row in enumerate(pixels):
+        rows.write(local, row)
+    out = np.zeros((3, 4, 4, 3), dtype=np.uint8)
+    for _ in range(2):  # read (and checked) twice: still whole
+        assert rows.read(0, out) == [] and all(np.array_equal(out[k], pixels[k]) for k in range(3))
+    os.pwrite(rows.fd, b"\x09", rows._row_offset(1) + 7)  # one byte of row 1 changes after two good reads
+    assert rows.read(0, out) == [1]
+    os.truncate(cache.directory / key.file_name("ab" * 32), rows._row_offset(2) + 5)  # row 2 cut short
+    assert rows.read(0, out) == [1, 2]
+    rows.close()
+    with pytest.raises(ValueError, match="checksum 'md5'"):
+        DecodeKey(4, True, "pil", checksum="md5")
 
 
 def test_the_trainer_decodes_each_sample_once_over_epochs(tiny_data: dict[str, Path], tmp_path: Path,

@@ -5,17 +5,22 @@ bytes, the image size, the draft flag and the decoder, so it can be kept: every 
 batch, on the device. The first epoch decodes and keeps each sample; later epochs read the pixels back (as fast as
 the decoded layout), while what crosses the network stays the smaller JPEG bytes.
 
-One file per shard, `<shard sha256>-<size>px-<draft|full>-<decoder>-<boot id>-r2.rows` in the cache directory:
+One file per shard, `<shard sha256>-<size>px-<draft|full>-<decoder>-<boot id>-r3-<checksum>.rows` in the cache
+directory:
 
     header   HEADER_BYTES: MAGIC, then the file's identity as JSON (shard sha256, size, draft, decoder, boot id,
-             samples, row bytes), zero padded. A file is only used, and only ever removed, when its header says
-             this code wrote it: the directory may hold the user's own files, or another Job's cache.
-    table    num_samples entries of 8 bytes (page aligned): crc32 of the row, then KEPT once the row is whole
+             checksum, samples, row bytes), zero padded. A file is only used, and only ever removed, when its header
+             says this code wrote it: the directory may hold the user's own files, or another Job's cache.
+    table    num_samples entries of 8 bytes (page aligned): checksum of the row, then KEPT once the row is whole
     rows     num_samples rows of size x size x 3 uint8
 
 Every process on the node (the workers of every rank) shares the files through plain pread/pwrite: a row is written
-first and its entry after it, and a row is only used when its entry says KEPT and its crc32 matches what was read,
-so a writer killed mid-row, a row overwritten by anything else, or a torn read is decoded again, never trained on.
+first and its entry after it, and a row is only used when its entry says KEPT and its checksum matches what was
+read, so a writer killed mid-row, a row overwritten by anything else, or a torn read is decoded again, never trained
+on. Every read is checked, in every epoch; what keeps that cheap is the checksum: CRC-32C in hardware (SSE4.2 /
+ARMv8 instructions, through the `crc32c` package) checks a row right after it is read, while it is still in the CPU
+cache, at a few microseconds a row, where zlib's crc32 cost as much as the read it protected (numbers and the other
+options measured in docs/benchmarks.md). Without the package the check is zlib's crc32, in files of another name.
 A new file appears whole (header written to a temp file, then linked to its name), so no reader sees a file without
 its header. The boot id means a file written before a crash or power loss, when the page cache may have reached the
 disk out of order, is never trusted; such files (with this code's header) are removed when a cache is prepared.
@@ -36,6 +41,7 @@ import secrets
 import stat
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,11 +49,11 @@ from typing import Any
 import numpy as np
 
 SUFFIX = ".rows"
-FORMAT = "r2"  # in the name too: files of the first format (no header, no checksums) never carry this name
-MAGIC = b"MLCLUSTER-DECODED-ROWS\x00\x02"
+FORMAT = "r3"  # in the name too: files of earlier formats (no header; crc32 only) never carry this name
+MAGIC = b"MLCLUSTER-DECODED-ROWS\x00\x03"
 HEADER_BYTES = 4096
 KEPT = 0x4B455054  # "KEPT": the entry's row is whole
-_ENTRY = struct.Struct("<II")  # crc32 of the row, KEPT
+_ENTRY = struct.Struct("<II")  # checksum of the row, KEPT
 _PAGE = 4096
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -61,6 +67,22 @@ def boot_id() -> str:
         return f"pid{os.getpid()}"
 
 
+def _checksums() -> dict[str, Callable[[Any], int]]:
+    """The row checksums this process can compute, by name: zlib's crc32 always, CRC-32C where the `crc32c` package
+    (hardware instructions, a software table elsewhere) is installed."""
+    known: dict[str, Callable[[Any], int]] = {"crc32": zlib.crc32}
+    try:
+        import crc32c
+    except ImportError:
+        return known
+    known["crc32c"] = crc32c.crc32c
+    return known
+
+
+CHECKSUMS = _checksums()
+DEFAULT_CHECKSUM = "crc32c" if "crc32c" in CHECKSUMS else "crc32"
+
+
 @dataclass(frozen=True)
 class DecodeKey:
     """What the decoded pixels depend on, beyond the shard's bytes."""
@@ -69,14 +91,20 @@ class DecodeKey:
     draft: bool
     decoder: str  # "simplejpeg" or "pil": their pixels may differ slightly
     boot: str = field(default_factory=boot_id)
+    checksum: str = DEFAULT_CHECKSUM  # of each row: "crc32c" or "crc32" (processes of one Job agree)
+
+    def __post_init__(self) -> None:
+        if self.checksum not in CHECKSUMS:
+            raise ValueError(f"decode cache checksum {self.checksum!r}: not one of {sorted(CHECKSUMS)}")
 
     def file_name(self, shard_sha256: str) -> str:
         mode = "draft" if self.draft else "full"
-        return f"{shard_sha256}-{self.image_size}px-{mode}-{self.decoder}-{self.boot}-{FORMAT}{SUFFIX}"
+        return (f"{shard_sha256}-{self.image_size}px-{mode}-{self.decoder}-{self.boot}-{FORMAT}-{self.checksum}"
+                f"{SUFFIX}")
 
     def identity(self, shard_sha256: str, num_samples: int) -> dict[str, Any]:
         return {"shard_sha256": shard_sha256, "image_size": self.image_size, "draft": self.draft,
-                "decoder": self.decoder, "boot": self.boot, "num_samples": num_samples,
+                "decoder": self.decoder, "boot": self.boot, "checksum": self.checksum, "num_samples": num_samples,
                 "row_bytes": self.image_size * self.image_size * 3}
 
 
@@ -106,11 +134,12 @@ def _table_bytes(num_samples: int) -> int:
 class ShardRows:
     """One shard's decoded rows in a cache file (see the module docstring for the layout and the ordering)."""
 
-    def __init__(self, fd: int, num_samples: int, row_bytes: int) -> None:
+    def __init__(self, fd: int, num_samples: int, row_bytes: int, checksum: str = DEFAULT_CHECKSUM) -> None:
         self.fd = fd
         self.num_samples = num_samples
         self.row_bytes = row_bytes
         self.rows_at = HEADER_BYTES + _table_bytes(num_samples)
+        self.checksum = CHECKSUMS[checksum]
 
     def _row_offset(self, local: int) -> int:
         return self.rows_at + local * self.row_bytes
@@ -120,31 +149,30 @@ class ShardRows:
 
     def read(self, local: int, out: np.ndarray) -> list[int]:
         """Fill out[k] (C-contiguous rows) with sample local + k wherever it was kept whole: one read of the entries,
-        one of each run of kept rows, then each row's crc32 checked. Returns the k that must be decoded (not kept,
-        or not what was kept)."""
+        then each kept row read and its checksum checked at once (the row still in the CPU cache). Returns the k
+        that must be decoded (not kept, cut short, or not what was kept)."""
         count = len(out)
         raw = os.pread(self.fd, count * _ENTRY.size, self._entry_offset(local)).ljust(count * _ENTRY.size, b"\0")
         entries = np.frombuffer(raw, dtype="<u4").reshape(count, 2)
-        kept = entries[:, 1] == KEPT
-        missing = [k for k in range(count) if not kept[k]]
-        kept_from = 0
-        for stop in [*missing, count]:
-            if stop > kept_from:  # rows kept_from..stop-1 are kept: one read
-                view = out[kept_from:stop].data.cast("B")
-                if os.preadv(self.fd, [view], self._row_offset(local + kept_from)) != len(view):
-                    return list(range(count))  # truncated behind our back: decode them all
-            kept_from = stop + 1
-        bad = [k for k in range(count) if kept[k] and zlib.crc32(out[k]) != int(entries[k, 0])]
-        return sorted(missing + bad) if bad else missing
+        sums, kept = entries[:, 0].tolist(), (entries[:, 1] == KEPT).tolist()
+        checksum, fd, row_bytes, offset = self.checksum, self.fd, self.row_bytes, self._row_offset(local)
+        redo = []
+        for k in range(count):
+            if kept[k]:
+                view = out[k].data.cast("B")
+                if os.preadv(fd, [view], offset + k * row_bytes) == row_bytes and checksum(view) == sums[k]:
+                    continue
+            redo.append(k)
+        return redo
 
     def write(self, local: int, pixels: np.ndarray) -> None:
-        """Keep sample `local`: the row, then its entry (crc32, KEPT). OSError (e.g. ENOSPC) leaves the entry as it
-        was (a row whose checksum does not match is decoded again)."""
+        """Keep sample `local`: the row, then its entry (checksum, KEPT). OSError (e.g. ENOSPC) leaves the entry as
+        it was (a row whose checksum does not match is decoded again)."""
         row = np.ascontiguousarray(pixels)
         data = row.data.cast("B")
         if os.pwrite(self.fd, data, self._row_offset(local)) != self.row_bytes:
             raise OSError(errno.ENOSPC, "short write to the decode cache")
-        os.pwrite(self.fd, _ENTRY.pack(zlib.crc32(data), KEPT), self._entry_offset(local))
+        os.pwrite(self.fd, _ENTRY.pack(self.checksum(data), KEPT), self._entry_offset(local))
 
     def close(self) -> None:
         os.close(self.fd)
@@ -221,7 +249,7 @@ class DecodeCache:
         except OSError:
             os.close(fd)
             raise
-        return ShardRows(fd, num_samples, self.row_bytes)
+        return ShardRows(fd, num_samples, self.row_bytes, self.key.checksum)
 
     def _create(self, path: Path, identity: dict[str, Any], num_samples: int) -> int | None:
         """A new file with its header, appearing under its name whole (link of a temp file); the descriptor of the

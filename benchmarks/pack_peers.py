@@ -1,7 +1,7 @@
 """Packing throughput: our sliced `pack` against LitData `optimize` and Streaming's `MDSWriter`, from one S3 server.
 
 Every contender reads the same JPEGs from the same local S3 server (benchmarks/s3_server.py), does the same
-per-image work (workloads.data.writing.pack.decode_image: full decode, EXIF orientation, RGB, resize + centre crop to S,
+per-image work (writing.samples.decode_image: full decode, EXIF orientation, RGB, resize + centre crop to S,
 uint8 pixels) with the same number of worker processes, and ends with its dataset in the bucket:
 
     ours       `python -m workloads.data pack s3://B/raw s3://B/ours --shard-count N` x N processes, then
@@ -44,7 +44,7 @@ def _worker_client(endpoint: str) -> Any:  # one per worker process
 
 def fetch_decode(endpoint: str, bucket: str, size: int, key: str) -> bytes:
     """The per-image work every contender does: GET, then pack's own decode_image (pixels)."""
-    from workloads.data.writing.pack import decode_image
+    from workloads.data.writing.samples import decode_image
 
     raw = _worker_client(endpoint).get_object(Bucket=bucket, Key=key)["Body"].read()
     sample = decode_image(key, 0, raw, "decoded", size)

@@ -12,7 +12,7 @@ cache) live under ctx.local, which the parent watches for its peak size.
 Layouts: "decoded" stores uint8 size x size x 3 arrays; "encoded" stores the JPEG bytes and decodes them in the
 workers; "captions" and "tokens" are multi-field samples (image + caption, token sequences; see
 benchmarks/peers_records.py) that ours, Streaming and LitData carry. Peers decode with PIL's reduced-scale decode
-(draft mode, the fastest PIL path); ours uses its own decoder (workloads.data.reading.transforms). The peer
+(draft mode, the fastest PIL path); ours uses its own decoder (workloads.data.format.jpeg). The peer
 libraries are imported only inside their contender.
 """
 
@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from benchmarks import peers_records
+from workloads.data.format.jpeg import decode_bytes, decode_file
 from workloads.data.format.manifest import load_manifest
 from workloads.data.moving.cache import CacheFeeder, working_set_bytes
 from workloads.data.moving.s3 import S3Uri, make_client
@@ -41,7 +42,6 @@ from workloads.data.moving.upload import UploadOptions, upload
 from workloads.data.reading.dataset import HDF5Dataset, make_loader, to_tensors
 from workloads.data.reading.records_dataset import records_to_tensors
 from workloads.data.reading.sampler import ElasticBatchSampler
-from workloads.data.reading.transforms import decode_bytes, decode_file
 from workloads.data.writing.pack import PackOptions, pack
 
 BATCH = 128

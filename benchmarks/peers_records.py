@@ -138,7 +138,7 @@ class _StreamingSample:
         self.layout, self.size = layout, size
 
     def __call__(self, sample: dict[str, Any]) -> Any:
-        from workloads.data.reading.transforms import decode_bytes
+        from workloads.data.format.jpeg import decode_bytes
 
         if self.layout == "tokens":
             return torch.from_numpy(np.asarray(sample["tokens"]).astype(np.int32))

@@ -35,11 +35,13 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.data import default_collate  # noqa: E402
 
-from workloads.data.format.jpeg import fast_decoder_available  # noqa: E402
+from workloads.data.format.jpeg import (
+    decode_bytes,  # noqa: E402
+    fast_decoder_available,  # noqa: E402
+)
 from workloads.data.format.manifest import atomic_write_bytes  # noqa: E402
 from workloads.data.reading.dataset import HDF5Dataset, JpegFolderDataset, make_loader, to_tensors  # noqa: E402
 from workloads.data.reading.sampler import ElasticBatchSampler  # noqa: E402
-from workloads.data.reading.transforms import decode_bytes  # noqa: E402
 from workloads.data.writing.pack import PackOptions, pack  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

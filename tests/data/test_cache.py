@@ -27,6 +27,7 @@ import pytest
 from benchmarks.netem import FaultProxy, LatencyProxy
 from tests.data.helpers import FAST_RETRY, write_corpus
 from workloads.data.__main__ import main
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import CACHE_DIR, MANIFEST_NAME, PLAN_STATE, STAGER_STATE, Manifest, load_manifest
 from workloads.data.format.verify import sha256_file
 from workloads.data.moving.cache import (
@@ -40,7 +41,7 @@ from workloads.data.moving.cache import (
     write_plan,
     write_stager_state,
 )
-from workloads.data.moving.s3 import DataToolError, S3Uri, make_client
+from workloads.data.moving.s3 import S3Uri, make_client
 from workloads.data.moving.stage import TEMP_SUFFIX, StageOptions, StageResult, part_size, stage
 from workloads.data.moving.upload import UploadOptions, upload
 from workloads.data.writing.pack import PackOptions, pack

@@ -444,7 +444,7 @@ def test_high_bit_depth_greyscale_keeps_its_values(mode: str) -> None:
     import numpy as np
     from PIL import Image
 
-    from workloads.data.writing.pack import _to_rgb
+    from workloads.data.writing.samples import _to_rgb
 
     if mode == "F":
         values = np.array([[0.0, 0.25], [0.5, 1.0]], dtype=np.float32)
@@ -472,7 +472,7 @@ def test_high_bit_depth_greyscale_keeps_its_values(mode: str) -> None:
 def test_every_mode_converts_to_the_right_rgb(mode: str, fill: object, rgb: tuple[int, int, int]) -> None:
     from PIL import Image
 
-    from workloads.data.writing.pack import _to_rgb
+    from workloads.data.writing.samples import _to_rgb
 
     got = _to_rgb(Image.new(mode, (3, 3), fill)).getpixel((1, 1))
     assert all(abs(a - b) <= 5 for a, b in zip(got, rgb, strict=True)), (mode, fill, got, rgb)
@@ -481,7 +481,7 @@ def test_every_mode_converts_to_the_right_rgb(mode: str, fill: object, rgb: tupl
 def test_palette_modes_convert_through_their_palette() -> None:
     from PIL import Image
 
-    from workloads.data.writing.pack import _to_rgb
+    from workloads.data.writing.samples import _to_rgb
 
     p = Image.new("P", (2, 2), 1)
     p.putpalette([0, 0, 0, 0, 200, 0] + [0] * 762)

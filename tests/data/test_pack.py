@@ -17,10 +17,11 @@ from PIL import Image
 
 from tests.data.helpers import write_awkward_corpus, write_corpus
 from workloads.data.__main__ import main
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import load_manifest
 from workloads.data.format.verify import verify
-from workloads.data.moving.s3 import DataToolError
-from workloads.data.writing.pack import PackOptions, _samples, list_images, pack
+from workloads.data.writing.pack import PackOptions, list_images, pack
+from workloads.data.writing.samples import local_samples
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,7 +56,7 @@ def test_decoding_stays_a_bounded_distance_ahead_of_the_writer(tmp_path: Path,
         return real_submit(self, fn, *args, **kwargs)
 
     monkeypatch.setattr(ProcessPoolExecutor, "submit", counting_submit)
-    samples = _samples(tmp_path / "src", files, PackOptions(image_size=8, workers=2, progress=False))
+    samples = local_samples(tmp_path / "src", files, PackOptions(image_size=8, workers=2, progress=False).decoding)
     first = next(samples)
     assert len(submitted) <= 2 * 2  # two chunks per worker
     rest = list(samples)

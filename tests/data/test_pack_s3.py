@@ -16,8 +16,9 @@ from PIL import Image
 
 from tests.data.helpers import write_awkward_corpus, write_corpus
 from tests.data.test_pack_upload import cli, one_line
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import MANIFEST_NAME
-from workloads.data.moving.s3 import DataToolError, S3Uri, make_client
+from workloads.data.moving.s3 import S3Uri, make_client
 from workloads.data.writing.pack import REPORT_NAME, PackOptions, pack
 from workloads.data.writing.sources import S3Source, SourceOptions
 

@@ -15,13 +15,13 @@ import pytest
 from PIL import Image
 
 from workloads.data.api import open_dataset
+from workloads.data.format.errors import DataToolError
+from workloads.data.format.jpeg import decode_bytes
 from workloads.data.format.manifest import load_manifest, manifest_error
 from workloads.data.format.records import FieldSpec, RecordError, encode_value
 from workloads.data.format.verify import VerifyError, verify
-from workloads.data.moving.s3 import DataToolError
 from workloads.data.reading.dataset import DatasetError, HDF5Dataset
 from workloads.data.reading.records_dataset import RecordsDataset, pad_sequences, records_to_tensors
-from workloads.data.reading.transforms import decode_bytes
 from workloads.data.writing.records_pack import RecordPackOptions, pack_records
 from workloads.train.loop import TrainConfig
 from workloads.train.loop import open_dataset as train_dataset

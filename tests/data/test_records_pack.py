@@ -15,9 +15,9 @@ from PIL import Image
 
 from workloads.data.__main__ import main
 from workloads.data.api import open_dataset
+from workloads.data.format.jpeg import decode_bytes
 from workloads.data.format.manifest import load_manifest
 from workloads.data.moving.s3 import make_client
-from workloads.data.reading.transforms import decode_bytes
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

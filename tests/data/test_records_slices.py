@@ -181,7 +181,7 @@ def test_jsonl_and_npy_tables_and_strict(tmp_path: Path) -> None:
     assert result.manifest.num_samples == 2 + 4
     assert sorted(item["reason"].split(":")[0] for item in result.skipped) == ["a JSON list, not an object",
                                                                                 "not JSON"]
-    from workloads.data.moving.s3 import DataToolError
+    from workloads.data.format.errors import DataToolError
     with pytest.raises(DataToolError, match=r"a\.jsonl#2: a JSON list, not an object"):
         pack_tables(TableSource(str(src)), tmp_path / "strict", TablePackOptions(
             fields=options.fields, shard_rows=2, strict=True), None)

@@ -11,10 +11,11 @@ import pytest
 from benchmarks.netem import FaultProxy
 from tests.data.helpers import shard_files, stage_options, uploaded
 from workloads.data.__main__ import main
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import MANIFEST_NAME, load_manifest
 from workloads.data.format.verify import sha256_file
 from workloads.data.moving.metrics import StageMetrics
-from workloads.data.moving.s3 import DataToolError, RetryPolicy, S3Uri, make_client
+from workloads.data.moving.s3 import RetryPolicy, S3Uri, make_client
 from workloads.data.moving.stage import stage
 from workloads.data.moving.upload import UploadOptions, upload
 

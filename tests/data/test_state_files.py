@@ -289,7 +289,7 @@ def _stage(source: tuple[Any, Any, int], dest: Path, **options: Any) -> Callable
 def test_wait_timeout_gives_up_on_a_reader_that_never_comes_when_everything_fits(
         source: tuple[Any, Any, int], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The budget holds the dataset: everything is fetched, then the stager waited forever for a plan."""
-    from workloads.data.moving.s3 import DataToolError
+    from workloads.data.format.errors import DataToolError
 
     dest = tmp_path / "dest"
     _, error = within(15, _stage(source, dest, budget_bytes=source[2], wait_timeout_s=0.3, first_plan_wait_s=0.05))
@@ -301,7 +301,7 @@ def test_wait_timeout_gives_up_on_a_reader_that_never_comes_when_everything_fits
 
 
 def test_a_plan_that_is_a_fifo_does_not_block_the_stager(source: tuple[Any, Any, int], tmp_path: Path) -> None:
-    from workloads.data.moving.s3 import DataToolError
+    from workloads.data.format.errors import DataToolError
 
     dest = tmp_path / "dest"
     cache_dir(dest).mkdir(parents=True)
@@ -313,7 +313,7 @@ def test_a_plan_that_is_a_fifo_does_not_block_the_stager(source: tuple[Any, Any,
 
 def test_a_cache_dir_that_is_a_link_never_lets_the_stager_write_outside_dest(source: tuple[Any, Any, int],
                                                                              tmp_path: Path) -> None:
-    from workloads.data.moving.s3 import DataToolError
+    from workloads.data.format.errors import DataToolError
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

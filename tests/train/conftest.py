@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from workloads.data.format.jpeg import decode_bytes
 from workloads.data.format.manifest import FORMAT_NAME, FORMAT_VERSION, Manifest, ShardInfo, shard_name, write_manifest
-from workloads.data.reading.transforms import decode_bytes
 
 NUM_CLASSES = 3
 PER_CLASS = 14

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.train.conftest import IMAGE_SIZE
+from workloads.data.format.jpeg import decode_file
 from workloads.data.reading.dataset import (
     DatasetError,
     HDF5Dataset,
@@ -20,7 +21,6 @@ from workloads.data.reading.dataset import (
     to_tensors,
 )
 from workloads.data.reading.sampler import ElasticBatchSampler
-from workloads.data.reading.transforms import decode_file
 
 
 def _epoch(dataset, workers: int, context: str | None = None, transport: str = "shm") -> tuple[np.ndarray, np.ndarray]:

@@ -12,8 +12,7 @@ from PIL import Image
 
 from tests.data.helpers import write_awkward_corpus
 from workloads.data.format import jpeg
-from workloads.data.format.jpeg import decode_into
-from workloads.data.reading.transforms import decode_bytes
+from workloads.data.format.jpeg import decode_bytes, decode_into
 from workloads.data.writing.pack import PackOptions, pack
 
 needs_simplejpeg = pytest.mark.skipif(not jpeg.fast_decoder_available(), reason="simplejpeg is not installed")

@@ -7,7 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from workloads.data.reading.transforms import center_normalize, decode_bytes, random_resized_crop_flip_normalize
+from workloads.data.format.jpeg import decode_bytes
+from workloads.data.reading.transforms import center_normalize, random_resized_crop_flip_normalize
 
 
 def _batch(seed: int = 0, size: int = 16) -> torch.Tensor:

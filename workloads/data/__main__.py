@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from workloads.cli import HelpWithDefaults, parse_size
 from workloads.data import tables_cli
+from workloads.data.format.errors import DataToolError, is_runtime_oserror
 from workloads.data.format.manifest import MAX_IMAGE_SIZE
 from workloads.data.format.records import TOKEN_DTYPES
 from workloads.data.moving.metrics import PACK_METRICS_PORT_ENV, STAGE_METRICS_PORT_ENV, PackMetrics, StageMetrics
-from workloads.data.moving.s3 import DataToolError, is_runtime_oserror, parse_s3_uri
+from workloads.data.moving.s3 import parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
 
 if TYPE_CHECKING:

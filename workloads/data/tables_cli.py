@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workloads.data.moving.s3 import DataToolError, parse_s3_uri
+from workloads.data.format.errors import DataToolError
+from workloads.data.moving.s3 import parse_s3_uri
 
 JOB_INDEX_ENV = "JOB_COMPLETION_INDEX"
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from torch.distributed import DistError
 
 from workloads.cli import HelpWithDefaults
+from workloads.data.format.errors import DataToolError
 from workloads.data.moving.cache import CacheStagerError, CacheTooSmall
-from workloads.data.moving.s3 import DataToolError
 from workloads.data.reading.dataset import DatasetError, DataUnavailableError
 from workloads.safeio import StateFileError
 from workloads.train.checkpoint import CheckpointError, CheckpointStoreError

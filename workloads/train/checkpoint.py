@@ -30,8 +30,9 @@ import torch
 from botocore.config import Config
 
 from workloads.awsenv import configured_region
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import fsync_dir
-from workloads.data.moving.s3 import DataToolError, error_code, make_client, parse_s3_uri
+from workloads.data.moving.s3 import error_code, make_client, parse_s3_uri
 from workloads.safeio import StateFileError, read_regular
 
 CHECKPOINT_NAME = "last.pt"

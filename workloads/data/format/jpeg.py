@@ -1,4 +1,7 @@
-"""JPEG bytes -> (size, size, 3) uint8, written straight into a caller's buffer (a row of the batch).
+"""A stored image -> (size, size, 3) uint8: the one decode the readers use (and the packer's strictness check).
+
+`decode_into` writes JPEG (or any image) bytes straight into a caller's buffer (a row of the batch); `decode_image`,
+`decode_bytes` and `decode_file` are the PIL path (center square, resized; draft mode where the stored image is large).
 
 With the optional `simplejpeg` package (it bundles libjpeg-turbo), the header is read without building a PIL image
 and the DCT-domain downscale (1/2, 1/4, 1/8) is asked for directly through min_width/min_height, exactly the scale
@@ -10,13 +13,45 @@ cannot decode (CMYK, progressive files with odd markers, not a JPEG), PIL does t
 from __future__ import annotations
 
 import io
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 from PIL import Image
 
-# transforms (and with it torch) is imported where decoding happens, not here: pack uses decodes_strictly and
-# must not pay for importing torch in every worker.
+# No torch here: pack's decoding workers import this module for decodes_strictly.
+
+
+def _square_center_box(width: int, height: int) -> tuple[int, int, int, int]:
+    side = min(width, height)
+    left = (width - side) // 2
+    top = (height - side) // 2
+    return left, top, left + side, top + side
+
+
+def decode_image(image: Image.Image, size: int, *, draft: bool = True) -> np.ndarray:
+    """An opened PIL image -> (size, size, 3) uint8: center square, resized.
+
+    draft=True lets libjpeg decode at 1/2, 1/4 or 1/8 scale (DCT scaling) when the stored image is at least
+    twice the target size: the decoder then does a fraction of the work. It never goes below `size`.
+    """
+    if draft and image.format == "JPEG":
+        image.draft("RGB", (size, size))
+    image = image.convert("RGB")
+    box = _square_center_box(*image.size)
+    if image.size != (size, size) or box != (0, 0, size, size):
+        image = image.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=None)
+    return np.array(image, dtype=np.uint8)
+
+
+def decode_bytes(payload: bytes | memoryview, size: int, *, draft: bool = True) -> np.ndarray:
+    with Image.open(io.BytesIO(payload)) as image:
+        return decode_image(image, size, draft=draft)
+
+
+def decode_file(path: str | Path, size: int, *, draft: bool = True) -> np.ndarray:
+    with Image.open(path) as image:
+        return decode_image(image, size, draft=draft)
 
 
 def _load_simplejpeg() -> ModuleType | None:
@@ -49,8 +84,6 @@ def decodes_strictly(payload: bytes | memoryview) -> bool:
 def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = True,
                 use_simplejpeg: bool = True) -> None:
     """Decode one image into `out` (shape (size, size, 3), uint8). Raises OSError when it does not decode."""
-    from workloads.data.reading.transforms import decode_image
-
     size = out.shape[0]
     if use_simplejpeg and _SIMPLEJPEG is not None and bytes(payload[:2]) == b"\xff\xd8":
         pixels = _decode_simplejpeg(_SIMPLEJPEG, payload, size, draft)
@@ -64,8 +97,6 @@ def decode_into(payload: bytes | memoryview, out: np.ndarray, *, draft: bool = T
 def _decode_simplejpeg(simplejpeg: ModuleType, payload: bytes | memoryview, size: int,
                        draft: bool) -> np.ndarray | None:
     """The simplejpeg path, or None where only PIL gives the right answer (PIL then decodes)."""
-    from workloads.data.reading.transforms import _square_center_box
-
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(payload)
         if colorspace not in ("RGB", "YCbCr", "Gray"):  # CMYK/YCCK: PIL's inversion rules apply

@@ -8,6 +8,7 @@ from pathlib import Path
 import h5py
 from pydantic import ValidationError
 
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import (
     FORMAT_NAME,
     MANIFEST_NAME,
@@ -18,7 +19,6 @@ from workloads.data.format.manifest import (
     sha256_file,
 )
 from workloads.data.format.records import check_column, decode_text
-from workloads.data.moving.s3 import DataToolError
 from workloads.safeio import StateFileError
 
 

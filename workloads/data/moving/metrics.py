@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from workloads.data.moving.s3 import DataToolError
+from workloads.data.format.errors import DataToolError
 from workloads.metrics_http import MetricsServer
 
 STAGE_METRICS_PORT_ENV = "STAGE_METRICS_PORT"

@@ -13,10 +13,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from workloads.data.moving.cache import CacheReader, StagerState
 from workloads.data.moving.metrics import StageMetrics
-from workloads.data.moving.s3 import DataToolError, S3Uri
+from workloads.data.moving.s3 import S3Uri
 from workloads.data.moving.stage import ShardStager, StageOptions, StageResult, fetch_manifest, run_stager
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import random
 import time
 from collections.abc import Callable
@@ -15,31 +14,9 @@ import urllib3.exceptions
 from botocore.config import Config
 
 from workloads.awsenv import configured_region
+from workloads.data.format.errors import DataToolError, is_runtime_oserror
 
 T = TypeVar("T")
-
-
-class DataToolError(Exception):
-    """A failure the CLI reports as one line: `error: <where>: <why>`.
-
-    `runtime` says that retrying may succeed (the network, a full disk, a reader that never came): the CLIs exit 1
-    for it, never the config-error code 2, so a Kubernetes Job retries the pod instead of failing it."""
-
-    def __init__(self, where: str, why: str, *, runtime: bool = False) -> None:
-        super().__init__(f"{where}: {why}")
-        self.where = where
-        self.why = why
-        self.runtime = runtime
-
-
-# I/O failures that say nothing about the input: a retry (or another node) may succeed.
-RUNTIME_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.ETIMEDOUT, errno.ECONNRESET,
-                            errno.ECONNREFUSED, errno.EPIPE, errno.EAGAIN, errno.ESTALE, errno.EHOSTUNREACH,
-                            errno.ENETUNREACH})
-
-
-def is_runtime_oserror(exc: OSError) -> bool:
-    return exc.errno in RUNTIME_ERRNOS
 
 
 @dataclass(frozen=True)

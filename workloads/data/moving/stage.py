@@ -49,6 +49,7 @@ from typing import Any
 from pydantic import ValidationError
 from tqdm import tqdm
 
+from workloads.data.format.errors import DataToolError, is_runtime_oserror
 from workloads.data.format.manifest import (
     MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
@@ -63,7 +64,7 @@ from workloads.data.format.manifest import (
 )
 from workloads.data.moving.cache import Heartbeat, Plan, StagerState, cache_dir, plan_file, write_stager_state
 from workloads.data.moving.metrics import StageMetrics
-from workloads.data.moving.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, is_runtime_oserror, with_retries
+from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.safeio import StateFile, StateFileError, open_dir
 
 TEMP_SUFFIX = ".part"

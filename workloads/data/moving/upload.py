@@ -29,9 +29,10 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from s3transfer.subscribers import BaseSubscriber
 from tqdm import tqdm
 
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import MANIFEST_MAX_BYTES, MANIFEST_NAME, Manifest, ShardInfo
 from workloads.data.format.verify import read_manifest, sha256_file
-from workloads.data.moving.s3 import DataToolError, S3Uri, describe, error_code
+from workloads.data.moving.s3 import S3Uri, describe, error_code
 
 SHA256_METADATA = "sha256"  # stored as x-amz-meta-sha256
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from workloads.data.format.jpeg import decode_into, fast_decoder_available
+from workloads.data.format.jpeg import decode_file, decode_into, fast_decoder_available
 from workloads.data.format.manifest import (
     FORMAT_NAME,
     MANIFEST_NAME,
@@ -37,7 +37,6 @@ from workloads.data.format.manifest import (
 )
 from workloads.data.moving.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheReader, CacheStagerError, is_cached
 from workloads.data.reading.decode_cache import DecodeCache, DecodeKey, ShardRows
-from workloads.data.reading.transforms import decode_file
 from workloads.safeio import StateFileError
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -1,55 +1,19 @@
-"""Decoding helpers (run in DataLoader workers) and per-batch augmentation (run on the training device).
+"""Per-batch augmentation (run on the training device).
 
-Workers turn whatever is stored into fixed-size uint8 HWC images; the random-resized-crop, flip and
-normalisation then happen once per batch as a single batched `grid_sample` on the device, instead of per
-sample in Python.
+Workers turn whatever is stored into fixed-size uint8 HWC images (format/jpeg.py decodes them); the
+random-resized-crop, flip and normalisation then happen once per batch as a single batched `grid_sample` on the
+device, instead of per sample in Python.
 """
 
 from __future__ import annotations
 
-import io
 import math
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def _square_center_box(width: int, height: int) -> tuple[int, int, int, int]:
-    side = min(width, height)
-    left = (width - side) // 2
-    top = (height - side) // 2
-    return left, top, left + side, top + side
-
-
-def decode_image(image: Image.Image, size: int, *, draft: bool = True) -> np.ndarray:
-    """An opened PIL image -> (size, size, 3) uint8: center square, resized.
-
-    draft=True lets libjpeg decode at 1/2, 1/4 or 1/8 scale (DCT scaling) when the stored image is at least
-    twice the target size: the decoder then does a fraction of the work. It never goes below `size`.
-    """
-    if draft and image.format == "JPEG":
-        image.draft("RGB", (size, size))
-    image = image.convert("RGB")
-    box = _square_center_box(*image.size)
-    if image.size != (size, size) or box != (0, 0, size, size):
-        image = image.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=None)
-    return np.array(image, dtype=np.uint8)
-
-
-def decode_bytes(payload: bytes | memoryview, size: int, *, draft: bool = True) -> np.ndarray:
-    with Image.open(io.BytesIO(payload)) as image:
-        return decode_image(image, size, draft=draft)
-
-
-def decode_file(path: str | Path, size: int, *, draft: bool = True) -> np.ndarray:
-    with Image.open(path) as image:
-        return decode_image(image, size, draft=draft)
 
 
 def _crop_params(

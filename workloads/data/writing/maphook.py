@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workloads.data.moving.s3 import DataToolError
+from workloads.data.format.errors import DataToolError
 
 Record = dict[str, Any]
 

@@ -14,31 +14,21 @@ the remote manifest is published only after every shard object is confirmed, the
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
-import io
 import json
 import os
 import random
-import signal
-import stat
-import sys
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
 from tqdm import tqdm
 
 from workloads.data import TOOL_VERSION
-from workloads.data.format.jpeg import decodes_strictly
+from workloads.data.format.errors import DataToolError, is_runtime_oserror
 from workloads.data.format.manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -54,7 +44,7 @@ from workloads.data.format.manifest import (
     write_manifest,
 )
 from workloads.data.format.verify import sha256_file
-from workloads.data.moving.s3 import DataToolError, is_runtime_oserror
+from workloads.data.writing.samples import Decoding, Sample, local_samples
 from workloads.data.writing.shardplan import plan_shards
 
 if TYPE_CHECKING:
@@ -63,8 +53,6 @@ if TYPE_CHECKING:
 
 REPORT_NAME = "pack-report.json"
 TEMP_SUFFIX = ".partial"
-# Pillow refuses images above ~179 Mpx as decompression bombs; keep that guard (it raises, and we skip the file).
-Image.MAX_IMAGE_PIXELS = 179_000_000
 
 
 @dataclass(frozen=True)
@@ -80,20 +68,16 @@ class PackOptions:
     # window or one shuffled block, holds every class; None keeps the sorted (class, path) order.
     shuffle_seed: int | None = 0
 
+    @property
+    def decoding(self) -> Decoding:
+        return Decoding(layout=self.layout, image_size=self.image_size, workers=self.workers)
+
 
 @dataclass
 class PackResult:
     manifest: Manifest
     skipped: list[dict[str, str]] = field(default_factory=list)
     upload: StreamResult | None = None  # pack --upload: what was sent, skipped, removed; peak local bytes
-
-
-@dataclass(frozen=True)
-class _Sample:
-    relpath: str
-    label: int
-    payload: bytes | None  # encoded bytes or raw pixels; None when skipped
-    reason: str = ""
 
 
 def list_images(source: Path) -> tuple[list[str], list[tuple[str, int]]]:
@@ -114,96 +98,6 @@ def list_images(source: Path) -> tuple[list[str], list[tuple[str, int]]]:
                 if not filename.startswith("."):
                     files.append(((Path(root) / filename).relative_to(source).as_posix(), label))
     return classes, sorted(files, key=lambda item: (item[1], item[0]))
-
-
-_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
-
-
-def _grey_to_rgb(grey: np.ndarray) -> Image.Image:
-    pixels = np.clip(np.round(grey), 0, 255).astype(np.uint8)
-    return Image.fromarray(np.repeat(pixels[..., None], 3, axis=-1))
-
-
-def _to_rgb(image: Image.Image) -> Image.Image:
-    """8-bit RGB with the values the image means, for every mode Pillow opens.
-
-    High bit depth greyscale (Pillow's convert() clips these to 0..255, so a 16-bit PNG became white):
-    I;16 / I;16B / I;16L and I (how 16-bit PNG and TIFF open) scale 0..65535 to 0..255 (v / 257); F (float TIFF)
-    scales 0..1 to 0..255, clipping outside. Alpha is composited onto white."""
-    image = ImageOps.exif_transpose(image)
-    if image.mode == "RGB":
-        return image
-    if image.mode in _SIXTEEN_BIT:
-        return _grey_to_rgb(np.clip(np.asarray(image, dtype=np.float64), 0, 65535) / 257.0)
-    if image.mode == "F":
-        values = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=1.0, neginf=0.0)
-        return _grey_to_rgb(np.clip(values, 0.0, 1.0) * 255.0)
-    if image.mode in ("P", "PA", "LA", "RGBA", "La") or "transparency" in image.info:
-        # Composite transparency onto white rather than letting convert() expose arbitrary hidden pixels.
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
-    return image.convert("RGB")  # L, I, F, CMYK, YCbCr, ...
-
-
-def resize_center_crop(image: Image.Image, size: int) -> Image.Image:
-    """Scale the shorter side to `size`, then cut the central size x size square."""
-    width, height = image.size
-    scale = size / min(width, height)
-    new_w, new_h = max(size, round(width * scale)), max(size, round(height * scale))
-    image = image.resize((new_w, new_h), Image.Resampling.BILINEAR, reducing_gap=None)
-    left, top = (new_w - size) // 2, (new_h - size) // 2
-    return image.crop((left, top, left + size, top + size))
-
-
-def _decode(task: tuple[str, str, int, Layout, int]) -> _Sample:
-    source, relpath, label, layout, size = task
-    try:
-        # O_NONBLOCK + fstat: a FIFO or device in the folder is skipped, never waited on (read() would block).
-        fd = os.open(Path(source) / relpath, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return _Sample(relpath, label, None, "not a regular file")
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                raw = handle.read()
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        return _Sample(relpath, label, None, f"unreadable: {exc.strerror}")
-    return decode_image(relpath, label, raw, layout, size)
-
-
-def decode_image(relpath: str, label: int, raw: bytes, layout: Layout, size: int) -> _Sample:
-    """One source file's bytes -> what its shard stores, or the reason it is skipped (whatever the bytes came from:
-    a local file or an object)."""
-    if not raw:
-        return _Sample(relpath, label, None, "empty file")
-    try:
-        with Image.open(io.BytesIO(raw)) as image:
-            untouched = (image.format == "JPEG" and image.mode == "RGB"
-                         and image.getexif().get(0x0112, 1) == 1)
-            # An RGB JPEG stored as it is only needs proof that it decodes: libjpeg-turbo's strict decode at 1/8
-            # scale reads every entropy-coded byte for a fraction of a full decode. Anything it doubts goes
-            # through PIL's full decode below, which names the problem.
-            if layout == "encoded" and untouched and decodes_strictly(raw):
-                return _Sample(relpath, label, raw)
-            image.load()  # full decode: truncated files fail here, not in the training loop
-            rgb = _to_rgb(image)
-            if layout == "decoded":
-                pixels = np.asarray(resize_center_crop(rgb, size), dtype=np.uint8)
-                return _Sample(relpath, label, pixels.tobytes())
-            if untouched:
-                return _Sample(relpath, label, raw)
-            # Store what a reader can decode straight to RGB: converted, upright, re-encoded losslessly enough.
-            buffer = io.BytesIO()
-            rgb.save(buffer, format="JPEG", quality=95, subsampling=0)
-            return _Sample(relpath, label, buffer.getvalue())
-    except Image.DecompressionBombError:
-        return _Sample(relpath, label, None, "image too large (decompression bomb guard)")
-    except (OSError, SyntaxError, ValueError) as exc:
-        unknown = isinstance(exc, UnidentifiedImageError)
-        reason = "not an image (unrecognised format)" if unknown else f"corrupt image: {exc}"
-        return _Sample(relpath, label, None, reason)
 
 
 def _batches(payloads: list[bytes], limit: int = 64 << 20) -> Iterator[tuple[int, list[bytes]]]:
@@ -243,62 +137,6 @@ def _write_shard(path: Path, layout: Layout, size: int, payloads: list[bytes], l
         os.fsync(written.fileno())
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _watch_parent(parent: int) -> None:
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
-def _worker_init(parent: int) -> None:
-    """Decoding workers die with the packer, even when it is SIGKILLed (then no shutdown message ever comes).
-
-    Linux: the kernel sends SIGKILL when the parent dies (prctl PR_SET_PDEATHSIG). Everywhere: a daemon thread
-    polls the parent pid as a fallback. Ctrl-C goes to the parent only (it shuts the pool down); SIGTERM kills."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before the prctl took effect
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
-
-
-def _decode_chunk(tasks: list[tuple[str, str, int, Layout, int]]) -> list[_Sample]:
-    return [_decode(task) for task in tasks]
-
-
-def _samples(source: Path, files: list[tuple[str, int]], options: PackOptions) -> Iterator[_Sample]:
-    """Decoded samples in input order. At most 2 x workers chunks are decoded ahead of the consumer: Executor.map
-    would decode everything it was given, whether consumed or not, so a slow writer (or a slow upload) would hold
-    the whole dataset in memory; with a bounded look-ahead the writer's pace sets the decoders'."""
-    tasks = [(str(source), rel, label, options.layout, options.image_size) for rel, label in files]
-    if options.workers <= 1:
-        yield from map(_decode, tasks)
-        return
-    workers = max(1, min(options.workers, len(tasks)))
-    chunk = max(1, min(64, len(tasks) // (options.workers * 8) or 1))
-    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init, initargs=(os.getpid(),)) as pool:
-        ahead: deque[Future[list[_Sample]]] = deque()
-        try:
-            for start in range(0, len(tasks), chunk):
-                ahead.append(pool.submit(_decode_chunk, tasks[start:start + chunk]))
-                if len(ahead) >= 2 * workers:
-                    yield from ahead.popleft().result()
-            while ahead:
-                yield from ahead.popleft().result()
-        finally:
-            for future in ahead:  # the consumer stopped (an error, Ctrl-C): decode nothing more
-                future.cancel()
-
-
 def prepare_output(out: Path, force: bool) -> set[str]:
     """Create OUT; refuse an existing dataset unless `force`. Returns the shard names the old manifest owns (the only
     files, besides pack's own temporaries, that a pack may ever delete)."""
@@ -334,7 +172,7 @@ def free_name(out: Path, index: int, taken: set[str], usable: Callable[[str], bo
 
 
 def write_error(where: Path, exc: OSError) -> DataToolError:
-    """The one-line error for a failed write into OUT (runtime when the errno is one of s3.RUNTIME_ERRNOS)."""
+    """The one-line error for a failed write into OUT (runtime when the errno is one of errors.RUNTIME_ERRNOS)."""
     why = os.strerror(exc.errno) if exc.errno else str(exc)
     return DataToolError(str(where), f"cannot write: {why}", runtime=is_runtime_oserror(exc))
 
@@ -346,7 +184,7 @@ def _where(source: Path | S3Source, relpath: str = "") -> str:
     return source.where(relpath) if relpath else str(source)
 
 
-def skip_sample(source: Path | S3Source, sample: _Sample, strict: bool, skipped: list[dict[str, str]]) -> None:
+def skip_sample(source: Path | S3Source, sample: Sample, strict: bool, skipped: list[dict[str, str]]) -> None:
     """An unusable sample: a line of the skip report, or with --strict the error that stops the pack."""
     if strict:
         raise DataToolError(_where(source, sample.relpath), sample.reason)
@@ -385,9 +223,11 @@ def ordered_listing(source: Path | S3Source, options: PackOptions,
 
 
 def source_samples(source: Path | S3Source, files: list[tuple[str, int]], options: PackOptions,
-                   sizes: dict[str, int]) -> Iterator[_Sample]:
+                   sizes: dict[str, int]) -> Iterator[Sample]:
     """Decoded samples of `files` in their order, from a folder or an s3:// source."""
-    return _samples(source, files, options) if isinstance(source, Path) else source.samples(files, options, sizes)
+    decoding = options.decoding
+    return local_samples(source, files, decoding) if isinstance(source, Path) \
+        else source.samples(files, decoding, sizes)
 
 
 def pack(source: Path | S3Source, out: Path, options: PackOptions, stream: ShardStream | None = None) -> PackResult:
@@ -429,7 +269,7 @@ def lock_output(out: Path) -> int:
 
 
 def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, classes: list[str],
-                 samples: Iterator[_Sample], starts: list[int], total: int, old_names: set[str],
+                 samples: Iterator[Sample], starts: list[int], total: int, old_names: set[str],
                  stream: ShardStream | None) -> PackResult:
 
     keep_local = stream is None or stream.keep_local

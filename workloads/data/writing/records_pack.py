@@ -32,6 +32,7 @@ from tqdm import tqdm
 
 from workloads.data import TOOL_VERSION
 from workloads.data.format.documents import DOC_OFFSETS_FIELD, sequence_offsets
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import (
     FORMAT_NAME,
     MANIFEST_NAME,
@@ -50,18 +51,16 @@ from workloads.data.format.records import (
     encode_record,
 )
 from workloads.data.format.verify import sha256_file
-from workloads.data.moving.s3 import DataToolError, RetryPolicy, S3Uri, TransientError, parse_s3_uri, with_retries
+from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, parse_s3_uri, with_retries
 from workloads.data.writing.pack import (
     REPORT_NAME,
     TEMP_SUFFIX,
-    PackOptions,
-    _samples,
-    decode_image,
     free_name,
     lock_output,
     prepare_output,
     write_error,
 )
+from workloads.data.writing.samples import Decoding, decode_image, local_samples
 from workloads.data.writing.sources import S3Source, SourceOptions
 
 CAPTIONS_MAX_BYTES = 4 << 30  # a caption table larger than this is read in slices by a source, not here
@@ -96,7 +95,7 @@ Item = tuple[str, Mapping[str, Any] | None, str]
 
 def normalize_image(raw: bytes) -> bytes:
     """Image bytes as an image field stores them: what the image-folder pack's encoded layout stores
-    (pack.decode_image: an upright RGB JPEG that decodes as it is, anything else Pillow opens converted to RGB and
+    (samples.decode_image: an upright RGB JPEG that decodes as it is, anything else Pillow opens converted to RGB and
     re-encoded as JPEG quality 95). RecordError with the reason otherwise."""
     sample = decode_image("", 0, raw, "encoded", 0)
     if sample.payload is None:
@@ -463,9 +462,9 @@ def pack_captions(table: str | Path, out: Path, options: RecordPackOptions, int_
             continue
         items.append((label, record, ""))
         images.append((relative, len(items) - 1))
-    decode = PackOptions(layout="encoded", workers=options.workers)
+    decode = Decoding(layout="encoded", workers=options.workers)
     decoded = bucket_source.samples(images, decode, {}) if bucket_source is not None \
-        else _samples(base, images, decode)
+        else local_samples(base, images, decode)
 
     def merged() -> Iterator[Item]:
         pending = iter(decoded)

@@ -36,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from workloads.data import TOOL_VERSION
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import (
     Manifest,
     ShardInfo,
@@ -48,7 +49,7 @@ from workloads.data.format.manifest import (
 )
 from workloads.data.format.records import RECORDS_VERSION, FieldSpec, RecordError, check_fields, encode_record
 from workloads.data.format.verify import sha256_file
-from workloads.data.moving.s3 import DataToolError, S3Uri, describe, parse_s3_uri
+from workloads.data.moving.s3 import S3Uri, describe, parse_s3_uri
 from workloads.data.moving.upload import ShardStream
 from workloads.data.writing.maphook import MapHook
 from workloads.data.writing.pack import REPORT_NAME, TEMP_SUFFIX, free_name, lock_output, prepare_output, write_error

@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workloads.data import TOOL_VERSION
+from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import Manifest, ShardInfo, check_file_name, manifest_bytes, shard_name
 from workloads.data.moving.metrics import PackMetrics
-from workloads.data.moving.s3 import DataToolError, S3Uri, describe, error_code
+from workloads.data.moving.s3 import S3Uri, describe, error_code
 from workloads.data.moving.upload import SHA256_METADATA, ShardStream
 from workloads.data.writing.pack import (
     REPORT_NAME,

@@ -10,7 +10,7 @@
 The listing is paginated (list_objects_v2, 1,000 keys a page) and each object is fetched by GETs of at most
 `part_bytes` (ranged beyond that), each retried with backoff (workloads.data.moving.s3.with_retries) under the client's
 connect/read timeouts, many objects at once on a thread pool; the decoding runs on pack's process pool with the
-same per-image rules as a local pack (pack.decode_image). Relative paths in the listing (and so in the pack report)
+same per-image rules as a local pack (samples.decode_image). Relative paths in the listing (and so in the pack report)
 are `<class>/<...>/<file>` for class folders and the listed key for a file list, so a local tree and its copy in a
 bucket pack to the same shards and the same report.
 
@@ -30,20 +30,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from workloads.data.moving.s3 import (
-    DataToolError,
-    RetryPolicy,
-    S3Uri,
-    TransientError,
-    describe,
-    error_code,
-    with_retries,
-)
-
-if TYPE_CHECKING:
-    from workloads.data.writing.pack import PackOptions, _Sample
+from workloads.data.format.errors import DataToolError
+from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, describe, error_code, with_retries
+from workloads.data.writing.samples import Decoding, Sample, decode_fetched, worker_init
 
 FILE_LIST_SUFFIXES = (".csv", ".jsonl")
 FILE_LIST_MAX_BYTES = 4 << 30  # ~50 M rows of `key,label`; a larger "list" is not one
@@ -239,19 +230,17 @@ class S3Source:
                 return b"", ""
             raise
 
-    def samples(self, files: list[tuple[str, int]], options: PackOptions, sizes: dict[str, int]) -> Iterator[_Sample]:
+    def samples(self, files: list[tuple[str, int]], options: Decoding, sizes: dict[str, int]) -> Iterator[Sample]:
         """Decoded samples in input order: objects fetched on a thread pool at most `fetch window` ahead, decoded in
         chunks on pack's process pool at most 2 x workers chunks ahead of the consumer (as a local pack)."""
-        from workloads.data.writing.pack import _worker_init
-
         chunk = max(1, min(64, len(files) // (options.workers * 8) or 1))
         window = max(2 * self.options.fetch_workers, chunk)
         decoders = ProcessPoolExecutor(max_workers=max(1, min(options.workers, len(files) or 1)),
-                                       initializer=_worker_init, initargs=(os.getpid(),)) \
+                                       initializer=worker_init, initargs=(os.getpid(),)) \
             if options.workers > 1 else None
         fetchers = ThreadPoolExecutor(max_workers=self.options.fetch_workers, thread_name_prefix="fetch")
         fetching: deque[tuple[str, int, Future[tuple[bytes | None, str]]]] = deque()
-        decoding: deque[Future[list[_Sample]] | list[_Sample]] = deque()
+        decoding: deque[Future[list[Sample]] | list[Sample]] = deque()
         pending = iter(files)
         try:
             while True:
@@ -285,10 +274,4 @@ class S3Source:
                 decoders.shutdown(wait=True, cancel_futures=True)
 
 
-def decode_fetched(tasks: list[tuple[str, int, bytes | None, str, Any, int]]) -> list[_Sample]:
-    """Decode fetched objects (in a pack worker process); a fetch that failed is a skipped sample."""
-    from workloads.data.writing.pack import _Sample, decode_image
-
-    return [decode_image(relpath, label, raw, layout, size) if raw is not None
-            else _Sample(relpath, label, None, reason)
-            for relpath, label, raw, reason, layout, size in tasks]
+#END

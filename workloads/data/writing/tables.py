@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from workloads.data.moving.s3 import DataToolError, RetryPolicy, describe, parse_s3_uri, with_retries
+from workloads.data.format.errors import DataToolError
+from workloads.data.moving.s3 import RetryPolicy, describe, parse_s3_uri, with_retries
 
 TABLE_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".npy")
 NPY_FIELD = "value"

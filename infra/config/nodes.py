@@ -96,6 +96,17 @@ def move_renamed_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     return moved
 
 
+def written_path(path: str, values: Mapping[str, Any], why: str) -> tuple[str, str]:
+    """A problem's (path, why) under the spelling the file used: `nodes.autoscaler.expander` is reported as
+    `gpu.autoscaler.expander` when the file still says gpu.autoscaler."""
+    for (section, key), new_key in RENAMED.items():
+        new = f"{SECTION}.{new_key}"
+        old = values.get(section)
+        if (path == new or path.startswith(new + ".")) and isinstance(old, Mapping) and key in old:
+            return f"{section}.{key}{path[len(new):]}", why
+    return path, why
+
+
 def renamed_key_notes(raw: Mapping[str, Any], namespace: str = "ml-cluster:") -> list[str]:
     """One line per old spelling a stack's config (keys as in the stack file) still uses."""
     notes = []

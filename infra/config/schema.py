@@ -18,7 +18,7 @@ from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
 from infra.config.monitoring import MonitoringConfig
 from infra.config.nodepools import GpuConfig, NodePoolConfig
-from infra.config.nodes import NodesConfig, move_renamed_keys
+from infra.config.nodes import NodesConfig, move_renamed_keys, written_path
 from infra.config.queueing import KueueConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
@@ -462,7 +462,7 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
     try:
         config = StackConfig.model_validate(ours)
     except ValidationError as exc:
-        problems.extend(_problem(err) for err in exc.errors())
+        problems.extend(written_path(path, ours, why) for path, why in map(_problem, exc.errors()))
         raise ConfigError(problems) from None
     problems += unused_secret_problems(config, [key for key in raw if key in secret])
     if config.cluster is not None:  # the deploy workflow's runner must reach the API server

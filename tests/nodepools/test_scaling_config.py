@@ -52,10 +52,13 @@ def test_one_setting_under_both_spellings_is_an_error_naming_both() -> None:
     assert "gpu.autoscaler and nodes.autoscaler are one setting" in text and "remove gpu.autoscaler" in text
 
 
-def test_a_bad_value_under_the_old_spelling_is_still_refused() -> None:
+def test_a_bad_value_is_refused_under_the_spelling_the_file_used() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_stack_config(_raw(gpu={"autoscaler": {"expander": "cheapest"}}))
-    assert "nodes.autoscaler.expander" in str(caught.value)
+    assert [path for path, _ in caught.value.shown()] == ["ml-cluster:gpu.autoscaler.expander"]
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(_raw(nodes={"autoscaler": {"expander": "cheapest"}}))
+    assert [path for path, _ in caught.value.shown()] == ["ml-cluster:nodes.autoscaler.expander"]
 
 
 def test_notes_name_each_old_spelling_and_its_new_key() -> None:

@@ -9,10 +9,11 @@ Order: `--kubeconfig FILE`, then `--stack S` (~/.kube/ml-S), then $KUBECONFIG, t
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from workloads.k8snames import is_dns_label
 
 
 class KubeconfigError(ValueError):
@@ -33,13 +34,10 @@ class KubeconfigChoice:
         return not self.files
 
 
-# A stack name is a DNS label (infra.config.names.check_stack_name): it never carries a path into ~/.kube.
-_STACK_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
 def check_stack_name(stack: str) -> str:
     """`stack`, or KubeconfigError when it is no stack name (`../x`, `/etc/passwd`, empty)."""
-    if not _STACK_NAME.fullmatch(stack) or len(stack) > 63:
+    # A DNS label (infra.config.names.check_stack_name): it never carries a path into ~/.kube.
+    if not is_dns_label(stack):
         raise KubeconfigError("--stack", f"{stack!r} is not a valid stack name: use lower-case letters, digits "
                                          "and '-', starting and ending with a letter or digit")
     return stack

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.config.base import DnsLabel, Quantity, StrictModel
+from workloads.k8snames import DNS1123_SUBDOMAIN_PATTERN
 
 # Prometheus durations as its flags accept them (--storage.tsdb.retention.time, scrape_interval): 15d, 12h, 30s.
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
@@ -84,7 +85,7 @@ class MonitoringConfig(StrictModel):
     retention: str = Field(default="15d", description="how long Prometheus keeps samples")
     storage_size: Quantity = Field(default="50Gi", description="Prometheus' volume (gp3 on EKS)")
     storage_class: str | None = Field(default=None, max_length=253, description="None: the cluster's default class",
-                                      pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+                                      pattern=DNS1123_SUBDOMAIN_PATTERN)
     grafana: bool = Field(default=True, description="Grafana with the dashboard (in-cluster mode)")
     remote_write: RemoteWriteConfig | None = Field(
         default=None,

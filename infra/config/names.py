@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from infra.config.nodepools import BURN_IN_NAME
 from infra.config.queueing import TEAM_LIMITS_NAME, TEAM_QUOTA_NAME, TeamConfig
 from workloads.jobspec import namespace_network_policies
+from workloads.k8snames import is_dns_label, is_dns_subdomain, is_label_value
 
 if TYPE_CHECKING:
     from infra.config.schema import StackConfig
@@ -35,9 +36,6 @@ AUTONAME_SUFFIX = 8  # Pulumi auto-naming appends "-" and 7 random hex character
 PLACEHOLDER_ACCOUNT = "000000000000"  # account ids are always 12 digits: right for every length rule
 
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _IAM_NAME = re.compile(r"^[\w+=,.@-]+$")
 
 # Kubernetes kinds whose names are DNS-1123 labels (the rest are subdomains).
@@ -81,7 +79,7 @@ def static_volume_name(namespace: str, claim: str) -> str:
 
 def check_stack_name(stack: str) -> list[tuple[str, str]]:
     """A stack name becomes part of bucket names (lower-case, digits, '-'), label values and DNS names."""
-    if not _DNS_LABEL.match(stack):
+    if not is_dns_label(stack, max_length=None):
         return [(STACK_PATH, f"{stack!r} is not a valid stack name: use lower-case letters, digits and '-', "
                              "starting and ending with a letter or digit (it becomes part of S3 bucket names, "
                              "IAM role names, Kubernetes labels and DNS names)")]
@@ -335,14 +333,14 @@ def _rule_violation(item: DerivedName) -> str | None:
     if item.service == "logs":
         return None if len(name) <= 512 else f"log group name {name!r} is longer than 512"
     if item.service == "label":
-        if len(name) > 63 or not _LABEL_VALUE.match(name):
+        if not is_label_value(name):
             return f"{name!r} is not a Kubernetes label value (at most 63 letters, digits, '-', '_', '.')"
         return None
     if item.service == "kubernetes":
         if item.kind in _LABEL_NAMED_KINDS:
-            if len(name) > 63 or not _DNS_LABEL.match(name):
+            if not is_dns_label(name):
                 return f"{item.kind} name {name!r} is not a DNS-1123 label (at most 63)"
-        elif len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        elif not is_dns_subdomain(name):
             return f"{item.kind} name {name!r} is not a DNS-1123 subdomain (at most 253)"
     return None
 

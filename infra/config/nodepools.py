@@ -15,11 +15,15 @@ from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from infra.config.base import DnsLabel, Quantity, StrictModel
 from workloads.jobspec.spec import Image, ImageTag
+from workloads.k8snames import (
+    DNS1123_LABEL_PATTERN,
+    LABEL_VALUE_PATTERN,
+    is_dns_subdomain,
+    is_label_name,
+    is_label_value,
+)
 
 _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def _instance_type(value: str) -> str:
@@ -35,7 +39,7 @@ def _instance_type(value: str) -> str:
 
 def _label_key(key: str) -> str:
     prefix, _, name = key.rpartition("/")
-    if (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))) or not _LABEL_NAME.match(name):
+    if (prefix and not is_dns_subdomain(prefix)) or not is_label_name(name):
         raise ValueError(f"{key!r} is not a Kubernetes label key ([prefix/]name, name at most 63 characters)")
     return key
 
@@ -43,13 +47,13 @@ def _label_key(key: str) -> str:
 def _labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
         _label_key(key)
-        if not _LABEL_VALUE.match(value):
+        if not is_label_value(value):
             raise ValueError(f"label {key}: {value!r} is not a Kubernetes label value (at most 63 characters)")
     return labels
 
 
 def _node_name(value: str) -> str:
-    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+    if not is_dns_subdomain(value):
         raise ValueError(f"{value!r} is not a Kubernetes node name (DNS subdomain)")
     return value
 
@@ -63,7 +67,7 @@ NodeName = Annotated[str, AfterValidator(_node_name)]
 class TaintConfig(StrictModel):
     key: LabelKey = Field(description="the taint key")
     value: str = Field(
-        default="", max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
+        default="", max_length=63, pattern=LABEL_VALUE_PATTERN,
         description="the taint value (may be empty)",
     )
     effect: Literal["NO_SCHEDULE", "NO_EXECUTE", "PREFER_NO_SCHEDULE"] = Field(
@@ -100,7 +104,7 @@ class ExistingNodesConfig(StrictModel):
     vcpus: int = Field(ge=1, description="vCPUs per node")
     memory: Quantity = Field(description="memory per node")
     gpu_type: str | None = Field(
-        default=None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63,
+        default=None, pattern=DNS1123_LABEL_PATTERN, max_length=63,
         description="the GPU type label value, e.g. a100 (with gpusPerNode)",
     )
     gpus_per_node: int = Field(default=0, ge=0, description="GPUs per node (with gpuType); 0: a CPU pool")

@@ -24,6 +24,7 @@ from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
 from infra.stackyaml import load_stack_yaml
 from workloads.jobspec import TrainingJobSpec
+from workloads.k8snames import is_dns_subdomain
 
 PROJECT = "ml-cluster"
 NAMESPACE = f"{PROJECT}:"
@@ -33,7 +34,6 @@ SECRET_KEYS = ("kubeconfig", "cosHmacAccessKeyId", "cosHmacSecretAccessKey")
 # a minor is still supported on the day of a plan is the support calendar's (infra/config/support.py) to say.
 SUPPORTED_KUBERNETES = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35", "1.36")
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
 
@@ -356,7 +356,7 @@ class StackConfig(StrictModel):
     @field_validator("label_prefix")
     @classmethod
     def _label_prefix(cls, value: str) -> str:
-        if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        if not is_dns_subdomain(value):
             raise ValueError(f"{value!r} is not a DNS subdomain (e.g. ml-cluster.io)")
         return value
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import signal
 import sys
 import threading
@@ -36,15 +35,15 @@ from workloads.health.verdict import (
     read_gpu_check,
     should_run,
 )
+from workloads.k8snames import is_dns_subdomain
 from workloads.safeio import StateFileError, atomic_write_in, parse_json_object, read_regular
 
 SKIP = "skip"
 MAX_RESULT_BYTES = 1024 * 1024
-_NODE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def _node_name(text: str) -> str:
-    if len(text) > 253 or not _NODE.match(text):
+    if not is_dns_subdomain(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a node name")
     return text
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -45,6 +44,7 @@ from workloads.jobspec.defaults import (
 )
 from workloads.jobspec.queue import KUEUE_QUEUE_LABEL, queue_annotation
 from workloads.jobspec.spec import CONFIG_ERROR_EXIT_CODE, STAGE_METRICS_PORT, JobSpecError
+from workloads.k8snames import is_dns1035_label
 from workloads.quantity import format_bytes
 
 PACK_CONTAINER = "pack"
@@ -52,7 +52,6 @@ PACK_CONTAINER = "pack"
 # stager's port, which the stack's NetworkPolicies already open to its monitoring namespace.
 PACK_METRICS_PORT = STAGE_METRICS_PORT
 SCRATCH_DIR = "/scratch"
-_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ def pack_service_account(spec: PackJobSpec, facts: ClusterFacts) -> str:
 
 def check_pack_spec(spec: PackJobSpec, facts: ClusterFacts) -> int:
     """Raise JobSpecError naming the field; returns the shard size in bytes."""
-    if not _NAME.match(spec.name):
+    if not is_dns1035_label(spec.name, max_length=40):
         raise JobSpecError("name", f"{spec.name!r}: lowercase letters, digits and '-', at most 40, starting with a "
                                    "letter")
     for field, uri in (("source", spec.source), ("dest", spec.dest)):

@@ -16,6 +16,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from workloads.k8snames import DnsLabel, DnsSubdomain, is_dns1035_label, is_label_value
 from workloads.quantity import (
     format_bytes,
     format_millicores,
@@ -98,10 +99,6 @@ STAGER_EPHEMERAL = 1 * GIB  # its logs; the staged shards are in the dataset emp
 STAGER_RESOURCES = {"cpu": format_millicores(STAGER_CPU_MILLICORES), "memory": format_bytes(STAGER_MEMORY),
                     "ephemeral-storage": format_bytes(STAGER_EPHEMERAL)}
 
-_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # DNS-1035: also valid as the multi-node Service name
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # the OCI distribution spec's tag grammar
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _S3_URI = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/.*)?$")
@@ -148,29 +145,16 @@ class JobSpecError(ValueError):
 
 
 def _job_name(value: str) -> str:
-    if not _NAME.match(value):
+    # DNS-1035: also valid as the multi-node Service name; its length is checked with the hash's (below)
+    if not is_dns1035_label(value, max_length=None):
         raise ValueError(
             f"{value!r} must start with a letter and hold only lower-case letters, digits and '-'"
         )
     return value
 
 
-def _dns_label(value: str) -> str:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
-        raise ValueError(
-            f"{value!r} is not a DNS-1123 label (lower-case letters, digits and '-', at most 63)"
-        )
-    return value
-
-
-def _dns_subdomain(value: str) -> str:
-    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
-        raise ValueError(f"{value!r} is not a DNS-1123 subdomain")
-    return value
-
-
 def _label_value(value: str) -> str:
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
+    if not is_label_value(value):
         raise ValueError(f"{value!r} is not a valid label value (at most 63 of [A-Za-z0-9-_.])")
     return value
 
@@ -221,8 +205,6 @@ def _object_prefix(value: str) -> str:
 
 
 JobName = Annotated[str, AfterValidator(_job_name)]
-DnsLabel = Annotated[str, AfterValidator(_dns_label)]
-DnsSubdomain = Annotated[str, AfterValidator(_dns_subdomain)]
 LabelValue = Annotated[str, AfterValidator(_label_value)]
 PositiveQuantity = Annotated[str, BeforeValidator(_number_as_text), AfterValidator(_positive_quantity)]
 AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]

@@ -14,6 +14,15 @@ uint8 pixels) with the same number of worker processes, and ends with its datase
                the upload
 
 The figure is images/s over the whole conversion, and images/s per worker process (per core when W <= cores).
+
+Records (the `--records` row of scripts/bench_pack.py): Parquet tables in the bucket, one row per image (its key and
+a caption); every contender fetches each row's image, stores it as records_pack.normalize_image does (the upright
+JPEG as it is, anything else re-encoded) and runs `record_map` on the row:
+
+    ours-records      `pack-tables s3://B/tables s3://B/ours-rec --map benchmarks.pack_peers:record_map
+                      --image-column image` (one process; image fetches and encodes on threads), then --publish
+    litdata-records   litdata.optimize(fn=map + fetch + normalize, inputs=the tables' rows, num_workers=W) into a
+                      local directory, then the upload
 """
 
 from __future__ import annotations
@@ -145,7 +154,74 @@ def streaming(endpoint: str, bucket: str, workers: int, size: int, shard_bytes: 
     return {"seconds": time.perf_counter() - started, "processes": workers}
 
 
-CONTENDERS = {"ours": ours, "litdata": litdata, "streaming": streaming}
+# -- records: Parquet tables of (image key, caption) rows, the same per-record work -------------------------------
+
+def record_map(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-record user work both record contenders run: a toy tokenizer's normalisation of the caption."""
+    return {"image": record["image"], "caption": " ".join(record["caption"].lower().split())}
+
+
+def table_rows(endpoint: str, bucket: str) -> list[dict[str, Any]]:
+    import io
+
+    import pyarrow.parquet as pq
+
+    client, rows = _client(endpoint), []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="tables/"):
+        for item in sorted(page.get("Contents", []), key=lambda entry: entry["Key"]):
+            body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            rows += pq.read_table(io.BytesIO(body)).to_pylist()
+    return rows
+
+
+def ours_records(endpoint: str, bucket: str, workers: int, size: int, shard_bytes: int, scratch: Path,
+                 slices: int = 1) -> dict[str, Any]:
+    """pack-tables s3://B/tables s3://B/ours-rec --map ... in `slices` processes, then --publish."""
+    fields = json.dumps([{"name": "image", "type": "image"}, {"name": "caption", "type": "text"}])
+    common = ["--fields", fields, "--map", "benchmarks.pack_peers:record_map", "--image-column", "image",
+              "--images", f"s3://{bucket}", "--shard-rows", "256", "--workers", str(max(2, 4 * workers // slices)),
+              "--no-progress", "--endpoint-url", endpoint, "--scratch", str(scratch)]
+    dest, env = f"s3://{bucket}/ours-rec-{slices}", {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    processes = [subprocess.Popen([sys.executable, "-m", "workloads.data", "pack-tables", f"s3://{bucket}/tables",
+                                   dest, *common, "--shard-count", str(slices), "--shard-index", str(index)],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for index in range(slices)]
+    for process in processes:
+        _, err = process.communicate()
+        if process.returncode:
+            raise RuntimeError(f"slice failed: {err.strip().splitlines()[-1:]}")
+    done = subprocess.run([sys.executable, "-m", "workloads.data", "pack-tables", f"s3://{bucket}/tables", dest,
+                           *common, "--publish"], env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"publish failed: {done.stderr.strip()}")
+    return {"seconds": time.perf_counter() - started, "processes": slices}
+
+
+def _lit_record(endpoint: str, bucket: str, row: dict[str, Any]) -> dict[str, Any]:
+    from workloads.data.writing.records_pack import normalize_image
+
+    record = record_map(row)
+    assert record is not None
+    raw = _worker_client(endpoint).get_object(Bucket=bucket, Key=record["image"])["Body"].read()
+    return {"image": normalize_image(raw), "caption": record["caption"]}
+
+
+def litdata_records(endpoint: str, bucket: str, workers: int, size: int, shard_bytes: int,
+                    scratch: Path) -> dict[str, Any]:
+    import litdata as ld
+
+    started = time.perf_counter()
+    rows = table_rows(endpoint, bucket)  # LitData's inputs are a list: the tables are read whole first
+    out = scratch / "lit-rec"
+    ld.optimize(fn=functools.partial(_lit_record, endpoint, bucket), inputs=rows, output_dir=str(out),
+                chunk_bytes=shard_bytes, num_workers=workers, mode="overwrite")
+    upload_dir(endpoint, bucket, out, "lit-rec")
+    return {"seconds": time.perf_counter() - started, "processes": workers}
+
+
+CONTENDERS = {"ours": ours, "litdata": litdata, "streaming": streaming, "ours-records": ours_records,
+              "litdata-records": litdata_records}
 
 
 def child_main(argv: list[str]) -> int:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks import peers_records
+from benchmarks import peers_mixture, peers_records
 from workloads.data.format.jpeg import decode_bytes, decode_file
 from workloads.data.format.manifest import load_manifest
 from workloads.data.moving.cache import CacheFeeder, working_set_bytes
@@ -46,6 +46,7 @@ from workloads.data.writing.pack import PackOptions, pack
 
 BATCH = 128
 RECORD_LAYOUTS = ("captions", "tokens")
+MIXTURE = "mixture"  # two sources at 0.7 / 0.3 (benchmarks/peers_mixture.py): ours, Streaming, LitData
 WORKERS = 2
 SHARD_BYTES = 32 << 20
 
@@ -137,6 +138,8 @@ def _pack_and_upload(ctx: Context) -> tuple[Measured, int]:
 
 def ours(ctx: Context) -> Measured:
     """Copy staging: every shard is local before the first batch."""
+    if ctx.layout == MIXTURE:
+        return peers_mixture.ours(ctx, _run_epochs)
     if ctx.layout in ("decoded", "tokens") and not ctx.keep_decoded:
         raise NotApplicable("ours-redecode is ours without the decode cache, which only encoded images use")
     measured, _ = _pack_and_upload(ctx)
@@ -178,6 +181,9 @@ def _ours_dataset(ctx: Context, dest: Path) -> HDF5Dataset:
 def ours_cache(ctx: Context) -> Measured:
     """The stager runs in this process, as `ours` runs its copy: in a Job it is a sidecar started before the trainer,
     so its start-up overlaps the trainer's. The budget is the share of the packed dataset (all of it: no bound)."""
+    if ctx.layout == MIXTURE:
+        raise NotApplicable("the mixture row compares ours (MixedData, one stager for both sources) with the "
+                            "peers' mixtures")
     measured, packed_bytes = _pack_and_upload(ctx)
     dest = ctx.local / "cache"
     budget = int(packed_bytes * (ctx.budget_fraction or 1.0))
@@ -272,6 +278,8 @@ def _stub_torchvision() -> None:
 
 
 def streaming(ctx: Context) -> Measured:
+    if ctx.layout == MIXTURE:
+        return peers_mixture.streaming(ctx, _run_epochs)
     if ctx.layout in RECORD_LAYOUTS:
         return peers_records.streaming(ctx, _run_epochs)
     _stub_torchvision()
@@ -312,6 +320,8 @@ def _litdata_allow_http(_worker: int = 0) -> None:
 
 
 def litdata(ctx: Context) -> Measured:
+    if ctx.layout == MIXTURE:
+        return peers_mixture.litdata(ctx, _run_epochs)
     if ctx.layout in RECORD_LAYOUTS:
         return peers_records.litdata(ctx, _run_epochs)
     import litdata as ld
@@ -342,7 +352,7 @@ def _wds_decode(layout: str, size: int, sample: tuple[bytes, bytes]) -> tuple[to
 
 
 def webdataset(ctx: Context) -> Measured:
-    if ctx.layout in RECORD_LAYOUTS:
+    if ctx.layout in (*RECORD_LAYOUTS, MIXTURE):
         raise NotApplicable("the multi-field rows compare the peers that name typed columns (Streaming, LitData)")
     import functools
 

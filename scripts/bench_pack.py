@@ -2,7 +2,8 @@
 Streaming's MDSWriter on the same JPEGs from the same local S3 server, and our pack's scaling over 1, 2, 4 slices.
 
     .venv-bench/bin/python scripts/bench_pack.py [--images 1024] [--workers 2] [--size 256] [--shard-size 32MiB]
-                                                 [--contenders ours,litdata,streaming] [--slices 1,2,4] [--json]
+                                                 [--contenders ours,litdata,streaming] [--slices 1,2,4]
+                                                 [--records ours-records,litdata-records] [--json]
 
 Run it in the benchmark venv (`make bench-peers` builds it: LitData and Streaming are never in .venv). The server is
 benchmarks/s3_server.py on 127.0.0.1 (started and stopped here, by its PID); every contender runs in its own
@@ -74,6 +75,23 @@ def _upload_raw(url: str, folder: Path) -> int:
     return len(files)
 
 
+def _upload_tables(url: str, folder: Path, tables: int = 8) -> None:
+    """Parquet tables of (image key, caption) rows naming the uploaded JPEGs, for the records row."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    keys = [f"raw/{p.relative_to(folder).as_posix()}" for p in sorted(folder.rglob("*.jpg"))]
+    client = make_client(url, 4)
+    for number in range(tables):
+        part = keys[number::tables]
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"image": part, "caption": [f"A  Photo of {k.split('/')[1]}" for k in part]}),
+                       buffer, row_group_size=64)
+        client.put_object(Bucket=BUCKET, Key=f"tables/t{number:02d}.parquet", Body=buffer.getvalue())
+
+
 def _run(name: str, params: dict[str, object]) -> dict[str, object]:
     done = subprocess.run([sys.executable, "-m", "benchmarks.pack_peers", name, json.dumps(params)], cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
@@ -93,6 +111,8 @@ def main() -> int:
     parser.add_argument("--shard-size", default="32MiB")
     parser.add_argument("--contenders", default="ours,litdata,streaming")
     parser.add_argument("--slices", default="1,2,4", help="our pack's scaling: slice processes, 1 worker each")
+    parser.add_argument("--records", default="ours-records,litdata-records",
+                        help="the records row: Parquet tables naming the same JPEGs (empty: skip)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     shard_bytes = parse_size(args.shard_size, 1 << 20)
@@ -125,6 +145,10 @@ def main() -> int:
                 run(name, name, args.workers)
             for slices in (int(text) for text in args.slices.split(",") if text):
                 run("ours", f"ours-{slices}-slices", slices, slices=slices)
+            if args.records:
+                _upload_tables(url, root / "jpegs")
+                for name in args.records.split(","):
+                    run(name, name, args.workers)
     summary = {"images": args.images, "size": args.size, "shard_bytes": shard_bytes, "cpus": os.cpu_count(),
                "load_after": round(os.getloadavg()[0], 2), "rows": rows}
     if args.json:
@@ -139,12 +163,13 @@ def main() -> int:
             continue
         print(f"{row['contender']:<20} {row['processes']:>5} {float(row['seconds']):>8.1f} "  # type: ignore[arg-type]
               f"{row['images_per_s']:>9} {row['images_per_s_per_process']:>9}  load before {row['load_before']}")
-    ours = next((row for row in rows if row["contender"] == "ours" and "images_per_s" in row), None)
-    for row in rows:
-        if ours is not None and row is not ours and row["contender"] in ("litdata", "streaming") \
-                and "images_per_s" in row:
-            ratio = float(ours["images_per_s_per_process"]) / float(row["images_per_s_per_process"])  # type: ignore[arg-type]
-            print(f"ours / {row['contender']}: {ratio:.2f}x images/s per process")
+    for mine, peers in (("ours", ("litdata", "streaming")), ("ours-records", ("litdata-records",))):
+        ours = next((row for row in rows if row["contender"] == mine and "images_per_s" in row), None)
+        for row in rows:
+            if ours is not None and row["contender"] in peers and "images_per_s" in row:
+                ratio = float(ours["images_per_s"]) / float(row["images_per_s"])  # type: ignore[arg-type]
+                per = float(ours["images_per_s_per_process"]) / float(row["images_per_s_per_process"])  # type: ignore[arg-type]
+                print(f"{mine} / {row['contender']}: {ratio:.2f}x images/s, {per:.2f}x per process")
     return 0
 
 

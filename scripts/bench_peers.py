@@ -15,6 +15,9 @@ caption (batches of uint8 images and str captions), "tokens" cuts a generated co
 sequences of 513 (int32 batches); contenders ours, ours-cache, ours-redecode (captions), Streaming, LitData and
 their bounded rows.
 
+Mixture layout (--layouts mixture; benchmarks/peers_mixture.py): the JPEGs as two sources read at 0.7 / 0.3: ours
+(MixedData: one stager, one sampler), Streaming (Stream proportions) and LitData (CombinedStreamingDataset weights).
+
 Reported per contender and layout (best round by 20-epoch total): conversion (+ upload), time to first batch
 (from creating the dataset, downloads included), cold epoch samples/s, warm epoch samples/s, the 20-epoch total
 (conversion + cold epoch + 19 x median warm epoch), peak local disk and peak RSS (all processes). A contender whose
@@ -59,6 +62,7 @@ from benchmarks.peers import (  # noqa: E402
     BOUNDED_FRACTION,
     BOUNDED_SHARDS,
     CONTENDERS,
+    MIXTURE,
     PACKAGES,
     RECORD_LAYOUTS,
     Context,
@@ -204,7 +208,7 @@ def _context(args: argparse.Namespace, work: Path, endpoint: str, layout: str, n
     if name == "ours-redecode":
         ctx = dataclasses.replace(ctx, keep_decoded=False)
     if name in BOUNDED:
-        estimate = (args.images * args.size * args.size * 3 if layout == "decoded"
+        estimate = (args.images * args.size * args.size * 3 if layout in ("decoded", MIXTURE)
                     else 2 * args.tokens if layout == "tokens" else tree_bytes(work / "jpegs"))
         ctx = dataclasses.replace(ctx, budget_fraction=BOUNDED_FRACTION,
                                   shard_bytes=max(1 << 20, estimate // BOUNDED_SHARDS))
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each entry keeps its best")
     parser.add_argument("--epochs", type=int, default=3, help="epochs measured per contender (>= 2)")
-    parser.add_argument("--layouts", default="decoded,encoded", help="decoded, encoded, captions, tokens")
+    parser.add_argument("--layouts", default="decoded,encoded", help="decoded, encoded, captions, tokens, mixture")
     parser.add_argument("--tokens", type=int, default=4_000_000, help="token ids in the tokens layout's corpus")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--latency-ms", type=float, default=20.0)
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     layouts = [item for item in args.layouts.split(",") if item]
     contenders = [item for item in args.contenders.split(",") if item]
     bad = [name for name in contenders if name not in CONTENDERS] + [
-        layout for layout in layouts if layout not in ("decoded", "encoded", *RECORD_LAYOUTS)]
+        layout for layout in layouts if layout not in ("decoded", "encoded", *RECORD_LAYOUTS, MIXTURE)]
     if bad or args.epochs < 2 or args.images < 128:
         print(f"error: --contenders/--layouts/--epochs/--images: unknown {bad} or too few epochs (>= 2) or images "
               f"(>= 128)", file=sys.stderr)

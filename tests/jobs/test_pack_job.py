@@ -133,6 +133,29 @@ def test_submit_pack_renders(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert code == 2 and capsys.readouterr().err.startswith("error: slices: 0: 1..1000")
 
 
+def test_records_packs_render_as_image_packs_with_pack_tables() -> None:
+    _, facts = kueue_dev()
+    fields = '[{"name": "image", "type": "image"}, {"name": "caption", "type": "text"}]'
+    slices, publish = render_pack_job(spec(layout="records", source="s3://raw/laion-meta", fields=fields,
+                                           map_hook="mytok:prepare", image_columns=("key",),
+                                           images="s3://raw/laion-images", shard_rows=2048), facts)
+    for job in (slices, publish):
+        validate_strict(job, "1.33")
+        assert restricted_violations(job["spec"]["template"]["spec"]) == []
+    command = slices["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:6] == ["python", "-m", "workloads.data", "pack-tables", "s3://raw/laion-meta",
+                           "s3://mlc-dev-datasets-210987654321/imagenet-256"]
+    for flag, value in (("--fields", fields), ("--map", "mytok:prepare"), ("--image-column", "key"),
+                        ("--images", "s3://raw/laion-images"), ("--shard-rows", "2048"), ("--shard-count", "4")):
+        assert command[command.index(flag) + 1] == value
+    assert slices["spec"]["completionMode"] == "Indexed" and slices["spec"]["completions"] == 4
+    publish_command = publish["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert publish_command[3] == "pack-tables" and "--publish" in publish_command
+    with pytest.raises(JobSpecError) as caught:
+        render_pack_job(spec(layout="records"), facts)
+    assert caught.value.path == "fields"
+
+
 def test_watch_shows_images_per_second_and_slices_done() -> None:
     from dataclasses import replace as with_fields
 

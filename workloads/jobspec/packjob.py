@@ -61,7 +61,12 @@ class PackJobSpec:
     dest: str  # s3://bucket/prefix
     slices: int
     image: str
-    layout: Literal["decoded", "encoded"] = "decoded"
+    layout: Literal["decoded", "encoded", "records"] = "decoded"  # records: tables packed by `pack-tables`
+    fields: str | None = None  # records: the fields, a JSON list (pack-tables --fields)
+    map_hook: str | None = None  # records: module:function in the image (pack-tables --map)
+    image_columns: tuple[str, ...] = ()  # records: columns naming images under `images`
+    images: str | None = None  # records: s3:// prefix of the images (default: source)
+    shard_rows: int = 4096  # records: rows per shard
     image_size: int = 256
     shard_size: str = "1GiB"
     cpu_millicores: int = 4000  # per slice pod; its decoding processes
@@ -134,8 +139,10 @@ def render_pack_job(spec: PackJobSpec, facts: ClusterFacts) -> list[dict[str, An
     # Scratch holds the shard being written and the two being uploaded (ShardStream's in_flight), plus 1 GiB.
     scratch = 3 * shard_bytes + GIB
     memory = parse_size(spec.memory, 1 << 30, 4 << 40)
-    pack_args = [spec.source, spec.dest, "--layout", spec.layout, "--size", str(spec.image_size),
-                 "--shard-size", f"{shard_bytes}B", "--no-progress"]
+    tool, pack_args = ("pack", [spec.source, spec.dest, "--layout", spec.layout, "--size", str(spec.image_size),
+                                "--shard-size", f"{shard_bytes}B", "--no-progress"])
+    if spec.layout == "records":
+        tool, pack_args = "pack-tables", _tables_args(spec)
     env: list[dict[str, Any]] = []
     env_from: list[dict[str, Any]] = []
     if facts.in_object_store(_bucket(spec.dest)):
@@ -147,7 +154,7 @@ def render_pack_job(spec: PackJobSpec, facts: ClusterFacts) -> list[dict[str, An
         env = [{"name": "AWS_REGION", "value": facts.region}]
     workers = max(1, spec.cpu_millicores // 1000)
     slices = _job(spec, facts, name, queue, component="pack",
-                  command=["python", "-m", "workloads.data", "pack", *pack_args, "--shard-count", str(spec.slices),
+                  command=["python", "-m", "workloads.data", tool, *pack_args, "--shard-count", str(spec.slices),
                            "--workers", str(workers), "--scratch", SCRATCH_DIR],
                   cpu=spec.cpu_millicores, memory=memory, scratch=scratch,
                   env=[*env, {"name": "PACK_METRICS_PORT", "value": str(PACK_METRICS_PORT)},
@@ -161,7 +168,7 @@ def render_pack_job(spec: PackJobSpec, facts: ClusterFacts) -> list[dict[str, An
         "action": "FailIndex",
         "onExitCodes": {"containerName": PACK_CONTAINER, "operator": "In", "values": [CONFIG_ERROR_EXIT_CODE]}})
     publish = _job(spec, facts, f"{name}-publish", queue, component="pack-publish",
-                   command=["python", "-m", "workloads.data", "pack", *pack_args, "--publish", "--wait",
+                   command=["python", "-m", "workloads.data", tool, *pack_args, "--publish", "--wait",
                             str(spec.publish_wait_seconds), "--scratch", SCRATCH_DIR],
                    cpu=1000, memory=max(2 * GIB, memory // 4), scratch=GIB, env=env, env_from=env_from)
     publish["spec"].update({"backoffLimit": 3, "activeDeadlineSeconds": spec.publish_wait_seconds + 3600})
@@ -169,6 +176,24 @@ def render_pack_job(spec: PackJobSpec, facts: ClusterFacts) -> list[dict[str, An
         "action": "FailJob",
         "onExitCodes": {"containerName": PACK_CONTAINER, "operator": "In", "values": [CONFIG_ERROR_EXIT_CODE]}})
     return [slices, publish]
+
+
+def _tables_args(spec: PackJobSpec) -> list[str]:
+    """pack-tables' arguments of a records pack (Parquet, Arrow IPC, JSONL, npy tables under `source`)."""
+    if not spec.fields:
+        raise JobSpecError("fields", "a records pack declares its fields (a JSON list, as pack-tables --fields)")
+    if spec.images is not None and not spec.images.startswith("s3://"):
+        raise JobSpecError("images", f"{spec.images!r} is not an s3://bucket/prefix URI")
+    if not 1 <= spec.shard_rows <= 1 << 24:
+        raise JobSpecError("shardRows", f"{spec.shard_rows}: 1..{1 << 24}")
+    args = [spec.source, spec.dest, "--fields", spec.fields, "--shard-rows", str(spec.shard_rows), "--no-progress"]
+    if spec.map_hook:
+        args += ["--map", spec.map_hook]
+    for column in spec.image_columns:
+        args += ["--image-column", column]
+    if spec.images:
+        args += ["--images", spec.images]
+    return args
 
 
 def _job(spec: PackJobSpec, facts: ClusterFacts, name: str, queue: str | None, *, component: str,

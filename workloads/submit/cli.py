@@ -46,7 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--name", default="dataset", help="the Jobs' name: pack-<name>-<hash>[-publish]")
     pack.add_argument("--image", help="container image (default: <the stack's repository>:--image-tag)")
     pack.add_argument("--image-tag", help="tag of the stack's own registry (jobFacts image_repository)")
-    pack.add_argument("--layout", choices=["decoded", "encoded"], default="decoded")
+    pack.add_argument("--layout", choices=["decoded", "encoded", "records"], default="decoded",
+                      help="records: SOURCE holds Parquet / Arrow IPC / JSONL / npy tables (pack-tables)")
+    pack.add_argument("--fields", help="records: the fields, a JSON list (pack-tables --fields)")
+    pack.add_argument("--map", dest="map_hook", metavar="MODULE:FUNCTION",
+                      help="records: a function record -> record | None in the image (pack-tables --map)")
+    pack.add_argument("--image-column", action="append", default=[], metavar="COLUMN",
+                      help="records: a column naming an image under --images (repeatable)")
+    pack.add_argument("--images", help="records: s3:// prefix of the images (default: SOURCE)")
+    pack.add_argument("--shard-rows", type=int, default=4096, help="records: rows per shard")
     pack.add_argument("--size", type=int, default=256, help="decoded image side in pixels")
     pack.add_argument("--shard-size", default="1GiB")
     pack.add_argument("--cpu", type=int, default=4, help="CPUs per slice pod (its decoding processes)")

@@ -122,5 +122,7 @@ def render_pack(args: argparse.Namespace) -> list[dict[str, Any]]:
         image = f"{facts.image_repository}:{args.image_tag}"
     spec = PackJobSpec(name=args.name, source=args.source, dest=args.dest, slices=args.slices, image=image,
                        layout=args.layout, image_size=args.size, shard_size=args.shard_size,
-                       cpu_millicores=args.cpu * 1000, memory=args.memory, queue=args.queue)
+                       cpu_millicores=args.cpu * 1000, memory=args.memory, queue=args.queue,
+                       fields=args.fields, map_hook=args.map_hook, image_columns=tuple(args.image_column),
+                       images=args.images, shard_rows=args.shard_rows)
     return render_pack_job(spec, facts)

@@ -43,9 +43,9 @@ def ours(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
     from benchmarks.peers import WORKERS, Measured
     from workloads.data.api import LoaderSettings, Placement
     from workloads.data.mixed import MixedData, MixtureSource
-    from workloads.data.writing.pack import PackOptions, pack
     from workloads.data.moving.s3 import S3Uri, make_client
     from workloads.data.moving.upload import UploadOptions, upload
+    from workloads.data.writing.pack import PackOptions, pack
 
     started = time.perf_counter()
     remotes = []

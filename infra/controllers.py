@@ -16,7 +16,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config.controllers import JobControllersConfig
+from infra.config.schema import ConfigError
 from infra.context import ClusterInfo, StackContext
+from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec import JobSpecError, TrainingJobSpec
+from workloads.jobspec.runtimes import StagedRuntime, plain_runtimes, staged_runtime
 
 JOBSET_CHART = "jobset"
 JOBSET_REPO = "oci://registry.k8s.io/jobset/charts/jobset"
@@ -37,6 +41,38 @@ def trainer_values() -> dict[str, Any]:
     release serves it; data cache (LeaderWorkerSet) off (values.yaml:164-167)."""
     return {"jobset": {"install": False}, "dataCache": {"enabled": False},
             "manager": {"resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}}}
+
+
+def check_job_kinds(cfg: JobControllersConfig, jobs: Sequence[TrainingJobSpec]) -> None:
+    """A stack Job of kind JobSet or TrainJob needs its controller in the stack; ConfigError naming each."""
+    needs = {"JobSet": ("jobset", cfg.jobset.enabled), "TrainJob": ("trainer", cfg.trainer.enabled)}
+    problems = [(f"ml-cluster:jobs[{index}].kind",
+                 f"{job.kind} needs its controller: set ml-cluster:jobControllers.{needs[job.kind][0]}.enabled")
+                for index, job in enumerate(jobs) if job.kind in needs and not needs[job.kind][1]]
+    if problems:
+        raise ConfigError(problems)
+
+
+def trainer_runtimes(cfg: JobControllersConfig, facts: ClusterFacts) -> tuple[Manifest, ...]:
+    """The stack's ClusterTrainingRuntimes (none without trainer); ConfigError for one the cluster cannot run."""
+    trainer = cfg.trainer
+    if not trainer.enabled:
+        return ()
+    where = "ml-cluster:jobControllers.trainer"
+    if trainer.runtime_image is not None:
+        image = {"image": trainer.runtime_image}
+    elif facts.image_repository is not None:
+        image = {"imageTag": trainer.runtime_image_tag}
+    else:
+        raise ConfigError([(f"{where}.runtimeImage", "the stack has no image registry: give the runtimes' image")])
+    runtimes = plain_runtimes(facts, image)
+    for index, runtime in enumerate(trainer.staged_runtimes):
+        dataset = runtime.dataset.model_dump(by_alias=True, exclude_defaults=True)
+        try:
+            runtimes.append(staged_runtime(facts, image, StagedRuntime(runtime.name, runtime.gpu_type, dataset)))
+        except JobSpecError as exc:
+            raise ConfigError([(f"{where}.stagedRuntimes[{index}].{exc.path}", exc.reason)]) from None
+    return tuple(runtimes)
 
 
 @dataclass(frozen=True)

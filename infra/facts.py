@@ -25,6 +25,7 @@ from infra.config.stackcheck import (
     unpinned_addons_with_minimum,
 )
 from infra.context import StackContext, SubnetRef
+from infra.controllers import check_job_kinds, trainer_runtimes
 from infra.jobs import check_jobs
 from infra.network import lookup_existing_subnets
 from infra.nodes.blockend import block_end_problems
@@ -57,6 +58,7 @@ class StackFacts:
     job_facts: ClusterFacts  # what Jobs render against (also the jobFacts output)
     rendered_jobs: tuple[tuple[Manifest, ...], ...]  # each stack Job's checked manifests (Job first), in spec order
     job_access: JobBucketAccess  # which buckets the Jobs read and write
+    runtimes: tuple[Manifest, ...] = ()  # the stack's ClusterTrainingRuntimes (jobControllers.trainer)
 
     @property
     def has_gpus(self) -> bool:
@@ -87,7 +89,9 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
                      else None)
+    check_job_kinds(cfg.job_controllers, cfg.jobs)  # a JobSet or TrainJob needs its controller; ConfigError
     rendered_jobs = _checked_jobs(cfg, ctx, job_facts, account_id, private_zones)
+    runtimes = trainer_runtimes(cfg.job_controllers, job_facts)  # built like the Jobs' pods; ConfigError
     addon_defaults = {name: aws.eks.get_addon_version(addon_name=name, kubernetes_version=cfg.kubernetes_version,
                                                       most_recent=False).version
                       for name in unpinned_addons_with_minimum(cfg)}
@@ -102,7 +106,7 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
     return StackFacts(existing_subnets=existing_subnets, pool_plans=pool_plans, account_id=account_id,
                       image_repository=image_repository, gated=gated, gate_labels=gate_labels,
                       bucket_names=bucket_names, pack_keys=pack_keys, job_facts=job_facts,
-                      rendered_jobs=rendered_jobs, job_access=job_access)
+                      rendered_jobs=rendered_jobs, job_access=job_access, runtimes=runtimes)
 
 
 def _job_facts(cfg: StackConfig, ctx: StackContext, pool_plans: Sequence[PoolPlan], gated: bool,

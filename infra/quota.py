@@ -2,7 +2,8 @@
 
 What the pools hold per flavor at their maximum size (`Amounts`, `Flavor`, `flavors`), a team's guaranteed share and
 what is left to share (`team_quota`, `shared_quota`), what a Job's pods ask as Kueue counts them (`pod_requests`,
-`job_podsets`), and `check_queueing`: flavors known to the pools, team quotas that fit them, every stack Job's gang
+`job_podsets`; `run_podsets` for every kind the stack renders: a batch/v1 Job, a JobSet, a TrainJob on its
+runtime), and `check_queueing`: flavors known to the pools, team quotas that fit them, every stack Job's gang
 within its queue's reach. Pure functions of the typed config and the pool plans; infra/queueing.py turns them into
 Kueue objects.
 """
@@ -25,6 +26,11 @@ GPU = "nvidia.com/gpu"
 RESOURCES = ("cpu", "memory", "ephemeral-storage", GPU)
 KUEUE_EXCLUDED_RESOURCE_PREFIXES = (EFA_RESOURCE, "hugepages-")
 CONFIG_KEY = "ml-cluster:kueue"
+# The Kueue integration (its Configuration's integrations.frameworks) that manages each kind.
+INTEGRATIONS = {("batch/v1", "Job"): "batch/job", ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset.x-k8s.io/jobset",
+                ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org/trainjob"}
+_RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
+_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 
 Manifest = dict[str, Any]
 
@@ -208,6 +214,65 @@ def job_podsets(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [podset]
 
 
+def _replicated_podsets(replicated_jobs: Sequence[Mapping[str, Any]],
+                        counts: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """One podset per replicated Job, named after it, of replicas x min(parallelism, completions) pods
+    (pkg/controller/jobs/jobset/jobset_controller.go:115-136, :231-244); `counts` replaces a Job's pod count."""
+    podsets = []
+    for rjob in replicated_jobs:
+        spec = rjob["template"]["spec"]
+        per_replica = spec.get("parallelism", 1)
+        if spec.get("completions") is not None:
+            per_replica = min(per_replica, spec["completions"])
+        if counts and rjob["name"] in counts:
+            per_replica = counts[rjob["name"]]
+        podsets.append({"name": rjob["name"], "count": rjob.get("replicas", 1) * per_replica,
+                        "requests": pod_requests(spec["template"]["spec"])})
+    return podsets
+
+
+def _runtime(manifests: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    runtimes = [m for m in manifests if m.get("kind") in _RUNTIME_KINDS]
+    if not runtimes:
+        raise ValueError("a TrainJob's podSets need its training runtime")
+    return runtimes[0]
+
+
+def _trainjob_counts(train_job: Mapping[str, Any], runtime: Mapping[str, Any]) -> dict[str, int]:
+    """Trainer sets the trainer Job's pods to the TrainJob's numNodes (kubeflow/trainer v2.3.0
+    pkg/runtime/framework/plugins/torch/torch.go:116-119); Kueue's podSets are the JobSet Trainer would build
+    (pkg/controller/jobs/trainjob/trainjob_controller.go:146-183, :217-240)."""
+    nodes = ((train_job.get("spec") or {}).get("trainer") or {}).get("numNodes")
+    if nodes is None:
+        return {}
+    return {rjob["name"]: nodes for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+            if ((rjob["template"].get("metadata") or {}).get("labels") or {}).get(_ANCESTOR_LABEL) == "trainer"}
+
+
+def run_podsets(manifests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The podSets of a rendered run (its object first, its TrainingRuntime among the rest for a TrainJob)."""
+    run = manifests[0]
+    kind = run.get("kind")
+    if kind == "JobSet":
+        return _replicated_podsets(run["spec"]["replicatedJobs"])
+    if kind == "TrainJob":
+        runtime = _runtime(manifests)
+        return _replicated_podsets(runtime["spec"]["template"]["spec"]["replicatedJobs"],
+                                   _trainjob_counts(run, runtime))
+    return job_podsets(run)
+
+
+def run_pod_spec(manifests: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The pod spec of a rendered run's (first) podset: the trainer's."""
+    run = manifests[0]
+    if run.get("kind") == "JobSet":
+        return run["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    if run.get("kind") == "TrainJob":
+        replicated = _runtime(manifests)["spec"]["template"]["spec"]["replicatedJobs"][0]
+        return replicated["template"]["spec"]["template"]["spec"]
+    return run["spec"]["template"]["spec"]
+
+
 # --- checks --------------------------------------------------------------------------------------------------------
 
 
@@ -244,9 +309,9 @@ def team_ceiling(cfg: KueueConfig, team: str, plans: Sequence[PoolPlan], label_p
     return sum((_cohort_max(cfg, team, flavor) for flavor in flavors(plans, label_prefix)), Amounts())
 
 
-def _job_flavors(job: Mapping[str, Any], label_prefix: str, all_flavors: Sequence[Flavor]) -> list[Flavor]:
+def _job_flavors(pod_spec: Mapping[str, Any], label_prefix: str, all_flavors: Sequence[Flavor]) -> list[Flavor]:
     """The flavors Kueue may assign a stack Job: those of its GPU type (reserved ones included), or `cpu`."""
-    selector = job["spec"]["template"]["spec"].get("nodeSelector") or {}
+    selector = pod_spec.get("nodeSelector") or {}
     gpu_type = selector.get(f"{label_prefix}/gpu-type")
     if not gpu_type:
         return [flavor for flavor in all_flavors if flavor.name == CPU_FLAVOR]
@@ -305,17 +370,24 @@ def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: st
             problems.append((f"{where}.queue", f"queue {queue}: Kueue is not enabled in this stack "
                                                f"({CONFIG_KEY}.enabled)"))
             continue
-        undeclared = sorted(undeclared_resources(job))
+        integration = INTEGRATIONS.get((job.get("apiVersion"), job.get("kind")))
+        if integration not in cfg.integrations:
+            problems.append((f"{where}.kind", f"a queued {job.get('kind')} needs the Kueue integration {integration} "
+                                              f"({CONFIG_KEY}.integrations): without it Kueue ignores the queue label"))
+            continue
+        pod_spec = run_pod_spec(manifests)
+        undeclared = sorted(undeclared_pod_resources(pod_spec))
         if undeclared:
             problems.append((f"{where}.queue", f"requests {', '.join(undeclared)}, which no ClusterQueue covers and "
                                                "Kueue's Configuration does not exclude: Kueue would never admit it"))
             continue
-        candidates = _job_flavors(job, label_prefix, all_flavors)
+        candidates = _job_flavors(pod_spec, label_prefix, all_flavors)
         if not candidates:
             continue  # the renderer already refused a Job no pool can run
         cluster_queue = cfg.cluster_queue if queue == cfg.local_queue else queue
-        [podset] = job_podsets(job)
-        needed = podset["requests"].scaled(podset["count"])
+        podsets = run_podsets(manifests)
+        needed = sum((podset["requests"].scaled(podset["count"]) for podset in podsets), Amounts())
+        podset = {"count": sum(podset["count"] for podset in podsets)}
         # A podset is admitted into one flavor: the gang must fit one of them whole.
         ceilings = [(flavor, _cohort_max(cfg, cluster_queue, flavor)) for flavor in candidates]
         if all(needed.exceeding(ceiling) for _, ceiling in ceilings):
@@ -335,7 +407,10 @@ def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: st
 def undeclared_resources(job: Manifest) -> set[str]:
     """Resources a Job's containers request that Kueue's quota check would block on (BlockUndeclared): neither
     covered by the ClusterQueues (RESOURCES) nor excluded (KUEUE_EXCLUDED_RESOURCE_PREFIXES)."""
-    pod = job["spec"]["template"]["spec"]
+    return undeclared_pod_resources(run_pod_spec([job]))
+
+
+def undeclared_pod_resources(pod: Mapping[str, Any]) -> set[str]:
     names = {name for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
              for part in ("requests", "limits") for name in ((container.get("resources") or {}).get(part) or {})}
     return {name for name in names

@@ -80,7 +80,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> Outputs:
     controller_releases: list[pulumi.Resource] = []
     if cfg.job_controllers.jobset.enabled:  # trainer needs it (config)
         controller_releases = JobControllers(f"{ctx.prefix}-controllers", JobControllersArgs(
-            ctx=ctx, cluster=cluster, config=cfg.job_controllers, depends_on=tuple(node_groups))).releases
+            ctx=ctx, cluster=cluster, config=cfg.job_controllers, runtimes=facts.runtimes,
+            depends_on=tuple(node_groups))).releases
 
     # --- dataset packs (submit pack): their own account, writing only the packInto buckets ---
     if facts.pack_keys:

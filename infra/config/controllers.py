@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from infra.config.base import DnsLabel, StrictModel
+from workloads.jobspec import DatasetSpec
 
 # oci://registry.k8s.io/jobset/charts/jobset and oci://ghcr.io/kubeflow/charts/kubeflow-trainer (docs/versions.md)
 JOBSET_CHART_VERSION = "0.12.0"
@@ -28,6 +29,15 @@ class JobSetConfig(StrictModel):
     chart_version: str = Field(default=JOBSET_CHART_VERSION, pattern=_VERSION,
                                description="the jobset chart's version (oci://registry.k8s.io/jobset/charts/jobset)")
     namespace: DnsLabel = Field(default="jobset-system", description="the namespace the controller is installed in")
+
+
+class StagedRuntimeConfig(StrictModel):
+    """A ClusterTrainingRuntime with a dataset behind the staging cache: the stager sidecar fetches it onto the
+    node's NVMe in the order the trainer reads it, as for a Job spec's dataset."""
+
+    name: DnsLabel = Field(max_length=52, description="the ClusterTrainingRuntime's name (a TrainJob's runtimeRef)")
+    gpu_type: DnsLabel = Field(description="the GPU type of the pools it runs on (a whole node per pod)")
+    dataset: DatasetSpec = Field(description="the dataset, as a Job spec's dataset (bucket + prefix or uri, staging)")
 
 
 class TrainerConfig(StrictModel):
@@ -50,6 +60,18 @@ class TrainerConfig(StrictModel):
         default=None, min_length=1,
         description="the runtimes' image in full (no registry of the stack's own, e.g. onprem)",
     )
+    staged_runtimes: list[StagedRuntimeConfig] = Field(
+        default=[],
+        description="runtimes with a dataset behind the staging cache, beside torch-distributed-<gpu type>",
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> TrainerConfig:
+        names = [runtime.name for runtime in self.staged_runtimes]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"stagedRuntimes names must be unique: {', '.join(twice)}")
+        return self
 
 
 class JobControllersConfig(StrictModel):

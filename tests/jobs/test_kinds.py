@@ -24,7 +24,7 @@ def test_a_kind_the_table_does_not_have_is_an_error_naming_the_field() -> None:
     with pytest.raises(JobSpecError) as caught:
         render_job(parse_spec({**GANG, "kind": "MPIJob"}), prod_facts())
     assert caught.value.path == "kind"
-    assert "'MPIJob' is not a kind this project renders (kinds: Job)" in str(caught.value)
+    assert "'MPIJob' is not a kind this project renders (kinds: Job, JobSet, TrainJob)" in str(caught.value)
 
 
 def test_the_default_kind_renders_the_indexed_job_and_the_table_knows_its_objects() -> None:

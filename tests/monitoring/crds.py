@@ -1,4 +1,5 @@
-"""The Prometheus operator's CRDs from the pinned kube-prometheus-stack package, as validators for plan tests."""
+"""The CRDs of the pinned chart packages (the Prometheus operator's from kube-prometheus-stack, JobSet's, Kubeflow
+Trainer's), as validators for plan tests."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from infra.config.controllers import JobSetConfig, TrainerConfig
 from infra.config.monitoring import MonitoringConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-KPS = ROOT / "tests" / "charts" / "upstream" / f"kube-prometheus-stack-{MonitoringConfig().chart_version}.tgz"
+UPSTREAM = ROOT / "tests" / "charts" / "upstream"
+KPS = UPSTREAM / f"kube-prometheus-stack-{MonitoringConfig().chart_version}.tgz"
 
 
 @functools.cache
@@ -32,9 +35,23 @@ def kps_crds() -> dict[tuple[str, str], dict[str, Any]]:
     return render_charts().chart_crds(KPS)
 
 
+@functools.cache
+def controller_crds() -> dict[tuple[str, str], dict[str, Any]]:
+    """JobSet's CRD (the chart's crds/) and Kubeflow Trainer's (chart templates, rendered as the stack does)."""
+    schemas = dict(render_charts().chart_crds(UPSTREAM / f"jobset-{JobSetConfig().chart_version}.tgz"))
+    release = {"inputs": {"chart": "kubeflow-trainer", "version": TrainerConfig().chart_version,
+                          "namespace": "kubeflow-system", "values": {"jobset": {"install": False}}}}
+    for manifest in render_charts().rendered_objects(release, UPSTREAM):
+        if manifest["kind"] == "CustomResourceDefinition":
+            schemas.update(render_charts().crd_schemas(manifest))
+    return schemas
+
+
 def validate_custom_resource(manifest: dict[str, Any]) -> list[str] | None:
-    """Problems of a monitoring.coreos.com object against the pinned CRDs; None for any other kind."""
+    """Problems of a monitoring.coreos.com, jobset.x-k8s.io or trainer.kubeflow.org object against the pinned CRDs;
+    None for any other kind."""
     key = (str(manifest.get("apiVersion")), str(manifest.get("kind")))
-    if key not in kps_crds():
-        return None
-    return render_charts().validate_custom(manifest, kps_crds())
+    for crds in (kps_crds(), controller_crds()):
+        if key in crds:
+            return render_charts().validate_custom(manifest, crds)
+    return None

@@ -1,9 +1,11 @@
 """The kind table: a spec's `kind` -> the controller wrapper that runs its gang. `up` (infra/jobs.py) and `submit`
 (workloads.submit) both render and create through it; neither names a kind.
 
-| kind  | object              | wrapper module                                    |
-| ----- | ------------------- | ------------------------------------------------- |
-| Job   | batch/v1 Job        | workloads/jobspec/controllers/indexed_job.py      |
+| kind     | object                                            | wrapper module                                |
+| -------- | ------------------------------------------------- | --------------------------------------------- |
+| Job      | batch/v1 Job                                      | workloads/jobspec/controllers/indexed_job.py  |
+| JobSet   | jobset.x-k8s.io/v1alpha2 JobSet                   | workloads/jobspec/controllers/jobset.py       |
+| TrainJob | trainer.kubeflow.org/v1alpha1 TrainJob + runtime  | workloads/jobspec/controllers/trainjob.py     |
 
 A new kind (JobSet, TrainJob) is one module in controllers/ with `API_VERSION`, `KIND`, `PLURAL`,
 `gang_address(run_name, namespace)`, `pod_selector(run_name)` and `wrap(pod) -> [the object, companions...]`, plus
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workloads.jobspec.containers import GangAddress
-from workloads.jobspec.controllers import indexed_job
+from workloads.jobspec.controllers import indexed_job, jobset, trainjob
 from workloads.jobspec.pod import Manifest, PodTemplate
 from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
 
@@ -44,6 +46,10 @@ class Controller:
 KINDS: dict[str, Controller] = {
     "Job": Controller(indexed_job.KIND, indexed_job.API_VERSION, indexed_job.PLURAL, indexed_job.gang_address,
                       indexed_job.pod_selector, indexed_job.wrap),
+    "JobSet": Controller(jobset.KIND, jobset.API_VERSION, jobset.PLURAL, jobset.gang_address, jobset.pod_selector,
+                         jobset.wrap),
+    "TrainJob": Controller(trainjob.KIND, trainjob.API_VERSION, trainjob.PLURAL, trainjob.gang_address,
+                           trainjob.pod_selector, trainjob.wrap),
 }
 DEFAULT_KIND = "Job"
 

@@ -411,7 +411,9 @@ class TrainingJobSpec(_Spec):
     kind: str = Field(
         default="Job",
         description=("the controller that runs the gang, a row of the kind table (workloads/jobspec/kinds.py): Job, "
-                     "a batch/v1 Indexed Job (no controller to install)"),
+                     "a batch/v1 Indexed Job (no controller to install); JobSet, one failure budget per gang "
+                     "(jobControllers.jobset); TrainJob, Kubeflow Trainer on a TrainingRuntime of the same pod "
+                     "(jobControllers.trainer)"),
     )
     image: Image | None = Field(
         default=None,

@@ -94,6 +94,12 @@ _TYPED_CREATE = {("batch/v1", "Job"): (0, "create_namespaced_job"),
                  ("networking.k8s.io/v1", "NetworkPolicy"): (2, "create_namespaced_network_policy")}
 
 
+# Custom objects a run renders beside its controller object (a TrainJob's TrainingRuntime): created before it (the
+# TrainJob names it), as (group, version, plural).
+_PREREQUISITES = {("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): ("trainer.kubeflow.org", "v1alpha1",
+                                                                         "trainingruntimes")}
+
+
 def custom_objects_api(timeout_s: float) -> Any:
     from kubernetes import client
 
@@ -105,23 +111,28 @@ def _creator(manifest: dict[str, Any], typed_clients: tuple[Any, Any, Any], cust
     typed = _TYPED_CREATE.get((manifest["apiVersion"], manifest["kind"]))
     if typed is not None:
         return getattr(typed_clients[typed[0]], typed[1])
+    api = custom if custom is not None else custom_objects_api(timeout_of(typed_clients[0]))
+    prerequisite = _PREREQUISITES.get((manifest["apiVersion"], manifest["kind"]))
+    if prerequisite is not None:
+        group, version, plural = prerequisite
+        return lambda namespace, body: api.create_namespaced_custom_object(group, version, namespace, plural, body)
     controller = controller_of(manifest)
     if controller is None:
         raise UsageError(f"{manifest['kind'].lower()}/{manifest['metadata']['name']}",
                          f"{manifest['apiVersion']} {manifest['kind']} is not a kind submit creates")
-    api = custom if custom is not None else custom_objects_api(timeout_of(typed_clients[0]))
     return lambda namespace, body: api.create_namespaced_custom_object(
         controller.group, controller.version, namespace, controller.plural, body)
 
 
 def create_manifests(manifests: list[dict[str, Any]], batch: Any, core: Any, networking: Any,
                      custom: Any = None) -> list[str]:
-    """Create a run's objects in order (the controller object first); one that exists already is `unchanged` (the
-    name holds the spec's hash: same name, same content)."""
+    """Create a run's objects in order (a TrainJob's runtime, then the controller object first of the rest); one that
+    exists already is `unchanged` (the name holds the spec's hash: same name, same content)."""
     from kubernetes.client.exceptions import ApiException
 
     lines = []
-    for manifest in manifests:
+    ordered = [m for m in manifests if (m["apiVersion"], m["kind"]) in _PREREQUISITES]
+    for manifest in ordered + [m for m in manifests if m not in ordered]:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         create = _creator(manifest, (batch, core, networking), custom)
         try:

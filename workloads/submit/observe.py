@@ -12,8 +12,9 @@ from workloads.incidents import TrainerRun, incident_line, trainer_run
 from workloads.jobspec import KUEUE_QUEUE_LABEL, TRAIN_CONTAINER
 from workloads.progress import MetricsParseError, Progress, Snapshot, parse_metrics, progress, progress_line, snapshot
 from workloads.submit.errors import RuntimeFailure
-from workloads.submit.kube import kueue_state, read_job, run_pods, timeout_of
+from workloads.submit.kube import kueue_state, run_pods, timeout_of
 from workloads.submit.phase import RunPhase, job_phase, pod_restarts, slices_done
+from workloads.submit.runs import as_trainer_pods, job_view, read_run, trainer_container
 
 # The trainer's events in a pod's log tail that `status` reads for a Job with restarts (workloads.incidents).
 INCIDENT_LOG_LINES = 200
@@ -64,7 +65,8 @@ def metrics_pages(core: Any, namespace: str, pods: list[dict[str, Any]]) -> list
 
 
 def trainer_runs(core: Any, namespace: str, pods: list[dict[str, Any]],
-                  finished: dict[str, TrainerRun | None] | None = None) -> list[TrainerRun]:
+                  finished: dict[str, TrainerRun | None] | None = None,
+                  container: str = TRAIN_CONTAINER) -> list[TrainerRun]:
     """The trainer run in each pod's log tail (the events carry where the run started and its first step); a log
     that cannot be read (the pod or its node gone) is skipped. `finished` keeps what was read from pods that have
     stopped (their logs no longer change) across the polls of `watch`."""
@@ -82,7 +84,7 @@ def trainer_runs(core: Any, namespace: str, pods: list[dict[str, Any]],
                 runs.append(known)
             continue
         try:
-            log = core.read_namespaced_pod_log(name, namespace, container=TRAIN_CONTAINER,
+            log = core.read_namespaced_pod_log(name, namespace, container=container,
                                                tail_lines=INCIDENT_LOG_LINES, limit_bytes=INCIDENT_LOG_BYTES)
         except ApiException:
             continue
@@ -96,14 +98,16 @@ def trainer_runs(core: Any, namespace: str, pods: list[dict[str, Any]],
 
 def observe(batch: Any, core: Any, namespace: str, name: str, clock: Any,
              finished: dict[str, TrainerRun | None] | None = None) -> tuple[RunPhase, Snapshot]:
-    job = read_job(batch, namespace, name)
+    controller, run = read_run(batch, namespace, name)
+    job = job_view(controller, run)
     workload, position = (None, None)
     if KUEUE_QUEUE_LABEL in ((job.get("metadata") or {}).get("labels") or {}):
         workload, position = kueue_state(namespace, job, timeout_of(batch))
-    pods = run_pods(core, namespace, name)
+    pods = as_trainer_pods(controller, run_pods(core, namespace, name, controller))
     restarted = pod_restarts(pods)[0] > 0  # logs are read only for a Job with incidents
-    phase = job_phase(job, pods, workload, position,
-                      trainer_runs(core, namespace, pods, finished) if restarted else ())
+    runs = (trainer_runs(core, namespace, pods, finished, trainer_container(controller, TRAIN_CONTAINER))
+            if restarted else ())
+    phase = job_phase(job, pods, workload, position, runs)
     now = snapshot(metrics_pages(core, namespace, pods), clock())
     slices = slices_done(job)
     return phase, replace(now, slices=slices) if slices is not None else now

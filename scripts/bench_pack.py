@@ -141,7 +141,7 @@ def main() -> int:
                     row["images_per_s_per_process"] = round(count / seconds / int(result["processes"]), 1)  # type: ignore[call-overload]
                 rows.append(row)
 
-            for name in args.contenders.split(","):
+            for name in (text for text in args.contenders.split(",") if text):
                 run(name, name, args.workers)
             for slices in (int(text) for text in args.slices.split(",") if text):
                 run("ours", f"ours-{slices}-slices", slices, slices=slices)

@@ -162,3 +162,37 @@ def test_two_sources_train_through_one_staging_cache_on_a_shared_budget(
     assert counts == {0: 2 * expected[0], 1: 2 * expected[1]}
     assert data.stager_summary is not None and "evicted 0" not in data.stager_summary, data.stager_summary
     assert {p.parent.name for p in staging.glob("*/manifest.json")} == {"0", "1"}
+
+
+def test_from_env_reads_what_the_pods_staging_sidecar_stages(
+        two_packs: tuple[Path, Path], s3_url: str, bucket: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a Job with dataset.mixture: the sidecar (`stage URI0 URI1 DATA_DIR --budget --linger`) runs beside the
+    reader, which MixedData.from_env opens from DATA_DIR and DATA_MIXTURE without starting a stager of its own."""
+    import json
+    import subprocess
+    import sys
+
+    client = make_client(s3_url, 4, botocore_attempts=3)
+    uris = []
+    for path in two_packs:
+        upload(client, path, S3Uri(bucket, f"env/{path.name}"), UploadOptions(workers=4, progress=False))
+        uris.append(f"s3://{bucket}/env/{path.name}")
+    dest = tmp_path / "data"
+    sidecar = subprocess.Popen([sys.executable, "-m", "workloads.data", "stage", *uris, str(dest), "--budget", "1",
+                                "--linger", "--endpoint-url", s3_url, "--no-progress"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        monkeypatch.setenv("DATA_DIR", str(dest))
+        monkeypatch.setenv("DATA_MIXTURE", json.dumps([{"uri": uris[0], "weight": 0.7},
+                                                       {"uri": uris[1], "samples": 20}]))
+        counts: Counter[int] = Counter()
+        with MixedData.from_env(batch_size=8, placement=Placement(), wait_for_data_s=120) as data:
+            assert data._stager is None and data.feeder is not None
+            data.loader(LoaderSettings(workers=0))
+            for _, _, sources in data.batches(0, last_epoch=True):
+                counts.update(sources.tolist())
+        assert counts == {0: 80, 1: 20}  # the weighted source its own 80 samples (the default epoch), the fixed one 20
+    finally:
+        sidecar.terminate()
+        sidecar.wait(timeout=60)

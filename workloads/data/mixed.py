@@ -28,6 +28,7 @@ uses them, workloads/data/moving/mixture_stage.py) or none has.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -40,6 +41,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from workloads.data.api import (
+    SIDECAR_START_TIMEOUT_S,
     STAGER_START_TIMEOUT_S,
     LoaderSettings,
     Placement,
@@ -238,9 +240,10 @@ class MixedData:
              shuffle_shards: int = 4, block_size: int = 1, min_rank_batch: int = 1,
              placement: Placement | None = None, wait_for_data_s: float = STAGER_START_TIMEOUT_S,
              shard_wait_s: float = SHARD_WAIT_S, stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-             fields: Sequence[str] | None = None, as_tuple: bool = False) -> MixedData:
+             fields: Sequence[str] | None = None, as_tuple: bool = False, stager: bool = True) -> MixedData:
         """Open every source and the mixture's sampler. staging_dir, endpoint_url, budget_bytes, stager_workers:
-        remote sources' shared staging (see the module docstring); the others are PackedData.open's."""
+        remote sources' shared staging (see the module docstring); stager=False: a staging sidecar serves
+        staging_dir (the Job spec's dataset.mixture); the others are PackedData.open's."""
         placement = placement or Placement.from_env()
         sources = list(sources)
         if not sources:
@@ -257,13 +260,13 @@ class MixedData:
         if budget_bytes is not None and not staged:
             raise ValueError("budget_bytes: needs remote sources (the stager fetches from them)")
         staging = Path(staging_dir) if staging_dir is not None else None
-        stager = None
-        if staged and placement.local_rank == 0:
+        process = None
+        if staged and stager and placement.local_rank == 0:
             assert staging is not None
-            stager = start_stager([str(r) for r in remotes], staging, endpoint_url, budget_bytes, stager_workers)
+            process = start_stager([str(r) for r in remotes], staging, endpoint_url, budget_bytes, stager_workers)
         try:
             if staging is not None:
-                _wait_for_sources(staging, len(sources), wait_for_data_s, stager)
+                _wait_for_sources(staging, len(sources), wait_for_data_s, process)
             roots = ([source_dir(staging, k) for k in range(len(sources))] if staging is not None
                      else [Path(str(s.path)) for s in sources])
             datasets = [open_dataset(root, image_size=image_size, shard_wait_s=shard_wait_s,
@@ -287,10 +290,25 @@ class MixedData:
                 feeder = CacheFeeder(CacheReader(staging, heartbeat_timeout_s=stager_timeout_s), names, sizes,
                                      sampler)
         except BaseException:
-            if stager is not None:
-                stop_stager(stager, timeout_s=0)
+            if process is not None:
+                stop_stager(process, timeout_s=0)
             raise
-        return cls(dataset=mixture, sampler=sampler, placement=placement, feeder=feeder, _stager=stager)
+        return cls(dataset=mixture, sampler=sampler, placement=placement, feeder=feeder, _stager=process)
+
+    @classmethod
+    def from_env(cls, *, batch_size: int, **options: Any) -> MixedData:
+        """In a Job whose spec has dataset.mixture: DATA_DIR (where the sidecar stages the sources) and DATA_MIXTURE
+        (each source's uri and share, JSON) are set by the renderer; the pod's staging sidecar serves them."""
+        path, text = os.environ.get("DATA_DIR"), os.environ.get("DATA_MIXTURE")
+        if not path or not text:
+            raise ValueError("DATA_DIR, DATA_MIXTURE: not set (a Job spec with dataset.mixture sets them)")
+        try:
+            sources = [MixtureSource(remote=item["uri"], weight=item.get("weight"), samples=item.get("samples"),
+                                     repeat=item.get("repeat"), cap=item.get("cap")) for item in json.loads(text)]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"DATA_MIXTURE: not a list of sources with uri and share ({exc})") from None
+        options.setdefault("wait_for_data_s", SIDECAR_START_TIMEOUT_S)
+        return cls.open(sources, batch_size=batch_size, staging_dir=path, stager=False, **options)
 
     def __len__(self) -> int:
         """Samples of one epoch of the mixture (all ranks together)."""

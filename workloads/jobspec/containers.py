@@ -4,6 +4,7 @@ cluster facts and the gang's address (which the controller wrapper decides)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -70,10 +71,15 @@ def object_store_env(facts: ClusterFacts, uri: str) -> tuple[Env, Env, str | Non
 def _stage_from_store(container: dict[str, Any], spec: TrainingJobSpec, facts: ClusterFacts) -> list[str]:
     """The stager's command for an s3:// dataset (and its ports and environment, set on `container`)."""
     dataset = spec.dataset
-    assert dataset is not None and dataset.uri is not None
-    command = ["python", "-m", "workloads.data", "stage", dataset.uri, dataset.mount_path,
+    assert dataset is not None
+    # A mixture: one stager for every source (DEST/0, DEST/1, ...), one budget (workloads/data/moving/mixture_stage.py).
+    uris = [source.uri for source in dataset.mixture] if dataset.mixture else [str(dataset.uri)]
+    stores = {facts.in_object_store(uri.removeprefix("s3://").split("/", 1)[0]) for uri in uris}
+    if len(stores) > 1:
+        raise JobSpecError("dataset.mixture", "every source in one object store (one endpoint per stager)")
+    command = ["python", "-m", "workloads.data", "stage", *uris, dataset.mount_path,
                "--workers", str(dataset.stager_workers)]
-    env, env_from, endpoint = object_store_env(facts, dataset.uri)
+    env, env_from, endpoint = object_store_env(facts, uris[0])
     if endpoint:
         command += ["--endpoint-url", endpoint]
     command += ["--metrics-port", str(STAGE_METRICS_PORT)]
@@ -100,7 +106,7 @@ def stage_container(spec: TrainingJobSpec, facts: ClusterFacts, scratch_mount: d
         # Small and Burstable: staging is network-bound; the scratch bytes are in the train container's limit.
         "resources": {"requests": dict(STAGER_RESOURCES), "limits": dict(STAGER_RESOURCES)},
     }
-    if dataset.uri is not None:
+    if dataset.uri is not None or dataset.mixture:
         command = _stage_from_store(container, spec, facts)
     else:
         command = ["cp", "-a", "/mnt/dataset-source/.", dataset.mount_path + "/"]
@@ -183,6 +189,9 @@ def _data_env(spec: TrainingJobSpec) -> Env:
     if spec.dataset is not None:
         env.append({"name": "DATA_DIR", "value": spec.dataset.mount_path})
         env.append({"name": "DATA_STAGING", "value": spec.dataset.staging})
+        if spec.dataset.mixture:
+            env.append({"name": "DATA_MIXTURE", "value": json.dumps(
+                [source.model_dump(exclude_none=True) for source in spec.dataset.mixture], sort_keys=True)})
     if spec.checkpoint is not None:
         if spec.checkpoint.claim_name is not None:
             env.append({"name": "CHECKPOINT_DIR", "value": spec.checkpoint.mount_path})

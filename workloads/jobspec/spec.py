@@ -108,6 +108,7 @@ _RESERVED_ENV = frozenset(
     {
         "DATA_DIR",
         "DATA_STAGING",
+        "DATA_MIXTURE",
         "CHECKPOINT_DIR",
         "CHECKPOINT_URI",
         "CONFIG_ERROR_EXIT_CODE",
@@ -250,6 +251,26 @@ def _one_source(uri: str | None, bucket: str | None, claim_name: str | None, pre
         raise JobSpecError("prefix", "only meaningful with bucket")
 
 
+class MixtureSourceSpec(_Spec):
+    """One source of a dataset mixture (read with workloads.data.mixed.MixedData.from_env in your own command): a
+    packed dataset in object storage and its share of each epoch (one of weight, samples, repeat; none: weight 1)."""
+
+    uri: str = Field(description="s3://bucket/prefix of the packed dataset")
+    weight: float | None = Field(default=None, gt=0, description="its share, in proportion to the other weights")
+    samples: int | None = Field(default=None, ge=1, description="a fixed number of its samples per epoch")
+    repeat: float | None = Field(default=None, gt=0, description="its samples per epoch as a multiple of its size")
+    cap: int | None = Field(default=None, ge=1, description="at most this many of its samples per epoch")
+
+    @model_validator(mode="after")
+    def _check(self) -> MixtureSourceSpec:
+        if not _S3_URI.match(self.uri):
+            raise JobSpecError("uri", f"{self.uri!r} must look like s3://bucket/prefix")
+        given = [name for name in ("weight", "samples", "repeat") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise JobSpecError(given[1], f"give one of weight, samples, repeat, not {' and '.join(given)}")
+        return self
+
+
 class DatasetSpec(_Spec):
     """Where the training data lives and how it reaches the GPU node.
 
@@ -296,10 +317,21 @@ class DatasetSpec(_Spec):
         description="with staging: room on the NVMe for decoded samples of an encoded dataset (the decode cache)",
     )
     stager_workers: int = Field(default=16, ge=1, le=256, description="parallel ranged GETs of the stager")
+    mixture: list[MixtureSourceSpec] | None = Field(
+        default=None, min_length=2,
+        description=("instead of one source: packed datasets read as a mixture (MixedData.from_env), staged by one "
+                     "stager into mountPath/0, /1, ... within one stagedSize"),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DatasetSpec:
-        _one_source(self.uri, self.bucket, self.claim_name, self.prefix)
+        if self.mixture is not None:
+            if self.uri is not None or self.bucket is not None or self.claim_name is not None:
+                raise JobSpecError("mixture", "a mixture lists its sources' uris: no uri, bucket or claimName beside")
+            if self.staging == "none":
+                raise JobSpecError("staging", "none with a mixture: its sources are staged (cache or copy)")
+        else:
+            _one_source(self.uri, self.bucket, self.claim_name, self.prefix)
         if self.uri is not None and not _S3_URI.match(self.uri):
             raise JobSpecError("uri", f"{self.uri!r} must look like s3://bucket/prefix")
         source = self.uri if self.uri is not None else f"bucket {self.bucket}" if self.bucket else None
@@ -581,6 +613,9 @@ class TrainingJobSpec(_Spec):
         if clash:
             raise JobSpecError(f"secretEnv.{clash[0]}", "also set in env")
         self._check_elastic()
+        if self.dataset is not None and self.dataset.mixture is not None and self.command is None:
+            raise JobSpecError("dataset.mixture", "the bundled trainer reads one dataset: read a mixture with "
+                                                  "workloads.data.mixed.MixedData.from_env in your own command")
         if self.gpu_type is not None and self.gpus == 0:
             raise JobSpecError("gpuType", f"{self.gpu_type} with gpus 0: a CPU job cannot select a GPU type")
         mounts = {"/dev/shm": "/dev/shm"}

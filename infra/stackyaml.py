@@ -1,10 +1,16 @@
-"""YAML of stack files, parsed safely: anchors and aliases work as YAML defines them, but an alias may not refer to
-the node that contains it (a recursive structure that nothing can serialise), and all aliases together may not
-expand a file beyond MAX_EXPANDED_NODES (a "billion laughs" file of a few hundred bytes otherwise becomes gigabytes
-when the config is serialised for the program)."""
+"""Stack files (stacks/Pulumi.<stack>.yaml and any file a user names with --config), read and parsed safely.
+
+`read_stack_document` is the one reader every caller uses (the config loader, the offline plan, the destroy guard,
+the policy pack's config, the reference generator): the file is read through `workloads.safeio.read_regular` (a
+regular file only, never blocking on a FIFO, at most STACK_FILE_MAX_BYTES), must be UTF-8 without NUL bytes, and its
+YAML is parsed by `load_stack_yaml`: anchors and aliases work as YAML defines them, but an alias may not refer to the
+node that contains it (a recursive structure that nothing can serialise), and all aliases together may not expand a
+file beyond MAX_EXPANDED_NODES (a "billion laughs" file of a few hundred bytes otherwise becomes gigabytes when the
+config is serialised for the program). Every problem is a StackFileError naming the file, in one line."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import yaml
@@ -13,8 +19,19 @@ from yaml.error import Mark
 from yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 
+from workloads.safeio import StateFileError, read_regular
+
 # Every node an alias repeats counts (a stack file holds a few hundred nodes; Pulumi itself writes no aliases).
 MAX_EXPANDED_NODES = 100_000
+STACK_FILE_MAX_BYTES = 16 << 20  # a stack file is a few KiB; anything near this is not one
+
+
+class StackFileError(ValueError):
+    """A stack file that cannot be read or parsed: `where` (the file) and `why`, one line."""
+
+    def __init__(self, where: str | os.PathLike[str], why: str) -> None:
+        super().__init__(f"{where}: {why}")
+        self.where, self.why = str(where), why
 
 
 def _mark(event: AliasEvent) -> Mark | None:
@@ -70,3 +87,28 @@ def load_stack_yaml(text: str) -> Any:
         return loader.get_single_data()
     finally:
         loader.dispose()
+
+
+def read_stack_document(path: str | os.PathLike[str]) -> Any:
+    """The YAML document of the stack file at `path` (None for an empty file). A symlink the user made is followed;
+    anything else that is not a regular UTF-8 text file of at most STACK_FILE_MAX_BYTES, or not YAML, is a
+    StackFileError naming the file."""
+    try:
+        content, _ = read_regular(path, STACK_FILE_MAX_BYTES, follow=True)
+    except StateFileError as exc:
+        raise StackFileError(path, exc.why) from None
+    if content is None:
+        raise StackFileError(path, "cannot read: No such file or directory")
+    if b"\x00" in content:
+        raise StackFileError(path, "is a binary file, not a YAML stack file")
+    try:
+        return load_stack_yaml(content.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise StackFileError(path, f"is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except RecursionError:
+        raise StackFileError(path, "is nested too deeply to be a stack file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "malformed"
+        raise StackFileError(path, f"invalid YAML{at}: {problem}") from None

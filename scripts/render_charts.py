@@ -302,9 +302,9 @@ def check_plan(plan: Mapping[str, Any], charts: Path, kubernetes_version: str) -
 
 
 def stack_kubernetes_version(stack: str) -> str:
-    import yaml
+    from infra.stackyaml import read_stack_document
 
-    raw = yaml.safe_load((ROOT / "stacks" / f"Pulumi.{stack}.yaml").read_text())["config"]
+    raw = read_stack_document(ROOT / "stacks" / f"Pulumi.{stack}.yaml")["config"]
     for section in ("ml-cluster:cluster", "ml-cluster:onprem"):
         version = (raw.get(section) or {}).get("kubernetesVersion")
         if version:

@@ -25,6 +25,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from infra.config.schema import NAMESPACE, SECRET_KEYS, StackConfig
+from infra.stackyaml import read_stack_document
 from workloads.jobspec import TrainingJobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,7 +257,7 @@ def _job_items(document: Any) -> list[Any]:
 def stack_examples(root: Path = ROOT) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for path in stack_files(root):
-        config = (yaml.safe_load(path.read_text()) or {}).get("config", {})
+        config = (read_stack_document(path) or {}).get("config", {})
         ours = {key[len(NAMESPACE):]: value for key, value in config.items() if key.startswith(NAMESPACE)}
         if "aws:region" in config:
             ours["region"] = config["aws:region"]
@@ -269,10 +270,10 @@ def stack_examples(root: Path = ROOT) -> dict[str, Any]:
 def job_examples(root: Path = ROOT) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for path in job_files(root):
-        for item in _job_items(yaml.safe_load(path.read_text())):
+        for item in _job_items(read_stack_document(path)):  # the same bounded YAML reader as stack files
             _collect(item, "", found)
     for path in stack_files(root):
-        config = (yaml.safe_load(path.read_text()) or {}).get("config", {})
+        config = (read_stack_document(path) or {}).get("config", {})
         for item in config.get(f"{NAMESPACE}jobs", []) or []:
             _collect(item, "", found)
     return found

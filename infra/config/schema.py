@@ -9,7 +9,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 
 from infra.config.base import PRINCIPAL_ARN, DnsLabel, StrictModel
@@ -22,7 +21,7 @@ from infra.config.nodes import NodesConfig, move_renamed_keys, written_path
 from infra.config.queueing import KueueConfig
 from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
-from infra.stackyaml import load_stack_yaml
+from infra.stackyaml import StackFileError, read_stack_document
 from workloads.jobspec import TrainingJobSpec
 from workloads.k8snames import is_dns_subdomain
 
@@ -542,21 +541,9 @@ def read_stack_file(path: Path) -> tuple[dict[str, Any], list[str]]:
     """
     where = str(path)
     try:
-        text = path.read_bytes().decode("utf-8")
-        if "\x00" in text:
-            raise ConfigError([(where, "is a binary file, not a YAML stack file")])
-        document = load_stack_yaml(text)
-    except OSError as exc:
-        raise ConfigError([(where, f"cannot read: {exc.strerror}")]) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError([(where, f"is not UTF-8 text (byte {exc.start}: {exc.reason})")]) from None
-    except RecursionError:
-        raise ConfigError([(where, "is nested too deeply to be a stack file")]) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "malformed"
-        raise ConfigError([(where, f"invalid YAML{at}: {problem}")]) from None
+        document = read_stack_document(path)
+    except StackFileError as exc:
+        raise ConfigError([(where, exc.why)]) from None
     if document is None:
         document = {}
     if not isinstance(document, dict):

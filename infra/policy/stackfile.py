@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from infra.stackyaml import StackFileError, read_stack_document
 
-from infra.stackyaml import load_stack_yaml
+__all__ = ["PROTECTED_KEY", "StackFileError", "stack_file_path", "stack_protected"]
 
 PROTECTED_KEY = "ml-cluster:protected"
-
-
-class StackFileError(ValueError):
-    """A stack file that cannot be read, or whose protected flag is not a boolean; names the file."""
 
 
 def stack_file_path(stacks_dir: Path, stack: str) -> Path:
@@ -29,20 +25,15 @@ def stack_protected(path: Path) -> bool:
     Pulumi writes `pulumi config set ml-cluster:protected true` as the string "true", so both spellings count.
     Anything else but false/"false"/absent is an error: a guard must not guess.
     """
-    try:
-        document = load_stack_yaml(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise StackFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise StackFileError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+    document = read_stack_document(path) or {}  # StackFileError: unreadable, not a regular file, not YAML
     config = document.get("config") if isinstance(document, dict) else None
     if config is None:
         config = {}
     if not isinstance(config, dict):
-        raise StackFileError(f"{path}: config: expected a mapping")
+        raise StackFileError(path, "config: expected a mapping")
     value = config.get(PROTECTED_KEY, False)
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise StackFileError(f"{path}: config.{PROTECTED_KEY}: expected true or false, got {value!r}")
+    raise StackFileError(path, f"config.{PROTECTED_KEY}: expected true or false, got {value!r}")

@@ -3,6 +3,7 @@ section that would cascade into false errors elsewhere, flags and networks that 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from infra.config.deploy import DeployConfig
 from infra.config.schema import MAX_REPORTED_PROBLEMS
 from infra.plan.engine import STACKS_DIR
 from infra.policy.stackfile import StackFileError, stack_protected
-from infra.stackyaml import MAX_EXPANDED_NODES, load_stack_yaml
+from infra.stackyaml import MAX_EXPANDED_NODES, STACK_FILE_MAX_BYTES, load_stack_yaml, read_stack_document
 from scripts import new_stack
 from scripts import plan as plan_cli
 
@@ -108,3 +109,33 @@ def test_an_empty_list_flag_is_an_error_not_a_default(tmp_path: Path, flag: str,
     assert capsys.readouterr().err == f"error: {flag}: {value!r} has an empty item: give comma-separated values, " \
                                       "e.g. a,b\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fifo_a_directory_or_a_huge_file_is_one_error_naming_it_and_nothing_blocks(tmp_path: Path) -> None:
+    """Every reader of stack files (config, offline plan, destroy guard, policy config) goes through one reader:
+    a regular file of at most STACK_FILE_MAX_BYTES; a FIFO must not block a guard forever."""
+    fifo = tmp_path / "Pulumi.fifo.yaml"
+    os.mkfifo(fifo)
+    huge = tmp_path / "Pulumi.huge.yaml"
+    with huge.open("wb") as handle:
+        handle.truncate(STACK_FILE_MAX_BYTES + 1)
+    for path, why in ((fifo, "is a FIFO, not a regular file"), (tmp_path, "is a directory, not a regular file"),
+                      (huge, f"larger than {STACK_FILE_MAX_BYTES}")):
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as caught:
+            read_stack_file(path)
+        [(where, message)] = caught.value.problems
+        assert where == str(path) and why in message
+        with pytest.raises(StackFileError) as guarded:
+            stack_protected(path)
+        assert str(guarded.value).startswith(f"{path}: ") and why in str(guarded.value)
+        assert time.monotonic() - started < 5
+
+
+def test_a_stack_file_the_user_linked_is_read(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere.yaml"
+    target.write_text(DEV)
+    link = tmp_path / "Pulumi.dev.yaml"
+    link.symlink_to(target)
+    assert read_stack_document(link) == yaml.safe_load(DEV)
+    assert read_stack_file(link)[0]["ml-cluster:platform"] == "eks"

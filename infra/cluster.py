@@ -12,6 +12,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config import ClusterConfig, OnpremConfig
 from infra.context import ClusterInfo, NetworkInfo, StackContext
+from infra.existing_cluster import FoundCluster
 from infra.iam import service_trust_policy
 
 ACCESS_POLICIES = {
@@ -66,11 +67,7 @@ class EksCluster(pulumi.ComponentResource):
         attachments = [aws.iam.RolePolicyAttachment(ctx.name("cluster", policy.rsplit("/", 1)[1]),
                                                     role=cluster_role.name, policy_arn=policy, opts=child)
                        for policy in CLUSTER_POLICIES]
-        node_role = aws.iam.Role(ctx.name("cluster", "node-role"), assume_role_policy=service_trust_policy(
-            "ec2.amazonaws.com"), tags=ctx.tags, opts=child)
-        node_attachments = [aws.iam.RolePolicyAttachment(ctx.name("cluster", f"node-{policy.rsplit('/', 1)[1]}"),
-                                                         role=node_role.name, policy_arn=policy, opts=child)
-                            for policy in NODE_POLICIES]
+        node_role, node_attachments = _node_role(ctx, child)
 
         encryption = None
         if cfg.secrets_encryption:
@@ -115,38 +112,12 @@ class EksCluster(pulumi.ComponentResource):
         )
         cluster_sg_id = cluster.vpc_config.cluster_security_group_id
 
-        node_sg = aws.ec2.SecurityGroup(ctx.name("cluster", "node-sg"), vpc_id=args.network.vpc_id,
-                                        description=f"Nodes of EKS cluster {cfg.name}",
-                                        tags={**ctx.tags, "Name": ctx.name("cluster", "node-sg")}, opts=child)
-        aws.vpc.SecurityGroupIngressRule(ctx.name("cluster", "node-from-node"), security_group_id=node_sg.id,
-                                         referenced_security_group_id=node_sg.id, ip_protocol="-1",
-                                         description="node to node (pods, NCCL, EFA)", opts=child)
-        aws.vpc.SecurityGroupIngressRule(ctx.name("cluster", "node-from-cluster"), security_group_id=node_sg.id,
-                                         referenced_security_group_id=cluster_sg_id, ip_protocol="-1",
-                                         description="control plane to nodes", opts=child)
+        node_sg = _node_security_group(ctx, cfg.name, args.network.vpc_id, cluster_sg_id, child)
         aws.vpc.SecurityGroupIngressRule(ctx.name("cluster", "cluster-from-node"), security_group_id=cluster_sg_id,
                                          referenced_security_group_id=node_sg.id, ip_protocol="-1",
                                          description="nodes to control plane", opts=child)
-        aws.vpc.SecurityGroupEgressRule(ctx.name("cluster", "node-egress"), security_group_id=node_sg.id,
-                                        cidr_ipv4="0.0.0.0/0", ip_protocol="-1", description="all egress",
-                                        opts=child)
-        # EFA's SRD traffic is matched by security-group rules only, never by CIDRs: without egress to the group
-        # itself NCCL over EFA fails with "unresponsive receiver" (EC2 User Guide, "Prepare an EFA-enabled
-        # security group": all traffic to and from the group itself).
-        aws.vpc.SecurityGroupEgressRule(ctx.name("cluster", "node-to-node"), security_group_id=node_sg.id,
-                                        referenced_security_group_id=node_sg.id, ip_protocol="-1",
-                                        description="node to node (EFA)", opts=child)
-
-        for index, entry in enumerate(cfg.access_entries):
-            access = aws.eks.AccessEntry(ctx.name("cluster", f"access-{index}"), cluster_name=cluster.name,
-                                         principal_arn=entry.principal_arn, type="STANDARD", tags=ctx.tags,
-                                         opts=child)
-            scope = (aws.eks.AccessPolicyAssociationAccessScopeArgs(type="namespace", namespaces=entry.namespaces)
-                     if entry.namespaces else aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"))
-            aws.eks.AccessPolicyAssociation(ctx.name("cluster", f"access-{index}"), cluster_name=cluster.name,
-                                            principal_arn=entry.principal_arn,
-                                            policy_arn=ACCESS_POLICIES[entry.policy], access_scope=scope,
-                                            opts=pulumi.ResourceOptions(parent=self, depends_on=[access]))
+        _node_egress_rules(ctx, node_sg, child)
+        _access_entries(ctx, cfg, cluster.name, self)
 
         region = ctx.region
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
@@ -160,6 +131,58 @@ class EksCluster(pulumi.ComponentResource):
             node_role_arn=node_role.arn, node_security_group_id=node_sg.id, cluster_security_group_id=cluster_sg_id,
             eks_dependencies=(cluster, *node_attachments))
         self.register_outputs({"name": cluster.name, "endpoint": cluster.endpoint})
+
+
+def _node_role(ctx: StackContext, child: pulumi.ResourceOptions) -> tuple[aws.iam.Role, list[pulumi.Resource]]:
+    """The IAM role the managed node groups' instances use, with the AWS policies nodes need."""
+    node_role = aws.iam.Role(ctx.name("cluster", "node-role"), assume_role_policy=service_trust_policy(
+        "ec2.amazonaws.com"), tags=ctx.tags, opts=child)
+    node_attachments = [aws.iam.RolePolicyAttachment(ctx.name("cluster", f"node-{policy.rsplit('/', 1)[1]}"),
+                                                     role=node_role.name, policy_arn=policy, opts=child)
+                        for policy in NODE_POLICIES]
+    return node_role, list(node_attachments)
+
+
+def _node_security_group(ctx: StackContext, cluster_name: pulumi.Input[str], vpc_id: pulumi.Input[str],
+                         cluster_sg_id: pulumi.Input[str], child: pulumi.ResourceOptions) -> aws.ec2.SecurityGroup:
+    """The nodes' security group: open to itself (pods, NCCL, EFA) and to the control plane's group."""
+    node_sg = aws.ec2.SecurityGroup(ctx.name("cluster", "node-sg"), vpc_id=vpc_id,
+                                    description=pulumi.Output.concat("Nodes of EKS cluster ", cluster_name),
+                                    tags={**ctx.tags, "Name": ctx.name("cluster", "node-sg")}, opts=child)
+    aws.vpc.SecurityGroupIngressRule(ctx.name("cluster", "node-from-node"), security_group_id=node_sg.id,
+                                     referenced_security_group_id=node_sg.id, ip_protocol="-1",
+                                     description="node to node (pods, NCCL, EFA)", opts=child)
+    aws.vpc.SecurityGroupIngressRule(ctx.name("cluster", "node-from-cluster"), security_group_id=node_sg.id,
+                                     referenced_security_group_id=cluster_sg_id, ip_protocol="-1",
+                                     description="control plane to nodes", opts=child)
+    return node_sg
+
+
+def _node_egress_rules(ctx: StackContext, node_sg: aws.ec2.SecurityGroup, child: pulumi.ResourceOptions) -> None:
+    aws.vpc.SecurityGroupEgressRule(ctx.name("cluster", "node-egress"), security_group_id=node_sg.id,
+                                    cidr_ipv4="0.0.0.0/0", ip_protocol="-1", description="all egress", opts=child)
+    # EFA's SRD traffic is matched by security-group rules only, never by CIDRs: without egress to the group
+    # itself NCCL over EFA fails with "unresponsive receiver" (EC2 User Guide, "Prepare an EFA-enabled
+    # security group": all traffic to and from the group itself).
+    aws.vpc.SecurityGroupEgressRule(ctx.name("cluster", "node-to-node"), security_group_id=node_sg.id,
+                                    referenced_security_group_id=node_sg.id, ip_protocol="-1",
+                                    description="node to node (EFA)", opts=child)
+
+
+def _access_entries(ctx: StackContext, cfg: ClusterConfig, cluster_name: pulumi.Input[str],
+                    parent: pulumi.Resource) -> None:
+    """The configured people and roles, each an access entry with its access policy (cluster or namespaces)."""
+    child = pulumi.ResourceOptions(parent=parent)
+    for index, entry in enumerate(cfg.access_entries):
+        access = aws.eks.AccessEntry(ctx.name("cluster", f"access-{index}"), cluster_name=cluster_name,
+                                     principal_arn=entry.principal_arn, type="STANDARD", tags=ctx.tags,
+                                     opts=child)
+        scope = (aws.eks.AccessPolicyAssociationAccessScopeArgs(type="namespace", namespaces=entry.namespaces)
+                 if entry.namespaces else aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"))
+        aws.eks.AccessPolicyAssociation(ctx.name("cluster", f"access-{index}"), cluster_name=cluster_name,
+                                        principal_arn=entry.principal_arn,
+                                        policy_arn=ACCESS_POLICIES[entry.policy], access_scope=scope,
+                                        opts=pulumi.ResourceOptions(parent=parent, depends_on=[access]))
 
 
 @dataclass(frozen=True)
@@ -183,3 +206,51 @@ class ExistingCluster(pulumi.ComponentResource):
         self.info = ClusterInfo(name=args.config.cluster_name, kubernetes_version=args.config.kubernetes_version,
                                 provider=provider, is_eks=False)
         self.register_outputs({"name": args.config.cluster_name})
+
+
+def find_cluster(name: str) -> FoundCluster:
+    """Read an existing EKS cluster (DescribeCluster through aws.eks.get_cluster)."""
+    found = aws.eks.get_cluster(name=name)
+    access = found.access_configs[0] if found.access_configs else None
+    return FoundCluster(name=found.name, version=found.version, vpc_id=found.vpc_config.vpc_id,
+                        endpoint=found.endpoint, certificate_authority=found.certificate_authorities[0].data,
+                        cluster_security_group_id=found.vpc_config.cluster_security_group_id,
+                        authentication_mode=access.authentication_mode if access else "CONFIG_MAP",
+                        status=found.status)
+
+
+@dataclass(frozen=True)
+class ExistingEksClusterArgs:
+    ctx: StackContext
+    config: ClusterConfig
+    network: NetworkInfo
+    found: FoundCluster
+
+
+class ExistingEksCluster(pulumi.ComponentResource):
+    """An EKS cluster the stack reads and never owns: the stack adds its nodes' role and security group, its access
+    entries and a Kubernetes provider; the cluster, its VPC, its security groups and node groups are left alone."""
+
+    info: ClusterInfo
+    kubeconfig: pulumi.Output[str]
+    endpoint: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ExistingEksClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ml-cluster:infra:ExistingEksCluster", name, None, opts)
+        ctx, found, child = args.ctx, args.found, pulumi.ResourceOptions(parent=self)
+        assert ctx.region is not None
+        node_role, node_attachments = _node_role(ctx, child)
+        # The nodes join the cluster's own security group too (the launch templates attach both), which already
+        # lets its members reach the control plane: no rule is added to a group the stack does not own.
+        node_sg = _node_security_group(ctx, found.name, args.network.vpc_id, found.cluster_security_group_id, child)
+        _node_egress_rules(ctx, node_sg, child)
+        _access_entries(ctx, args.config, found.name, self)
+        self.kubeconfig = pulumi.Output.secret(eks_kubeconfig(found.name, found.endpoint,
+                                                              found.certificate_authority, ctx.region))
+        self.endpoint = pulumi.Output.from_input(found.endpoint)
+        provider = k8s.Provider(ctx.name("cluster", "k8s"), kubeconfig=self.kubeconfig, opts=child)
+        self.info = ClusterInfo(
+            name=found.name, kubernetes_version=found.version, provider=provider, is_eks=True,
+            node_role_arn=node_role.arn, node_security_group_id=node_sg.id,
+            cluster_security_group_id=found.cluster_security_group_id, eks_dependencies=tuple(node_attachments))
+        self.register_outputs({"name": found.name, "endpoint": found.endpoint})

@@ -15,6 +15,7 @@ from typing import Any
 
 import pulumi_aws as aws
 
+from infra.cluster import find_cluster
 from infra.config import ConfigError, StackConfig
 from infra.config.names import JOBS_NAMESPACE, PACK_SERVICE_ACCOUNT
 from infra.config.stackcheck import (
@@ -26,6 +27,7 @@ from infra.config.stackcheck import (
 )
 from infra.context import StackContext, SubnetRef
 from infra.controllers import check_job_kinds, trainer_runtimes
+from infra.existing_cluster import FoundCluster, existing_cluster_problems
 from infra.jobs import check_jobs
 from infra.network import lookup_existing_subnets
 from infra.nodes.blockend import block_end_problems
@@ -48,6 +50,7 @@ class StackFacts:
     """What the data sources said and the checks accepted; the input of every component."""
 
     existing_subnets: ExistingSubnets | None  # the adopted VPC's subnets (network.existing), looked up
+    existing_cluster: FoundCluster | None  # cluster.existing: what DescribeCluster says of it
     pool_plans: tuple[PoolPlan, ...]  # every pool, resolved against its instance types
     account_id: str | None  # EKS: the caller's account
     image_repository: str | None  # the stack's registry URL, when it has one
@@ -75,6 +78,7 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
     existing_subnets = None
     if cfg.network is not None and cfg.network.existing is not None:
         existing_subnets = lookup_existing_subnets(cfg.network.existing)
+    existing_cluster = _existing_cluster(cfg)
     pool_plans = plan_node_pools(cfg)  # instance-type facts per pool (aws.ec2.get_instance_type); ConfigError
     account_id = aws.get_caller_identity().account_id if cfg.platform == "eks" else None
     image_repository = (repository_url(account_id, cfg.region, repository_name(ctx.prefix, cfg.registry))
@@ -103,10 +107,23 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
     block_end = block_end_problems(pool_plans, rendered_jobs)
     if block_end:
         raise ConfigError(block_end)
-    return StackFacts(existing_subnets=existing_subnets, pool_plans=pool_plans, account_id=account_id,
+    return StackFacts(existing_subnets=existing_subnets, existing_cluster=existing_cluster, pool_plans=pool_plans,
+                      account_id=account_id,
                       image_repository=image_repository, gated=gated, gate_labels=gate_labels,
                       bucket_names=bucket_names, pack_keys=pack_keys, job_facts=job_facts,
                       rendered_jobs=rendered_jobs, job_access=job_access, runtimes=runtimes)
+
+
+def _existing_cluster(cfg: StackConfig) -> FoundCluster | None:
+    """cluster.existing: the cluster read once, and every way it does not fit the stack file a config error."""
+    if cfg.cluster is None or not cfg.cluster.existing:
+        return None
+    assert cfg.network is not None and cfg.network.existing is not None  # the schema requires it
+    found = find_cluster(cfg.cluster.name)
+    problems = existing_cluster_problems(found, cfg.cluster, cfg.network.existing.vpc_id)
+    if problems:
+        raise ConfigError(problems)
+    return found
 
 
 def _job_facts(cfg: StackConfig, ctx: StackContext, pool_plans: Sequence[PoolPlan], gated: bool,

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 
 import pulumi
 
-from infra.cluster import EksCluster, EksClusterArgs, ExistingCluster, ExistingClusterArgs
+from infra.cluster import (
+    EksCluster,
+    EksClusterArgs,
+    ExistingCluster,
+    ExistingClusterArgs,
+    ExistingEksCluster,
+    ExistingEksClusterArgs,
+)
 from infra.config import StackConfig
 from infra.config.deploy import public_access_cidrs
 from infra.config.names import JOBS_NAMESPACE, stack_prefix
@@ -118,9 +125,14 @@ def _network_and_cluster(cfg: StackConfig, ctx: StackContext, facts: StackFacts,
     assert cfg.network is not None and cfg.cluster is not None
     network = Network(f"{ctx.prefix}-network", NetworkArgs(
         ctx=ctx, config=cfg.network, cluster_name=cfg.cluster.name, existing_subnets=facts.existing_subnets)).info
-    eks = EksCluster(f"{ctx.prefix}-cluster", EksClusterArgs(
-        ctx=ctx, config=cfg.cluster, network=network,
-        public_access_cidrs=tuple(public_access_cidrs(cfg.cluster, cfg.deploy))))
+    eks: EksCluster | ExistingEksCluster
+    if facts.existing_cluster is not None:  # read, never owned: no cluster, VPC or subnet in the plan
+        eks = ExistingEksCluster(f"{ctx.prefix}-cluster", ExistingEksClusterArgs(
+            ctx=ctx, config=cfg.cluster, network=network, found=facts.existing_cluster))
+    else:
+        eks = EksCluster(f"{ctx.prefix}-cluster", EksClusterArgs(
+            ctx=ctx, config=cfg.cluster, network=network,
+            public_access_cidrs=tuple(public_access_cidrs(cfg.cluster, cfg.deploy))))
     outputs.update({
         "region": cfg.region,
         "clusterEndpoint": eks.endpoint,

@@ -24,6 +24,7 @@ from botocore.parsers import ResponseParserError
 
 from infra.config.names import derived_names
 from infra.config.schema import StackConfig
+from infra.existing_cluster import existing_cluster_problems, found_from_describe
 from infra.plan.pricing import block_hours
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -490,8 +491,66 @@ def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_r
     checks += check_next_blocks(ec2, cfg)
     checks += check_quotas(ec2, client("service-quotas"), cfg, cfg.region)
     checks += check_kubernetes_version(client("eks"), cfg.cluster.kubernetes_version)
+    if cfg.cluster.existing:
+        checks += check_existing_cluster(client("eks"), cfg)
     checks += check_buckets(client("s3"), cfg, stack, account)
     checks += check_registry(client("ecr"), cfg, stack)
+    return checks
+
+
+def stack_addons(cfg: StackConfig) -> list[str]:
+    """The EKS add-ons the stack installs (infra/storage/drivers.py, infra/nodes/gpu.py)."""
+    names = ["eks-pod-identity-agent", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver"]
+    if cfg.storage.efs is not None:
+        names.append("aws-efs-csi-driver")
+    if cfg.gpu.node_monitoring_agent.enabled and any(pool.gpu for pool in cfg.node_pools):
+        names.append("eks-node-monitoring-agent")
+    return sorted(names)
+
+
+def check_existing_cluster(eks: Any, cfg: StackConfig) -> list[Check]:
+    """cluster.existing: the cluster is there and fits the stack file, no add-on the stack installs is there already
+    (CreateAddon would fail), and no node group is already an autoscaler's (two would fight over it)."""
+    assert cfg.cluster is not None and cfg.network is not None and cfg.network.existing is not None
+    name = cfg.cluster.name
+    grant = "grant eks:DescribeCluster, eks:ListAddons, eks:DescribeAddon, eks:ListNodegroups, eks:DescribeNodegroup"
+    try:
+        found = found_from_describe(eks.describe_cluster(name=name)["cluster"])
+    except AWS_ERRORS as exc:
+        code, message = _error(exc)
+        fix = (f"check ml-cluster:cluster.name and aws:region (aws eks list-clusters --region {cfg.region})"
+               if code == "ResourceNotFoundException" else grant)
+        return [Check(FAIL, f"cluster {name}", f"eks:DescribeCluster: {code}: {message}", fix)]
+    problems = existing_cluster_problems(found, cfg.cluster, cfg.network.existing.vpc_id)
+    checks = [Check(FAIL, f"cluster {name}", f"{path}: {why}", "the fix above; then plan again (scripts/plan.py "
+                    "checks the same against the cluster)") for path, why in problems]
+    if not problems:
+        checks.append(Check(PASS, f"cluster {name}", f"{found.status}, Kubernetes {found.version}, in {found.vpc_id}, "
+                                                   f"authentication {found.authentication_mode}"))
+    try:
+        installed = eks.list_addons(clusterName=name).get("addons") or []
+        for addon in sorted(set(installed) & set(stack_addons(cfg))):
+            version = eks.describe_addon(clusterName=name, addonName=addon)["addon"].get("addonVersion")
+            checks.append(Check(FAIL, f"add-on {addon}", f"already installed on {name} at {version}, not by this "
+                                f"stack: pulumi up would fail to create it (ResourceInUseException)",
+                                f"pulumi import aws:eks/addon:Addon <its name in the plan> {name}:{addon}, or "
+                                f"delete it (aws eks delete-addon --cluster-name {name} --addon-name {addon} "
+                                "--preserve)"))
+        groups = eks.list_nodegroups(clusterName=name).get("nodegroups") or []
+        for group in sorted(groups):
+            tags = eks.describe_nodegroup(clusterName=name, nodegroupName=group)["nodegroup"].get("tags") or {}
+            if "k8s.io/cluster-autoscaler/enabled" in tags:
+                checks.append(Check(FAIL, f"node group {group}", "tagged for cluster-autoscaler auto-discovery: the "
+                                    "stack's autoscaler would scale it too, beside whichever already does",
+                                    "set ml-cluster:nodes.autoscaler.enabled: false to keep yours, or remove its "
+                                    "k8s.io/cluster-autoscaler/enabled tag"))
+    except AWS_ERRORS as exc:
+        code, message = _error(exc)
+        checks.append(Check(WARN, f"cluster {name} contents", f"{code}: {message}", grant))
+    checks.append(Check(WARN, "helm releases", "Kueue, the device plugins, kube-prometheus-stack or cluster-"
+                        "autoscaler already installed by Helm are not visible to AWS's API",
+                        "helm list -A | grep -E 'kueue|nvidia-device-plugin|aws-efa|kube-prometheus|"
+                        "cluster-autoscaler|jobset|trainer' (then disable the stack's copy in its config)"))
     return checks
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 from infra.config.base import PRINCIPAL_ARN, DnsLabel, StrictModel
 from infra.config.controllers import JobControllersConfig
@@ -211,6 +212,14 @@ class ClusterConfig(StrictModel):
         default=None, pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/.+$",
         description="the KMS key for secretsEncryption; default: a key the stack creates (rotation on)",
     )
+    existing: bool = Field(
+        default=False,
+        description=("lay the stack onto the EKS cluster called `name` that already runs (terraform-aws-modules/eks, "
+                     "eksctl, CDK): the program reads it (aws.eks.get_cluster) and never creates, changes or deletes "
+                     "it, its VPC or its node groups; network.existing names its VPC and the subnets for the "
+                     "stack's pools and mount targets, kubernetesVersion must be the version it runs "
+                     "(docs/operations.md, \"Use an existing EKS cluster\")"),
+    )
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -228,7 +237,18 @@ class ClusterConfig(StrictModel):
     def _reachable(self) -> ClusterConfig:
         if not (self.endpoint_public_access or self.endpoint_private_access):
             raise ValueError("endpointPublicAccess and endpointPrivateAccess cannot both be false")
+        owned = sorted(EXISTING_CLUSTER_OWNED & self.model_fields_set)
+        if self.existing and owned:
+            keys = ", ".join(to_camel(key) for key in owned)
+            raise ValueError(f"existing: true: {keys} configure a cluster the stack creates; the existing cluster "
+                             "keeps its own (remove them)")
         return self
+
+
+# What only a cluster the stack creates takes: an existing cluster keeps its endpoint, logs and encryption.
+EXISTING_CLUSTER_OWNED = frozenset({
+    "upgrade_policy", "endpoint_public_access", "endpoint_private_access", "public_access_cidrs", "log_types",
+    "log_retention_days", "secrets_encryption", "kms_key_arn"})
 
 
 class OnpremConfig(StrictModel):
@@ -376,6 +396,10 @@ class StackConfig(StrictModel):
                 raise ValueError(f"platform eks needs {', '.join(missing)}")
             if self.onprem is not None or self.kubeconfig is not None:
                 raise ValueError("platform eks: onprem and kubeconfig belong to platform onprem")
+            if self.cluster is not None and self.cluster.existing and self.network is not None \
+                    and self.network.existing is None:
+                raise ValueError("cluster.existing: the cluster's VPC is not the stack's to create: set "
+                                 "network.existing (its vpcId and the subnets for the stack's pools)")
         else:
             if self.onprem is None or self.kubeconfig is None:
                 raise ValueError("platform onprem needs ml-cluster:onprem and the secret ml-cluster:kubeconfig")

@@ -92,6 +92,8 @@ class Fixtures:
             version = self.lookup("addon_versions.json", key, "add-on default")
             return {"addonName": args.get("addonName"), "kubernetesVersion": args.get("kubernetesVersion"),
                     "mostRecent": bool(args.get("mostRecent")), "version": version, "id": args.get("addonName")}
+        if token == "aws:eks/getCluster:getCluster":  # an existing cluster a stack lays itself onto
+            return self.lookup("clusters.json", args.get("name") or "", "EKS cluster")
         if token == "aws:index/getRegion:getRegion":
             return {"name": region, "region": region, "id": region}
         if token == "aws:index/getPartition:getPartition":

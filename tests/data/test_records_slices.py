@@ -189,7 +189,8 @@ def test_jsonl_and_npy_tables_and_strict(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_peak_memory_of_a_slice_stays_bounded_when_one_table_is_ten_times_larger(tmp_path: Path) -> None:
-    """Prints the figures (the issue's note): a slice's peak RSS with equal tables and with one 10x larger."""
+    """Prints the figures: the packer's peak RSS (a local pack: the row path of every slice) with 12 equal tables
+    and with one of them 10x larger."""
     peaks = {}
     fields = tmp_path / "fields.json"
     fields.write_text(json.dumps([{"name": "text", "type": "text"}, {"name": "n", "type": "int"}]))
@@ -202,9 +203,11 @@ def test_peak_memory_of_a_slice_stays_bounded_when_one_table_is_ten_times_larger
             text = [rng.bytes(500).hex() for _ in range(rows)]  # 1000 distinct characters a row: no dictionary
             pq.write_table(pa.table({"text": text, "n": list(range(rows))}), src / f"t{table:02d}.parquet",
                            row_group_size=1000, compression="none")
-        command = [sys.executable, "-c", "import resource, sys, runpy; sys.argv = sys.argv[1:]; "
+        # VmHWM, the peak of this process's own memory: ru_maxrss would carry the forking parent's peak over exec.
+        command = [sys.executable, "-c", "import sys; sys.argv = sys.argv[1:]; "
                    "from workloads.data.__main__ import main; code = main(); "
-                   "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(code)",
+                   "print('peak', next(line.split()[1] for line in open('/proc/self/status') "
+                   "if line.startswith('VmHWM'))); sys.exit(code)",
                    "x", "pack-tables", str(src), str(tmp_path / f"out-{case}"), "--fields", str(fields),
                    "--shard-rows", "2000", "--no-progress"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600,
@@ -214,4 +217,4 @@ def test_peak_memory_of_a_slice_stays_bounded_when_one_table_is_ten_times_larger
         size = sum(p.stat().st_size for p in src.iterdir()) >> 20
         print(f"{case}: tables {size} MiB, largest {max(p.stat().st_size for p in src.iterdir()) >> 20} MiB, "
               f"peak RSS {peaks[case]} MiB")
-    assert peaks["one 10x"] < 1.5 * peaks["equal"]
+    assert peaks["one 10x"] < 1.15 * peaks["equal"]  # the big table is read a row group at a time

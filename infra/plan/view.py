@@ -11,11 +11,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from infra.config.names import check_stack_name
 from infra.config.support import support_notes
 from infra.plan.engine import canonical, kubernetes_objects
+from workloads.manifest_yaml import dump_manifest
 
 Key = tuple[str, str]
 
@@ -367,7 +366,7 @@ def write_manifests(plan: dict[str, Any], directory: Path) -> list[Path]:
             partial = target.with_name(f".{target.name}.partial")
             partials.append(partial)
             with open(partial, "w", encoding="utf-8") as handle:
-                handle.write(yaml.safe_dump(manifest, sort_keys=False))
+                handle.write(dump_manifest(manifest))
                 handle.flush()
                 os.fsync(handle.fileno())
         for partial, target in zip(partials, targets, strict=True):

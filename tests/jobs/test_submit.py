@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,6 +225,21 @@ def test_render_prints_the_jobs_of_a_spec_file(facts_file: Path, capsys: pytest.
     assert main(["render", "workloads/jobs/resnet50-s3-copy.yaml", "--facts", str(facts_file)]) == 0
     job_manifest, = yaml.safe_load_all(capsys.readouterr().out)
     check_job(job_manifest)
+
+
+def test_render_writes_every_object_in_full_without_yaml_anchors(facts_file: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A reviewer reads the rendered YAML: no `&id001` / `*id001` pairs where two places share one object."""
+    from workloads.manifest_yaml import dump_manifests
+
+    shared = {"key": "nvidia.com/gpu", "operator": "Exists"}
+    text = dump_manifests([{"a": [shared], "b": [shared]}])
+    assert "&id" not in text and "*id" not in text and text.count("nvidia.com/gpu") == 2
+    for spec in ("workloads/jobs/resnet50-s3-copy.yaml", "examples/plain-pytorch-job.yaml"):
+        assert main(["render", spec, "--facts", str(facts_file)]) == 0
+        out = capsys.readouterr().out
+        assert not re.search(r"[&*]id\d+", out), spec
+        assert list(yaml.safe_load_all(out))
 
 
 def test_bad_spec_is_one_error_line_with_file_and_field(tmp_path: Path, facts_file: Path,

@@ -7,12 +7,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import yaml
-
 import workloads.submit
 from workloads.cli import ArgumentParser
 from workloads.jobspec import TRAIN_CONTAINER, JobSpecError
 from workloads.kubeconfig import KubeconfigError, check_stack_name
+from workloads.manifest_yaml import dump_manifests
 from workloads.submit.commands import delete_run, show_logs, start_run
 from workloads.submit.errors import RuntimeFailure, UsageError
 from workloads.submit.inputs import render_pack, render_spec_file
@@ -114,7 +113,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "pack":
         manifests = render_pack(args)
         if args.render:
-            sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+            sys.stdout.write(dump_manifests(manifests))
             return 0
         batch, core, networking = apis(args)
         print("\n".join(create_manifests(manifests, batch, core, networking)))
@@ -124,7 +123,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command in ("render", "submit"):
         manifests = render_spec_file(args.job_file, args.facts, args.stack)
         if args.command == "render":
-            sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+            sys.stdout.write(dump_manifests(manifests))
             return 0
         batch, core, networking = apis(args)
         print("\n".join(create_manifests(manifests, batch, core, networking)))

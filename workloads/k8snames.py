@@ -76,3 +76,21 @@ def dns_subdomain(value: str) -> str:
 
 DnsLabel = Annotated[str, AfterValidator(dns_label)]
 DnsSubdomain = Annotated[str, AfterValidator(dns_subdomain)]
+
+
+# Namespaces Kubernetes itself owns: `default`, and every `kube-` name (kube-system, kube-public, kube-node-lease;
+# Kubernetes docs, "Namespaces": "Avoid creating namespaces with the prefix kube-, since it is reserved for
+# Kubernetes system namespaces").
+SYSTEM_NAMESPACE_PREFIX = "kube-"
+SYSTEM_NAMESPACES = frozenset({"default"})
+
+
+def reserved_namespace(name: str, stack_namespaces: frozenset[str] = frozenset()) -> str | None:
+    """Why `name` cannot be a namespace of a tenant's own (Kubernetes' own, or one the stack installs into), or
+    None. A team put there would get a deny-all NetworkPolicy, a quota and edit rights in a namespace shared with
+    the system."""
+    if name in SYSTEM_NAMESPACES or name.startswith(SYSTEM_NAMESPACE_PREFIX):
+        return f"{name} is a Kubernetes system namespace"
+    if name in stack_namespaces:
+        return f"{name} is a namespace the stack installs into ({', '.join(sorted(stack_namespaces))})"
+    return None

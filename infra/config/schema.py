@@ -17,6 +17,7 @@ from infra.config.controllers import JobControllersConfig
 from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
 from infra.config.monitoring import MonitoringConfig
+from infra.config.names import JOBS_NAMESPACE
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.nodes import NodesConfig, move_renamed_keys, written_path
 from infra.config.queueing import KueueConfig
@@ -24,7 +25,7 @@ from infra.config.registry import RegistryConfig
 from infra.config.storage import StorageConfig
 from infra.stackyaml import StackFileError, read_stack_document
 from workloads.jobspec import TrainingJobSpec
-from workloads.k8snames import is_dns_subdomain
+from workloads.k8snames import is_dns_subdomain, reserved_namespace
 
 PROJECT = "ml-cluster"
 NAMESPACE = f"{PROJECT}:"
@@ -388,6 +389,16 @@ class StackConfig(StrictModel):
         return tags
 
     @model_validator(mode="after")
+    def _check_team_namespaces(self) -> None:
+        """A tenant team's namespace is its own: never Kubernetes' or one the stack installs into."""
+        own = frozenset({JOBS_NAMESPACE, self.kueue.namespace, self.monitoring.namespace, self.gpu.health.namespace,
+                         self.job_controllers.jobset.namespace, self.job_controllers.trainer.namespace})
+        for index, team in enumerate(self.kueue.teams):
+            why = reserved_namespace(team.namespace, own) if team.namespace else None
+            if why:
+                raise ValueError(f"kueue.teams[{index}].namespace: {why}; give team {team.name} a namespace of "
+                                 "its own")
+
     def _platform(self) -> StackConfig:
         if self.platform == "eks":
             missing = [key for key, value in (("aws:region", self.region), ("ml-cluster:network", self.network),
@@ -407,6 +418,7 @@ class StackConfig(StrictModel):
                 raise ValueError("platform onprem creates no AWS network or cluster: remove network and cluster")
         self.storage.check_stack(self.platform, has_cos_keys=self.cos_hmac_access_key_id is not None
                                  and self.cos_hmac_secret_access_key is not None)
+        self._check_team_namespaces()
         names = [pool.name for pool in self.node_pools]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:

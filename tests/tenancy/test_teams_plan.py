@@ -146,3 +146,26 @@ def test_a_tenant_teams_role_and_namespace_are_checked_like_every_derived_name()
         check_stack(cfg, "prod-eu-west-1-a", "123456789012")
     [line] = [line for line in caught.value.lines() if "kueue.teams[1].name" in line]
     assert f"IAM role name 'mlc-prod-eu-west-1-a-team-{'l' * 40}' is 66 characters (IAM allows 64)" in line
+
+
+@pytest.mark.parametrize(("namespace", "why"), [
+    ("kube-system", "kube-system is a Kubernetes system namespace"),
+    ("kube-node-lease", "kube-node-lease is a Kubernetes system namespace"),
+    ("default", "default is a Kubernetes system namespace"),
+    ("training", "training is a namespace the stack installs into"),
+    ("kueue-system", "kueue-system is a namespace the stack installs into"),
+    ("gpu-health", "gpu-health is a namespace the stack installs into"),
+])
+def test_a_team_in_a_namespace_it_does_not_own_is_one_line(namespace: str, why: str) -> None:
+    """A deny-all NetworkPolicy, a quota and edit rights in kube-system (or the stack's own namespaces) would
+    break the cluster: one rule for every name a tenant may not take."""
+    from infra.config import parse_stack_config
+    from infra.config.schema import decode_config_value
+
+    values = {**stack_values("prod"), **prod_with_teams()}
+    values["ml-cluster:kueue"] = {**values["ml-cluster:kueue"],
+                                  "teams": [TEAMS[0], {**TEAMS[1], "namespace": namespace}]}
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
+    [line] = caught.value.lines()
+    assert f"kueue.teams[1].namespace: {why}" in line, line

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from infra.config.base import PRINCIPAL_ARN, DnsLabel, StrictModel
@@ -455,10 +456,42 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts) or "config"
 
 
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The config model a location's last key is written in (StackConfig for a top-level key), or None."""
+    model: Any = StackConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        fields = {field.alias or name: field for name, field in model.model_fields.items()}
+        field = fields.get(str(part)) or model.model_fields.get(str(part))
+        if field is None:
+            return None
+        model = next((t for t in _flatten(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)),
+                     None)
+        if model is None:
+            return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _flatten(annotation: Any) -> list[Any]:
+    """The types inside Optional / list / dict / Annotated."""
+    args = get_args(annotation)
+    return [annotation] if not args else [inner for arg in args for inner in _flatten(arg)]
+
+
+def _unknown_key(loc: tuple[int | str, ...]) -> str:
+    model = _model_at(loc)
+    known = sorted(field.alias or name for name, field in model.model_fields.items()) if model else []
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6) if loc else []
+    hint = (f"did you mean {close[0]!r}?" if close
+            else "check the spelling; docs/reference/stack-config.md lists the keys")
+    return f"unknown key ({hint})"
+
+
 def _message(error: Mapping[str, Any]) -> str:
     kind, text = error["type"], str(error["msg"])
     if kind == "extra_forbidden":
-        return "unknown key (check the spelling; see infra/config for the schema)"
+        return _unknown_key(tuple(error["loc"]))
     if kind == "missing":
         return "required key is missing"
     return text.removeprefix("Value error, ").removeprefix("Assertion failed, ").replace("\n", " ")

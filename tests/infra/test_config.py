@@ -46,6 +46,14 @@ def test_unknown_keys_are_errors_at_every_level() -> None:
     found = problems(values)
     assert set(found) >= {"clsuter", "cluster.kubernetesVersoin", "network.create.natGateway"}
     assert all("unknown key" in why for why in found.values())
+    # the key meant, when one of the model's keys at that level is close
+    assert found["clsuter"] == "unknown key (did you mean 'cluster'?)"
+    assert found["cluster.kubernetesVersoin"] == "unknown key (did you mean 'kubernetesVersion'?)"
+    assert found["network.create.natGateway"] == "unknown key (did you mean 'natGateways'?)"
+    values = stack_values("dev")
+    values["ml-cluster:storage"]["buckets"][0]["zzz"] = True  # nothing close: where to look instead
+    assert problems(values)["storage.buckets.0.zzz"] == ("unknown key (check the spelling; "
+                                                         "docs/reference/stack-config.md lists the keys)")
 
 
 def test_all_problems_are_collected_together() -> None:

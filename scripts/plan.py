@@ -27,9 +27,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.config import ConfigError  # noqa: E402
 from infra.plan.cost import estimate, format_cost_diff, format_report, report_document  # noqa: E402
-from infra.plan.engine import FixtureError, load_stack_file, placeholders_left, plan_stack  # noqa: E402
+from infra.plan.engine import (  # noqa: E402
+    PlanStopped,
+    load_stack_file,
+    placeholders_left,
+    plan_error_lines,
+    plan_stack,
+)
 from infra.plan.pricing import PriceError  # noqa: E402
 from infra.plan.view import (  # noqa: E402
     PlanDocumentError,
@@ -74,11 +79,8 @@ def main(argv: list[str]) -> int:
             return 2
     try:
         plan = plan_stack(args.stack, args.config)
-    except ConfigError as exc:
-        print("\n".join(exc.lines()), file=sys.stderr)
-        return 2
-    except FixtureError as exc:
-        print(f"error: {exc.fixture}: {exc.why}", file=sys.stderr)
+    except PlanStopped as exc:
+        print("\n".join(plan_error_lines(exc)), file=sys.stderr)
         return 2
 
     if old_plan is not None:

@@ -29,9 +29,8 @@ from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.config import ConfigError  # noqa: E402
 from infra.config.support import WARN_DAYS, calendar  # noqa: E402
-from infra.plan.engine import STACKS_DIR, FixtureError, plan_stack  # noqa: E402
+from infra.plan.engine import STACKS_DIR, PlanStopped, plan_error_lines, plan_stack  # noqa: E402
 from workloads.cli import ArgumentParser, parse_day  # noqa: E402
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -385,11 +384,8 @@ def main(argv: list[str]) -> int:
     for stack in stacks:
         try:
             plans.append(plan_stack(stack))
-        except ConfigError as exc:
-            print("\n".join(exc.lines()), file=sys.stderr)
-            return 2
-        except FixtureError as exc:
-            print(f"error: {exc.fixture}: {exc.why}", file=sys.stderr)
+        except PlanStopped as exc:
+            print("\n".join(plan_error_lines(exc)), file=sys.stderr)
             return 2
     lines, behind = report(plans, args.today, args.online)
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from infra.config.schema import NAMESPACE, SECRET_KEYS, ConfigError, StackConfig, config_path
+from infra.config.schema import PLAINTEXT, SECRET_KEYS, ConfigError, StackConfig, config_path, config_values
 
 # Sections a pool check does not need: dropped from the partial config when they fail validation.
 _OPTIONAL = {"jobs", "storage", "gpu", "kueue", "monitoring", "tags", "labelPrefix", "protected", "kubeconfig",
@@ -28,13 +28,8 @@ _READS_DROPPED = {"storage": re.compile(r"^ml-cluster:jobs\[\d+\]\.(dataset|chec
 def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int], set[str]] | None:
     """(config without the failing parts, original index of each kept node pool, the sections dropped), or None
     if what failed is needed by every check (platform, network, cluster...)."""
-    ours: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "aws:region":
-            ours["region"] = value
-        elif key.startswith(NAMESPACE):
-            name = key[len(NAMESPACE):]
-            ours[name] = "plaintext-rejected" if name in SECRET_KEYS and not isinstance(value, str) else value
+    ours = {name: PLAINTEXT if name in SECRET_KEYS and not isinstance(value, str) else value
+            for name, value in config_values(raw).items()}
     pools = ours.get("nodePools")
     kept = list(range(len(pools))) if isinstance(pools, list) else []
     dropped: set[str] = set()

@@ -506,6 +506,21 @@ def _problem(error: Mapping[str, Any]) -> tuple[str, str]:
     return _location(error["loc"]), _message(error)
 
 
+PLAINTEXT = "plaintext-rejected"  # stands for a secret given in plaintext: present, but never the value
+
+
+def config_values(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of this project's keys by their names in the schema (`ml-cluster:x` -> `x`, `aws:region` ->
+    `region`); other namespaces are left to their providers."""
+    ours: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "aws:region":
+            ours["region"] = value
+        elif key.startswith(NAMESPACE):
+            ours[key[len(NAMESPACE):]] = value
+    return ours
+
+
 def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) -> StackConfig:
     """Validate a stack's config (keys as in the stack file: `ml-cluster:x`, `aws:region`, ...).
 
@@ -515,16 +530,11 @@ def parse_stack_config(raw: Mapping[str, Any], secret_keys: Iterable[str] = ()) 
     """
     secret = set(secret_keys)
     problems: list[tuple[str, str]] = []
-    ours: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "aws:region":
-            ours["region"] = value
-        elif key.startswith(NAMESPACE):
-            name = key[len(NAMESPACE):]
-            if name in SECRET_KEYS and key not in secret:
-                problems.append((key, "must be a secret: pulumi config set --secret " + key))
-                value = "plaintext-rejected"  # present, so no rule that needs the key reports it missing too
-            ours[name] = value
+    ours = config_values(raw)
+    for key in raw:
+        if key.startswith(NAMESPACE) and key[len(NAMESPACE):] in SECRET_KEYS and key not in secret:
+            problems.append((key, "must be a secret: pulumi config set --secret " + key))
+            ours[key[len(NAMESPACE):]] = PLAINTEXT  # present, so no rule that needs the key reports it missing too
         elif ":" not in key:
             problems.append(("config", f"key {key!r} needs a namespace, e.g. {NAMESPACE}{key}"))
     try:

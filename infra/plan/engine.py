@@ -48,6 +48,14 @@ class FixtureError(Exception):
         super().__init__(f"{fixture}: {why}")
 
 
+PlanStopped = (ConfigError, FixtureError)  # what stops an offline plan before it has a document
+
+
+def plan_error_lines(exc: ConfigError | FixtureError) -> list[str]:
+    """What a CLI prints for a plan that stopped: one `error: <where>: <why>` line per problem."""
+    return [f"error: {exc.fixture}: {exc.why}"] if isinstance(exc, FixtureError) else exc.lines()
+
+
 class Fixtures:
     """Answers to data sources, from stacks/fixtures/*.json."""
 

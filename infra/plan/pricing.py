@@ -81,17 +81,16 @@ def nat_query(region: str) -> PriceQuery:
                       unit="Hrs", usagetype_suffix="NatGateway-Hours")
 
 
-def eks_query(region: str) -> PriceQuery:
-    return PriceQuery(key=f"eks:{region}", kind="list", service_code="AmazonEKS",
-                      filters=(("regionCode", region), ("productFamily", "Compute")),
-                      unit="Hrs", usagetype_suffix="AmazonEKS-Hours:perCluster")
+def eks_query(region: str, extended: bool = False) -> PriceQuery:
+    """The control plane's hourly rate: standard support, or (`extended`) while its minor is in extended support."""
+    return PriceQuery(key=f"eks-extended:{region}" if extended else f"eks:{region}", kind="list",
+                      service_code="AmazonEKS", filters=(("regionCode", region), ("productFamily", "Compute")),
+                      unit="Hrs",
+                      usagetype_suffix="AmazonEKS-Hours:extendedSupport" if extended else "AmazonEKS-Hours:perCluster")
 
 
 def eks_extended_query(region: str) -> PriceQuery:
-    """The control plane's rate while its Kubernetes minor is in extended support (instead of eks_query's)."""
-    return PriceQuery(key=f"eks-extended:{region}", kind="list", service_code="AmazonEKS",
-                      filters=(("regionCode", region), ("productFamily", "Compute")),
-                      unit="Hrs", usagetype_suffix="AmazonEKS-Hours:extendedSupport")
+    return eks_query(region, extended=True)
 
 
 def gp3_query(region: str) -> PriceQuery:

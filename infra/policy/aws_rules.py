@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from infra.policy.plan import Plan, PlanResource, provider_endpoint
+from infra.policy.plan import PlannedStack, PlanResource, provider_endpoint
 from infra.policy.rule import PolicyContext
 
 BUCKET_TYPES = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
@@ -51,7 +51,7 @@ def _s3_resource_problem(arn: str) -> str | None:
     return None
 
 
-def check_team_roles_scoped(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+def check_team_roles_scoped(plan: PlannedStack, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
     for role in plan.of_type(ROLE_TYPE):
         team = (role.inputs.get("tags") or {}).get(TEAM_ROLE_TAG)
         if team is None:
@@ -101,7 +101,7 @@ def _sse_algorithms(value: Any) -> Iterator[Any]:
             yield from _sse_algorithms(item)
 
 
-def check_buckets_encrypted(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+def check_buckets_encrypted(plan: PlannedStack, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
     for bucket in plan.of_type(*BUCKET_TYPES):
         if _is_s3_compatible(bucket):
             continue  # COS encrypts at rest itself and has no PutBucketEncryption
@@ -124,7 +124,7 @@ def check_buckets_encrypted(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[Pl
 
 
 def check_buckets_public_access_blocked(
-    plan: Plan, ctx: PolicyContext
+    plan: PlannedStack, ctx: PolicyContext
 ) -> Iterator[tuple[PlanResource | None, str]]:
     for bucket in plan.of_type(*BUCKET_TYPES):
         if _is_s3_compatible(bucket):
@@ -176,7 +176,7 @@ def _denies_insecure_transport(document: Mapping[str, Any]) -> bool:
     return False
 
 
-def check_buckets_tls_only(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+def check_buckets_tls_only(plan: PlannedStack, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
     for bucket in plan.of_type(*BUCKET_TYPES):
         endpoint = provider_endpoint(bucket.provider, "s3")
         if endpoint is not None:

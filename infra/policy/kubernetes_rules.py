@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from infra.policy.aws_rules import GPU_RESOURCE, NODE_GROUP_TYPE
-from infra.policy.plan import Plan, PlanResource
+from infra.policy.plan import PlannedStack, PlanResource
 from infra.policy.rule import PolicyContext
 from workloads.quantity import parse_quantity
 
@@ -31,7 +31,7 @@ def _metadata(resource: PlanResource) -> Mapping[str, Any]:
     return metadata if isinstance(metadata, Mapping) else {}
 
 
-def team_namespaces(plan: Plan) -> dict[str, PlanResource]:
+def team_namespaces(plan: PlannedStack) -> dict[str, PlanResource]:
     """Namespace name -> Namespace, for the namespaces labelled as a tenant team's."""
     found = {}
     for namespace in plan.of_type(NAMESPACE_TYPE):
@@ -42,7 +42,8 @@ def team_namespaces(plan: Plan) -> dict[str, PlanResource]:
     return found
 
 
-def check_team_namespaces_have_quota(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+def check_team_namespaces_have_quota(plan: PlannedStack,
+                                     ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
     """A team namespace without a ResourceQuota lets a pod that bypasses Kueue (no queue label, a bare Pod) take
     every free GPU of the cluster."""
     bounded: dict[str, set[str]] = {}
@@ -59,7 +60,8 @@ def check_team_namespaces_have_quota(plan: Plan, ctx: PolicyContext) -> Iterator
                               if name in bounded else f"team namespace {name} has no ResourceQuota")
 
 
-def check_gpu_jobs_in_team_namespaces(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+def check_gpu_jobs_in_team_namespaces(plan: PlannedStack,
+                                      ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
     """Once a stack declares tenant teams, a GPU Job outside their namespaces spends GPUs no team is charged for and
     runs with the shared Jobs role. Advisory: the stack's own Jobs (acceptance tests, platform runs) may do so."""
     teams = team_namespaces(plan)
@@ -236,7 +238,7 @@ def _label_ending(labels: Mapping[str, Any], suffix: str) -> Any:
     return next((value for key, value in labels.items() if key.endswith(suffix)), None)
 
 
-def check_multi_node_jobs_use_efa(plan: Plan, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
+def check_multi_node_jobs_use_efa(plan: PlannedStack, ctx: PolicyContext) -> Iterator[tuple[PlanResource | None, str]]:
     """A gang placed on a GPU type that has EFA node groups asks for EFA: over TCP alone the most expensive
     GPUs wait on every all-reduce."""
     efa_types = set()

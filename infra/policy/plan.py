@@ -46,7 +46,7 @@ def resource_key(resource_type: str, name: str) -> str:
     return f"{resource_type}::{name}"
 
 
-class Plan:
+class PlannedStack:
     """The resources of one stack with the lookups the stack-level rules need."""
 
     def __init__(self, resources: Iterable[PlanResource]) -> None:
@@ -81,8 +81,8 @@ def provider_endpoint(provider: ProviderInfo | None, service: str) -> str | None
     return None
 
 
-def plan_from_document(document: Mapping[str, Any]) -> Plan:
-    """The offline plan document (`infra.plan.engine.plan_stack`, `scripts/plan.py --json`) as a Plan.
+def plan_from_document(document: Mapping[str, Any]) -> PlannedStack:
+    """The offline plan document (`infra.plan.engine.plan_stack`, `scripts/plan.py --json`) as a PlannedStack.
 
     References come from each resource's `propertyDependencies` (input key -> URNs or logical names) when
     the document has them, and from values: an input equal to another resource's `id`, `arn` or `urn` (or
@@ -124,7 +124,7 @@ def plan_from_document(document: Mapping[str, Any]) -> Plan:
                 refs=refs,
             )
         )
-    return Plan(resources)
+    return PlannedStack(resources)
 
 
 def _identity_values(raw: Mapping[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from infra.policy.plan import Plan, PlanResource
+from infra.policy.plan import PlannedStack, PlanResource
 
 Enforcement = Literal["mandatory", "advisory"]
 
@@ -36,7 +36,7 @@ class Violation:
 
 
 ResourceCheck = Callable[[PlanResource, PolicyContext], Iterable[str]]
-StackCheck = Callable[[Plan, PolicyContext], Iterable[tuple[PlanResource | None, str]]]
+StackCheck = Callable[[PlannedStack, PolicyContext], Iterable[tuple[PlanResource | None, str]]]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class PolicyRule:
     check_stack: StackCheck | None = None
     reads_stack_protected: bool = False  # needs PolicyContext.stack_protected (CrossGuard config "protected")
 
-    def run(self, plan: Plan, ctx: PolicyContext) -> list[Violation]:
+    def run(self, plan: PlannedStack, ctx: PolicyContext) -> list[Violation]:
         found: list[Violation] = []
         if self.check_resource is not None:
             for resource in plan.of_type(*self.resource_types):

@@ -2,7 +2,7 @@
 
 The rules live by what they check (infra/policy/aws_rules.py, infra/policy/kubernetes_rules.py); this module is
 the pack's table of them. Each policy is a `PolicyRule` (infra/policy/rule.py): per-resource rules name the type
-tokens they check and return messages for one resource; stack-level rules see the whole `Plan` (a bucket's
+tokens they check and return messages for one resource; stack-level rules see the whole `PlannedStack` (a bucket's
 encryption, public access block and TLS policy are separate resources). `evaluate` runs them over a plan; the
 CrossGuard pack (infra/policy/pack/__main__.py) wraps the same rules as ResourceValidationPolicy /
 StackValidationPolicy.
@@ -42,13 +42,13 @@ from infra.policy.kubernetes_rules import (
     check_multi_node_jobs_use_efa,
     check_team_namespaces_have_quota,
 )
-from infra.policy.plan import Plan
+from infra.policy.plan import PlannedStack
 from infra.policy.rule import PolicyContext, PolicyRule, Violation
 
 __all__ = ["POLICIES", "PolicyContext", "PolicyRule", "Violation", "evaluate"]
 
 
-def evaluate(plan: Plan, ctx: PolicyContext, rules: Iterable[PolicyRule] | None = None) -> list[Violation]:
+def evaluate(plan: PlannedStack, ctx: PolicyContext, rules: Iterable[PolicyRule] | None = None) -> list[Violation]:
     """Every violation of `rules` (default: the whole pack) in the plan, mandatory and advisory."""
     return [v for rule in (POLICIES if rules is None else rules) for v in rule.run(plan, ctx)]
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.data.helpers import write_corpus
 from workloads.data.api import LoaderSettings, PackedData, Placement
-from workloads.data.moving.cache import Plan, read_plan
+from workloads.data.moving.cache import ReadPlan, read_plan
 from workloads.data.moving.s3 import S3Uri, make_client
 from workloads.data.moving.upload import UploadOptions, upload
 from workloads.data.writing.pack import PackOptions, pack
@@ -93,7 +93,7 @@ def test_example_script_trains_through_the_staging_cache(
     assert [(line["epoch"], line["samples"]) for line in epochs] == [(0, 1000), (1, 1000)]
     (stager,) = [line["stager"] for line in lines if "stager" in line]
     assert "evicted" in stager and "evicted 0" not in stager  # the budget really was smaller than the dataset
-    assert read_plan(dest) == Plan(order=[], done=True)
+    assert read_plan(dest) == ReadPlan(order=[], done=True)
     assert sum(path.stat().st_size for path in dest.glob("shard-*.h5")) <= budget
     assert (tmp_path / "ckpt" / "checkpoint.pt").is_file()
     # Run again: the checkpoint says both epochs are done; nothing is trained again.

@@ -33,7 +33,7 @@ from workloads.data.format.verify import sha256_file
 from workloads.data.moving.cache import (
     CacheReader,
     CacheStagerError,
-    Plan,
+    ReadPlan,
     StagerState,
     cache_dir,
     is_cached,
@@ -239,7 +239,7 @@ def test_fetches_follow_a_plan_written_before_the_stager_starts(many: Path, s3_u
     names = _names(manifest)
     orders = _orders(names, 1, seed=7)
     dest = tmp_path / "dest"
-    write_plan(dest, Plan(order=orders[0]))
+    write_plan(dest, ReadPlan(order=orders[0]))
     client = _Recording(make_client(s3_url, 1))
     # One worker takes the queued ranged GETs first come first served, so GETs go out in the order fetches start.
     result, reader, _ = _serve(dest, target, client,
@@ -407,7 +407,7 @@ def test_a_plan_naming_a_shard_outside_the_manifest_is_refused(unknown: str, man
     victim.write_bytes(b"precious")
     dest = tmp_path / "dest"
     names = _names(load_manifest(many))
-    write_plan(dest, Plan(order=[names[0], unknown.replace("VICTIM", str(victim))]))
+    write_plan(dest, ReadPlan(order=[names[0], unknown.replace("VICTIM", str(victim))]))
     code, _, err = _cli(["stage", f"s3://{bucket}/{PREFIX}", str(dest), "--endpoint-url", s3_url, "--budget",
                          "1GiB", "--no-progress"], capsys)
     assert code == 2 and _one_line(err) and f"{CACHE_DIR}/{PLAN_STATE}" in err and "manifest" in err, err
@@ -499,7 +499,7 @@ def test_resume_keeps_verified_shards_in_plan_order_up_to_the_budget(many: Path,
     damaged = dest / orders[0][1]
     damaged.write_bytes(damaged.read_bytes()[:-4] + b"oops")
     (dest / f".{orders[0][0]}.999.1{TEMP_SUFFIX}").write_bytes(b"stale")
-    write_plan(dest, Plan(order=_plan_from(orders, 0, 0)))
+    write_plan(dest, ReadPlan(order=_plan_from(orders, 0, 0)))
     budget = int(0.5 * sum(size.values()))
     desired, used = [], 0
     for name in _plan_from(orders, 0, 0):
@@ -557,7 +557,7 @@ def test_copy_mode_removes_a_stale_cache_state_and_writes_the_manifest_last(many
     names = _names(load_manifest(many))
     dest = tmp_path / "dest"
     write_stager_state(dest, StagerState(budget=1 << 20, ready=[], error="an earlier cache run failed"))
-    write_plan(dest, Plan(order=list(reversed(names))))
+    write_plan(dest, ReadPlan(order=list(reversed(names))))
     client = _Recording(make_client(s3_url, 1))
     result = stage(client, target, dest, _options(workers=1))
     assert sorted(result.fetched) == sorted(names) and result.evicted == []
@@ -664,10 +664,10 @@ def test_a_shard_the_plan_puts_first_jumps_the_queue(many: Path, s3_url: str, bu
     while not client.shard_starts() and time.monotonic() < deadline:
         time.sleep(0.005)
     first_needed = names[-1]  # the last in manifest order: without priority it would come last of those queued
-    write_plan(dest, Plan(order=[first_needed, *names[:-1]]))
+    write_plan(dest, ReadPlan(order=[first_needed, *names[:-1]]))
     CacheReader(dest, poll_interval_s=0.005).wait_ready(first_needed, timeout=30)
     ready_before = [name for name in read_stager_state(dest).ready if name != first_needed]  # type: ignore[union-attr]
-    write_plan(dest, Plan(order=[], done=True))
+    write_plan(dest, ReadPlan(order=[], done=True))
     thread.join(60)
     assert results and not thread.is_alive()
     # 8 downloads (2 per connection) were under way when the plan came; 4 run, 1 more waits in the pool: the shard
@@ -692,8 +692,8 @@ def test_a_serving_stager_waits_for_the_first_plan_before_fetching(many: Path, s
         time.sleep(0.005)
     time.sleep(0.3)
     assert client.shard_starts() == []  # serving, but no plan yet
-    write_plan(dest, Plan(order=[names[-1], *names[:-1]], done=False))
+    write_plan(dest, ReadPlan(order=[names[-1], *names[:-1]], done=False))
     CacheReader(dest, poll_interval_s=0.005).wait_ready(names[-1], timeout=30)
-    write_plan(dest, Plan(order=[], done=True))
+    write_plan(dest, ReadPlan(order=[], done=True))
     thread.join(60)
     assert client.shard_starts()[0] == names[-1]

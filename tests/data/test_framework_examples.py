@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads.data.moving.cache import Plan, read_plan
+from workloads.data.moving.cache import ReadPlan, read_plan
 from workloads.data.moving.s3 import S3Uri, make_client
 from workloads.data.moving.upload import UploadOptions, upload
 
@@ -50,7 +50,7 @@ def test_framework_example_trains_through_the_staging_cache_and_resumes(
     total = sum(shard["num_samples"] for shard in samples["shards"])
     assert [(line["epoch"], line["samples"]) for line in lines if "epoch" in line] == [(0, total), (1, total)]
     assert [line for line in lines if "stager" in line], "the example started the stager and reported it"
-    assert read_plan(dest) == Plan(order=[], done=True)  # told the stager that reading is done
+    assert read_plan(dest) == ReadPlan(order=[], done=True)  # told the stager that reading is done
     assert any(checkpoints.iterdir())
     # A rerun for one epoch more resumes from the checkpoint: only the third epoch is trained.
     assert [line["epoch"] for line in run(3) if "epoch" in line] == [2]

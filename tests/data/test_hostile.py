@@ -526,11 +526,12 @@ def test_class_of_only_unusable_files_is_refused(tmp_path: Path, capsys: pytest.
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_written_files_follow_the_umask(umask: int, tmp_path: Path, packed: Path, s3_url: str, bucket: str) -> None:
     from tests.data.helpers import stage_options, uploaded
-    from workloads.data.moving.cache import Plan, write_plan
+    from workloads.data.moving.cache import ReadPlan, write_plan
     from workloads.data.moving.stage import stage
 
     target = uploaded(packed, s3_url, bucket)
-    write_plan(tmp_path / "dest", Plan(order=[], done=True))  # the reader is done already: the stager only publishes
+    # the reader is done already: the stager only publishes
+    write_plan(tmp_path / "dest", ReadPlan(order=[], done=True))
     old = os.umask(umask)
     try:
         small_pack(tmp_path / "src", tmp_path / "out")

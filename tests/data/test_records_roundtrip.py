@@ -13,7 +13,7 @@ import pytest
 from tests.data.test_records import FIELDS, assert_same, make_records
 from workloads.data.api import LoaderSettings, PackedData, Placement
 from workloads.data.format.manifest import load_manifest
-from workloads.data.moving.cache import Plan, read_plan
+from workloads.data.moving.cache import ReadPlan, read_plan
 from workloads.data.moving.s3 import S3Uri, make_client
 from workloads.data.moving.upload import UploadOptions, upload
 from workloads.data.writing.records_pack import RecordPackOptions, pack_records
@@ -60,7 +60,7 @@ def test_every_field_type_round_trips_through_the_staging_cache(
                     seen.append(index)
             assert sorted(seen) == list(range(SAMPLES)), epoch
     assert data.stager_summary is not None and "evicted 0" not in data.stager_summary
-    assert read_plan(dest) == Plan(order=[], done=True)
+    assert read_plan(dest) == ReadPlan(order=[], done=True)
     assert sum(path.stat().st_size for path in dest.glob("shard-*.h5")) <= 1 << 20
     assert list((tmp_path / "decoded").glob("*.rows"))  # the image field was decoded once and kept
 

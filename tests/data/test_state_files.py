@@ -24,7 +24,7 @@ from workloads.data.format.manifest import HEARTBEAT, PLAN_STATE, STAGER_STATE
 from workloads.data.moving.cache import (
     CacheReader,
     CacheStagerError,
-    Plan,
+    ReadPlan,
     StagerState,
     cache_dir,
     read_plan,
@@ -166,7 +166,7 @@ def test_a_cache_dir_that_is_a_link_is_neither_read_nor_written_through(tmp_path
     with pytest.raises(StateFileError, match="not a directory"):
         read_stager_state(dest)
     with pytest.raises(StateFileError, match="not a directory"):
-        write_plan(dest, Plan(order=[SHARD]))
+        write_plan(dest, ReadPlan(order=[SHARD]))
     with pytest.raises(StateFileError, match="not a directory"):
         write_stager_state(dest, StagerState())
     assert sorted(p.name for p in elsewhere.iterdir()) == [STAGER_STATE]
@@ -182,7 +182,7 @@ def test_an_unchanged_state_is_not_parsed_again(tmp_path: Path, monkeypatch: pyt
         return original(payload, where)
 
     monkeypatch.setattr(safeio, "parse_json_object", counting)
-    write_plan(tmp_path, Plan(order=[f"shard-{i:05d}.h5" for i in range(20_000)]))
+    write_plan(tmp_path, ReadPlan(order=[f"shard-{i:05d}.h5" for i in range(20_000)]))
     from workloads.data.moving.cache import plan_file
 
     source = plan_file(tmp_path)
@@ -190,8 +190,8 @@ def test_an_unchanged_state_is_not_parsed_again(tmp_path: Path, monkeypatch: pyt
     for _ in range(200):
         assert source.read() is first
     assert len(parses) == 1
-    write_plan(tmp_path, Plan(order=[SHARD], done=True))
-    assert source.read() == Plan(order=[SHARD], done=True) and len(parses) == 2
+    write_plan(tmp_path, ReadPlan(order=[SHARD], done=True))
+    assert source.read() == ReadPlan(order=[SHARD], done=True) and len(parses) == 2
 
 
 # -- property: whatever is in .cache, a clean answer within the deadline ---------------------------------------------
@@ -250,7 +250,7 @@ def test_any_cache_state_gives_a_clean_answer_in_time(tmp_path_factory: pytest.T
             assert isinstance(error, StateFileError) and "\n" not in str(error), repr(error)
             assert str(error).startswith(str(cache_dir(dest))), error
         elif result is not None:
-            assert isinstance(result, StagerState | Plan)
+            assert isinstance(result, StagerState | ReadPlan)
             if isinstance(result, StagerState):
                 assert isinstance(result.done, bool) and all(isinstance(name, str) for name in result.ready)
                 assert result.budget is None or (type(result.budget) is int and result.budget > 0)
@@ -330,7 +330,7 @@ def test_a_cache_dir_that_is_a_link_never_lets_the_stager_write_outside_dest(sou
 
 def test_a_serving_stager_keeps_a_heartbeat(source: tuple[Any, Any, int], tmp_path: Path) -> None:
     dest = tmp_path / "dest"
-    write_plan(dest, Plan(order=[], done=True))
+    write_plan(dest, ReadPlan(order=[], done=True))
     result, error = within(15, _stage(source, dest, budget_bytes=source[2], heartbeat_interval_s=0.05))
     assert error is None, error
     assert (cache_dir(dest) / HEARTBEAT).is_file()

@@ -9,7 +9,7 @@ import copy
 import json
 from typing import Any
 
-from infra.policy.plan import Plan, plan_from_document
+from infra.policy.plan import PlannedStack, plan_from_document
 
 
 def resource(
@@ -45,7 +45,7 @@ def document(*resources: dict[str, Any]) -> dict[str, Any]:
     return {"project": "ml-cluster", "stack": "test", "resources": list(resources)}
 
 
-def plan(*resources: dict[str, Any]) -> Plan:
+def plan(*resources: dict[str, Any]) -> PlannedStack:
     return plan_from_document(document(*resources))
 
 

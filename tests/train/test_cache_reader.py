@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from tests.moto_server import moto_server
-from workloads.data.moving.cache import CacheReader, Plan, StagerState, read_plan, working_set_bytes, write_stager_state
+from workloads.data.moving.cache import (
+    CacheReader,
+    ReadPlan,
+    StagerState,
+    read_plan,
+    working_set_bytes,
+    write_stager_state,
+)
 from workloads.data.reading.dataset import DataUnavailableError, HDF5Dataset
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.train.__main__ import main, parse_args
@@ -112,11 +119,11 @@ def test_training_tells_the_stager_what_comes_next_across_epochs(
     staging: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_stager_state(staging, StagerState(ready=SHARDS))
-    plans: list[Plan] = []
+    plans: list[ReadPlan] = []
     real_write = CacheReader.write_plan
 
     def record(self: CacheReader, order: list[str], done: bool = False) -> None:
-        plans.append(Plan(order=list(order), done=done))
+        plans.append(ReadPlan(order=list(order), done=done))
         real_write(self, order, done)
 
     monkeypatch.setattr(CacheReader, "write_plan", record)
@@ -131,7 +138,7 @@ def test_training_tells_the_stager_what_comes_next_across_epochs(
     expected = [epoch0, [epoch0[1], epoch0[0]], epoch1, [epoch1[1]], []]
     unique = [order for number, order in enumerate(expected) if number == 0 or order != expected[number - 1]]
     assert [plan.order for plan in plans[:-1]] == unique
-    assert plans[-1] == Plan(order=[], done=True) == read_plan(staging)
+    assert plans[-1] == ReadPlan(order=[], done=True) == read_plan(staging)
     assert np.isfinite([line["loss"] for line in lines if line["event"] == "batch"]).all()
 
 
@@ -175,7 +182,7 @@ def test_trains_several_epochs_through_the_real_stager_on_a_budget_below_the_dat
         assert not stager.is_alive() and not failures, failures
     epochs = [line for line in lines if line["event"] == "epoch"]
     assert [epoch["samples"] for epoch in epochs] == [42, 42, 42]
-    assert read_plan(dest) == Plan(order=[], done=True)
+    assert read_plan(dest) == ReadPlan(order=[], done=True)
     (result,) = results
     assert result.peak_held_bytes <= budget
     assert len(result.fetched) > len(shards)  # shards were evicted and fetched again in later epochs

@@ -34,7 +34,7 @@ from pulumi_policy import (  # noqa: E402
 )
 from pulumi_policy.proxy import UnknownValueError  # noqa: E402
 
-from infra.policy.plan import Plan, PlanResource, ProviderInfo, resource_key  # noqa: E402
+from infra.policy.plan import PlannedStack, PlanResource, ProviderInfo, resource_key  # noqa: E402
 from infra.policy.rules import POLICIES, PolicyContext, PolicyRule  # noqa: E402
 
 PACK_NAME = "ml-cluster"
@@ -113,7 +113,7 @@ def stack_policy(rule: PolicyRule) -> StackValidationPolicy:
         urns = {
             resource_key(resource.resource_type, resource.name): resource.urn for resource in args.resources
         }
-        plan = Plan(to_plan_resource(resource) for resource in args.resources)
+        plan = PlannedStack(to_plan_resource(resource) for resource in args.resources)
         for violation in rule.run(plan, _context(args.get_config())):
             urn = urns.get(violation.resource.key) if violation.resource else None
             report_violation(violation.message, urn)

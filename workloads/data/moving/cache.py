@@ -68,7 +68,9 @@ class StagerState:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ReadPlan:
+    """The trainer's read plan (plan.json): the shards in the order it will read them; `done` once it has read all."""
+
     order: list[str] = field(default_factory=list)
     done: bool = False
 
@@ -84,8 +86,9 @@ def _parse_stager_state(raw: dict[str, Any], where: str) -> StagerState:
                        error=typed(raw, "error", "str|null", where, None))
 
 
-def _parse_plan(raw: dict[str, Any], where: str) -> Plan:
-    return Plan(order=list(typed(raw, "order", "list[str]", where, [])), done=typed(raw, "done", "bool", where, False))
+def _parse_plan(raw: dict[str, Any], where: str) -> ReadPlan:
+    return ReadPlan(order=list(typed(raw, "order", "list[str]", where, [])),
+                    done=typed(raw, "done", "bool", where, False))
 
 
 def stager_state_file(dest: str | os.PathLike[str]) -> StateFile:
@@ -112,11 +115,11 @@ def write_stager_state(dest: str | os.PathLike[str], state: StagerState) -> None
                                      "error": state.error})
 
 
-def read_plan(dest: str | os.PathLike[str]) -> Plan | None:
+def read_plan(dest: str | os.PathLike[str]) -> ReadPlan | None:
     return plan_file(dest).read()
 
 
-def write_plan(dest: str | os.PathLike[str], plan: Plan) -> None:
+def write_plan(dest: str | os.PathLike[str], plan: ReadPlan) -> None:
     _write_json(dest, PLAN_STATE, {"order": plan.order, "done": plan.done})
 
 
@@ -274,7 +277,7 @@ class CacheReader:
         return self.dest / name
 
     def write_plan(self, order: Sequence[str], done: bool = False) -> None:
-        write_plan(self.dest, Plan(order=list(order), done=done))
+        write_plan(self.dest, ReadPlan(order=list(order), done=done))
 
 
 class NodeOrder(Protocol):

@@ -62,7 +62,7 @@ from workloads.data.format.manifest import (
     manifest_error,
     sha256_file,
 )
-from workloads.data.moving.cache import Heartbeat, Plan, StagerState, cache_dir, plan_file, write_stager_state
+from workloads.data.moving.cache import Heartbeat, ReadPlan, StagerState, cache_dir, plan_file, write_stager_state
 from workloads.data.moving.metrics import StageMetrics
 from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.safeio import StateFile, StateFileError, open_dir
@@ -200,7 +200,7 @@ def _quoted(name: str, limit: int = 80) -> str:
     return repr(name[:limit]) + ("..." if len(name) > limit else "")
 
 
-def read_checked_plan(dest: Path, names: Container[str], source: StateFile | None = None) -> Plan | None:
+def read_checked_plan(dest: Path, names: Container[str], source: StateFile | None = None) -> ReadPlan | None:
     """The reader's plan, or None while there is none; a broken plan.json (not a regular file, a link, too large,
     not JSON, a field of the wrong type), or one naming a shard the manifest does not list, is a one-line error (the
     reader is another container: its files are untrusted input). `source` keeps the last parse: the plan is parsed
@@ -245,7 +245,7 @@ class ShardStager:
         self.bar: tqdm | None = None
         self.aborted = threading.Event()
         self.finished = False
-        self.plan: Plan | None = None
+        self.plan: ReadPlan | None = None
         self._plan_file = plan_file(dest)
         self._plan_read_at: float | None = None
         self._plan_changed_at = time.monotonic()  # when the plan last changed (or the run started)

@@ -80,7 +80,10 @@ class ShardRecord(BaseModel):
 
 
 @dataclass(frozen=True)
-class Plan:
+class SlicePlan:
+    """How a pack's inputs fall into shards: the classes, the input files in order (with sizes), where each shard
+    starts, and the digest every slice of one pack agrees on."""
+
     classes: list[str]
     files: list[tuple[str, int]]
     sizes: dict[str, int]
@@ -110,12 +113,12 @@ class PublishResult:
     removed: list[str]
 
 
-def make_plan(source: Path | S3Source, options: PackOptions) -> Plan:
+def make_plan(source: Path | S3Source, options: PackOptions) -> SlicePlan:
     classes, files, sizes = ordered_listing(source, options)
     starts = plan_shards(files, sizes, options.layout, options.image_size, options.shard_bytes)
     digest = plan_id(TOOL_VERSION, classes, files, sizes, options.layout, options.image_size, options.shard_bytes,
                      options.shuffle_seed)
-    return Plan(classes, files, sizes, starts, digest)
+    return SlicePlan(classes, files, sizes, starts, digest)
 
 
 def owned(shards: int, index: int, count: int) -> range:
@@ -234,7 +237,7 @@ def pack_slice(client: Any, source: Path | S3Source, target: S3Uri, options: Pac
     return result
 
 
-def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: PackOptions, plan: Plan,
+def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: PackOptions, plan: SlicePlan,
                  todo: list[int], work: Path, stream: ShardStream, result: SliceResult,
                  metrics: PackMetrics) -> None:
     files: list[tuple[str, int]] = []

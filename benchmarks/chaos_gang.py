@@ -20,6 +20,13 @@ every sample trained exactly once per epoch (each rank records the sample ids of
 checkpoint the next run resumed from are dropped), the final weights equal an uninterrupted run's, steps lost 0 for
 SIGTERM and at most --checkpoint-every for SIGKILL, the failure budget untouched. Measured: the time from the kill to
 the first step after the resume, and the steps lost.
+
+With a script (`--script examples/train_plain.py`), the gang runs your own training script instead: rendered
+through the same Job spec with `command: [python, SCRIPT]` (so under the same launcher and podFailurePolicy), on
+the same images packed for the data API, each rank under benchmarks/chaos_script_worker.py, which records the
+samples and steps from the data API the script reads through. The script takes --data, --checkpoint-dir,
+--checkpoint-every, --epochs, --batch-size (per rank) and --workers, as the examples do; with --seed and a
+checkpoint.pt holding "model" and "step" (the examples' format), the final weights are compared too.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ TRAIN_ARGS = ["--model", "resnet18", "--width", "8", "--crop-size", "32", "--ima
 # An elastic gang keeps its global batch whatever its size (the spec asks for it): 8 = 2 nodes x 4, or 1 x 8.
 ELASTIC_BATCH_ARGS = ["--global-batch-size", str(NODES * RANK_BATCH)]
 ELASTIC_WAIT_S = 30  # the rendered elasticWaitSeconds (its floor): how long a re-forming gang waits for a lost node
+# A script's run: the same epochs, per-rank batch and loader setting as the bundled trainer's, a fixed seed.
+SCRIPT_ARGS = ["--epochs", "2", "--batch-size", str(RANK_BATCH), "--workers", "0", "--seed", "0"]
 
 
 def make_dataset(root: Path) -> Path:
@@ -67,9 +76,11 @@ def make_dataset(root: Path) -> Path:
     return root
 
 
-def rendered_gang_job(rank_restarts: int | None = None, elastic: bool = False) -> dict[str, Any]:
+def rendered_gang_job(rank_restarts: int | None = None, elastic: bool = False,
+                      script: list[str] | None = None) -> dict[str, Any]:
     """The Job a 2-node spec renders to: its podFailurePolicy, backoffLimit, successPolicy and torchrun settings
-    drive the trials. Elastic: minNodes 1, elasticWaitSeconds ELASTIC_WAIT_S."""
+    drive the trials. Elastic: minNodes 1, elasticWaitSeconds ELASTIC_WAIT_S. script: SCRIPT [ARGS], the spec's
+    `command: [python, SCRIPT]` and its args (the harness's run settings first, ARGS after them)."""
     from workloads.cluster_facts import ClusterFacts, PoolFacts
     from workloads.jobspec import parse_spec, render_job
 
@@ -78,6 +89,8 @@ def rendered_gang_job(rank_restarts: int | None = None, elastic: bool = False) -
     extra: dict[str, Any] = {} if rank_restarts is None else {"rankRestarts": rank_restarts}
     if elastic:
         extra.update({"minNodes": 1, "elasticWaitSeconds": ELASTIC_WAIT_S, "args": ELASTIC_BATCH_ARGS})
+    if script is not None:
+        extra.update({"command": ["python", str(Path(script[0]).resolve())], "args": SCRIPT_ARGS + script[1:]})
     spec = parse_spec({"name": "chaos", "image": "registry.local/train:1", "gpus": 0, "cpu": "1", "memory": "8Gi",
                        "nodes": NODES, **extra})
     job, *_ = render_job(spec, facts)
@@ -88,6 +101,27 @@ def train_args(job: dict[str, Any]) -> list[str]:
     """The trainer's arguments: the harness's, with the rendered Job's batch rule (a global batch when elastic)."""
     args = list(job["spec"]["template"]["spec"]["containers"][0].get("args", []))
     return TRAIN_ARGS + (args if "--global-batch-size" in args else ["--batch-size", str(RANK_BATCH)])
+
+
+def is_script(job: dict[str, Any]) -> bool:
+    return "--no-python" in job["spec"]["template"]["spec"]["containers"][0].get("command", [])
+
+
+def node_command(job: dict[str, Any], torchrun: list[str], data: Path, checkpoints: Path,
+                 checkpoint_every: int) -> list[str]:
+    """What one node (pod) runs: the launcher with this harness's torchrun options (127.0.0.1 rendezvous), then the
+    bundled trainer, or the rendered Job's own command (a script under the launcher, `--no-python python SCRIPT`)
+    with its `python` replaced by this interpreter running benchmarks.chaos_script_worker."""
+    launch = [sys.executable, "-m", "workloads.train.launch", *torchrun]
+    paths = ["--data", str(data), "--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(checkpoint_every)]
+    if not is_script(job):
+        return [*launch, "-m", "benchmarks.chaos_worker", *train_args(job), *paths]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    command = list(container["command"])
+    if command[:4] != ["python", "-m", "workloads.train.launch", "--no-python"] or command[4] != "python":
+        raise ValueError(f"the rendered Job does not run the script under the launcher: {command}")
+    return [*launch, "--no-python", sys.executable, "-m", "benchmarks.chaos_script_worker", *command[5:],
+            *container.get("args", []), *paths]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -200,9 +234,9 @@ def trained_ids(log_dir: Path) -> dict[int, Counter[int]]:
     counts: dict[int, Counter[int]] = {}
     for formed, start, batches in runs:
         later = [resumed for when, resumed in starts if when > formed]
-        until = later[0] if later else None  # the step the next formation resumed from
+        until = later[0] if later else None  # the step (a script: the position) the next formation resumed from
         for k, batch in enumerate(batches, start=1):
-            if until is not None and start + k > until:
+            if until is not None and batch.get("pos", start + k) > until:
                 break
             counts.setdefault(batch["epoch"], Counter()).update(batch["ids"])
     return counts
@@ -223,13 +257,13 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
     checkpoints, logs = work / "checkpoints", work / "samples"
     logs.mkdir(parents=True)
     port = _free_port()
-    launch = [sys.executable, "-m", "workloads.train.launch", "--nnodes", env_of["PET_NNODES"],
-              "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-              "--rdzv-id", work.name, "--max-restarts", env_of["PET_MAX_RESTARTS"],
-              "--rdzv-conf", env_of["PET_RDZV_CONF"], "--monitor-interval", "0.5",
-              "-m", "benchmarks.chaos_worker", *train_args(job), "--data", str(data),
-              "--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(checkpoint_every)]
+    torchrun = ["--nnodes", env_of["PET_NNODES"], "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", work.name,
+                "--max-restarts", env_of["PET_MAX_RESTARTS"], "--rdzv-conf", env_of["PET_RDZV_CONF"],
+                "--monitor-interval", "0.5"]
+    launch = node_command(job, torchrun, data, checkpoints, checkpoint_every)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CHAOS_LOG_DIR": str(logs),
+           "CHAOS_STEP_SAMPLES": str(NODES * RANK_BATCH),
            "CONFIG_ERROR_EXIT_CODE": env_of["CONFIG_ERROR_EXIT_CODE"],
            "DISRUPTION_EXIT_CODE": env_of["DISRUPTION_EXIT_CODE"],
            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "30", "LOGLEVEL": "WARNING", "CHAOS_STEP_DELAY": str(step_delay_s)}
@@ -340,11 +374,22 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
     return outcome
 
 
-def check(outcome: Outcome, work: Path, reference: dict[str, Any] | None, checkpoint_every: int) -> None:
-    """The trial's assertions, as problems on the outcome."""
+def final_checkpoint(directory: Path, script: bool = False) -> dict[str, Any] | None:
+    """The last checkpoint of a run: the bundled trainer's, or a script's checkpoint.pt (the examples' format)."""
     import torch
 
     from workloads.train.checkpoint import load_checkpoint
+
+    if not script:
+        return load_checkpoint(directory)
+    path = directory / "checkpoint.pt"
+    return torch.load(path, map_location="cpu", weights_only=True) if path.exists() else None
+
+
+def check(outcome: Outcome, work: Path, reference: dict[str, Any] | None, checkpoint_every: int,
+          script: bool = False) -> None:
+    """The trial's assertions, as problems on the outcome."""
+    import torch
 
     counts = trained_ids(work / "samples")
     total = CLASSES * PER_CLASS
@@ -375,11 +420,12 @@ def check(outcome: Outcome, work: Path, reference: dict[str, Any] | None, checkp
             outcome.problems.append(f"SIGTERM lost {outcome.steps_lost} steps")
         elif outcome.steps_lost > checkpoint_every:
             outcome.problems.append(f"SIGKILL lost {outcome.steps_lost} steps (> {checkpoint_every})")
-    final = load_checkpoint(work / "checkpoints")
+    final = final_checkpoint(work / "checkpoints", script)
     if final is None:
         outcome.problems.append("no final checkpoint")
-    elif reference is not None:
-        if final["step"] != reference["step"]:
+    elif reference is not None and "model" in reference:
+        # a script's batch is per rank: on fewer nodes it takes more steps for the same samples
+        if final["step"] != reference["step"] and not (script and dropped):
             outcome.problems.append(f"final step {final['step']}, uninterrupted {reference['step']}")
         differ = [name for name, tensor in reference["model"].items() if not torch.equal(tensor, final["model"][name])]
         # A gang that ran some steps on fewer nodes trained the same global batches, but BatchNorm normalised over
@@ -408,18 +454,28 @@ def _quantiles(values: list[float]) -> dict[str, float | None]:
 KINDS = ("SIGKILL", "SIGTERM", "DROP")
 
 
+def packed_dataset(root: Path) -> Path:
+    """The harness's images packed for the data API (a script reads through PackedData), decoded 32 px."""
+    from workloads.data.writing.pack import PackOptions, pack
+
+    out = root / "packed"
+    pack(make_dataset(root / "images"), out, PackOptions(layout="decoded", image_size=32, shard_bytes=32 * 32 * 3 * 24,
+                                                         workers=1, progress=False))
+    return out
+
+
 def run_trials(root: Path, trials: int, seed: int, checkpoint_every: int,
-               progress: Any = None, rank_restarts: int | None = None, elastic: bool = False) -> dict[str, Any]:
+               progress: Any = None, rank_restarts: int | None = None, elastic: bool = False,
+               script: list[str] | None = None) -> dict[str, Any]:
     """An uninterrupted reference run, then `trials` seeded chaos trials; the summary (JSON-ready). Elastic: the
     Job has minNodes 1, and a third of the trials DROP a node (about half of those get the capacity back one step
-    after the resume)."""
-    from workloads.train.checkpoint import load_checkpoint
-
-    data = make_dataset(root / "data")
-    job = rendered_gang_job(rank_restarts, elastic=elastic)
+    after the resume). script: SCRIPT [ARGS] trained instead of the bundled trainer."""
+    data = packed_dataset(root / "data") if script is not None else make_dataset(root / "data")
+    job = rendered_gang_job(rank_restarts, elastic=elastic, script=script)
+    scripted = script is not None
     straight = run_gang(root / "straight", data, job, checkpoint_every)
-    check(straight, root / "straight", None, checkpoint_every)
-    reference = load_checkpoint(root / "straight" / "checkpoints")
+    check(straight, root / "straight", None, checkpoint_every, scripted)
+    reference = final_checkpoint(root / "straight" / "checkpoints", scripted)
     if not straight.ok or reference is None:
         return {"ok": False, "reference": straight.problems, "trials": []}
     total_steps = int(reference["step"])
@@ -443,11 +499,13 @@ def run_trials(root: Path, trials: int, seed: int, checkpoint_every: int,
         work = root / f"trial{number:03d}"
         outcome = run_gang(work, data, job, checkpoint_every, kill, restore_after_steps=restore, step_delay_s=delay,
                            timeout_s=400.0 if restore is not None else 240.0)
-        check(outcome, work, reference, checkpoint_every)
+        check(outcome, work, reference, checkpoint_every, scripted)
         results.append(outcome)
         if progress is not None:
             progress(number, outcome)
     summary: dict[str, Any] = {"ok": all(o.ok for o in results), "trials": len(results), "seed": seed,
+                               "script": script,
+                               "command": job["spec"]["template"]["spec"]["containers"][0].get("command"),
                                "rank_restarts": int(env_value(job, "PET_MAX_RESTARTS")),
                                "nnodes": env_value(job, "PET_NNODES"),
                                "rdzv_conf": env_value(job, "PET_RDZV_CONF"),

@@ -8,6 +8,8 @@
 The model and optimizer go through `accelerator.prepare`; the data does not: PackedData already gives each rank
 its share of every batch (from RANK/WORLD_SIZE, which `accelerate launch` sets as torchrun does), and preparing its
 loader would shard it a second time. The checkpoint holds the data position: a rerun resumes sample-exact.
+SIGTERM (a drain, a Spot reclaim): StopSignal agrees through Accelerate's own trigger (`set_trigger` on the
+signalled process, `check_trigger` on all), then the checkpoint, then exit 43, which the Jobs do not count.
 One JSON line per epoch on stdout.
 """
 
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,7 +27,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, random_resized_crop_flip_normalize
+from workloads.data.api import LoaderSettings, PackedData, StopSignal, random_resized_crop_flip_normalize
 
 
 def small_cnn(num_classes: int, width: int = 32) -> nn.Module:
@@ -53,6 +56,13 @@ def main() -> None:
         parser.error("--data: required (or set DATA_DIR)")
 
     accelerator = Accelerator()  # mixed precision, gradient accumulation, ...: its options, as usual
+
+    def agree(signalled: bool) -> bool:  # Accelerate's trigger: any process set it -> True on every process
+        if signalled:
+            accelerator.set_trigger()
+        return accelerator.check_trigger()
+
+    stop = StopSignal(agree=agree)  # SIGTERM: stop after a step every process agrees on, checkpoint, exit 43
     data = PackedData.open(args.data, batch_size=args.batch_size, remote=args.remote, endpoint_url=args.endpoint_url,
                            budget_bytes=args.budget, min_rank_batch=2)  # 2: BatchNorm cannot train on one sample
     model = small_cnn(data.num_classes).to(memory_format=torch.channels_last)
@@ -78,7 +88,7 @@ def main() -> None:
 
     data.loader(LoaderSettings(workers=args.workers))
     generator = torch.Generator(device=accelerator.device)
-    with data:
+    with stop, data:
         for epoch in range(data.start_epoch, args.epochs):
             started, samples, loss_sum = time.perf_counter(), 0, 0.0
             model.train()
@@ -94,6 +104,7 @@ def main() -> None:
                 step += 1
                 samples += len(labels)
                 loss_sum += loss.item() * len(labels)
+                stop.check(partial(save, step))
             save(step)
             if accelerator.is_main_process:
                 elapsed = time.perf_counter() - started

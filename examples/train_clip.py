@@ -18,12 +18,13 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, random_resized_crop_flip_normalize
+from workloads.data.api import LoaderSettings, PackedData, StopSignal, random_resized_crop_flip_normalize
 
 CAPTION_BYTES = 64  # a caption is read as its first 64 UTF-8 bytes (byte-level: no tokenizer to install)
 
@@ -88,9 +89,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     parser.add_argument("--lr", type=float, default=3e-3, help="(default 3e-3)")
     parser.add_argument("--seed", type=int, default=0, help="(default 0)")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR"),
+                        help="(default $CHECKPOINT_DIR; none: no checkpoints)")
     args = parser.parse_args()
     if not args.data:
         parser.error("--data: required (or set DATA_DIR)")
+    stop = StopSignal()  # SIGTERM/SIGINT: stop after the step in flight, checkpoint, exit 43 (not counted)
 
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -101,10 +105,26 @@ def main() -> None:
     model = Clip().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     generator = torch.Generator(device=device)
-    data.loader(LoaderSettings(workers=args.workers))
+    checkpoint = Path(args.checkpoint_dir) / "checkpoint.pt" if args.checkpoint_dir else None
     step = 0
-    with data:
-        for epoch in range(args.epochs):
+    if checkpoint is not None and checkpoint.exists():  # resume: weights, optimizer, data position
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        data.load_state_dict(saved["data"])
+        step = saved["step"]
+
+    def save() -> None:
+        if checkpoint is not None:
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            temp = checkpoint.with_name(f".{checkpoint.name}.tmp")
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "data": data.state_dict(), "step": step}, temp)
+            os.replace(temp, checkpoint)  # atomically: a stop mid-write leaves the last checkpoint whole
+
+    data.loader(LoaderSettings(workers=args.workers))
+    with stop, data:
+        for epoch in range(data.start_epoch, args.epochs):
             started, samples, loss_sum, correct, batches = time.perf_counter(), 0, 0.0, 0, 0
             for batch in data.batches(epoch, last_epoch=epoch == args.epochs - 1):
                 images = batch["image"].to(device, non_blocking=True)
@@ -124,9 +144,11 @@ def main() -> None:
                 samples += len(targets)
                 loss_sum += float(loss)
                 correct += int((logits.argmax(dim=1) == targets).sum())
+                stop.check(save)
             print(json.dumps({"epoch": epoch, "samples": samples, "loss": round(loss_sum / max(1, batches), 4),
                               "top1": round(correct / max(1, samples), 4),
                               "seconds": round(time.perf_counter() - started, 2)}), flush=True)
+            save()
     if data.stager_summary:
         print(json.dumps({"stager": data.stager_summary}), flush=True)
 

@@ -8,6 +8,9 @@ PackedData already gives each rank its share of every batch (from torchrun's RAN
 DDP strategy also sets), so Lightning must not add a DistributedSampler (`use_distributed_sampler=False`), and the
 epoch's batches come from `data.batches(epoch)`, which also tells a staging cache what this node reads next.
 Lightning's checkpoint carries the data position, so a rerun resumes where the last checkpoint was written.
+SIGTERM (a drain, a Spot reclaim): the StopOnSignal callback stops every rank after the same batch (Lightning's own
+reduce_boolean_decision), saves last.ckpt and exits 43, which the Jobs retry without counting. (Lightning's own
+SIGTERM handling ends fit with SystemExit() - exit status 0, a finished pod - or 1.)
 One JSON line per epoch on stdout.
 """
 
@@ -26,7 +29,7 @@ import torch
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, random_resized_crop_flip_normalize
+from workloads.data.api import LoaderSettings, PackedData, StopSignal, random_resized_crop_flip_normalize
 
 
 class EpochBatches:
@@ -43,6 +46,22 @@ class EpochBatches:
         return self.data.batches(epoch, last_epoch=epoch == self.epochs - 1)
 
 
+class StopOnSignal(L.Callback):
+    """SIGTERM: every rank stops after the same batch, Lightning writes last.ckpt, the process exits 43."""
+
+    def __init__(self, last: Path | None) -> None:
+        self.last = last
+        self.stop = StopSignal()  # before training: a signal exits 43 at once (nothing to save)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.stop.agree = lambda signalled: trainer.strategy.reduce_boolean_decision(signalled, all=False)
+        self.stop.install()  # over the handler Lightning set at fit's start
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.stop.check(lambda: trainer.save_checkpoint(self.last) if self.last is not None else None)
+
+
 class Classifier(L.LightningModule):
     def __init__(self, data: PackedData, lr: float, crop: int):
         super().__init__()
@@ -54,6 +73,7 @@ class Classifier(L.LightningModule):
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * width, data.num_classes))
         self.generator: torch.Generator | None = None
         self.epoch_started, self.samples, self.loss_sum = 0.0, 0, 0.0
+        self.trained = 0  # batches of this pass trained (Lightning fetches the next one before this one's step)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch  # uint8 NHWC, moved to the device by Lightning: a quarter of float32's bytes
@@ -64,6 +84,7 @@ class Classifier(L.LightningModule):
         loss = nn.functional.cross_entropy(self.net(inputs), labels)
         self.samples += len(labels)
         self.loss_sum += loss.item() * len(labels)
+        self.trained += 1
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -71,6 +92,7 @@ class Classifier(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self.epoch_started, self.samples, self.loss_sum = time.perf_counter(), 0, 0.0
+        self.trained = 0
 
     def on_train_epoch_end(self) -> None:
         if self.global_rank == 0:
@@ -82,7 +104,7 @@ class Classifier(L.LightningModule):
 
     # The data position travels in Lightning's checkpoint.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["packed_data"] = self.data.state_dict()
+        checkpoint["packed_data"] = self.data.state_dict(batches=self.trained)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.data.load_state_dict(checkpoint["packed_data"])
@@ -110,8 +132,10 @@ def main() -> None:
     data.loader(LoaderSettings(workers=args.workers))
     module = Classifier(data, args.lr, data.image_size)
     last = Path(args.checkpoint_dir) / "last.ckpt" if args.checkpoint_dir else None
-    callbacks = [L.pytorch.callbacks.ModelCheckpoint(dirpath=args.checkpoint_dir, save_last=True,
-                                                     save_top_k=0)] if last else []
+    callbacks: list[L.Callback] = [StopOnSignal(last)]
+    if last is not None:
+        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=args.checkpoint_dir, save_last=True,
+                                                             save_top_k=0))
     trainer = L.Trainer(max_epochs=args.epochs, use_distributed_sampler=False, callbacks=callbacks,
                         enable_checkpointing=bool(last), enable_progress_bar=False, enable_model_summary=False,
                         logger=False, num_sanity_val_steps=0)

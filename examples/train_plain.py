@@ -10,6 +10,8 @@
 
 One JSON line per epoch on stdout. A checkpoint (model, optimizer, data position) is written atomically at each
 epoch's end and every --checkpoint-every steps; a rerun with the same --checkpoint-dir resumes sample-exact.
+SIGTERM (a drain, a Spot reclaim) stops every rank after the same step, writes a last checkpoint and exits 43, which
+the Jobs retry without counting (StopSignal, docs/own-training-code.md "Surviving disruptions").
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, random_resized_crop_flip_normalize
+from workloads.data.api import LoaderSettings, PackedData, StopSignal, random_resized_crop_flip_normalize
 
 
 def small_cnn(num_classes: int, width: int = 32) -> nn.Module:
@@ -64,9 +67,11 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR"),
                         help="(default $CHECKPOINT_DIR; none: no checkpoints)")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps (default 0: epoch ends only)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and sample order (default 0)")
     args = parser.parse_args()
     if not args.data:
         parser.error("--data: required (or set DATA_DIR)")
+    stop = StopSignal()  # SIGTERM/SIGINT: stop after a step every rank agrees on, checkpoint, exit 43
 
     distributed = int(os.environ.get("WORLD_SIZE", 1)) > 1
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else \
@@ -80,19 +85,22 @@ def main() -> None:
     # min_rank_batch=2: BatchNorm cannot train on a tail batch of one sample.
     data = PackedData.open(args.data, batch_size=args.batch_size, remote=args.remote,
                            endpoint_url=args.endpoint_url, budget_bytes=args.budget, shuffle_shards=args.shuffle_shards,
-                           min_rank_batch=2)
+                           min_rank_batch=2, seed=args.seed)
     crop = args.crop_size or data.image_size
+    torch.manual_seed(args.seed)
     model: nn.Module = small_cnn(data.num_classes).to(device, memory_format=torch.channels_last)
     core = model
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     checkpoint = Path(args.checkpoint_dir) / "checkpoint.pt" if args.checkpoint_dir else None
+    step = 0
     if checkpoint is not None and checkpoint.exists():
         saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
         core.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         data.load_state_dict(saved["data"])  # the epoch and the batch to continue from, any world size
+        step = saved["step"]
 
     def save(step: int) -> None:
         if checkpoint is not None and rank == 0:
@@ -103,8 +111,7 @@ def main() -> None:
     loader_settings = LoaderSettings(workers=args.workers)
     data.loader(loader_settings)
     generator = torch.Generator(device=device)
-    step = 0
-    with data:
+    with stop, data:  # leaving on a lost peer's error: exit 43, one line
         for epoch in range(data.start_epoch, args.epochs):
             started, samples, loss_sum = time.perf_counter(), 0, 0.0
             model.train()
@@ -122,6 +129,7 @@ def main() -> None:
                 loss_sum += loss.item() * len(labels)
                 if args.checkpoint_every and step % args.checkpoint_every == 0:
                     save(step)
+                stop.check(partial(save, step))  # every rank, every step: stop here if any rank got SIGTERM
             save(step)
             elapsed = time.perf_counter() - started
             if rank == 0:

@@ -1,8 +1,9 @@
-"""python scripts/chaos_gang.py [--trials 50] [--seed 0] [--checkpoint-every 3] [--elastic]: chaos trials on a 2-node
-training gang on 127.0.0.1 (benchmarks/chaos_gang.py): SIGKILL or SIGTERM a random node at a random step (--elastic:
-or DROP one for good, the gang continuing on 1 node and sometimes growing back); prints
+"""python scripts/chaos_gang.py [--trials 50] [--seed 0] [--checkpoint-every 3] [--elastic] [--script SCRIPT [ARGS]]:
+chaos trials on a 2-node training gang on 127.0.0.1 (benchmarks/chaos_gang.py): SIGKILL or SIGTERM a random node at
+a random step (--elastic: or DROP one for good, the gang continuing on 1 node and sometimes growing back); prints
 each trial, then the distribution of time-to-resume and steps lost as JSON and a table. Exit 1 when a trial fails
-its checks."""
+its checks. --script: your own training script (e.g. examples/train_plain.py) instead of the bundled trainer,
+rendered through the same Job spec (`command: [python, SCRIPT]`); arguments the harness does not know go to it."""
 
 from __future__ import annotations
 
@@ -28,7 +29,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="render the Job with minNodes 1 (--global-batch-size) and DROP a node in a third of the "
                              "trials: the gang continues on 1 node, and in half of those grows back to 2")
     parser.add_argument("--workdir", default=None, help="keep the trials' files here (default: a temp dir)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--script", default=None,
+                        help="a training script on the data API (it takes --data, --checkpoint-dir, "
+                             "--checkpoint-every, --epochs, --batch-size, --workers, --seed); default: the bundled "
+                             "trainer")
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.script is None:
+        parser.error(f"unrecognized arguments: {' '.join(rest)} (arguments for a script need --script)")
+    if args.script is not None and not Path(args.script).is_file():
+        parser.error(f"--script: {args.script}: not a file")
+    script = None if args.script is None else [args.script, *rest]
 
     def progress(number: int, outcome: Outcome) -> None:
         resume = f"{outcome.time_to_resume_s:.2f}s" if outcome.time_to_resume_s is not None else "-"
@@ -42,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="chaos-gang-") as temp:
         root = Path(args.workdir) if args.workdir else Path(temp)
         summary = run_trials(root, args.trials, args.seed, args.checkpoint_every, progress, args.rank_restarts,
-                             elastic=args.elastic)
+                             elastic=args.elastic, script=script)
     print(json.dumps(summary, indent=2))
     print(f"{'kill':8} {'trials':>6} {'resume median':>14} {'p95':>7} {'max':>7} {'lost median':>12} {'p95':>5} "
           f"{'max':>5} {'counted':>8}")

@@ -34,6 +34,15 @@ Distributed: rank, world size and ranks per node come from torchrun's environmen
 LOCAL_WORLD_SIZE) unless given. Every rank constructs its own PackedData; ranks must step together (one batch each
 per step, as DDP does), because local rank 0 tells the node's stager what the whole node reads next.
 
+Stopping: a pod is stopped with SIGTERM (a drain, a Spot reclaim, a preemption). `StopSignal` turns it into a step
+every rank agrees on, your checkpoint, and the exit code the Jobs retry without counting (workloads/train/stop.py):
+
+    with StopSignal() as stop:
+        for epoch in range(data.start_epoch, epochs):
+            for images, labels in data.batches(epoch):
+                ...                                                 # your step
+                stop.check(lambda: save(step))                      # the checkpoint callback, then exit 43
+
 Errors: a dataset that cannot be read is a `DatasetError` (a ValueError naming the file: retrying cannot help); data
 that is not there now (the stager failed or stopped, a shard not staged in time) is a `DataUnavailableError` (a
 RuntimeError: a new pod may succeed); a bad argument is a ValueError naming it. Errors raised in DataLoader workers
@@ -78,6 +87,7 @@ from workloads.data.reading.records_dataset import RecordsDataset, pad_sequences
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.reading.transforms import random_resized_crop_flip_normalize
 from workloads.safeio import StateFileError
+from workloads.train.stop import StopSignal, ignore_stop_signals
 
 __all__ = [
     "CacheTooSmall",
@@ -87,6 +97,8 @@ __all__ = [
     "PackedData",
     "Placement",
     "RecordsDataset",
+    "StopSignal",
+    "ignore_stop_signals",
     "iter_batches",
     "make_feeder",
     "make_sampler",
@@ -452,12 +464,18 @@ class PackedData:
             yield records_to_tensors(batch) if isinstance(self.dataset, RecordsDataset) else to_tensors(batch)
 
     # -- resume ---------------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
         """The position after the batches of the current epoch handed out so far (call it after the step of the
         batch just received): any world size or batch size continues from it sample-exact. Once every batch of
-        the epoch was handed out, it is the start of the next epoch."""
-        state = self.sampler.state_dict(self._done)
-        if self._done == self._total:
+        the epoch was handed out, it is the start of the next epoch. batches: how many of this pass's batches were
+        trained, for a framework that fetches ahead (Lightning asks for the next batch before the step of this
+        one); at most the number handed out."""
+        done = self._done if batches is None else batches
+        if not isinstance(done, int) or not 0 <= done <= self._done:
+            raise ValueError(f"batches: must be an integer in [0, {self._done}] (the batches handed out), "
+                             f"got {batches!r}")
+        state = self.sampler.state_dict(done)
+        if done == self._total:
             state = {**state, "epoch": self.sampler.epoch + 1, "offsets": [0] * len(state["offsets"])}
         return state
 

@@ -38,6 +38,7 @@ from workloads.data.format.manifest import (
 from workloads.data.moving.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheReader, CacheStagerError, is_cached
 from workloads.data.reading.decode_cache import DecodeCache, DecodeKey, ShardRows
 from workloads.safeio import StateFileError
+from workloads.train.stop import ignore_stop_signals
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Transport = Literal["shm", "pipe"]
@@ -448,7 +449,8 @@ def make_loader(
 ) -> DataLoader[Any]:
     """A DataLoader wired for uint8 batches: batched reads for HDF5, per-sample collation otherwise.
 
-    Batches may arrive as numpy arrays (transport "pipe"); pass them through `to_tensors`.
+    Batches may arrive as numpy arrays (transport "pipe"); pass them through `to_tensors`. The workers leave the
+    process group, out of reach of a SIGTERM or SIGINT sent to it (workloads/train/stop.py).
     """
     batched = hasattr(dataset, "__getitems__")
     if batched:
@@ -463,4 +465,7 @@ def make_loader(
         multiprocessing_context=multiprocessing_context if workers > 0 else None,
         persistent_workers=persistent_workers and workers > 0,
         pin_memory=pin_memory,
+        # a SIGTERM to the process group must not kill the workers (PyTorch's die of it, which the loader reports
+        # as a crash): they leave the group; the main process decides when to stop, and stops them
+        worker_init_fn=ignore_stop_signals if workers > 0 else None,
     )

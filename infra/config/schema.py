@@ -389,7 +389,6 @@ class StackConfig(StrictModel):
                 raise ValueError(f"tag key {key!r}: the aws: prefix is reserved by AWS")
         return tags
 
-    @model_validator(mode="after")
     def _check_team_namespaces(self) -> None:
         """A tenant team's namespace is its own: never Kubernetes' or one the stack installs into."""
         own = frozenset({JOBS_NAMESPACE, self.kueue.namespace, self.monitoring.namespace, self.gpu.health.namespace,
@@ -400,6 +399,7 @@ class StackConfig(StrictModel):
                 raise ValueError(f"kueue.teams[{index}].namespace: {why}; give team {team.name} a namespace of "
                                  "its own")
 
+    @model_validator(mode="after")
     def _platform(self) -> StackConfig:
         if self.platform == "eks":
             missing = [key for key, value in (("aws:region", self.region), ("ml-cluster:network", self.network),

@@ -9,7 +9,7 @@ Job manifests among it, so no Job is rendered again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ class StackFacts:
     job_facts: ClusterFacts  # what Jobs render against (also the jobFacts output)
     rendered_jobs: tuple[tuple[Manifest, ...], ...]  # each stack Job's checked manifests (Job first), in spec order
     job_access: JobBucketAccess  # which buckets the Jobs read and write
-    runtimes: tuple[Manifest, ...] = ()  # the stack's ClusterTrainingRuntimes (jobControllers.trainer)
+    runtimes: tuple[Mapping[str, Any], ...] = ()  # the stack's ClusterTrainingRuntimes (jobControllers.trainer)
 
     @property
     def has_gpus(self) -> bool:

@@ -18,6 +18,7 @@ from infra.config.queueing import KueueConfig
 from infra.config.schema import ConfigError
 from infra.nodes.poolplan import CAPACITY_LABEL, GPU_TAINT_KEY, UNRESERVED, PoolPlan
 from workloads.cluster_facts import EFA_RESOURCE
+from workloads.jobspec.kinds import run_pod_spec
 from workloads.quantity import format_bytes, format_millicores, quantity_bytes, quantity_millicores
 
 CPU_FLAVOR = "cpu"
@@ -262,17 +263,6 @@ def run_podsets(manifests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return job_podsets(run)
 
 
-def run_pod_spec(manifests: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The pod spec of a rendered run's (first) podset: the trainer's."""
-    run = manifests[0]
-    if run.get("kind") == "JobSet":
-        return run["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    if run.get("kind") == "TrainJob":
-        replicated = _runtime(manifests)["spec"]["template"]["spec"]["replicatedJobs"][0]
-        return replicated["template"]["spec"]["template"]["spec"]
-    return run["spec"]["template"]["spec"]
-
-
 # --- checks --------------------------------------------------------------------------------------------------------
 
 
@@ -370,7 +360,7 @@ def check_queueing(cfg: KueueConfig, plans: Sequence[PoolPlan], label_prefix: st
             problems.append((f"{where}.queue", f"queue {queue}: Kueue is not enabled in this stack "
                                                f"({CONFIG_KEY}.enabled)"))
             continue
-        integration = INTEGRATIONS.get((job.get("apiVersion"), job.get("kind")))
+        integration = INTEGRATIONS.get((str(job.get("apiVersion")), str(job.get("kind"))))
         if integration not in cfg.integrations:
             problems.append((f"{where}.kind", f"a queued {job.get('kind')} needs the Kueue integration {integration} "
                                               f"({CONFIG_KEY}.integrations): without it Kueue ignores the queue label"))

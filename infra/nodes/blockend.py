@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infra.nodes.poolplan import PoolPlan
+from workloads.jobspec.kinds import run_pod_spec
 
 EKS_DRAIN_BEFORE_END_S = 40 * 60
 EC2_SHUTDOWN_BEFORE_END_S = 30 * 60
@@ -38,7 +39,7 @@ def block_end_problems(plans: Sequence[PoolPlan], jobs: Sequence[Sequence[Mappin
     blocks = [plan for plan in plans if plan.config.capacity_type == "CAPACITY_BLOCK"]
     problems = []
     for index, manifests in enumerate(jobs):
-        pod = manifests[0]["spec"]["template"]["spec"]
+        pod = run_pod_spec(manifests)
         grace = int(pod.get("terminationGracePeriodSeconds") or 30)
         on = [plan.name for plan in blocks if _lands_on(pod, plan)]
         if on and grace > LAST_CHECKPOINT_WINDOW_S:

@@ -68,3 +68,37 @@ def test_a_stack_job_of_a_kind_whose_controller_is_off_is_a_config_error() -> No
         ("ml-cluster:jobs[2].kind", "TrainJob needs its controller: set ml-cluster:jobControllers.trainer.enabled")]
     check_job_kinds(JobControllersConfig.model_validate({"jobset": {"enabled": True}, "trainer": {"enabled": True}}),
                     jobs)
+
+
+@pytest.mark.parametrize("kind", ["JobSet", "TrainJob"])
+def test_the_capacity_block_check_reads_every_kinds_pod(kind: str) -> None:
+    from infra.nodes.blockend import block_end_problems
+    from tests.nodepools.test_blockend import job, pools
+
+    manifests = job(kind=kind, gpuType="a10g", terminationGracePeriodSeconds=601)
+    [(path, why)] = block_end_problems(pools(), [manifests])
+    assert path == "ml-cluster:jobs[0]" and "this Job takes up to 601 s" in why
+
+
+@pytest.mark.slow
+def test_a_stack_with_jobset_and_trainjob_jobs_plans_and_every_object_is_valid(tmp_path: Any) -> None:
+    """prod with its multi-node Job as a JobSet and its cached-dataset Job as a TrainJob: the plan registers them
+    (the TrainJob's runtime beside it) and the render check validates them against the vendored CRDs."""
+    import yaml
+
+    from infra.plan.engine import STACKS_DIR, plan_stack
+    from tests.monitoring.crds import render_charts
+
+    raw = yaml.safe_load((STACKS_DIR / "Pulumi.prod.yaml").read_text())
+    kinds = {"resnet50-ddp": "JobSet", "resnet50-laion": "TrainJob"}
+    for spec in raw["config"]["ml-cluster:jobs"]:
+        spec["kind"] = kinds[spec["name"]]
+    path = tmp_path / "Pulumi.prod.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    plan = plan_stack("prod", path)
+    types = {r["type"] for r in plan["resources"] if r["name"].startswith("mlc-prod-jobs-resnet50")}
+    assert {"kubernetes:jobset.x-k8s.io/v1alpha2:JobSet", "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
+            "kubernetes:trainer.kubeflow.org/v1alpha1:TrainingRuntime"} <= types
+    lines = render_charts().check_plan(plan, render_charts().ROOT / "tests" / "charts" / "upstream", "1.35")
+    assert all(line.startswith("ok: ") for line in lines), lines
+    assert lines[-1] == "ok: custom resources: 13 valid against the charts' CRDs"

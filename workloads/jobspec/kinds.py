@@ -15,8 +15,9 @@ creates it through the custom objects API with the row's plural.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from workloads.jobspec.containers import GangAddress
 from workloads.jobspec.controllers import indexed_job, jobset, trainjob
@@ -67,3 +68,15 @@ def controller_of(manifest: Manifest) -> Controller | None:
         if controller.api_version == manifest.get("apiVersion") and controller.kind == manifest.get("kind"):
             return controller
     return None
+
+
+def run_pod_spec(manifests: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The trainer's pod spec among a run's rendered objects, whatever its kind (for checks over the pod): a Job's
+    template, a JobSet's first replicated Job's, a TrainJob's runtime's (rendered beside it)."""
+    run = manifests[0]
+    if run.get("kind") == jobset.KIND:
+        return run["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    if run.get("kind") == trainjob.KIND:
+        [runtime] = [m for m in manifests if m.get("kind") in (trainjob.RUNTIME_KIND, trainjob.CLUSTER_RUNTIME_KIND)]
+        return runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    return run["spec"]["template"]["spec"]

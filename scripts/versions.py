@@ -83,19 +83,12 @@ def _key(version: str) -> tuple[int, int, int]:
 
 def fetch_index(repo: str) -> dict[str, Any]:
     """A repository's index.yaml over HTTPS, with a deadline and a size cap. Raises OSError / ValueError."""
-    import requests
     import yaml
 
     url = repo.rstrip("/") + "/index.yaml"
-    with requests.get(url, timeout=INDEX_TIMEOUT_S, stream=True) as response:
-        response.raise_for_status()
-        body = bytearray()
-        for chunk in response.iter_content(1 << 20):
-            body += chunk
-            if len(body) > MAX_INDEX_BYTES:
-                raise ValueError(f"{url}: larger than {MAX_INDEX_BYTES} bytes")
+    body = _get_bounded(url, MAX_INDEX_BYTES, chunk_size=1 << 20)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    document = yaml.load(bytes(body), Loader=loader)  # noqa: S506 (a safe loader)
+    document = yaml.load(body, Loader=loader)  # noqa: S506 (a safe loader)
     if not isinstance(document, dict):
         raise ValueError(f"{url}: not a Helm repository index")
     return document
@@ -220,17 +213,22 @@ def provider_plugin(package: str) -> str | None:
     return None
 
 
-def _get_json(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+def _get_bounded(url: str, max_bytes: int, headers: dict[str, str] | None = None, chunk_size: int = 1 << 16) -> bytes:
+    """The body of a GET, with a deadline and at most `max_bytes`. Raises OSError (requests') / ValueError."""
     import requests
 
     with requests.get(url, headers=headers, timeout=INDEX_TIMEOUT_S, stream=True) as response:
         response.raise_for_status()
         body = bytearray()
-        for chunk in response.iter_content(1 << 16):
+        for chunk in response.iter_content(chunk_size):
             body += chunk
-            if len(body) > MAX_JSON_BYTES:
-                raise ValueError(f"{url}: larger than {MAX_JSON_BYTES} bytes")
-    document = json.loads(bytes(body))
+            if len(body) > max_bytes:
+                raise ValueError(f"{url}: larger than {max_bytes} bytes")
+    return bytes(body)
+
+
+def _get_json(url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    document = json.loads(_get_bounded(url, MAX_JSON_BYTES, headers))
     if not isinstance(document, dict):
         raise ValueError(f"{url}: not a JSON object")
     return document

@@ -89,6 +89,12 @@ def _context(config: Mapping[str, Any]) -> PolicyContext:
     return PolicyContext(stack_protected=bool(config.get("protected", False)))
 
 
+def _policy_settings(rule: PolicyRule) -> dict[str, Any]:
+    """What a CrossGuard policy takes from its rule, whether it checks resources or the whole stack."""
+    return {"name": rule.name, "description": rule.description, "enforcement_level": _LEVELS[rule.enforcement],
+            "config_schema": PROTECTED_SCHEMA if rule.reads_stack_protected else None}
+
+
 def resource_policy(rule: PolicyRule) -> ResourceValidationPolicy:
     check = rule.check_resource
     assert check is not None
@@ -99,13 +105,7 @@ def resource_policy(rule: PolicyRule) -> ResourceValidationPolicy:
         for message in check(to_plan_resource(args), _context(args.get_config())):
             report_violation(message, args.urn)
 
-    return ResourceValidationPolicy(
-        name=rule.name,
-        description=rule.description,
-        validate=validate,
-        enforcement_level=_LEVELS[rule.enforcement],
-        config_schema=PROTECTED_SCHEMA if rule.reads_stack_protected else None,
-    )
+    return ResourceValidationPolicy(validate=validate, **_policy_settings(rule))
 
 
 def stack_policy(rule: PolicyRule) -> StackValidationPolicy:
@@ -118,13 +118,7 @@ def stack_policy(rule: PolicyRule) -> StackValidationPolicy:
             urn = urns.get(violation.resource.key) if violation.resource else None
             report_violation(violation.message, urn)
 
-    return StackValidationPolicy(
-        name=rule.name,
-        description=rule.description,
-        validate=validate,
-        enforcement_level=_LEVELS[rule.enforcement],
-        config_schema=PROTECTED_SCHEMA if rule.reads_stack_protected else None,
-    )
+    return StackValidationPolicy(validate=validate, **_policy_settings(rule))
 
 
 def build_policies(rules: Sequence[PolicyRule] = POLICIES) -> list[Policy]:

@@ -67,10 +67,10 @@ def fixture_prices(queries: Sequence[PriceQuery], path: Path = FIXTURE) -> dict[
             request = get_products_request(query)
             pair = next((p for p in products if p.get("request") == request), None)
         if pair is None:
-            raise PriceError(where, f"no fixture response for {query.key} "
-                                    f"({json.dumps(request, sort_keys=True)}); add one to price this offline, "
-                                    "or ask AWS's Price List API: make cost PRICES=aws (--prices aws, credentials "
-                                    "needed)")
+            # One short line: the price that is missing and the two ways to get it (the request itself, which the
+            # fixture entry must repeat, is in the fixture's other entries of the same kind).
+            raise PriceError(where, f"no fixture response for {query.key}: add one like the others in the file "
+                                    "to price this offline, or ask AWS: make cost PRICES=aws (credentials needed)")
         parse = {"spot": parse_spot_history, "capacity-block": parse_capacity_block_offerings}.get(
             query.kind, parse_get_products)
         try:

@@ -29,3 +29,4 @@ def test_cost_outside_the_fixture_regions_points_at_aws_prices(tmp_path: Path,
     assert plan_cli.main(["--stack", "dev", "--config", str(path), "--cost"]) == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no fixture response for ec2:eu-west-1:" in line and "make cost PRICES=aws" in line
+    assert len(line) < 250 and "{" not in line  # before: ~700 characters with the request's JSON in them

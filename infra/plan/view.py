@@ -15,6 +15,7 @@ from infra.config.names import check_stack_name
 from infra.config.support import support_notes
 from infra.plan.engine import canonical, kubernetes_objects
 from workloads.manifest_yaml import dump_manifest
+from workloads.safeio import StateFileError, read_regular
 
 Key = tuple[str, str]
 
@@ -172,6 +173,9 @@ def _changed_paths(old: Any, new: Any, path: str) -> list[str]:
     return [leaf for leaf, _, _ in _changed_leaves(old, new, path)]
 
 
+PLAN_MAX_BYTES = 256 << 20  # the committed stacks' plans are under 1 MiB
+
+
 class PlanDocumentError(ValueError):
     """An earlier plan document (`--diff OLD.json`) that cannot be read or is not a plan of this stack."""
 
@@ -181,7 +185,14 @@ def load_plan_document(path: Path, stack: str | None = None) -> dict[str, Any]:
     whose every resource has the shape diff(), the cost estimate and the chart renderer read (type and name
     strings, inputs and options mappings)."""
     try:
-        document = json.loads(path.read_bytes().decode("utf-8"))
+        # The project's hostile-file reader: a regular file (a FIFO blocked forever, /dev/zero ran out of memory),
+        # at most PLAN_MAX_BYTES, a link the user named followed.
+        content, _ = read_regular(path, PLAN_MAX_BYTES, follow=True)
+        if content is None:
+            raise PlanDocumentError("does not exist")
+        document = json.loads(content.decode("utf-8"))
+    except StateFileError as exc:
+        raise PlanDocumentError(exc.why) from None
     except OSError as exc:
         raise PlanDocumentError(exc.strerror or str(exc)) from None
     except UnicodeDecodeError as exc:

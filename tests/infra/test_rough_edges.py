@@ -30,3 +30,24 @@ def test_cost_outside_the_fixture_regions_points_at_aws_prices(tmp_path: Path,
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert "no fixture response for ec2:eu-west-1:" in line and "make cost PRICES=aws" in line
     assert len(line) < 250 and "{" not in line  # before: ~700 characters with the request's JSON in them
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "missing"])
+def test_a_diff_against_something_that_is_not_a_plan_file_is_one_line(tmp_path: Path, kind: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a FIFO blocked forever, a link to /dev/zero ran out of memory (MemoryError traceback). The plan
+    file is read like every other untrusted file: a regular file of bounded size, read before anything is planned."""
+    import os
+
+    path = tmp_path / "old.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    assert plan_cli.main(["--stack", "dev", "--diff", str(path)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {path}: "), line
+    assert {"fifo": "FIFO", "dev-zero": "character device", "directory": "directory",
+            "missing": "does not exist"}[kind] in line, line

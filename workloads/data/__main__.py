@@ -220,8 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                        help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
                             f"listens on ${METRICS_ADDR_ENV} (default {DEFAULT_METRICS_ADDR})")
-    tables = tables_cli.add_parser(commands, _endpoint, _seconds, _int_upto)
-    for sub in (pack, captions, tokens, upload, stage, tables):
+    for sub in (pack, captions, tokens, upload, stage, tables_cli.add_parser(commands, _endpoint, _seconds, _int_upto)):
         sub.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -449,11 +448,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if port:
             metrics.serve(port, metrics_addr())
-        options = StageOptions(workers=args.workers, part_bytes=args.part_size, budget_bytes=budget,
-                               retry=RetryPolicy(attempts=args.attempts), progress=progress, linger=args.linger,
-                               wait_timeout_s=args.wait_timeout, metrics=metrics)
-        staged = (stage(client, uri, args.dest, options) if len(uris) == 1
-                  else stage_mixture(client, [parse_s3_uri(text) for text in uris], args.dest, options))
+        stage_options = StageOptions(workers=args.workers, part_bytes=args.part_size, budget_bytes=budget,
+                                     retry=RetryPolicy(attempts=args.attempts), progress=progress,
+                                     linger=args.linger, wait_timeout_s=args.wait_timeout, metrics=metrics)
+        staged = (stage(client, uri, args.dest, stage_options) if len(uris) == 1
+                  else stage_mixture(client, [parse_s3_uri(text) for text in uris], args.dest, stage_options))
     finally:
         metrics.close()
     print(f"staged into {args.dest}: fetched {len(staged.fetched)} shards ({staged.fetched_bytes} bytes), kept "

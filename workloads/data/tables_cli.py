@@ -14,7 +14,7 @@ from workloads.data.moving.s3 import parse_s3_uri
 JOB_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
-def add_parser(commands: Any, endpoint: Any, seconds: Any, int_upto: Any) -> argparse.ArgumentParser:
+def add_parser(commands: Any, endpoint: Any, seconds: Any, int_upto: Any) -> Any:
     tables = commands.add_parser(
         "pack-tables", help="Parquet / Arrow IPC / JSONL / npy tables (local or s3://) -> records dataset, locally "
                             "or in slices into s3://")

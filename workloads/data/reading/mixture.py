@@ -104,7 +104,7 @@ def epoch_counts(sizes: Sequence[int], shares: Sequence[MixtureShare], epoch_sam
         if pool <= 0:
             raise ValueError(f"epoch_samples: {epoch_samples} leaves no samples for the weighted sources "
                              f"(the fixed ones take {fixed})")
-        weights = [Fraction(shares[k].weight if shares[k].weight is not None else 1) for k in weighted]
+        weights = [Fraction(shares[k].weight or 1) for k in weighted]
         for k, count in zip(weighted, _largest_remainder(pool, weights), strict=True):
             counts[k] = count
     out = [min(int(c or 0), share.cap) if share.cap is not None else int(c or 0)
@@ -333,6 +333,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
                                  f"{saved.get(name) if isinstance(saved, dict) else None!r}, this sampler has "
                                  f"{now!r}; the remaining samples would differ")
         epoch, consumed, plan = state.get("epoch"), state.get("consumed"), state.get("plan")
+        consumed_list: list[int] = consumed if isinstance(consumed, list) else []
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"loader state: epoch must be a non-negative integer, got {epoch!r}")
         if not _counts_fit(consumed, self.counts):
@@ -342,15 +343,16 @@ class MixtureBatchSampler(Sampler[list[int]]):
         if not _counts_fit(start, self.counts) or not isinstance(global_batch, int) or global_batch <= 0:
             raise ValueError(f"loader state: plan {plan!r} is not a start per source and a global batch")
         self.epoch = epoch
+        begin: tuple[int, ...] = tuple(start) if isinstance(start, list) else ()
         if global_batch == self.batch_size * self.world_size:
-            steps = self._plan(epoch, tuple(start), global_batch)
-            boundaries = [tuple(start)] + [step.consumed for step in steps]
-            if tuple(consumed) in boundaries:
-                self.plan_start, self.plan_batch = tuple(start), global_batch
-                self.skip = boundaries.index(tuple(consumed))
+            steps = self._plan(epoch, begin, global_batch)
+            boundaries = [begin] + [step.consumed for step in steps]
+            if tuple(consumed_list) in boundaries:
+                self.plan_start, self.plan_batch = begin, global_batch
+                self.skip = boundaries.index(tuple(consumed_list))
                 return
         # Another global batch (or a position between this plan's batches): the rest is planned afresh.
-        self.plan_start, self.plan_batch, self.skip = tuple(consumed), self.batch_size * self.world_size, 0
+        self.plan_start, self.plan_batch, self.skip = tuple(consumed_list), self.batch_size * self.world_size, 0
 
     def __iter__(self) -> Iterator[list[int]]:
         for step in self._steps():

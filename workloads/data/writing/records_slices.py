@@ -248,7 +248,9 @@ def pack_tables(source: TableSource, out: Path, options: TablePackOptions, hook:
     temps: list[tuple[Path, str]] = []
     try:
         images = _Images(options.images or source.root, client)
-        shards, left_out, taken = [], [], set()
+        shards: list[ShardInfo] = []
+        left_out: list[dict[str, str]] = []
+        taken: set[str] = set()
         with ThreadPoolExecutor(max_workers=options.workers) as pool:
             for shard in range(plan.shards):
                 columns, dropped = shard_rows(source, plan, shard, options, hook, images, pool)

@@ -155,7 +155,7 @@ def _npy_header(handle: Any) -> tuple[tuple[int, ...], np.dtype[Any], int]:
 def table_units(source: TableSource, table: TableFile) -> list[int]:
     """Rows in each piece of a table (row groups, record batches; one piece for JSONL and npy). ValueError names
     why a file is not a readable table of its suffix."""
-    pa = _pyarrow() if table.kind in (".parquet", ".arrow") else None
+    pa: Any = _pyarrow() if table.kind in (".parquet", ".arrow") else None
     with source.open(table) as handle:
         try:
             if table.kind == ".parquet":

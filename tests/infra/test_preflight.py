@@ -425,3 +425,24 @@ def test_the_quota_codes_in_the_docs_are_the_codes_preflight_checks() -> None:
                 short = re.sub(r" \([^)]*\)", "", titles[code])  # the family list in brackets may be left out
                 assert title in (titles[code], short), f"{page.name}: {code} is {titles[code]!r}, not {title!r}"
     assert named >= 5
+
+
+def test_p6_pools_preflight_their_quota_and_offerings(world: AwsStub) -> None:
+    """p6-b200 and p6-b300 count against the On-Demand P quota at their 192 vCPUs; their offering rows come from
+    EC2's DescribeInstanceTypeOfferings like any type's."""
+    def p6(values: dict[str, Any]) -> None:
+        values["ml-cluster:nodePools"] += [
+            {"name": "gpu-b200", "instanceTypes": ["p6-b200.48xlarge"], "gpu": True, "efa": True, "maxSize": 2,
+             "availabilityZones": ["us-east-1a"]},
+            {"name": "gpu-b300", "instanceTypes": ["p6-b300.48xlarge"], "gpu": True, "efa": True, "maxSize": 2,
+             "availabilityZones": ["us-east-1a"]}]
+
+    world.targets[QUOTA_TARGET] = quota_handler({**GOOD_QUOTAS, "L-417A185B": 3072.0})
+    cfg = config("prod", p6)
+    quota = {c.name: c for c in check_quotas(client("ec2", "us-east-1"), client("service-quotas", "us-east-1"), cfg,
+                                             "us-east-1")}["quota L-417A185B"]
+    assert "gpu-b200 2 x 192" in quota.detail and "gpu-b300 2 x 192" in quota.detail
+    assert quota.status == FAIL and "--desired-value 3840" in quota.fix  # 16 x 192 (p5) + 2 x 192 + 2 x 192
+    zones = ["us-east-1a", "us-east-1b", "us-east-1c"]  # prod's adopted subnets are not in moto: its zones, given
+    rows = [c for c in check_offerings(client("ec2", "us-east-1"), cfg, zones) if "gpu-b" in c.name]
+    assert {c.name for c in rows} == {"offering gpu-b200 p6-b200.48xlarge", "offering gpu-b300 p6-b300.48xlarge"}

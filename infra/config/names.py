@@ -279,6 +279,17 @@ def _tenant_names(n: _Naming, index: int, team: TeamConfig) -> Iterator[DerivedN
         yield DerivedName("iam", "role", "", f"{n.prefix}-team-{team.name}", f"{where}.name")
 
 
+def _controller_names(n: _Naming) -> Iterator[DerivedName]:
+    """The stack's ClusterTrainingRuntimes that config names (the staged ones; `torch-distributed-<gpu type>` are
+    named after the pools' GPU types, which only the instance-type facts know)."""
+    trainer = n.cfg.job_controllers.trainer
+    if not trainer.enabled:
+        return
+    for index, runtime in enumerate(trainer.staged_runtimes):
+        yield DerivedName("kubernetes", "ClusterTrainingRuntime", "", runtime.name,
+                          f"{CONFIG}jobControllers.trainer.stagedRuntimes[{index}].name")
+
+
 def _stack_job_names(n: _Naming) -> Iterator[DerivedName]:
     """Every object of every rendered stack Job (a Job, its headless Service and NetworkPolicy)."""
     for index, manifests in enumerate(n.job_manifests):
@@ -291,7 +302,7 @@ def _stack_job_names(n: _Naming) -> Iterator[DerivedName]:
 # Per capability, in the order names are listed (a name two capabilities share is reported on the later one).
 _CAPABILITIES: tuple[Callable[[_Naming], Iterator[DerivedName]], ...] = (
     _cluster_names, _storage_aws_names, _node_names, _job_names, _storage_object_names, _monitoring_names,
-    _burn_in_names, _queue_names, _stack_job_names)
+    _burn_in_names, _queue_names, _controller_names, _stack_job_names)
 
 
 def derived_names(cfg: StackConfig, stack: str, account_id: str | None = None,

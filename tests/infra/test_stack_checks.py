@@ -10,6 +10,7 @@ import copy
 import importlib.util
 import io
 import json
+import re
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -167,7 +168,10 @@ def test_derived_names_match_the_plan(stack: str, stack_plan: Any) -> None:
                          and not (r["inputs"].get("kind") in ("Job", "Service", "NetworkPolicy")
                                   and r["inputs"]["metadata"]["name"] not in NAMESPACE_POLICIES)
                          and r["inputs"]["metadata"].get("name")
-                         and r["inputs"].get("kind") != "ResourceFlavor")  # named after GPU types (instance facts)
+                         # named after GPU types (instance facts): flavors and the per-type training runtimes
+                         and r["inputs"].get("kind") != "ResourceFlavor"
+                         and not (r["inputs"].get("kind") == "ClusterTrainingRuntime"
+                                  and re.fullmatch(r"torch-distributed-[a-z0-9]+", r["inputs"]["metadata"]["name"])))
     derived_k8s = sorted((d.kind, d.namespace, d.name) for d in derived if d.service == "kubernetes")
     assert derived_k8s == [k for k in planned_k8s if k[0] != "Node"]
     planned_buckets = sorted(r["inputs"]["bucket"] for r in plan["resources"] if r["type"] == "aws:s3/bucket:Bucket")

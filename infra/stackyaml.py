@@ -1,7 +1,7 @@
 """Stack files (stacks/Pulumi.<stack>.yaml and any file a user names with --config), read and parsed safely.
 
 `read_stack_document` is the one reader every caller uses (the config loader, the offline plan, the destroy guard,
-the policy pack's config, the reference generator): the file is read through `workloads.safeio.read_regular` (a
+the policy pack's config, the reference generator): the file is read through `workloads.safeio.read_text_file` (a
 regular file only, never blocking on a FIFO, at most STACK_FILE_MAX_BYTES), must be UTF-8 without NUL bytes, and its
 YAML is parsed by `load_stack_yaml`: anchors and aliases work as YAML defines them, but an alias may not refer to the
 node that contains it (a recursive structure that nothing can serialise), and all aliases together may not expand a
@@ -19,7 +19,7 @@ from yaml.error import Mark
 from yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from workloads.safeio import StateFileError, read_regular
+from workloads.safeio import StateFileError, read_text_file
 
 # Every node an alias repeats counts (a stack file holds a few hundred nodes; Pulumi itself writes no aliases).
 MAX_EXPANDED_NODES = 100_000
@@ -94,17 +94,9 @@ def read_stack_document(path: str | os.PathLike[str]) -> Any:
     anything else that is not a regular UTF-8 text file of at most STACK_FILE_MAX_BYTES, or not YAML, is a
     StackFileError naming the file."""
     try:
-        content, _ = read_regular(path, STACK_FILE_MAX_BYTES, follow=True)
+        return load_stack_yaml(read_text_file(path, STACK_FILE_MAX_BYTES))
     except StateFileError as exc:
         raise StackFileError(path, exc.why) from None
-    if content is None:
-        raise StackFileError(path, "cannot read: No such file or directory")
-    if b"\x00" in content:
-        raise StackFileError(path, "is a binary file, not a YAML stack file")
-    try:
-        return load_stack_yaml(content.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise StackFileError(path, f"is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except RecursionError:
         raise StackFileError(path, "is nested too deeply to be a stack file") from None
     except yaml.YAMLError as exc:

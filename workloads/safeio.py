@@ -127,6 +127,22 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int = STATE_MAX_BYTES,
         os.close(fd)
 
 
+def read_text_file(path: str | os.PathLike[str], max_bytes: int) -> str:
+    """A file a user names (a job spec, a stack file, a facts file) as UTF-8 text. A link is followed; a file that
+    is missing, not a regular file (a FIFO never blocks), larger than `max_bytes`, not UTF-8 or holding NUL bytes
+    is a StateFileError naming it in one line."""
+    content, _ = read_regular(path, max_bytes, follow=True)
+    if content is None:
+        raise StateFileError(path, "cannot read: No such file or directory")
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StateFileError(path, f"not UTF-8 text (byte {exc.start}): is this a binary file?") from None
+    if "\x00" in text:
+        raise StateFileError(path, "contains NUL bytes: is this a binary file?")
+    return text
+
+
 def parse_json_object(payload: bytes, where: str | os.PathLike[str]) -> dict[str, Any]:
     """A JSON object from untrusted bytes; StateFileError (one line) for anything else."""
     try:

@@ -12,7 +12,7 @@ from pydantic import (
 )
 
 from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
-from workloads.safeio import StateFileError, read_regular
+from workloads.safeio import StateFileError, read_text_file
 
 JOB_FILE_MAX_BYTES = 16 << 20  # a job file is a few KiB; anything near this is not one
 
@@ -58,14 +58,10 @@ def load_job_file(path: str | Path) -> list[TrainingJobSpec]:
     """
     file = Path(path)
     try:
-        content, _ = read_regular(file, JOB_FILE_MAX_BYTES, follow=True)  # never blocks on a FIFO or /dev/zero
-        if content is None:
-            raise JobSpecError(str(file), "cannot read: No such file or directory")
-        document = yaml.safe_load(content.decode("utf-8"))
+        # never blocks on a FIFO or /dev/zero
+        document = yaml.safe_load(read_text_file(file, JOB_FILE_MAX_BYTES))
     except StateFileError as exc:
         raise JobSpecError(str(file), exc.why) from None
-    except UnicodeDecodeError as exc:
-        raise JobSpecError(str(file), f"not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise JobSpecError(str(file), f"not valid YAML: {exc}".splitlines()[0]) from None
     if isinstance(document, dict) and set(document) == {"jobs"}:

@@ -13,7 +13,7 @@ import yaml
 
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
 from workloads.jobspec import JobSpecError, load_job_file, render_job
-from workloads.safeio import StateFileError, read_regular
+from workloads.safeio import StateFileError, read_text_file
 from workloads.submit.errors import RuntimeFailure, UsageError
 
 MAX_NESTING = 64  # a job spec or facts file nests a handful of levels; deeper is hostile or broken input
@@ -25,18 +25,9 @@ def _read_text(path: str) -> str:
     """The file as UTF-8 text, or a UsageError (missing, not a regular file, too large, binary, NUL bytes).
     A link the user names is followed; a FIFO or a device is refused without blocking."""
     try:
-        raw, _ = read_regular(path, MAX_INPUT_BYTES, follow=True)
+        return read_text_file(path, MAX_INPUT_BYTES)
     except StateFileError as exc:
         raise UsageError(path, exc.why) from None
-    if raw is None:
-        raise UsageError(path, "cannot read: No such file or directory")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(path, f"not UTF-8 text (byte {exc.start}): is this a binary file?") from None
-    if "\x00" in text:
-        raise UsageError(path, "contains NUL bytes: is this a binary file?")
-    return text
 
 
 def _check_yaml_nesting(path: str) -> None:

@@ -161,11 +161,15 @@ def test_a_slice_killed_mid_shard_and_rerun_changes_nothing(corpus: dict, tmp_pa
     assert _objects(client, bucket, "out/killed") == _objects(client, bucket, "out/reference")
 
 
-def test_jsonl_and_npy_tables_and_strict(tmp_path: Path) -> None:
+def test_jsonl_npy_and_local_arrow_tables_and_strict(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jsonl").write_text('{"text": "one", "n": 1}\n\n{"text": "two", "n": 2}\n[1, 2]\n{"text": "x"')
     np.save(src / "b.npy", np.arange(12, dtype=np.int32).reshape(4, 3))
+    rows = pa.table({"text": ["x", "y", "z"], "n": [7, 8, 9]})
+    with pa.ipc.new_file(str(src / "c.arrow"), rows.schema) as writer:  # local: memory-mapped, batches of 2
+        for batch in rows.to_batches(max_chunksize=2):
+            writer.write_batch(batch)
     options = TablePackOptions(fields=(FieldSpec(name="text", type="text"), FieldSpec(name="n", type="int")),
                                shard_rows=2)
     hook_dir = tmp_path / "hooks"
@@ -178,7 +182,7 @@ def test_jsonl_and_npy_tables_and_strict(tmp_path: Path) -> None:
         result = pack_tables(TableSource(str(src)), tmp_path / "out", options, load_map("npyhook:rows"))
     finally:
         sys.path.remove(str(hook_dir))
-    assert result.manifest.num_samples == 2 + 4
+    assert result.manifest.num_samples == 2 + 4 + 3
     assert sorted(item["reason"].split(":")[0] for item in result.skipped) == ["a JSON list, not an object",
                                                                                 "not JSON"]
     from workloads.data.format.errors import DataToolError

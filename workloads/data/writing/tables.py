@@ -5,7 +5,8 @@ ever held whole in memory (nor, for Parquet and npy, read at all to be counted):
 
     .parquet   the footer: rows per row group; a range of rows reads only the row groups it overlaps
     .arrow     an Arrow IPC file (or stream): rows per record batch (its footer lacks row counts: each batch's
-               message is read, one at a time); a range reads the batches it overlaps
+               message is read, one at a time; a local file is memory-mapped, so the bodies are not read, while
+               an s3:// file's batches are fetched to be counted); a range reads the batches it overlaps
     .jsonl     one JSON object per non-blank line: counted by one streaming pass, read by streaming
     .npy       the header: shape[0] rows, each a record {"value": row}; a range reads only its bytes
 
@@ -120,6 +121,8 @@ class TableSource:
 
     def open(self, table: TableFile) -> Any:
         if self.uri is None:
+            if table.kind == ".arrow":  # mapped: counting a batch's rows reads its message, not its body
+                return _pyarrow().memory_map(str(Path(self.root) / table.relpath))
             return open(Path(self.root) / table.relpath, "rb")
         raw = RangedFile(self.client, self.uri.bucket, self.uri.key(table.relpath), table.size)
         return io.BufferedReader(raw, buffer_size=_READ_BLOCK)

@@ -389,6 +389,15 @@ class StackConfig(StrictModel):
                 raise ValueError(f"tag key {key!r}: the aws: prefix is reserved by AWS")
         return tags
 
+    def _check_health_gate(self) -> None:
+        """A gate nothing opens: with the burn-in off by default (an unprotected stack) and `gate: true`, every GPU
+        Job would wait for a gpu-health=passed label no node ever gets."""
+        health = self.gpu.health
+        if health.gate is True and not health.runs(self.protected):
+            raise ValueError("gpu.health.gate: true, but the burn-in does not run in this stack (gpu.health.enabled "
+                             "is unset and the stack is not protected): nothing would label a node gpu-health=passed "
+                             "and every GPU Job would stay Pending; set gpu.health.enabled: true or drop the gate")
+
     def _check_team_namespaces(self) -> None:
         """A tenant team's namespace is its own: never Kubernetes' or one the stack installs into."""
         own = frozenset({JOBS_NAMESPACE, self.kueue.namespace, self.monitoring.namespace, self.gpu.health.namespace,
@@ -420,6 +429,7 @@ class StackConfig(StrictModel):
         self.storage.check_stack(self.platform, has_cos_keys=self.cos_hmac_access_key_id is not None
                                  and self.cos_hmac_secret_access_key is not None)
         self._check_team_namespaces()
+        self._check_health_gate()
         names = [pool.name for pool in self.node_pools]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:

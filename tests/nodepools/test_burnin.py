@@ -109,6 +109,10 @@ def test_config_rules() -> None:
     assert _problems(_config("dev", enabled=False, gate=True)) == [
         "ml-cluster:gpu.health: gate: true needs the burn-in (enabled): nothing else labels nodes "
         "gpu-health=passed"]
+    # the burn-in left to its default, which is off in an unprotected stack: a gate nothing opens
+    [line] = _problems(_config("dev", gate=True, imageTag="0.1.0"))
+    assert "gpu.health.gate: true, but the burn-in does not run in this stack" in line
+    assert "every GPU Job would stay Pending" in line
     assert _problems(_config("dev", imageTag="0.1.0", image="registry.example/train:1")) == [
         "ml-cluster:gpu.health: set one of image (a full reference) and imageTag (a tag of the stack's registry)"]
     onprem = _config("onprem", enabled=True, imageTag="0.1.0")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

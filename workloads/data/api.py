@@ -87,6 +87,7 @@ from workloads.data.reading.records_dataset import RecordsDataset, pad_sequences
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.reading.transforms import random_resized_crop_flip_normalize
 from workloads.safeio import StateFileError
+from workloads.torchenv import torchrun_env
 from workloads.train.stop import StopSignal, ignore_stop_signals
 
 __all__ = [
@@ -126,13 +127,8 @@ class Placement:
 
     @classmethod
     def from_env(cls) -> Placement:
-        """torchrun's environment; a plain run is rank 0 of 1."""
-        try:
-            world_size = int(os.environ.get("WORLD_SIZE", 1))
-            return cls(int(os.environ.get("RANK", 0)), world_size, int(os.environ.get("LOCAL_RANK", 0)),
-                       int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-        except ValueError as exc:
-            raise ValueError(f"RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE: not integers ({exc})") from None
+        """torchrun's environment (workloads.torchenv); a plain run is rank 0 of 1."""
+        return cls(*torchrun_env())
 
     @property
     def nodes(self) -> int:

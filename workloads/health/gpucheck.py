@@ -19,7 +19,6 @@ without the all-reduce: the verdict counts both as failures.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from datetime import timedelta
@@ -28,6 +27,7 @@ from typing import Any
 
 from workloads.cli import ArgumentParser
 from workloads.safeio import atomic_write_in
+from workloads.torchenv import torchrun_env
 from workloads.train.allreduce import bus_bandwidth
 
 BLOCK_BYTES = 256 * 2**20
@@ -110,8 +110,7 @@ def run(out: Path, memory_fraction: float, timeout: int) -> int:
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world, local_rank, _ = torchrun_env()
     devices = torch.cuda.device_count()
     result: dict[str, Any] = {"index": local_rank, "name": "", "memory_ok": False, "compute_ok": False,
                               "error": None}

@@ -15,7 +15,6 @@ check is the Job's success. --report-only prints the table and passes without a 
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 
 from workloads.cli import ArgumentParser
 from workloads.quantity import quantity_bytes
+from workloads.torchenv import torchrun_env
 
 # Bus bandwidth (GB/s) a 2-node all_reduce must reach at 2 GiB: 80% of what AWS published for nccl-tests
 # all_reduce_perf on two nodes of the type (aws-samples/awsome-distributed-training@7217859f
@@ -130,7 +130,7 @@ def _run(min_bytes: int, max_bytes: int, iters: int, warmup: int, floor: tuple[f
     cuda = torch.cuda.is_available()
     dist.init_process_group(backend="nccl" if cuda else "gloo")
     rank, ranks = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    device = torch.device("cuda", torchrun_env().local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     lines = ["#       size         count      type   redop    root     time   algbw   busbw #wrong",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from workloads.torchenv import is_distributed
+
 RUNTIME_EXIT_CODE = 1  # a failure a retry may fix; never the config-error code
 DISRUPTION_EXIT_CODE = 43  # the default; workloads/jobspec/spec.py renders the same number into every Job
 
@@ -64,7 +66,7 @@ def leave(code: int) -> None:
     SIGABRT, which it would count."""
     import sys
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if is_distributed():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import sys
 import threading
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TextIO
+
+from workloads.torchenv import torchrun_env
 
 
 class TrainingDiverged(ValueError):
@@ -85,14 +86,8 @@ class Distributed:
 
     @classmethod
     def from_env(cls) -> Distributed:
-        """torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE); a plain run is rank 0 of 1."""
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
-        return cls(
-            int(os.environ.get("RANK", 0)),
-            world_size,
-            int(os.environ.get("LOCAL_RANK", 0)),
-            int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
-        )
+        """torchrun's environment (workloads.torchenv); a plain run is rank 0 of 1."""
+        return cls(*torchrun_env())
 
     @property
     def nodes(self) -> int:

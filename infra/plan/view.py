@@ -342,6 +342,9 @@ def format_diff(changes: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_MANIFEST_NAME = re.compile(r"\d{3,}-[a-z0-9.-]+\.yaml")  # what _file_name writes
+
+
 def _file_name(index: int, manifest: dict[str, Any]) -> str:
     metadata = manifest.get("metadata") or {}
     parts = [manifest.get("kind", "object"), metadata.get("namespace") or "", metadata.get("name") or "unnamed"]
@@ -386,4 +389,11 @@ def write_manifests(plan: dict[str, Any], directory: Path) -> list[Path]:
     finally:
         for partial in partials:
             partial.unlink(missing_ok=True)
+    # Manifests an earlier run left (another stack's, an older plan's objects) would be applied with these by
+    # `kubectl diff -f DIR`: remove the files of this writer's naming that the new set does not hold, nothing else.
+    kept = {target.name for target in targets}
+    for stale in directory.iterdir():
+        if stale.name not in kept and _MANIFEST_NAME.fullmatch(stale.name) and stale.is_file() \
+                and not stale.is_symlink():
+            stale.unlink()
     return written

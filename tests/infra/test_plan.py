@@ -278,6 +278,19 @@ def test_manifests_are_all_written_or_none(tmp_path: Path, stack_plan: Any) -> N
     assert sorted(path.name for path in target.iterdir()) == [names[4]]
 
 
+def test_manifests_of_an_earlier_run_do_not_stay_beside_the_new_ones(tmp_path: Path, stack_plan: Any) -> None:
+    """Before: --manifests into a folder holding another stack's manifests left them beside the new set, and
+    `kubectl diff -f DIR` would have applied both. Files of other names are the user's and stay."""
+    from infra.plan.view import write_manifests
+
+    target = tmp_path / "out"
+    first = {path.name for path in write_manifests(stack_plan("dev"), target)}
+    (target / "README.txt").write_text("mine")
+    second = {path.name for path in write_manifests(stack_plan("onprem"), target)}
+    assert {path.name for path in target.iterdir()} == second | {"README.txt"}
+    assert first - second  # dev's own objects were there and are gone
+
+
 def test_a_program_stopped_by_its_config_never_leaves_the_plan_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
     """A program that created an Output whose value never comes, then stopped on its config: the plan still ends
     (with the ConfigError) instead of waiting for that Output forever."""

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config import ConfigError, NetworkConfig
-from infra.config.schema import ExistingVpcConfig, NewVpcConfig
+from infra.config.cluster import ExistingVpcConfig, NewVpcConfig
 from infra.context import NetworkInfo, StackContext, SubnetRef
 
 

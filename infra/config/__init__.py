@@ -8,12 +8,9 @@ Pulumi secrets (`pulumi config set --secret`): a plaintext value in the stack fi
 
 from __future__ import annotations
 
+from infra.config.cluster import ClusterConfig, NetworkConfig, OnpremConfig
+from infra.config.errors import ConfigError, ConfigExit
 from infra.config.schema import (
-    ClusterConfig,
-    ConfigError,
-    ConfigExit,
-    NetworkConfig,
-    OnpremConfig,
     StackConfig,
     load_pulumi_config,
     parse_stack_config,

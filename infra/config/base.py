@@ -10,6 +10,10 @@ from pydantic.alias_generators import to_camel
 from workloads.k8snames import DnsLabel as DnsLabel  # the sections' field type, written once there
 from workloads.quantity import parse_quantity
 
+PROJECT = "ml-cluster"
+NAMESPACE = f"{PROJECT}:"  # this project's config keys: ml-cluster:<key>
+JOBS_NAMESPACE = "training"  # the Jobs' namespace (ClusterFacts.namespace), which no tenant team may take
+
 # An IAM role or user, as EKS access entries take it: not an STS assumed-role session
 # (arn:aws:sts::<account>:assumed-role/<role>/<session>: use arn:aws:iam::<account>:role/<role>).
 PRINCIPAL_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$"

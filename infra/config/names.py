@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from infra.config.base import JOBS_NAMESPACE
 from infra.config.nodepools import BURN_IN_NAME
 from infra.config.queueing import TEAM_LIMITS_NAME, TEAM_QUOTA_NAME, TeamConfig
 from workloads.jobspec import namespace_network_policies
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 CONFIG = "ml-cluster:"
 STACK_PATH = "stack"
-JOBS_NAMESPACE = "training"  # the Jobs' namespace (infra.stack.JOBS_NAMESPACE, ClusterFacts.namespace)
 JOBS_SERVICE_ACCOUNT = "training"  # ClusterFacts.job_service_account
 PACK_SERVICE_ACCOUNT = "packer"  # ClusterFacts.pack_service_account: dataset packs (infra/packing.py)
 COS_JOB_SECRET = "cos-credentials"  # infra.storage.COS_JOB_SECRET

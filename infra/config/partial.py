@@ -15,7 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from infra.config.schema import PLAINTEXT, SECRET_KEYS, ConfigError, StackConfig, config_path, config_values
+from infra.config.errors import ConfigError, config_path
+from infra.config.schema import PLAINTEXT, SECRET_KEYS, StackConfig, config_values
 
 # Sections a pool check does not need: dropped from the partial config when they fail validation.
 _OPTIONAL = {"jobs", "storage", "gpu", "kueue", "monitoring", "tags", "labelPrefix", "protected", "kubeconfig",

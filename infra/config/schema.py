@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -11,14 +10,18 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic.alias_generators import to_camel
 
-from infra.config.base import PRINCIPAL_ARN, DnsLabel, StrictModel
+from infra.config.base import JOBS_NAMESPACE, NAMESPACE, StrictModel
+from infra.config.cluster import (
+    ClusterConfig,
+    NetworkConfig,
+    OnpremConfig,
+)
 from infra.config.controllers import JobControllersConfig
 from infra.config.deploy import DeployConfig, reachability_problems
 from infra.config.egress import JobEgressConfig
+from infra.config.errors import ConfigError
 from infra.config.monitoring import MonitoringConfig
-from infra.config.names import JOBS_NAMESPACE
 from infra.config.nodepools import GpuConfig, NodePoolConfig
 from infra.config.nodes import NodesConfig, move_renamed_keys, written_path
 from infra.config.queueing import KueueConfig
@@ -28,253 +31,8 @@ from infra.stackyaml import StackFileError, read_stack_document
 from workloads.jobspec import TrainingJobSpec
 from workloads.k8snames import is_dns_subdomain, reserved_namespace
 
-PROJECT = "ml-cluster"
-NAMESPACE = f"{PROJECT}:"
 # Config keys (without the namespace) whose values must be Pulumi secrets.
 SECRET_KEYS = ("kubeconfig", "cosHmacAccessKeyId", "cosHmacSecretAccessKey")
-# Kubernetes minor versions this project is tested against (kubernetes-validate schemas exist for them). Whether
-# a minor is still supported on the day of a plan is the support calendar's (infra/config/support.py) to say.
-SUPPORTED_KUBERNETES = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35", "1.36")
-
-_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
-
-
-MAX_REPORTED_PROBLEMS = 200
-
-
-class ConfigError(ValueError):
-    """A stack config (or a Job spec in it) that cannot be deployed; one `path: why` per problem."""
-
-    def __init__(self, problems: Iterable[tuple[str, str]]):
-        self.problems = list(problems)  # as raised (components may use the short `nodePools.0.name` form)
-        super().__init__("\n".join(f"{path}: {why}" for path, why in self.shown()))
-
-    def shown(self) -> list[tuple[str, str]]:
-        """The problems as reported: one path style (`ml-cluster:jobs[0].memory`), each problem once."""
-        return list(dict.fromkeys((config_path(path), why) for path, why in self.problems))
-
-    def lines(self, limit: int = MAX_REPORTED_PROBLEMS) -> list[str]:
-        """One `error:` line per problem; past `limit`, one line that counts the rest (a file of 40,000 unknown
-        keys needs its first lines read, not all of them)."""
-        shown = self.shown()
-        lines = [f"error: {path}: {why}" for path, why in shown[:limit]]
-        if len(shown) > limit:
-            lines.append(f"error: config: {len(shown) - limit} more problems not shown (fix the ones above first)")
-        return lines
-
-
-def config_path(path: str) -> str:
-    """A problem's path in the one style used everywhere: the stack-file key, then the field path with list
-    indices in brackets: `jobs.0.memory` -> `ml-cluster:jobs[0].memory`, `region` -> `aws:region`. Paths that
-    are not config fields (a file, `stack`, `config`, `arguments`, a `--flag`) are left as they are."""
-    first = re.split(r"[.\[]", path, maxsplit=1)[0]
-    if first in ("", "config", "stack", "arguments") or "/" in first or path.startswith(("{", "[", '"', "-")):
-        return path
-    match = re.match(r"^((?:[A-Za-z0-9_-]+:)?[A-Za-z0-9_-]+)(.*)$", path, re.DOTALL)
-    if match is None:
-        return path
-    head, rest = match.groups()
-    if ":" not in head:
-        head = "aws:region" if head == "region" else f"{NAMESPACE}{head}"
-    rest = re.sub(r"\.(\d+)(?=$|[.\[])", r"[\1]", rest)
-    return head + rest
-
-
-class ConfigExit(SystemExit):
-    """Exit status 2 for a program stopped by a ConfigError (the error travels with it, for the offline engine)."""
-
-    def __init__(self, error: ConfigError):
-        super().__init__(2)
-        self.error = error
-
-
-class NewVpcConfig(StrictModel):
-    cidr: str = Field(default="10.0.0.0/16", description="the VPC's IPv4 block (/20 or larger)")
-    availability_zones: list[str] = Field(
-        min_length=2, max_length=4,
-        description="EKS needs two AZs; the VPC is split into 8 blocks, a private and a public one per AZ.",
-    )
-    nat_gateways: Literal["single", "perAz"] = Field(
-        default="single",
-        description=("single: one NAT gateway for every zone (cheaper); perAz: one per zone (a zone outage leaves the "
-                     "others online)"),
-    )
-
-    @field_validator("cidr")
-    @classmethod
-    def _cidr(cls, value: str) -> str:
-        network = ipaddress.IPv4Network(value, strict=True)
-        if network.prefixlen > 20:
-            raise ValueError(f"{value} is too small: use /20 or larger so every AZ gets a private and public /24+")
-        return value
-
-    @field_validator("availability_zones")
-    @classmethod
-    def _zones(cls, zones: list[str]) -> list[str]:
-        for zone in zones:
-            if not _AZ.match(zone):
-                raise ValueError(f"{zone!r} is not an availability zone name like us-west-2a")
-        if len(set(zones)) != len(zones):
-            raise ValueError("availability zones must be distinct")
-        return zones
-
-
-class ExistingVpcConfig(StrictModel):
-    vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]{8,17}$", description="the VPC to adopt")
-    private_subnet_ids: list[str] = Field(
-        min_length=1,
-        description="subnets of the nodes, EFS mount targets and the control plane's interfaces",
-    )
-    public_subnet_ids: list[str] = Field(
-        default=[],
-        description="subnets for internet-facing load balancers; empty: none",
-    )
-
-    @field_validator("private_subnet_ids", "public_subnet_ids")
-    @classmethod
-    def _subnets(cls, ids: list[str]) -> list[str]:
-        for subnet_id in ids:
-            if not re.match(r"^subnet-[0-9a-f]{8,17}$", subnet_id):
-                raise ValueError(f"{subnet_id!r} is not a subnet id like subnet-0abc12345")
-        if len(set(ids)) != len(ids):
-            raise ValueError("subnet ids must be distinct")
-        return ids
-
-
-class NetworkConfig(StrictModel):
-    """Either `create` a VPC or adopt an `existing` one: exactly one of the two."""
-
-    create: NewVpcConfig | None = Field(
-        default=None,
-        description="create a VPC with a private and a public subnet per availability zone",
-    )
-    existing: ExistingVpcConfig | None = Field(
-        default=None,
-        description="adopt an existing VPC and its subnets (looked up, never modified)",
-    )
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> NetworkConfig:
-        if (self.create is None) == (self.existing is None):
-            raise ValueError("set exactly one of network.create and network.existing")
-        return self
-
-
-class AccessEntryConfig(StrictModel):
-    principal_arn: str = Field(
-        pattern=PRINCIPAL_ARN,
-        description=("the IAM role or user ARN (arn:aws:iam::<account>:role/<name>; not an STS assumed-role session "
-                     "ARN)"),
-    )
-    policy: Literal["cluster-admin", "admin", "edit", "view"] = Field(
-        default="cluster-admin",
-        description=("the EKS access policy: AmazonEKSClusterAdminPolicy, AmazonEKSAdminPolicy, AmazonEKSEditPolicy or "
-                     "AmazonEKSViewPolicy"),
-    )
-    namespaces: list[DnsLabel] = Field(default=[], description="empty: the access applies cluster-wide")
-
-
-ClusterLogType = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
-
-
-class ClusterConfig(StrictModel):
-    name: DnsLabel = Field(description="the EKS cluster's name (also its CloudWatch log group /aws/eks/<name>/cluster)")
-    kubernetes_version: str = Field(
-        description="the control plane's Kubernetes minor, e.g. \"1.35\"; node groups follow it",
-    )
-    upgrade_policy: Literal["standard", "extended"] = Field(
-        default="standard",
-        description=("What EKS does at the end of the minor's standard support: upgrade the cluster (standard) or "
-                     "keep it on the minor at the extended-support rate (extended). EKS's own API default is "
-                     "extended."),
-    )
-    endpoint_public_access: bool = Field(
-        default=True,
-        description="the API endpoint is reachable from the internet (from publicAccessCidrs)",
-    )
-    endpoint_private_access: bool = Field(default=True, description="the API endpoint is reachable from inside the VPC")
-    public_access_cidrs: list[str] = Field(
-        default=["0.0.0.0/0"],
-        description="IPv4 blocks allowed to the public API endpoint",
-    )
-    log_types: list[ClusterLogType] = Field(
-        default=["api", "audit", "authenticator"],
-        description="control plane logs sent to CloudWatch",
-    )
-    log_retention_days: int = Field(
-        default=30, ge=1, le=3653,
-        description="how long CloudWatch keeps the control plane logs",
-    )
-    access_entries: list[AccessEntryConfig] = Field(
-        default=[],
-        description="IAM roles and users given access to the cluster (EKS access entries)",
-    )
-    secrets_encryption: bool = Field(default=True, description="envelope-encrypt Kubernetes Secrets with a KMS key")
-    kms_key_arn: str | None = Field(
-        default=None, pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/.+$",
-        description="the KMS key for secretsEncryption; default: a key the stack creates (rotation on)",
-    )
-    existing: bool = Field(
-        default=False,
-        description=("lay the stack onto the EKS cluster called `name` that already runs (terraform-aws-modules/eks, "
-                     "eksctl, CDK): the program reads it (aws.eks.get_cluster) and never creates, changes or deletes "
-                     "it, its VPC or its node groups; network.existing names its VPC and the subnets for the "
-                     "stack's pools and mount targets, kubernetesVersion must be the version it runs "
-                     "(docs/operations.md, \"Use an existing EKS cluster\")"),
-    )
-
-    @field_validator("kubernetes_version")
-    @classmethod
-    def _version(cls, value: str) -> str:
-        return _check_kubernetes_version(value)
-
-    @field_validator("public_access_cidrs")
-    @classmethod
-    def _cidrs(cls, cidrs: list[str]) -> list[str]:
-        for cidr in cidrs:
-            ipaddress.IPv4Network(cidr, strict=True)
-        return cidrs
-
-    @model_validator(mode="after")
-    def _reachable(self) -> ClusterConfig:
-        if not (self.endpoint_public_access or self.endpoint_private_access):
-            raise ValueError("endpointPublicAccess and endpointPrivateAccess cannot both be false")
-        owned = sorted(EXISTING_CLUSTER_OWNED & self.model_fields_set)
-        if self.existing and owned:
-            keys = ", ".join(to_camel(key) for key in owned)
-            raise ValueError(f"existing: true: {keys} configure a cluster the stack creates; the existing cluster "
-                             "keeps its own (remove them)")
-        return self
-
-
-# What only a cluster the stack creates takes: an existing cluster keeps its endpoint, logs and encryption.
-EXISTING_CLUSTER_OWNED = frozenset({
-    "upgrade_policy", "endpoint_public_access", "endpoint_private_access", "public_access_cidrs", "log_types",
-    "log_retention_days", "secrets_encryption", "kms_key_arn"})
-
-
-class OnpremConfig(StrictModel):
-    """An existing Kubernetes cluster reached with the `ml-cluster:kubeconfig` secret."""
-
-    cluster_name: DnsLabel = Field(
-        description=("the existing cluster's name, as the stack's outputs report it (the kubeconfig context decides "
-                     "which cluster is reached)"),
-    )
-    kubernetes_version: str = Field(
-        description="the existing cluster's Kubernetes minor, e.g. \"1.36\" (the manifests are validated against it)",
-    )
-    context: str | None = Field(default=None, description="kubeconfig context; default: current-context")
-
-    @field_validator("kubernetes_version")
-    @classmethod
-    def _version(cls, value: str) -> str:
-        return _check_kubernetes_version(value)
-
-
-def _check_kubernetes_version(value: str) -> str:
-    if value not in SUPPORTED_KUBERNETES:
-        raise ValueError(f"{value!r} is not a supported Kubernetes version ({', '.join(SUPPORTED_KUBERNETES)})")
-    return value
 
 
 class StackConfig(StrictModel):

@@ -25,7 +25,7 @@ from google.protobuf import json_format
 from pulumi.runtime.mocks import Mocks
 
 from infra.config import ConfigError, ConfigExit, parse_stack_config, read_stack_file
-from infra.config.schema import PROJECT
+from infra.config.base import PROJECT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKS_DIR = REPO_ROOT / "stacks"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from infra.config.schema import AccessEntryConfig, ConfigError
+from infra.config.cluster import AccessEntryConfig
+from infra.config.errors import ConfigError
 from infra.config.storage import CosConfig, StorageConfig
 from infra.nodes.poolplan import plan_node_pools
 from infra.nodes.scaling.template import ACCELERATOR_LABEL, accelerator_label_value

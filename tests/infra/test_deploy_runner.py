@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from infra.config import ConfigError
+from infra.config.cluster import ClusterConfig
 from infra.config.deploy import DeployConfig, public_access_cidrs, reachability_problems
-from infra.config.schema import ClusterConfig
 from scripts.deploy_runner import main as deploy_runner_main
 from tests.conftest import resources_of
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from infra.config.cluster import ClusterConfig
 from infra.config.deploy import DeployConfig, reachability_problems
+from infra.config.errors import ConfigError
 from infra.config.placeholders import placeholder_problems
-from infra.config.schema import ClusterConfig, ConfigError
 from tests.conftest import stack_values
 from workloads.submit.cli import build_parser
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.config.errors import config_path
 from infra.config.names import check_stack_name, derived_names
-from infra.config.schema import config_path, parse_stack_config
+from infra.config.schema import parse_stack_config
 from infra.plan.engine import load_stack_file, offline_config
 from tests.conftest import STACKS, stack_values
 

@@ -13,7 +13,7 @@ import yaml
 
 from infra.config import ConfigError, parse_stack_config, read_stack_file
 from infra.config.deploy import DeployConfig
-from infra.config.schema import MAX_REPORTED_PROBLEMS
+from infra.config.errors import MAX_REPORTED_PROBLEMS
 from infra.plan.engine import STACKS_DIR
 from infra.policy.stackfile import StackFileError, stack_protected
 from infra.stackyaml import MAX_EXPANDED_NODES, STACK_FILE_MAX_BYTES, load_stack_yaml, read_stack_document

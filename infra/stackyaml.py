@@ -40,6 +40,14 @@ def _mark(event: AliasEvent) -> Mark | None:
 
 
 class _StackFileLoader(yaml.SafeLoader):
+    """Timestamps stay the text they were written as (`startTime: 2026-11-20T11:30:00Z` unquoted is a YAML
+    timestamp): the config is handed to the program as JSON, which has no datetime, and the config model parses the
+    text itself. Every other scalar resolves as YAML 1.1 says."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._open_anchors: set[str] = set()

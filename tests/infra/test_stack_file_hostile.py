@@ -139,3 +139,23 @@ def test_a_stack_file_the_user_linked_is_read(tmp_path: Path) -> None:
     link.symlink_to(target)
     assert read_stack_document(link) == yaml.safe_load(DEV)
     assert read_stack_file(link)[0]["ml-cluster:platform"] == "eks"
+
+
+def test_unquoted_capacity_block_times_plan_like_quoted_ones(tmp_path: Path) -> None:
+    """Before: `startTime: 2026-11-20T11:30:00Z` unquoted is a YAML timestamp, which reached json.dumps as a
+    datetime (TypeError traceback in plan and preflight). The stack file reader keeps timestamps as text."""
+    from infra.plan.engine import plan_stack
+    from infra.stackyaml import load_stack_yaml
+
+    loaded = load_stack_yaml("when: 2026-11-20T11:30:00Z\nday: 2026-11-20\nn: 15\nflag: true\n")
+    assert loaded == {"when": "2026-11-20T11:30:00Z", "day": "2026-11-20", "n": 15, "flag": True}
+    block = ("    - name: h100-block\n      instanceTypes: [p5.48xlarge]\n      gpu: true\n"
+             "      capacityType: CAPACITY_BLOCK\n      maxSize: 2\n"
+             "      capacityReservation: {id: cr-0123456789abcdef0, availabilityZone: us-east-1b, instanceCount: 2, startTime: 2026-11-20T11:30:00Z, "
+             "endTime: 2026-11-27T11:30:00Z}\n")
+    text = (STACKS_DIR / "Pulumi.prod.yaml").read_text().replace("  ml-cluster:nodePools:\n",
+                                                                  "  ml-cluster:nodePools:\n" + block, 1)
+    path = tmp_path / "Pulumi.prod.yaml"
+    path.write_text(text)
+    plan = plan_stack("prod", path)
+    assert any(r["name"] == "mlc-prod-nodepools-h100-block-ng" for r in plan["resources"])

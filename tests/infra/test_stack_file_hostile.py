@@ -151,8 +151,8 @@ def test_unquoted_capacity_block_times_plan_like_quoted_ones(tmp_path: Path) -> 
     assert loaded == {"when": "2026-11-20T11:30:00Z", "day": "2026-11-20", "n": 15, "flag": True}
     block = ("    - name: h100-block\n      instanceTypes: [p5.48xlarge]\n      gpu: true\n"
              "      capacityType: CAPACITY_BLOCK\n      maxSize: 2\n"
-             "      capacityReservation: {id: cr-0123456789abcdef0, availabilityZone: us-east-1b, instanceCount: 2, startTime: 2026-11-20T11:30:00Z, "
-             "endTime: 2026-11-27T11:30:00Z}\n")
+             "      capacityReservation: {id: cr-0123456789abcdef0, availabilityZone: us-east-1b, instanceCount: 2,\n"
+             "                            startTime: 2026-11-20T11:30:00Z, endTime: 2026-11-27T11:30:00Z}\n")
     text = (STACKS_DIR / "Pulumi.prod.yaml").read_text().replace("  ml-cluster:nodePools:\n",
                                                                   "  ml-cluster:nodePools:\n" + block, 1)
     path = tmp_path / "Pulumi.prod.yaml"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import hashlib
 import io
 import json
@@ -81,7 +82,12 @@ class Fixtures:
     def lookup(self, name: str, key: str, what: str) -> Any:
         table = self._load(name)
         if key not in table:
-            raise FixtureError(self._where(name), f"no entry for {what} {key!r}; add it to answer this offline")
+            # A typo of a known key is the likelier story than a new type: say which one was meant, and only
+            # otherwise how to add an entry.
+            close = difflib.get_close_matches(key, [k for k in table if isinstance(k, str)], n=1, cutoff=0.8)
+            hint = (f"did you mean {close[0]!r}?" if close
+                    else "if it exists, add its answer to the fixture to plan it offline")
+            raise FixtureError(self._where(name), f"no entry for {what} {key!r}: {hint}")
         return table[key]
 
     def answer(self, token: str, args: dict[str, Any], region: str | None) -> dict[str, Any]:

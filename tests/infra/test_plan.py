@@ -217,6 +217,11 @@ def test_unknown_instance_type_names_the_pool_and_the_fixture(tmp_path: Path) ->
     lines = result.stderr.strip().splitlines()
     assert any(line.startswith("error: ml-cluster:nodePools[") and "g9.mega" in line for line in lines), lines
     assert any(line.startswith("error: stacks/fixtures/instance_types.json: ") for line in lines), lines
+    # a typo of a type the fixture knows: the type meant, not an invitation to add the typo to the fixture
+    path.write_text((REPO / "stacks/Pulumi.dev.yaml").read_text().replace("g5.xlarge", "g5.xlarg"))
+    lines = run_plan("--stack", "dev", "--config", str(path)).stderr.strip().splitlines()
+    [fixture] = [line for line in lines if line.startswith("error: stacks/fixtures/instance_types.json: ")]
+    assert fixture.endswith("no entry for instance type 'g5.xlarg': did you mean 'g5.xlarge'?"), fixture
 
 
 def test_a_job_on_a_claim_the_stack_does_not_make_stops_before_any_resource(plan_config: Any) -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
+from workloads.jobspec import defaults
+
 
 @dataclass(frozen=True)
 class StackContext:
@@ -28,8 +30,7 @@ class StackContext:
 
 def stack_labels(stack: str, label_prefix: str) -> dict[str, str]:
     """The labels every Kubernetes object this stack creates carries: whose it is and which stack's."""
-    return {"app.kubernetes.io/part-of": "ml-cluster", "app.kubernetes.io/managed-by": "pulumi",
-            f"{label_prefix}/stack": stack}
+    return defaults.stack_labels(stack, label_prefix, managed_by="pulumi")
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,19 @@ TMP_VOLUME = "tmp"
 TMP_MOUNT = {"name": TMP_VOLUME, "mountPath": TMP_DIR}
 
 
+def stack_labels(stack: str, label_prefix: str, managed_by: str = "ml-cluster") -> dict[str, str]:
+    """Whose an object is and which stack's: part-of, managed-by and `<prefix>/stack`, in that order."""
+    return {"app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/managed-by": managed_by,
+            f"{label_prefix}/stack": stack}
+
+
 def app_labels(name: str, component: str, stack: str, label_prefix: str, *, instance: str | None = None,
                managed_by: str = "ml-cluster") -> dict[str, str]:
-    """name, instance (when given), component, part-of, managed-by, and `<prefix>/stack`, in that order."""
+    """name, instance (when given), component, then the stack labels, in that order."""
     labels = {"app.kubernetes.io/name": name}
     if instance is not None:
         labels["app.kubernetes.io/instance"] = instance
-    return {**labels, "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": PART_OF,
-            "app.kubernetes.io/managed-by": managed_by, f"{label_prefix}/stack": stack}
+    return {**labels, "app.kubernetes.io/component": component, **stack_labels(stack, label_prefix, managed_by)}
 
 
 def restricted_container(read_only_root: bool = True) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from infra.config.names import JOBS_NAMESPACE, stack_prefix
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.controllers import JobControllers, JobControllersArgs
 from infra.facts import StackFacts, stack_facts
+from infra.jobfacts import publish_job_facts
 from infra.jobs import TrainingJobs, TrainingJobsArgs, TrainingNamespace, TrainingNamespaceArgs
 from infra.monitoring.component import Monitoring, MonitoringArgs
 from infra.monitoring.reservations import reserved_pools
@@ -108,6 +109,9 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> Outputs:
                     *controller_releases),
         local_queues=local_queues, team_needs=team_needs))
     outputs["jobFacts"] = facts_to_dict(facts.job_facts)  # `python -m workloads.submit ... --facts` reads this
+    # ... and the same in the cluster, where submit reads it through a kubeconfig alone
+    publish_job_facts(ctx, cluster, facts.job_facts, namespace.namespace,
+                      {team: needs[0] for team, needs in team_needs.items()})
     outputs["jobs"] = jobs.job_names
     return outputs
 

@@ -41,6 +41,7 @@ from infra.plan.view import (  # noqa: E402
     diff,
     format_diff,
     load_plan_document,
+    plan_job_notes,
     plan_support_notes,
     summary,
     upgrade_problems,
@@ -90,6 +91,8 @@ def main(argv: list[str]) -> int:
             return 2
     for level, text in plan_support_notes(plan, args.today):
         print(f"{'note' if level == 'note' else 'warning'}: {text}", file=sys.stderr)
+    for text in plan_job_notes(plan):
+        print(f"note: {text}", file=sys.stderr)
     left = placeholders_left(load_stack_file(args.stack, args.config))
     if left:  # the plan is fine offline; say that a real run is not, and where to start
         path, why = left[0]

@@ -6,6 +6,7 @@ workloads.jobspec. Plain frozen dataclasses: no Pulumi types, so workloads stays
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -119,3 +120,24 @@ def facts_from_dict(data: dict[str, Any]) -> ClusterFacts:
 
 # Facts arrive as JSON written by another tool (a stack output): every field's type is checked, not trusted.
 _FACTS = TypeAdapter(ClusterFacts)
+
+
+# The facts a stack publishes in the cluster (infra/jobfacts.py), one ConfigMap in the Jobs' namespace and in each
+# team's: `python -m workloads.submit` reads it through the kubeconfig's context, so submitting needs no Pulumi
+# state; anyone who may view the namespace may read it (the built-in view/edit roles include ConfigMaps).
+FACTS_CONFIG_MAP = "ml-cluster-job-facts"
+FACTS_CONFIG_KEY = "facts.json"
+
+
+def facts_config_map(facts: ClusterFacts, namespace: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The ConfigMap that publishes `facts` in `namespace` (its data: FACTS_CONFIG_KEY -> the facts as JSON)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": FACTS_CONFIG_MAP, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/component": "job-facts", **(labels or {})}},
+            "data": {FACTS_CONFIG_KEY: json.dumps(facts_to_dict(facts), sort_keys=True, indent=1)}}
+
+
+def facts_namespaces(facts: ClusterFacts) -> list[str]:
+    """Where the facts are published: the Jobs' namespace and every team's."""
+    teams = sorted({team.namespace for team in (facts.teams or {}).values()} - {facts.namespace})
+    return [facts.namespace, *teams]

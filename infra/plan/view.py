@@ -14,6 +14,7 @@ from typing import Any
 from infra.config.names import check_stack_name
 from infra.config.support import support_notes
 from infra.plan.engine import canonical, kubernetes_objects
+from workloads.jobspec.launcher import launcher_notes
 from workloads.manifest_yaml import dump_manifest
 from workloads.safeio import StateFileError, read_regular
 
@@ -275,6 +276,16 @@ def plan_support_notes(plan: dict[str, Any], today: date) -> list[tuple[str, str
     support_type = policies[0].get("supportType") if policies and isinstance(policies[0], dict) else None
     policy = "standard" if not policies or support_type == "STANDARD" else "extended"  # EKS's default: EXTENDED
     return [(level, text) for level, text in support_notes(version, platform, policy, today)]
+
+
+def plan_job_notes(plan: dict[str, Any]) -> list[str]:
+    """A note for each Job the plan runs outside the launcher (a spec's `launcher: none`): what it loses."""
+    outputs = plan.get("outputs") if isinstance(plan.get("outputs"), dict) else {}
+    prefix = (outputs.get("jobFacts") or {}).get("label_prefix") if isinstance(outputs, dict) else None
+    if not isinstance(prefix, str):
+        return []
+    return launcher_notes([r["inputs"] for r in plan["resources"]
+                           if r["type"].startswith("kubernetes:") and isinstance(r.get("inputs"), dict)], prefix)
 
 
 def upgrade_problems(old_plan: dict[str, Any], new_plan: dict[str, Any]) -> list[tuple[str, str]]:

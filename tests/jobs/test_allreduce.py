@@ -95,7 +95,7 @@ def test_the_example_check_renders_as_an_efa_gang(stack_plan: Any) -> None:
     [job] = [m for m in render_job(spec, facts) if m["kind"] == "Job"]
     assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["parallelism"] == 2
     [train] = [c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "train"]
-    assert train["command"][:3] == ["torchrun", "-m", "workloads.train.allreduce"]
+    assert train["command"] == ["python", "-m", "workloads.train.launch", "-m", "workloads.train.allreduce"]
     assert train["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"
     assert "--instance-type" in train["args"] and "p5.48xlarge" in train["args"]
 

@@ -1,5 +1,6 @@
-"""The user-facing examples/ Job spec: it renders on the stack it targets, runs the user's command unchanged, and
-gives the script the data and checkpoint paths it reads from the environment."""
+"""The user-facing examples/ Job spec: it renders on the stack it targets, runs the user's command under the launcher
+(torchrun in-process: the exit codes the Job acts on), and gives the script the data and checkpoint paths it reads
+from the environment."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def test_plain_pytorch_job_renders_the_users_command_on_dev() -> None:
     pod = job["spec"]["template"]["spec"]
     train = next(c for c in pod["containers"] if c["name"] == "train")
     assert train["image"] == f"{facts.image_repository}:plain-0.1.0"
-    assert train["command"] == ["python", "/app/train_plain.py"]
+    assert train["command"] == ["python", "-m", "workloads.train.launch", "--no-python", "python",
+                                "/app/train_plain.py"]
     assert train["args"] == list(spec.args)  # nothing implied: no --data, no --resume
     env = {e["name"]: e.get("value") for e in train["env"]}
     assert env["DATA_DIR"] == "/data/my-set" and env["DATA_STAGING"] == "cache"

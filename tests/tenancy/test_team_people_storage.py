@@ -182,7 +182,8 @@ def test_the_plan_summary_lists_each_teams_objects_and_people(plan: dict[str, An
                                             f"    access: {AUDITOR} (AmazonEKSViewPolicy)",
                                             "    access: group ml-cluster.io:team-vision (view)",
                                             "    access: group vision-oncall (view)"]
-    assert lines[vision + 5] == ("    objects: 1 Job, 1 LimitRange, 1 LocalQueue, 2 NetworkPolicy, "
+    # the ConfigMap: the job facts, which the team's members read with their view/edit rights (infra/jobfacts.py)
+    assert lines[vision + 5] == ("    objects: 1 ConfigMap, 1 Job, 1 LimitRange, 1 LocalQueue, 2 NetworkPolicy, "
                                  "1 PersistentVolumeClaim, 1 ResourceQuota, 2 RoleBinding, 1 ServiceAccount")
 
 

@@ -60,3 +60,18 @@ def test_an_elastic_gang_continues_on_fewer_nodes_and_trains_every_sample_once(t
     assert outcome.time_to_resume_s is not None and outcome.time_to_resume_s >= ELASTIC_WAIT_S  # it waited first
     final = load_checkpoint(tmp_path / "run" / "checkpoints")
     assert final is not None and final["step"] == 2 * (CLASSES * PER_CLASS) // (NODES * RANK_BATCH)
+
+
+def test_a_user_script_under_the_rendered_launcher_stops_on_sigterm_and_loses_no_step(tmp_path: Path) -> None:
+    """examples/train_plain.py as a 2-node Job spec's `command:` (rendered under the launcher): SIGTERM to one node's
+    agent; both nodes stop after the same step with a checkpoint (StopSignal), exit 43, and the gang resumes."""
+    from benchmarks.chaos_gang import packed_dataset
+
+    data = packed_dataset(tmp_path / "data")
+    job = rendered_gang_job(rank_restarts=0, script=["examples/train_plain.py"])
+    outcome = run_gang(tmp_path / "run", data, job, checkpoint_every=3, kill=("SIGTERM", 5, 1), timeout_s=240,
+                       step_delay_s=0.1)
+    check(outcome, tmp_path / "run", None, checkpoint_every=3, script=True)
+    assert outcome.ok, (outcome.problems, outcome.actions)
+    assert sorted(outcome.actions) == ["node0:43:Ignore", "node1:43:Ignore"]  # both stopped, nothing counted
+    assert outcome.steps_lost == 0

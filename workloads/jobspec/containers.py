@@ -13,6 +13,7 @@ from workloads.cli import size_arg
 from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec.defaults import HOME_ENV, METRICS_ADDR_ENV, TMP_MOUNT, pull_policy, restricted_container
 from workloads.jobspec.fabric import Fabric
+from workloads.jobspec.launcher import BUNDLED_TRAINER, launched_command
 from workloads.jobspec.spec import (
     CACHE_START_TIMEOUT_S,
     CONFIG_ERROR_EXIT_CODE,
@@ -120,12 +121,13 @@ def stage_container(spec: TrainingJobSpec, facts: ClusterFacts, scratch_mount: d
 
 
 def train_command(spec: TrainingJobSpec) -> list[str] | None:
+    """A gang runs under torchrun in-process (workloads.train.launch, which passes the workers' config-error and
+    disruption exit codes on: torchrun alone exits 1), reading its options from PET_* (set below), one process per
+    GPU: the bundled trainer, or your command inside it (workloads/jobspec/launcher.py) unless `launcher: none`."""
     if spec.command is not None:
-        return list(spec.command)
-    if spec.nodes > 1 or spec.gpus > 1:
-        # torchrun (in-process, through workloads.train.launch, which passes the workers' config-error and disruption
-        # exit codes on: torchrun alone exits 1) reads its options from PET_* (set below); one process per GPU.
-        return ["python", "-m", "workloads.train.launch", "--module", "workloads.train"]
+        return launched_command(spec.command) if spec.under_launcher() else list(spec.command)
+    if spec.is_gang():
+        return list(BUNDLED_TRAINER)
     return None  # the image's entrypoint: python -m workloads.train
 
 
@@ -213,10 +215,10 @@ def train_env(spec: TrainingJobSpec, facts: ClusterFacts, gang: GangAddress, run
     env += _data_env(spec)
     if spec.nodes > 1:
         env += _gang_env(spec, gang, run_name)
-    elif spec.gpus > 1:
+    elif spec.gpus > 1 or spec.under_launcher():  # one node: torchrun's standalone rendezvous, one process per GPU
         env += [{"name": "PET_STANDALONE", "value": "1"},
                 {"name": "PET_NPROC_PER_NODE", "value": str(max(spec.gpus, 1))}]
-    if spec.command is None and (spec.nodes > 1 or spec.gpus > 1):
+    if spec.under_launcher():
         # torchrun's agent forwards SIGTERM to the workers, then SIGKILLs them after this (its default: 30 s)
         env.append({"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
                     "value": str(max(1, spec.grace_seconds() - STOP_MARGIN_S))})

@@ -4,6 +4,7 @@ there (or, for a held run, that record where `submit start` puts it)."""
 from __future__ import annotations
 
 from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec.launcher import LAUNCHER_ANNOTATION
 from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
 
 # Kueue's Job labels (kubernetes-sigs/kueue v0.19.2 pkg/controller/constants/constants.go:23 and :48).
@@ -57,4 +58,6 @@ def queued_metadata(spec: TrainingJobSpec, facts: ClusterFacts,
             object_labels[KUEUE_QUEUE_LABEL] = queue
         if spec.workload_priority:
             object_labels[KUEUE_PRIORITY_LABEL] = spec.workload_priority
+    if spec.launcher == "none":  # the plan and `submit render` note what that costs
+        annotations[f"{facts.label_prefix}/{LAUNCHER_ANNOTATION}"] = "none"
     return object_labels, annotations, held or queue is not None

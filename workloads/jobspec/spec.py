@@ -458,8 +458,17 @@ class TrainingJobSpec(_Spec):
     )
     command: list[str] | None = Field(
         default=None, min_length=1,
-        description=("the container's command; unset: the image's entrypoint (the bundled trainer), or torchrun for "
-                     "several GPUs or nodes. With a command, no trainer argument (--data, --resume, ...) is implied"),
+        description=("the container's command, run inside the launcher (see launcher); unset: the image's entrypoint "
+                     "(the bundled trainer), under the launcher for several GPUs or nodes. With a command, no trainer "
+                     "argument (--data, --resume, ...) is implied"),
+    )
+    launcher: Literal["torchrun", "none"] = Field(
+        default="torchrun",
+        description=("how the pod runs your command: torchrun, inside the in-process torchrun wrapper (python -m "
+                     "workloads.train.launch, from the training image; one process per GPU, a c10d rendezvous across "
+                     "nodes), so the pod's exit code tells a config error (42) from a disruption (43) from a crash; "
+                     "none: the command as written (your own launcher: a lost peer or a SIGTERM is then counted "
+                     "against backoffLimit, and the plan notes it). Only with command"),
     )
     args: list[str] = Field(
         default_factory=list,
@@ -613,6 +622,9 @@ class TrainingJobSpec(_Spec):
         if clash:
             raise JobSpecError(f"secretEnv.{clash[0]}", "also set in env")
         self._check_elastic()
+        if self.launcher == "none" and self.command is None:
+            raise JobSpecError("launcher", "none runs your own command as written: set command too (the bundled "
+                                           "trainer always runs under the launcher)")
         if self.dataset is not None and self.dataset.mixture is not None and self.command is None:
             raise JobSpecError("dataset.mixture", "the bundled trainer reads one dataset: read a mixture with "
                                                   "workloads.data.mixed.MixedData.from_env in your own command")
@@ -661,6 +673,15 @@ class TrainingJobSpec(_Spec):
                 raise JobSpecError("args", f"--global-batch-size {global_batch} is not divisible by {nodes} nodes x "
                                            f"{per_node} processes, a size the elastic gang (minNodes "
                                            f"{self.min_nodes}..nodes {self.nodes}) may run at")
+
+    def is_gang(self) -> bool:
+        """Several processes: several nodes, or several GPUs in the pod (one process per GPU, under torchrun)."""
+        return self.nodes > 1 or self.gpus > 1
+
+    def under_launcher(self) -> bool:
+        """The pod runs torchrun in-process (workloads/train/launch.py): your command unless `launcher: none`, and
+        the bundled trainer when it is a gang (alone it speaks the exit codes itself)."""
+        return self.launcher != "none" if self.command is not None else self.is_gang()
 
     def is_elastic(self) -> bool:
         return self.min_nodes is not None and self.min_nodes < self.nodes

@@ -10,9 +10,11 @@
     python -m workloads.submit --stack dev pack s3://raw/imagenet/train s3://datasets/imagenet-256 --slices 16 \
         --image-tag 0.1.0 [--render]                  # an Indexed Job of 16 slices + the publish Job
 
-`--stack S` talks to the kubeconfig `make kubeconfig STACK=S` wrote (~/.kube/ml-S; see workloads.kubeconfig for
-the order with --kubeconfig and KUBECONFIG) and reads the cluster's ClusterFacts from the stack output jobFacts;
-`--facts FILE` gives them as JSON instead (`pulumi stack output jobFacts --json --stack S > facts.json`).
+Commands talk to the cluster of the current kubeconfig context (`aws eks update-kubeconfig` is enough; `--stack S`
+picks the kubeconfig `make kubeconfig STACK=S` wrote, ~/.kube/ml-S; see workloads.kubeconfig for the order with
+--kubeconfig and KUBECONFIG). `render`, `submit` and `pack` read the cluster's ClusterFacts from the ConfigMap the
+stack publishes in the namespace (`ml-cluster-job-facts` in `-n`, default training: workloads/submit/facts.py), so
+they need no Pulumi state; `--facts FILE` gives them as JSON instead (`pulumi stack output jobFacts --json`).
 A spec with `team:` renders in that team's namespace, through its LocalQueue (the facts' `teams`); the other
 commands take the namespace with `-n` (`-n team-vision status <job>`).
 The phase of a run is derived by `job_phase` from the Job, its Pods and their (init) container states, and on a

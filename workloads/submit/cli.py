@@ -9,11 +9,13 @@ from collections.abc import Sequence
 
 import workloads.submit
 from workloads.cli import ArgumentParser
+from workloads.cluster_facts import FACTS_CONFIG_MAP
 from workloads.jobspec import TRAIN_CONTAINER, JobSpecError
 from workloads.kubeconfig import KubeconfigError, check_stack_name
 from workloads.manifest_yaml import dump_manifests
 from workloads.submit.commands import delete_run, show_logs, start_run
 from workloads.submit.errors import RuntimeFailure, UsageError
+from workloads.submit.facts import cluster_facts
 from workloads.submit.inputs import render_pack, render_spec_file
 from workloads.submit.kube import CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, apis, create_manifests
 from workloads.submit.observe import DEFAULT_WATCH_TIMEOUT_S, show_status, watch_run
@@ -22,7 +24,8 @@ from workloads.submit.observe import DEFAULT_WATCH_TIMEOUT_S, show_status, watch
 def build_parser() -> argparse.ArgumentParser:
     summary = (workloads.submit.__doc__ or "").splitlines()[0]
     parser = ArgumentParser(prog="python -m workloads.submit", description=summary)
-    parser.add_argument("--stack", help="the stack: its kubeconfig (make kubeconfig STACK=S) and its jobFacts")
+    parser.add_argument("--stack", help="the stack's kubeconfig (make kubeconfig STACK=S; default: the current "
+                                        "kubeconfig context), and its jobFacts output where the cluster has no facts")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: the stack's, else KUBECONFIG, else "
                                              "~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: current)")
@@ -35,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     for command in ("render", "submit"):
         sub = commands.add_parser(command, help=f"{command} the Jobs of a spec file")
         sub.add_argument("job_file", help="YAML spec file, e.g. workloads/jobs/resnet50-s3-copy.yaml")
-        sub.add_argument("--facts", help="ClusterFacts JSON (pulumi stack output jobFacts --json); default: "
-                                         "read from --stack")
+        sub.add_argument("--facts", help="ClusterFacts JSON (pulumi stack output jobFacts --json); default: the "
+                                         f"cluster's ConfigMap {FACTS_CONFIG_MAP} in -n")
     pack = commands.add_parser("pack", help="pack a dataset on the cluster: an Indexed Job of --slices slices (CPU "
                                             "pools, Kueue's cpu flavor) and its publish Job")
     pack.add_argument("source", help="s3://BUCKET/PREFIX of class folders, or s3://BUCKET/PATH/LIST.csv|.jsonl")
@@ -59,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--cpu", type=int, default=4, help="CPUs per slice pod (its decoding processes)")
     pack.add_argument("--memory", default="8GiB", help="memory per slice pod")
     pack.add_argument("--queue", help="Kueue LocalQueue (default: the stack's)")
-    pack.add_argument("--facts", help="ClusterFacts JSON; default: read from --stack")
+    pack.add_argument("--facts", help=f"ClusterFacts JSON; default: the cluster's ConfigMap {FACTS_CONFIG_MAP}")
     pack.add_argument("--render", action="store_true", help="print the manifests instead of creating them")
     start = commands.add_parser("start", help="start a suspended run (the stack creates its Jobs suspended)")
     start.add_argument("name")
@@ -111,7 +114,7 @@ def _interval(text: str) -> float:
 
 def run_command(args: argparse.Namespace) -> int:
     if args.command == "pack":
-        manifests = render_pack(args)
+        manifests = render_pack(args, cluster_facts(args))
         if args.render:
             sys.stdout.write(dump_manifests(manifests))
             return 0
@@ -121,7 +124,7 @@ def run_command(args: argparse.Namespace) -> int:
               f"{manifests[0]['metadata']['name']}")
         return 0
     if args.command in ("render", "submit"):
-        manifests = render_spec_file(args.job_file, args.facts, args.stack)
+        manifests = render_spec_file(args.job_file, cluster_facts(args))
         if args.command == "render":
             sys.stdout.write(dump_manifests(manifests))
             return 0

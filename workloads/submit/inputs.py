@@ -1,18 +1,20 @@
 """What `submit` reads before it talks to the cluster: spec files and facts files (bounded, refused in one line
-when they are not what they should be), the stack's facts from its `jobFacts` output, and the manifests they
-render to."""
+when they are not what they should be), the stack's facts from its `jobFacts` output (the facts in the cluster:
+workloads/submit/facts.py), and the manifests they render to."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import subprocess
+import sys
 from typing import Any
 
 import yaml
 
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
 from workloads.jobspec import JobSpecError, load_job_file, render_job
+from workloads.jobspec.launcher import launcher_notes
 from workloads.safeio import StateFileError, read_text_file
 from workloads.submit.errors import RuntimeFailure, UsageError
 
@@ -84,10 +86,8 @@ def stack_facts(stack: str) -> ClusterFacts:
         raise UsageError(where, f"not cluster facts ({exc}); run make up first") from None
 
 
-def render_spec_file(job_file: str, facts_file: str | None, stack: str | None) -> list[dict[str, Any]]:
-    if facts_file is None and stack is None:
-        raise UsageError("arguments", "give --stack S (facts from the stack) or --facts FILE")
-    facts = load_facts(facts_file) if facts_file is not None else stack_facts(str(stack))
+def render_spec_file(job_file: str, facts: ClusterFacts) -> list[dict[str, Any]]:
+    """The manifests of every spec in `job_file`; a note on stderr for each that runs without the launcher."""
     _check_yaml_nesting(job_file)
     specs = load_job_file(job_file)
     manifests: list[dict[str, Any]] = []
@@ -97,15 +97,14 @@ def render_spec_file(job_file: str, facts_file: str | None, stack: str | None) -
         except JobSpecError as exc:
             where = f"jobs[{index}].{exc.path}" if len(specs) > 1 else exc.path
             raise JobSpecError(f"{job_file}: {where}", exc.reason) from None
+    for note in launcher_notes(manifests, facts.label_prefix):
+        print(f"note: {note}", file=sys.stderr)
     return manifests
 
 
-def render_pack(args: argparse.Namespace) -> list[dict[str, Any]]:
+def render_pack(args: argparse.Namespace, facts: ClusterFacts) -> list[dict[str, Any]]:
     from workloads.jobspec.packjob import PackJobSpec, render_pack_job
 
-    if args.facts is None and args.stack is None:
-        raise UsageError("arguments", "give --stack S (facts from the stack) or --facts FILE")
-    facts = load_facts(args.facts) if args.facts is not None else stack_facts(str(args.stack))
     image = args.image
     if image is None:
         if args.image_tag is None or facts.image_repository is None:

@@ -1,0 +1,128 @@
+"""A stand-in Kubernetes API server on 127.0.0.1 for what `python -m workloads.submit` asks: ConfigMaps (read),
+Jobs (create, read, delete), Services and NetworkPolicies (create, delete), Pods and Kueue Workloads (list).
+Objects live in memory by (kind, namespace, name); a create of an existing name is 409, a read of a missing one
+404, as the API server answers. `forbidden` namespaces answer 403 to everything (an identity without rights
+there), and every request must carry the bearer token. Requests are recorded as (method, path)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+TOKEN = "team-member-token"
+_ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/(?P<version>v[0-9a-z]+))/namespaces/(?P<ns>[^/]+)/"
+                    r"(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?$")
+_KINDS = {"configmaps": "ConfigMap", "jobs": "Job", "services": "Service", "networkpolicies": "NetworkPolicy",
+          "pods": "Pod", "workloads": "Workload"}  # Workload: Kueue's (none here: Kueue has not seen the Job yet)
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.forbidden: set[str] = set()
+        self.requests: list[tuple[str, str]] = []
+        self._uid = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _status(self, code: int, reason: str, message: str) -> None:
+                self._answer(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                                    "reason": reason, "code": code})
+
+            def _handle(self, method: str) -> None:
+                path = urlparse(self.path).path
+                owner.requests.append((method, path))
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    self._status(401, "Unauthorized", "Unauthorized")
+                    return
+                route = _ROUTE.match(path)
+                if route is None or route["plural"] not in _KINDS:
+                    self._status(404, "NotFound", f"the server could not find the requested resource ({path})")
+                    return
+                namespace, plural, name = route["ns"], route["plural"], route["name"]
+                kind = _KINDS[plural]
+                if namespace in owner.forbidden:
+                    self._status(403, "Forbidden", f'{plural} is forbidden: User "member" cannot {method.lower()} '
+                                                   f'resource "{plural}" in the namespace "{namespace}"')
+                    return
+                if method == "GET" and name is None:
+                    items = [obj for (k, ns, _), obj in sorted(owner.objects.items()) if k == kind and ns == namespace]
+                    self._answer(200, {"kind": f"{kind}List", "apiVersion": "v1", "metadata": {}, "items": items})
+                    return
+                key = (kind, namespace, name or "")
+                if method == "POST":
+                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                    key = (kind, namespace, body["metadata"]["name"])
+                    if key in owner.objects:
+                        self._status(409, "AlreadyExists", f'{plural} "{key[2]}" already exists')
+                        return
+                    owner._uid += 1
+                    body["metadata"].update({"uid": f"uid-{owner._uid}", "namespace": namespace,
+                                             "creationTimestamp": "2026-11-26T12:00:00Z"})
+                    owner.objects[key] = body
+                    self._answer(201, body)
+                    return
+                if key not in owner.objects:
+                    self._status(404, "NotFound", f'{plural} "{name}" not found')
+                    return
+                if method == "DELETE":
+                    del owner.objects[key]
+                    self._answer(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+                    return
+                self._answer(200, owner.objects[key])
+
+            def do_GET(self) -> None:  # noqa: N802 - the http.server protocol
+                self._handle("GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._handle("POST")
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                self._handle("DELETE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def add(self, manifest: dict[str, Any]) -> None:
+        meta = manifest["metadata"]
+        self.objects[(manifest["kind"], meta["namespace"], meta["name"])] = manifest
+
+    def kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig whose current context is this server, with a bearer token (no Pulumi, no AWS)."""
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "member",
+            "clusters": [{"name": "stand-in", "cluster": {"server": self.url}}],
+            "users": [{"name": "member", "user": {"token": TOKEN}}],
+            "contexts": [{"name": "member", "context": {"cluster": "stand-in", "user": "member"}}]}))
+        return path
+
+
+@contextmanager
+def fake_api_server() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    thread = threading.Thread(target=server.server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.server.shutdown()
+        server.server.server_close()
+        thread.join(timeout=10)

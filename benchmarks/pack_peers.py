@@ -121,9 +121,9 @@ def litdata(endpoint: str, bucket: str, workers: int, size: int, shard_bytes: in
 
 
 def _mds_part(args: tuple[str, str, int, int, str, list[tuple[str, int]]]) -> None:
-    from benchmarks.peers import _stub_torchvision
+    from benchmarks.peers_common import stub_torchvision
 
-    _stub_torchvision()  # streaming imports torchvision, which has no CPU build here (as in benchmarks/peers.py)
+    stub_torchvision()  # streaming imports torchvision, which has no CPU build here (as in benchmarks/peers.py)
     from streaming import MDSWriter
 
     endpoint, bucket, size, shard_bytes, out, items = args
@@ -136,9 +136,9 @@ def streaming(endpoint: str, bucket: str, workers: int, size: int, shard_bytes: 
               scratch: Path) -> dict[str, Any]:
     import multiprocessing
 
-    from benchmarks.peers import _stub_torchvision
+    from benchmarks.peers_common import stub_torchvision
 
-    _stub_torchvision()
+    stub_torchvision()
     from streaming.base.util import merge_index
 
     started = time.perf_counter()

@@ -18,22 +18,34 @@ libraries are imported only inside their contender.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from benchmarks import peers_mixture, peers_records
-from workloads.data.format.jpeg import decode_bytes, decode_file
+from benchmarks.peers_common import (
+    BATCH,
+    WORKERS,
+    Mapped,
+    Measured,
+    Pixels,
+    lit_sample,
+    litdata_allow_http,
+    payload,
+    pixels,
+    samples_of,
+    stub_torchvision,
+    tree_bytes,
+    upload_dir,
+)
+from workloads.data.format.jpeg import decode_bytes
 from workloads.data.format.manifest import load_manifest
 from workloads.data.moving.cache import CacheFeeder, working_set_bytes
 from workloads.data.moving.s3 import S3Uri, make_client
@@ -44,10 +56,8 @@ from workloads.data.reading.records_dataset import records_to_tensors
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.writing.pack import PackOptions, pack
 
-BATCH = 128
 RECORD_LAYOUTS = ("captions", "tokens")
 MIXTURE = "mixture"  # two sources at 0.7 / 0.3 (benchmarks/peers_mixture.py): ours, Streaming, LitData
-WORKERS = 2
 SHARD_BYTES = 32 << 20
 
 
@@ -64,41 +74,6 @@ class Context:
     shard_bytes: int = SHARD_BYTES  # each contender's shard/chunk size
     budget_fraction: float | None = None  # local cache bound as a share of the converted dataset (None: no bound)
     keep_decoded: bool = True  # ours, encoded, unbounded: keep decoded samples (--decode-cache) under ctx.local
-
-
-@dataclass
-class Measured:
-    convert_s: float = 0.0  # conversion + upload
-    first_batch_s: float = 0.0  # from creating the loader to holding the first batch (staging/download included)
-    epoch_s: list[float] = field(default_factory=list)
-    samples: int = 0
-
-
-def samples_of(root: Path) -> list[tuple[Path, int]]:
-    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir())
-    return [(path, label) for label, name in enumerate(classes) for path in sorted((root / name).glob("*.jpg"))]
-
-
-def _payload(path: Path, layout: str, size: int) -> bytes:
-    """What a peer stores per sample: the decoded pixels, or the JPEG file as it is."""
-    return decode_file(path, size, draft=True).tobytes() if layout == "decoded" else path.read_bytes()
-
-
-def _pixels(payload: bytes | memoryview, layout: str, size: int) -> np.ndarray:
-    if layout == "decoded":
-        return np.frombuffer(payload, dtype=np.uint8).reshape(size, size, 3)
-    return decode_bytes(payload, size, draft=True)
-
-
-def _upload_dir(ctx: Context, folder: Path, prefix: str) -> None:
-    client = make_client(ctx.endpoint, 16, botocore_attempts=3)
-    files = [path for path in sorted(folder.rglob("*")) if path.is_file()]
-
-    def put(path: Path) -> None:
-        client.upload_file(str(path), ctx.bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(put, files))
 
 
 def _run_epochs(ctx: Context, make_epoch: Callable[[int], Iterable[Any]], measured: Measured,
@@ -242,47 +217,12 @@ def _widest_shuffle_that_fits(dataset: HDF5Dataset, state: Any) -> ElasticBatchS
 
 
 # -- MosaicML Streaming: MDSWriter -> StreamingDataset (downloads shards into a local cache) -------------------------
-class _Pixels:
-    """Sample dict -> (uint8 tensor, label), in the worker (a module-level class: workers unpickle it)."""
-
-    def __init__(self, layout: str, size: int) -> None:
-        self.layout, self.size = layout, size
-
-    def __call__(self, sample: dict[str, Any]) -> tuple[torch.Tensor, int]:
-        return torch.from_numpy(_pixels(sample["image"], self.layout, self.size).copy()), int(sample["label"])
-
-
-class _Mapped(torch.utils.data.IterableDataset):
-    def __init__(self, inner: Any, fn: Callable[[Any], Any]) -> None:
-        self.inner, self.fn = inner, fn
-
-    def __iter__(self) -> Iterator[Any]:
-        return map(self.fn, self.inner)
-
-
-def _stub_torchvision() -> None:
-    """streaming.vision imports torchvision at package import; PyPI's torchvision wheels are CUDA builds that do not
-    load beside the CPU torch used here, and nothing MDS reading does needs it. Only the two names it imports."""
-    import importlib.machinery
-    import importlib.util
-    import sys
-    import types
-
-    if importlib.util.find_spec("torchvision") is not None:
-        return
-    for name in ("torchvision", "torchvision.datasets", "torchvision.transforms", "torchvision.transforms.functional"):
-        sys.modules[name] = types.ModuleType(name)
-        sys.modules[name].__spec__ = importlib.machinery.ModuleSpec(name, None)
-    sys.modules["torchvision.datasets"].VisionDataset = torch.utils.data.Dataset  # type: ignore[attr-defined]
-    sys.modules["torchvision.transforms.functional"].to_tensor = torch.as_tensor  # type: ignore[attr-defined]
-
-
 def streaming(ctx: Context) -> Measured:
     if ctx.layout == MIXTURE:
         return peers_mixture.streaming(ctx, _run_epochs)
     if ctx.layout in RECORD_LAYOUTS:
         return peers_records.streaming(ctx, _run_epochs)
-    _stub_torchvision()
+    stub_torchvision()
     from streaming import MDSWriter, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
@@ -292,33 +232,20 @@ def streaming(ctx: Context) -> Measured:
     out = ctx.scratch / "mds"
     with MDSWriter(out=str(out), columns={"image": "bytes", "label": "int"}, size_limit=ctx.shard_bytes) as writer:
         for path, label in samples_of(ctx.jpegs):
-            writer.write({"image": _payload(path, ctx.layout, ctx.size), "label": label})
-    _upload_dir(ctx, out, "mds")
+            writer.write({"image": payload(path, ctx.layout, ctx.size), "label": label})
+    upload_dir(ctx, out, "mds")
     measured = Measured(convert_s=time.perf_counter() - started)
 
     started = time.perf_counter()
     limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else None
     dataset = StreamingDataset(remote=f"s3://{ctx.bucket}/mds", local=str(ctx.local / "cache"), shuffle=True,
                                batch_size=BATCH, shuffle_seed=0, cache_limit=limit)
-    loader = torch.utils.data.DataLoader(_Mapped(dataset, _Pixels(ctx.layout, ctx.size)), batch_size=BATCH,
+    loader = torch.utils.data.DataLoader(Mapped(dataset, Pixels(ctx.layout, ctx.size)), batch_size=BATCH,
                                          num_workers=WORKERS, persistent_workers=True)
     return _run_epochs(ctx, lambda _: loader, measured, started)
 
 
 # -- LitData: optimize -> StreamingDataset / StreamingDataLoader -----------------------------------------------------
-def _lit_sample(item: tuple[str, int, str, int]) -> dict[str, Any]:
-    path, label, layout, size = item
-    return {"image": _payload(Path(path), layout, size), "label": label}
-
-
-def _litdata_allow_http(_worker: int = 0) -> None:
-    """litdata fetches chunks with obstore (Rust object_store), which refuses a plain-HTTP endpoint unless its client
-    options say allow_http; litdata passes a fixed options dict, so it is amended in each (spawned) worker."""
-    from litdata.streaming import downloader
-
-    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
-
-
 def litdata(ctx: Context) -> Measured:
     if ctx.layout == MIXTURE:
         return peers_mixture.litdata(ctx, _run_epochs)
@@ -326,29 +253,29 @@ def litdata(ctx: Context) -> Measured:
         return peers_records.litdata(ctx, _run_epochs)
     import litdata as ld
 
-    _litdata_allow_http()
+    litdata_allow_http()
 
     started = time.perf_counter()
     out = ctx.scratch / "lit"
     inputs = [(str(path), label, ctx.layout, ctx.size) for path, label in samples_of(ctx.jpegs)]
-    ld.optimize(fn=_lit_sample, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes, num_workers=WORKERS,
+    ld.optimize(fn=lit_sample, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes, num_workers=WORKERS,
                 mode="overwrite")
     limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else "100GB"
-    _upload_dir(ctx, out, "lit")
+    upload_dir(ctx, out, "lit")
     measured = Measured(convert_s=time.perf_counter() - started)
     started = time.perf_counter()
     dataset = ld.StreamingDataset(f"s3://{ctx.bucket}/lit", shuffle=True, seed=0, cache_dir=str(ctx.local / "cache"),
                                   storage_options={"endpoint_url": ctx.endpoint},
-                                  transform=_Pixels(ctx.layout, ctx.size), max_cache_size=limit)
+                                  transform=Pixels(ctx.layout, ctx.size), max_cache_size=limit)
     loader = ld.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True,
-                                    worker_init_fn=_litdata_allow_http)
+                                    worker_init_fn=litdata_allow_http)
     return _run_epochs(ctx, lambda _: loader, measured, started)
 
 
 # -- WebDataset: tar shards read over HTTP (curl) through the proxy, batched in the workers --------------------------
 def _wds_decode(layout: str, size: int, sample: tuple[bytes, bytes]) -> tuple[torch.Tensor, int]:
     payload, label = sample
-    return torch.from_numpy(_pixels(payload, layout, size).copy()), int(label)
+    return torch.from_numpy(pixels(payload, layout, size).copy()), int(label)
 
 
 def webdataset(ctx: Context) -> Measured:
@@ -370,10 +297,10 @@ def webdataset(ctx: Context) -> Measured:
         with wds.TarWriter(str(out / name)) as sink:
             for index in range(shard * per_shard, min(len(samples), (shard + 1) * per_shard)):
                 path, label = samples[index]
-                sink.write({"__key__": f"{index:08d}", "img": _payload(path, ctx.layout, ctx.size),
+                sink.write({"__key__": f"{index:08d}", "img": payload(path, ctx.layout, ctx.size),
                             "cls": str(label).encode()})
         names.append(name)
-    _upload_dir(ctx, out, "wds")
+    upload_dir(ctx, out, "wds")
     measured = Measured(convert_s=time.perf_counter() - started)
     # Presigned GETs (moto, like S3, refuses anonymous reads of a private bucket); curl fetches them.
     signer = make_client(ctx.endpoint, 1)
@@ -404,7 +331,7 @@ def s3torchconnector(ctx: Context) -> Measured:
     from s3torchconnector import S3ClientConfig, S3MapDataset
 
     started = time.perf_counter()
-    _upload_dir(ctx, ctx.jpegs, "jpegs")
+    upload_dir(ctx, ctx.jpegs, "jpegs")
     measured = Measured(convert_s=time.perf_counter() - started)
     classes = sorted(entry.name for entry in ctx.jpegs.iterdir() if entry.is_dir())
     labels = {f"jpegs/{path.relative_to(ctx.jpegs).as_posix()}": classes.index(path.parent.name)
@@ -441,15 +368,6 @@ for _bounded, _base in BOUNDED.items():
 PACKAGES = {"streaming": "mosaicml-streaming", "litdata": "litdata", "webdataset": "webdataset",
             "s3torchconnector": "s3torchconnector", "streaming-cache40": "mosaicml-streaming",
             "litdata-cache40": "litdata"}
-
-
-def tree_bytes(root: Path) -> int:
-    total = 0
-    for directory, _, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):  # deleted while we walked
-                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
-    return total
 
 
 def clear(path: Path) -> None:

@@ -23,13 +23,25 @@ from typing import Any
 
 import torch
 
+from benchmarks.peers_common import (
+    BATCH,
+    WORKERS,
+    Mapped,
+    Measured,
+    Pixels,
+    lit_sample,
+    litdata_allow_http,
+    payload,
+    samples_of,
+    stub_torchvision,
+    upload_dir,
+)
+
 WEIGHTS = (0.7, 0.3)
 
 
 def _halves(ctx: Any) -> list[Path]:
     """The two sources: even and odd files of each class, as class folders of symlinks."""
-    from benchmarks.peers import samples_of
-
     roots = [ctx.scratch / "source-0", ctx.scratch / "source-1"]
     for number, (path, _) in enumerate(samples_of(ctx.jpegs)):
         target = roots[number % 2] / path.parent.name / path.name
@@ -40,7 +52,6 @@ def _halves(ctx: Any) -> list[Path]:
 
 
 def ours(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
-    from benchmarks.peers import WORKERS, Measured
     from workloads.data.api import LoaderSettings, Placement
     from workloads.data.mixed import MixedData, MixtureSource
     from workloads.data.moving.s3 import S3Uri, make_client
@@ -59,8 +70,6 @@ def ours(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
     measured = Measured(convert_s=time.perf_counter() - started)
     started = time.perf_counter()
     sources = [MixtureSource(remote=remote, weight=weight) for remote, weight in zip(remotes, WEIGHTS, strict=True)]
-    from benchmarks.peers import BATCH
-
     data = MixedData.open(sources, batch_size=BATCH, staging_dir=ctx.local / "mix", endpoint_url=ctx.endpoint,
                           placement=Placement(), stager_workers=16)
     data.loader(LoaderSettings(workers=WORKERS))
@@ -76,19 +85,7 @@ def ours(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
 
 
 def streaming(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
-    from benchmarks.peers import (
-        BATCH,
-        WORKERS,
-        Measured,
-        _Mapped,
-        _payload,
-        _Pixels,
-        _stub_torchvision,
-        _upload_dir,
-        samples_of,
-    )
-
-    _stub_torchvision()
+    stub_torchvision()
     from streaming import MDSWriter, Stream, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
@@ -100,14 +97,14 @@ def streaming(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
         with MDSWriter(out=str(out), columns={"image": "bytes", "label": "int"},
                        size_limit=ctx.shard_bytes) as writer:
             for path, label in samples_of(folder):
-                writer.write({"image": _payload(path, "decoded", ctx.size), "label": label})
-        _upload_dir(ctx, out, f"mds-mix/{number}")
+                writer.write({"image": payload(path, "decoded", ctx.size), "label": label})
+        upload_dir(ctx, out, f"mds-mix/{number}")
     measured = Measured(convert_s=time.perf_counter() - started)
     started = time.perf_counter()
     streams = [Stream(remote=f"s3://{ctx.bucket}/mds-mix/{number}", local=str(ctx.local / f"cache-{number}"),
                       proportion=weight) for number, weight in enumerate(WEIGHTS)]
     dataset = StreamingDataset(streams=streams, shuffle=True, batch_size=BATCH, shuffle_seed=0)
-    loader = torch.utils.data.DataLoader(_Mapped(dataset, _Pixels("decoded", ctx.size)), batch_size=BATCH,
+    loader = torch.utils.data.DataLoader(Mapped(dataset, Pixels("decoded", ctx.size)), batch_size=BATCH,
                                          num_workers=WORKERS, persistent_workers=True)
     return run_epochs(ctx, lambda _: loader, measured, started)
 
@@ -115,32 +112,21 @@ def streaming(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
 def litdata(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
     import litdata as ld
 
-    from benchmarks.peers import (
-        BATCH,
-        WORKERS,
-        Measured,
-        _lit_sample,
-        _litdata_allow_http,
-        _Pixels,
-        _upload_dir,
-        samples_of,
-    )
-
-    _litdata_allow_http()
+    litdata_allow_http()
     started = time.perf_counter()
     for number, folder in enumerate(_halves(ctx)):
         out = ctx.scratch / f"lit-{number}"
         inputs = [(str(path), label, "decoded", ctx.size) for path, label in samples_of(folder)]
-        ld.optimize(fn=_lit_sample, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes,
+        ld.optimize(fn=lit_sample, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes,
                     num_workers=WORKERS, mode="overwrite")
-        _upload_dir(ctx, out, f"lit-mix/{number}")
+        upload_dir(ctx, out, f"lit-mix/{number}")
     measured = Measured(convert_s=time.perf_counter() - started)
     started = time.perf_counter()
     parts = [ld.StreamingDataset(f"s3://{ctx.bucket}/lit-mix/{number}", shuffle=True, seed=0,
                                  cache_dir=str(ctx.local / f"cache-{number}"),
                                  storage_options={"endpoint_url": ctx.endpoint},
-                                 transform=_Pixels("decoded", ctx.size)) for number in range(2)]
+                                 transform=Pixels("decoded", ctx.size)) for number in range(2)]
     combined = ld.CombinedStreamingDataset(parts, weights=WEIGHTS, seed=0, iterate_over_all=False)
     loader = ld.StreamingDataLoader(combined, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True,
-                                    worker_init_fn=_litdata_allow_http)
+                                    worker_init_fn=litdata_allow_http)
     return run_epochs(ctx, lambda _: loader, measured, started)

@@ -26,6 +26,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.peers_common import (
+    BATCH,
+    WORKERS,
+    Mapped,
+    Measured,
+    litdata_allow_http,
+    samples_of,
+    stub_torchvision,
+    tree_bytes,
+    upload_dir,
+)
+
 SEQ_LEN = 513  # 512 inputs + 1 target, as a causal LM reads them
 VOCAB = 50257
 CAPTION_WORDS = ("a", "photo", "of", "the", "small", "large", "bright", "dark", "red", "green", "blue", "object",
@@ -67,8 +79,6 @@ def _tokens_dir(ctx: Any) -> Path:
 
 
 def _caption_rows(ctx: Any) -> list[tuple[Path, int, str]]:
-    from benchmarks.peers import samples_of
-
     return [(path, label, caption_of(path, label)) for path, label in samples_of(ctx.jpegs)]
 
 
@@ -92,7 +102,6 @@ def check_batch(ctx: Any, batch: Any) -> int:
 # -- ours ---------------------------------------------------------------------------------------------------------
 def pack_and_upload(ctx: Any) -> tuple[Any, int]:
     """Measured with the conversion (pack_captions or pack_tokens, then upload) time, and the packed bytes."""
-    from benchmarks.peers import WORKERS, Measured, tree_bytes
     from workloads.data.moving.s3 import S3Uri, make_client
     from workloads.data.moving.upload import UploadOptions, upload
     from workloads.data.writing.records_pack import RecordPackOptions, pack_captions, pack_tokens
@@ -155,9 +164,7 @@ def _samples(ctx: Any) -> Iterator[dict[str, Any]]:
 
 
 def streaming(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
-    from benchmarks.peers import BATCH, WORKERS, Measured, _Mapped, _stub_torchvision, _upload_dir, tree_bytes
-
-    _stub_torchvision()
+    stub_torchvision()
     from streaming import MDSWriter, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
@@ -170,13 +177,13 @@ def streaming(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
     with MDSWriter(out=str(out), columns=columns, size_limit=ctx.shard_bytes) as writer:
         for sample in _samples(ctx):
             writer.write(sample)
-    _upload_dir(ctx, out, "mds")
+    upload_dir(ctx, out, "mds")
     measured = Measured(convert_s=time.perf_counter() - started)
     started = time.perf_counter()
     limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else None
     data = StreamingDataset(remote=f"s3://{ctx.bucket}/mds", local=str(Path(ctx.local) / "cache"), shuffle=True,
                             batch_size=BATCH, shuffle_seed=0, cache_limit=limit)
-    loader = torch.utils.data.DataLoader(_Mapped(data, _StreamingSample(ctx.layout, ctx.size)), batch_size=BATCH,
+    loader = torch.utils.data.DataLoader(Mapped(data, _StreamingSample(ctx.layout, ctx.size)), batch_size=BATCH,
                                          num_workers=WORKERS, persistent_workers=True)
     return run_epochs(ctx, lambda _: loader, measured, started)
 
@@ -190,9 +197,7 @@ def _lit_caption(item: tuple[str, str]) -> dict[str, Any]:
 def litdata(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
     import litdata as ld
 
-    from benchmarks.peers import BATCH, WORKERS, Measured, _litdata_allow_http, _upload_dir, tree_bytes
-
-    _litdata_allow_http()
+    litdata_allow_http()
     started = time.perf_counter()
     out = Path(ctx.scratch) / "lit"
     if ctx.layout == "captions":
@@ -208,7 +213,7 @@ def litdata(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
     ld.optimize(fn=fn, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes, num_workers=WORKERS,
                 mode="overwrite")
     limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else "100GB"
-    _upload_dir(ctx, out, "lit")
+    upload_dir(ctx, out, "lit")
     measured = Measured(convert_s=time.perf_counter() - started)
     started = time.perf_counter()
     data = ld.StreamingDataset(f"s3://{ctx.bucket}/lit", shuffle=True, seed=0,
@@ -216,7 +221,7 @@ def litdata(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
                                storage_options={"endpoint_url": ctx.endpoint},
                                transform=_LitSample(ctx.layout, ctx.size), max_cache_size=limit)
     loader = ld.StreamingDataLoader(data, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True,
-                                    worker_init_fn=_litdata_allow_http)
+                                    worker_init_fn=litdata_allow_http)
     return run_epochs(ctx, lambda _: loader, measured, started)
 
 

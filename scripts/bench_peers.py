@@ -68,8 +68,8 @@ from benchmarks.peers import (  # noqa: E402
     Context,
     NotApplicable,
     clear,
-    tree_bytes,
 )
+from benchmarks.peers_common import tree_bytes  # noqa: E402
 from benchmarks.peers_records import TOKENS_DIR, write_token_corpus  # noqa: E402
 
 BUCKET = "bench-peers"

@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -118,21 +118,55 @@ _NOTICE_AFTER_S = 10.0
 
 @dataclass(frozen=True)
 class Placement:
-    """Where this process sits in the job: torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE."""
+    """Where this process sits in the job: torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, and its
+    data-parallel group. Under tensor or context parallelism the ranks of one model replica must see the same
+    batch: `dp_rank` / `dp_size` (from a device mesh: `with_mesh`) say which replica this rank belongs to and how
+    many there are, and the sampler splits the epoch over replicas only. Without them every rank is a replica."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
+    dp_rank: int | None = None
+    dp_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.dp_rank is None) != (self.dp_size is None):
+            raise ValueError("dp_rank, dp_size: give both or neither")
+        if self.dp_size is not None and self.dp_rank is not None:
+            if self.dp_size < 1 or self.world_size % self.dp_size:
+                raise ValueError(f"dp_size: {self.dp_size} does not divide the world size {self.world_size}")
+            if not 0 <= self.dp_rank < self.dp_size:
+                raise ValueError(f"dp_rank: {self.dp_rank} is not in 0..{self.dp_size - 1}")
 
     @classmethod
     def from_env(cls) -> Placement:
         """torchrun's environment (workloads.torchenv); a plain run is rank 0 of 1."""
         return cls(*torchrun_env())
 
+    def with_mesh(self, mesh: Any, dim: str = "dp") -> Placement:
+        """This placement with the data-parallel rank and size of `mesh` (a torch DeviceMesh) along `dim`; the
+        mesh's other dimensions (tensor, context parallel) are peers that read identical batches."""
+        group = mesh[dim]  # the 1-D sub-mesh of this rank's data-parallel peers
+        return replace(self, dp_rank=int(group.get_local_rank()), dp_size=int(group.size()))
+
     @property
     def nodes(self) -> int:
         return max(1, self.world_size // max(1, self.local_world_size))
+
+    @property
+    def data_rank(self) -> int:
+        """The rank the sampler splits by: the data-parallel rank (the global rank without a group)."""
+        return self.rank if self.dp_rank is None else self.dp_rank
+
+    @property
+    def data_world_size(self) -> int:
+        return self.world_size if self.dp_size is None else self.dp_size
+
+    @property
+    def data_local_world_size(self) -> int:
+        """Data-parallel replicas per node (model-parallel peers within a node count once)."""
+        return max(1, self.local_world_size * self.data_world_size // max(1, self.world_size))
 
 
 @dataclass(frozen=True)
@@ -242,8 +276,8 @@ def make_sampler(shard_sizes: Sequence[int], batch_size: int, placement: Placeme
     Keep canonical_nodes fixed across restarts with another node count (a state_dict carries it)."""
     return ElasticBatchSampler(shard_sizes, batch_size, seed=seed, shuffle=shuffle, shuffle_shards=shuffle_shards,
                                block_size=block_size, canonical_nodes=canonical_nodes or placement.nodes,
-                               rank=placement.rank, world_size=placement.world_size,
-                               local_world_size=placement.local_world_size, min_rank_batch=min_rank_batch)
+                               rank=placement.data_rank, world_size=placement.data_world_size,
+                               local_world_size=placement.data_local_world_size, min_rank_batch=min_rank_batch)
 
 
 def make_feeder(dataset: HDF5Dataset, sampler: ElasticBatchSampler, placement: Placement) -> CacheFeeder | None:

@@ -16,6 +16,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from workloads.jobspec.checkpointing import SaveShares
 from workloads.k8snames import DnsLabel, DnsSubdomain, is_dns1035_label, is_label_value
 from workloads.quantity import (
     format_bytes,
@@ -394,6 +395,16 @@ class CheckpointSpec(_Spec):
         default=DEFAULT_CHECKPOINT_WRITE_RATE,
         description="how fast a checkpoint is written, per second; with size it sizes terminationGracePeriodSeconds",
     )
+    sharded: bool = Field(
+        default=False,
+        description="every rank saves its own shards (workloads.train.sharded: size / ranks each) to the node's local "
+                    "tier, then each node copies its shards to uri or bucket at writeRate",
+    )
+    local_write_rate: PositiveQuantity | None = Field(
+        default=None,
+        description="sharded: the local tier's measured write rate per node, per second (scripts/bench_checkpoint.py "
+                    "local MiB/s); default writeRate",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:
@@ -648,7 +659,19 @@ class TrainingJobSpec(_Spec):
             shortfall = memory_shortfall(quantity_bytes(self.memory), self)
             if shortfall:
                 raise JobSpecError("memory", shortfall)
+        self._check_save_window()
         return self
+
+    def _check_save_window(self) -> None:
+        """A sharded checkpoint that cannot be saved within the set grace period is a config error: every stop
+        (Spot notice, drain, block end) would lose the work since the previous one."""
+        grace = self.termination_grace_period_seconds
+        if grace is None or self.checkpoint is None or not self.checkpoint.sharded:
+            return
+        needed = STOP_BASE_S + math.ceil(self.checkpoint_save_seconds())
+        if grace < needed:
+            raise JobSpecError("terminationGracePeriodSeconds", f"{grace} s cannot save the sharded checkpoint: "
+                               f"{self._save_shares().reason()}, {needed} s with the {STOP_BASE_S} s stop base")
 
     def _check_elastic(self) -> None:
         if self.min_nodes is None:
@@ -720,9 +743,25 @@ class TrainingJobSpec(_Spec):
             return self.termination_grace_period_seconds
         if self.checkpoint is None:
             return STOP_BASE_S
+        return STOP_BASE_S + math.ceil(self.checkpoint_save_seconds())
+
+    def _save_shares(self) -> SaveShares:
+        assert self.checkpoint is not None
+        local = self.checkpoint.local_write_rate
+        rate = quantity_bytes(self.checkpoint.write_rate)
+        return SaveShares(size=quantity_bytes(self.checkpoint.size), nodes=self.nodes, ranks_per_node=max(1, self.gpus),
+                          local_rate=quantity_bytes(local) if local else rate, remote_rate=rate,
+                          mirrored=self.checkpoint.uri is not None or self.checkpoint.bucket is not None)
+
+    def checkpoint_save_seconds(self) -> float:
+        """How long the stop path's last checkpoint takes. Whole (rank 0): size over writeRate, twice when it is
+        also mirrored. Sharded: each node's shards over the local tier's rate, then over writeRate to the remote
+        tier (workloads/jobspec/checkpointing.py)."""
+        assert self.checkpoint is not None
+        if self.checkpoint.sharded:
+            return self._save_shares().seconds
         writes = 2 if self.checkpoint.uri is not None or self.checkpoint.bucket is not None else 1
-        size, rate = quantity_bytes(self.checkpoint.size), quantity_bytes(self.checkpoint.write_rate)
-        return STOP_BASE_S + math.ceil(writes * size / rate)
+        return writes * quantity_bytes(self.checkpoint.size) / quantity_bytes(self.checkpoint.write_rate)
 
 
 def _option_value(args: list[str], option: str) -> str | None:

@@ -1,0 +1,208 @@
+"""A small Llama-style decoder under FSDP2 with async sharded checkpoints, on packed token sequences.
+
+    python -m workloads.data pack-tokens ~/corpus-npy /data/corpus --seq-len 257 --dtype uint16 --eos 0
+    torchrun --nproc-per-node 8 examples/train_fsdp.py --data /data/corpus --vocab-size 50304 \\
+        --checkpoint-dir /nvme/ckpt --checkpoint-uri s3://bucket/runs/7/ckpt --checkpoint-every 500
+    # the same command on 2 nodes, or on 6 ranks after a node was lost: it resumes resharded, sample-exact
+
+The model (RMSNorm, rotary position embeddings, SwiGLU, causal attention; CPU-sized by default) is sharded with
+FSDP2 (`fully_shard` per block, then the whole model). Every --checkpoint-every steps the ranks save their shards
+through workloads.train.sharded: the step stalls only while the state is copied to host memory; the write to
+--checkpoint-dir (the node's NVMe) and the copy to --checkpoint-uri (S3, or an EFS/FSx directory) run in the
+background, each file with its sha256 in a manifest written last. On start the newest complete checkpoint is loaded
+(local, else remote) into however many ranks run now, and the data continues at the next unseen sequence (the
+position is in the checkpoint). A fixed --global-batch-size keeps the steps the same on any world size.
+
+SIGTERM (a Spot notice, a drain): the ranks agree on the step, save it, wait for the save (local and remote), and
+exit with $DISRUPTION_EXIT_CODE (43), which the Job retries without counting. One JSON line per epoch (rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+from workloads.data.api import LoaderSettings, PackedData, Placement
+from workloads.train.sharded import ShardedCheckpointer, TrainingState
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding of (N, heads, T, head_dim), computed on the fly (no buffer to shard)."""
+    half = x.shape[-1] // 2
+    frequencies = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = torch.arange(x.shape[-2], device=x.device, dtype=torch.float32)[:, None] * frequencies[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.attention_norm = RMSNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.ffn_norm = RMSNorm(dim)
+        hidden = 4 * dim * 2 // 3
+        self.gate, self.up, self.down = (nn.Linear(dim, hidden, bias=False), nn.Linear(dim, hidden, bias=False),
+                                         nn.Linear(hidden, dim, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(self.attention_norm(x)).view(n, t, 3, self.heads, d // self.heads).unbind(2)
+        q, k, v = rotary(q.transpose(1, 2)), rotary(k.transpose(1, 2)), v.transpose(1, 2)
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attended.transpose(1, 2).reshape(n, t, d))
+        h = self.ffn_norm(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab_size: int, dim: int = 64, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = RMSNorm(dim)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.output(self.norm(x))
+
+
+class StopFlag:
+    """SIGTERM/SIGINT set a flag; every step the ranks agree on it (any rank's signal stops all)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, self._set)
+
+    def _set(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+
+    def agreed(self) -> bool:
+        flag = torch.tensor([1.0 if self.signum is not None else 0.0])
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=os.environ.get("DATA_DIR"), help="records dataset with a fixed-length "
+                        "tokens field (default $DATA_DIR)")
+    parser.add_argument("--vocab-size", type=int, required=True, help="larger than every token id")
+    parser.add_argument("--dim", type=int, default=64, help="model width (default 64)")
+    parser.add_argument("--layers", type=int, default=2, help="decoder blocks (default 2)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    parser.add_argument("--epochs", type=int, default=1, help="(default 1)")
+    parser.add_argument("--global-batch-size", type=int, default=24,
+                        help="sequences per step over all ranks; each rank takes its share (default 24)")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="(default 3e-3)")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR") or "checkpoints",
+                        help="the local tier: a directory on the node's NVMe (default $CHECKPOINT_DIR)")
+    parser.add_argument("--checkpoint-uri", default=os.environ.get("CHECKPOINT_URI") or None,
+                        help="the remote tier: s3://bucket/prefix or a shared directory (default $CHECKPOINT_URI)")
+    parser.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
+    parser.add_argument("--keep", type=int, default=3, help="complete checkpoints kept per tier (default 3)")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop (with a checkpoint) after this step")
+    args = parser.parse_args()
+    if not args.data:
+        parser.error("--data: required (or set DATA_DIR)")
+    return args
+
+
+def main() -> int:
+    args = _arguments()
+    placement = Placement.from_env()
+    if placement.world_size > 1:
+        dist.init_process_group("gloo" if not torch.cuda.is_available() else "cpu:gloo,cuda:nccl")
+    if args.global_batch_size % placement.world_size:
+        print(f"error: --global-batch-size: {args.global_batch_size} is not divisible by the world size "
+              f"{placement.world_size}", file=sys.stderr)
+        return 2
+    device = torch.device(f"cuda:{placement.local_rank}" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = Decoder(args.vocab_size, args.dim, args.layers, args.heads).to(device)
+    if placement.world_size > 1:
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    state = TrainingState(model, optimizer)
+    ckpt = ShardedCheckpointer(args.checkpoint_dir, args.checkpoint_uri, keep=args.keep)
+    data = PackedData.open(args.data, batch_size=args.global_batch_size // placement.world_size,
+                           placement=placement, fields=["tokens"])
+    step = 0
+    resumed = ckpt.load(state)
+    if resumed is not None:
+        step = resumed.step
+        data.load_state_dict(resumed.meta["data"])
+    stop = StopFlag()
+    report = _reporter(placement.rank)
+    data.loader(LoaderSettings(workers=args.workers))
+    with data:
+        for epoch in range(data.start_epoch, args.epochs):
+            started, sequences, loss_sum, batches = time.perf_counter(), 0, 0.0, 0
+            for batch in data.batches(epoch, last_epoch=epoch == args.epochs - 1):
+                tokens = batch["tokens"].to(device, dtype=torch.int64)
+                logits = model(tokens[:, :-1])
+                loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                step, batches, sequences = step + 1, batches + 1, sequences + len(tokens)
+                loss_sum += float(loss)
+                stopping = stop.agreed() or step == args.max_steps
+                if stopping or step % args.checkpoint_every == 0:
+                    saved = ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
+                    report("checkpoint", step=step, stall_s=round(saved.stall_s, 4))
+                if stopping:
+                    last = ckpt.wait()
+                    report("stopped", step=step, complete=bool(last and last.complete))
+                    return int(os.environ.get("DISRUPTION_EXIT_CODE", "43")) if stop.signum else 0
+            report("epoch", epoch=epoch, sequences=sequences * placement.world_size,
+                   loss=round(loss_sum / max(1, batches), 4), seconds=round(time.perf_counter() - started, 2))
+    ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": args.epochs})
+    last = ckpt.wait()
+    report("done", step=step, complete=bool(last and last.complete))
+    return 0
+
+
+def _reporter(rank: int):  # noqa: ANN202
+    def emit(event: str, **fields: Any) -> None:
+        if rank == 0:
+            print(json.dumps({"event": event, **fields}), flush=True)
+    return emit
+
+
+if __name__ == "__main__":
+    code = main()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(code)

@@ -1,0 +1,53 @@
+"""examples/train_fsdp.py under torchrun on CPU/gloo: FSDP2 on packed token sequences, stopped with a sharded
+checkpoint on 2 ranks, resumed on 3 ranks of new "nodes" (empty local tiers) from the shared remote tier."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.moto_server import free_port
+from workloads.data.writing.records_pack import RecordPackOptions, pack_tokens
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _torchrun(ranks: int, args: list[str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr",
+         "127.0.0.1", "--master-port", str(free_port()), str(REPO / "examples" / "train_fsdp.py"), *args],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "ML_CLUSTER_SHM_BYTES": str(1 << 30)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_fsdp_example_stops_with_a_sharded_checkpoint_and_resumes_on_another_world_size(tmp_path: Path) -> None:
+    src = tmp_path / "corpus"
+    src.mkdir()
+    rng = np.random.default_rng(1)
+    for doc in range(16):
+        start = int(rng.integers(1, 40))
+        np.save(src / f"doc{doc:02d}.npy", (np.arange(start, start + 30) % 60 + 1).astype(np.int32))
+    data = tmp_path / "packed"
+    pack_tokens(src, data, RecordPackOptions(shard_bytes=1 << 10, progress=False), seq_len=17, eos=0)
+    common = ["--data", str(data), "--vocab-size", "64", "--dim", "32", "--layers", "2", "--epochs", "2",
+              "--global-batch-size", "6", "--checkpoint-uri", str(tmp_path / "efs"), "--checkpoint-every", "2"]
+    first = _torchrun(2, [*common, "--checkpoint-dir", str(tmp_path / "node-a"), "--max-steps", "3"])
+    events = [json.loads(line) for line in first.stdout.splitlines()]
+    assert events[-1] == {"event": "stopped", "step": 3, "complete": True}
+    resumed = _torchrun(3, [*common, "--checkpoint-dir", str(tmp_path / "node-b")])
+    assert "checkpoint: resumed from step 3 (2 ranks then, 3 now)" in resumed.stderr
+    events = [json.loads(line) for line in resumed.stdout.splitlines()]
+    assert [event["epoch"] for event in events if event["event"] == "epoch"] == [0, 1]
+    assert events[-1]["event"] == "done" and events[-1]["complete"]
+    final = f"step-{events[-1]['step']:09d}"  # the last save, on both tiers (node-b started empty: step 3 came
+    assert (tmp_path / "node-b" / final / "checkpoint.json").exists()  # from the remote tier)
+    assert (tmp_path / "efs" / final / "checkpoint.json").exists()

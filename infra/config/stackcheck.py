@@ -228,6 +228,36 @@ def pool_zone_problems(cfg: StackConfig, private_zones: Sequence[str] | None) ->
     return problems
 
 
+def fsx_zone_problems(cfg: StackConfig, private_zones: Sequence[str] | None) -> list[tuple[str, str]]:
+    """FSx for Lustre lives in one AZ: the network must have a private subnet there, and every pool that mounts it
+    starts nodes only there (a Pod in another zone would cross zones, slower and billed per GB)."""
+    fsx = cfg.storage.fsx_lustre
+    if fsx is None or cfg.platform != "eks":
+        return []
+    where = f"{CONFIG}storage.fsxLustre"
+    problems = []
+    if private_zones is not None and fsx.availability_zone not in private_zones:
+        problems.append((f"{where}.availabilityZone",
+                         f"{fsx.availability_zone}: the network has no private subnet there (its private subnets are "
+                         f"in {', '.join(sorted(set(private_zones))) or 'no zone'})"))
+    pools = {pool.name: pool for pool in cfg.node_pools}
+    for index, name in enumerate(fsx.node_pools):
+        pool = pools.get(name)
+        if pool is None:
+            problems.append((f"{where}.nodePools[{index}]",
+                             f"{name!r} is not a node pool of this stack (known: {', '.join(pools) or 'none'})"))
+            continue
+        zones = (pool.launch_zones(private_zones) if private_zones is not None
+                 else pool.availability_zones or ([pool.capacity_reservation.availability_zone]
+                                                  if pool.capacity_reservation is not None else []))
+        elsewhere = sorted(set(zones) - {fsx.availability_zone})
+        if elsewhere:
+            problems.append((f"{where}.nodePools[{index}]",
+                             f"node pool {name} starts nodes in {', '.join(elsewhere)}, the file system is in "
+                             f"{fsx.availability_zone}: set the pool's availabilityZones: [{fsx.availability_zone}]"))
+    return problems
+
+
 def pool_release_problems(cfg: StackConfig) -> list[tuple[str, str]]:
     """An AL2023 AMI release names its Kubernetes minor (1.35.0-20251120): one of another minor than the cluster's
     cannot be given to the node group (EKS refuses it), nor survive a cluster upgrade unchanged."""
@@ -289,6 +319,7 @@ def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
     problems += check_derived_names(derived_names(cfg, stack, account_id, job_manifests), stack)
     zones = private_zones if private_zones is not None else private_zones_from_config(cfg)
     problems += pool_zone_problems(cfg, zones)
+    problems += fsx_zone_problems(cfg, zones)
     problems += pool_release_problems(cfg)
     access = job_bucket_access(cfg, stack, account_id)
     problems += access.problems

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from infra.config.base import DnsLabel, Quantity, StrictModel
+from infra.config.fsx import FsxLustreConfig
 
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _KMS_KEY_ARN = r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/.+$"
@@ -34,7 +35,7 @@ EfsTransitionToIa = Literal[
 NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
 AddonName = Literal[
     "aws-efs-csi-driver", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver", "eks-pod-identity-agent",
-    "eks-node-monitoring-agent",
+    "eks-node-monitoring-agent", "aws-fsx-csi-driver",
 ]
 # An EKS add-on version as `aws eks describe-addon-versions` lists it.
 AddonVersion = Annotated[str, Field(pattern=r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")]
@@ -347,6 +348,10 @@ class StorageConfig(StrictModel):
         default=[],
         description="S3; EKS only",
     )
+    fsx_lustre: FsxLustreConfig | None = Field(
+        default=None,
+        description="an FSx for Lustre file system linked to the stack's buckets, mounted by a static PVC; EKS only",
+    )
     cos: CosConfig | None = Field(
         default=None,
         description=("IBM Cloud Object Storage (or another S3-compatible store) and its buckets, reached with the HMAC "
@@ -390,6 +395,7 @@ class StorageConfig(StrictModel):
         duplicate_volumes = sorted({name for name in volume_names if volume_names.count(name) > 1})
         if duplicate_volumes:
             raise ValueError(f"storage.sharedVolumes names must be unique: {duplicate_volumes}")
+        self._fsx_references()
         rwx_classes = self.rwx_class_names()
         for index, volume in enumerate(self.shared_volumes):
             if volume.storage_class not in rwx_classes:
@@ -400,6 +406,20 @@ class StorageConfig(StrictModel):
                     f"class of this stack (known: {known})"
                 )
         return self
+
+    def _fsx_references(self) -> None:
+        fsx = self.fsx_lustre
+        if fsx is None:
+            return
+        buckets = [bucket.name for bucket in self.buckets]
+        for index, dra in enumerate(fsx.data_repository_associations):
+            if dra.bucket not in buckets:
+                raise ValueError(
+                    f"storage.fsxLustre.dataRepositoryAssociations[{index}].bucket: {dra.bucket!r} is not a bucket "
+                    f"of this stack's storage.buckets (known: {', '.join(buckets) or 'none'})"
+                )
+        if fsx.claim_name in [volume.name for volume in self.shared_volumes]:
+            raise ValueError(f"storage.fsxLustre.claimName: {fsx.claim_name!r} is also a sharedVolumes name")
 
     def rwx_class_names(self) -> set[str]:
         """StorageClasses this config creates that can back ReadWriteMany volumes."""
@@ -423,7 +443,8 @@ class StorageConfig(StrictModel):
         if platform != "eks":
             aws_only = [
                 key
-                for key, value in (("efs", self.efs), ("gp3", self.gp3), ("buckets", self.buckets))
+                for key, value in (("efs", self.efs), ("gp3", self.gp3), ("buckets", self.buckets),
+                                   ("fsxLustre", self.fsx_lustre))
                 if value
             ]
             if aws_only:

@@ -166,7 +166,9 @@ def offline_id(type_token: str, name: str) -> str:
                 "sg-", "aws:efs/fileSystem:FileSystem": "fs-", "aws:ec2/natGateway:NatGateway": "nat-",
                 "aws:ec2/internetGateway:InternetGateway": "igw-", "aws:ec2/routeTable:RouteTable": "rtb-",
                 "aws:ec2/eip:Eip": "eipalloc-", "aws:ec2/launchTemplate:LaunchTemplate": "lt-",
-                "aws:efs/mountTarget:MountTarget": "fsmt-", "aws:efs/accessPoint:AccessPoint": "fsap-"}
+                "aws:efs/mountTarget:MountTarget": "fsmt-", "aws:efs/accessPoint:AccessPoint": "fsap-",
+                "aws:fsx/lustreFileSystem:LustreFileSystem": "fs-",
+                "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": "dra-"}
     prefix = prefixes.get(type_token)
     return f"{prefix}{digest}" if prefix else f"{name}-offline-id"
 
@@ -226,6 +228,9 @@ class OfflineMocks(Mocks):
         if token == "aws:efs/fileSystem:FileSystem":
             return {"arn": f"arn:aws:elasticfilesystem:{region}:{account}:file-system/{resource_id}",
                     "dnsName": f"{resource_id}.efs.{region}.amazonaws.com"}
+        if token == "aws:fsx/lustreFileSystem:LustreFileSystem":  # AWS's mount name: 8 characters
+            return {"arn": f"arn:aws:fsx:{region}:{account}:file-system/{resource_id}",
+                    "dnsName": f"{resource_id}.fsx.{region}.amazonaws.com", "mountName": resource_id[-8:]}
         if token == "aws:ec2/launchTemplate:LaunchTemplate":
             return {"latestVersion": 1, "defaultVersion": 1}
         if token == "aws:ecr/repository:Repository":

@@ -1,6 +1,6 @@
-"""Storage for training Jobs: EFS, S3 / COS buckets, their drivers, StorageClasses and claims.
+"""Storage for training Jobs: EFS, FSx for Lustre, S3 / COS buckets, their drivers, StorageClasses and claims.
 
-`Storage` composes the capability components (efs, buckets, drivers) and creates the Kubernetes objects that
+`Storage` composes the capability components (efs, fsx, buckets, drivers) and creates the Kubernetes objects that
 classes.py builds. Other components read its plain attributes: bucket names/ARNs by logical name, the file
 system, StorageClass and PVC names, the COS Secret for Jobs, and `driver_resources` to depend on.
 """
@@ -24,6 +24,7 @@ from infra.storage.drivers import (
     OnpremStorageDriversArgs,
 )
 from infra.storage.efs import SharedFileSystem, SharedFileSystemArgs
+from infra.storage.fsx import LustreFileSystem, LustreFileSystemArgs
 
 COS_JOB_SECRET = "cos-credentials"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for boto3 in Jobs (COS HMAC)
 
@@ -51,6 +52,8 @@ def job_storage_facts(config: StorageConfig, is_eks: bool) -> JobStorageFacts:
     if config.cos is not None and not is_eks:
         claims += [cos_claim_name(b.name) for b in config.cos.buckets if b.mount]
     claims += [volume.name for volume in config.shared_volumes]
+    if config.fsx_lustre is not None and is_eks:
+        claims.append(config.fsx_lustre.claim_name)
     return JobStorageFacts(
         volume_claims=tuple(claims),
         object_store_endpoint=config.cos.endpoint if config.cos else None,
@@ -80,6 +83,7 @@ class Storage(pulumi.ComponentResource):
         self.file_system_id: pulumi.Output[str] | None = None
         self.file_system_arn: pulumi.Output[str] | None = None
         self.efs_security_group_id: pulumi.Output[str] | None = None
+        self.fsx: LustreFileSystem | None = None
         self.cos_secret_name: str | None = None
         self.object_store_endpoint: str | None = config.cos.endpoint if config.cos else None
         self.namespace = namespace
@@ -101,7 +105,7 @@ class Storage(pulumi.ComponentResource):
         mounted_s3 = [bucket for bucket in config.buckets if bucket.mount]
         drivers = self._drivers(ctx, args, efs is not None, mounted_s3, child)
         efs_driver, ebs_driver, s3_driver = drivers["efs"], drivers["ebs"], drivers["s3"]
-        cos_driver, nfs_driver = drivers["cos"], drivers["nfs"]
+        cos_driver, nfs_driver, fsx_driver = drivers["cos"], drivers["nfs"], drivers["fsx"]
 
         # --- classes ---
         class_resources: dict[str, list[pulumi.Resource]] = {}
@@ -162,6 +166,17 @@ class Storage(pulumi.ComponentResource):
             )
             created.shared_claims.append(volume_config.name)
 
+        if self.fsx is not None and config.fsx_lustre is not None:
+            fsx_config = config.fsx_lustre
+            volume, pvc = classes.fsx_volume(
+                fsx_config.claim_name, namespace, self.fsx.file_system_id, self.fsx.dns_name, self.fsx.mount_name,
+                fsx_config.storage_capacity, fsx_config.availability_zone, fsx_config.mount_options,
+            )
+            add(f"pv-{fsx_config.claim_name}", volume, [*fsx_driver, self.fsx], protect=ctx.protected)
+            add(f"pvc-{fsx_config.claim_name}", pvc, [*fsx_driver, created.resources[-1], *in_namespace],
+                protect=ctx.protected)
+            created.shared_claims.append(fsx_config.claim_name)
+
         self.storage_class_names: list[str] = created.storage_classes
         self.dataset_claim_names: dict[str, str] = created.dataset_claims
         self.shared_claim_names: list[str] = created.shared_claims
@@ -185,6 +200,11 @@ class Storage(pulumi.ComponentResource):
             s3 = S3Buckets(ctx, S3BucketsArgs(config.buckets), child)
             self.bucket_names.update(s3.names)
             self.bucket_arns.update(s3.arns)
+        if config.fsx_lustre is not None:
+            if args.network is None or cluster.node_security_group_id is None:
+                raise ValueError("storage.fsxLustre needs an EKS network and node security group")
+            self.fsx = LustreFileSystem(ctx, LustreFileSystemArgs(
+                config.fsx_lustre, args.network, cluster.node_security_group_id, dict(self.bucket_names)), child)
         if config.cos is not None:
             if args.cos_access_key_id is None or args.cos_secret_access_key is None:
                 raise ValueError("storage.cos needs the COS HMAC secrets")
@@ -195,9 +215,9 @@ class Storage(pulumi.ComponentResource):
     def _drivers(self, ctx: StackContext, args: StorageArgs, has_efs: bool, mounted_s3: Sequence[BucketConfig],
                  child: pulumi.ResourceOptions) -> dict[str, list[pulumi.Resource]]:
         """The CSI add-ons (EKS) or the COS / NFS drivers (onprem); what each kind of volume waits for, by kind
-        (efs, ebs, s3, cos, nfs)."""
+        (efs, ebs, s3, cos, nfs, fsx)."""
         config, cluster = args.config, args.cluster
-        found: dict[str, list[pulumi.Resource]] = {kind: [] for kind in ("efs", "ebs", "s3", "cos", "nfs")}
+        found: dict[str, list[pulumi.Resource]] = {kind: [] for kind in ("efs", "ebs", "s3", "cos", "nfs", "fsx")}
         if cluster.is_eks:
             drivers = EksStorageDrivers(
                 ctx,
@@ -214,6 +234,7 @@ class Storage(pulumi.ComponentResource):
             found["efs"] = [drivers.addons["aws-efs-csi-driver"]] if has_efs else []
             found["ebs"] = [drivers.addons["aws-ebs-csi-driver"]]
             found["s3"] = [drivers.addons["aws-mountpoint-s3-csi-driver"]]
+            found["fsx"] = [drivers.addons["aws-fsx-csi-driver"]] if config.fsx_lustre is not None else []
         else:
             onprem = OnpremStorageDrivers(ctx, OnpremStorageDriversArgs(config=config, cluster=cluster), child)
             found["cos"] = [onprem.cos_driver] if onprem.cos_driver is not None else []
@@ -274,7 +295,7 @@ class Storage(pulumi.ComponentResource):
                 "nodeSecurityGroupId": cluster.node_security_group_id,
                 "subnetIds": [subnet.id for subnet in network.private_subnets],
             }
-        return {
+        found: dict[str, pulumi.Input[object]] = {
             "efs": efs,
             "buckets": {key: name for key, name in self.bucket_names.items() if key in self.bucket_arns},
             "cosBuckets": {key: name for key, name in self.bucket_names.items() if key not in self.bucket_arns},
@@ -284,3 +305,9 @@ class Storage(pulumi.ComponentResource):
             "cosSecret": self.cos_secret_name,
             "namespace": self.namespace,
         }
+        if self.fsx is not None:  # only where the stack has one: other stacks' outputs stay as they were
+            fsx = self.fsx
+            found["fsxLustre"] = {"fileSystemId": fsx.file_system_id, "securityGroupId": fsx.security_group_id,
+                                  "dnsName": fsx.dns_name, "mountName": fsx.mount_name,
+                                  "associations": sorted(fsx.associations)}
+        return found

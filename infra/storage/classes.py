@@ -25,6 +25,8 @@ from infra.config.storage import (
 from infra.context import ClusterInfo
 
 MOUNTPOINT_DRIVER = "s3.csi.aws.com"
+FSX_DRIVER = "fsx.csi.aws.com"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 EFS_PROVISIONER = "efs.csi.aws.com"
 EBS_PROVISIONER = "ebs.csi.aws.com"
 IBM_FLEX_PROVISIONER = "ibm.io/ibmc-s3fs"
@@ -146,6 +148,27 @@ def mountpoint_volume(
         },
         mount_options=["read-only", f"region {region}"],
     )
+
+
+def fsx_volume(
+    claim_name: str, namespace: str, file_system_id: Any, dns_name: Any, mount_name: Any, capacity_gib: int,
+    zone: str, mount_options: list[str],
+) -> tuple[Manifest, Manifest]:
+    """A static FSx for Lustre PV (the file system is the stack's, not the driver's: no StorageClass, no
+    provisioning) and the ReadWriteMany PVC bound to it. Pods that mount it schedule only in the file system's
+    zone (the PV's node affinity)."""
+    volume, claim = static_volume(
+        claim_name, namespace, "ReadWriteMany",
+        {"driver": FSX_DRIVER, "volumeHandle": file_system_id,
+         "volumeAttributes": {"dnsname": dns_name, "mountname": mount_name}},
+        mount_options=mount_options,
+    )
+    size = f"{capacity_gib}Gi"
+    volume["spec"]["capacity"] = {"storage": size}
+    volume["spec"]["nodeAffinity"] = {"required": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": ZONE_LABEL, "operator": "In", "values": [zone]}]}]}}
+    claim["spec"]["resources"] = {"requests": {"storage": size}}
+    return volume, claim
 
 
 def cos_flex_storage_class(config: CosConfig) -> Manifest:

@@ -1,6 +1,7 @@
-"""Storage drivers. EKS: the EBS, EFS and Mountpoint-for-S3 CSI add-ons plus the Pod Identity agent, each
-driver with an IAM role that Pod Identity hands to its service account, scoped to this stack's file system and
-buckets. Other clusters: the chosen COS driver chart (IBM s3fs flex plugin or csi-s3) and csi-driver-nfs,
+"""Storage drivers. EKS: the EBS, EFS, FSx for Lustre and Mountpoint-for-S3 CSI add-ons plus the Pod Identity
+agent, each driver that calls AWS with an IAM role that Pod Identity hands to its service account, scoped to this
+stack's file system and buckets (the FSx driver only mounts the stack's file system: no role).
+Other clusters: the chosen COS driver chart (IBM s3fs flex plugin or csi-s3) and csi-driver-nfs,
 pinned."""
 
 from __future__ import annotations
@@ -191,6 +192,11 @@ class EksStorageDrivers(pulumi.ComponentResource):
         if args.file_system_arn is not None:
             efs_role = self._role("efs", [pulumi.Output.from_input(args.file_system_arn).apply(efs_driver_policy)])
             self._addon("aws-efs-csi-driver", self._associate("efs", efs_role, EFS_SERVICE_ACCOUNTS), agent)
+
+        if args.config.fsx_lustre is not None:
+            # Static provisioning only (the stack creates the file system): the driver mounts, it makes no AWS
+            # calls, so it gets no role.
+            self._addon("aws-fsx-csi-driver", [], agent)
 
         mountpoint_associations: list[pulumi.Resource] = []
         if args.dataset_bucket_arns:

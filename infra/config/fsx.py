@@ -1,0 +1,180 @@
+"""Stack config: FSx for Lustre (`ml-cluster:storage.fsxLustre`).
+
+One PERSISTENT_2 file system per stack, in one availability zone (the zone of the GPU pools that mount it), linked
+to the stack's S3 buckets by data repository associations. Rules that need the rest of the stack (the platform,
+the buckets, the node pools, the network's zones) are in `StorageConfig` / `StackConfig` / infra.config.stackcheck.
+
+AWS's rules, as the FSx API Reference states them (CreateFileSystem, StorageCapacity): for SCRATCH_2, PERSISTENT_2
+and PERSISTENT_1 on SSD "the valid values are 1200 GiB, 2400 GiB, and increments of 2400 GiB"; PerUnitStorageThroughput
+for PERSISTENT_2 SSD is 125, 250, 500 or 1000 MB/s/TiB (CreateFileSystemLustreConfiguration).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from infra.config.base import DnsLabel, StrictModel
+
+_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+_KMS_KEY_ARN = r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/.+$"
+# PERSISTENT_2 (SSD): the throughput tiers AWS offers, MB/s per TiB of storage.
+PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)
+# PERSISTENT_2 (SSD): 1200 GiB, then 2400 GiB and increments of 2400 GiB.
+CAPACITY_SMALLEST_GIB = 1200
+CAPACITY_INCREMENT_GIB = 2400
+FsxEvent = Literal["NEW", "CHANGED", "DELETED"]
+ALL_EVENTS: list[FsxEvent] = ["NEW", "CHANGED", "DELETED"]
+
+
+def capacity_problem(gib: int) -> str | None:
+    """Why `gib` is not a PERSISTENT_2 SSD storage capacity, or None."""
+    if gib == CAPACITY_SMALLEST_GIB or (gib >= CAPACITY_INCREMENT_GIB and gib % CAPACITY_INCREMENT_GIB == 0):
+        return None
+    lower = max(CAPACITY_SMALLEST_GIB, gib // CAPACITY_INCREMENT_GIB * CAPACITY_INCREMENT_GIB)
+    upper = max(CAPACITY_INCREMENT_GIB, (gib // CAPACITY_INCREMENT_GIB + 1) * CAPACITY_INCREMENT_GIB)
+    return (f"{gib} GiB is not a PERSISTENT_2 capacity (1200 GiB, 2400 GiB or a multiple of 2400 GiB; nearest: "
+            f"{lower} or {upper})")
+
+
+class FsxDataRepositoryAssociationConfig(StrictModel):
+    """A link between a directory of the file system and a stack bucket (or a prefix of it)."""
+
+    bucket: DnsLabel = Field(description="the logical name of a bucket in storage.buckets (e.g. datasets)")
+    prefix: str = Field(
+        default="", pattern=r"^([^/].*/)?$",
+        description="the S3 prefix linked (relative, ending in '/'); empty: the whole bucket",
+    )
+    file_system_path: str = Field(
+        description="the directory of the file system the bucket appears at, e.g. /datasets (never / itself)",
+    )
+    auto_import: list[FsxEvent] = Field(
+        default=ALL_EVENTS,
+        description="S3 events the file system follows (NEW, CHANGED, DELETED); empty: no automatic import",
+    )
+    auto_export: list[FsxEvent] = Field(
+        default=[],
+        description=("file system changes written back to S3 (NEW, CHANGED, DELETED); empty: none, e.g. a "
+                     "read-mostly dataset"),
+    )
+    import_metadata_on_create: bool = Field(
+        default=True,
+        description="list the bucket's objects into the file system when the association is created",
+    )
+    imported_file_chunk_size_mib: int = Field(
+        default=1024, ge=1, le=512000,
+        description="files imported from S3 are striped over storage servers in chunks of this size (MiB)",
+    )
+
+    @field_validator("file_system_path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        parts = value.rstrip("/").split("/")
+        if not value.startswith("/") or value.rstrip("/") == "" or ".." in parts or "" in parts[1:]:
+            raise ValueError(f"{value!r}: fileSystemPath is an absolute directory below '/', e.g. /checkpoints")
+        return value.rstrip("/")
+
+    @field_validator("auto_import", "auto_export")
+    @classmethod
+    def _distinct(cls, events: list[str]) -> list[str]:
+        if len(set(events)) != len(events):
+            raise ValueError(f"events must be distinct: {events}")
+        return events
+
+
+class FsxMetadataConfig(StrictModel):
+    mode: Literal["AUTOMATIC"] = Field(
+        default="AUTOMATIC",
+        description="AUTOMATIC: FSx sizes the metadata IOPS with the storage capacity (PERSISTENT_2 only)",
+    )
+
+
+class FsxLustreConfig(StrictModel):
+    """An FSx for Lustre file system for datasets and checkpoints of the multi-node Jobs (platform eks)."""
+
+    deployment_type: Literal["PERSISTENT_2"] = Field(
+        default="PERSISTENT_2",
+        description="PERSISTENT_2: replicated storage servers in one AZ, data repository associations, SSD",
+    )
+    storage_capacity: int = Field(
+        ge=CAPACITY_SMALLEST_GIB,
+        description="GiB: 1200, 2400 or a multiple of 2400 (AWS's rule for PERSISTENT_2 SSD)",
+    )
+    per_unit_storage_throughput: int = Field(
+        default=250,
+        description="MB/s per TiB of storage: 125, 250, 500 or 1000 (the PERSISTENT_2 tiers; the price follows it)",
+    )
+    metadata_configuration: FsxMetadataConfig = Field(
+        default=FsxMetadataConfig(), description="how the metadata server's IOPS are provisioned",
+    )
+    availability_zone: str = Field(
+        description="the AZ of the file system's subnet: the zone of every node pool in nodePools",
+    )
+    node_pools: list[DnsLabel] = Field(
+        min_length=1,
+        description=("the node pools whose Pods mount it; each must start nodes only in availabilityZone (pools "
+                     "elsewhere would cross zones: slower, and billed per GB)"),
+    )
+    kms_key_arn: str | None = Field(
+        default=None, pattern=_KMS_KEY_ARN,
+        description="encryption at rest with this key; default: the AWS-managed aws/fsx key (always encrypted)",
+    )
+    data_compression: Literal["NONE", "LZ4"] = Field(
+        default="LZ4", description="LZ4: compress data on the storage servers (less storage used, same API)",
+    )
+    automatic_backup_retention_days: int = Field(
+        default=7, ge=0, le=90,
+        description="daily automatic backups kept this many days; 0: none (the stack's dev default)",
+    )
+    claim_name: DnsLabel = Field(
+        default="fsx-lustre",
+        description="the PVC in the Jobs' namespace (what a Job's dataset or checkpoint claimName names)",
+    )
+    mount_options: list[str] = Field(
+        default=["flock"],
+        description="Lustre mount options of the PV (flock: POSIX locks, which torch.distributed's stores use)",
+    )
+    data_repository_associations: list[FsxDataRepositoryAssociationConfig] = Field(
+        default=[],
+        description="links of file system directories to the stack's buckets (import and/or export)",
+    )
+
+    @field_validator("storage_capacity")
+    @classmethod
+    def _capacity(cls, value: int) -> int:
+        problem = capacity_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("per_unit_storage_throughput")
+    @classmethod
+    def _throughput(cls, value: int) -> int:
+        if value not in PERSISTENT_2_THROUGHPUTS:
+            raise ValueError(f"{value} MB/s/TiB is not a PERSISTENT_2 throughput tier (offered: "
+                             f"{', '.join(map(str, PERSISTENT_2_THROUGHPUTS))})")
+        return value
+
+    @field_validator("availability_zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        if not _AZ.match(value):
+            raise ValueError(f"{value!r} is not an availability zone name like us-east-1a")
+        return value
+
+    @model_validator(mode="after")
+    def _paths(self) -> FsxLustreConfig:
+        paths = [dra.file_system_path for dra in self.data_repository_associations]
+        for index, path in enumerate(paths):
+            for other in paths[:index]:
+                if path == other or path.startswith(other + "/") or other.startswith(path + "/"):
+                    raise ValueError(f"fsxLustre.dataRepositoryAssociations[{index}].fileSystemPath: {path} overlaps "
+                                     f"{other} (each association has a directory of its own)")
+        return self
+
+    @property
+    def throughput_mbps(self) -> int:
+        """The file system's aggregate baseline throughput, MB/s (per-TiB tier x TiB of storage)."""
+        return self.per_unit_storage_throughput * self.storage_capacity // 1024

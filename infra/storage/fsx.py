@@ -1,0 +1,136 @@
+"""FSx for Lustre: a PERSISTENT_2 file system in the GPU pools' AZ, its security group (Lustre from the nodes and
+from itself), and one data repository association per linked bucket.
+
+Lustre's ports, per AWS's "File system access control with Amazon VPC" (FSx for Lustre User Guide,
+limit-access-security-groups.html): TCP 988 and TCP 1018-1023, inbound from the clients' security group and from
+the file system's own security group (its servers talk to each other), and the same outbound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config.fsx import FsxDataRepositoryAssociationConfig, FsxLustreConfig
+from infra.context import NetworkInfo, StackContext, SubnetRef
+
+LUSTRE_PORTS = ((988, 988), (1018, 1023))
+LUSTRE_VERSION = "2.15"  # PERSISTENT_2 with a metadata configuration needs 2.15
+
+
+def subnet_in_zone(subnets: tuple[SubnetRef, ...], zone: str) -> SubnetRef:
+    """The first private subnet of `zone` (any subnet of the zone reaches the file system's interfaces)."""
+    for subnet in subnets:
+        if subnet.availability_zone == zone:
+            return subnet
+    raise ValueError(f"storage.fsxLustre.availabilityZone: no private subnet in {zone}")
+
+
+def repository_path(bucket_name: str, prefix: str) -> str:
+    return f"s3://{bucket_name}/{prefix}"
+
+
+def events_policy(events: list[str]) -> dict[str, list[str]] | None:
+    return {"events": list(events)} if events else None
+
+
+@dataclass(frozen=True)
+class LustreFileSystemArgs:
+    config: FsxLustreConfig
+    network: NetworkInfo
+    node_security_group_id: pulumi.Input[str]
+    bucket_names: Mapping[str, pulumi.Input[str]]  # logical bucket key -> physical name (the stack's S3 buckets)
+
+
+class LustreFileSystem(pulumi.ComponentResource):
+    """Attributes: file_system_id, dns_name, mount_name, security_group_id, associations (by file system path)."""
+
+    def __init__(self, ctx: StackContext, args: LustreFileSystemArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("ml-cluster:infra:LustreFileSystem", ctx.name("storage", "fsx"), None, opts)
+        config = args.config
+        child = pulumi.ResourceOptions(parent=self)
+        stateful = pulumi.ResourceOptions(parent=self, protect=ctx.protected, retain_on_delete=ctx.protected)
+        subnet = subnet_in_zone(args.network.private_subnets, config.availability_zone)
+
+        security_group = aws.ec2.SecurityGroup(
+            ctx.name("storage", "fsx-sg"),
+            vpc_id=args.network.vpc_id,
+            description="FSx for Lustre: Lustre (TCP 988, 1018-1023) from the cluster nodes and itself",
+            revoke_rules_on_delete=True,
+            tags={**ctx.tags, "Name": ctx.name("storage", "fsx-sg")},
+            opts=child,
+        )
+        peers = {"nodes": args.node_security_group_id, "self": security_group.id}
+        for peer, group_id in peers.items():
+            for low, high in LUSTRE_PORTS:
+                ports = f"{low}" if low == high else f"{low}-{high}"
+                aws.vpc.SecurityGroupIngressRule(
+                    ctx.name("storage", f"fsx-lustre-{ports}-from-{peer}"),
+                    security_group_id=security_group.id,
+                    referenced_security_group_id=group_id,
+                    ip_protocol="tcp", from_port=low, to_port=high,
+                    description=f"Lustre {ports} from the {peer} security group",
+                    opts=child,
+                )
+                aws.vpc.SecurityGroupEgressRule(
+                    ctx.name("storage", f"fsx-lustre-{ports}-to-{peer}"),
+                    security_group_id=security_group.id,
+                    referenced_security_group_id=group_id,
+                    ip_protocol="tcp", from_port=low, to_port=high,
+                    description=f"Lustre {ports} to the {peer} security group",
+                    opts=child,
+                )
+
+        file_system = aws.fsx.LustreFileSystem(
+            ctx.name("storage", "fsx-fs"),
+            deployment_type=config.deployment_type,
+            storage_type="SSD",
+            storage_capacity=config.storage_capacity,
+            per_unit_storage_throughput=config.per_unit_storage_throughput,
+            metadata_configuration={"mode": config.metadata_configuration.mode},
+            file_system_type_version=LUSTRE_VERSION,
+            subnet_ids=subnet.id,  # one subnet: PERSISTENT_2 lives in one AZ
+            security_group_ids=[security_group.id],
+            kms_key_id=config.kms_key_arn,
+            data_compression_type=config.data_compression,
+            automatic_backup_retention_days=config.automatic_backup_retention_days,
+            copy_tags_to_backups=True,
+            # protected stacks keep a final backup when the file system is ever deleted; dev tears down clean
+            skip_final_backup=not ctx.protected,
+            tags={**ctx.tags, "Name": ctx.name("storage", "fsx")},
+            opts=pulumi.ResourceOptions.merge(stateful, pulumi.ResourceOptions(depends_on=[security_group])),
+        )
+        self.associations = {
+            dra.file_system_path: self._association(ctx, file_system, dra, args.bucket_names[dra.bucket])
+            for dra in config.data_repository_associations
+        }
+        self.file_system_id: pulumi.Output[str] = file_system.id
+        self.file_system_arn: pulumi.Output[str] = file_system.arn
+        self.dns_name: pulumi.Output[str] = file_system.dns_name
+        self.mount_name: pulumi.Output[str] = file_system.mount_name
+        self.security_group_id: pulumi.Output[str] = security_group.id
+        self.register_outputs({"fileSystemId": file_system.id, "securityGroupId": security_group.id,
+                               "associations": sorted(self.associations)})
+
+    def _association(self, ctx: StackContext, file_system: aws.fsx.LustreFileSystem,
+                     dra: FsxDataRepositoryAssociationConfig,
+                     bucket_name: pulumi.Input[str]) -> aws.fsx.DataRepositoryAssociation:
+        """Deleting an association never deletes the files (deleteDataInFilesystem false): exported data stays in
+        S3 and the file system's copy stays until the file system goes."""
+        return aws.fsx.DataRepositoryAssociation(
+            ctx.name("storage", f"fsx-dra-{dra.file_system_path.strip('/').replace('/', '-')}"),
+            file_system_id=file_system.id,
+            file_system_path=dra.file_system_path,
+            data_repository_path=pulumi.Output.from_input(bucket_name).apply(
+                lambda name: repository_path(name, dra.prefix)),
+            batch_import_meta_data_on_create=dra.import_metadata_on_create,
+            imported_file_chunk_size=dra.imported_file_chunk_size_mib,
+            delete_data_in_filesystem=False,
+            s3={"auto_import_policy": events_policy(dra.auto_import),
+                "auto_export_policy": events_policy(dra.auto_export)},
+            tags=ctx.tags,
+            opts=pulumi.ResourceOptions(parent=self, protect=ctx.protected),
+        )

@@ -52,6 +52,7 @@ from workloads.data.moving.s3 import S3Uri, make_client
 from workloads.data.moving.stage import StageOptions, stage
 from workloads.data.moving.upload import UploadOptions, upload
 from workloads.data.reading.dataset import HDF5Dataset, make_loader, to_tensors
+from workloads.data.reading.decode_cache import bytes_needed
 from workloads.data.reading.records_dataset import records_to_tensors
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.writing.pack import PackOptions, pack
@@ -147,9 +148,9 @@ def _ours_dataset(ctx: Context, dest: Path) -> HDF5Dataset:
         return HDF5Dataset(dest)
     if not ctx.keep_decoded or ctx.budget_fraction is not None:
         return HDF5Dataset(dest, image_size=ctx.size)
-    samples = load_manifest(dest).num_samples
+    shard_sizes = [shard.num_samples for shard in load_manifest(dest).shards]
     return HDF5Dataset(dest, image_size=ctx.size, decode_cache=ctx.local / "decoded",
-                       decode_cache_bytes=samples * (1 + ctx.size * ctx.size * 3))
+                       decode_cache_bytes=bytes_needed(ctx.size, shard_sizes))
 
 
 # -- ours, staging cache: the stager serving the reader's plan, training from the first shards ------------------------

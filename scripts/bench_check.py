@@ -13,7 +13,7 @@ when any check fails (a worse ratio, or a row that did not run), 2 on bad argume
 ratios as the new baselines with the command, the date and `uptime`'s load. Runs in the benchmark venv:
 
     make bench-check
-    .venv-bench/bin/python scripts/bench_check.py [--images 1024] [--epochs 3] [--rounds 2] [--tolerance 0.3]
+    .venv-bench/bin/python scripts/bench_check.py [--images 512] [--epochs 2] [--rounds 1] [--tolerance 0.3]
                                                   [--baselines benchmarks/baselines.json] [--record]
 """
 
@@ -45,9 +45,9 @@ from benchmarks.regression import (  # noqa: E402
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=1024)
-    parser.add_argument("--epochs", type=int, default=3, help="epochs measured per contender (>= 2)")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; each row keeps its best")
+    parser.add_argument("--images", type=int, default=512)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs measured per contender (>= 2)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; each row keeps its best")
     parser.add_argument("--tolerance", type=float, default=None,
                         help=f"relative slack over a baseline (default: the file's, else {TOLERANCE})")
     parser.add_argument("--baselines", type=Path, default=BASELINES)

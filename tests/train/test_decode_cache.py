@@ -14,7 +14,7 @@ import torch
 from tests.train.conftest import IMAGE_SIZE
 from workloads.data.reading import dataset as dataset_module
 from workloads.data.reading.dataset import DatasetError, HDF5Dataset, make_loader, to_tensors
-from workloads.data.reading.decode_cache import CHECKSUMS, KEPT, SUFFIX, DecodeCache, DecodeKey
+from workloads.data.reading.decode_cache import CHECKSUMS, KEPT, SUFFIX, DecodeCache, DecodeKey, bytes_needed
 from workloads.data.reading.sampler import ElasticBatchSampler
 
 ROW = IMAGE_SIZE * IMAGE_SIZE * 3
@@ -128,6 +128,24 @@ def test_the_budget_bounds_the_files_first_come_first_served(tiny_data: dict[str
     files = list((tmp_path / "rows").glob(f"*{SUFFIX}"))
     assert len(files) == 1 and sum(f.stat().st_size for f in files) <= budget
     assert files[0].name.startswith(dataset.manifest.shards[0].sha256)
+
+
+def test_bytes_needed_is_the_budget_that_keeps_every_shard(tiny_data: dict[str, Path], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget bytes_needed names holds every shard's file (header and table included); one byte less leaves a
+    shard without one, decoded every epoch."""
+    sizes = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE).shard_sizes
+    budget = bytes_needed(IMAGE_SIZE, sizes)
+    assert budget > sum(sizes) * (ROW + 1)  # more than the rows and a byte each (the format before the header)
+    for room, files in ((budget, len(sizes)), (budget - 1, len(sizes) - 1)):
+        dataset = HDF5Dataset(tiny_data["encoded"], image_size=IMAGE_SIZE, decode_cache=tmp_path / f"rows{room}",
+                              decode_cache_bytes=room)
+        _epoch(dataset, workers=0)
+        calls = _count_decodes(monkeypatch)
+        _epoch(dataset, workers=0, epoch=1)
+        assert len(list((tmp_path / f"rows{room}").glob(f"*{SUFFIX}"))) == files
+        assert (calls == []) == (files == len(sizes))
+        monkeypatch.undo()
 
 
 def test_stale_files_are_removed_and_others_left_alone(tiny_data: dict[str, Path], tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ import secrets
 import stat
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,14 @@ def _table_bytes(num_samples: int) -> int:
     return -(-num_samples * _ENTRY.size // _PAGE) * _PAGE
 
 
+def bytes_needed(image_size: int, shard_sizes: Sequence[int]) -> int:
+    """The budget that keeps every sample of shards of these sizes: per shard a file of the header, the table
+    (8 bytes a sample, page aligned) and the rows (image_size x image_size x 3 bytes each). A budget of only the
+    rows leaves the last shards undecoded-for: they are decoded every epoch."""
+    row_bytes = image_size * image_size * 3
+    return sum(HEADER_BYTES + _table_bytes(count) + count * row_bytes for count in shard_sizes)
+
+
 class ShardRows:
     """One shard's decoded rows in a cache file (see the module docstring for the layout and the ordering)."""
 
@@ -193,7 +201,7 @@ class DecodeCache:
         self.names: set[str] = set()  # this dataset's file names under this key (set by prepare)
 
     def file_bytes(self, num_samples: int) -> int:
-        return HEADER_BYTES + _table_bytes(num_samples) + num_samples * self.row_bytes
+        return bytes_needed(self.key.image_size, [num_samples])
 
     def prepare(self, shard_sha256s: list[str]) -> None:
         """Create the directory and remove the cache files this code wrote before this boot (their rows may not

@@ -66,7 +66,7 @@ def compare(measured: dict[str, float | str], baselines: dict[str, Any], toleran
     """The report's lines (ratio, baseline, limit, PASS/FAIL per check) and whether every check passed. A check
     without a recorded baseline is NEW (it passes: there is nothing to regress from)."""
     recorded = baselines.get("ratios", {})
-    lines = [f"{'check':<22}{'ours / peer':<32}{'ratio':>7}{'baseline':>10}{'limit':>8}  result"]
+    lines = [f"{'check':<22}{'ours / peer':<44}{'ratio':>7}{'baseline':>10}{'limit':>8}  result"]
     passed = True
     for check in CHECKS:
         ratio = measured.get(check.name, "not measured")
@@ -75,16 +75,16 @@ def compare(measured: dict[str, float | str], baselines: dict[str, Any], toleran
         base_text = f"{base:.2f}" if isinstance(base, (int, float)) else "-"
         if isinstance(ratio, str):
             passed = False
-            lines.append(f"{check.name:<22}{pair:<32}{'-':>7}{base_text:>10}{'-':>8}  FAIL {check.name}: {ratio}")
+            lines.append(f"{check.name:<22}{pair:<44}{'-':>7}{base_text:>10}{'-':>8}  FAIL {check.name}: {ratio}")
             continue
         if not isinstance(base, (int, float)):
-            lines.append(f"{check.name:<22}{pair:<32}{ratio:>7.2f}{base_text:>10}{'-':>8}  NEW (no baseline)")
+            lines.append(f"{check.name:<22}{pair:<44}{ratio:>7.2f}{base_text:>10}{'-':>8}  NEW (no baseline)")
             continue
         limit = base * (1 + tolerance)
         ok = ratio <= limit
         passed = passed and ok
         verdict = "PASS" if ok else f"FAIL {check.name}: {ratio:.2f} > {limit:.2f} ({base:.2f} + {tolerance:.0%})"
-        lines.append(f"{check.name:<22}{pair:<32}{ratio:>7.2f}{base_text:>10}{limit:>8.2f}  {verdict}")
+        lines.append(f"{check.name:<22}{pair:<44}{ratio:>7.2f}{base_text:>10}{limit:>8.2f}  {verdict}")
     return lines, passed
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from infra.config.errors import ConfigError  # noqa: E402
+from infra.config.schema import parse_stack_config  # noqa: E402
 from infra.plan.cost import estimate, format_cost_diff, format_report, report_document  # noqa: E402
 from infra.plan.engine import (  # noqa: E402
     PlanStopped,
@@ -35,6 +37,7 @@ from infra.plan.engine import (  # noqa: E402
     plan_error_lines,
     plan_stack,
 )
+from infra.plan.goodput import goodput_notes, job_predictions  # noqa: E402
 from infra.plan.pricing import PriceError  # noqa: E402
 from infra.plan.view import (  # noqa: E402
     PlanDocumentError,
@@ -91,9 +94,13 @@ def main(argv: list[str]) -> int:
             return 2
     for level, text in plan_support_notes(plan, args.today):
         print(f"{'note' if level == 'note' else 'warning'}: {text}", file=sys.stderr)
+    stack_file = load_stack_file(args.stack, args.config)
+    predictions = stack_predictions(plan, stack_file)
+    for text in goodput_notes(predictions):
+        print(f"note: {text}", file=sys.stderr)
     for text in plan_job_notes(plan):
         print(f"note: {text}", file=sys.stderr)
-    left = placeholders_left(load_stack_file(args.stack, args.config))
+    left = placeholders_left(stack_file)
     if left:  # the plan is fine offline; say that a real run is not, and where to start
         path, why = left[0]
         more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
@@ -127,9 +134,17 @@ def main(argv: list[str]) -> int:
     elif args.json:
         print(json.dumps(plan, indent=2, sort_keys=False))
     else:
-        print(summary(plan), end="")
+        print(summary(plan, predictions), end="")
     return 0
 
+
+def stack_predictions(plan: dict[str, Any], stack_file: Any) -> list[Any]:
+    """Each stack Job's predicted goodput (infra.plan.goodput): its checkpoint size and rate are in the stack file."""
+    try:
+        specs = parse_stack_config(stack_file.values, stack_file.secure_keys).jobs
+    except ConfigError:
+        return []  # plan_stack has reported the stack file's problems already
+    return job_predictions(plan, specs)
 
 
 def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str, today: date,

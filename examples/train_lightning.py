@@ -37,9 +37,12 @@ class EpochBatches:
 
     def __init__(self, data: PackedData, module: L.LightningModule, epochs: int):
         self.data, self.module, self.epochs = data, module, epochs
+        # A whole epoch's batches, taken before a checkpoint moves the sampler into an epoch: Lightning reads the
+        # length once, and a resumed epoch's pass yields only the batches left (Lightning ends it when they end).
+        self.per_epoch = len(data.sampler)
 
     def __len__(self) -> int:
-        return len(self.data.sampler)
+        return self.per_epoch
 
     def __iter__(self) -> Iterator[Any]:
         epoch = self.module.current_epoch

@@ -13,8 +13,9 @@ background, each file with its sha256 in a manifest written last. On start the n
 (local, else remote) into however many ranks run now, and the data continues at the next unseen sequence (the
 position is in the checkpoint). A fixed --global-batch-size keeps the steps the same on any world size.
 
-SIGTERM (a Spot notice, a drain): the ranks agree on the step, save it, wait for the save (local and remote), and
-exit with $DISRUPTION_EXIT_CODE (43), which the Job retries without counting. One JSON line per epoch (rank 0).
+SIGTERM (a Spot notice, a drain): the data API's StopSignal has the ranks agree on the step; they save it, wait for
+the save (local and remote), and exit with $DISRUPTION_EXIT_CODE (43), which the Job retries without counting. One
+JSON line per epoch (rank 0).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from workloads.data.api import LoaderSettings, PackedData, Placement
+from workloads.data.api import LoaderSettings, PackedData, Placement, StopSignal
 from workloads.train.sharded import ShardedCheckpointer, TrainingState
 
 
@@ -93,24 +93,6 @@ class Decoder(nn.Module):
         return self.output(self.norm(x))
 
 
-class StopFlag:
-    """SIGTERM/SIGINT set a flag; every step the ranks agree on it (any rank's signal stops all)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        for number in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(number, self._set)
-
-    def _set(self, signum: int, _frame: Any) -> None:
-        self.signum = signum
-
-    def agreed(self) -> bool:
-        flag = torch.tensor([1.0 if self.signum is not None else 0.0])
-        if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
-
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=os.environ.get("DATA_DIR"), help="records dataset with a fixed-length "
@@ -163,10 +145,16 @@ def main() -> int:
     if resumed is not None:
         step = resumed.step
         data.load_state_dict(resumed.meta["data"])
-    stop = StopFlag()
     report = _reporter(placement.rank)
+
+    def last_checkpoint() -> None:  # on every rank, after the step all ranks agreed to stop at
+        saved = ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
+        ckpt.wait()
+        report("stopped", step=step, complete=saved.complete)
+
     data.loader(LoaderSettings(workers=args.workers))
-    with data:
+    epoch = data.start_epoch
+    with data, StopSignal() as stop:
         for epoch in range(data.start_epoch, args.epochs):
             started, sequences, loss_sum, batches = time.perf_counter(), 0, 0.0, 0
             for batch in data.batches(epoch, last_epoch=epoch == args.epochs - 1):
@@ -178,14 +166,13 @@ def main() -> int:
                 optimizer.step()
                 step, batches, sequences = step + 1, batches + 1, sequences + len(tokens)
                 loss_sum += float(loss)
-                stopping = stop.agreed() or step == args.max_steps
-                if stopping or step % args.checkpoint_every == 0:
+                stop.check(last_checkpoint)  # a SIGTERM on any rank: save this step on every rank, exit 43
+                if step == args.max_steps:
+                    last_checkpoint()
+                    return 0
+                if step % args.checkpoint_every == 0:
                     saved = ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
                     report("checkpoint", step=step, stall_s=round(saved.stall_s, 4))
-                if stopping:
-                    last = ckpt.wait()
-                    report("stopped", step=step, complete=bool(last and last.complete))
-                    return int(os.environ.get("DISRUPTION_EXIT_CODE", "43")) if stop.signum else 0
             report("epoch", epoch=epoch, sequences=sequences * placement.world_size,
                    loss=round(loss_sum / max(1, batches), 4), seconds=round(time.perf_counter() - started, 2))
     ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": args.epochs})

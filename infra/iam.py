@@ -1,14 +1,19 @@
-"""IAM documents shared by every component: who may assume a role."""
+"""IAM documents shared by every component: policy documents, and who may assume a role."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
+
+
+def policy_document(*statements: dict[str, Any]) -> str:
+    """An IAM policy document (JSON) of `statements`, in order."""
+    return json.dumps({"Version": "2012-10-17", "Statement": list(statements)})
 
 
 def service_trust_policy(service: str, actions: tuple[str, ...] = ("sts:AssumeRole",)) -> str:
     """A role trust policy for an AWS service principal (eks.amazonaws.com, ec2.amazonaws.com, ...)."""
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"Service": service}, "Action": list(actions)}]})
+    return policy_document({"Effect": "Allow", "Principal": {"Service": service}, "Action": list(actions)})
 
 
 def pod_identity_trust_policy() -> str:

@@ -19,7 +19,6 @@ that must never re-run after a refresh sets `ttlSecondsAfterFinished: null`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,7 @@ import pulumi_kubernetes as k8s
 from infra.config.schema import ConfigError
 from infra.config.stackcheck import JobBucketAccess
 from infra.context import ClusterInfo, StackContext, stack_labels
-from infra.iam import pod_identity_trust_policy
+from infra.iam import pod_identity_trust_policy, policy_document
 from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec import (
     KUEUE_QUEUE_LABEL,
@@ -119,7 +118,7 @@ def job_access_policy(readable_arns: Sequence[str], writable_arns: Sequence[str]
                        "s3:DeleteObject"],
             "Resource": [f"{arn}/*" for arn in writable],
         })
-    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+    return policy_document(*statements)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ every training run overwrite its own inputs, so packs get their own identity (`p
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ import pulumi_kubernetes as k8s
 from infra.config.names import PACK_SERVICE_ACCOUNT
 from infra.config.schema import StackConfig
 from infra.context import ClusterInfo, StackContext
-from infra.iam import pod_identity_trust_policy
+from infra.iam import pod_identity_trust_policy, policy_document
 from infra.jobs import service_account_manifest
 
 
@@ -48,7 +47,7 @@ def pack_access_policy(readable_arns: Sequence[str], writable_arns: Sequence[str
              "Action": ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:DeleteObject"],
              "Resource": [f"{arn}/*" for arn in writable]},
         ]
-    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+    return policy_document(*statements)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ the policies against moto with IAM enforced) without a Pulumi engine.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,7 @@ from infra.config.queueing import (
     TeamVolumeConfig,
 )
 from infra.context import ClusterInfo, StackContext, stack_labels
-from infra.iam import pod_identity_trust_policy
+from infra.iam import pod_identity_trust_policy, policy_document
 from infra.jobs import namespace_manifest, service_account_manifest
 from infra.nodes.poolplan import PoolPlan
 from infra.policy.aws_rules import TEAM_ROLE_TAG  # tags each team role: the policy pack finds team roles by it
@@ -236,7 +235,7 @@ def team_access_policy(team: TeamConfig, bucket_names: Mapping[str, str], partit
             "Sid": "WriteTeamCheckpoints", "Effect": "Allow",
             "Action": ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:DeleteObject"],
             "Resource": _object_arns(bucket_names, team.checkpoints, partition)})
-    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+    return policy_document(*statements)
 
 
 # --- the component -------------------------------------------------------------------------------------------------

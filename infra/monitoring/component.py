@@ -11,7 +11,6 @@ docs/monitoring.md); the cluster itself goes with an EKS stack's destroy.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.monitoring import DASHBOARD_CONFIGMAP_NAME, MONITOR_AND_RULE_NAME, MonitoringConfig
 from infra.context import ClusterInfo, StackContext
-from infra.iam import pod_identity_trust_policy
+from infra.iam import pod_identity_trust_policy, policy_document
 from infra.monitoring.alerts import rule_groups
 from infra.monitoring.dashboard import dashboard_json
 from infra.monitoring.reservations import ReservedPool, reservation_groups
@@ -100,8 +99,8 @@ def amp_workspace_arn(url: str, region: str, account_id: str) -> str:
 
 def remote_write_policy(workspace_arn: str) -> str:
     """Least privilege for Prometheus writing to AMP: RemoteWrite on the one workspace."""
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Sid": "RemoteWrite", "Effect": "Allow", "Action": ["aps:RemoteWrite"], "Resource": workspace_arn}]})
+    return policy_document(
+        {"Sid": "RemoteWrite", "Effect": "Allow", "Action": ["aps:RemoteWrite"], "Resource": workspace_arn})
 
 
 def pod_monitor(namespace: str, training_namespace: str, label_prefix: str, max_processes_per_pod: int,

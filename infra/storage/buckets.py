@@ -3,7 +3,6 @@ through an explicit aws.Provider pointed at the COS endpoint with the stack's HM
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from pydantic import SecretStr
 
 from infra.config.storage import BucketConfig, CosBucketConfig, CosConfig
 from infra.context import StackContext
+from infra.iam import policy_document
 
 MAX_BUCKET_NAME = 63
 
@@ -64,19 +64,14 @@ def lifecycle_rules(config: BucketConfig | CosBucketConfig) -> list[aws.s3.Bucke
 
 def tls_only_policy(bucket_arn: str) -> str:
     """A bucket policy that denies every request made without TLS."""
-    return json.dumps(
+    return policy_document(
         {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Sid": "DenyInsecureTransport",
-                    "Effect": "Deny",
-                    "Principal": "*",
-                    "Action": "s3:*",
-                    "Resource": [bucket_arn, f"{bucket_arn}/*"],
-                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-                }
-            ],
+            "Sid": "DenyInsecureTransport",
+            "Effect": "Deny",
+            "Principal": "*",
+            "Action": "s3:*",
+            "Resource": [bucket_arn, f"{bucket_arn}/*"],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
         }
     )
 

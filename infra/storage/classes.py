@@ -58,6 +58,13 @@ def metadata(
     return meta
 
 
+def storage_class(meta: dict[str, Any], provisioner: str, parameters: dict[str, Any], reclaim_policy: str,
+                  binding_mode: str = "Immediate", **more: Any) -> Manifest:
+    """A StorageClass: its provisioner and parameters, reclaim policy and binding mode, and any further fields."""
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": meta, "provisioner": provisioner,
+            "parameters": parameters, "reclaimPolicy": reclaim_policy, "volumeBindingMode": binding_mode, **more}
+
+
 def gp3_storage_class(config: Gp3StorageClassConfig) -> Manifest:
     parameters = {"type": "gp3", "encrypted": "true", "csi.storage.k8s.io/fstype": "ext4"}
     if config.kms_key_arn is not None:
@@ -67,16 +74,8 @@ def gp3_storage_class(config: Gp3StorageClassConfig) -> Manifest:
     if config.throughput_mibps is not None:
         parameters["throughput"] = str(config.throughput_mibps)
     annotations = {"storageclass.kubernetes.io/is-default-class": "true"} if config.default else None
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": metadata(config.name, annotations=annotations),
-        "provisioner": EBS_PROVISIONER,
-        "parameters": parameters,
-        "reclaimPolicy": "Delete",
-        "volumeBindingMode": "WaitForFirstConsumer",
-        "allowVolumeExpansion": True,
-    }
+    return storage_class(metadata(config.name, annotations=annotations), EBS_PROVISIONER, parameters, "Delete",
+                         "WaitForFirstConsumer", allowVolumeExpansion=True)
 
 
 def efs_storage_class(config: EfsStorageClassConfig, file_system_id: Any) -> Manifest:
@@ -91,15 +90,7 @@ def efs_storage_class(config: EfsStorageClassConfig, file_system_id: Any) -> Man
     if config.uid is not None and config.gid is not None:
         parameters["uid"] = str(config.uid)
         parameters["gid"] = str(config.gid)
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": metadata(config.name),
-        "provisioner": EFS_PROVISIONER,
-        "parameters": parameters,
-        "reclaimPolicy": config.reclaim_policy,
-        "volumeBindingMode": "Immediate",
-    }
+    return storage_class(metadata(config.name), EFS_PROVISIONER, parameters, config.reclaim_policy)
 
 
 def static_claim(name: str, namespace: str, volume_name: str, access_mode: str) -> Manifest:
@@ -172,26 +163,19 @@ def fsx_volume(
 
 
 def cos_flex_storage_class(config: CosConfig) -> Manifest:
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": metadata(config.storage_class_name),
-        "provisioner": IBM_FLEX_PROVISIONER,
-        "parameters": {
-            "ibm.io/chunk-size-mb": "16",
-            "ibm.io/parallel-count": "2",
-            "ibm.io/multireq-max": "20",
-            "ibm.io/stat-cache-size": "100000",
-            "ibm.io/s3fs-fuse-retry-count": "5",
-            "ibm.io/debug-level": "warn",
-            "ibm.io/curl-debug": "false",
-            "ibm.io/kernel-cache": "true",
-            "ibm.io/object-store-endpoint": config.endpoint,
-            "ibm.io/object-store-storage-class": config.location_constraint,
-        },
-        "reclaimPolicy": "Retain",
-        "volumeBindingMode": "Immediate",
+    parameters = {
+        "ibm.io/chunk-size-mb": "16",
+        "ibm.io/parallel-count": "2",
+        "ibm.io/multireq-max": "20",
+        "ibm.io/stat-cache-size": "100000",
+        "ibm.io/s3fs-fuse-retry-count": "5",
+        "ibm.io/debug-level": "warn",
+        "ibm.io/curl-debug": "false",
+        "ibm.io/kernel-cache": "true",
+        "ibm.io/object-store-endpoint": config.endpoint,
+        "ibm.io/object-store-storage-class": config.location_constraint,
     }
+    return storage_class(metadata(config.storage_class_name), IBM_FLEX_PROVISIONER, parameters, "Retain")
 
 
 def cos_flex_claim(claim_name: str, namespace: str, bucket_name: Any, config: CosConfig) -> Manifest:
@@ -227,15 +211,7 @@ def csi_s3_storage_class(config: CosConfig, namespace: str) -> Manifest:
     for secret_use in ("provisioner", "controller-publish", "node-stage", "node-publish"):
         parameters[f"csi.storage.k8s.io/{secret_use}-secret-name"] = config.secret_name
         parameters[f"csi.storage.k8s.io/{secret_use}-secret-namespace"] = namespace
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": metadata(config.storage_class_name),
-        "provisioner": CSI_S3_DRIVER,
-        "parameters": parameters,
-        "reclaimPolicy": "Retain",
-        "volumeBindingMode": "Immediate",
-    }
+    return storage_class(metadata(config.storage_class_name), CSI_S3_DRIVER, parameters, "Retain")
 
 
 def csi_s3_volume(
@@ -253,16 +229,9 @@ def csi_s3_volume(
 
 
 def nfs_storage_class(config: NfsConfig) -> Manifest:
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": metadata(config.storage_class_name),
-        "provisioner": NFS_PROVISIONER,
-        "parameters": {"server": config.server, "share": config.share},
-        "reclaimPolicy": config.reclaim_policy,
-        "volumeBindingMode": "Immediate",
-        "mountOptions": list(config.mount_options),
-    }
+    return storage_class(metadata(config.storage_class_name), NFS_PROVISIONER,
+                         {"server": config.server, "share": config.share}, config.reclaim_policy,
+                         mountOptions=list(config.mount_options))
 
 
 def shared_claim(config: SharedVolumeConfig, namespace: str) -> Manifest:

@@ -6,7 +6,6 @@ pinned."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config.storage import CosConfig, StorageConfig
 from infra.context import ClusterInfo, StackContext
-from infra.iam import pod_identity_trust_policy
+from infra.iam import pod_identity_trust_policy, policy_document
 
 ADDON_NAMESPACE = "kube-system"
 # Service accounts the EKS add-ons run their AWS-calling pods under (add-on docs; Mountpoint needs driver v2+
@@ -66,54 +65,49 @@ def efs_driver_policy(file_system_arn: str) -> str:
         "ForAllValues:StringEquals": {"aws:TagKeys": EFS_CLUSTER_TAG},
         "Null": {f"aws:RequestTag/{EFS_CLUSTER_TAG}": "false"},
     }
-    return json.dumps(
+    return policy_document(
         {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Sid": "AllowDescribe",
-                    "Effect": "Allow",
-                    "Resource": "*",
-                    "Action": [
-                        "elasticfilesystem:DescribeAccessPoints",
-                        "elasticfilesystem:DescribeFileSystems",
-                        "elasticfilesystem:DescribeMountTargets",
-                        "ec2:DescribeAvailabilityZones",
-                    ],
-                },
-                {
-                    "Sid": "AllowCreateAccessPoint",
-                    "Effect": "Allow",
-                    "Resource": "*",
-                    "Action": ["elasticfilesystem:CreateAccessPoint"],
-                    "Condition": cluster_tag,
-                },
-                {
-                    "Sid": "AllowTagNewAccessPoints",
-                    "Effect": "Allow",
-                    "Resource": "*",
-                    "Action": ["elasticfilesystem:TagResource"],
-                    "Condition": {
-                        **cluster_tag,
-                        "StringEquals": {"elasticfilesystem:CreateAction": "CreateAccessPoint"},
-                    },
-                },
-                {
-                    "Sid": "AllowDeleteAccessPoint",
-                    "Effect": "Allow",
-                    "Resource": "*",
-                    "Action": ["elasticfilesystem:DeleteAccessPoint"],
-                    "Condition": {"Null": {f"aws:ResourceTag/{EFS_CLUSTER_TAG}": "false"}},
-                },
-                {
-                    "Sid": "Mount",
-                    "Effect": "Allow",
-                    "Resource": file_system_arn,
-                    "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
-                    "Condition": {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}},
-                },
+            "Sid": "AllowDescribe",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": [
+                "elasticfilesystem:DescribeAccessPoints",
+                "elasticfilesystem:DescribeFileSystems",
+                "elasticfilesystem:DescribeMountTargets",
+                "ec2:DescribeAvailabilityZones",
             ],
-        }
+        },
+        {
+            "Sid": "AllowCreateAccessPoint",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": ["elasticfilesystem:CreateAccessPoint"],
+            "Condition": cluster_tag,
+        },
+        {
+            "Sid": "AllowTagNewAccessPoints",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": ["elasticfilesystem:TagResource"],
+            "Condition": {
+                **cluster_tag,
+                "StringEquals": {"elasticfilesystem:CreateAction": "CreateAccessPoint"},
+            },
+        },
+        {
+            "Sid": "AllowDeleteAccessPoint",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": ["elasticfilesystem:DeleteAccessPoint"],
+            "Condition": {"Null": {f"aws:ResourceTag/{EFS_CLUSTER_TAG}": "false"}},
+        },
+        {
+            "Sid": "Mount",
+            "Effect": "Allow",
+            "Resource": file_system_arn,
+            "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+            "Condition": {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}},
+        },
     )
 
 
@@ -132,34 +126,29 @@ def mountpoint_driver_policy(bucket_arns: Sequence[str], kms_key_arns: Sequence[
         statements.append(
             {"Sid": "Decrypt", "Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": sorted(kms_key_arns)}
         )
-    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+    return policy_document(*statements)
 
 
 def ebs_kms_policy(kms_key_arn: str) -> str:
     """The EBS CSI driver's extra permissions for volumes encrypted with a customer key."""
-    return json.dumps(
+    return policy_document(
         {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Resource": kms_key_arn,
-                    "Action": ["kms:CreateGrant", "kms:ListGrants", "kms:RevokeGrant"],
-                    "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}},
-                },
-                {
-                    "Effect": "Allow",
-                    "Resource": kms_key_arn,
-                    "Action": [
-                        "kms:Encrypt",
-                        "kms:Decrypt",
-                        "kms:ReEncrypt*",
-                        "kms:GenerateDataKey*",
-                        "kms:DescribeKey",
-                    ],
-                },
+            "Effect": "Allow",
+            "Resource": kms_key_arn,
+            "Action": ["kms:CreateGrant", "kms:ListGrants", "kms:RevokeGrant"],
+            "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}},
+        },
+        {
+            "Effect": "Allow",
+            "Resource": kms_key_arn,
+            "Action": [
+                "kms:Encrypt",
+                "kms:Decrypt",
+                "kms:ReEncrypt*",
+                "kms:GenerateDataKey*",
+                "kms:DescribeKey",
             ],
-        }
+        },
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ import pulumi_aws as aws
 
 from infra.config.storage import EfsConfig
 from infra.context import NetworkInfo, StackContext, SubnetRef
+from infra.iam import policy_document
 
 NFS_PORT = 2049
 
@@ -40,14 +40,14 @@ def tls_only_policy() -> str:
     """The file-system policy AWS offers as "enforce in-transit encryption": NFS clients that reach a mount target
     may mount, write and act as root (as without a policy), but never without TLS. The EFS CSI driver mounts with
     TLS (efs-utils) by default, so Pods are unaffected; a plain `mount -t nfs4` is refused."""
-    return json.dumps({"Version": "2012-10-17", "Statement": [
+    return policy_document(
         {"Sid": "ClientsThroughMountTargets", "Effect": "Allow", "Principal": {"AWS": "*"},
          "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite",
                     "elasticfilesystem:ClientRootAccess"],
          "Condition": {"Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}},
         {"Sid": "DenyWithoutTls", "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "*",
          "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
-    ]})
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ Node scaling is a room of its own (a Karpenter module would sit beside this one)
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import pulumi_kubernetes as k8s
 from infra.config.nodepools import HelmChartConfig
 from infra.config.nodes import AutoscalerConfig
 from infra.context import ClusterInfo, StackContext
-from infra.iam import pod_identity_trust_policy
+from infra.iam import pod_identity_trust_policy, policy_document
 from infra.nodes.poolplan import PoolPlan
 from infra.nodes.scaling.template import CAS_TEMPLATE, template_label_key
 from workloads.cluster_facts import EFA_HUGEPAGES, EFA_RESOURCE
@@ -67,41 +66,36 @@ def autoscaler_values(cfg: AutoscalerConfig, cluster_name: str, region: str, kub
 
 def autoscaler_policy(cluster_name: str) -> str:
     """Least privilege for cluster-autoscaler: describe anything, change only this cluster's ASGs."""
-    return json.dumps(
+    return policy_document(
         {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Sid": "ScaleOwnGroups",
-                    "Effect": "Allow",
-                    "Action": [
-                        "autoscaling:SetDesiredCapacity",
-                        "autoscaling:TerminateInstanceInAutoScalingGroup",
-                    ],
-                    "Resource": "*",
-                    "Condition": {
-                        "StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}
-                    },
-                },
-                {
-                    "Sid": "Describe",
-                    "Effect": "Allow",
-                    "Action": [
-                        "autoscaling:DescribeAutoScalingGroups",
-                        "autoscaling:DescribeAutoScalingInstances",
-                        "autoscaling:DescribeLaunchConfigurations",
-                        "autoscaling:DescribeScalingActivities",
-                        "autoscaling:DescribeTags",
-                        "ec2:DescribeImages",
-                        "ec2:DescribeInstanceTypes",
-                        "ec2:DescribeLaunchTemplateVersions",
-                        "ec2:GetInstanceTypesFromInstanceRequirements",
-                        "eks:DescribeNodegroup",
-                    ],
-                    "Resource": "*",
-                },
+            "Sid": "ScaleOwnGroups",
+            "Effect": "Allow",
+            "Action": [
+                "autoscaling:SetDesiredCapacity",
+                "autoscaling:TerminateInstanceInAutoScalingGroup",
             ],
-        }
+            "Resource": "*",
+            "Condition": {
+                "StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}
+            },
+        },
+        {
+            "Sid": "Describe",
+            "Effect": "Allow",
+            "Action": [
+                "autoscaling:DescribeAutoScalingGroups",
+                "autoscaling:DescribeAutoScalingInstances",
+                "autoscaling:DescribeLaunchConfigurations",
+                "autoscaling:DescribeScalingActivities",
+                "autoscaling:DescribeTags",
+                "ec2:DescribeImages",
+                "ec2:DescribeInstanceTypes",
+                "ec2:DescribeLaunchTemplateVersions",
+                "ec2:GetInstanceTypesFromInstanceRequirements",
+                "eks:DescribeNodegroup",
+            ],
+            "Resource": "*",
+        },
     )
 
 

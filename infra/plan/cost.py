@@ -13,6 +13,8 @@ infra/plan/holdings.py; this module prices it and writes the report. What is pri
 - NAT gateways and the EKS control plane: their hourly rate (data processed is usage, not priced);
 - EFS: the sum of the PersistentVolumeClaims on EFS storage classes, all in Standard storage (an upper bound:
   lifecycle moves cold files to Infrequent Access);
+- FSx for Lustre: each file system's storage capacity (GiB) x the PERSISTENT_2 rate of its throughput tier (the
+  tier is in the per-GB rate; backups, and requests to linked S3 buckets, are usage and not priced);
 - S3 buckets: the Standard storage rate per GiB-month only: a bucket declares no size, so it adds nothing to totals;
 - Jobs: GPU-hours and the cost of the whole nodes they hold for activeDeadlineSeconds (the most a run can bill);
 - tenant teams (a Kueue ClusterQueue admitting one namespace labelled `<prefix>/team`): their guaranteed GPUs
@@ -41,6 +43,7 @@ from infra.plan.holdings import (
     efs_claims,
     efs_gib,
     flavor_pools,
+    fsx_lustre_systems,
     jobs_of,
     plan_region,
     pool_query,
@@ -56,6 +59,7 @@ from infra.plan.pricing import (
     efs_query,
     eks_extended_query,
     eks_query,
+    fsx_lustre_query,
     gp3_query,
     nat_query,
     s3_query,
@@ -206,6 +210,11 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
         efs_hourly = rate * gib * GB_PER_GIB / HOURS_PER_MONTH
         report.lines.append(CostLine("EFS storage", f"{gib:g} GiB claimed, Standard", rate, "GB-month",
                                      (efs_hourly, efs_hourly, efs_hourly)))
+    for _name, gib, throughput in fsx_lustre_systems(plan):
+        rate = price(fsx_lustre_query(region, throughput))
+        fsx_hourly = rate * gib * GB_PER_GIB / HOURS_PER_MONTH
+        report.lines.append(CostLine("FSx for Lustre", f"{gib} GiB PERSISTENT_2 SSD, {throughput} MB/s/TiB", rate,
+                                     "GB-month", (fsx_hourly, fsx_hourly, fsx_hourly)))
     buckets = resources_of(plan, BUCKET)
     if buckets:
         rate = price(s3_query(region))

@@ -17,6 +17,7 @@ from infra.plan.pricing import (
     efs_query,
     eks_extended_query,
     eks_query,
+    fsx_lustre_query,
     gp3_query,
     instance_query,
     nat_query,
@@ -29,6 +30,7 @@ LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 NAT_GATEWAY = "aws:ec2/natGateway:NatGateway"
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 EFS_FILE_SYSTEM = "aws:efs/fileSystem:FileSystem"
+FSX_LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
 BUCKET = "aws:s3/bucket:Bucket"
 JOB = "kubernetes:batch/v1:Job"
 PVC = "kubernetes:core/v1:PersistentVolumeClaim"
@@ -153,6 +155,13 @@ def efs_claims(plan: Mapping[str, Any]) -> list[tuple[str, float]]:
     return claims
 
 
+def fsx_lustre_systems(plan: Mapping[str, Any]) -> list[tuple[str, int, int]]:
+    """(name, storage capacity GiB, MB/s/TiB) of each FSx for Lustre file system in the plan."""
+    return [(resource["name"], int(resource["inputs"].get("storageCapacity") or 0),
+             int(resource["inputs"].get("perUnitStorageThroughput") or 0))
+            for resource in resources_of(plan, FSX_LUSTRE)]
+
+
 def efs_gib(plan: Mapping[str, Any]) -> float:
     """GiB requested by the PersistentVolumeClaims on EFS."""
     return sum(gib for _, gib in efs_claims(plan))
@@ -249,6 +258,9 @@ def price_queries(plan: Mapping[str, Any]) -> list[PriceQuery]:
         queries.setdefault(f"eks-extended:{region}", eks_extended_query(region))
     if resources_of(plan, EFS_FILE_SYSTEM):
         queries.setdefault(f"efs:{region}", efs_query(region))
+    for _, _, throughput in fsx_lustre_systems(plan):
+        query = fsx_lustre_query(region, throughput)
+        queries.setdefault(query.key, query)
     if resources_of(plan, BUCKET):
         queries.setdefault(f"s3:{region}", s3_query(region))
     return list(queries.values())

@@ -106,6 +106,17 @@ def efs_query(region: str) -> PriceQuery:
                       unit="GB-Mo", usagetype_suffix="TimedStorage-ByteHrs")
 
 
+def fsx_lustre_query(region: str, throughput: int) -> PriceQuery:
+    """FSx for Lustre PERSISTENT_2 SSD storage at one throughput tier (MB/s/TiB): USD per GB-month of capacity.
+    The Price List attribute names are as AmazonFSx's products carry them to the best of this module's knowledge;
+    they have not been checked against the live API here (a mismatch is a PriceError naming this query)."""
+    return PriceQuery(key=f"fsx-lustre:{region}:persistent-2:{throughput}", kind="list", service_code="AmazonFSx",
+                      filters=(("regionCode", region), ("productFamily", "Storage"), ("fileSystemType", "Lustre"),
+                               ("deploymentOption", "Persistent 2"), ("storageType", "SSD"),
+                               ("throughputCapacity", str(throughput))),
+                      unit="GB-Mo")
+
+
 def s3_query(region: str) -> PriceQuery:
     return PriceQuery(key=f"s3:{region}", kind="list", service_code="AmazonS3",
                       filters=(("regionCode", region), ("productFamily", "Storage"), ("volumeType", "Standard")),

@@ -28,7 +28,7 @@ render_charts = render_charts_module()
 
 
 def prod_example(name: str = "resnet50-ddp") -> dict[str, Any]:
-    """A Job spec of prod's stack file (resnet50-ddp: 2 p5 nodes x 8 H100, the staging cache, EFS checkpoints)."""
+    """A Job spec of prod's stack file (resnet50-ddp: 2 p5 nodes x 8 H100, the staging cache, checkpoints on FSx)."""
     jobs = yaml.safe_load((ROOT / "stacks" / "Pulumi.prod.yaml").read_text())["config"]["ml-cluster:jobs"]
     return dict(next(job for job in jobs if job["name"] == name))
 

@@ -41,7 +41,8 @@ def test_prod_vpc_has_two_subnets_in_one_zone_and_still_one_target_there(stack_p
 @pytest.mark.parametrize("stack", AWS_STACKS)
 def test_nfs_is_admitted_only_from_the_node_security_group(stack_plan, stack: str) -> None:
     plan = stack_plan(stack)
-    rules = [r for r in storage_resources(plan) if r["type"].startswith("aws:vpc/securityGroupIngressRule")]
+    rules = [r for r in storage_resources(plan) if r["type"].startswith("aws:vpc/securityGroupIngressRule")
+             and "-efs-" in r["name"]]  # FSx for Lustre's rules: tests/storage/test_fsx_plan.py
     assert len(rules) == 1
     rule = rules[0]["inputs"]
     assert (rule["ipProtocol"], rule["fromPort"], rule["toPort"]) == ("tcp", 2049, 2049)
@@ -142,11 +143,16 @@ def test_storage_classes_and_claims_exist_and_claims_wait_for_drivers(stack_plan
     assert classes["gp3"]["inputs"]["volumeBindingMode"] == "WaitForFirstConsumer"
     driver_of = {"efs-ap": f"mlc-{stack}-storage-aws-efs-csi-driver",
                  "": f"mlc-{stack}-storage-aws-mountpoint-s3-csi-driver"}
+    fsx_claims = [storage["fsxLustre"].get("claimName", "fsx-lustre")] if "fsxLustre" in storage else []
     claims = [r for r in resources_of(plan, "kubernetes:core/v1:PersistentVolumeClaim") if "-storage-" in r["name"]]
-    assert len(claims) == len(storage.get("sharedVolumes", [])) + sum(bool(b.get("mount")) for b in storage["buckets"])
+    assert len(claims) == (len(storage.get("sharedVolumes", [])) + sum(bool(b.get("mount")) for b in storage["buckets"])
+                           + len(fsx_claims))
     for claim in claims:
-        assert driver_of[claim["inputs"]["spec"]["storageClassName"]] in claim["options"]["dependsOn"], claim["name"]
-    volumes = [r for r in resources_of(plan, "kubernetes:core/v1:PersistentVolume") if "-storage-" in r["name"]]
+        driver = (f"mlc-{stack}-storage-aws-fsx-csi-driver" if claim["inputs"]["metadata"]["name"] in fsx_claims
+                  else driver_of[claim["inputs"]["spec"]["storageClassName"]])
+        assert driver in claim["options"]["dependsOn"], claim["name"]
+    volumes = [r for r in resources_of(plan, "kubernetes:core/v1:PersistentVolume") if "-storage-" in r["name"]
+               and r["inputs"]["spec"]["csi"]["driver"] != "fsx.csi.aws.com"]  # FSx: tests/storage/test_fsx_plan.py
     handles = [v["inputs"]["spec"]["csi"]["volumeHandle"] for v in volumes]
     assert len(handles) == len(set(handles))
     for volume in volumes:
@@ -232,7 +238,8 @@ def test_storage_output_gives_verify_stack_what_it_checks(stack_plan, stack: str
     efs = outputs["storage"]["efs"]
     assert efs["subnetIds"] == outputs["privateSubnetIds"]
     assert efs["nodeSecurityGroupId"] == outputs["nodeSecurityGroupId"]
-    [rule] = [r for r in storage_resources(plan) if r["type"].startswith("aws:vpc/securityGroupIngressRule")]
+    [rule] = [r for r in storage_resources(plan) if r["type"].startswith("aws:vpc/securityGroupIngressRule")
+              and "-efs-" in r["name"]]
     assert efs["securityGroupId"] == rule["inputs"]["securityGroupId"]
     [fs_class] = [r for r in resources_of(plan, "kubernetes:storage.k8s.io/v1:StorageClass")
                   if r["inputs"]["provisioner"] == "efs.csi.aws.com"]

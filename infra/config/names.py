@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from infra.config.base import JOBS_NAMESPACE
 from infra.config.nodepools import BURN_IN_NAME
 from infra.config.queueing import TEAM_LIMITS_NAME, TEAM_QUOTA_NAME, TeamConfig
+from workloads.cluster_facts import FACTS_CONFIG_MAP
 from workloads.jobspec import namespace_network_policies
 from workloads.k8snames import is_dns_label, is_dns_subdomain, is_label_value
 
@@ -171,6 +172,8 @@ def _job_names(n: _Naming) -> Iterator[DerivedName]:
         yield n.role(f"{n.prefix}-pack-role", f"{CONFIG}storage.buckets")
     yield DerivedName("kubernetes", "Namespace", "", JOBS_NAMESPACE, STACK_PATH)
     yield DerivedName("kubernetes", "ServiceAccount", JOBS_NAMESPACE, JOBS_SERVICE_ACCOUNT, STACK_PATH)
+    # what submit reads through a kubeconfig alone (workloads/submit/facts.py)
+    yield DerivedName("kubernetes", "ConfigMap", JOBS_NAMESPACE, FACTS_CONFIG_MAP, STACK_PATH)
     if packs:
         yield DerivedName("kubernetes", "ServiceAccount", JOBS_NAMESPACE, PACK_SERVICE_ACCOUNT,
                           f"{CONFIG}storage.buckets")
@@ -199,6 +202,10 @@ def _storage_object_names(n: _Naming) -> Iterator[DerivedName]:
     for index, volume in enumerate(storage.shared_volumes):
         yield DerivedName("kubernetes", "PersistentVolumeClaim", ns, volume.name,
                           f"{CONFIG}storage.sharedVolumes[{index}].name")
+    if n.eks and storage.fsx_lustre is not None:
+        claim, path = storage.fsx_lustre.claim_name, f"{CONFIG}storage.fsxLustre.claimName"
+        yield DerivedName("kubernetes", "PersistentVolume", "", static_volume_name(ns, claim), path)
+        yield DerivedName("kubernetes", "PersistentVolumeClaim", ns, claim, path)
 
 
 def _cos_object_names(n: _Naming) -> Iterator[DerivedName]:

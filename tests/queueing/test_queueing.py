@@ -281,12 +281,16 @@ def test_adding_a_team_reads_as_its_queues_and_the_shared_quota_it_takes(
     kueue["teams"] = [{"name": "vision", "quotas": [{"flavor": "a10g", "gpus": 1}]}]
     kueue["priorityClasses"] = [{"name": "high", "value": 1000}]
     text = format_diff(diff(stack_plan("dev"), plan_config("dev", {"ml-cluster:kueue": kueue})))
-    # Only Kueue objects change: no Job, release or other queue is touched by a new team.
+    # Only Kueue objects change, and the job facts submit reads (the queues a Job may name): no Job, release or
+    # other queue is touched by a new team.
     assert text.splitlines() == [
-        "stack dev: 3 to add, 0 to remove, 1 to change, 0 to replace",
+        "stack dev: 3 to add, 0 to remove, 2 to change, 0 to replace",
         "+ kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue  mlc-dev-kueue-cq-vision",
         "+ kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue  mlc-dev-kueue-lq-vision",
         "+ kubernetes:kueue.x-k8s.io/v1beta2:WorkloadPriorityClass  mlc-dev-kueue-priority-high",
+        "~ kubernetes:core/v1:ConfigMap  mlc-dev-jobs-facts-training",
+        '    inputs.data["facts.json"].local_queues: ["training"] -> ["training", "vision"]',
+        '    inputs.data["facts.json"].workload_priority_classes: [] -> ["high"]',
         "~ kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue  mlc-dev-kueue-cq-shared",
         '    inputs.spec.resourceGroups[0].flavors[0].resources[0].nominalQuota: "6800m" -> "3400m"',
         '    inputs.spec.resourceGroups[0].flavors[0].resources[1].nominalQuota: "24Gi" -> "12Gi"',

@@ -277,6 +277,7 @@ def _tenant_names(n: _Naming, index: int, team: TeamConfig) -> Iterator[DerivedN
     yield DerivedName("kubernetes", "ResourceQuota", team_ns, TEAM_QUOTA_NAME, f"{where}.namespace")
     yield DerivedName("kubernetes", "LimitRange", team_ns, TEAM_LIMITS_NAME, f"{where}.namespace")
     yield DerivedName("kubernetes", "ServiceAccount", team_ns, JOBS_SERVICE_ACCOUNT, f"{where}.namespace")
+    yield DerivedName("kubernetes", "ConfigMap", team_ns, FACTS_CONFIG_MAP, f"{where}.namespace")
     for binding in team.binding_names:
         yield DerivedName("kubernetes", "RoleBinding", team_ns, binding, f"{where}.members")
     if team.volume is not None and team.volume_name is not None:

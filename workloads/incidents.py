@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, DISRUPTION_EXIT_CODE
-from workloads.jobspec.spec import TRAIN_CONTAINER
+from workloads.jobspec.fields import TRAIN_CONTAINER
 
 INCIDENT_GAP_S = 120.0
 MAX_LOG_LINE = 64 * 1024  # a longer line is not one of the trainer's events

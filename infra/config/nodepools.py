@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from infra.config.base import DnsLabel, Quantity, StrictModel
-from workloads.jobspec.spec import Image, ImageTag
+from workloads.jobspec.fields import Image, ImageTag
 from workloads.k8snames import (
     DNS1123_LABEL_PATTERN,
     LABEL_VALUE_PATTERN,

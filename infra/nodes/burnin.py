@@ -49,7 +49,7 @@ from workloads.jobspec.defaults import (
     restricted_container,
     tolerate,
 )
-from workloads.jobspec.spec import RUN_AS_UID
+from workloads.jobspec.fields import RUN_AS_UID
 
 SERVICE_ACCOUNT = APP = BURN_IN_NAME
 RESULTS = "/results"

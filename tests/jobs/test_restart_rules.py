@@ -11,7 +11,7 @@ from benchmarks.gang import COUNT, FAIL_JOB, IGNORE, pod_failure_action
 from tests.jobs.facts import dev_facts, prod_facts
 from tests.jobs.jobrules import check_job, validate_strict
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, DISRUPTION_EXIT_CODE, parse_spec, render_job
-from workloads.jobspec.spec import (
+from workloads.jobspec.fields import (
     DEFAULT_COLLECTIVE_TIMEOUT_S,
     DEFAULT_ELASTIC_WAIT_S,
     DEFAULT_RANK_RESTARTS,

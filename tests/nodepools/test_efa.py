@@ -20,7 +20,7 @@ from infra.nodes.poolplan import EFA_NODE_HUGEPAGES, plan_node_pools
 from tests.nodepools.helpers import FIXTURES, eks_config, fixture_lookup, gpu_pool
 from workloads.cluster_facts import ClusterFacts, PoolFacts
 from workloads.jobspec import TrainingJobSpec, render_job
-from workloads.jobspec.spec import JobSpecError
+from workloads.jobspec.fields import JobSpecError
 
 PREFIX = "ml-cluster.io"
 IMAGE = "registry.example.com/train:1.0"

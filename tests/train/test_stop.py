@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.train.test_train import REPO, TINY_RUN, _env, _free_port, _train_here
-from workloads.jobspec.spec import CONFIG_ERROR_EXIT_CODE, DISRUPTION_EXIT_CODE
+from workloads.jobspec.fields import CONFIG_ERROR_EXIT_CODE, DISRUPTION_EXIT_CODE
 from workloads.train import __main__ as cli
 from workloads.train.checkpoint import load_checkpoint
 from workloads.train.launch import exit_code_for

@@ -19,7 +19,7 @@ import torch
 
 from tests.train.test_train import REPO, _env, _free_port
 from workloads.data.api import LoaderSettings, PackedData, Placement
-from workloads.jobspec.spec import DISRUPTION_EXIT_CODE
+from workloads.jobspec.fields import DISRUPTION_EXIT_CODE
 
 # Two ranks step in lockstep; every step ends with stop.check(callback). The callback records the step per rank.
 LOOP = textwrap.dedent("""

@@ -23,22 +23,16 @@ keys). The renderer turns it, with the ClusterFacts of the cluster it targets, i
 - Restricted security context, no hostPath; app.kubernetes.io/* labels and the stack label.
 - Multi-node: an Indexed Job (completions = parallelism = nodes), a headless Service, torchrun c10d env.
 
-The package splits along those lines: `spec` (models and field checks), `loading` (dicts and files ->
-specs), `placement` and `fabric` (which pools, what resources, EFA), `defaults` (the pod defaults every pod of the
-project shares: labels, security contexts, tolerations), `containers` and `pod` (the pod-template builder),
-`controllers/` (one wrapper per controller kind around that pod), `kinds` (the kind table: a spec's kind -> its
-wrapper, for `up` and `submit`), `queue` (Kueue metadata), `network` (NetworkPolicies) and `render` (the entry
-point: render_job, the hashed name). No Pulumi or infra imports here: the same code runs in `workloads.submit` and
-inside the cluster.
+The package splits along those lines: `fields` (constants, field checks and types), `storage` and `spec` (the
+models: dataset and checkpoint locations, the run), `loading` (dicts and files -> specs), `placement` and `fabric`
+(which pools, what resources, EFA), `defaults` (the pod defaults every pod of the project shares: labels, security
+contexts, tolerations), `containers` and `pod` (the pod-template builder), `controllers/` (one wrapper per controller
+kind around that pod), `kinds` (the kind table: a spec's kind -> its wrapper, for `up` and `submit`), `queue` (Kueue
+metadata), `network` (NetworkPolicies) and `render` (the entry point: render_job, the hashed name). No Pulumi or
+infra imports here: the same code runs in `workloads.submit` and inside the cluster.
 """
 
-from workloads.jobspec.kinds import DEFAULT_KIND, KINDS, Controller, controller_for, controller_of
-from workloads.jobspec.loading import load_job_file, parse_spec
-from workloads.jobspec.network import EgressRules, job_network_policy, namespace_network_policies
-from workloads.jobspec.pod import METRICS_LABEL
-from workloads.jobspec.queue import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, job_queue, queue_annotation
-from workloads.jobspec.render import job_name, render_job, spec_hash
-from workloads.jobspec.spec import (
+from workloads.jobspec.fields import (
     CONFIG_ERROR_EXIT_CODE,
     DISRUPTION_EXIT_CODE,
     RUN_AS_UID,
@@ -48,16 +42,18 @@ from workloads.jobspec.spec import (
     TMP_DIR,
     TRAIN_CONTAINER,
     TRAIN_METRICS_PORT,
-    CheckpointSpec,
-    DatasetSpec,
     JobSpecError,
-    RamDiskSpec,
-    SecretKeyRef,
-    TolerationSpec,
-    TrainingJobSpec,
     metrics_ports,
     train_metrics_port_name,
 )
+from workloads.jobspec.kinds import DEFAULT_KIND, KINDS, Controller, controller_for, controller_of
+from workloads.jobspec.loading import load_job_file, parse_spec
+from workloads.jobspec.network import EgressRules, job_network_policy, namespace_network_policies
+from workloads.jobspec.pod import METRICS_LABEL
+from workloads.jobspec.queue import KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, job_queue, queue_annotation
+from workloads.jobspec.render import job_name, render_job, spec_hash
+from workloads.jobspec.spec import RamDiskSpec, SecretKeyRef, TolerationSpec, TrainingJobSpec
+from workloads.jobspec.storage import CheckpointSpec, DatasetSpec
 
 __all__ = [
     "Controller",

@@ -13,8 +13,7 @@ from workloads.cli import size_arg
 from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec.defaults import HOME_ENV, METRICS_ADDR_ENV, TMP_MOUNT, pull_policy, restricted_container
 from workloads.jobspec.fabric import Fabric
-from workloads.jobspec.launcher import BUNDLED_TRAINER, launched_command
-from workloads.jobspec.spec import (
+from workloads.jobspec.fields import (
     CACHE_START_TIMEOUT_S,
     CONFIG_ERROR_EXIT_CODE,
     DECODED_MOUNT,
@@ -30,9 +29,10 @@ from workloads.jobspec.spec import (
     TRAIN_CONTAINER,
     TRAIN_METRICS_PORT,
     JobSpecError,
-    TrainingJobSpec,
     train_metrics_port_name,
 )
+from workloads.jobspec.launcher import BUNDLED_TRAINER, launched_command
+from workloads.jobspec.spec import TrainingJobSpec
 from workloads.quantity import quantity_bytes
 
 Env = list[dict[str, Any]]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from workloads.health.verdict import HEALTH_LABEL, PASSED
-from workloads.jobspec.spec import RUN_AS_UID, TMP_DIR
+from workloads.jobspec.fields import RUN_AS_UID, TMP_DIR
 
 PART_OF = "ml-cluster"
 SECCOMP_RUNTIME_DEFAULT = {"type": "RuntimeDefault"}

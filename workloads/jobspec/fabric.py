@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from workloads.cluster_facts import EFA_HUGEPAGES, EFA_RESOURCE, PoolFacts
-from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
+from workloads.jobspec.fields import JobSpecError
+from workloads.jobspec.spec import TrainingJobSpec
 
 # libfabric: use the EFA provider (NCCL loads aws-ofi-nccl's net plugin from the image and must not fall back to
 # TCP sockets silently), and keep registered memory safe across the fork()s of DataLoader workers. PyTorch: abort a

@@ -21,8 +21,9 @@ from typing import Any
 
 from workloads.jobspec.containers import GangAddress
 from workloads.jobspec.controllers import indexed_job, jobset, trainjob
+from workloads.jobspec.fields import JobSpecError
 from workloads.jobspec.pod import Manifest, PodTemplate
-from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
+from workloads.jobspec.spec import TrainingJobSpec
 
 
 @dataclass(frozen=True)

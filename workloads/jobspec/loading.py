@@ -11,7 +11,8 @@ from pydantic import (
     ValidationError,
 )
 
-from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
+from workloads.jobspec.fields import JobSpecError
+from workloads.jobspec.spec import TrainingJobSpec
 from workloads.safeio import StateFileError, read_text_file
 
 JOB_FILE_MAX_BYTES = 16 << 20  # a job file is a few KiB; anything near this is not one

@@ -42,8 +42,8 @@ from workloads.jobspec.defaults import (
     restricted_pod,
     run_once_pod,
 )
+from workloads.jobspec.fields import CONFIG_ERROR_EXIT_CODE, STAGE_METRICS_PORT, JobSpecError
 from workloads.jobspec.queue import KUEUE_QUEUE_LABEL, queue_annotation
-from workloads.jobspec.spec import CONFIG_ERROR_EXIT_CODE, STAGE_METRICS_PORT, JobSpecError
 from workloads.k8snames import is_dns1035_label
 from workloads.quantity import format_bytes
 

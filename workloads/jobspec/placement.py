@@ -5,15 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from workloads.cluster_facts import EVICTION_HARD_NODEFS, ClusterFacts, PoolFacts
-from workloads.jobspec.spec import (
-    GIB,
-    STAGER_CPU_MILLICORES,
-    STAGER_EPHEMERAL,
-    STAGER_MEMORY,
-    JobSpecError,
-    TrainingJobSpec,
-    memory_shortfall,
-)
+from workloads.jobspec.fields import GIB, STAGER_CPU_MILLICORES, STAGER_EPHEMERAL, STAGER_MEMORY, JobSpecError
+from workloads.jobspec.spec import TrainingJobSpec, memory_shortfall
 from workloads.quantity import (
     format_bytes,
     format_millicores,

@@ -25,14 +25,9 @@ from workloads.jobspec.defaults import (
     tolerate,
 )
 from workloads.jobspec.fabric import Fabric, gang_pools, job_fabric
+from workloads.jobspec.fields import DECODED_MOUNT, NODE_LOST_TOLERATION_S, TRAIN_METRICS_PORT, JobSpecError
 from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
-from workloads.jobspec.spec import (
-    DECODED_MOUNT,
-    NODE_LOST_TOLERATION_S,
-    TRAIN_METRICS_PORT,
-    JobSpecError,
-    TrainingJobSpec,
-)
+from workloads.jobspec.spec import TrainingJobSpec
 from workloads.quantity import format_bytes, format_millicores
 
 Manifest = dict[str, Any]

@@ -4,8 +4,9 @@ there (or, for a held run, that record where `submit start` puts it)."""
 from __future__ import annotations
 
 from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec.fields import JobSpecError
 from workloads.jobspec.launcher import LAUNCHER_ANNOTATION
-from workloads.jobspec.spec import JobSpecError, TrainingJobSpec
+from workloads.jobspec.spec import TrainingJobSpec
 
 # Kueue's Job labels (kubernetes-sigs/kueue v0.19.2 pkg/controller/constants/constants.go:23 and :48).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

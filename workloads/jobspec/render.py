@@ -9,9 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from workloads.cluster_facts import ClusterFacts
+from workloads.jobspec.fields import HASH_LENGTH, JobSpecError
 from workloads.jobspec.kinds import controller_for
 from workloads.jobspec.pod import build_pod
-from workloads.jobspec.spec import HASH_LENGTH, JobSpecError, TrainingJobSpec
+from workloads.jobspec.spec import TrainingJobSpec
 
 
 def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, run_name: str) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import os
 from workloads.torchenv import is_distributed
 
 RUNTIME_EXIT_CODE = 1  # a failure a retry may fix; never the config-error code
-DISRUPTION_EXIT_CODE = 43  # the default; workloads/jobspec/spec.py renders the same number into every Job
+DISRUPTION_EXIT_CODE = 43  # the default; workloads/jobspec/fields.py renders the same number into every Job
 
 
 def config_error_exit_code() -> int:

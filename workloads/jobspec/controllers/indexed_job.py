@@ -8,16 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from workloads.jobspec.containers import GangAddress
+from workloads.jobspec.fields import CONFIG_ERROR_EXIT_CODE, DISRUPTION_EXIT_CODE, RENDEZVOUS_PORT, TRAIN_CONTAINER
 from workloads.jobspec.network import job_network_policy
 from workloads.jobspec.pod import Manifest, PodTemplate
 from workloads.jobspec.queue import queued_metadata
-from workloads.jobspec.spec import (
-    CONFIG_ERROR_EXIT_CODE,
-    DISRUPTION_EXIT_CODE,
-    RENDEZVOUS_PORT,
-    TRAIN_CONTAINER,
-    TrainingJobSpec,
-)
+from workloads.jobspec.spec import TrainingJobSpec
 
 API_VERSION, KIND, PLURAL = "batch/v1", "Job", "jobs"
 # The Job controller's pod label and annotation (kubernetes pkg/apis/batch/types.go: JobNameLabel,

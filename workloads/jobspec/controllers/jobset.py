@@ -31,10 +31,11 @@ from typing import Any
 
 from workloads.jobspec.containers import GangAddress
 from workloads.jobspec.controllers.indexed_job import COMPLETION_INDEX, pod_failure_policy
+from workloads.jobspec.fields import TRAIN_CONTAINER, JobSpecError
 from workloads.jobspec.network import job_network_policy
 from workloads.jobspec.pod import Manifest, PodTemplate
 from workloads.jobspec.queue import queued_metadata
-from workloads.jobspec.spec import TRAIN_CONTAINER, JobSpecError, TrainingJobSpec
+from workloads.jobspec.spec import TrainingJobSpec
 
 API_VERSION, KIND, PLURAL = "jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets"
 ROLE = "trainer"  # the replicated Job of a plain gang

@@ -27,10 +27,10 @@ from dataclasses import replace
 from workloads.jobspec.containers import GangAddress
 from workloads.jobspec.controllers import jobset
 from workloads.jobspec.controllers.indexed_job import COMPLETION_INDEX
+from workloads.jobspec.fields import RENDEZVOUS_PORT, TRAIN_CONTAINER, JobSpecError
 from workloads.jobspec.network import job_network_policy
 from workloads.jobspec.pod import Manifest, PodTemplate
 from workloads.jobspec.queue import queued_metadata
-from workloads.jobspec.spec import RENDEZVOUS_PORT, TRAIN_CONTAINER, JobSpecError
 
 API_VERSION, KIND, PLURAL = "trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs"
 GROUP = API_VERSION.split("/")[0]

@@ -14,9 +14,12 @@ from workloads.jobspec import JobSpecError, load_job_file, parse_spec, render_jo
 from workloads.jobspec.launcher import LAUNCH, OPT_OUT_NOTE, launched_command, launcher_notes
 
 ROOT = Path(__file__).resolve().parents[2]
-# every spec file under workloads/jobs/ and examples/ (the user-facing one targets dev)
+# every spec file under workloads/jobs/ and examples/ (the user-facing ones target dev; the FSDP example a
+# multi-node H100 pool, which prod has)
+EXAMPLE_TARGETS = {"train-fsdp-job.yaml": "prod"}
 EXAMPLE_SPECS = [(f"workloads/jobs/{name}", stack) for name, stack in sorted(TARGET_STACK.items())] + [
-    (str(path.relative_to(ROOT)), "dev") for path in sorted((ROOT / "examples").glob("*.yaml"))]
+    (str(path.relative_to(ROOT)), EXAMPLE_TARGETS.get(path.name, "dev"))
+    for path in sorted((ROOT / "examples").glob("*.yaml"))]
 
 
 def _train(manifests: list[dict]) -> dict:

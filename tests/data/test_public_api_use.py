@@ -1,5 +1,6 @@
 """The data path's users stay on its public surface: the example scripts import only workloads.data.api (and
-workloads.cli's argument helpers, and the sharded checkpointer), and the bundled trainer imports no underscore-private name of workloads.data."""
+workloads.cli's argument helpers, and the sharded checkpointer), and the bundled trainer imports no
+underscore-private name of workloads.data."""
 
 from __future__ import annotations
 

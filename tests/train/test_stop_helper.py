@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,15 +62,27 @@ def _finish(process: subprocess.Popen[str], timeout: float = 120) -> str:
     return err
 
 
+def _json_objects(lines: Iterable[str]) -> Iterator[dict]:
+    """The JSON objects the two ranks print to one pipe: two writes can land on one line ({...}{...}), so each
+    line is read object by object; what is not JSON is skipped."""
+    decoder = json.JSONDecoder()
+    for raw in lines:
+        text, at = raw.strip(), 0
+        while (start := text.find("{", at)) != -1:
+            try:
+                found, at = decoder.raw_decode(text, start)
+            except json.JSONDecodeError:
+                break
+            if isinstance(found, dict):
+                yield found
+
+
 def test_sigterm_on_one_rank_stops_both_after_the_same_step_with_the_checkpoint(tmp_path: Path) -> None:
     process = _launch(tmp_path, _env(DISRUPTION_EXIT_CODE=str(DISRUPTION_EXIT_CODE)))
     assert process.stdout is not None
     pids: dict[int, int] = {}
     signalled_at = None
-    for raw in process.stdout:
-        if not raw.startswith("{"):
-            continue
-        line = json.loads(raw)
+    for line in _json_objects(process.stdout):
         if "pid" in line:
             pids[line["rank"]] = line["pid"]
         elif line.get("rank") == 1 and line["step"] == 5 and signalled_at is None:

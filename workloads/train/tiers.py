@@ -18,7 +18,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,25 +52,42 @@ def file_digest(path: Path) -> tuple[str, int]:
     """sha256 hex and size of a file, read in blocks (bounded memory)."""
     digest = hashlib.sha256()
     size = 0
-    with path.open("rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            digest.update(block)
-            size += len(block)
+    for block in read_blocks(path):
+        digest.update(block)
+        size += len(block)
     return digest.hexdigest(), size
 
 
-def write_atomic(target: Path, payload: bytes) -> None:
-    """temp + fsync + rename + fsync of the folder: a reader sees the old file or the new, never a torn one."""
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+def read_blocks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while block := handle.read(_HASH_BLOCK):
+            yield block
+
+
+def install(blocks: Iterable[bytes], target: Path, *, suffix: str = "tmp") -> str:
+    """Write `blocks` to a temp file beside `target`, hashing them on the way, fsync it and rename it over `target`;
+    returns the sha256. A failure (disk full, a broken download) removes the temp file and leaves `target` as it
+    was: a reader sees the old file or the new, never a torn one. The one copy routine of both tiers: a copy up
+    (DirectoryTier.put), a copy down (get), the manifest (write_atomic)."""
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.{suffix}")
+    digest = hashlib.sha256()
     try:
-        with open(tmp, "xb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
+        with open(tmp, "xb") as sink:
+            for block in blocks:
+                digest.update(block)
+                sink.write(block)
+            sink.flush()
+            os.fsync(sink.fileno())
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return digest.hexdigest()
+
+
+def write_atomic(target: Path, payload: bytes) -> None:
+    """install() of one payload, then an fsync of the folder (the rename itself durable)."""
+    install([payload], target)
     fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -204,17 +221,7 @@ class DirectoryTier:
     def put(self, local: Path, step: int, name: str) -> None:
         folder = self._folder(step)
         folder.mkdir(parents=True, exist_ok=True)
-        target = folder / name
-        tmp = folder / f".{name}.{secrets.token_hex(6)}.tmp"
-        try:
-            with local.open("rb") as source, open(tmp, "xb") as sink:
-                shutil.copyfileobj(source, sink, _HASH_BLOCK)
-                sink.flush()
-                os.fsync(sink.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        install(read_blocks(local), folder / name)
 
     def put_manifest(self, step: int, payload: bytes) -> None:
         write_atomic(self._folder(step) / MANIFEST, payload)
@@ -226,20 +233,7 @@ class DirectoryTier:
         return local_steps(self.root)
 
     def get(self, step: int, name: str, local: Path) -> str:
-        tmp = local.with_name(f".{local.name}.{secrets.token_hex(6)}.download")
-        digest = hashlib.sha256()
-        try:
-            with (self._folder(step) / name).open("rb") as source, open(tmp, "xb") as sink:
-                while block := source.read(_HASH_BLOCK):
-                    digest.update(block)
-                    sink.write(block)
-                sink.flush()
-                os.fsync(sink.fileno())
-            os.replace(tmp, local)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return digest.hexdigest()
+        return install(read_blocks(self._folder(step) / name), local, suffix="download")
 
     def delete(self, step: int) -> None:
         folder = self._folder(step)
@@ -293,21 +287,8 @@ class S3Tier:
         return sorted(found, reverse=True)
 
     def get(self, step: int, name: str, local: Path) -> str:
-        tmp = local.with_name(f".{local.name}.{secrets.token_hex(6)}.download")
-        digest = hashlib.sha256()
-        try:
-            response = self.client.get_object(Bucket=self.location.bucket, Key=self._key(step, name))
-            with open(tmp, "xb") as sink:
-                for block in response["Body"].iter_chunks(_HASH_BLOCK):
-                    digest.update(block)
-                    sink.write(block)
-                sink.flush()
-                os.fsync(sink.fileno())
-            os.replace(tmp, local)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return digest.hexdigest()
+        response = self.client.get_object(Bucket=self.location.bucket, Key=self._key(step, name))
+        return install(response["Body"].iter_chunks(_HASH_BLOCK), local, suffix="download")
 
     def delete(self, step: int) -> None:
         prefix = self.location.key(f"{step_dir_name(step)}/")

@@ -11,6 +11,7 @@ import pulumi_aws as aws
 from infra.config.storage import EfsConfig
 from infra.context import NetworkInfo, StackContext, SubnetRef
 from infra.iam import policy_document
+from infra.storage.firewall import PortRule, file_system_security_group
 
 NFS_PORT = 2049
 
@@ -89,23 +90,12 @@ class SharedFileSystem(pulumi.ComponentResource):
             policy=tls_only_policy(),
             opts=child,
         )
-        security_group = aws.ec2.SecurityGroup(
-            ctx.name("storage", "efs-sg"),
-            vpc_id=args.network.vpc_id,
-            description="EFS mount targets: NFS from the cluster nodes only",
-            revoke_rules_on_delete=True,
-            tags={**ctx.tags, "Name": ctx.name("storage", "efs-sg")},
-            opts=child,
-        )
-        aws.vpc.SecurityGroupIngressRule(
-            ctx.name("storage", "efs-nfs-from-nodes"),
-            security_group_id=security_group.id,
-            referenced_security_group_id=args.node_security_group_id,
-            ip_protocol="tcp",
-            from_port=NFS_PORT,
-            to_port=NFS_PORT,
-            description="NFS from the node security group",
-            opts=child,
+        security_group = file_system_security_group(
+            ctx, "efs-sg", args.network.vpc_id, "EFS mount targets: NFS from the cluster nodes only",
+            {"nodes": args.node_security_group_id},
+            [PortRule("efs-nfs-from-nodes", "ingress", "nodes", NFS_PORT, NFS_PORT,
+                      "NFS from the node security group")],
+            self,
         )
         self.mount_targets = {
             zone: aws.efs.MountTarget(

@@ -16,6 +16,7 @@ import pulumi_aws as aws
 
 from infra.config.fsx import FsxDataRepositoryAssociationConfig, FsxLustreConfig
 from infra.context import NetworkInfo, StackContext, SubnetRef
+from infra.storage.firewall import SELF, PortRule, file_system_security_group
 
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
 LUSTRE_VERSION = "2.15"  # PERSISTENT_2 with a metadata configuration needs 2.15
@@ -37,6 +38,19 @@ def events_policy(events: list[str]) -> dict[str, list[str]] | None:
     return {"events": list(events)} if events else None
 
 
+def lustre_rules(peers: tuple[str, ...]) -> list[PortRule]:
+    """Lustre's ports from and to each peer (ingress then egress, per port range)."""
+    rules = []
+    for peer in peers:
+        for low, high in LUSTRE_PORTS:
+            ports = f"{low}" if low == high else f"{low}-{high}"
+            rules += [PortRule(f"fsx-lustre-{ports}-from-{peer}", "ingress", peer, low, high,
+                               f"Lustre {ports} from the {peer} security group"),
+                      PortRule(f"fsx-lustre-{ports}-to-{peer}", "egress", peer, low, high,
+                               f"Lustre {ports} to the {peer} security group")]
+    return rules
+
+
 @dataclass(frozen=True)
 class LustreFileSystemArgs:
     config: FsxLustreConfig
@@ -51,38 +65,14 @@ class LustreFileSystem(pulumi.ComponentResource):
     def __init__(self, ctx: StackContext, args: LustreFileSystemArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:LustreFileSystem", ctx.name("storage", "fsx"), None, opts)
         config = args.config
-        child = pulumi.ResourceOptions(parent=self)
         stateful = pulumi.ResourceOptions(parent=self, protect=ctx.protected, retain_on_delete=ctx.protected)
         subnet = subnet_in_zone(args.network.private_subnets, config.availability_zone)
 
-        security_group = aws.ec2.SecurityGroup(
-            ctx.name("storage", "fsx-sg"),
-            vpc_id=args.network.vpc_id,
-            description="FSx for Lustre: Lustre (TCP 988, 1018-1023) from the cluster nodes and itself",
-            revoke_rules_on_delete=True,
-            tags={**ctx.tags, "Name": ctx.name("storage", "fsx-sg")},
-            opts=child,
+        security_group = file_system_security_group(
+            ctx, "fsx-sg", args.network.vpc_id,
+            "FSx for Lustre: Lustre (TCP 988, 1018-1023) from the cluster nodes and itself",
+            {"nodes": args.node_security_group_id}, lustre_rules(("nodes", SELF)), self,
         )
-        peers = {"nodes": args.node_security_group_id, "self": security_group.id}
-        for peer, group_id in peers.items():
-            for low, high in LUSTRE_PORTS:
-                ports = f"{low}" if low == high else f"{low}-{high}"
-                aws.vpc.SecurityGroupIngressRule(
-                    ctx.name("storage", f"fsx-lustre-{ports}-from-{peer}"),
-                    security_group_id=security_group.id,
-                    referenced_security_group_id=group_id,
-                    ip_protocol="tcp", from_port=low, to_port=high,
-                    description=f"Lustre {ports} from the {peer} security group",
-                    opts=child,
-                )
-                aws.vpc.SecurityGroupEgressRule(
-                    ctx.name("storage", f"fsx-lustre-{ports}-to-{peer}"),
-                    security_group_id=security_group.id,
-                    referenced_security_group_id=group_id,
-                    ip_protocol="tcp", from_port=low, to_port=high,
-                    description=f"Lustre {ports} to the {peer} security group",
-                    opts=child,
-                )
 
         file_system = aws.fsx.LustreFileSystem(
             ctx.name("storage", "fsx-fs"),

@@ -24,6 +24,7 @@ from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy, policy_document
 from infra.monitoring.alerts import rule_groups
 from infra.monitoring.dashboard import dashboard_json
+from infra.monitoring.goodput import goodput_rule_groups
 from infra.monitoring.reservations import ReservedPool, reservation_groups
 from infra.monitoring.teams import team_rule_groups
 from workloads.jobspec import METRICS_LABEL, STAGE_METRICS_PORT_NAME, train_metrics_port_name
@@ -81,10 +82,11 @@ def kps_values(cfg: MonitoringConfig, label_prefix: str = "ml-cluster.io", reser
         "grafana": {"enabled": cfg.grafana_enabled()},
         # Node agents must run on GPU nodes, which carry NoSchedule (and possibly configured NoExecute) taints.
         "prometheus-node-exporter": {"tolerations": [{"operator": "Exists"}]},
-        # gpu-health: the burn-in's verdict per node, for the dashboard's GPU health row
+        # gpu-health: the burn-in's verdict per node, for the dashboard's GPU health row; a pod's Job (its
+        # app.kubernetes.io/instance) for the goodput rules' per-Job buckets (infra/monitoring/goodput.py)
         "kube-state-metrics": {"metricLabelsAllowlist": [
             f"nodes=[{label_prefix}/gpu-count,{label_prefix}/gpu-health"
-            f"{f',{label_prefix}/pool' if reserved else ''}]"]},
+            f"{f',{label_prefix}/pool' if reserved else ''}]", "pods=[app.kubernetes.io/instance]"]},
     }
 
 
@@ -131,6 +133,7 @@ def prometheus_rule(namespace: str, cfg: MonitoringConfig, training_namespace: s
                     pools: Sequence[ReservedPool] = (), team_namespaces: Sequence[str] = ()) -> dict[str, Any]:
     groups = [*rule_groups(cfg.alerts, training_namespace, label_prefix, team_namespaces),
               *team_rule_groups(team_namespaces),
+              *goodput_rule_groups(training_namespace, team_namespaces),
               *reservation_groups(pools, cfg.alerts.reservation_end_minutes, cfg.alerts.reserved_idle_minutes,
                                   label_prefix)]
     return {

@@ -23,6 +23,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
 from infra.monitoring.alerts import data_wait_share
+from infra.monitoring.goodput import GOODPUT_GPUS, TEAM_GOODPUT_GPUS, goodput_ratio, gpu_seconds
 from infra.monitoring.gpu_alerts import ksm_label, missing_gpus
 
 DASHBOARD_UID = "ml-cluster-gpu-starving"
@@ -129,8 +130,23 @@ def gpu_health_panels(label_prefix: str) -> tuple[PanelSpec, ...]:
     )
 
 
+GOODPUT_PANELS: tuple[PanelSpec, ...] = (
+    PanelSpec("Goodput", "GPUs by goodput bucket", "short", (
+        (f"sum by (bucket) ({GOODPUT_GPUS}{{{_JOB}}})", "{{bucket}}"),
+    ), "Where the selected Jobs' GPUs are now: productive, or a badput bucket (data_wait, checkpoint, recompute, "
+       "restart, startup, capacity). Definitions: docs/monitoring.md, 'Measured goodput'."),
+    PanelSpec("Goodput", "Goodput per Job over the dashboard's range", "percentunit", (
+        (goodput_ratio("$__range", _JOB, by="job_name"), "{{job_name}}"),
+    ), "Productive GPU-seconds over all GPU-seconds the Job's pods held in the range."),
+    PanelSpec("Goodput", "GPU-hours per team and bucket over the range", "short", (
+        (f"{gpu_seconds('$__range', by='namespace, bucket', series=TEAM_GOODPUT_GPUS)} / 3600",
+         "{{namespace}} {{bucket}}"),
+    ), "Every namespace's (a team's) GPU-hours in the range by bucket."),
+)
+
+
 def all_panels(label_prefix: str = "ml-cluster.io") -> tuple[PanelSpec, ...]:
-    return (*PANELS, *gpu_health_panels(label_prefix))
+    return (*PANELS, *GOODPUT_PANELS, *gpu_health_panels(label_prefix))
 
 
 def build_dashboard(label_prefix: str = "ml-cluster.io") -> Dashboard:

@@ -75,11 +75,12 @@ def test_a_capacity_block_and_an_odcr_plan_into_their_reservations(plan_config: 
     [rule] = [r["inputs"] for r in plan["resources"]
               if r["type"] == "kubernetes:monitoring.coreos.com/v1:PrometheusRule"]
     idle = {r["labels"]["pool"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]
-            if r["alert"] == "ReservedGpusIdle"}
+            if r.get("alert") == "ReservedGpusIdle"}
     assert set(idle) == {"h100-block", "a100-odcr"} and idle["a100-odcr"].startswith("((vector(32) - (sum(")
     [release] = [r["inputs"] for r in plan["resources"] if r["name"] == "mlc-prod-monitoring-kps"]
     assert release["values"]["kube-state-metrics"]["metricLabelsAllowlist"] == [
-        "nodes=[ml-cluster.io/gpu-count,ml-cluster.io/gpu-health,ml-cluster.io/pool]"]
+        "nodes=[ml-cluster.io/gpu-count,ml-cluster.io/gpu-health,ml-cluster.io/pool]",
+        "pods=[app.kubernetes.io/instance]"]
     open_pool = plan_config("prod", {"ml-cluster:nodePools": prod_values(odcr_pool(
         capacityReservation={**ODCR, "preference": "open"}))["ml-cluster:nodePools"]})
     [spec] = [r["inputs"]["capacityReservationSpecification"] for r in open_pool["resources"]

@@ -162,9 +162,10 @@ def test_only_reserved_pools_get_the_alerts_and_their_pool_label_is_exported() -
         assert rule["annotations"]["runbook_url"].endswith("#reserved-capacity-capacity-blocks-and-on-demand-"
                                                            "capacity-reservations")
     allow = kps_values(cfg, "ml-cluster.io", reserved=True)["kube-state-metrics"]["metricLabelsAllowlist"]
-    assert allow == ["nodes=[ml-cluster.io/gpu-count,ml-cluster.io/gpu-health,ml-cluster.io/pool]"]
+    assert allow == ["nodes=[ml-cluster.io/gpu-count,ml-cluster.io/gpu-health,ml-cluster.io/pool]",
+                     "pods=[app.kubernetes.io/instance]"]
     assert kps_values(cfg)["kube-state-metrics"]["metricLabelsAllowlist"] == [
-        "nodes=[ml-cluster.io/gpu-count,ml-cluster.io/gpu-health]"]
+        "nodes=[ml-cluster.io/gpu-count,ml-cluster.io/gpu-health]", "pods=[app.kubernetes.io/instance]"]
 
 
 def test_a_reservation_that_ends_before_it_starts_is_a_config_error() -> None:

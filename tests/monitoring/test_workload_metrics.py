@@ -30,7 +30,9 @@ def test_trainer_metrics_are_served_with_units_and_counters() -> None:
     metrics = TrainMetrics()
     metrics.started(RunShape(epochs=2, batches_per_epoch=5, batch_size=8, world_size=1, rank=0))
     metrics.epoch_started(1, first_batch=2)
-    metrics.step(data_wait_s=0.25, compute_s=0.75, samples=8, loss=1.5)
+    metrics.step(data_wait_s=0.25, compute_s=0.75, samples=8, loss=1.5, global_step=41)
+    metrics.checkpointed(2.5)
+    metrics.checkpointed(-1.0)  # a clock step backwards adds nothing
     port = metrics.serve(0, "127.0.0.1")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
@@ -38,6 +40,8 @@ def test_trainer_metrics_are_served_with_units_and_counters() -> None:
     finally:
         metrics.close()
     assert page["ml_train_samples"]["ml_train_samples_total{}"] == 8
+    assert page["ml_train_global_step"]["ml_train_global_step{}"] == 41  # the goodput rules' high-water mark
+    assert page["ml_train_checkpoint_stall_seconds"]["ml_train_checkpoint_stall_seconds_total{}"] == 2.5
     assert page["ml_train_steps"]["ml_train_steps_total{}"] == 1
     assert page["ml_train_step_seconds"]["ml_train_step_seconds_sum{}"] == 1.0  # wait + compute
     assert page["ml_train_data_wait_seconds"]["ml_train_data_wait_seconds_sum{}"] == 0.25

@@ -55,8 +55,10 @@ class Run:
     show_progress: bool = field(default=False)
 
     def checkpoint(self, epoch: int, batch: int, loader: dict[str, Any] | None) -> float:
-        return self.checkpointer.save(self.state, epoch, batch, loader, self.identity,
-                                      self.data.sampler.canonical_nodes)
+        stall = self.checkpointer.save(self.state, epoch, batch, loader, self.identity,
+                                       self.data.sampler.canonical_nodes)
+        self.metrics.checkpointed(stall)
+        return stall
 
     def stop_now(self, epoch: int, batch: int) -> None:
         """Every rank, after the agreed last step and its checkpoint: rank 0 has written it, the others wait for
@@ -150,9 +152,9 @@ def run_epoch(run: Run, epoch: int) -> dict[str, Any] | None:
             tally.data_time += step_data
             tally.compute_time += step_compute
             tally.samples += result.samples
-            run.metrics.step(step_data, step_compute, result.samples, result.loss)
             tally.batch_index += 1
             state.step += 1
+            run.metrics.step(step_data, step_compute, result.samples, result.loss, state.step)
             _report_step(run, epoch, tally, result.loss, step_data, step_compute)
             progress.set_postfix_str(
                 f"loss {result.loss:.4f}, "

@@ -145,6 +145,12 @@ class TrainMetrics:
                                            "data loader", buckets=WAIT_BUCKETS, registry=r)
         self.samples = Counter("ml_train_samples", "Samples this rank trained on", registry=r)
         self.steps = Counter("ml_train_steps", "Optimiser steps this rank took", registry=r)
+        # goodput (infra/monitoring/goodput.py): the step a restarted gang must pass before its work is new again,
+        # and the time the loop was blocked saving checkpoints
+        self.global_step = Gauge("ml_train_global_step", "The run's optimiser step (resumed runs continue it)",
+                                 registry=r)
+        self.checkpoint_stall = Counter("ml_train_checkpoint_stall_seconds", "Seconds the training loop was blocked "
+                                        "saving checkpoints", registry=r)
         self.loss = Gauge("ml_train_loss", "Loss of the last step on this rank", registry=r)
         self.epoch = Gauge("ml_train_epoch", "Current epoch, 0-based", registry=r)
         self.epochs = Gauge("ml_train_epochs", "Epochs the run trains for", registry=r)
@@ -174,13 +180,19 @@ class TrainMetrics:
         self.epoch.set(epoch)
         self.epoch_batch.set(first_batch)
 
-    def step(self, data_wait_s: float, compute_s: float, samples: int, loss: float) -> None:
+    def step(self, data_wait_s: float, compute_s: float, samples: int, loss: float,
+             global_step: int | None = None) -> None:
         self.data_wait_seconds.observe(data_wait_s)
+        if global_step is not None:
+            self.global_step.set(global_step)
         self.step_seconds.observe(data_wait_s + compute_s)
         self.samples.inc(samples)
         self.steps.inc()
         self.epoch_batch.inc()
         self.loss.set(loss)
+
+    def checkpointed(self, stall_s: float) -> None:
+        self.checkpoint_stall.inc(max(0.0, stall_s))
 
     def finished(self) -> None:
         self.done.set(1)

@@ -5,7 +5,7 @@ The same samples for everyone, on the same S3 path (benchmarks/peers.py: latency
     captions   each generated JPEG with a caption (a few words naming its class and number): batches of
                uint8 (128, S, S, 3) images, decoded in the workers, and the 128 captions as strings
     tokens     a corpus of .npy documents of uint16 token ids, cut into sequences of SEQ_LEN ids by our packing rule
-               (workloads/data/writing/records_pack.pack_tokens); every contender stores those same sequences and yields
+               (workloads/data/writing/tokens.pack_tokens); every contender stores those same sequences and yields
                int32 (128, SEQ_LEN) batches
 
 Ours: pack_captions / pack_tokens -> upload -> stage (copy, or the staging cache) -> RecordsDataset (captions: the
@@ -104,7 +104,9 @@ def pack_and_upload(ctx: Any) -> tuple[Any, int]:
     """Measured with the conversion (pack_captions or pack_tokens, then upload) time, and the packed bytes."""
     from workloads.data.moving.s3 import S3Uri, make_client
     from workloads.data.moving.upload import UploadOptions, upload
-    from workloads.data.writing.records_pack import RecordPackOptions, pack_captions, pack_tokens
+    from workloads.data.writing.captions import pack_captions
+    from workloads.data.writing.records_pack import RecordPackOptions
+    from workloads.data.writing.tokens import pack_tokens
 
     started = time.perf_counter()
     packed = Path(ctx.scratch) / "packed"

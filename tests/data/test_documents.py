@@ -9,7 +9,8 @@ import torch
 
 from workloads.data.api import PackedData, Placement
 from workloads.data.format.documents import block_diagonal_mask, document_ids, sequence_offsets
-from workloads.data.writing.records_pack import RecordPackOptions, pack_tokens
+from workloads.data.writing.records_pack import RecordPackOptions
+from workloads.data.writing.tokens import pack_tokens
 
 
 def test_offsets_of_a_sequence() -> None:

@@ -16,7 +16,8 @@ from workloads.data.moving.s3 import S3Uri, make_client
 from workloads.data.moving.upload import UploadOptions, upload
 from workloads.data.reading.dataset import DatasetError
 from workloads.data.writing.pack import PackOptions, pack
-from workloads.data.writing.records_pack import RecordPackOptions, pack_records, pack_tokens
+from workloads.data.writing.records_pack import RecordPackOptions, pack_records
+from workloads.data.writing.tokens import pack_tokens
 
 SHARD_BYTES = 60_000  # about 19 decoded 32px samples per shard
 

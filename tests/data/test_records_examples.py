@@ -14,7 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from workloads.data.writing.records_pack import RecordPackOptions, pack_captions, pack_tokens
+from workloads.data.writing.captions import pack_captions
+from workloads.data.writing.records_pack import RecordPackOptions
+from workloads.data.writing.tokens import pack_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220), "yellow": (230, 220, 30)}

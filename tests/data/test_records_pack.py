@@ -243,7 +243,8 @@ def test_tokens_packing_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 def test_the_peer_benchmark_gives_every_contender_the_sequences_pack_tokens_cuts(tmp_path: Path) -> None:
     from benchmarks.peers_records import SEQ_LEN, token_sequences, write_token_corpus
-    from workloads.data.writing.records_pack import RecordPackOptions, pack_tokens
+    from workloads.data.writing.records_pack import RecordPackOptions
+    from workloads.data.writing.tokens import pack_tokens
 
     write_token_corpus(tmp_path / "corpus", 20_000)
     expected = token_sequences(tmp_path / "corpus")

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tests.moto_server import free_port
-from workloads.data.writing.records_pack import RecordPackOptions, pack_tokens
+from workloads.data.writing.records_pack import RecordPackOptions
+from workloads.data.writing.tokens import pack_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 

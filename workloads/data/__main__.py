@@ -267,9 +267,11 @@ def _shard_stream(args: argparse.Namespace, progress: bool) -> ShardStream | Non
 
 
 def _pack_records(args: argparse.Namespace, progress: bool) -> int:
-    """pack-captions and pack-tokens: a records dataset (workloads/data/writing/records_pack.py)."""
+    """pack-captions and pack-tokens: a records dataset (workloads/data/writing/captions.py, tokens.py)."""
+    from workloads.data.writing.captions import pack_captions
     from workloads.data.writing.pack import REPORT_NAME
-    from workloads.data.writing.records_pack import RecordPackOptions, pack_captions, pack_tokens
+    from workloads.data.writing.records_pack import RecordPackOptions
+    from workloads.data.writing.tokens import pack_tokens
 
     options = RecordPackOptions(shard_bytes=args.shard_size, workers=getattr(args, "workers", 1), strict=args.strict,
                                 force=args.force, progress=progress,

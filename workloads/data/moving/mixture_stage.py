@@ -18,7 +18,14 @@ from workloads.data.format.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from workloads.data.moving.cache import CacheReader, StagerState
 from workloads.data.moving.metrics import StageMetrics
 from workloads.data.moving.s3 import S3Uri
-from workloads.data.moving.stage import ShardStager, StageOptions, StageResult, fetch_manifest, run_stager
+from workloads.data.moving.stage import (
+    ShardStager,
+    StageOptions,
+    StageResult,
+    check_budget,
+    fetch_manifest,
+    run_stager,
+)
 
 
 def source_dir(dest: str | Path, source: int) -> Path:
@@ -58,11 +65,7 @@ def stage_mixture(client: Any, sources: list[S3Uri], dest: Path, options: StageO
     options = replace(options, metrics=metrics)
     fetched = [fetch_manifest(client, uri, options.retry, metrics.retries.inc) for uri in sources]
     manifest = combined_manifest([m for m, _ in fetched])
-    if options.budget_bytes is not None:
-        largest = max(manifest.shards, key=lambda s: s.bytes, default=None)
-        if largest is not None and largest.bytes > options.budget_bytes:
-            raise DataToolError("--budget", f"{options.budget_bytes} bytes cannot hold {largest.path} "
-                                            f"({largest.bytes} bytes); use a budget of at least the largest shard")
+    check_budget(manifest, options.budget_bytes)
     stager = _MixtureStager(client, sources, dest, manifest, options)
     return run_stager(stager, {f"{k}/{MANIFEST_NAME}": payload for k, (_, payload) in enumerate(fetched)})
 

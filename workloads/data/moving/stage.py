@@ -30,17 +30,13 @@ jitter; a checksum mismatch re-fetches the whole shard. A rerun resumes: final f
 does not name is never touched.
 """
 
+
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import os
-import re
-import sys
-import threading
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,24 +49,25 @@ from workloads.data.format.errors import DataToolError, is_runtime_oserror
 from workloads.data.format.manifest import (
     MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
-    PLAN_STATE,
     STAGER_STATE,
     Manifest,
-    ShardInfo,
     atomic_write_bytes,
-    fsync_dir,
     manifest_error,
-    sha256_file,
 )
-from workloads.data.moving.cache import Heartbeat, ReadPlan, StagerState, cache_dir, plan_file, write_stager_state
+from workloads.data.moving.cache import Heartbeat, ReadPlan, StagerState, cache_dir, write_stager_state
 from workloads.data.moving.metrics import StageMetrics
-from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, with_retries
-from workloads.safeio import StateFile, StateFileError, open_dir
+from workloads.data.moving.reader_watch import ReaderWatch, read_checked_plan
+from workloads.data.moving.s3 import RetryPolicy, S3Uri, with_retries
+from workloads.data.moving.shard_fetch import (
+    TEMP_SUFFIX,
+    PartFetcher,
+    is_verified,
+    remove_stale_temps,
+)
+from workloads.safeio import StateFileError, open_dir
 
-TEMP_SUFFIX = ".part"
-_BODY_CHUNK = 1 << 20
-_HASH_BLOCK = 8 << 20
-_LONG_WAIT_S = 60.0  # a wait for the reader this long is logged again (the first one always is)
+__all__ = ["TEMP_SUFFIX", "ShardStager", "StageOptions", "StageResult", "fetch_manifest", "part_size",
+           "read_checked_plan", "run_stager", "stage"]
 
 
 @dataclass(frozen=True)
@@ -141,48 +138,6 @@ def fetch_manifest(
         raise DataToolError(where, f"not a dataset manifest: {manifest_error(exc)}") from exc
 
 
-@dataclass
-class _ShardFetch:
-    """One download of one shard; its sha256 is computed over the contiguous prefix of finished parts as they land,
-    so hashing overlaps the transfer instead of re-reading the whole file at the end."""
-
-    info: ShardInfo
-    temp: Path
-    fd: int
-    parts_left: int
-    attempt: int
-    lock: threading.Condition = field(default_factory=threading.Condition)
-    digest: Any = field(default_factory=hashlib.sha256)
-    hashed_to: int = 0
-    finished_parts: dict[int, int] = field(default_factory=dict)  # start -> end (exclusive) of parts not yet hashed
-    urgent: bool = False  # the reader waits for this shard now: its parts take the extra connections
-    hashing: bool = False
-
-    def part_done(self, start: int, end: int) -> None:
-        """Record a finished part; the first thread to find the prefix extended hashes it, others return at once."""
-        with self.lock:
-            self.finished_parts[start] = end
-            if self.hashing:
-                return
-            self.hashing = True
-        while True:
-            with self.lock:
-                stop = self.finished_parts.pop(self.hashed_to, None)
-                if stop is None:
-                    self.hashing = False
-                    self.lock.notify_all()
-                    return
-                begin = self.hashed_to
-            for offset in range(begin, stop, _HASH_BLOCK):
-                self.digest.update(os.pread(self.fd, min(_HASH_BLOCK, stop - offset), offset))
-            with self.lock:
-                self.hashed_to = stop
-
-    def sha256_when_hashed(self) -> tuple[int, str]:
-        """(bytes hashed, hex digest) once no thread is still hashing; call after every part has finished."""
-        with self.lock:
-            self.lock.wait_for(lambda: not self.hashing)
-            return self.hashed_to, self.digest.hexdigest()
 
 
 def part_size(options: StageOptions, in_flight_bytes: int) -> int:
@@ -195,31 +150,10 @@ def part_size(options: StageOptions, in_flight_bytes: int) -> int:
     return max(1, min(options.part_bytes, max(options.min_part_bytes, spread)))
 
 
-def _quoted(name: str, limit: int = 80) -> str:
-    """A name from another container's file, safe for a one-line message (repr escapes control characters)."""
-    return repr(name[:limit]) + ("..." if len(name) > limit else "")
-
-
-def read_checked_plan(dest: Path, names: Container[str], source: StateFile | None = None) -> ReadPlan | None:
-    """The reader's plan, or None while there is none; a broken plan.json (not a regular file, a link, too large,
-    not JSON, a field of the wrong type), or one naming a shard the manifest does not list, is a one-line error (the
-    reader is another container: its files are untrusted input). `source` keeps the last parse: the plan is parsed
-    again only when the file changed."""
-    source = source or plan_file(dest)
-    where = str(source.path)
-    try:
-        plan = source.read()
-    except StateFileError as exc:
-        raise DataToolError(where, exc.why if exc.where == where else str(exc)) from exc
-    if plan is not None:
-        for name in plan.order:
-            if name not in names:
-                raise DataToolError(where, f"names {_quoted(name)}, which is not a shard of the manifest")
-    return plan
-
-
 class ShardStager:
-    """Fetches a manifest's shards into DEST (see the module docstring); `run_stager` runs it."""
+    """Fetches a manifest's shards into DEST (see the module docstring); `run_stager` runs it. The stager decides
+    what to hold (the budget, the plan's order, evictions) and publishes it; its PartFetcher moves the bytes and its
+    ReaderWatch reads the reader's plan and bounds the waits on it."""
 
     def __init__(self, client: Any, source: S3Uri, dest: Path, manifest: Manifest, options: StageOptions) -> None:
         self.client = client
@@ -233,117 +167,23 @@ class ShardStager:
         self.info = {s.path: s for s in manifest.shards}
         self.names = [s.path for s in manifest.shards]
         self.ready: list[str] = []  # verified and in place, oldest first
-        self.in_flight: dict[str, _ShardFetch] = {}
         self.held_bytes = 0  # ready plus in flight, at full shard size
-        self.outstanding_parts = 0  # parts of shards in flight not finished yet (pending or submitted)
-        self.pending: list[tuple[_ShardFetch, int, int]] = []  # parts waiting for a connection
-        self.submitted_parts = 0
-        self.part_bytes = options.part_bytes  # set by run() from what may be in flight
-        self.futures: dict[Future, tuple[str, _ShardFetch]] = {}
-        self.fetches: list[_ShardFetch] = []
-        self.bar_lock = threading.Lock()
-        self.bar: tqdm | None = None
-        self.aborted = threading.Event()
         self.finished = False
-        self.plan: ReadPlan | None = None
-        self._plan_file = plan_file(dest)
-        self._plan_read_at: float | None = None
-        self._plan_changed_at = time.monotonic()  # when the plan last changed (or the run started)
-        self._waiting_since: float | None = None
-        self._first_plan_deadline = time.monotonic() + options.first_plan_wait_s
-        self._told_waiting = False
-        self._told_reader_wait = False
-        self._told_long_wait = False
         self.metrics = options.metrics or StageMetrics()
         self.metrics.dataset(len(manifest.shards), sum(s.bytes for s in manifest.shards), self.budget)
+        self.fetcher = PartFetcher(client, dest, self.object_of, workers=options.workers,
+                                   min_part_bytes=options.min_part_bytes, part_bytes=options.part_bytes,
+                                   retry=options.retry, metrics=self.metrics)
+        self.watch = ReaderWatch(dest, self.info, serving=self.serving, poll_interval_s=options.poll_interval_s,
+                                 first_plan_wait_s=options.first_plan_wait_s, wait_timeout_s=options.wait_timeout_s)
+
+    @property
+    def plan(self) -> ReadPlan | None:
+        return self.watch.plan
 
     def object_of(self, name: str) -> tuple[str, str]:
         """The bucket and key a shard is fetched from."""
         return self.source.bucket, self.source.key(name)
-
-    # -- pieces run in the pool -------------------------------------------------------------------------------
-    def _fetch_part(self, fetch: _ShardFetch, start: int, end: int) -> int:
-        bucket, key = self.object_of(fetch.info.path)
-        expected = end - start + 1
-
-        def attempt() -> int:
-            if self.aborted.is_set():
-                raise DataToolError(key, "cancelled after another part failed", runtime=True)
-            response = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}")
-            offset = start
-            for chunk in response["Body"].iter_chunks(_BODY_CHUNK):
-                if offset + len(chunk) > end + 1:
-                    raise TransientError(f"server sent more than the {expected} bytes asked for")
-                _pwrite_all(fetch.fd, chunk, offset, fetch.temp)
-                offset += len(chunk)
-            if offset != end + 1:
-                raise TransientError(f"short body: {offset - start} of {expected} bytes")
-            return expected
-
-        got = with_retries(attempt, f"s3://{bucket}/{key}", self.options.retry,
-                           on_retry=self.metrics.retries.inc)
-        self.metrics.bytes.inc(got)
-        fetch.part_done(start, end + 1)
-        if self.bar is not None:
-            with self.bar_lock:
-                self.bar.update(got)
-        return got
-
-    def _finish(self, fetch: _ShardFetch) -> bool:
-        hashed, digest = fetch.sha256_when_hashed()  # before closing: the hashing thread reads through fd
-        try:
-            os.fsync(fetch.fd)
-        except OSError as exc:
-            raise _named(exc, fetch.temp) from exc
-        finally:
-            os.close(fetch.fd)
-            fetch.fd = -1
-        if not hashed == fetch.info.bytes == fetch.temp.stat().st_size or digest != fetch.info.sha256:
-            fetch.temp.unlink()
-            return False
-        final = self.dest / fetch.info.path
-        os.replace(fetch.temp, final)
-        fsync_dir(final.parent)
-        return True
-
-    # -- coordination (main thread only) ----------------------------------------------------------------------
-    def _start_fetch(self, pool: ThreadPoolExecutor, info: ShardInfo, attempt: int, urgent: bool = False) -> None:
-        """Create the temp file and queue the shard's parts. An urgent shard (the reader waits for it now) is split
-        over every connection, down to min_part_bytes, so it arrives in the time of one small part."""
-        final = self.dest / info.path  # a mixture's shards sit in one folder per source (mixture_stage.py)
-        temp = final.parent / f".{final.name}.{os.getpid()}.{attempt}{TEMP_SUFFIX}"
-        fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, info.bytes)
-        except OSError as exc:
-            os.close(fd)
-            temp.unlink(missing_ok=True)
-            raise _named(exc, temp) from exc
-        step = self.part_bytes
-        if urgent:
-            step = min(step, max(self.options.min_part_bytes, -(-info.bytes // self.options.workers)))
-        ranges = [(start, min(start + step, info.bytes) - 1) for start in range(0, info.bytes, step)]
-        fetch = _ShardFetch(info=info, temp=temp, fd=fd, parts_left=len(ranges), attempt=attempt, urgent=urgent)
-        self.fetches.append(fetch)
-        self.in_flight[info.path] = fetch
-        if not ranges:
-            self.futures[pool.submit(self._finish, fetch)] = ("finish", fetch)
-        self.pending.extend((fetch, start, end) for start, end in ranges)
-        self.outstanding_parts += len(ranges)
-
-    def _submit_parts(self, pool: ThreadPoolExecutor, order: list[str]) -> None:
-        """Hand waiting parts to the pool, those of the shard the reader needs first first: at most `workers` at
-        once (the coordinator refills as each finishes), plus the parts of an urgent shard, which go out at once on
-        the pool's other `workers` threads: a reader that just started, or caught up, does not wait for the parts
-        already under way to finish."""
-        if not self.pending:
-            return
-        rank = {name: index for index, name in enumerate(order)}
-        self.pending.sort(key=lambda part: (not part[0].urgent, rank.get(part[0].info.path, len(rank)), part[1]))
-        while self.pending and (self.pending[0][0].urgent or self.submitted_parts < self.options.workers):
-            fetch, start, end = self.pending.pop(0)
-            self.futures[pool.submit(self._fetch_part, fetch, start, end)] = ("part", fetch)
-            self.submitted_parts += 0 if fetch.urgent else 1
 
     def publish(self, done: bool = False, error: str | None = None) -> None:
         self.finished = done
@@ -369,17 +209,7 @@ class ShardStager:
             self.publish(error=why.splitlines()[0] if why else type(exc).__name__)
 
     def refresh_plan(self, force: bool = False) -> None:
-        """Read the plan again, at most once per poll interval; a changed plan restarts the wait-timeout clock."""
-        now = time.monotonic()
-        if not self.serving or (not force and self._plan_read_at is not None
-                                and now - self._plan_read_at < self.options.poll_interval_s):
-            return
-        self._plan_read_at = now
-        plan = read_checked_plan(self.dest, self.info, self._plan_file)
-        if plan != self.plan:
-            self.plan = plan
-            self._plan_changed_at = now
-            self.not_waiting()
+        self.watch.refresh(force)
 
     def order(self) -> list[str]:
         """Shards in the order the reader will need them: the plan's distinct shards (no plan, or copy mode: the
@@ -435,16 +265,16 @@ class ShardStager:
         the cache holds only shards the reader needs first (None: nothing waits, or something is in flight)."""
         if self.plan is not None and self.plan.done:
             return None  # the reader will read nothing more
-        if self.serving and self.plan is None and time.monotonic() < self._first_plan_deadline:
+        if self.watch.starting():
             return None  # the reader is starting: its plan says which shard it needs first
         wanted = self.wanted(order)
-        here = set(self.ready) | set(self.in_flight)
+        here = set(self.ready) | set(self.fetcher.in_flight)
         first_missing = True
         for name in wanted:
             if name in here:
                 continue
             # Enough parts waiting: start no more shards, except the first one the reader lacks (its parts go first).
-            if self.outstanding_parts >= 2 * self.options.workers and not first_missing:
+            if self.fetcher.outstanding_parts >= 2 * self.options.workers and not first_missing:
                 return None
             first_missing = False
             size = self.info[name].bytes
@@ -455,14 +285,14 @@ class ShardStager:
             self.held_bytes += size
             self.result.peak_held_bytes = max(self.result.peak_held_bytes, self.held_bytes)
             # The plan's first shard is the one the reader blocks on (at the start, or when it caught up).
-            self._start_fetch(pool, self.info[name], attempt=1, urgent=self.plan is not None and name == order[0])
+            self.fetcher.start(pool, self.info[name], attempt=1, urgent=self.plan is not None and name == order[0])
         if len(wanted) == len(order):
             return None
         following = order[len(wanted)]  # beyond the budget: it waits until the reader moves on
-        return None if following in self.ready or following in self.in_flight else following
+        return None if following in self.ready or following in self.fetcher.in_flight else following
 
     def is_finished(self) -> bool:
-        if self.futures or self.pending:
+        if self.fetcher.busy:
             return False
         everything = len(self.ready) == len(self.names)
         if not self.serving:
@@ -473,107 +303,56 @@ class ShardStager:
 
     def idle_done(self) -> bool:
         """Nothing in flight and nothing more to fetch unless the plan changes (what stager.json's done says)."""
-        if self.futures or self.pending:
+        if self.fetcher.busy:
             return False
         if self.budget is None:
             return len(self.ready) == len(self.names)
         return self.plan is not None and self.plan.done
 
-    def _tell_waiting(self, name: str, plan_path: Path, waited: float) -> None:
-        plan = "a plan" if self.plan is None else "the plan to move on"
-        print(f"stage: cache full ({self.held_bytes} of {self.budget} bytes, all of it shards the reader needs "
-              f"first); waiting for {plan} in {plan_path} before fetching {name}"
-              + (f" (for {waited:.0f}s now)" if waited >= 1 else ""), file=sys.stderr, flush=True)
-
-    def not_waiting(self) -> None:
-        self._waiting_since = None
-        self._told_long_wait = False
-
-    def wait_for_space(self, name: str) -> None:
-        """Log (the first wait, and a wait that lasts) and apply --wait-timeout while `name` waits for space."""
-        now = time.monotonic()
-        plan_path = cache_dir(self.dest) / PLAN_STATE
-        if self._waiting_since is None:
-            self._waiting_since = now
-        waited = now - self._waiting_since
-        if not self._told_waiting:  # the first wait of the run
-            self._told_waiting = True
-            self._tell_waiting(name, plan_path, waited)
-        elif waited >= _LONG_WAIT_S and not self._told_long_wait:  # a reader that stopped moving
-            self._told_long_wait = True
-            self._tell_waiting(name, plan_path, waited)
-        timeout = self.options.wait_timeout_s
-        if timeout is not None and waited > timeout:
-            what = "there was no plan" if self.plan is None else "the plan did not change"
-            raise DataToolError(str(plan_path), f"{what} for {timeout:g}s while the cache was full and {name} waited "
-                                                f"for space (--wait-timeout); is the training container reading "
-                                                f"{self.dest}?", runtime=True)
 
     def waits_for_reader(self) -> bool:
         """Nothing in flight and nothing to fetch, but the reader has not said it is done: serving, the stager waits
         for the plan to move on (or for a first plan, from a reader that may never come)."""
-        return (self.serving and not self.futures and not self.pending
-                and not (self.plan is not None and self.plan.done))
-
-    def wait_for_reader(self) -> None:
-        """Log (once, and again when it lasts) and apply --wait-timeout while the stager waits for the reader: a
-        reader that never comes, or stopped moving, fails the stager instead of keeping it forever."""
-        now = time.monotonic()
-        plan_path = cache_dir(self.dest) / PLAN_STATE
-        if self._waiting_since is None:
-            self._waiting_since = max(now, self._plan_changed_at) if self.plan is not None else now
-        waited = now - self._waiting_since
-        what = "a plan" if self.plan is None else "the plan to move on"
-        if not self._told_reader_wait or (waited >= _LONG_WAIT_S and not self._told_long_wait):
-            self._told_long_wait = self._told_reader_wait
-            self._told_reader_wait = True
-            print(f"stage: every shard the reader wants is staged; waiting for {what} in {plan_path}"
-                  + (f" (for {waited:.0f}s now)" if waited >= 1 else ""), file=sys.stderr, flush=True)
-        timeout = self.options.wait_timeout_s
-        if timeout is not None and waited > timeout:
-            state = "there was no plan" if self.plan is None else "the plan did not change"
-            raise DataToolError(str(plan_path), f"{state} for {timeout:g}s while every shard it wants was staged "
-                                                f"(--wait-timeout); is the training container reading {self.dest}?",
-                                runtime=True)
+        return self.serving and not self.fetcher.busy and not (self.plan is not None and self.plan.done)
 
     def run(self) -> StageResult:
         missing = sum(s.bytes for s in self.manifest.shards if s.path not in self.ready)
-        self.part_bytes = part_size(self.options, self.budget if self.budget is not None else missing)
+        self.fetcher.part_bytes = part_size(self.options, self.budget if self.budget is not None else missing)
         self.result.peak_held_bytes = max(self.result.peak_held_bytes, self.held_bytes)
         bar = tqdm(total=missing if self.budget is None else None, unit="B", unit_scale=True, desc="stage",
                    disable=None if self.options.progress else True)
         poll = self.options.poll_interval_s
-        # Twice the workers: the second half carries only urgent parts (see _submit_parts).
+        # Twice the workers: the second half carries only urgent parts (see PartFetcher.submit_parts).
         with ThreadPoolExecutor(max_workers=2 * self.options.workers, thread_name_prefix="stage") as pool, bar:
-            self.bar = bar
+            self.fetcher.bar = bar
             try:
                 while True:
                     self.refresh_plan()
                     order = self.order()
                     waiting = self.step(pool, order)
-                    self._submit_parts(pool, order)
+                    self.fetcher.submit_parts(pool, order)
                     if self.is_finished():
                         break
-                    if self.futures:
-                        self.not_waiting()
-                        finished, _ = wait(list(self.futures), timeout=poll if self.serving else None,
+                    if self.fetcher.futures:
+                        self.watch.not_waiting()
+                        finished, _ = wait(list(self.fetcher.futures), timeout=poll if self.serving else None,
                                            return_when=FIRST_COMPLETED)
                         for future in finished:
                             self._settle(pool, future)
                         continue
                     if waiting is not None:
-                        self.wait_for_space(waiting)
+                        self.watch.wait_for_space(waiting, self.held_bytes, self.budget)
                     elif self.waits_for_reader():
-                        self.wait_for_reader()
+                        self.watch.wait_for_reader()
                     else:
-                        self.not_waiting()
+                        self.watch.not_waiting()
                     if self.idle_done() != self.finished:
                         self.publish(done=self.idle_done())
                     time.sleep(poll)
             except BaseException as exc:
-                self.aborted.set()
+                self.fetcher.aborted.set()
                 pool.shutdown(wait=True, cancel_futures=True)
-                self._discard_temps()
+                self.fetcher.discard_temps()
                 self.fail(exc)
                 if not (isinstance(exc, KeyboardInterrupt) and self.options.linger):
                     raise
@@ -582,19 +361,12 @@ class ShardStager:
         return self.result
 
     def _settle(self, pool: ThreadPoolExecutor, future: Future) -> None:
-        kind, fetch = self.futures.pop(future)
-        outcome = future.result()  # re-raises DataToolError from the part that gave up
-        if kind == "part":
-            self.outstanding_parts -= 1
-            self.submitted_parts -= 0 if fetch.urgent else 1
-            fetch.parts_left -= 1
-            if fetch.parts_left == 0:
-                self.futures[pool.submit(self._finish, fetch)] = ("finish", fetch)
+        settled = self.fetcher.settle(pool, future)
+        if settled is None:
             return
-        self.fetches.remove(fetch)
+        fetch, verified = settled
         name = fetch.info.path
-        if outcome:
-            del self.in_flight[name]
+        if verified:
             self.ready.append(name)
             self.result.fetched.append(name)
             self.result.fetched_bytes += fetch.info.bytes
@@ -605,13 +377,7 @@ class ShardStager:
             raise DataToolError("s3://{}/{}".format(*self.object_of(name)),
                                 f"sha256 does not match the manifest after {fetch.attempt} downloads", runtime=True)
         self.metrics.mismatches.inc()
-        self._start_fetch(pool, fetch.info, attempt=fetch.attempt + 1)
-
-    def _discard_temps(self) -> None:
-        for fetch in self.fetches:
-            if fetch.fd >= 0:
-                os.close(fetch.fd)
-            fetch.temp.unlink(missing_ok=True)
+        self.fetcher.start(pool, fetch.info, attempt=fetch.attempt + 1)
 
     # -- resume ---------------------------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -621,7 +387,7 @@ class ShardStager:
         order = list(dict.fromkeys(self.order() + self.names))
         present = [self.info[name] for name in order if (self.dest / name).is_file()]
         with ThreadPoolExecutor(max_workers=self.options.workers) as pool:  # hash in parallel
-            verified = list(pool.map(lambda s: _is_verified(self.dest / s.path, s), present))
+            verified = list(pool.map(lambda s: is_verified(self.dest / s.path, s), present))
         for info, ok in zip(present, verified, strict=True):
             if ok and (self.budget is None or self.held_bytes + info.bytes <= self.budget):
                 self.ready.append(info.path)
@@ -631,41 +397,11 @@ class ShardStager:
                 (self.dest / info.path).unlink(missing_ok=True)
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int, path: Path) -> None:
-    """pwrite may write less than asked (a file system close to full does); the next call then raises ENOSPC.
-    An OSError names `path`."""
-    view = memoryview(data)
-    try:
-        while view:
-            written = os.pwrite(fd, view, offset)
-            if written == 0:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            view = view[written:]
-            offset += written
-    except OSError as exc:
-        raise _named(exc, path) from exc
-
-
-def _named(exc: OSError, path: Path) -> OSError:
-    """`exc` with the file it concerns (an fd-level call's error carries no file name)."""
-    if exc.filename is not None:
-        return exc
-    return OSError(exc.errno, exc.strerror or str(exc), str(path))
-
-
-def _is_verified(path: Path, info: ShardInfo) -> bool:
-    return path.is_file() and path.stat().st_size == info.bytes and sha256_file(path) == info.sha256
-
-
 def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> StageResult:
     metrics = options.metrics or StageMetrics()
     options = replace(options, metrics=metrics)
     manifest, manifest_bytes = fetch_manifest(client, source, options.retry, metrics.retries.inc)
-    if options.budget_bytes is not None:
-        largest = max(manifest.shards, key=lambda s: s.bytes, default=None)
-        if largest is not None and largest.bytes > options.budget_bytes:
-            raise DataToolError("--budget", f"{options.budget_bytes} bytes cannot hold {largest.path} "
-                                            f"({largest.bytes} bytes); use a budget of at least the largest shard")
+    check_budget(manifest, options.budget_bytes)
     return run_stager(ShardStager(client, source, dest, manifest, options), {MANIFEST_NAME: manifest_bytes})
 
 
@@ -677,7 +413,7 @@ def run_stager(stager: ShardStager, manifests: dict[str, bytes]) -> StageResult:
         dest.mkdir(parents=True, exist_ok=True)
         for folder in sorted({str(Path(name).parent) for name in stager.names}):
             (dest / folder).mkdir(parents=True, exist_ok=True)
-            _remove_stale_temps(dest / folder, [Path(name).name for name in stager.names
+            remove_stale_temps(dest / folder, [Path(name).name for name in stager.names
                                                 if str(Path(name).parent) == folder])
         if not stager.serving:
             for name in manifests:  # copy mode: a local manifest means "all shards here"
@@ -733,11 +469,10 @@ def _remove_cache_state(dest: Path) -> None:
         os.close(dir_fd)
 
 
-def _remove_stale_temps(dest: Path, names: list[str]) -> None:
-    """Temp files an earlier run left for the manifest's shards (`.<shard>.<pid>.<attempt>.part`); nothing else."""
-    pattern = re.compile(r"^\.(.+)\.[0-9]+\.[0-9]+" + re.escape(TEMP_SUFFIX) + "$")
-    shards = set(names)
-    for entry in os.scandir(dest):
-        match = pattern.match(entry.name)
-        if match and match.group(1) in shards and not entry.is_dir(follow_symlinks=False):
-            os.unlink(entry.path)
+def check_budget(manifest: Manifest, budget: int | None) -> None:
+    """A budget must hold the largest shard (--budget names what it cannot hold)."""
+    if budget is not None:
+        largest = max(manifest.shards, key=lambda s: s.bytes, default=None)
+        if largest is not None and largest.bytes > budget:
+            raise DataToolError("--budget", f"{budget} bytes cannot hold {largest.path} "
+                                            f"({largest.bytes} bytes); use a budget of at least the largest shard")

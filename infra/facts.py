@@ -27,7 +27,7 @@ from infra.config.stackcheck import (
 )
 from infra.context import StackContext, SubnetRef
 from infra.controllers import check_job_kinds, trainer_runtimes
-from infra.existing_cluster import FoundCluster, existing_cluster_problems
+from infra.existing_cluster import ClusterAnswerError, FoundCluster, existing_cluster_problems
 from infra.jobs import check_jobs
 from infra.network import lookup_existing_subnets
 from infra.nodes.blockend import block_end_problems
@@ -119,7 +119,10 @@ def _existing_cluster(cfg: StackConfig) -> FoundCluster | None:
     if cfg.cluster is None or not cfg.cluster.existing:
         return None
     assert cfg.network is not None and cfg.network.existing is not None  # the schema requires it
-    found = find_cluster(cfg.cluster.name)
+    try:
+        found = find_cluster(cfg.cluster.name)
+    except ClusterAnswerError as exc:
+        raise ConfigError([("cluster.name", f"aws.eks.get_cluster answered a broken cluster: {exc}")]) from None
     problems = existing_cluster_problems(found, cfg.cluster, cfg.network.existing.vpc_id)
     if problems:
         raise ConfigError(problems)

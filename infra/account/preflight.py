@@ -22,9 +22,10 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
+from infra.config.addons import stack_addons
 from infra.config.names import derived_names
 from infra.config.schema import StackConfig
-from infra.existing_cluster import existing_cluster_problems, found_from_describe
+from infra.existing_cluster import ClusterAnswerError, existing_cluster_problems, found_from_describe
 from infra.plan.pricing import block_hours
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -498,16 +499,6 @@ def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_r
     return checks
 
 
-def stack_addons(cfg: StackConfig) -> list[str]:
-    """The EKS add-ons the stack installs (infra/storage/drivers.py, infra/nodes/gpu.py)."""
-    names = ["eks-pod-identity-agent", "aws-ebs-csi-driver", "aws-mountpoint-s3-csi-driver"]
-    if cfg.storage.efs is not None:
-        names.append("aws-efs-csi-driver")
-    if cfg.gpu.node_monitoring_agent.enabled and any(pool.gpu for pool in cfg.node_pools):
-        names.append("eks-node-monitoring-agent")
-    return sorted(names)
-
-
 def check_existing_cluster(eks: Any, cfg: StackConfig) -> list[Check]:
     """cluster.existing: the cluster is there and fits the stack file, no add-on the stack installs is there already
     (CreateAddon would fail), and no node group is already an autoscaler's (two would fight over it)."""
@@ -515,12 +506,16 @@ def check_existing_cluster(eks: Any, cfg: StackConfig) -> list[Check]:
     name = cfg.cluster.name
     grant = "grant eks:DescribeCluster, eks:ListAddons, eks:DescribeAddon, eks:ListNodegroups, eks:DescribeNodegroup"
     try:
-        found = found_from_describe(eks.describe_cluster(name=name)["cluster"])
+        found = found_from_describe(eks.describe_cluster(name=name).get("cluster"), asked=name)
     except AWS_ERRORS as exc:
         code, message = _error(exc)
         fix = (f"check ml-cluster:cluster.name and aws:region (aws eks list-clusters --region {cfg.region})"
                if code == "ResourceNotFoundException" else grant)
         return [Check(FAIL, f"cluster {name}", f"eks:DescribeCluster: {code}: {message}", fix)]
+    except ClusterAnswerError as exc:
+        return [Check(FAIL, f"cluster {name}", f"eks:DescribeCluster answered a broken cluster: {exc}",
+                      "check the endpoint preflight talks to (AWS_ENDPOINT_URL_EKS, a proxy): EKS answers every "
+                      "field it documents")]
     problems = existing_cluster_problems(found, cfg.cluster, cfg.network.existing.vpc_id)
     checks = [Check(FAIL, f"cluster {name}", f"{path}: {why}", "the fix above; then plan again (scripts/plan.py "
                     "checks the same against the cluster)") for path, why in problems]

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.config.addons import stack_addons
 from infra.config.names import (
     CONFIG,
     JOBS_NAMESPACE,
@@ -282,8 +283,7 @@ def private_zones_from_config(cfg: StackConfig) -> list[str] | None:
 
 def installs_node_monitoring_agent(cfg: StackConfig) -> bool:
     """EKS stacks with a GPU pool run the node monitoring agent add-on unless gpu.nodeMonitoringAgent is off."""
-    return (cfg.platform == "eks" and cfg.gpu.node_monitoring_agent.enabled
-            and any(pool.gpu for pool in cfg.node_pools))
+    return NODE_MONITORING_AGENT in stack_addons(cfg)
 
 
 def unpinned_addons_with_minimum(cfg: StackConfig) -> list[str]:

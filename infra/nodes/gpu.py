@@ -17,8 +17,10 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.config.addons import gpu_addons
 from infra.config.nodepools import DcgmExporterConfig, GpuConfig, HelmChartConfig
 from infra.config.nodes import AutoscalerConfig
+from infra.config.storage import NODE_MONITORING_AGENT
 from infra.context import ClusterInfo, StackContext
 from infra.nodes.dcgm_metrics import metrics_csv
 from infra.nodes.poolplan import EFA_LABEL, GPU_PRESENT_LABEL, PoolPlan
@@ -27,7 +29,6 @@ from infra.nodes.scaling.autoscaler import AutoscalerTarget, cluster_autoscaler,
 DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
 DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
 EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
-NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
 
 
 def node_monitoring_agent_values(plans: Sequence[PoolPlan]) -> dict[str, Any]:
@@ -213,7 +214,7 @@ class GpuPlumbing(pulumi.ComponentResource):
                 self, ctx, cluster, args.autoscaler,
                 AutoscalerTarget(args.cluster_name, ctx.region, args.kubernetes_version), k8s_opts)
         self.node_monitoring_agent: aws.eks.Addon | None = None
-        if cluster.is_eks and cfg.node_monitoring_agent.enabled and any(plan.is_gpu for plan in args.pools):
+        if cluster.is_eks and NODE_MONITORING_AGENT in gpu_addons(cfg, any(plan.is_gpu for plan in args.pools)):
             self.node_monitoring_agent = aws.eks.Addon(
                 ctx.name("gpu", NODE_MONITORING_AGENT),
                 cluster_name=cluster.name,

@@ -27,6 +27,7 @@ from pulumi.runtime.mocks import Mocks
 
 from infra.config import ConfigError, ConfigExit, parse_stack_config, read_stack_file
 from infra.config.base import PROJECT
+from infra.existing_cluster import ClusterAnswerError, found_from_get_cluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKS_DIR = REPO_ROOT / "stacks"
@@ -107,7 +108,13 @@ class Fixtures:
             return {"addonName": args.get("addonName"), "kubernetesVersion": args.get("kubernetesVersion"),
                     "mostRecent": bool(args.get("mostRecent")), "version": version, "id": args.get("addonName")}
         if token == "aws:eks/getCluster:getCluster":  # an existing cluster a stack lays itself onto
-            return self.lookup("clusters.json", args.get("name") or "", "EKS cluster")
+            name = args.get("name") or ""
+            entry = self.lookup("clusters.json", name, "EKS cluster")
+            try:  # checked here, before the SDK's typed result trips over a broken entry
+                found_from_get_cluster(entry, asked=name)
+            except ClusterAnswerError as exc:
+                raise FixtureError(self._where("clusters.json"), str(exc)) from None
+            return entry
         if token == "aws:index/getRegion:getRegion":
             return {"name": region, "region": region, "id": region}
         if token == "aws:index/getPartition:getPartition":

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pulumi
 from pydantic import SecretStr
 
+from infra.config.addons import EBS_CSI_DRIVER, EFS_CSI_DRIVER, FSX_CSI_DRIVER, MOUNTPOINT_S3_CSI_DRIVER
 from infra.config.storage import BucketConfig, StorageConfig
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.storage import classes
@@ -231,10 +232,10 @@ class Storage(pulumi.ComponentResource):
                 child,
             )
             self.driver_resources.extend(drivers.addons.values())
-            found["efs"] = [drivers.addons["aws-efs-csi-driver"]] if has_efs else []
-            found["ebs"] = [drivers.addons["aws-ebs-csi-driver"]]
-            found["s3"] = [drivers.addons["aws-mountpoint-s3-csi-driver"]]
-            found["fsx"] = [drivers.addons["aws-fsx-csi-driver"]] if config.fsx_lustre is not None else []
+            found["efs"] = [drivers.addons[EFS_CSI_DRIVER]] if has_efs else []
+            found["ebs"] = [drivers.addons[EBS_CSI_DRIVER]]
+            found["s3"] = [drivers.addons[MOUNTPOINT_S3_CSI_DRIVER]]
+            found["fsx"] = [drivers.addons[FSX_CSI_DRIVER]] if config.fsx_lustre is not None else []
         else:
             onprem = OnpremStorageDrivers(ctx, OnpremStorageDriversArgs(config=config, cluster=cluster), child)
             found["cos"] = [onprem.cos_driver] if onprem.cos_driver is not None else []

@@ -14,6 +14,14 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.config.addons import (
+    EBS_CSI_DRIVER,
+    EFS_CSI_DRIVER,
+    FSX_CSI_DRIVER,
+    MOUNTPOINT_S3_CSI_DRIVER,
+    POD_IDENTITY_AGENT,
+    storage_addons,
+)
 from infra.config.storage import CosConfig, StorageConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy, policy_document
@@ -169,23 +177,26 @@ class EksStorageDrivers(pulumi.ComponentResource):
         self._ctx = ctx
         self._args = args
         self.addons: dict[str, aws.eks.Addon] = {}
-        agent = self._addon("eks-pod-identity-agent", [])
+        wanted = storage_addons(args.config)  # the one list preflight checks too
+        agent = self._addon(POD_IDENTITY_AGENT, [])
         bucket_kms_keys = sorted({bucket.kms_key_arn for bucket in args.config.buckets if bucket.kms_key_arn})
 
         ebs_policies: list[pulumi.Input[str]] = []
         if args.config.gp3 is not None and args.config.gp3.kms_key_arn is not None:
             ebs_policies.append(ebs_kms_policy(args.config.gp3.kms_key_arn))
         ebs_role = self._role("ebs", ebs_policies, managed=[EBS_MANAGED_POLICY])
-        self._addon("aws-ebs-csi-driver", self._associate("ebs", ebs_role, EBS_SERVICE_ACCOUNTS), agent)
+        self._addon(EBS_CSI_DRIVER, self._associate("ebs", ebs_role, EBS_SERVICE_ACCOUNTS), agent)
 
-        if args.file_system_arn is not None:
+        if EFS_CSI_DRIVER in wanted:
+            if args.file_system_arn is None:
+                raise ValueError("storage.efs: the EFS driver's role needs the file system's ARN")
             efs_role = self._role("efs", [pulumi.Output.from_input(args.file_system_arn).apply(efs_driver_policy)])
-            self._addon("aws-efs-csi-driver", self._associate("efs", efs_role, EFS_SERVICE_ACCOUNTS), agent)
+            self._addon(EFS_CSI_DRIVER, self._associate("efs", efs_role, EFS_SERVICE_ACCOUNTS), agent)
 
-        if args.config.fsx_lustre is not None:
+        if FSX_CSI_DRIVER in wanted:
             # Static provisioning only (the stack creates the file system): the driver mounts, it makes no AWS
             # calls, so it gets no role.
-            self._addon("aws-fsx-csi-driver", [], agent)
+            self._addon(FSX_CSI_DRIVER, [], agent)
 
         mountpoint_associations: list[pulumi.Resource] = []
         if args.dataset_bucket_arns:
@@ -194,7 +205,7 @@ class EksStorageDrivers(pulumi.ComponentResource):
             )
             mountpoint_role = self._role("mountpoint-s3", [policy])
             mountpoint_associations = self._associate("mountpoint-s3", mountpoint_role, MOUNTPOINT_SERVICE_ACCOUNTS)
-        self._addon("aws-mountpoint-s3-csi-driver", mountpoint_associations, agent)
+        self._addon(MOUNTPOINT_S3_CSI_DRIVER, mountpoint_associations, agent)
         self.register_outputs({"addons": sorted(self.addons)})
 
     def _role(self, driver: str, inline_policies: list[pulumi.Input[str]], managed: Sequence[str] = ()) -> aws.iam.Role:

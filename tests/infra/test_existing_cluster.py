@@ -125,9 +125,11 @@ def test_a_cluster_the_fixtures_do_not_know_is_one_line(tmp_path: Path) -> None:
 # --- preflight against the AWS stub speaking EKS's rest-json protocol --------------------------------------------
 
 def _describe(**changes: Any) -> dict[str, Any]:
-    cluster = {"name": "ml-shared", "version": "1.35", "status": "ACTIVE", "endpoint": FOUND["endpoint"],
+    cluster = {"name": "ml-shared", "arn": FOUND["arn"], "version": "1.35", "status": "ACTIVE",
+               "endpoint": FOUND["endpoint"],
                "certificateAuthority": {"data": "QQ=="}, "accessConfig": {"authenticationMode": "API_AND_CONFIG_MAP"},
                "resourcesVpcConfig": {"vpcId": "vpc-0123456789abcdef0",
+                                      "subnetIds": FOUND["vpcConfig"]["subnetIds"],
                                       "clusterSecurityGroupId": "sg-0fedcba9876543210"}}
     cluster.update(changes)
     return {"cluster": cluster}
@@ -187,6 +189,9 @@ def test_preflight_finds_each_conflict_with_its_fix(eks_stub: Any) -> None:
     ((200, _describe(version="1.34")), "cluster.kubernetesVersion: 1.35, but cluster ml-shared runs 1.34", "the fix"),
     ((200, _describe(accessConfig={"authenticationMode": "CONFIG_MAP"})), "authenticates with CONFIG_MAP only",
      "the fix"),
+    ((200, _describe(resourcesVpcConfig={"vpcId": 5})),
+     "answered a broken cluster: cluster ml-shared: resourcesVpcConfig.vpcId: 5 is a number", "AWS_ENDPOINT_URL_EKS"),
+    ((200, {"clusters": []}), "cluster ml-shared: answer: missing, not an object", "AWS_ENDPOINT_URL_EKS"),
 ])
 def test_an_unreadable_wrong_or_unfit_cluster_is_one_fail_row(eks_stub: Any, answer: tuple[int, dict[str, Any]],
                                                               says: str, fix: str) -> None:
@@ -196,3 +201,17 @@ def test_an_unreadable_wrong_or_unfit_cluster_is_one_fail_row(eks_stub: Any, ans
     checks = [c for c in check_existing_cluster(_eks(eks_stub), _config()) if c.name == "cluster ml-shared"]
     [check] = checks
     assert check.status == FAIL and says in check.detail and fix in check.fix, check
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "existing"])
+def test_the_addons_preflight_looks_for_are_the_ones_the_plan_installs(stack_plan: Any, stack: str) -> None:
+    """One list (infra/config/addons.py) for the drivers, the GPU plumbing and preflight: prod's FSx driver and the
+    node monitoring agent included."""
+    from infra.config.addons import stack_addons
+    from infra.config.schema import decode_config_value, parse_stack_config
+
+    values = yaml.safe_load((STACKS_DIR / f"Pulumi.{stack}.yaml").read_text())["config"]
+    cfg = parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
+    planned = sorted(r["inputs"]["addonName"] for r in stack_plan(stack)["resources"]
+                     if r["type"] == "aws:eks/addon:Addon")
+    assert planned == stack_addons(cfg)

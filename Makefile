@@ -156,9 +156,9 @@ push: setup-plan ## push the training image to STACK's registry (after make up)
 
 # A new stack file from your AWS account's facts (account, region, zones from the current credentials, or flags in
 # NEW_STACK_ARGS="--account ... --region ... --zones a,b,c"); the admin role is yours to name.
-new-stack: setup-plan ## write stacks/Pulumi.STACK.yaml for your account (ADMIN_ROLE_ARN=... required)
-	@test -n "$(ADMIN_ROLE_ARN)" || { echo "error: ADMIN_ROLE_ARN: required: make new-stack STACK=<name> ADMIN_ROLE_ARN=arn:aws:iam::<account>:role/<admins>"; exit 2; }
-	@$(BIN)/python scripts/new_stack.py --stack '$(STACK)' --admin-role-arn '$(ADMIN_ROLE_ARN)' $(NEW_STACK_ARGS)
+new-stack: setup-plan ## write stacks/Pulumi.STACK.yaml for your account (ADMIN_ROLE_ARN=...) or onto an EKS cluster (FROM_CLUSTER=describe.json or CLUSTER=name)
+	@test -n "$(ADMIN_ROLE_ARN)$(FROM_CLUSTER)$(CLUSTER)" || { echo "error: ADMIN_ROLE_ARN: required: make new-stack STACK=<name> ADMIN_ROLE_ARN=arn:aws:iam::<account>:role/<admins> (or FROM_CLUSTER=<aws eks describe-cluster output> for an existing cluster)"; exit 2; }
+	@$(BIN)/python scripts/new_stack.py --stack '$(STACK)' $(if $(ADMIN_ROLE_ARN),--admin-role-arn '$(ADMIN_ROLE_ARN)') $(if $(FROM_CLUSTER),--from-cluster '$(FROM_CLUSTER)') $(if $(CLUSTER),--cluster '$(CLUSTER)') $(NEW_STACK_ARGS)
 
 # The real thing: needs the Pulumi CLI, `pulumi login`, and cloud credentials (see docs/operations.md).
 preview: setup-plan ## pulumi preview --diff of STACK (Pulumi CLI, credentials)

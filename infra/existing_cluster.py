@@ -170,7 +170,9 @@ def _checked(value: Any, field: _Field, where: str, cluster: str) -> Any:
         return ClusterAnswerError(cluster, where, why)
 
     if field.kind in ("text", "time"):
-        if field.kind == "time" and isinstance(value, datetime):
+        # boto3 parses timestamps; the AWS CLI prints ISO 8601 (v2) or the wire's epoch seconds (v1's default)
+        if field.kind == "time" and (isinstance(value, datetime) or (isinstance(value, (int, float))
+                                                                     and not isinstance(value, bool))):
             return value
         if not isinstance(value, str):
             raise wrong(f"{_shown(value)} is {_kind_of(value)}, not {want}")

@@ -3,6 +3,9 @@
     python scripts/new_stack.py --stack team --admin-role-arn arn:aws:iam::<account>:role/<admins>
     python scripts/new_stack.py --stack team --admin-role-arn ARN --account 210987654321 --region eu-west-1 \\
         --zones eu-west-1a,eu-west-1b,eu-west-1c        # offline: no AWS call
+    aws eks describe-cluster --name shared > shared.json
+    python scripts/new_stack.py --stack team --from-cluster shared.json    # onto an existing EKS cluster, offline
+    python scripts/new_stack.py --stack team --cluster shared --region eu-west-1   # the same, read live
 
 Without --account / --region / --zones they come from the current AWS credentials (sts get-caller-identity, the
 configured region, ec2 describe-availability-zones). The file is validated by the stack schema and written
@@ -12,6 +15,7 @@ atomically; an existing file is kept unless --force. Exit 2 with `error: <where>
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -20,8 +24,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent / "stacks"))
 
-from infra.account.newstack import NewStackFacts, render_stack_file  # noqa: E402
+from infra.account.newstack import (  # noqa: E402
+    ExistingStackFacts,
+    NewStackFacts,
+    render_existing_stack_file,
+    render_stack_file,
+)
 from infra.config import ConfigError  # noqa: E402
+from infra.existing_cluster import ClusterAnswerError, found_from_describe  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
 from workloads.data.format.manifest import atomic_write_bytes  # noqa: E402
 
@@ -65,10 +75,75 @@ def _from_aws(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     return str(account), str(region), zones
 
 
+MAX_DESCRIBE_BYTES = 1 << 20  # a DescribeCluster answer is a few KiB
+
+
+def _described(path: Path) -> tuple[Any, str]:
+    """The `cluster` object of a saved `aws eks describe-cluster --name X` (ConfigError naming the file)."""
+    where = str(path)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_DESCRIBE_BYTES + 1)
+    except OSError as exc:  # missing, a directory, no permission
+        raise ConfigError([(where, f"cannot read: {exc.strerror or exc}")]) from None
+    if len(data) > MAX_DESCRIBE_BYTES:
+        raise ConfigError([(where, f"over {MAX_DESCRIBE_BYTES} bytes: not a DescribeCluster answer")])
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError([(where, f"not UTF-8 text (byte {exc.start})")]) from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ConfigError([(where, f"not JSON: {str(exc).splitlines()[0]}")]) from None
+    if not isinstance(document, dict) or "cluster" not in document:
+        raise ConfigError([(where, "not the output of aws eks describe-cluster --name <cluster> (a JSON object "
+                                   "with a \"cluster\" object)")])
+    return document["cluster"], where
+
+
+def _live_cluster(name: str, region: str | None) -> tuple[Any, frozenset[str], str]:
+    """DescribeCluster through boto3, and which of its subnets map public IPs (EC2 DescribeSubnets)."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from workloads.awsenv import configured_region
+
+    region = region or configured_region()
+    if not region:
+        raise ConfigError([("arguments", "--region not given and no AWS region configured (AWS_REGION, "
+                                         "aws configure)")])
+    session: Any = boto3.session.Session(region_name=region)
+    try:
+        cluster = session.client("eks").describe_cluster(name=name).get("cluster")
+        subnets = ((cluster or {}).get("resourcesVpcConfig") or {}).get("subnetIds") or []
+        answer = session.client("ec2").describe_subnets(SubnetIds=list(subnets))["Subnets"] if subnets else []
+    except (BotoCoreError, ClientError) as exc:
+        raise ConfigError([("aws", f"{str(exc).splitlines()[0]}: log in (aws sso login / aws configure) or pass "
+                                   "--from-cluster with a saved aws eks describe-cluster")]) from None
+    public = frozenset(str(s.get("SubnetId")) for s in answer if s.get("MapPublicIpOnLaunch") is True)
+    return cluster, public, f"DescribeCluster in {region}"
+
+
+def _existing(args: argparse.Namespace) -> str:
+    """The stack file's text for --from-cluster FILE or --cluster NAME."""
+    public: frozenset[str] = frozenset()
+    if args.from_cluster is not None:
+        answer, source = _described(args.from_cluster)
+    else:
+        answer, public, source = _live_cluster(args.cluster, args.region)
+    try:
+        found = found_from_describe(answer, asked=args.cluster)
+    except ClusterAnswerError as exc:
+        raise ConfigError([(source, str(exc))]) from None
+    return render_existing_stack_file(ExistingStackFacts(
+        stack=args.stack, cluster=found, public_subnet_ids=public, admin_role_arn=args.admin_role_arn,
+        researcher_role_arn=args.researcher_role_arn, source=source))
+
+
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(description="Write a new stack file from the account's facts.")
     parser.add_argument("--stack", required=True, help="the new stack's name (lower-case, digits, '-')")
-    parser.add_argument("--admin-role-arn", required=True, help="IAM role that administers the cluster")
+    parser.add_argument("--admin-role-arn", help="IAM role that administers the cluster (required for a new "
+                                                 "cluster; on an existing one, an access entry for it)")
     parser.add_argument("--researcher-role-arn", help="IAM role that may edit the training namespace")
     parser.add_argument("--account", help="AWS account id (default: aws sts get-caller-identity)")
     parser.add_argument("--region", help="AWS region (default: the configured region)")
@@ -77,6 +152,11 @@ def main(argv: list[str]) -> int:
                         help="a network allowed to reach the API server (repeat; default 0.0.0.0/0)")
     parser.add_argument("--runner-labels", help="self-hosted deploy runner labels, comma-separated "
                                                 "(default: GitHub-hosted)")
+    parser.add_argument("--from-cluster", type=Path, metavar="FILE",
+                        help="lay the stack onto an existing EKS cluster: FILE is `aws eks describe-cluster --name X` "
+                             "output (offline)")
+    parser.add_argument("--cluster", help="lay the stack onto this existing EKS cluster, read live (DescribeCluster, "
+                                          "DescribeSubnets)")
     parser.add_argument("--stacks-dir", type=Path, default=DEFAULT_STACKS_DIR)
     parser.add_argument("--force", action="store_true", help="replace an existing stack file")
     args = parser.parse_args(argv)
@@ -84,6 +164,14 @@ def main(argv: list[str]) -> int:
     try:
         if path.exists() and not args.force:
             raise ConfigError([(str(path), "exists: pick another --stack, or --force to replace it")])
+        if args.from_cluster is not None or args.cluster is not None:
+            text = _existing(args)
+            done = f"wrote {path} (on EKS cluster {args.cluster or 'from ' + str(args.from_cluster)})"
+            return _write(path, text, f"{done}: check it with make plan STACK={args.stack} (offline: add the "
+                                      "cluster and its subnets to stacks/fixtures/), then make preflight")
+        if not args.admin_role_arn:
+            raise ConfigError([("--admin-role-arn", "required for a new cluster (or give --from-cluster / "
+                                                    "--cluster for an existing one)")])
         account, region, zones = _from_aws(args)
         text = render_stack_file(NewStackFacts(
             stack=args.stack, account_id=account, region=region, availability_zones=tuple(zones),
@@ -93,13 +181,17 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print("\n".join(exc.lines()), file=sys.stderr)
         return 2
+    return _write(path, text, f"wrote {path} (account {account}, {region}, zones {', '.join(zones[:3])}): "
+                              f"check it with make plan STACK={args.stack}")
+
+
+def _write(path: Path, text: str, done: str) -> int:
     try:
         atomic_write_bytes(path, text.encode())
     except OSError as exc:  # --stacks-dir a file, a directory in the file's place, no permission, disk full
         print(f"error: {path}: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(f"wrote {path} (account {account}, {region}, zones {', '.join(zones[:3])}): "
-          f"check it with make plan STACK={args.stack}")
+    print(done)
     return 0
 
 

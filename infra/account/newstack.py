@@ -1,6 +1,8 @@
 """A new stack file from the account's facts: what only the user knows (account, region, zones, the admin role)
 comes in as arguments, everything else is a small dev-shaped default that runs the example Jobs under
-workloads/jobs/ (an A10G pool, the `datasets`/`checkpoints` buckets, the EFS claims they mount).
+workloads/jobs/ (an A10G pool, the `datasets`/`checkpoints` buckets, the EFS claims they mount). For a stack on an
+EKS cluster that already runs, the cluster's DescribeCluster answer gives the region, account, VPC, subnets and
+version instead (render_existing_stack_file).
 
 Pure: the facts in, the YAML text out, validated by the same schema `pulumi up` uses before anything is written.
 """
@@ -13,12 +15,14 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from infra.config import ClusterConfig
 from infra.config.names import check_stack_name
 from infra.config.nodepools import DevicePluginConfig
 from infra.config.nodes import AutoscalerConfig
 from infra.config.placeholders import placeholder_problems
 from infra.config.schema import ConfigError, parse_stack_config
 from infra.config.support import EKS_DEFAULT_VERSION
+from infra.existing_cluster import FoundCluster, existing_cluster_problems
 
 ZONES = 3  # EKS needs two; three spreads the node groups and EFS mount targets
 
@@ -113,4 +117,89 @@ config:
     if left:
         raise ConfigError(left)
     parse_stack_config(values)  # ConfigError: a flag the schema refuses (ARN, CIDR, zone, region...)
+    return text
+
+
+@dataclass(frozen=True)
+class ExistingStackFacts:
+    """A stack on an EKS cluster that already runs, from its DescribeCluster answer (checked field by field)."""
+
+    stack: str
+    cluster: FoundCluster
+    public_subnet_ids: frozenset[str] = frozenset()  # known only live (EC2 says which subnets map public IPs)
+    admin_role_arn: str | None = None  # an access entry for it (not the cluster's creator: it has one already)
+    researcher_role_arn: str | None = None
+    source: str = "DescribeCluster"  # the file or call the facts came from, for the header
+
+
+def render_existing_stack_file(facts: ExistingStackFacts) -> str:
+    """The stack file for cluster.existing: network.existing (the cluster's VPC and subnets), the cluster's name,
+    version and region, and the same small dev-shaped pools and storage as a new stack. Raises ConfigError (one
+    line per problem) where the cluster cannot be a base (not ACTIVE, no access entries) or the file would not
+    parse."""
+    problems = check_stack_name(facts.stack)
+    if problems:
+        raise ConfigError(problems)
+    found = facts.cluster
+    cluster_cfg = ClusterConfig(name=found.name, kubernetes_version=found.version, existing=True)
+    unfit = existing_cluster_problems(found, cluster_cfg, found.vpc_id)
+    if unfit:
+        raise ConfigError([(facts.source, why) for _, why in unfit])
+    account = found.arn.split(":")[4]
+    private = [subnet for subnet in found.subnet_ids if subnet not in facts.public_subnet_ids]
+    public = [subnet for subnet in found.subnet_ids if subnet in facts.public_subnet_ids]
+    if not private:
+        raise ConfigError([(facts.source, f"cluster {found.name} has no private subnet for the stack's nodes "
+                                          "(all of its subnets map public IPs)")])
+    subnet_note = ("the cluster's subnets that map no public IP (EC2)" if facts.public_subnet_ids or public else
+                   "the cluster's subnets as DescribeCluster lists them: keep only private ones")
+    entries = [f"      - {{principalArn: {_flow(arn)}, policy: {policy}{extra}}}" for arn, policy, extra in (
+        (facts.admin_role_arn, "cluster-admin", ""), (facts.researcher_role_arn, "edit", ", namespaces: [training]"))
+        if arn]
+    access = ("    accessEntries:\n" + "\n".join(entries) + "\n") if entries else ""
+    text = f"""\
+# {facts.stack}: written by scripts/new_stack.py from {facts.source} of EKS cluster {found.name} ({found.arn}).
+# The stack lays itself onto that cluster and never creates, changes or deletes it, its VPC, subnets or node groups
+# (docs/operations.md, "Use an existing EKS cluster"). Run `make preflight STACK={facts.stack}` before `make up`:
+# it finds add-ons, Helm releases and autoscaled node groups already there. Dev-shaped: unprotected, one GPU pool
+# that scales from zero.
+config:
+  aws:region: {found.region}
+  ml-cluster:accountId: "{account}"  # a real run refuses credentials for any other account
+  ml-cluster:platform: eks
+  ml-cluster:protected: false
+  ml-cluster:tags:
+    environment: {facts.stack}
+  ml-cluster:network:
+    existing:  # the cluster's VPC; the nodes also join its security group {found.cluster_security_group_id}
+      vpcId: {found.vpc_id}
+      privateSubnetIds: {_flow(private)}  # {subnet_note}
+      publicSubnetIds: {_flow(public)}
+  ml-cluster:cluster:
+    name: {found.name}
+    existing: true
+    kubernetesVersion: "{found.version}"  # what the cluster runs (checked against it at every plan)
+{access}  ml-cluster:nodePools:
+    - {{name: gpu-a10g, instanceTypes: [g5.xlarge], capacityType: SPOT, minSize: 0, desiredSize: 0, maxSize: 2,
+       gpu: true, diskSizeGib: 100}}
+  ml-cluster:gpu:
+    devicePlugin: {{chartVersion: {DevicePluginConfig().chart_version}}}
+    dcgmExporter: {{enabled: false}}
+  ml-cluster:nodes:
+    autoscaler: {{chartVersion: {AutoscalerConfig().chart_version}, scaleDownUnneededTime: 5m}}
+  ml-cluster:storage:
+    efs: {{throughputMode: elastic, backup: false}}
+    gp3: {{name: gp3, default: false}}  # the cluster keeps its own default StorageClass
+    buckets:
+      - {{name: datasets, mount: true}}
+      - {{name: checkpoints, scratchPrefixes: [tmp/], scratchExpiryDays: 3}}
+    sharedVolumes:
+      - {{name: checkpoints-efs, storageClass: efs-ap, size: 500Gi}}
+      - {{name: datasets-efs, storageClass: efs-ap, size: 200Gi}}
+"""
+    values = yaml.safe_load(text)["config"]
+    left = placeholder_problems(values, deploying=True)
+    if left:
+        raise ConfigError(left)
+    parse_stack_config(values)  # ConfigError: what the schema refuses (a role ARN, a subnet id)
     return text

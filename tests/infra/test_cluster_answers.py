@@ -75,7 +75,7 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
     (_set("resourcesVpcConfig.endpointPublicAccess", "false"), "resourcesVpcConfig.endpointPublicAccess",
      '"false" is a string, not true or false'),
     (_set("tags", ["owner"]), "tags", "is a list, not an object of strings"),
-    (_set("createdAt", 12), "createdAt", "12 is a number, not a timestamp"),
+    (_set("createdAt", True), "createdAt", "true is a boolean, not a timestamp"),
     # null
     (_set("version", None), "version", "null, not a string"),
     (_set("certificateAuthority", None), "certificateAuthority",

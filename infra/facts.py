@@ -143,7 +143,8 @@ def _job_facts(cfg: StackConfig, ctx: StackContext, pool_plans: Sequence[PoolPla
                         buckets=bucket_names, **kueue_facts(cfg.kueue),
                         teams=team_facts(cfg.kueue) if cfg.kueue.enabled else None,
                         pack_service_account=PACK_SERVICE_ACCOUNT if pack_keys else None,
-                        pack_buckets=tuple(sorted(bucket_names[key] for key in pack_keys)))
+                        pack_buckets=tuple(sorted(bucket_names[key] for key in pack_keys)),
+                        file_systems=storage_facts.file_systems)
 
 
 def _checked_jobs(cfg: StackConfig, ctx: StackContext, job_facts: ClusterFacts, account_id: str | None,

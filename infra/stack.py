@@ -37,7 +37,7 @@ from infra.nodes.nodepools import NodePools, NodePoolsArgs
 from infra.packing import DatasetPacker, DatasetPackerArgs
 from infra.queueing import Queueing, QueueingArgs, queue_manifests
 from infra.registry import ImageRegistry, ImageRegistryArgs
-from infra.storage import Storage, StorageArgs
+from infra.storage import Storage, StorageArgs, fsx_boot_scripts
 from infra.tenancy import Teams, TeamsArgs, team_access_entries, team_access_policy, team_manifests
 from workloads.cluster_facts import facts_to_dict
 from workloads.jobspec import metrics_ports
@@ -62,7 +62,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> Outputs:
     if cfg.platform == "eks" and cfg.registry.enabled:
         registry = ImageRegistry(f"{ctx.prefix}-registry", ImageRegistryArgs(ctx=ctx, config=cfg.registry))
         outputs["imageRepository"] = registry.url
-    node_groups = _node_pools(ctx, facts, cluster, network, outputs)
+    node_groups = _node_pools(ctx, facts, cluster, network, outputs, fsx_boot_scripts(cfg.storage, facts.pool_plans))
 
     # --- the Jobs' namespace: storage puts its claims and the COS Secret in it ---
     monitoring = cfg.monitoring
@@ -153,13 +153,13 @@ def _network_and_cluster(cfg: StackConfig, ctx: StackContext, facts: StackFacts,
 
 
 def _node_pools(ctx: StackContext, facts: StackFacts, cluster: ClusterInfo, network: NetworkInfo | None,
-                outputs: Outputs) -> list[pulumi.Resource]:
+                outputs: Outputs, boot_scripts: dict[str, tuple[str, ...]]) -> list[pulumi.Resource]:
     """The managed node groups (EKS); the nodePools output for every pool (onprem: the existing nodes' shape)."""
     node_groups: list[pulumi.Resource] = []
     if network is not None:
         pools = NodePools(f"{ctx.prefix}-nodepools", NodePoolsArgs(
             ctx=ctx, cluster=cluster, network=network, pools=tuple(p for p in facts.pool_plans if p.ami_type),
-            gpu_node_labels=facts.gate_labels))
+            gpu_node_labels=facts.gate_labels, boot_scripts=boot_scripts))
         node_groups = list(pools.node_groups.values())
     outputs["nodePools"] = {plan.name: {
         "gpuType": plan.gpu_type, "gpusPerNode": plan.gpus_per_node, "nvmeGib": plan.nvme_gib,

@@ -55,6 +55,29 @@ class TeamFacts:
 
 
 @dataclass(frozen=True)
+class FileSystemFacts:
+    """A provisioned-throughput file system behind a claim (FSx for Lustre): what its writers share.
+
+    Its baseline throughput is per-unit throughput x storage capacity, as AWS states it for FSx for Lustre
+    (MB/s per TiB x TiB; MB = 10^6 bytes): every client writing at once shares it."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    kind: str  # "fsx-lustre"
+    per_unit_mbps: int  # MB/s per TiB of storage (the throughput tier)
+    capacity_gib: int
+
+    @property
+    def bytes_per_second(self) -> int:
+        return self.per_unit_mbps * 10**6 * self.capacity_gib // 1024
+
+    def describe(self) -> str:
+        """The throughput and the formula behind it, for an error line."""
+        return (f"{self.bytes_per_second} bytes/s ({self.per_unit_mbps} MB/s/TiB x {self.capacity_gib} GiB, "
+                f"the {self.kind} file system's baseline)")
+
+
+@dataclass(frozen=True)
 class ClusterFacts:
     __pydantic_config__ = ConfigDict(extra="forbid")
 
@@ -93,6 +116,9 @@ class ClusterFacts:
     # the packInto ones, and those buckets' physical names. None: no such account (packs run as the Jobs' account).
     pack_service_account: str | None = None
     pack_buckets: tuple[str, ...] = ()
+    # Claims (in `namespace` or a team's) on a file system of provisioned throughput, by claim name: a Job that
+    # checkpoints to one gets its write rate from it (workloads.jobspec.checkpointing). None: no such claim.
+    file_systems: dict[str, FileSystemFacts] | None = None
 
     def in_object_store(self, bucket: str) -> bool:
         """Whether a Job reaches physical bucket `bucket` through the S3-compatible store (else AWS S3)."""
@@ -102,8 +128,13 @@ class ClusterFacts:
 
 
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:
-    """JSON-ready form (snake_case keys), e.g. a stack output that `workloads.submit --facts` reads back."""
-    return asdict(facts)
+    """JSON-ready form (snake_case keys), e.g. a stack output that `workloads.submit --facts` reads back.
+    `file_systems` is left out when None (what facts without one read back as), so stacks without such a file
+    system publish the same facts as before it existed."""
+    data = asdict(facts)
+    if data["file_systems"] is None:
+        del data["file_systems"]
+    return data
 
 
 def facts_from_dict(data: dict[str, Any]) -> ClusterFacts:

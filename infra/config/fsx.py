@@ -136,6 +136,12 @@ class FsxLustreConfig(StrictModel):
         default=["flock"],
         description="Lustre mount options of the PV (flock: POSIX locks, which torch.distributed's stores use)",
     )
+    efa: bool = Field(
+        default=False,
+        description=("an EFA-enabled file system (EFA and GPUDirect Storage; AWS recommends it above 10 GB/s): every "
+                     "traffic between it and the nodes allowed, and the EFA pools in nodePools configure their Lustre "
+                     "client for EFA at boot. Set at creation only; its throughput tier cannot change after"),
+    )
     data_repository_associations: list[FsxDataRepositoryAssociationConfig] = Field(
         default=[],
         description="links of file system directories to the stack's buckets (import and/or export)",

@@ -256,6 +256,9 @@ def fsx_zone_problems(cfg: StackConfig, private_zones: Sequence[str] | None) -> 
             problems.append((f"{where}.nodePools[{index}]",
                              f"node pool {name} starts nodes in {', '.join(elsewhere)}, the file system is in "
                              f"{fsx.availability_zone}: set the pool's availabilityZones: [{fsx.availability_zone}]"))
+    if fsx.efa and not any(pools[name].efa for name in fsx.node_pools if name in pools):
+        problems.append((f"{where}.efa", f"true, but none of nodePools ({', '.join(fsx.node_pools)}) is an EFA pool "
+                                         "(efa: true): no client would reach the file system over EFA"))
     return problems
 
 

@@ -8,6 +8,7 @@ The builders are pure (plan in, dicts/strings out); the NodePools component only
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email import encoders
 from email.mime.application import MIMEApplication
@@ -103,10 +104,11 @@ def bottlerocket_user_data() -> str:
     )
 
 
-def user_data(plan: PoolPlan) -> str | None:
-    """The launch template's user data (plain text) for a pool; None when the defaults do."""
+def user_data(plan: PoolPlan, scripts: Sequence[str] = ()) -> str | None:
+    """The launch template's user data (plain text) for a pool; None when the defaults do. `scripts`: more boot
+    scripts for an AL2023 pool (e.g. the FSx for Lustre client's LNet over EFA), after the hugepages one."""
     pages = EFA_NODE_HUGEPAGES if plan.efa_interfaces else 0
-    if not plan.nvme_gib and not pages:
+    if not plan.nvme_gib and not pages and not scripts:
         return None
     if plan.is_bottlerocket:
         settings = bottlerocket_user_data() if plan.nvme_gib else ""
@@ -114,7 +116,7 @@ def user_data(plan: PoolPlan) -> str | None:
             settings += f'[settings.kernel.sysctl]\n"vm.nr_hugepages" = "{pages}"\n' + BOTTLEROCKET_EFA_MEMLOCK
         return settings
     nodeconfigs = ([nodeconfig_raid0()] if plan.nvme_gib else []) + ([nodeconfig_efa_memlock()] if pages else [])
-    return mime_user_data(nodeconfigs, [hugepages_script(pages)] if pages else [])
+    return mime_user_data(nodeconfigs, ([hugepages_script(pages)] if pages else []) + list(scripts))
 
 
 def root_device_name(plan: PoolPlan) -> str:
@@ -225,6 +227,7 @@ class NodePoolsArgs:
     network: NetworkInfo
     pools: tuple[PoolPlan, ...]  # EKS pools (plans with instance types)
     gpu_node_labels: dict[str, str] = field(default_factory=dict)  # modelled on GPU pools' templates (the gate)
+    boot_scripts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # pool -> more AL2023 boot scripts
 
 
 class NodePools(pulumi.ComponentResource):
@@ -243,7 +246,7 @@ class NodePools(pulumi.ComponentResource):
         for plan in args.pools:
             subnet_ids = pool_subnet_ids(plan, args.network)
             child = pulumi.ResourceOptions(parent=self)
-            text = user_data(plan)
+            text = user_data(plan, args.boot_scripts.get(plan.name, ()))
             placement, interfaces = None, None
             if plan.efa_interfaces:
                 # A cluster placement group keeps the pool's nodes on one network spine (lowest EFA latency).

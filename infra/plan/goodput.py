@@ -15,7 +15,8 @@ while delta << tau << M; Daly's higher-order terms matter only when M is within 
 The inputs, each a stated source or a documented assumption (docs/monitoring.md, "Predicted goodput"):
 - node interruptions per 1000 GPU-days, per instance family (INTERRUPTIONS_PER_1000_GPU_DAYS);
 - Spot reclaims per node and 30 days on a SPOT pool (SPOT_RECLAIMS_PER_NODE_MONTH);
-- the checkpoint cost: the Job's checkpoint.size over checkpoint.writeRate, twice when it is also uploaded (as its
+- the checkpoint cost: the Job's checkpoint.size over checkpoint.writeRate (a file system's share where it
+  checkpoints to FSx for Lustre), twice when it is also uploaded (as its
   terminationGracePeriodSeconds counts it), taken as fully blocking (an async checkpoint costs less);
 - the restart time per capacity type (RESTART_S): eviction of the lost pod, a replacement node, the image pull, the
   rendezvous and the resume;
@@ -26,12 +27,15 @@ Nothing here has been measured on a real cluster.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infra.plan.holdings import jobs_of, pools_of
+from workloads.cluster_facts import facts_from_dict
+from workloads.jobspec.pod import resolve_checkpoint_rate
 from workloads.quantity import quantity_bytes
 
 SECONDS_PER_DAY = 86400.0
@@ -118,6 +122,17 @@ def checkpoint_every(args: Sequence[str]) -> int:
     return 0
 
 
+def checkpoint_rate(plan: Mapping[str, Any], spec: Any) -> int:
+    """Bytes/s the Job's checkpoint is written at, as its grace period was sized: the file system's share where it
+    checkpoints to one of provisioned throughput (the plan's jobFacts), else checkpoint.writeRate."""
+    data = (plan.get("outputs") or {}).get("jobFacts")
+    if isinstance(data, dict):
+        # facts of another shape, or a rate the plan refused already: the spec's own rate
+        with contextlib.suppress(ValueError):
+            spec = resolve_checkpoint_rate(spec, facts_from_dict(data))
+    return quantity_bytes(spec.checkpoint.write_rate)
+
+
 def job_predictions(plan: Mapping[str, Any], specs: Sequence[Any],
                     step_s: float = DEFAULT_STEP_S) -> list[tuple[str, Prediction | None, str]]:
     """(Job name, prediction or None, what it ran on or why not) for each stack Job spec rendered as a batch Job of
@@ -146,7 +161,7 @@ def job_predictions(plan: Mapping[str, Any], specs: Sequence[Any],
             interruptions_per_1000_gpu_days=INTERRUPTIONS_PER_1000_GPU_DAYS.get(
                 family, DEFAULT_INTERRUPTIONS_PER_1000_GPU_DAYS),
             spot_reclaims_per_node_month=SPOT_RECLAIMS_PER_NODE_MONTH if pool.capacity_type == "SPOT" else 0.0,
-            checkpoint_s=writes * quantity_bytes(spec.checkpoint.size) / quantity_bytes(spec.checkpoint.write_rate),
+            checkpoint_s=writes * quantity_bytes(spec.checkpoint.size) / checkpoint_rate(plan, spec),
             restart_s=RESTART_S.get(pool.capacity_type, RESTART_S["ON_DEMAND"]), interval_s=steps * step_s)
         out.append((spec.name, predict(inputs), f"{pool.name}, {pool.instance_type} {pool.capacity_type}"))
     return out

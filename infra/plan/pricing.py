@@ -108,13 +108,18 @@ def efs_query(region: str) -> PriceQuery:
 
 def fsx_lustre_query(region: str, throughput: int) -> PriceQuery:
     """FSx for Lustre PERSISTENT_2 SSD storage at one throughput tier (MB/s/TiB): USD per GB-month of capacity.
-    The Price List attribute names are as AmazonFSx's products carry them to the best of this module's knowledge;
-    they have not been checked against the live API here (a mismatch is a PriceError naming this query)."""
+
+    The attribute names are AmazonFSx's as AWS's Price List carries them (fileSystemType, storageType,
+    throughputCapacity, productFamily Storage: those infracost's FSx for Windows query filters on,
+    infracost/infracost internal/resources/aws/fsx_windows_file_system.go). PERSISTENT_1 and PERSISTENT_2 share
+    deploymentOption "Persistent" in the Price List, as far as the public readers of it show; their throughput
+    tiers do not overlap (50/100/200 against 125/250/500/1000), so the tier alone picks PERSISTENT_2, and the usage
+    type (<region>-Storage.SSD.<tier>, the PERSISTENT_1 pattern AWS's offer file shows) picks the storage product.
+    Not checked against the live API from here: a mismatch is a PriceError naming this query."""
     return PriceQuery(key=f"fsx-lustre:{region}:persistent-2:{throughput}", kind="list", service_code="AmazonFSx",
                       filters=(("regionCode", region), ("productFamily", "Storage"), ("fileSystemType", "Lustre"),
-                               ("deploymentOption", "Persistent 2"), ("storageType", "SSD"),
-                               ("throughputCapacity", str(throughput))),
-                      unit="GB-Mo")
+                               ("storageType", "SSD"), ("throughputCapacity", str(throughput))),
+                      unit="GB-Mo", usagetype_suffix=f"Storage.SSD.{throughput}")
 
 
 def s3_query(region: str) -> PriceQuery:

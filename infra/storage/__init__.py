@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pulumi
 from pydantic import SecretStr
@@ -25,7 +26,11 @@ from infra.storage.drivers import (
     OnpremStorageDriversArgs,
 )
 from infra.storage.efs import SharedFileSystem, SharedFileSystemArgs
-from infra.storage.fsx import LustreFileSystem, LustreFileSystemArgs
+from infra.storage.fsx import LustreFileSystem, LustreFileSystemArgs, lustre_efa_client_script
+from workloads.cluster_facts import FileSystemFacts
+
+if TYPE_CHECKING:
+    from infra.nodes.poolplan import PoolPlan
 
 COS_JOB_SECRET = "cos-credentials"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for boto3 in Jobs (COS HMAC)
 
@@ -46,6 +51,7 @@ class JobStorageFacts:
     volume_claims: tuple[str, ...]
     object_store_endpoint: str | None
     object_store_secret: str | None
+    file_systems: dict[str, FileSystemFacts] | None = None  # claim -> its provisioned-throughput file system
 
 
 def job_storage_facts(config: StorageConfig, is_eks: bool) -> JobStorageFacts:
@@ -59,7 +65,28 @@ def job_storage_facts(config: StorageConfig, is_eks: bool) -> JobStorageFacts:
         volume_claims=tuple(claims),
         object_store_endpoint=config.cos.endpoint if config.cos else None,
         object_store_secret=COS_JOB_SECRET if config.cos else None,
+        file_systems=fsx_file_systems(config) if is_eks else None,
     )
+
+
+def fsx_boot_scripts(config: StorageConfig, plans: Sequence[PoolPlan]) -> dict[str, tuple[str, ...]]:
+    """Pool name -> the boot script that puts its Lustre client on EFA: the EFA pools (AL2023) that mount an
+    EFA-enabled FSx for Lustre file system; {} otherwise (Bottlerocket pools keep TCP: no such script there)."""
+    fsx = config.fsx_lustre
+    if fsx is None or not fsx.efa:
+        return {}
+    return {plan.name: (lustre_efa_client_script(plan.efa_interfaces),) for plan in plans
+            if plan.name in fsx.node_pools and plan.efa_interfaces and not plan.is_bottlerocket}
+
+
+def fsx_file_systems(config: StorageConfig) -> dict[str, FileSystemFacts] | None:
+    """The FSx for Lustre claim(s) and the throughput their writers share; None without FSx."""
+    fsx = config.fsx_lustre
+    if fsx is None:
+        return None
+    facts = FileSystemFacts(kind="fsx-lustre", per_unit_mbps=fsx.per_unit_storage_throughput,
+                            capacity_gib=fsx.storage_capacity)
+    return {fsx.claim_name: facts}
 
 
 @dataclass(frozen=True)
@@ -85,6 +112,7 @@ class Storage(pulumi.ComponentResource):
         self.file_system_arn: pulumi.Output[str] | None = None
         self.efs_security_group_id: pulumi.Output[str] | None = None
         self.fsx: LustreFileSystem | None = None
+        self.fsx_claims: list[dict[str, str]] = []  # the FSx claims verify_stack checks (namespace, name); teams add
         self.cos_secret_name: str | None = None
         self.object_store_endpoint: str | None = config.cos.endpoint if config.cos else None
         self.namespace = namespace
@@ -177,6 +205,7 @@ class Storage(pulumi.ComponentResource):
             add(f"pvc-{fsx_config.claim_name}", pvc, [*fsx_driver, created.resources[-1], *in_namespace],
                 protect=ctx.protected)
             created.shared_claims.append(fsx_config.claim_name)
+            self.fsx_claims.append({"namespace": namespace, "name": fsx_config.claim_name})
 
         self.storage_class_names: list[str] = created.storage_classes
         self.dataset_claim_names: dict[str, str] = created.dataset_claims
@@ -310,5 +339,5 @@ class Storage(pulumi.ComponentResource):
             fsx = self.fsx
             found["fsxLustre"] = {"fileSystemId": fsx.file_system_id, "securityGroupId": fsx.security_group_id,
                                   "dnsName": fsx.dns_name, "mountName": fsx.mount_name,
-                                  "associations": sorted(fsx.associations)}
+                                  "associations": sorted(fsx.associations), "claims": self.fsx_claims}
         return found

@@ -21,7 +21,8 @@ SELF = "self"  # a peer name meaning the group itself (its own members talk to e
 
 @dataclass(frozen=True)
 class PortRule:
-    """One rule: TCP `low`-`high` from (ingress) or to (egress) the peer named `peer` of the group's peers.
+    """One rule: TCP `low`-`high` (or, with protocol "-1", every protocol and port) from (ingress) or to (egress)
+    the peer named `peer` of the group's peers.
 
     `key` completes the rule's resource name (ctx.name("storage", key)); `description` is the rule's own."""
 
@@ -31,6 +32,7 @@ class PortRule:
     low: int
     high: int
     description: str
+    protocol: Literal["tcp", "-1"] = "tcp"
 
 
 def file_system_security_group(ctx: StackContext, key: str, vpc_id: pulumi.Input[str], description: str,
@@ -54,7 +56,9 @@ def file_system_security_group(ctx: StackContext, key: str, vpc_id: pulumi.Input
             ctx.name("storage", rule.key),
             security_group_id=group.id,
             referenced_security_group_id=peer_id,
-            ip_protocol="tcp", from_port=rule.low, to_port=rule.high,
+            ip_protocol=rule.protocol,
+            from_port=rule.low if rule.protocol == "tcp" else None,
+            to_port=rule.high if rule.protocol == "tcp" else None,
             description=rule.description,
             opts=child,
         )

@@ -38,8 +38,11 @@ def events_policy(events: list[str]) -> dict[str, list[str]] | None:
     return {"events": list(events)} if events else None
 
 
-def lustre_rules(peers: tuple[str, ...]) -> list[PortRule]:
-    """Lustre's ports from and to each peer (ingress then egress, per port range)."""
+def lustre_rules(peers: tuple[str, ...], efa: bool = False) -> list[PortRule]:
+    """Lustre's ports from and to each peer (ingress then egress, per port range). An EFA-enabled file system's
+    group allows every protocol and port from and to itself and the clients' group ("EFA-enabled security groups",
+    FSx for Lustre User Guide; creation fails with "Insufficient security group permissions to create an EFA-enabled
+    file system" otherwise): EFA's SRD traffic is matched by security-group rules only."""
     rules = []
     for peer in peers:
         for low, high in LUSTRE_PORTS:
@@ -48,7 +51,45 @@ def lustre_rules(peers: tuple[str, ...]) -> list[PortRule]:
                                f"Lustre {ports} from the {peer} security group"),
                       PortRule(f"fsx-lustre-{ports}-to-{peer}", "egress", peer, low, high,
                                f"Lustre {ports} to the {peer} security group")]
+        if efa:
+            rules += [PortRule(f"fsx-efa-all-from-{peer}", "ingress", peer, 0, 0,
+                               f"EFA: all traffic from the {peer} security group", protocol="-1"),
+                      PortRule(f"fsx-efa-all-to-{peer}", "egress", peer, 0, 0,
+                               f"EFA: all traffic to the {peer} security group", protocol="-1")]
     return rules
+
+
+# The Lustre client's LNet over EFA on a node, after the EKS User Guide's "Optimize Amazon FSx for Lustre performance
+# on nodes (EFA)" (awsdocs/amazon-eks-user-guide latest/ug/storage/fsx-csi-tuning-efa.adoc): the EFA LND (kefalnd)
+# bound to the primary interface, the TCP network kept (the mount NID stays <dns>@tcp), EFA networks with 32 peer
+# credits (on a 32-card p5: every 4th device, one per PCI bus; otherwise the first, and the last when there are
+# more), discovery on, and a UDSP rule preferring EFA. The guide installs AWS's Lustre client packages for Ubuntu;
+# on AL2023 the script takes the distribution's lustre-client and, where the EFA LND is missing, leaves the node on
+# TCP (the mount still works, at TCP speed) rather than failing the boot.
+LUSTRE_EFA_SCRIPT = """#!/bin/bash
+# FSx for Lustre over EFA: LNet on the EFA interfaces ({interfaces} EFA devices on this pool's instance type)
+exec 1> >(logger -s -t fsx-lustre-efa) 2>&1
+command -v lnetctl >/dev/null || dnf install -y lustre-client || {{ echo "no Lustre client: FSx over TCP"; exit 0; }}
+eth_intf="$(/sbin/ip -br -4 a sh | grep "$(hostname -i)/" | awk '{{print $1}}')"
+modprobe lnet && modprobe kefalnd ipif_name="$eth_intf" && modprobe ksocklnd || {{
+  echo "no EFA LND (kefalnd) for this kernel: FSx over TCP"; exit 0; }}
+lnetctl lnet configure
+lnetctl net del --net tcp 2>/dev/null
+lnetctl net add --net tcp --if "$eth_intf"
+for intf in $(ls -1 /sys/class/infiniband | {selection}); do
+  lnetctl net add --net efa --if "$intf" --peer-credits 32
+done
+lnetctl set discovery 1
+lnetctl udsp add --src efa --priority 0
+modprobe lustre
+echo "LNet EFA interfaces: $(lnetctl net show | grep -c '@efa')"
+"""
+
+
+def lustre_efa_client_script(efa_interfaces: int) -> str:
+    """The node's boot script (a text/x-shellscript user-data part) for a pool with `efa_interfaces` EFA devices."""
+    selection = "awk 'NR % 4 == 1'" if efa_interfaces >= 32 else "sed -n '1p;$p' | uniq"
+    return LUSTRE_EFA_SCRIPT.format(interfaces=efa_interfaces, selection=selection)
 
 
 @dataclass(frozen=True)
@@ -71,8 +112,10 @@ class LustreFileSystem(pulumi.ComponentResource):
         security_group = file_system_security_group(
             ctx, "fsx-sg", args.network.vpc_id,
             "FSx for Lustre: Lustre (TCP 988, 1018-1023) from the cluster nodes and itself",
-            {"nodes": args.node_security_group_id}, lustre_rules(("nodes", SELF)), self,
+            {"nodes": args.node_security_group_id}, lustre_rules(("nodes", SELF), efa=config.efa), self,
         )
+        if config.efa:
+            self._node_efa_rules(ctx, args.node_security_group_id, security_group.id)
 
         file_system = aws.fsx.LustreFileSystem(
             ctx.name("storage", "fsx-fs"),
@@ -82,6 +125,7 @@ class LustreFileSystem(pulumi.ComponentResource):
             per_unit_storage_throughput=config.per_unit_storage_throughput,
             metadata_configuration={"mode": config.metadata_configuration.mode},
             file_system_type_version=LUSTRE_VERSION,
+            efa_enabled=True if config.efa else None,  # pulumi-aws 7.51.1 fsx.LustreFileSystem efa_enabled
             subnet_ids=subnet.id,  # one subnet: PERSISTENT_2 lives in one AZ
             security_group_ids=[security_group.id],
             kms_key_id=config.kms_key_arn,
@@ -104,6 +148,20 @@ class LustreFileSystem(pulumi.ComponentResource):
         self.security_group_id: pulumi.Output[str] = security_group.id
         self.register_outputs({"fileSystemId": file_system.id, "securityGroupId": security_group.id,
                                "associations": sorted(self.associations)})
+
+    def _node_efa_rules(self, ctx: StackContext, node_group_id: pulumi.Input[str],
+                        file_system_group_id: pulumi.Input[str]) -> None:
+        """The node group's side of EFA: every protocol from and to the file system's group (the node group's
+        general egress is by CIDR, which SRD traffic does not match)."""
+        child = pulumi.ResourceOptions(parent=self)
+        aws.vpc.SecurityGroupIngressRule(
+            ctx.name("storage", "fsx-efa-nodes-from-fsx"), security_group_id=node_group_id,
+            referenced_security_group_id=file_system_group_id, ip_protocol="-1",
+            description="EFA: all traffic from the FSx for Lustre security group", opts=child)
+        aws.vpc.SecurityGroupEgressRule(
+            ctx.name("storage", "fsx-efa-nodes-to-fsx"), security_group_id=node_group_id,
+            referenced_security_group_id=file_system_group_id, ip_protocol="-1",
+            description="EFA: all traffic to the FSx for Lustre security group", opts=child)
 
     def _association(self, ctx: StackContext, file_system: aws.fsx.LustreFileSystem,
                      dra: FsxDataRepositoryAssociationConfig,

@@ -175,6 +175,56 @@ def check_bucket(s3: Any, bucket: str) -> list[Check]:
     return checks
 
 
+FSX_ADDON = "aws-fsx-csi-driver"
+
+
+def check_fsx(fsx: Any, eks: Any, outputs: Mapping[str, Any], cluster_name: str) -> list[Check]:
+    """The FSx for Lustre file system is AVAILABLE at the DNS name the PV mounts, each data repository association
+    of the stack is AVAILABLE on it (a MISCONFIGURED one has lost its bucket or its permissions), and the FSx CSI
+    add-on is ACTIVE (FSx API: DescribeFileSystems, DescribeDataRepositoryAssociations; EKS: DescribeAddon)."""
+    file_system_id = outputs["fileSystemId"]
+    found = fsx.describe_file_systems(FileSystemIds=[file_system_id])["FileSystems"]
+    checks = []
+    if not found:
+        return [Check(f"fsx {file_system_id}", "FAIL", "not found")]
+    system = found[0]
+    lifecycle, dns = system.get("Lifecycle"), system.get("DNSName")
+    problems = [] if lifecycle == "AVAILABLE" else [f"lifecycle {lifecycle}"]
+    if dns != outputs.get("dnsName"):
+        problems.append(f"DNS name {dns}, the PV mounts {outputs.get('dnsName')}")
+    checks.append(Check(f"fsx {file_system_id}", "FAIL" if problems else "PASS", "; ".join(problems) or (
+        f"AVAILABLE, {system.get('StorageCapacity')} GiB "
+        f"{(system.get('LustreConfiguration') or {}).get('DeploymentType')}")))
+    associations = fsx.describe_data_repository_associations(
+        Filters=[{"Name": "file-system-id", "Values": [file_system_id]}])["Associations"]
+    by_path = {item.get("FileSystemPath"): item for item in associations}
+    for path in outputs.get("associations") or ():
+        item = by_path.get(path)
+        if item is None:
+            checks.append(Check(f"fsx dra {path}", "FAIL", f"no data repository association at {path}"))
+            continue
+        state = item.get("Lifecycle")
+        detail = f"{state}: {item.get('DataRepositoryPath')}"
+        if state != "AVAILABLE" and item.get("FailureDetails"):
+            detail += f" ({item['FailureDetails'].get('Message')})"
+        checks.append(Check(f"fsx dra {path}", "PASS" if state == "AVAILABLE" else "FAIL", detail))
+    if cluster_name:
+        addon = eks.describe_addon(clusterName=cluster_name, addonName=FSX_ADDON)["addon"]
+        status = addon.get("status")
+        checks.append(Check(f"addon {FSX_ADDON}", "PASS" if status == "ACTIVE" else "FAIL",
+                            f"{status} at {addon.get('addonVersion')}"))
+    return checks
+
+
+def check_claims_bound(core_api: Any, claims: Iterable[tuple[str, str]]) -> list[Check]:
+    """Each static claim (namespace, name) is Bound to its volume: the file system's PV/PVC (and its teams')."""
+    checks = []
+    for namespace, name in claims:
+        phase = core_api.read_namespaced_persistent_volume_claim(name, namespace).status.phase
+        checks.append(Check(f"pvc {namespace}/{name}", "PASS" if phase == "Bound" else "FAIL", str(phase)))
+    return checks
+
+
 def aws_checks(outputs: Mapping[str, Any], client: Callable[[str], Any]) -> list[Check]:
     """`client(service)` returns a boto3 client (region and endpoint decided by the caller)."""
     storage = storage_outputs(outputs)
@@ -190,6 +240,12 @@ def aws_checks(outputs: Mapping[str, Any], client: Callable[[str], Any]) -> list
             checks.append(Check("efs", "FAIL", _aws_error(exc)))
     else:
         checks.append(Check("efs", "SKIP", "no file system in this stack"))
+    fsx = storage.get("fsxLustre")
+    if fsx:
+        try:
+            checks += check_fsx(client("fsx"), client("eks"), fsx, str(outputs.get("clusterName") or ""))
+        except (ClientError, BotoCoreError) as exc:
+            checks.append(Check("fsx", "FAIL", _aws_error(exc)))
     for bucket in sorted((storage.get("buckets") or {}).values()):
         try:
             checks += check_bucket(client("s3"), bucket)
@@ -313,6 +369,8 @@ def kubernetes_checks(
     checks += check_test_claim(
         core_api, storage_api, storage.get("namespace") or "training", classes, timeout_s
     )
+    fsx = storage.get("fsxLustre") or {}
+    checks += check_claims_bound(core_api, [(claim["namespace"], claim["name"]) for claim in fsx.get("claims") or ()])
     return checks
 
 

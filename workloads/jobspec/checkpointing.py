@@ -43,3 +43,9 @@ class SaveShares:
             text += (f" then at {_gib(self.remote_rate)}/s to the remote tier "
                      f"({self.per_node / self.remote_rate:.0f} s)")
         return text
+
+
+def file_system_share(bytes_per_second: int, writers: int) -> int:
+    """What each of `writers` clients writing at once gets of a file system's baseline throughput (bytes/s): an
+    even share, the model for FSx for Lustre, whose throughput is the file system's, not the client's."""
+    return bytes_per_second // max(1, writers)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workloads.cluster_facts import ClusterFacts, PoolFacts
+from workloads.jobspec.checkpointing import file_system_share
 from workloads.jobspec.containers import GangAddress, stage_container, train_container
 from workloads.jobspec.defaults import (
     GPU_TAINT,
@@ -28,7 +29,7 @@ from workloads.jobspec.fabric import Fabric, gang_pools, job_fabric
 from workloads.jobspec.fields import DECODED_MOUNT, NODE_LOST_TOLERATION_S, TRAIN_METRICS_PORT, JobSpecError
 from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
 from workloads.jobspec.spec import TrainingJobSpec
-from workloads.quantity import format_bytes, format_millicores
+from workloads.quantity import format_bytes, format_millicores, quantity_bytes
 
 Manifest = dict[str, Any]
 # Discovery by annotation, for a Prometheus configured the classic way (kubernetes_sd + prometheus.io/*): it names one
@@ -84,6 +85,31 @@ def resolve_buckets(spec: TrainingJobSpec, facts: ClusterFacts) -> TrainingJobSp
                                                  f"(its buckets: {choices})")
         update[name] = target.model_copy(update={"uri": f"s3://{known[target.bucket]}/{target.prefix}"})
     return spec.model_copy(update=update) if update else spec
+
+
+def resolve_checkpoint_rate(spec: TrainingJobSpec, facts: ClusterFacts) -> TrainingJobSpec:
+    """A checkpoint on a claim of a provisioned-throughput file system (facts.file_systems, FSx for Lustre) is
+    written at that file system's share: its baseline throughput over the Job's clients that write at once (rank 0
+    alone for a whole checkpoint; every node for a sharded one, its ranks writing their shards into the claim). The
+    share is the checkpoint's writeRate; a stated writeRate or localWriteRate above it is an error naming both
+    (a stated lower, measured one is kept); a set grace period is checked against the save again."""
+    checkpoint = spec.checkpoint
+    if checkpoint is None or checkpoint.claim_name is None:
+        return spec
+    file_system = (facts.file_systems or {}).get(checkpoint.claim_name)
+    if file_system is not None:
+        writers = spec.nodes if checkpoint.sharded else 1
+        share = file_system_share(file_system.bytes_per_second, writers)
+        for field_name, attribute in (("writeRate", "write_rate"), ("localWriteRate", "local_write_rate")):
+            stated = getattr(checkpoint, attribute)
+            if attribute in checkpoint.model_fields_set and stated is not None and quantity_bytes(stated) > share:
+                raise JobSpecError(f"checkpoint.{field_name}", (
+                    f"{stated} ({quantity_bytes(stated)} bytes/s) is more than claim {checkpoint.claim_name} can "
+                    f"give: {share} bytes/s = {file_system.describe()} / {writers} writer(s) at once"))
+        if "write_rate" not in checkpoint.model_fields_set:
+            spec = spec.model_copy(update={"checkpoint": checkpoint.model_copy(update={"write_rate": str(share)})})
+    spec.check_save_window()  # deferred from the spec's own validation (TrainingJobSpec._rate_from_claim)
+    return spec
 
 
 def _limits(spec: TrainingJobSpec, pools: list[PoolFacts], fabric: Fabric) -> dict[str, str]:
@@ -216,6 +242,7 @@ def build_pod(spec: TrainingJobSpec, facts: ClusterFacts, run_name: str, gang: G
     `gang`. Raises JobSpecError (field path) for a spec the cluster cannot run."""
     spec = resolve_buckets(spec, facts)
     _check_claims(spec, facts)
+    spec = resolve_checkpoint_rate(spec, facts)
     pools = gang_pools(spec, candidate_pools(spec, facts))
     fabric = job_fabric(spec, pools)
     limits = _limits(spec, pools, fabric)

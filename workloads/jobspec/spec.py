@@ -302,10 +302,17 @@ class TrainingJobSpec(_Spec):
             shortfall = memory_shortfall(quantity_bytes(self.memory), self)
             if shortfall:
                 raise JobSpecError("memory", shortfall)
-        self._check_save_window()
+        if not self._rate_from_claim():
+            self.check_save_window()  # else when rendered: the claim's file system may give the rate
         return self
 
-    def _check_save_window(self) -> None:
+    def _rate_from_claim(self) -> bool:
+        """The checkpoint goes to a claim without a stated writeRate: the rate is known once the claim's file
+        system is (workloads.jobspec.pod.resolve_checkpoint_rate)."""
+        return (self.checkpoint is not None and self.checkpoint.claim_name is not None
+                and "write_rate" not in self.checkpoint.model_fields_set)
+
+    def check_save_window(self) -> None:
         """A sharded checkpoint that cannot be saved within the set grace period is a config error: every stop
         (Spot notice, drain, block end) would lose the work since the previous one."""
         grace = self.termination_grace_period_seconds

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.chaos_goodput import trials_goodput
+
 REPO = Path(__file__).resolve().parents[1]
 NODES = 2
 CLASSES, PER_CLASS = 3, 32  # 96 JPEGs: 12 steps of 2 x 4 per epoch
@@ -216,6 +218,9 @@ class Outcome:
     grow_time_s: float | None = None  # from the node's return to the first step of the gang grown back
     grow_steps_lost: int | None = None
     world_final: int | None = None  # the world size of the last formation
+    # rank 0's events as (seconds since the start, event) and the kill's time, for the goodput figures
+    events: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    killed_at_s: float | None = None
 
 
 def trained_ids(log_dir: Path) -> dict[int, Counter[int]]:
@@ -293,6 +298,8 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
             except queue.Empty:
                 at, event = 0.0, {}
             name = event.get("event")
+            if event:
+                outcome.events.append((at - started, event))
             if name == "config":
                 world = int(event["world_size"])
             if name == "batch" and kill is not None and killed_at is None and event["step"] >= kill[1]:
@@ -306,6 +313,7 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
                     target.process.send_signal(signal.SIGTERM)  # the kubelet stops the pod: SIGTERM to PID 1
                     target.stopping_since = time.monotonic()
                 killed_at = time.monotonic()
+                outcome.killed_at_s = killed_at - started
             if killed_at is not None and not reformed:
                 if name == "batch":
                     trained_before = max(trained_before, event["step"])
@@ -529,6 +537,7 @@ def run_trials(root: Path, trials: int, seed: int, checkpoint_every: int,
                 "time_to_grow_s": _quantiles([o.grow_time_s for o in grown if o.grow_time_s is not None]),
                 "steps_lost": _quantiles([float(o.grow_steps_lost) for o in grown if o.grow_steps_lost is not None]),
             }
+    summary["goodput"] = trials_goodput(straight, results, checkpoint_every)  # benchmarks/chaos_goodput.py
     summary["failed"] = [{"kill": o.kill, "step": o.kill_step, "node": o.node, "problems": o.problems,
                           "actions": o.actions} for o in results if not o.ok]
     return summary

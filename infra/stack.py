@@ -41,6 +41,7 @@ from infra.storage import Storage, StorageArgs, fsx_boot_scripts
 from infra.tenancy import Teams, TeamsArgs, team_access_entries, team_access_policy, team_manifests
 from workloads.cluster_facts import facts_to_dict
 from workloads.jobspec import metrics_ports
+from workloads.jobspec.prediction import GOODPUT_OUTPUT, job_goodput_output
 
 __all__ = ["JOBS_NAMESPACE", "build_stack", "stack_context"]  # JOBS_NAMESPACE: Jobs, claims, the COS Secret
 
@@ -113,6 +114,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> Outputs:
     publish_job_facts(ctx, cluster, facts.job_facts, namespace.namespace,
                       {team: needs[0] for team, needs in team_needs.items()})
     outputs["jobs"] = jobs.job_names
+    outputs[GOODPUT_OUTPUT] = job_goodput_output(cfg.jobs, facts.job_facts)  # the plan summary's prediction
     return outputs
 
 

@@ -1,9 +1,11 @@
-"""python scripts/chaos_gang.py [--trials 50] [--seed 0] [--checkpoint-every 3] [--elastic] [--script SCRIPT [ARGS]]:
+"""python scripts/chaos_gang.py [--trials 50] [--seed 0] [--checkpoint-every 3] [--elastic] [--goodput]
+[--script SCRIPT [ARGS]]:
 chaos trials on a 2-node training gang on 127.0.0.1 (benchmarks/chaos_gang.py): SIGKILL or SIGTERM a random node at
 a random step (--elastic: or DROP one for good, the gang continuing on 1 node and sometimes growing back); prints
 each trial, then the distribution of time-to-resume and steps lost as JSON and a table. Exit 1 when a trial fails
 its checks. --script: your own training script (e.g. examples/train_plain.py) instead of the bundled trainer,
-rendered through the same Job spec (`command: [python, SCRIPT]`); arguments the harness does not know go to it."""
+rendered through the same Job spec (`command: [python, SCRIPT]`); arguments the harness does not know go to it.
+--goodput: measured vs predicted goodput of the trials (benchmarks/chaos_goodput.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.chaos_gang import Outcome, run_trials  # noqa: E402
+from benchmarks.chaos_goodput import goodput_table  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a training script on the data API (it takes --data, --checkpoint-dir, "
                              "--checkpoint-every, --epochs, --batch-size, --workers, --seed); default: the bundled "
                              "trainer")
+    parser.add_argument("--goodput", action="store_true",
+                        help="also print measured vs predicted goodput per kill kind (benchmarks/chaos_goodput.py)")
     args, rest = parser.parse_known_args(argv)
     if rest and args.script is None:
         parser.error(f"unrecognized arguments: {' '.join(rest)} (arguments for a script need --script)")
@@ -73,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             t, lost = grow["time_to_grow_s"], grow["steps_lost"]
             print(f"{'  grow':8} {grow['trials']:6d} {fmt(t['median'], 's'):>14} {fmt(t['p95'], 's'):>7} "
                   f"{fmt(t['max'], 's'):>7} {fmt(lost['median']):>12} {fmt(lost['p95']):>5} {fmt(lost['max']):>5}")
+    if args.goodput:
+        if summary.get("goodput") is None:
+            print("goodput: not measured (the run reported no step events)")
+        else:
+            print("\n".join(goodput_table(summary["goodput"])))
     return 0 if summary["ok"] else 1
 
 

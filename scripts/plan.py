@@ -27,8 +27,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.config.errors import ConfigError  # noqa: E402
-from infra.config.schema import parse_stack_config  # noqa: E402
 from infra.plan.cost import estimate, format_cost_diff, format_report, report_document  # noqa: E402
 from infra.plan.engine import (  # noqa: E402
     PlanStopped,
@@ -37,7 +35,7 @@ from infra.plan.engine import (  # noqa: E402
     plan_error_lines,
     plan_stack,
 )
-from infra.plan.goodput import goodput_notes, job_predictions  # noqa: E402
+from infra.plan.goodput import goodput_diff_lines, goodput_lines, goodput_notes, job_predictions  # noqa: E402
 from infra.plan.pricing import PriceError  # noqa: E402
 from infra.plan.view import (  # noqa: E402
     PlanDocumentError,
@@ -65,6 +63,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--diff", type=Path, metavar="OLD.json", help="compare with an earlier --json output")
     parser.add_argument("--cost", action="store_true",
                         help="print the cost estimate (with --diff: the cost diff; with --json: as JSON)")
+    parser.add_argument("--goodput", action="store_true",
+                        help="print each Job's predicted goodput (with --diff: base -> head)")
     parser.add_argument("--prices", choices=("fixture", "aws"), default="fixture",
                         help="where --cost gets prices: the offline fixture (default) or AWS (credentials needed)")
     parser.add_argument("--today", type=parse_day, default=datetime.now(UTC).date(), metavar="YYYY-MM-DD",
@@ -95,8 +95,7 @@ def main(argv: list[str]) -> int:
     for level, text in plan_support_notes(plan, args.today):
         print(f"{'note' if level == 'note' else 'warning'}: {text}", file=sys.stderr)
     stack_file = load_stack_file(args.stack, args.config)
-    predictions = stack_predictions(plan, stack_file)
-    for text in goodput_notes(predictions):
+    for text in goodput_notes(job_predictions(plan)):
         print(f"note: {text}", file=sys.stderr)
     for text in plan_job_notes(plan):
         print(f"note: {text}", file=sys.stderr)
@@ -121,7 +120,11 @@ def main(argv: list[str]) -> int:
             return 2
         print(f"wrote the stack's job facts to {args.facts} (python -m workloads.submit render SPEC --facts "
               f"{args.facts})", file=sys.stderr)
-    if args.cost:
+    if args.goodput:  # the plan's predicted goodput per Job; with --diff, the base's beside it
+        lines = (goodput_diff_lines(job_predictions(old_plan), job_predictions(plan)) if old_plan is not None
+                 else goodput_lines(job_predictions(plan))[1:])
+        print("\n".join(lines or ["no stack Jobs"]))
+    elif args.cost:
         try:
             text = cost_text(plan, old_plan, args.prices, args.today, as_json=args.json)
         except PriceError as exc:
@@ -134,17 +137,8 @@ def main(argv: list[str]) -> int:
     elif args.json:
         print(json.dumps(plan, indent=2, sort_keys=False))
     else:
-        print(summary(plan, predictions), end="")
+        print(summary(plan), end="")
     return 0
-
-
-def stack_predictions(plan: dict[str, Any], stack_file: Any) -> list[Any]:
-    """Each stack Job's predicted goodput (infra.plan.goodput): its checkpoint size and rate are in the stack file."""
-    try:
-        specs = parse_stack_config(stack_file.values, stack_file.secure_keys).jobs
-    except ConfigError:
-        return []  # plan_stack has reported the stack file's problems already
-    return job_predictions(plan, specs)
 
 
 def cost_text(plan: dict[str, Any], old_plan: dict[str, Any] | None, source: str, today: date,

@@ -38,6 +38,10 @@ class PoolFacts:
     memory_per_gpu_bytes: int | None = None
     labels: dict[str, str] = field(default_factory=dict)  # node labels the pool's nodes carry
     efa_interfaces: int = 0  # EFA interfaces per node (EFA_RESOURCE); 0: the pool has no EFA
+    # The goodput prediction's inputs (workloads/jobspec/goodput.py): the family's failure rate, Spot's reclaims and
+    # restart time. None: not known (existing nodes, facts written before them).
+    instance_type: str | None = None
+    capacity_type: str | None = None  # ON_DEMAND, SPOT, CAPACITY_BLOCK
 
     def nvme_allocatable_gib(self) -> int:
         """What pods may use of the NVMe (whole GiB): the kubelet keeps nodefs.available free."""

@@ -105,6 +105,8 @@ class PoolPlan:
             memory_per_gpu_bytes=self.memory_per_gpu_bytes,
             labels=dict(self.labels),
             efa_interfaces=self.efa_interfaces,
+            instance_type=self.config.instance_types[0] if self.config.instance_types else None,
+            capacity_type=None if self.config.existing is not None else self.config.capacity_type,
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from infra.config.names import check_stack_name
 from infra.config.support import support_notes
 from infra.plan.engine import canonical, kubernetes_objects
-from infra.plan.goodput import Prediction, goodput_lines
+from infra.plan.goodput import goodput_lines, job_predictions
 from workloads.jobspec.launcher import launcher_notes
 from workloads.manifest_yaml import dump_manifest
 from workloads.safeio import StateFileError, read_regular
@@ -22,8 +22,8 @@ from workloads.safeio import StateFileError, read_regular
 Key = tuple[str, str]
 
 
-def summary(plan: dict[str, Any], predictions: list[tuple[str, Prediction | None, str]] | None = None) -> str:
-    """The readable plan; with `predictions` (infra.plan.goodput.job_predictions), each Job's predicted goodput."""
+def summary(plan: dict[str, Any]) -> str:
+    """The readable plan, each Job's predicted goodput (from its `jobGoodput` output) included."""
     resources = plan["resources"]
     lines = [f"{plan['project']} / {plan['stack']}: {len(resources)} resources", "", "  count  type"]
     for token, count in sorted(Counter(r["type"] for r in resources).items()):
@@ -37,7 +37,7 @@ def summary(plan: dict[str, Any], predictions: list[tuple[str, Prediction | None
         marks = f"  [{', '.join(flags)}]" if flags else ""
         lines.append(f"  {resource['type']}  {resource['name']}{parent}{marks}")
     lines += team_summary(plan)
-    lines += goodput_lines(predictions or [])
+    lines += goodput_lines(job_predictions(plan))
     if plan.get("outputs"):
         lines += ["", "outputs:"]
         lines += [f"  {key}: {value}" for key, value in plan["outputs"].items()]

@@ -35,6 +35,7 @@ from workloads.jobspec.fields import (
     PositiveQuantity,
     _Spec,
 )
+from workloads.jobspec.goodput import GoodputSpec
 from workloads.jobspec.storage import CheckpointSpec, DatasetSpec
 from workloads.k8snames import DnsLabel, DnsSubdomain
 from workloads.quantity import format_bytes, quantity_bytes
@@ -251,6 +252,11 @@ class TrainingJobSpec(_Spec):
     tolerations: list[TolerationSpec] = Field(
         default_factory=list,
         description="tolerations beside the GPU taint's, e.g. for a pool's own taints",
+    )
+    goodput: GoodputSpec | None = Field(
+        default=None,
+        description=("What the goodput prediction (plan summary, `submit render`) uses instead of its assumptions: "
+                     "stepSeconds, mtbfHours, restartSeconds. Not rendered: it changes no manifest."),
     )
 
     @model_validator(mode="after")

@@ -14,7 +14,9 @@ import yaml
 
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
 from workloads.jobspec import JobSpecError, load_job_file, render_job
+from workloads.jobspec.goodput import far_note, predict, prediction_line
 from workloads.jobspec.launcher import launcher_notes
+from workloads.jobspec.prediction import spec_goodput_inputs
 from workloads.safeio import StateFileError, read_text_file
 from workloads.submit.errors import RuntimeFailure, UsageError
 
@@ -99,7 +101,21 @@ def render_spec_file(job_file: str, facts: ClusterFacts) -> list[dict[str, Any]]
             raise JobSpecError(f"{job_file}: {where}", exc.reason) from None
     for note in launcher_notes(manifests, facts.label_prefix):
         print(f"note: {note}", file=sys.stderr)
+    for spec in specs:
+        print("\n".join(goodput_lines(spec, facts)), file=sys.stderr)
     return manifests
+
+
+def goodput_lines(spec: Any, facts: ClusterFacts) -> list[str]:
+    """The spec's predicted goodput (workloads/jobspec/goodput.py) and, when its checkpoint interval is far from the
+    optimum, a note: what `render` and `submit` print on stderr, whatever the controller kind."""
+    inputs, where = spec_goodput_inputs(spec, facts)
+    if inputs is None:
+        return [f"predicted goodput: {spec.name}: not predicted: {where}"]
+    prediction = predict(inputs)
+    note = far_note(spec.name, prediction)
+    return [f"predicted goodput: {prediction_line(spec.name, prediction, where)}",
+            *([f"note: {note}"] if note else [])]
 
 
 def render_pack(args: argparse.Namespace, facts: ClusterFacts) -> list[dict[str, Any]]:

@@ -1,0 +1,76 @@
+"""The chaos harness's goodput figures (benchmarks/chaos_goodput.py) over hand-made event streams: the buckets add
+up to the wall time, lost steps are the ones after the checkpoint the next formation resumed from, and the
+prediction is the formula's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.chaos_goodput import BUCKETS, goodput_summary, goodput_table, measure, predict
+
+
+def _run(start: float, first_step: int, steps: int, resumed: int | None = None) -> list[tuple[float, dict[str, Any]]]:
+    """One formation: model loaded at `start`, then `steps` steps of 0.5 s (0.1 s of it data wait) from
+    `first_step` + 1, and a 0.2 s checkpoint after every third step."""
+    events: list[tuple[float, dict[str, Any]]] = []
+    if resumed is not None:
+        events.append((start - 0.1, {"event": "resumed", "step": resumed}))
+    events.append((start, {"event": "model_loading"}))
+    at = start
+    for step in range(first_step + 1, first_step + steps + 1):
+        at += 0.5
+        events.append((at, {"event": "batch", "step": step, "data_time": 0.1, "compute_time": 0.4}))
+        if step % 3 == 0:
+            at += 0.2
+            events.append((at, {"event": "checkpoint", "step": step, "write_seconds": 0.2}))
+    return events
+
+
+def test_an_uninterrupted_run_is_startup_steps_checkpoints_and_tail() -> None:
+    events = _run(2.0, 0, 6)  # steps end at 2 + 6 x 0.5 + 2 x 0.2 = 5.4
+    measured = measure(events, wall_s=6.0)
+    assert measured.buckets["startup"] == pytest.approx(2.0)
+    assert measured.buckets["productive"] == pytest.approx(3.0)
+    assert measured.buckets["checkpoint"] == pytest.approx(0.4)
+    assert measured.buckets["tail"] == pytest.approx(0.6)  # the last step to the end, less the checkpoint after it
+    assert measured.buckets["lost"] == 0 and measured.buckets["restart"] == 0
+    assert sum(measured.buckets.values()) == pytest.approx(6.0)
+    assert measured.goodput == pytest.approx(0.5)
+    assert measured.window_goodput == pytest.approx(3.0 / 3.4)
+
+
+def test_steps_after_the_resumed_checkpoint_are_lost_and_the_restart_is_timed() -> None:
+    # formation 1 trains steps 1-5 (checkpoint at 3), is killed at 5.0; formation 2 resumes from step 3 at 9.0
+    first = _run(2.0, 0, 5)
+    second = _run(9.0, 3, 3, resumed=3)
+    killed_at = first[-1][0] + 0.05
+    first_after = second[2][0]  # the first batch after the resume
+    measured = measure(first + second, wall_s=12.0, killed_at_s=killed_at, time_to_resume_s=first_after - killed_at)
+    assert measured.buckets["lost"] == pytest.approx(2 * 0.5)  # steps 4 and 5
+    assert measured.buckets["productive"] == pytest.approx(6 * 0.5)  # steps 1-3, then 4-6 again
+    assert measured.buckets["restart"] == pytest.approx(first_after - killed_at - 0.5)
+    assert measured.buckets["checkpoint"] == pytest.approx(2 * 0.2)  # at steps 3 and 6
+    assert set(measured.buckets) == set(BUCKETS)
+    assert sum(measured.buckets.values()) == pytest.approx(12.0)
+    assert measured.buckets["other"] >= 0
+
+
+def test_the_prediction_is_the_formula_and_sigterm_loses_a_checkpoint_not_half_an_interval() -> None:
+    p = predict(checkpoint_s=0.2, interval_s=1.5, mtbf_s=12.0, restart_s=4.0)
+    assert p.first_order == pytest.approx(1 - 0.2 / 1.5 - 0.75 / 12 - 4 / 12)
+    assert p.unexpanded == pytest.approx(1 / (1 + 0.2 / 1.5 + (0.75 + 4) / 12))
+    reference = measure(_run(2.0, 0, 24), wall_s=2.0 + 24 * 0.5 + 8 * 0.2 + 0.5)
+    kill = measure(_run(2.0, 0, 5) + _run(9.0, 3, 21, resumed=3), wall_s=30.0, killed_at_s=4.6,
+                   time_to_resume_s=5.0)
+    summary = goodput_summary(reference, _run(2.0, 0, 24), [("SIGKILL", kill, 5.0), ("SIGTERM", kill, 5.0)], 3)
+    # every input from the uninterrupted run: R is its start-up (2 s), not the trials' own restarts
+    assert summary["inputs"] == {"checkpoint_s": pytest.approx(0.2), "interval_s": pytest.approx(1.5),
+                                 "mtbf_s": pytest.approx(12.0), "restart_s": pytest.approx(2.0), "checkpoint_every": 3}
+    assert summary["SIGKILL"]["predicted"] == pytest.approx(1 / (1 + 0.2 / 1.5 + (0.75 + 2.0) / 12))
+    assert summary["SIGTERM"]["predicted"] == pytest.approx(1 / (1 + 0.2 / 1.5 + (0.2 + 2.0) / 12))
+    assert summary["SIGKILL"]["predicted_terms_s"] == {"restart": 2.0, "lost": 0.75, "checkpoint": pytest.approx(1.6)}
+    assert summary["SIGKILL"]["measured_goodput"] == pytest.approx(kill.goodput)
+    lines = goodput_table(summary)
+    assert lines[1].split()[:3] == ["kill", "trials", "restart"] and lines[4].startswith("SIGKILL")

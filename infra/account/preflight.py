@@ -22,6 +22,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
+from infra.account.preflight_fsx import fsx_rows
 from infra.config.addons import stack_addons
 from infra.config.names import derived_names
 from infra.config.schema import StackConfig
@@ -496,6 +497,10 @@ def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_r
         checks += check_existing_cluster(client("eks"), cfg)
     checks += check_buckets(client("s3"), cfg, stack, account)
     checks += check_registry(client("ecr"), cfg, stack)
+    if cfg.storage.fsx_lustre is not None:
+        checks += [Check(*row) for row in fsx_rows(client("eks"), client("service-quotas"), client("fsx"),
+                                                   cfg.storage.fsx_lustre, cfg.cluster.kubernetes_version, stack,
+                                                   cfg.region)]
     return checks
 
 

@@ -28,7 +28,8 @@ render_charts = render_charts_module()
 
 
 def prod_example(name: str = "resnet50-ddp") -> dict[str, Any]:
-    """A Job spec of prod's stack file (resnet50-ddp: 2 p5 nodes x 8 H100, the staging cache, checkpoints on FSx)."""
+    """A Job spec of prod's stack file (resnet50-ddp: 2 p5 nodes x 8 H100, its dataset copied from FSx for Lustre onto
+    NVMe, checkpoints on FSx)."""
     jobs = yaml.safe_load((ROOT / "stacks" / "Pulumi.prod.yaml").read_text())["config"]["ml-cluster:jobs"]
     return dict(next(job for job in jobs if job["name"] == name))
 
@@ -117,10 +118,15 @@ def test_the_same_spec_gives_the_same_pod_as_indexed_job_jobset_and_trainjob(fie
             assert f"{trainer_env['PET_MASTER_ADDR']}.training.svc" == RANK0["TrainJob"]
 
 
+# The dataset staged from S3 by the cache sidecar (prod's resnet50-ddp before it read from FSx for Lustre).
+CACHED = {"bucket": "datasets", "prefix": "imagenet-hdf5/", "mountPath": "/data/imagenet", "staging": "cache",
+          "stagedSize": "150Gi"}
+
+
 def test_the_pod_of_the_staged_prod_example_has_every_fragment() -> None:
     """The fields compared above are not empty: the JobSet's pod has the stager sidecar, EFA, hugepages, /dev/shm,
     the health gate and the metrics ports."""
-    jobset, *_ = render("JobSet")
+    jobset, *_ = render("JobSet", dataset=CACHED)
     pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     [stage] = pod["initContainers"]
     assert stage["name"] == "stage" and stage["restartPolicy"] == "Always"

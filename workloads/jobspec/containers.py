@@ -114,7 +114,8 @@ def stage_container(spec: TrainingJobSpec, facts: ClusterFacts, scratch_mount: d
         container["volumeMounts"] = [
             scratch_mount,
             TMP_MOUNT,
-            {"name": "dataset-source", "mountPath": "/mnt/dataset-source", "readOnly": True},
+            {"name": "dataset-source", "mountPath": "/mnt/dataset-source", "readOnly": True,
+             **({"subPath": dataset.sub_path.rstrip("/")} if dataset.sub_path else {})},
         ]
     container["command"] = command
     return container

@@ -147,7 +147,8 @@ def _dataset_volumes(spec: TrainingJobSpec, facts: ClusterFacts, out: _Volumes) 
     if dataset.staging == "none":
         out.volumes.append(
             {"name": "dataset", "persistentVolumeClaim": {"claimName": dataset.claim_name, "readOnly": True}})
-        out.mounts.append({"name": "dataset", "mountPath": dataset.mount_path, "readOnly": True})
+        out.mounts.append({"name": "dataset", "mountPath": dataset.mount_path, "readOnly": True,
+                           **dataset_sub_path(spec)})
         return
     # No medium: the emptyDir lives on the kubelet's disk, the NVMe RAID0 on nodes labelled disktype=nvme.
     out.volumes.append({"name": "dataset", "emptyDir": {"sizeLimit": format_bytes(spec.staged_bytes())}})
@@ -161,6 +162,12 @@ def _dataset_volumes(spec: TrainingJobSpec, facts: ClusterFacts, out: _Volumes) 
     if dataset.decoded_size is not None:
         out.volumes.append({"name": "decoded", "emptyDir": {"sizeLimit": format_bytes(spec.decoded_bytes())}})
         out.mounts.append({"name": "decoded", "mountPath": DECODED_MOUNT})
+
+
+def dataset_sub_path(spec: TrainingJobSpec) -> dict[str, str]:
+    """{"subPath": ...} for a claim dataset read from a directory inside the claim, else {}."""
+    sub_path = spec.dataset.sub_path if spec.dataset is not None else None
+    return {"subPath": sub_path.rstrip("/")} if sub_path else {}
 
 
 def _volumes(spec: TrainingJobSpec, facts: ClusterFacts) -> _Volumes:

@@ -75,6 +75,11 @@ class DatasetSpec(_Spec):
         default=None,
         description="a PersistentVolumeClaim in the Job's namespace holding the dataset",
     )
+    sub_path: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*/?$",
+        description=("with claimName: the directory inside the claim that holds the dataset (a volume subPath), e.g. "
+                     "datasets/imagenet-hdf5 on the FSx for Lustre claim; default: the claim's root"),
+    )
     mount_path: AbsolutePath = Field(
         default="/data",
         description="where the training container finds the dataset (DATA_DIR)",
@@ -109,6 +114,10 @@ class DatasetSpec(_Spec):
                 raise JobSpecError("staging", "none with a mixture: its sources are staged (cache or copy)")
         else:
             _one_source(self.uri, self.bucket, self.claim_name, self.prefix)
+        if self.sub_path is not None and (self.claim_name is None
+                                          or ".." in self.sub_path.split("/") or "." in self.sub_path.split("/")):
+            raise JobSpecError("subPath", "a directory inside claimName (relative, no '.' or '..'): only with "
+                                          "claimName")
         if self.uri is not None and not _S3_URI.match(self.uri):
             raise JobSpecError("uri", f"{self.uri!r} must look like s3://bucket/prefix")
         source = self.uri if self.uri is not None else f"bucket {self.bucket}" if self.bucket else None

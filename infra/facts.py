@@ -39,6 +39,7 @@ from infra.quota import check_queueing
 from infra.registry import repository_name, repository_url
 from infra.storage import job_storage_facts
 from infra.tenancy import team_facts
+from infra.topology import topology_facts, topology_problems
 from workloads.cluster_facts import ClusterFacts
 
 Manifest = dict[str, Any]
@@ -103,6 +104,9 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
     # Flavors known to the pools, team quotas that fit them, every stack Job's gang within its queue's reach.
     check_queueing(cfg.kueue, pool_plans, cfg.label_prefix, rendered_jobs,
                    stack_job_queues(rendered_jobs, cfg.label_prefix))
+    topology = topology_problems(cfg.kueue, pool_plans)  # a topology flavor that could never admit a gang
+    if topology:
+        raise ConfigError(topology)
     # Jobs that may run on a Capacity Block write their last checkpoint between EKS's drain and EC2's shutdown.
     block_end = block_end_problems(pool_plans, rendered_jobs)
     if block_end:
@@ -144,7 +148,8 @@ def _job_facts(cfg: StackConfig, ctx: StackContext, pool_plans: Sequence[PoolPla
                         teams=team_facts(cfg.kueue) if cfg.kueue.enabled else None,
                         pack_service_account=PACK_SERVICE_ACCOUNT if pack_keys else None,
                         pack_buckets=tuple(sorted(bucket_names[key] for key in pack_keys)),
-                        file_systems=storage_facts.file_systems)
+                        file_systems=storage_facts.file_systems,
+                        topology=topology_facts(cfg.kueue, pool_plans))
 
 
 def _checked_jobs(cfg: StackConfig, ctx: StackContext, job_facts: ClusterFacts, account_id: str | None,

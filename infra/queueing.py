@@ -42,6 +42,7 @@ from infra.quota import (
     shared_quota,
     team_quota,
 )
+from infra.topology import PROVISIONING_CHECK, gpu_topologies, provisioning_on, topology_manifests, topology_name
 from workloads.jobspec import KUEUE_QUEUE_LABEL, queue_annotation
 
 KUEUE_CHART = "kueue"
@@ -71,9 +72,10 @@ def _metadata(name: str, stack: str, label_prefix: str, namespace: str | None = 
 
 
 def flavor_manifest(flavor: Flavor, stack: str, label_prefix: str,
-                    gpu_node_labels: Mapping[str, str] | None = None) -> Manifest:
+                    gpu_node_labels: Mapping[str, str] | None = None, topology: str | None = None) -> Manifest:
     """`gpu_node_labels`: labels every GPU flavor's nodes must also carry (the burn-in's gpu-health=passed): Kueue
-    adds a flavor's nodeLabels to the nodeSelector of the pods it admits on it."""
+    adds a flavor's nodeLabels to the nodeSelector of the pods it admits on it, and topology-aware scheduling counts
+    only nodes that carry them. `topology`: the Kueue Topology the flavor's nodes are placed by (infra/topology.py)."""
     spec: dict[str, Any] = {}
     gated = dict(gpu_node_labels or {}) if flavor.per_gpu is not None else {}
     node_labels = {**flavor.node_labels, **gated}
@@ -83,6 +85,8 @@ def flavor_manifest(flavor: Flavor, stack: str, label_prefix: str,
         # Kueue gives this flavor only to workloads that tolerate every one of these taints, so a CPU Job is never
         # admitted against GPU quota.
         spec["nodeTaints"] = [{"key": key, "value": value, "effect": effect} for key, value, effect in flavor.taints]
+    if topology is not None:
+        spec["topologyName"] = topology
     return {"apiVersion": API_VERSION, "kind": "ResourceFlavor",
             "metadata": _metadata(flavor.name, stack, label_prefix), "spec": spec}
 
@@ -103,7 +107,8 @@ def _flavor_quotas(name: str, quota: Amounts, borrowing: Amounts | None, lending
 
 
 def _cluster_queue(name: str, cfg: KueueConfig, flavor_quotas: list[dict[str, Any]], stack: str, label_prefix: str,
-                   namespace: str, weight: int | None = None, reserved: bool = False) -> Manifest:
+                   namespace: str, weight: int | None = None, reserved: bool = False,
+                   checked_flavors: Sequence[str] = ()) -> Manifest:
     spec: dict[str, Any] = {
         # Only the training namespace's LocalQueues may point here.
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
@@ -119,6 +124,10 @@ def _cluster_queue(name: str, cfg: KueueConfig, flavor_quotas: list[dict[str, An
         spec["cohortName"] = cfg.cohort
     if reserved:
         spec["flavorFungibility"] = dict(RESERVED_FIRST)
+    if checked_flavors:
+        # The topology flavors' gangs get their nodes through a ProvisioningRequest before Kueue places them.
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": PROVISIONING_CHECK,
+                                                                "onFlavors": list(checked_flavors)}]}
     if weight is not None:
         spec["fairSharing"] = {"weight": weight}
     return {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": _metadata(name, stack, label_prefix),
@@ -132,9 +141,17 @@ def _local_queue(name: str, cluster_queue: str, namespace: str, stack: str, labe
 
 def queue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str, stack: str,
                     label_prefix: str, gpu_node_labels: Mapping[str, str] | None = None) -> list[Manifest]:
-    """Every Kueue object of the stack: flavors, priority classes, ClusterQueues, LocalQueues (in that order)."""
+    """Every Kueue object of the stack: topologies and the provisioning check (when used), flavors, priority
+    classes, ClusterQueues, LocalQueues (in that order)."""
     all_flavors = flavors(plans, label_prefix)
-    manifests = [flavor_manifest(flavor, stack, label_prefix, gpu_node_labels) for flavor in all_flavors]
+    topologies = gpu_topologies(cfg, plans)
+    manifests = topology_manifests(cfg, plans, stack, label_prefix)
+    for flavor in all_flavors:
+        depth = topologies.get(flavor.gpu_type or "") if flavor.per_gpu is not None else None
+        manifests.append(flavor_manifest(flavor, stack, label_prefix, gpu_node_labels,
+                                         topology_name(depth) if depth is not None else None))
+    checked = ([flavor.name for flavor in all_flavors if flavor.per_gpu is not None and flavor.gpu_type in topologies]
+               if provisioning_on(cfg, plans) else [])
     for priority in cfg.priority_classes:
         manifests.append({"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass",
                           "metadata": _metadata(priority.name, stack, label_prefix), "value": priority.value,
@@ -142,7 +159,7 @@ def queue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str,
     reserved = any(flavor.reservation is not None for flavor in all_flavors)
     shared = [_flavor_quotas(flavor.name, shared_quota(flavor, cfg), None, None) for flavor in all_flavors]
     manifests.append(_cluster_queue(cfg.cluster_queue, cfg, shared, stack, label_prefix, namespace,
-                                    reserved=reserved))
+                                    reserved=reserved, checked_flavors=checked))
     by_name = {flavor.name: flavor for flavor in all_flavors}
     for team in cfg.teams:
         quotas = {quota.flavor: quota for quota in team.quotas}
@@ -162,7 +179,7 @@ def queue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str,
         assert not unknown, "check_queueing lets no unknown flavor through"
         # A tenant team's ClusterQueue takes workloads from its own namespace only.
         manifests.append(_cluster_queue(team.name, cfg, team_flavors, stack, label_prefix,
-                                        team.namespace or namespace, team.fair_sharing_weight, reserved))
+                                        team.namespace or namespace, team.fair_sharing_weight, reserved, checked))
     manifests.append(_local_queue(cfg.local_queue, cfg.cluster_queue, namespace, stack, label_prefix))
     for team in cfg.teams:
         manifests.append(_local_queue(team.name, team.name, team.namespace or namespace, stack, label_prefix))
@@ -280,12 +297,19 @@ class Queueing(pulumi.ComponentResource):
         self.local_queues: dict[str, pulumi.Resource] = {}
         flavor_resources: list[pulumi.Resource] = []
         cluster_queues: dict[str, pulumi.Resource] = {}
+        named: dict[tuple[str, str], pulumi.Resource] = {}  # Topologies, the provisioning check and its parameters
         for manifest in args.manifests:
             kind, name = manifest["kind"], manifest["metadata"]["name"]
-            # A ClusterQueue needs its flavors, a LocalQueue its ClusterQueue (and nothing else, so adding a team
-            # changes no other queue's dependencies).
-            needs = {"ClusterQueue": flavor_resources,
-                     "LocalQueue": [cluster_queues[manifest.get("spec", {}).get("clusterQueue", "")]]
+            spec = manifest.get("spec", {})
+            # A ClusterQueue needs its flavors (and its admission check), a LocalQueue its ClusterQueue (and nothing
+            # else, so adding a team changes no other queue's dependencies), a flavor or a check what it names.
+            checks = [named[("AdmissionCheck", rule["name"])]
+                      for rule in spec.get("admissionChecksStrategy", {}).get("admissionChecks", [])]
+            needs = {"ClusterQueue": [*flavor_resources, *checks],
+                     "ResourceFlavor": [named[("Topology", spec["topologyName"])]] if "topologyName" in spec else [],
+                     "AdmissionCheck": [named[("ProvisioningRequestConfig", spec["parameters"]["name"])]]
+                     if kind == "AdmissionCheck" else [],
+                     "LocalQueue": [cluster_queues[spec.get("clusterQueue", "")]]
                      if kind == "LocalQueue" else []}.get(kind, [])
             # A LocalQueue's clusterQueue is immutable (CRD rule `self == oldSelf`): pointing it elsewhere replaces it.
             replace = ["spec.clusterQueue"] if kind == "LocalQueue" else None
@@ -294,7 +318,9 @@ class Queueing(pulumi.ComponentResource):
                 after_release.merge(pulumi.ResourceOptions(depends_on=[self.release, *needs],
                                                            replace_on_changes=replace,
                                                            delete_before_replace=kind == "LocalQueue")))
-            if kind == "ResourceFlavor":
+            if kind in ("Topology", "ProvisioningRequestConfig", "AdmissionCheck"):
+                named[(kind, name)] = resource
+            elif kind == "ResourceFlavor":
                 flavor_resources.append(resource)
             elif kind == "ClusterQueue":
                 cluster_queues[name] = resource
@@ -309,4 +335,4 @@ class Queueing(pulumi.ComponentResource):
 def _kebab(kind: str) -> str:
     out = "".join(f"-{ch.lower()}" if ch.isupper() else ch for ch in kind).lstrip("-")
     return {"resource-flavor": "flavor", "workload-priority-class": "priority", "cluster-queue": "cq",
-            "local-queue": "lq"}.get(out, out)
+            "local-queue": "lq", "provisioning-request-config": "prconfig"}.get(out, out)

@@ -39,6 +39,7 @@ from infra.queueing import Queueing, QueueingArgs, queue_manifests
 from infra.registry import ImageRegistry, ImageRegistryArgs
 from infra.storage import Storage, StorageArgs, fsx_boot_scripts
 from infra.tenancy import Teams, TeamsArgs, team_access_entries, team_access_policy, team_manifests
+from infra.topology import provisioning_on
 from workloads.cluster_facts import facts_to_dict
 from workloads.jobspec import metrics_ports
 from workloads.jobspec.prediction import GOODPUT_OUTPUT, job_goodput_output
@@ -200,7 +201,8 @@ def _gpu_plumbing(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluste
         kubernetes_version=cfg.kubernetes_version, depends_on=tuple(depends_on),
         node_monitoring_agent_version={str(k): v for k, v in cfg.storage.addon_versions.items()}.get(
             "eks-node-monitoring-agent"),
-        node_groups=tuple(node_groups)))
+        node_groups=tuple(node_groups),
+        provisioning_requests=provisioning_on(cfg.kueue, facts.pool_plans)))
     health = cfg.gpu.health
     if health.runs(cfg.protected) and facts.has_gpus:
         image = health.image or f"{facts.image_repository}:{health.image_tag}"

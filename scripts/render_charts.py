@@ -159,6 +159,10 @@ def strict_schema(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {key: strict_schema(value) for key, value in schema.items()}
+    pattern = out.get("pattern")
+    if isinstance(pattern, str) and (flags := re.match(r"\^\(\?([a-zA-Z]+)\)", pattern)):
+        # Go's RE2 takes inline flags anywhere (Kueue's AdmissionCheck: `^(?i)[a-z]...`); Python only at the start.
+        out["pattern"] = f"(?{flags.group(1)})^{pattern[flags.end():]}"
     if out.pop("x-kubernetes-int-or-string", False):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]

@@ -49,6 +49,18 @@ class PoolFacts:
 
 
 @dataclass(frozen=True)
+class TopologyFacts:
+    """Kueue's topology-aware scheduling for one GPU type (its flavors name a Kueue Topology)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    levels: tuple[str, ...]  # the Topology's node labels, top of the network first, kubernetes.io/hostname last
+    # Every pool of the type keeps all its nodes (minSize == maxSize): only then can a *required* level be promised,
+    # since the autoscaler does not place new nodes by network layer.
+    fixed_size: bool = False
+
+
+@dataclass(frozen=True)
 class TeamFacts:
     """A tenant team (ml-cluster:kueue.teams with a namespace): where its Jobs run and the claims they may mount."""
 
@@ -123,6 +135,8 @@ class ClusterFacts:
     # Claims (in `namespace` or a team's) on a file system of provisioned throughput, by claim name: a Job that
     # checkpoints to one gets its write rate from it (workloads.jobspec.checkpointing). None: no such claim.
     file_systems: dict[str, FileSystemFacts] | None = None
+    # Kueue topology-aware scheduling by GPU type (None: no Topology; Jobs carry no podset topology annotation).
+    topology: dict[str, TopologyFacts] | None = None
 
     def in_object_store(self, bucket: str) -> bool:
         """Whether a Job reaches physical bucket `bucket` through the S3-compatible store (else AWS S3)."""
@@ -131,13 +145,19 @@ class ClusterFacts:
         return self.object_store_buckets is None or bucket in self.object_store_buckets
 
 
+# Fields added after facts were first published, left out while unset so the facts of a stack that does not use
+# them stay as they were (facts_from_dict fills in the default).
+_OMITTED_WHEN_UNSET = ("file_systems", "topology")
+
+
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:
     """JSON-ready form (snake_case keys), e.g. a stack output that `workloads.submit --facts` reads back.
-    `file_systems` is left out when None (what facts without one read back as), so stacks without such a file
-    system publish the same facts as before it existed."""
+    Fields added later (`file_systems`, `topology`) are left out when None (what facts without them read back
+    as), so stacks without them publish the same facts as before they existed."""
     data = asdict(facts)
-    if data["file_systems"] is None:
-        del data["file_systems"]
+    for key in _OMITTED_WHEN_UNSET:
+        if data.get(key) is None:
+            data.pop(key, None)
     return data
 
 

@@ -54,6 +54,55 @@ class WaitForPodsReadyConfig(StrictModel):
     )
 
 
+# cluster-autoscaler's ProvisioningRequest classes that create capacity or check it (cluster-autoscaler 1.35.2
+# FAQ.md:616-662): check-capacity only books nodes that already exist, so on pools that scale from zero it never
+# provisions anything; best-effort-atomic-scale-up scales the node group (on AWS without atomicity: the AWS provider's
+# AtomicIncreaseSize is not implemented, cloudprovider/aws/aws_cloud_provider.go:288-291, and the scale-up falls
+# back to IncreaseSize, core/scaleup/orchestrator/executor.go:144-153).
+ProvisioningClass = Literal["best-effort-atomic-scale-up.autoscaling.x-k8s.io", "check-capacity.autoscaling.x-k8s.io"]
+
+
+class ProvisioningRetryConfig(StrictModel):
+    """How often Kueue asks again after a ProvisioningRequest failed or its booking expired before admission
+    (ProvisioningRequestConfig spec.retryStrategy; the CRD defaults 3, 60 s, 1800 s)."""
+
+    backoff_limit_count: int = Field(default=3, ge=0, description="retries before the workload is rejected")
+    backoff_base_seconds: int = Field(default=60, ge=1, description="the first retry's delay (base^n seconds)")
+    backoff_max_seconds: int = Field(default=1800, ge=1, description="the longest retry delay")
+
+
+class TopologyConfig(StrictModel):
+    """Kueue's topology-aware scheduling on the EKS network topology labels (topology.k8s.aws/network-node-layer-*
+    and kubernetes.io/hostname): a `Topology` per layer depth, named by the GPU flavors whose pools are all EFA pools
+    of a type EC2 reports a topology for; Jobs on them carry a podset topology annotation (spec `topology`).
+
+    Kueue places a TAS workload only on nodes that exist, are Ready and carry the flavor's labels (kueue v0.19.2
+    pkg/cache/scheduler/tas_nodes_cache.go:57-66, pkg/util/tas/node.go:21-33): on a pool at size 0 it would never
+    admit a gang, and an unadmitted gang has no pods to scale the pool up. So a TAS flavor whose pools can grow
+    needs ProvisioningRequests (Kueue then reserves quota first, asks cluster-autoscaler for the nodes, and assigns
+    the topology once they are Ready: pkg/scheduler/flavorassigner/tas_flavorassigner.go:104-108)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="define the Topology, name it on the EFA GPU flavors and annotate Jobs that land there",
+    )
+    provisioning: bool = Field(
+        default=True,
+        description=("a ProvisioningRequest admission check on the topology flavors (cluster-autoscaler started "
+                     "with --enable-provisioning-requests, the ProvisioningRequest CRD); false is allowed only where "
+                     "every topology pool keeps all its nodes (minSize == maxSize)"),
+    )
+    provisioning_class: ProvisioningClass = Field(
+        default="best-effort-atomic-scale-up.autoscaling.x-k8s.io",
+        description=("the ProvisioningRequest class: best-effort-atomic-scale-up creates nodes (not atomically on "
+                     "AWS); check-capacity only books nodes that exist"),
+    )
+    retry: ProvisioningRetryConfig = Field(
+        default=ProvisioningRetryConfig(),
+        description="retries of a failed or expired ProvisioningRequest",
+    )
+
+
 class PreemptionConfig(StrictModel):
     """ClusterQueue preemption (same values as the ClusterQueue's spec.preemption)."""
 
@@ -269,6 +318,10 @@ class KueueConfig(StrictModel):
     wait_for_pods_ready: WaitForPodsReadyConfig = Field(
         default=WaitForPodsReadyConfig(),
         description="evict and requeue an admitted gang whose pods do not all become ready in time",
+    )
+    topology: TopologyConfig = Field(
+        default=TopologyConfig(),
+        description="topology-aware scheduling on the EKS network layers (EFA GPU pools)",
     )
     local_queue: DnsLabel = Field(
         default="training",

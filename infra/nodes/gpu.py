@@ -154,6 +154,7 @@ class GpuPlumbingArgs:
     depends_on: tuple[pulumi.Resource, ...] = ()  # node groups, the Pod Identity agent add-on
     node_monitoring_agent_version: str | None = None  # storage.addonVersions pin; None: EKS's default
     node_groups: tuple[pulumi.Resource, ...] = ()  # the add-on waits for them (ACTIVE once its pods run)
+    provisioning_requests: bool = False  # the autoscaler serves Kueue's ProvisioningRequests (infra/topology.py)
 
 
 class GpuPlumbing(pulumi.ComponentResource):
@@ -212,7 +213,8 @@ class GpuPlumbing(pulumi.ComponentResource):
             # a module of its own).
             self.releases["cluster-autoscaler"] = cluster_autoscaler(
                 self, ctx, cluster, args.autoscaler,
-                AutoscalerTarget(args.cluster_name, ctx.region, args.kubernetes_version), k8s_opts)
+                AutoscalerTarget(args.cluster_name, ctx.region, args.kubernetes_version, args.provisioning_requests),
+                k8s_opts)
         self.node_monitoring_agent: aws.eks.Addon | None = None
         if cluster.is_eks and NODE_MONITORING_AGENT in gpu_addons(cfg, any(plan.is_gpu for plan in args.pools)):
             self.node_monitoring_agent = aws.eks.Addon(

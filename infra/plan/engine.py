@@ -522,10 +522,11 @@ def _plan_document(stack: str, recorded: list[RecordedResource], outputs: dict[s
 
 
 def kubernetes_objects(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every Kubernetes object of a plan (its inputs are the complete manifest). Helm releases are not objects."""
+    """Every Kubernetes object of a plan (its inputs are the complete manifest)."""
     for resource in plan["resources"]:
         token = resource["type"]
-        if token.startswith("kubernetes:") and not token.startswith("kubernetes:helm.sh/"):
+        # Helm releases and YAML components (a ConfigFile applies the objects of a file) are not objects.
+        if token.startswith("kubernetes:") and not token.startswith(("kubernetes:helm.sh/", "kubernetes:yaml/")):
             yield resource
 
 

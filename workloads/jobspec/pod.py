@@ -29,6 +29,7 @@ from workloads.jobspec.fabric import Fabric, gang_pools, job_fabric
 from workloads.jobspec.fields import DECODED_MOUNT, NODE_LOST_TOLERATION_S, TRAIN_METRICS_PORT, JobSpecError
 from workloads.jobspec.placement import candidate_pools, check_fits_node, ephemeral_bytes, resolve_resources
 from workloads.jobspec.spec import TrainingJobSpec
+from workloads.jobspec.topology import topology_annotations
 from workloads.quantity import format_bytes, format_millicores, quantity_bytes
 
 Manifest = dict[str, Any]
@@ -235,13 +236,13 @@ def _pod_spec(spec: TrainingJobSpec, facts: ClusterFacts, pools: list[PoolFacts]
     return pod_spec
 
 
-def _template_metadata(labels: dict[str, str], label_prefix: str) -> Manifest:
+def _template_metadata(labels: dict[str, str], label_prefix: str, topology: dict[str, str]) -> Manifest:
     # A running training pod is never a scale-down candidate: evicting it loses the work since the last checkpoint.
     return {"labels": {**labels, f"{label_prefix}/{METRICS_LABEL}": "true"},
             "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
                             "prometheus.io/scrape": "true",
                             "prometheus.io/port": str(TRAIN_METRICS_PORT),
-                            "prometheus.io/path": "/metrics"}}
+                            "prometheus.io/path": "/metrics", **topology}}
 
 
 def build_pod(spec: TrainingJobSpec, facts: ClusterFacts, run_name: str, gang: GangAddress) -> PodTemplate:
@@ -257,5 +258,6 @@ def build_pod(spec: TrainingJobSpec, facts: ClusterFacts, run_name: str, gang: G
     volumes = _volumes(spec, facts)
     train = train_container(spec, facts, gang, run_name, fabric, limits, volumes.mounts)
     pod_spec = _pod_spec(spec, facts, pools, fabric, [train], volumes, gang)
-    template = {"metadata": _template_metadata(labels, facts.label_prefix), "spec": pod_spec}
+    topology = topology_annotations(spec, facts, spec.gpu_type or pools[0].gpu_type)  # Kueue's placement request
+    template = {"metadata": _template_metadata(labels, facts.label_prefix, topology), "spec": pod_spec}
     return PodTemplate(spec=spec, facts=facts, name=run_name, labels=labels, template=template)

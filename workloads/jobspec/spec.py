@@ -88,6 +88,22 @@ class TolerationSpec(_Spec):
         return self
 
 
+class TopologySpec(_Spec):
+    """Where a gang's pods are placed in the network, on a stack whose GPU flavors name a Kueue Topology (the EKS
+    network layers of EFA pools): rendered as Kueue's podset topology annotation on the pod template."""
+
+    mode: Literal["preferred", "required"] = Field(
+        default="preferred",
+        description=("preferred: in one domain of `level` if it fits, else the next layer up, else spread; "
+                     "required: in one domain of `level` or not admitted (only on pools that keep all their nodes)"),
+    )
+    level: Literal["layer-1", "layer-2", "layer-3", "layer-4", "hostname"] | None = Field(
+        default=None,
+        description=("topology.k8s.aws/network-node-layer-N (1: the top of the network, the bottom layer: the "
+                     "closest) or kubernetes.io/hostname. None: the bottom network layer of the pool's type"),
+    )
+
+
 class TrainingJobSpec(_Spec):
     """One training run. Resource fields are per pod (one pod per node)."""
 
@@ -238,6 +254,11 @@ class TrainingJobSpec(_Spec):
     workload_priority: DnsSubdomain | None = Field(
         default=None,
         description="a Kueue WorkloadPriorityClass: order in the queue, preemption",
+    )
+    topology: TopologySpec | None = Field(
+        default=None,
+        description=("Kueue topology-aware placement (stacks with kueue.topology). None: preferred at the bottom "
+                     "network layer wherever the GPU type's flavor has a Topology; refused elsewhere"),
     )
     read_only_root_filesystem: bool = Field(
         default=True,

@@ -44,9 +44,24 @@ def autoscaler_image_tag(cfg: AutoscalerConfig, kubernetes_version: str) -> str:
     return cfg.image_tag or AUTOSCALER_RELEASES.get(kubernetes_version, f"v{kubernetes_version}.0")
 
 
-def autoscaler_values(cfg: AutoscalerConfig, cluster_name: str, region: str, kubernetes_version: str) -> dict[str, Any]:
+# The ProvisioningRequest CRD at the autoscaler release the stack runs (the chart does not ship it; its ClusterRole
+# already grants provisioningrequests and podtemplates: charts/cluster-autoscaler/templates/clusterrole.yaml at
+# cluster-autoscaler-chart-9.59.0). The Kubernetes provider reads the file at `pulumi up`.
+PROVISIONING_REQUEST_CRD = ("https://raw.githubusercontent.com/kubernetes/autoscaler/cluster-autoscaler-{version}/"
+                            "cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml")
+
+
+def provisioning_request_args() -> dict[str, Any]:
+    """The flags that make the autoscaler handle ProvisioningRequests (cluster-autoscaler 1.35.2 FAQ.md:574-579:
+    `--enable-provisioning-requests=true` and the API content type application/json)."""
+    return {"enable-provisioning-requests": True, "kube-api-content-type": "application/json"}
+
+
+def autoscaler_values(cfg: AutoscalerConfig, cluster_name: str, region: str, kubernetes_version: str,
+                      provisioning_requests: bool = False) -> dict[str, Any]:
     """cluster-autoscaler values: AWS, auto-discovery by the tags EKS puts on managed node groups' ASGs
-    (k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/<cluster>); credentials: Pod Identity."""
+    (k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/<cluster>); credentials: Pod Identity.
+    `provisioning_requests`: Kueue's topology flavors ask for their nodes through ProvisioningRequests."""
     return {
         "cloudProvider": "aws",
         "awsRegion": region,
@@ -59,6 +74,7 @@ def autoscaler_values(cfg: AutoscalerConfig, cluster_name: str, region: str, kub
             "expander": cfg.expander,
             "balance-similar-node-groups": cfg.balance_similar_node_groups,
             "scale-down-unneeded-time": cfg.scale_down_unneeded_time,
+            **(provisioning_request_args() if provisioning_requests else {}),
         },
         "resources": {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"memory": "600Mi"}},
     }
@@ -132,6 +148,7 @@ class AutoscalerTarget:
     cluster_name: str
     region: str
     kubernetes_version: str
+    provisioning_requests: bool = False  # Kueue's ProvisioningRequest admission check is in use
 
 
 def helm_release(name: str, chart: str, repo: str, cfg: HelmChartConfig, values: Any,
@@ -154,6 +171,13 @@ def cluster_autoscaler(parent: pulumi.Resource, ctx: StackContext, cluster: Clus
         ctx.name("gpu", "autoscaler-identity"), cluster_name=cluster.name, namespace=cfg.namespace,
         service_account=AUTOSCALER_SERVICE_ACCOUNT, role_arn=role.arn, tags=ctx.tags,
         opts=pulumi.ResourceOptions(parent=parent, depends_on=list(cluster.eks_dependencies)))
+    needs: list[pulumi.Resource] = [policy, association]
+    if target.provisioning_requests:
+        crd_url = PROVISIONING_REQUEST_CRD.format(
+            version=autoscaler_image_tag(cfg, target.kubernetes_version).removeprefix("v"))
+        needs.append(k8s.yaml.v2.ConfigFile(ctx.name("gpu", "provisioningrequest-crd"), file=crd_url,
+                                            opts=k8s_opts))
     return helm_release(ctx.name("gpu", "cluster-autoscaler"), "cluster-autoscaler", AUTOSCALER_REPO, cfg,
-                        autoscaler_values(cfg, target.cluster_name, target.region, target.kubernetes_version),
-                        k8s_opts.merge(pulumi.ResourceOptions(depends_on=[policy, association])))
+                        autoscaler_values(cfg, target.cluster_name, target.region, target.kubernetes_version,
+                                          target.provisioning_requests),
+                        k8s_opts.merge(pulumi.ResourceOptions(depends_on=needs)))

@@ -41,6 +41,7 @@ class Snapshot:
     steps: float = 0.0  # the slowest rank's
     wait_seconds: float = 0.0
     step_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0  # blocked in checkpoint saves, summed over ranks
     epoch: float = 0.0
     epochs: float = 0.0
     batches_done: float = 0.0
@@ -71,6 +72,7 @@ def snapshot(pages: Iterable[dict[str, float]], at: float) -> Snapshot:
             steps=min(p.get("ml_train_steps_total", 0.0) for p in ranks),
             wait_seconds=sum(p.get("ml_train_data_wait_seconds_sum", 0.0) for p in ranks),
             step_seconds=sum(p.get("ml_train_step_seconds_sum", 0.0) for p in ranks),
+            checkpoint_seconds=sum(p.get("ml_train_checkpoint_stall_seconds_total", 0.0) for p in ranks),
             epoch=slowest.get("ml_train_epoch", 0.0),
             epochs=max(p.get("ml_train_epochs", 0.0) for p in ranks),
             batches_done=slowest.get("ml_train_epoch_batches_done", 0.0),

@@ -16,7 +16,9 @@ import yaml
 
 from tests.conftest import resources_of
 from tests.jobs.kubeapi import FakeApiServer, fake_api_server
+from tests.jobs.test_goodput_status import finished_pod
 from workloads.cluster_facts import FACTS_CONFIG_KEY, FACTS_CONFIG_MAP, facts_from_dict
+from workloads.goodput_status import predicted
 from workloads.submit import cli as submit
 
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "plain-pytorch-job.yaml"
@@ -65,8 +67,14 @@ def test_render_submit_and_status_with_a_kubeconfig_only(member: FakeApiServer, 
     name = job["metadata"]["name"]
     assert f"created job/{name} in training" in capsys.readouterr().out
     assert ("Job", "training", name) in member.objects
+    # its pod was created, started 5 minutes later and ran 55 more: status prints the goodput measured from the API
+    # beside the prediction `submit` annotated the Job with (tests/jobs/test_goodput_status.py)
+    member.add(finished_pod(name))
     assert submit.main(["status", name]) == 0
-    assert capsys.readouterr().out.startswith(name)
+    out = capsys.readouterr().out
+    expected = predicted(member.objects[("Job", "training", name)])
+    assert out.startswith(name) and expected is not None
+    assert out.splitlines()[-1] == f"  goodput 91.7% measured over 1.00 h (startup 8.3%); {expected:.2%} predicted"
     assert ("GET", f"/api/v1/namespaces/training/configmaps/{FACTS_CONFIG_MAP}") in member.requests
 
 

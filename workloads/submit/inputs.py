@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
+from workloads.goodput_status import PREDICTED_ANNOTATION
 from workloads.jobspec import JobSpecError, load_job_file, render_job
 from workloads.jobspec.goodput import far_note, predict, prediction_line
 from workloads.jobspec.launcher import launcher_notes
@@ -93,26 +94,32 @@ def render_spec_file(job_file: str, facts: ClusterFacts) -> list[dict[str, Any]]
     _check_yaml_nesting(job_file)
     specs = load_job_file(job_file)
     manifests: list[dict[str, Any]] = []
+    lines: list[str] = []
     for index, spec in enumerate(specs):
         try:
-            manifests += render_job(spec, facts)
+            rendered = render_job(spec, facts)
         except JobSpecError as exc:
             where = f"jobs[{index}].{exc.path}" if len(specs) > 1 else exc.path
             raise JobSpecError(f"{job_file}: {where}", exc.reason) from None
+        lines += goodput_lines(spec, facts, rendered[0])
+        manifests += rendered
     for note in launcher_notes(manifests, facts.label_prefix):
         print(f"note: {note}", file=sys.stderr)
-    for spec in specs:
-        print("\n".join(goodput_lines(spec, facts)), file=sys.stderr)
+    print("\n".join(lines), file=sys.stderr)
     return manifests
 
 
-def goodput_lines(spec: Any, facts: ClusterFacts) -> list[str]:
+def goodput_lines(spec: Any, facts: ClusterFacts, run: dict[str, Any]) -> list[str]:
     """The spec's predicted goodput (workloads/jobspec/goodput.py) and, when its checkpoint interval is far from the
-    optimum, a note: what `render` and `submit` print on stderr, whatever the controller kind."""
+    optimum, a note: what `render` and `submit` print on stderr, whatever the controller kind. The prediction also
+    goes on the run (`run`, the controller object) as an annotation, for `submit status` to print beside the
+    measured goodput; added after the name is hashed, so it changes no Job name."""
     inputs, where = spec_goodput_inputs(spec, facts)
     if inputs is None:
         return [f"predicted goodput: {spec.name}: not predicted: {where}"]
     prediction = predict(inputs)
+    run["metadata"].setdefault("annotations", {})[f"{facts.label_prefix}/{PREDICTED_ANNOTATION}"] = \
+        f"{prediction.goodput:.4f}"
     note = far_note(spec.name, prediction)
     return [f"predicted goodput: {prediction_line(spec.name, prediction, where)}",
             *([f"note: {note}"] if note else [])]

@@ -8,6 +8,7 @@ import json
 from dataclasses import asdict, replace
 from typing import Any
 
+from workloads.goodput_status import goodput_line, measured, predicted
 from workloads.incidents import TrainerRun, incident_line, trainer_run
 from workloads.jobspec import KUEUE_QUEUE_LABEL, TRAIN_CONTAINER
 from workloads.progress import MetricsParseError, Progress, Snapshot, parse_metrics, progress, progress_line, snapshot
@@ -109,6 +110,8 @@ def observe(batch: Any, core: Any, namespace: str, name: str, clock: Any,
             if restarted else ())
     phase = job_phase(job, pods, workload, position, runs)
     now = snapshot(metrics_pages(core, namespace, pods), clock())
+    phase = replace(phase, goodput=goodput_line(measured(pods, phase.incidents, now, now.at),
+                                                predicted(run)))
     slices = slices_done(job)
     return phase, replace(now, slices=slices) if slices is not None else now
 
@@ -141,7 +144,8 @@ def show_status(batch: Any, core: Any, namespace: str, name: str, as_json: bool,
     if as_json:
         print(json.dumps({"name": name, **asdict(phase), "progress": asdict(figures) if figures else None}))
     else:
-        print("\n".join([status_line(name, phase, figures), *incident_lines(phase)]))
+        print("\n".join([status_line(name, phase, figures), *incident_lines(phase),
+                         *([f"  {phase.goodput}"] if phase.goodput else [])]))
     return 1 if phase.phase == "Failed" else 0
 
 

@@ -42,6 +42,7 @@ class RunPhase:
     restarts: int = 0  # failed pods the Job replaced (a gang restart replaces every pod of the gang)
     disruptions: int = 0  # of which were disruptions (stopped by SIGTERM, a lost peer or node): not counted
     incidents: tuple[Incident, ...] = ()  # the restarts grouped by incident (workloads.incidents), oldest first
+    goodput: str = ""  # measured so far beside predicted (workloads.goodput_status)
 
 
 def pod_restarts(pods: Sequence[dict[str, Any]]) -> tuple[int, int]:

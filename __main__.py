@@ -11,7 +11,7 @@ from infra.config.nodes import renamed_key_notes
 from infra.config.partial import more_pool_problems, more_stack_problems
 from infra.config.placeholders import account_problems, placeholder_problems
 from infra.config.schema import runtime_config_values, runtime_secret_keys
-from infra.config.stackcheck import check_stack
+from infra.facts import stack_facts
 from infra.nodes.poolplan import plan_node_pools
 from infra.stack import build_stack, stack_context
 
@@ -28,11 +28,10 @@ try:
     try:
         config = load_pulumi_config()
     except ConfigError as schema_error:  # one schema error must not hide the pools' other problems
-        account = aws.get_caller_identity().account_id if raw.get("ml-cluster:platform") == "eks" else None
         raise ConfigError([*placeholders, *schema_error.problems,
                            *more_pool_problems(raw, schema_error, plan_node_pools),
-                           *more_stack_problems(raw, schema_error, lambda partial: check_stack(
-                               partial, pulumi.get_stack(), account))]) from None
+                           *more_stack_problems(raw, schema_error, lambda partial: stack_facts(
+                               partial, stack_context(partial, pulumi.get_project(), pulumi.get_stack())))]) from None
     if placeholders:
         raise ConfigError(placeholders)
     for note in renamed_key_notes(raw):  # an old spelling still read: say the new one

@@ -9,9 +9,10 @@ Job manifests among it, so no Job is rendered again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pulumi_aws as aws
 
@@ -32,7 +33,7 @@ from infra.jobs import check_jobs
 from infra.network import lookup_existing_subnets
 from infra.nodes.blockend import block_end_problems
 from infra.nodes.burnin import gpu_health_selector
-from infra.nodes.poolplan import PoolPlan, plan_node_pools, pool_facts
+from infra.nodes.poolplan import PoolPlan, plan_sound_pools, pool_facts
 from infra.packing import pack_bucket_keys
 from infra.queueing import kueue_facts, stack_job_queues
 from infra.quota import check_queueing
@@ -43,6 +44,7 @@ from infra.topology import topology_facts, topology_problems
 from workloads.cluster_facts import ClusterFacts
 
 Manifest = dict[str, Any]
+_T = TypeVar("_T")
 ExistingSubnets = tuple[tuple[SubnetRef, ...], tuple[SubnetRef, ...]]  # (private, public)
 
 
@@ -75,12 +77,15 @@ class StackFacts:
 
 
 def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
-    """Look everything up and check everything; raise ConfigError with all the problems found."""
+    """Look everything up and check everything; raise ConfigError with all the problems found (a check that fails
+    does not stop the next: the later checks run on what passed, so one run shows every problem)."""
     existing_subnets = None
     if cfg.network is not None and cfg.network.existing is not None:
         existing_subnets = lookup_existing_subnets(cfg.network.existing)
     existing_cluster = _existing_cluster(cfg)
-    pool_plans = plan_node_pools(cfg)  # instance-type facts per pool (aws.ec2.get_instance_type); ConfigError
+    # instance-type facts per pool (aws.ec2.get_instance_type); the sound pools are checked on
+    pool_plans, pool_problems = plan_sound_pools(cfg)
+    found = _Problems()
     account_id = aws.get_caller_identity().account_id if cfg.platform == "eks" else None
     image_repository = (repository_url(account_id, cfg.region, repository_name(ctx.prefix, cfg.registry))
                         if cfg.platform == "eks" and cfg.registry.enabled and account_id and cfg.region else None)
@@ -94,28 +99,58 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
     # Every derived physical name valid and unique, pools in zones the network has, Jobs' buckets grantable.
     private_zones = ([ref.availability_zone for ref in existing_subnets[0]] if existing_subnets is not None
                      else None)
-    check_job_kinds(cfg.job_controllers, cfg.jobs)  # a JobSet or TrainJob needs its controller; ConfigError
-    rendered_jobs = _checked_jobs(cfg, ctx, job_facts, account_id, private_zones)
-    runtimes = trainer_runtimes(cfg.job_controllers, job_facts)  # built like the Jobs' pods; ConfigError
+    found.run(check_job_kinds, cfg.job_controllers, cfg.jobs)  # a JobSet or TrainJob needs its controller
+    rendered = found.run(check_jobs, cfg.jobs, job_facts,
+                         keep=_jobs_not_about_pools if _gpu_pool_failed(cfg, pool_problems) else None)
+    rendered_jobs = tuple(tuple(manifests) for manifests in rendered or ())
+    runtimes = found.run(trainer_runtimes, cfg.job_controllers, job_facts) or ()  # built like the Jobs' pods
     addon_defaults = {name: aws.eks.get_addon_version(addon_name=name, kubernetes_version=cfg.kubernetes_version,
                                                       most_recent=False).version
                       for name in unpinned_addons_with_minimum(cfg)}
-    job_access = check_stack(cfg, ctx.stack, account_id, private_zones, rendered_jobs, addon_defaults)
-    # Flavors known to the pools, team quotas that fit them, every stack Job's gang within its queue's reach.
-    check_queueing(cfg.kueue, pool_plans, cfg.label_prefix, rendered_jobs,
-                   stack_job_queues(rendered_jobs, cfg.label_prefix))
-    topology = topology_problems(cfg.kueue, pool_plans)  # a topology flavor that could never admit a gang
-    if topology:
-        raise ConfigError(topology)
+    job_access = found.run(check_stack, cfg, ctx.stack, account_id, private_zones, rendered_jobs, addon_defaults)
+    # Flavors known to the pools, team quotas that fit them, every stack Job's gang within its queue's reach (not
+    # with a pool missing: its flavor's quotas would be reported as unknown flavors).
+    if not pool_problems:
+        found.run(check_queueing, cfg.kueue, pool_plans, cfg.label_prefix, rendered_jobs,
+                  stack_job_queues(rendered_jobs, cfg.label_prefix))
+        found.problems += topology_problems(cfg.kueue, pool_plans)  # a topology flavor that could never admit a gang
     # Jobs that may run on a Capacity Block write their last checkpoint between EKS's drain and EC2's shutdown.
-    block_end = block_end_problems(pool_plans, rendered_jobs)
-    if block_end:
-        raise ConfigError(block_end)
+    found.problems += block_end_problems(pool_plans, rendered_jobs)
+    if pool_problems or found.problems:
+        raise ConfigError([*pool_problems, *found.problems])
+    assert job_access is not None
     return StackFacts(existing_subnets=existing_subnets, existing_cluster=existing_cluster, pool_plans=pool_plans,
                       account_id=account_id,
                       image_repository=image_repository, gated=gated, gate_labels=gate_labels,
                       bucket_names=bucket_names, pack_keys=pack_keys, job_facts=job_facts,
                       rendered_jobs=rendered_jobs, job_access=job_access, runtimes=runtimes)
+
+
+class _Problems:
+    """Every check's ConfigError problems, gathered: a failed check yields None and the next one runs."""
+
+    def __init__(self) -> None:
+        self.problems: list[tuple[str, str]] = []
+
+    def run(self, check: Callable[..., _T], *args: Any,
+            keep: Callable[[tuple[str, str]], bool] | None = None) -> _T | None:
+        try:
+            return check(*args)
+        except ConfigError as error:
+            self.problems += [problem for problem in error.problems if keep is None or keep(problem)]
+            return None
+
+
+def _gpu_pool_failed(cfg: StackConfig, pool_problems: Sequence[tuple[str, str]]) -> bool:
+    failed = {int(match.group(1)) for path, _ in pool_problems
+              if (match := re.match(r"^nodePools\.(\d+)", path))}
+    return any(cfg.node_pools[index].gpu for index in failed if index < len(cfg.node_pools))
+
+
+def _jobs_not_about_pools(problem: tuple[str, str]) -> bool:
+    """With a GPU pool already reported, a Job's complaint that no pool offers its GPUs may only follow from it."""
+    path, _ = problem
+    return not path.endswith((".gpuType", ".gpus"))
 
 
 def _existing_cluster(cfg: StackConfig) -> FoundCluster | None:
@@ -150,17 +185,3 @@ def _job_facts(cfg: StackConfig, ctx: StackContext, pool_plans: Sequence[PoolPla
                         pack_buckets=tuple(sorted(bucket_names[key] for key in pack_keys)),
                         file_systems=storage_facts.file_systems,
                         topology=topology_facts(cfg.kueue, pool_plans))
-
-
-def _checked_jobs(cfg: StackConfig, ctx: StackContext, job_facts: ClusterFacts, account_id: str | None,
-                  private_zones: Sequence[str] | None) -> tuple[tuple[Manifest, ...], ...]:
-    """Every stack Job rendered, once, against the facts: each fits the pools it targets (a team's Job: in its
-    team's namespace). A Job that does not must not hide the stack's other problems: they are reported together."""
-    try:
-        return tuple(tuple(manifests) for manifests in check_jobs(cfg.jobs, job_facts))
-    except ConfigError as job_error:
-        try:
-            check_stack(cfg, ctx.stack, account_id, private_zones)
-        except ConfigError as other:
-            raise ConfigError([*job_error.problems, *other.problems]) from None
-        raise

@@ -23,7 +23,10 @@ _OPTIONAL = {"jobs", "storage", "gpu", "kueue", "monitoring", "tags", "labelPref
              "cosHmacAccessKeyId", "cosHmacSecretAccessKey", "deploy", "accountId"}
 # What other sections' checks read of a dropped one: with storage dropped the partial config has no buckets, so a
 # Job's bucket would be "not one of this stack's buckets" only because of the error already reported.
-_READS_DROPPED = {"storage": re.compile(r"^ml-cluster:jobs\[\d+\]\.(dataset|checkpoint)\b")}
+_JOBS = r"^ml-cluster:(?:jobs\[\d+\]|jobControllers\.trainer\.stagedRuntimes\[\d+\])\."
+_READS_DROPPED = {"storage": re.compile(_JOBS + r"(dataset|checkpoint)\b"),
+                  "kueue": re.compile(_JOBS + r"(queue|team|workloadPriority|priorityClass)\b"),
+                  "gpu": re.compile(_JOBS + r"(gpus|gpuType)\b")}
 
 
 def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int], set[str]] | None:
@@ -34,7 +37,7 @@ def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]
     pools = ours.get("nodePools")
     kept = list(range(len(pools))) if isinstance(pools, list) else []
     dropped: set[str] = set()
-    for _ in range(4):
+    for _ in range(6):
         try:
             return StackConfig.model_validate(ours), kept, dropped
         except ValidationError as exc:
@@ -42,6 +45,8 @@ def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]
             for error in exc.errors():
                 loc = error["loc"]
                 top = loc[0] if loc else None
+                if error["type"] == "extra_forbidden" and _drop_key(ours, loc):
+                    continue  # an unknown key (reported already) says nothing about the rest of its section
                 if top == "nodePools" and len(loc) > 1 and isinstance(loc[1], int) and isinstance(pools, list):
                     drop_pools.add(loc[1])
                 elif top in _OPTIONAL:
@@ -49,11 +54,30 @@ def partial_stack_config(raw: Mapping[str, Any]) -> tuple[StackConfig, list[int]
                     dropped.add(str(top))
                 else:
                     return None
+            pools = ours.get("nodePools")  # a copy, if an unknown key was dropped from a pool
             if drop_pools and isinstance(pools, list):
                 pools = [pool for index, pool in enumerate(pools) if index not in drop_pools]
                 kept = [original for index, original in enumerate(kept) if index not in drop_pools]
                 ours["nodePools"] = pools
     return None
+
+
+def _drop_key(values: dict[str, Any], loc: tuple[int | str, ...]) -> bool:
+    """Remove the key at `loc` from `values` (copying the containers on the way, so `raw` stays as it was)."""
+    if not loc:
+        return False
+    node: Any = values
+    for part in loc[:-1]:
+        in_dict = isinstance(node, dict) and isinstance(part, str) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if not (in_dict or in_list) or not isinstance(node[part], (dict, list)):
+            return False
+        node[part] = copy = type(node[part])(node[part])
+        node = copy
+    if not isinstance(node, dict) or loc[-1] not in node:
+        return False
+    del node[loc[-1]]
+    return True
 
 
 def _pool_index(path: str) -> int | None:

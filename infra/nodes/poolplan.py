@@ -354,6 +354,16 @@ def _sized(plan: PoolPlan, allocatable: NodeAllocatable, gpus: int) -> PoolPlan:
 
 def plan_node_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shape) -> tuple[PoolPlan, ...]:
     """Look up every pool's instance types and check the pools; raise ConfigError naming each problem."""
+    plans, problems = plan_sound_pools(cfg, lookup)
+    if problems:
+        raise ConfigError(problems)
+    return plans
+
+
+def plan_sound_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shape,
+                     ) -> tuple[tuple[PoolPlan, ...], list[tuple[str, str]]]:
+    """(the plans of the pools without a problem, every pool's problems): the rest of the stack is still checked
+    against the sound pools, so one bad pool does not hide a Job's or a name's problem."""
     problems: list[tuple[str, str]] = []
     plans: list[PoolPlan] = []
     cache: dict[str, InstanceShape] = {}
@@ -411,9 +421,7 @@ def plan_node_pools(cfg: StackConfig, lookup: ShapeLookup = lookup_instance_shap
                     )
                 )
             plans.append(plan)
-    if problems:
-        raise ConfigError(problems)
-    return _label_capacity(plans, cfg.label_prefix)
+    return _label_capacity(plans, cfg.label_prefix), problems
 
 
 def _label_capacity(plans: Sequence[PoolPlan], label_prefix: str) -> tuple[PoolPlan, ...]:

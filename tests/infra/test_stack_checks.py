@@ -217,3 +217,31 @@ def test_a_bad_job_does_not_hide_a_shared_bucket_name(tmp_path: Path) -> None:
     lines = error_lines(code, err)
     assert lines[0].startswith("error: ml-cluster:jobs[0].memory: "), lines
     assert any(line.startswith("error: ml-cluster:storage.buckets[0].name: S3 bucket") for line in lines), lines
+
+
+def test_three_mistakes_in_three_sections_show_in_one_run(tmp_path: Path) -> None:
+    """An unknown key in a section every check needs (cluster), an instance-type typo and a Job asking for more GPUs
+    than a node has: all three on the first run, the last with the nodes it takes."""
+    values = stack_values("dev")
+    values["ml-cluster:cluster"]["logRetension"] = 3
+    values["ml-cluster:nodePools"][0]["instanceTypes"] = ["m6i.larg"]
+    values["ml-cluster:jobs"][0]["gpus"] = 12
+    code, _, err = plan_values(tmp_path, "dev", values)
+    lines = error_lines(code, err)
+    assert any(line.startswith("error: ml-cluster:cluster.logRetension: unknown key (did you mean") for line in lines)
+    assert any(line.startswith("error: ml-cluster:nodePools[0].instanceTypes[0]: ") and "m6i.larg" in line
+               for line in lines), lines
+    assert any(line.startswith("error: ml-cluster:jobs[0].gpus: 12 GPUs per pod") for line in lines), lines
+
+
+def test_a_bad_pool_does_not_hide_a_jobs_problem(tmp_path: Path) -> None:
+    """A valid schema: the pools' lookup failing for one pool still checks the Jobs against the other pools."""
+    values = stack_values("dev")
+    values["ml-cluster:nodePools"][0]["instanceTypes"] = ["m6i.larg"]
+    values["ml-cluster:jobs"][0]["gpus"] = 2
+    code, _, err = plan_values(tmp_path, "dev", values)
+    lines = error_lines(code, err)
+    assert any("m6i.larg" in line for line in lines), lines
+    assert any(line.startswith("error: ml-cluster:jobs[0].gpus: 2 GPUs per pod but the largest matching node has 1: "
+                               "gpus is per pod, one pod per node; for 2 GPUs set nodes: 2 and gpus: 1")
+               for line in lines), lines

@@ -39,7 +39,8 @@ def candidate_pools(spec: TrainingJobSpec, facts: ClusterFacts) -> list[PoolFact
         fitting = [pool for pool in gpu_pools if pool.gpus_per_node >= spec.gpus]
         if not fitting:
             most = max(pool.gpus_per_node for pool in gpu_pools)
-            raise JobSpecError("gpus", f"{spec.gpus} GPUs per pod but the largest matching node has {most}")
+            raise JobSpecError("gpus", f"{spec.gpus} GPUs per pod but the largest matching node has {most}"
+                                       f"{_split_hint(spec.gpus, spec.nodes, most)}")
         pools, field = fitting, "gpus"
     if spec.dataset is not None and spec.dataset.staging != "none":
         nvme = [pool for pool in pools if pool.nvme_gib > 0]
@@ -53,6 +54,17 @@ def candidate_pools(spec: TrainingJobSpec, facts: ClusterFacts) -> list[PoolFact
     if not pools:
         raise JobSpecError(field, f"stack {facts.stack} has no node pool for this job")
     return pools
+
+
+def _split_hint(gpus: int, nodes: int, most: int) -> str:
+    """How the same GPUs spread over nodes of `most` GPUs each (gpus is per pod, one pod per node)."""
+    total = gpus * nodes
+    fewest = -(-total // most)
+    for count in range(max(fewest, nodes), 2 * fewest + 1):
+        if total % count == 0 and total // count <= most:
+            return (f": gpus is per pod, one pod per node; for {total} GPUs set nodes: {count} and "
+                    f"gpus: {total // count}")
+    return f": gpus is per pod, one pod per node; set nodes: {fewest} and gpus: {most} ({fewest * most} GPUs)"
 
 
 def _pool_names(pools: Sequence[PoolFacts]) -> str:

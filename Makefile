@@ -24,7 +24,7 @@ $(VENV)/.plan-deps: pyproject.toml | $(BIN)/python
 	@touch $@
 
 $(VENV)/.dev-deps: pyproject.toml $(VENV)/.plan-deps
-	$(BIN)/python -m pip install -q -e ".[dev,train]"
+	$(BIN)/python -m pip install -q -e ".[dev,train,examples]"
 	@touch $@
 
 # The CrossGuard pack's own environment (pulumi-policy pins protobuf ~=5.29 / grpcio ~=1.71).

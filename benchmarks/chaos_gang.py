@@ -26,7 +26,8 @@ through the same Job spec with `command: [python, SCRIPT]` (so under the same la
 the same images packed for the data API, each rank under benchmarks/chaos_script_worker.py, which records the
 samples and steps from the data API the script reads through. The script takes --data, --checkpoint-dir,
 --checkpoint-every, --epochs, --batch-size (per rank) and --workers, as the examples do; with --seed and a
-checkpoint.pt holding "model" and "step" (the examples' format), the final weights are compared too.
+checkpoint.pt holding "model" and "step" (the examples' format) or a Lightning last.ckpt, the final weights
+are compared too.
 """
 
 from __future__ import annotations
@@ -383,14 +384,18 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
 
 
 def final_checkpoint(directory: Path, script: bool = False) -> dict[str, Any] | None:
-    """The last checkpoint of a run: the bundled trainer's, or a script's checkpoint.pt (the examples' format)."""
+    """The last checkpoint of a run: the bundled trainer's, or a script's checkpoint.pt (the examples' format), or a
+    Lightning script's last.ckpt (its state_dict and global_step as "model" and "step")."""
     import torch
 
     from workloads.train.checkpoint import load_checkpoint
 
     if not script:
         return load_checkpoint(directory)
-    path = directory / "checkpoint.pt"
+    path, lightning = directory / "checkpoint.pt", directory / "last.ckpt"
+    if lightning.exists() and not path.exists():
+        saved = torch.load(lightning, map_location="cpu", weights_only=True)
+        return {"model": saved["state_dict"], "step": saved["global_step"]}
     return torch.load(path, map_location="cpu", weights_only=True) if path.exists() else None
 
 

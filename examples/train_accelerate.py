@@ -7,7 +7,8 @@
 
 The model and optimizer go through `accelerator.prepare`; the data does not: PackedData already gives each rank
 its share of every batch (from RANK/WORLD_SIZE, which `accelerate launch` sets as torchrun does), and preparing its
-loader would shard it a second time. The checkpoint holds the data position: a rerun resumes sample-exact.
+loader would shard it a second time. The checkpoint (at each epoch's end and every --checkpoint-every steps) holds the
+data position: a rerun resumes sample-exact.
 SIGTERM (a drain, a Spot reclaim): StopSignal agrees through Accelerate's own trigger (`set_trigger` on the
 signalled process, `check_trigger` on all), then the checkpoint, then exit 43, which the Jobs do not count.
 One JSON line per epoch on stdout.
@@ -51,11 +52,15 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05, help="(default 0.05)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR"),
                         help="(default $CHECKPOINT_DIR; none: no checkpoints)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps (default 0: epoch ends only)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and sample order (default 0)")
     args = parser.parse_args()
     if not args.data:
         parser.error("--data: required (or set DATA_DIR)")
 
-    accelerator = Accelerator()  # mixed precision, gradient accumulation, ...: its options, as usual
+    # mixed precision, gradient accumulation, ...: its options, as usual. cpu: without a GPU, Accelerate treats a
+    # torchrun gang as one process per rank (no process group, no gradient all-reduce) unless told to use the CPU.
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
 
     def agree(signalled: bool) -> bool:  # Accelerate's trigger: any process set it -> True on every process
         if signalled:
@@ -64,7 +69,9 @@ def main() -> None:
 
     stop = StopSignal(agree=agree)  # SIGTERM: stop after a step every process agrees on, checkpoint, exit 43
     data = PackedData.open(args.data, batch_size=args.batch_size, remote=args.remote, endpoint_url=args.endpoint_url,
-                           budget_bytes=args.budget, min_rank_batch=2)  # 2: BatchNorm cannot train on one sample
+                           budget_bytes=args.budget, min_rank_batch=2,  # 2: BatchNorm cannot train on one sample
+                           seed=args.seed)
+    torch.manual_seed(args.seed)
     model = small_cnn(data.num_classes).to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     checkpoint = Path(args.checkpoint_dir) / "checkpoint.pt" if args.checkpoint_dir else None
@@ -104,6 +111,8 @@ def main() -> None:
                 step += 1
                 samples += len(labels)
                 loss_sum += loss.item() * len(labels)
+                if args.checkpoint_every and step % args.checkpoint_every == 0:
+                    save(step)
                 stop.check(partial(save, step))
             save(step)
             if accelerator.is_main_process:

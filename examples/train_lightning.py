@@ -7,7 +7,10 @@
 PackedData already gives each rank its share of every batch (from torchrun's RANK/WORLD_SIZE, which Lightning's
 DDP strategy also sets), so Lightning must not add a DistributedSampler (`use_distributed_sampler=False`), and the
 epoch's batches come from `data.batches(epoch)`, which also tells a staging cache what this node reads next.
-Lightning's checkpoint carries the data position, so a rerun resumes where the last checkpoint was written.
+Lightning's checkpoint (last.ckpt, at each epoch's end and every --checkpoint-every steps: ModelCheckpoint) carries
+the data position, so a rerun resumes where the last checkpoint was written. Under torchrun (a Job runs it under the
+launcher), the Trainer's devices and num_nodes come from torchrun's LOCAL_WORLD_SIZE and WORLD_SIZE (Lightning
+refuses a product that differs from the world size, which changes when an elastic gang shrinks).
 SIGTERM (a drain, a Spot reclaim): the StopOnSignal callback stops every rank after the same batch (Lightning's own
 reduce_boolean_decision), saves last.ckpt and exits 43, which the Jobs retry without counting. (Lightning's own
 SIGTERM handling ends fit with SystemExit() - exit status 0, a finished pod - or 1.)
@@ -45,7 +48,9 @@ class EpochBatches:
         return self.per_epoch
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self.module.current_epoch
+        # A checkpoint written at an epoch's end holds Lightning's epoch counter before it moves on: resumed from it,
+        # Lightning asks for that finished epoch's batches once more, so the data's resumed epoch decides.
+        epoch = max(self.module.current_epoch, self.data.start_epoch)
         return self.data.batches(epoch, last_epoch=epoch == self.epochs - 1)
 
 
@@ -113,6 +118,22 @@ class Classifier(L.LightningModule):
         self.data.load_state_dict(checkpoint["packed_data"])
 
 
+def checkpoints(directory: str, every: int) -> list[L.Callback]:
+    """last.ckpt at each epoch's end and, with `every`, every that many steps: Lightning's ModelCheckpoint, one per
+    trigger (a ModelCheckpoint takes one), each keeping one file of that name, so the newest save is last.ckpt."""
+    triggers: list[dict[str, int]] = [{"every_n_epochs": 1}] + ([{"every_n_train_steps": every}] if every else [])
+    return [L.pytorch.callbacks.ModelCheckpoint(dirpath=directory, filename="last", save_top_k=1,
+                                                enable_version_counter=False, **trigger) for trigger in triggers]
+
+
+def gang_size() -> dict[str, int | str]:
+    """The Trainer's devices and num_nodes: torchrun's (a gang, one process per device), else Lightning's choice."""
+    if "WORLD_SIZE" not in os.environ:
+        return {"devices": "auto", "num_nodes": 1}
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return {"devices": local, "num_nodes": int(os.environ["WORLD_SIZE"]) // local}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=os.environ.get("DATA_DIR"), help="packed dataset (default $DATA_DIR)")
@@ -126,23 +147,27 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05, help="(default 0.05)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR"),
                         help="(default $CHECKPOINT_DIR; none: no checkpoints)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps (default 0: epoch ends only)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and sample order (default 0)")
     args = parser.parse_args()
     if not args.data:
         parser.error("--data: required (or set DATA_DIR)")
 
     data = PackedData.open(args.data, batch_size=args.batch_size, remote=args.remote, endpoint_url=args.endpoint_url,
-                           budget_bytes=args.budget, min_rank_batch=2)  # 2: BatchNorm cannot train on one sample
+                           budget_bytes=args.budget, min_rank_batch=2,  # 2: BatchNorm cannot train on one sample
+                           seed=args.seed)
     data.loader(LoaderSettings(workers=args.workers))
+    torch.manual_seed(args.seed)
     module = Classifier(data, args.lr, data.image_size)
     last = Path(args.checkpoint_dir) / "last.ckpt" if args.checkpoint_dir else None
-    callbacks: list[L.Callback] = [StopOnSignal(last)]
+    stop_on_signal = StopOnSignal(last)
+    callbacks: list[L.Callback] = [stop_on_signal]
     if last is not None:
-        callbacks.append(L.pytorch.callbacks.ModelCheckpoint(dirpath=args.checkpoint_dir, save_last=True,
-                                                             save_top_k=0))
+        callbacks += checkpoints(args.checkpoint_dir, args.checkpoint_every)
     trainer = L.Trainer(max_epochs=args.epochs, use_distributed_sampler=False, callbacks=callbacks,
                         enable_checkpointing=bool(last), enable_progress_bar=False, enable_model_summary=False,
-                        logger=False, num_sanity_val_steps=0)
-    with data:
+                        logger=False, num_sanity_val_steps=0, **gang_size())
+    with stop_on_signal.stop, data:  # a lost peer's error inside fit: exit 43, one line
         trainer.fit(module, train_dataloaders=EpochBatches(data, module, args.epochs),
                     ckpt_path=str(last) if last is not None and last.exists() else None)
     if trainer.global_rank == 0 and data.stager_summary:

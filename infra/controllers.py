@@ -15,6 +15,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.config.charts import JOBSET, TRAINER
 from infra.config.controllers import JobControllersConfig
 from infra.config.schema import ConfigError
 from infra.context import ClusterInfo, StackContext
@@ -22,10 +23,8 @@ from workloads.cluster_facts import ClusterFacts
 from workloads.jobspec import JobSpecError, TrainingJobSpec
 from workloads.jobspec.runtimes import StagedRuntime, plain_runtimes, staged_runtime
 
-JOBSET_CHART = "jobset"
-JOBSET_REPO = "oci://registry.k8s.io/jobset/charts/jobset"
-TRAINER_CHART = "kubeflow-trainer"
-TRAINER_REPO = "oci://ghcr.io/kubeflow/charts/kubeflow-trainer"
+JOBSET_CHART, JOBSET_REPO = JOBSET.release, JOBSET.repo
+TRAINER_CHART, TRAINER_REPO = TRAINER.release, TRAINER.repo
 Manifest = Mapping[str, Any]
 
 

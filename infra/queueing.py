@@ -29,6 +29,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from infra.config.charts import KUEUE
 from infra.config.queueing import KueueConfig
 from infra.context import ClusterInfo, StackContext
 from infra.nodes.poolplan import PoolPlan
@@ -45,8 +46,7 @@ from infra.quota import (
 from infra.topology import PROVISIONING_CHECK, gpu_topologies, provisioning_on, topology_manifests, topology_name
 from workloads.jobspec import KUEUE_QUEUE_LABEL, queue_annotation
 
-KUEUE_CHART = "kueue"
-KUEUE_REPO = "oci://registry.k8s.io/kueue/charts/kueue"
+KUEUE_CHART, KUEUE_REPO = KUEUE.release, KUEUE.repo
 API_VERSION = "kueue.x-k8s.io/v1beta2"  # the storage version of every Kueue CRD at 0.19.2
 
 # How a ClusterQueue with reserved flavors walks its flavors (kubernetes-sigs/kueue v0.19.2): in the resource group's

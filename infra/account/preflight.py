@@ -8,32 +8,28 @@ Checks, in order: the credentials (sts:GetCallerIdentity) and the account the st
 region is enabled; the stack's availability zones (or adopted subnets) exist; every node pool instance type is
 offered in every zone it may launch in; the EC2 vCPU quotas of the pools' families cover the pools at max size; the
 Kubernetes version is offered by EKS; the stack's bucket names are free or already ours; the stack's ECR repository
-is free or already this stack's.
+is free or already this stack's. On a stack laid onto an existing EKS cluster (cluster.existing), infra/account/
+existing.py checks the cluster, its add-ons and node groups, the Helm releases on it (through its Kubernetes API,
+with an EKS token made from the same credentials) and whether SageMaker HyperPod orchestrates it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from botocore.parsers import ResponseParserError
 
+from infra.account.checks import AWS_ERRORS, FAIL, PASS, WARN, Check
+from infra.account.checks import aws_error as _error
+from infra.account.existing import KubeFor, check_existing_cluster
+from infra.account.kubeapi import KubeApi, eks_token
 from infra.account.preflight_fsx import fsx_rows
-from infra.config.addons import stack_addons
 from infra.config.names import derived_names
 from infra.config.schema import StackConfig
-from infra.existing_cluster import ClusterAnswerError, existing_cluster_problems, found_from_describe
 from infra.plan.pricing import block_hours
-
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
-# What an AWS call may raise besides a programming error: an error answer, a transport failure, and an answer that
-# is not the service's protocol at all (an HTML 500 page from a proxy or a stand-in: botocore's parser raises
-# ResponseParserError, which is not a BotoCoreError).
-AWS_ERRORS = (BotoCoreError, ClientError, ResponseParserError)
 
 # EC2 vCPU quotas (Service Quotas, service code `ec2`), each with the name AWS gives it, e.g.
 # https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/L-417A185B (Running On-Demand P instances).
@@ -57,14 +53,6 @@ _P5_CLASS = "p5"  # p5, p5e and p5en
 ClientFactory = Callable[[str], Any]  # service name -> boto3 client in the stack's region
 
 
-@dataclass(frozen=True)
-class Check:
-    status: str
-    name: str
-    detail: str
-    fix: str = ""
-
-
 def quota_family(instance_type: str, capacity_type: str = "ON_DEMAND") -> str | None:
     """The QUOTAS family of an instance type bought as `capacity_type`: `P`, `P5` (Spot p5-class), `G` (G and VT)
     or `Standard`; None for families with quotas this table does not hold (Spot p6, Inf, Trn, DL, X, U, F,
@@ -81,15 +69,6 @@ def quota_family(instance_type: str, capacity_type: str = "ON_DEMAND") -> str | 
     if len(family) == 1 and family in _STANDARD_FAMILIES:
         return "Standard"
     return None
-
-
-def _error(exc: Exception) -> tuple[str, str]:
-    if isinstance(exc, ClientError):
-        error = exc.response.get("Error") or {}
-        return str(error.get("Code") or "error"), str(error.get("Message") or exc)
-    if isinstance(exc, ResponseParserError):
-        return "ResponseParserError", "the answer is not the service's protocol (an error page from a proxy?)"
-    return type(exc).__name__, str(exc)
 
 
 # ------------------------------------------------------------------------------------------------- checks
@@ -478,8 +457,10 @@ def check_registry(ecr: Any, cfg: StackConfig, stack: str) -> list[Check]:
 
 
 def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_region: str | None = None,
-                  expected_account: str | None = None) -> list[Check]:
-    """Every check, in order. Without working credentials only that FAIL is returned (the rest would repeat it)."""
+                  expected_account: str | None = None, kube_for: KubeFor | None = None) -> list[Check]:
+    """Every check, in order. Without working credentials only that FAIL is returned (the rest would repeat it).
+    `kube_for`: how to reach an existing cluster's Kubernetes API (default: its endpoint with an EKS token made
+    from the same credentials)."""
     assert cfg.platform == "eks" and cfg.region is not None and cfg.cluster is not None
     checks, account = check_identity(client("sts"), cfg, expected_account)
     if account is None:
@@ -494,63 +475,14 @@ def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_r
     checks += check_quotas(ec2, client("service-quotas"), cfg, cfg.region)
     checks += check_kubernetes_version(client("eks"), cfg.cluster.kubernetes_version)
     if cfg.cluster.existing:
-        checks += check_existing_cluster(client("eks"), cfg)
+        checks += check_existing_cluster(client("eks"), cfg, kube_for or (lambda found: KubeApi(
+            found.endpoint, eks_token(client("sts"), found.name), found.certificate_authority)), client("sagemaker"))
     checks += check_buckets(client("s3"), cfg, stack, account)
     checks += check_registry(client("ecr"), cfg, stack)
     if cfg.storage.fsx_lustre is not None:
         checks += [Check(*row) for row in fsx_rows(client("eks"), client("service-quotas"), client("fsx"),
                                                    cfg.storage.fsx_lustre, cfg.cluster.kubernetes_version, stack,
                                                    cfg.region)]
-    return checks
-
-
-def check_existing_cluster(eks: Any, cfg: StackConfig) -> list[Check]:
-    """cluster.existing: the cluster is there and fits the stack file, no add-on the stack installs is there already
-    (CreateAddon would fail), and no node group is already an autoscaler's (two would fight over it)."""
-    assert cfg.cluster is not None and cfg.network is not None and cfg.network.existing is not None
-    name = cfg.cluster.name
-    grant = "grant eks:DescribeCluster, eks:ListAddons, eks:DescribeAddon, eks:ListNodegroups, eks:DescribeNodegroup"
-    try:
-        found = found_from_describe(eks.describe_cluster(name=name).get("cluster"), asked=name)
-    except AWS_ERRORS as exc:
-        code, message = _error(exc)
-        fix = (f"check ml-cluster:cluster.name and aws:region (aws eks list-clusters --region {cfg.region})"
-               if code == "ResourceNotFoundException" else grant)
-        return [Check(FAIL, f"cluster {name}", f"eks:DescribeCluster: {code}: {message}", fix)]
-    except ClusterAnswerError as exc:
-        return [Check(FAIL, f"cluster {name}", f"eks:DescribeCluster answered a broken cluster: {exc}",
-                      "check the endpoint preflight talks to (AWS_ENDPOINT_URL_EKS, a proxy): EKS answers every "
-                      "field it documents")]
-    problems = existing_cluster_problems(found, cfg.cluster, cfg.network.existing.vpc_id)
-    checks = [Check(FAIL, f"cluster {name}", f"{path}: {why}", "the fix above; then plan again (scripts/plan.py "
-                    "checks the same against the cluster)") for path, why in problems]
-    if not problems:
-        checks.append(Check(PASS, f"cluster {name}", f"{found.status}, Kubernetes {found.version}, in {found.vpc_id}, "
-                                                   f"authentication {found.authentication_mode}"))
-    try:
-        installed = eks.list_addons(clusterName=name).get("addons") or []
-        for addon in sorted(set(installed) & set(stack_addons(cfg))):
-            version = eks.describe_addon(clusterName=name, addonName=addon)["addon"].get("addonVersion")
-            checks.append(Check(FAIL, f"add-on {addon}", f"already installed on {name} at {version}, not by this "
-                                f"stack: pulumi up would fail to create it (ResourceInUseException)",
-                                f"pulumi import aws:eks/addon:Addon <its name in the plan> {name}:{addon}, or "
-                                f"delete it (aws eks delete-addon --cluster-name {name} --addon-name {addon} "
-                                "--preserve)"))
-        groups = eks.list_nodegroups(clusterName=name).get("nodegroups") or []
-        for group in sorted(groups):
-            tags = eks.describe_nodegroup(clusterName=name, nodegroupName=group)["nodegroup"].get("tags") or {}
-            if "k8s.io/cluster-autoscaler/enabled" in tags:
-                checks.append(Check(FAIL, f"node group {group}", "tagged for cluster-autoscaler auto-discovery: the "
-                                    "stack's autoscaler would scale it too, beside whichever already does",
-                                    "set ml-cluster:nodes.autoscaler.enabled: false to keep yours, or remove its "
-                                    "k8s.io/cluster-autoscaler/enabled tag"))
-    except AWS_ERRORS as exc:
-        code, message = _error(exc)
-        checks.append(Check(WARN, f"cluster {name} contents", f"{code}: {message}", grant))
-    checks.append(Check(WARN, "helm releases", "Kueue, the device plugins, kube-prometheus-stack or cluster-"
-                        "autoscaler already installed by Helm are not visible to AWS's API",
-                        "helm list -A | grep -E 'kueue|nvidia-device-plugin|aws-efa|kube-prometheus|"
-                        "cluster-autoscaler|jobset|trainer' (then disable the stack's copy in its config)"))
     return checks
 
 

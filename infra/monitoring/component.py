@@ -19,6 +19,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.config.charts import KUBE_PROMETHEUS_STACK
 from infra.config.monitoring import DASHBOARD_CONFIGMAP_NAME, MONITOR_AND_RULE_NAME, MonitoringConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy, policy_document
@@ -29,10 +30,9 @@ from infra.monitoring.reservations import ReservedPool, reservation_groups
 from infra.monitoring.teams import team_rule_groups
 from workloads.jobspec import METRICS_LABEL, STAGE_METRICS_PORT_NAME, train_metrics_port_name
 
-KPS_CHART = "kube-prometheus-stack"
-KPS_REPO = "https://prometheus-community.github.io/helm-charts"
-# The release name prefixes every object of the chart; short keeps them under Kubernetes' 63-character limits.
-KPS_RELEASE = "kps"
+# The release name ("kps") prefixes every object of the chart; short keeps them under Kubernetes' 63-character limits.
+KPS_CHART, KPS_REPO = KUBE_PROMETHEUS_STACK.chart, KUBE_PROMETHEUS_STACK.repo
+KPS_RELEASE = KUBE_PROMETHEUS_STACK.release
 # Named, not derived by the chart's templates: an EKS Pod Identity association (remote write to Amazon Managed
 # Service for Prometheus, SigV4) binds to it by name (chart values.yaml:3659-3661, prometheus.serviceAccount).
 PROMETHEUS_SERVICE_ACCOUNT = "prometheus"

@@ -18,6 +18,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.config.addons import gpu_addons
+from infra.config.charts import CLUSTER_AUTOSCALER, DCGM_EXPORTER, DEVICE_PLUGIN, EFA_DEVICE_PLUGIN
 from infra.config.nodepools import DcgmExporterConfig, GpuConfig, HelmChartConfig
 from infra.config.nodes import AutoscalerConfig
 from infra.config.storage import NODE_MONITORING_AGENT
@@ -26,9 +27,8 @@ from infra.nodes.dcgm_metrics import metrics_csv
 from infra.nodes.poolplan import EFA_LABEL, GPU_PRESENT_LABEL, PoolPlan
 from infra.nodes.scaling.autoscaler import AutoscalerTarget, cluster_autoscaler, helm_release
 
-DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
-DCGM_EXPORTER_REPO = "https://nvidia.github.io/dcgm-exporter/helm-charts"
-EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
+DEVICE_PLUGIN_REPO, DCGM_EXPORTER_REPO = DEVICE_PLUGIN.repo, DCGM_EXPORTER.repo
+EFA_DEVICE_PLUGIN_REPO = EFA_DEVICE_PLUGIN.repo
 
 
 def node_monitoring_agent_values(plans: Sequence[PoolPlan]) -> dict[str, Any]:
@@ -181,7 +181,7 @@ class GpuPlumbing(pulumi.ComponentResource):
             self._release(
                 ctx,
                 "device-plugin",
-                "nvidia-device-plugin",
+                DEVICE_PLUGIN.release,
                 DEVICE_PLUGIN_REPO,
                 cfg.device_plugin,
                 device_plugin_values(args.pools),
@@ -191,7 +191,7 @@ class GpuPlumbing(pulumi.ComponentResource):
             self._release(
                 ctx,
                 "dcgm-exporter",
-                "dcgm-exporter",
+                DCGM_EXPORTER.release,
                 DCGM_EXPORTER_REPO,
                 cfg.dcgm_exporter,
                 dcgm_exporter_values(cfg.dcgm_exporter, args.pools, ctx.label_prefix),
@@ -201,7 +201,7 @@ class GpuPlumbing(pulumi.ComponentResource):
             self._release(
                 ctx,
                 "efa-device-plugin",
-                "aws-efa-k8s-device-plugin",
+                EFA_DEVICE_PLUGIN.release,
                 EFA_DEVICE_PLUGIN_REPO,
                 cfg.efa_device_plugin,
                 efa_device_plugin_values(args.pools, ctx.label_prefix),
@@ -211,7 +211,7 @@ class GpuPlumbing(pulumi.ComponentResource):
             assert ctx.region is not None
             # Children of this component (their names and parents are the stack's state since before scaling had
             # a module of its own).
-            self.releases["cluster-autoscaler"] = cluster_autoscaler(
+            self.releases[CLUSTER_AUTOSCALER.release] = cluster_autoscaler(
                 self, ctx, cluster, args.autoscaler,
                 AutoscalerTarget(args.cluster_name, ctx.region, args.kubernetes_version, args.provisioning_requests),
                 k8s_opts)

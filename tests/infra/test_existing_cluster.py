@@ -171,14 +171,30 @@ def test_preflight_finds_each_conflict_with_its_fix(eks_stub: Any) -> None:
         200, {"nodegroup": {"nodegroupName": "core", "tags": {}}})
     eks_stub.routes[("GET", "/clusters/ml-shared/node-groups/gpu")] = lambda query: (
         200, {"nodegroup": {"nodegroupName": "gpu", "tags": {"k8s.io/cluster-autoscaler/enabled": "true"}}})
-    checks = {check.name: check for check in check_existing_cluster(_eks(eks_stub), _config())}
+    from infra.account.kubeapi import KubeApi
+    from tests.infra.test_existing_helm import stored
+    from tests.jobs.kubeapi import TOKEN, fake_api_server
+
+    with fake_api_server() as api:  # the cluster's Kubernetes API, reached with the endpoint DescribeCluster named
+        api.add(stored("kueue", "kueue-system", "kueue", "0.14.1"))
+        api.add(stored("gpu-operator", "gpu-operator", "gpu-operator", "v25.3.0"))
+        reached = []
+
+        def kube_for(found: Any) -> KubeApi:
+            reached.append(found.endpoint)
+            return KubeApi(api.url, TOKEN, timeout_s=5)
+
+        checks = {check.name: check for check in check_existing_cluster(_eks(eks_stub), _config(), kube_for)}
+    assert reached == [FOUND["endpoint"]]
     assert checks["cluster ml-shared"].status == PASS
     addon = checks["add-on aws-efs-csi-driver"]
     assert addon.status == FAIL and "at v2.1.4-eksbuild.1" in addon.detail and "pulumi import" in addon.fix
     assert "add-on coredns" not in checks  # the cluster's own add-ons the stack does not install are left alone
     assert checks["node group gpu"].status == FAIL and "autoscaler.enabled: false" in checks["node group gpu"].fix
     assert "node group core" not in checks
-    assert checks["helm releases"].status == WARN and "helm list -A" in checks["helm releases"].fix
+    assert checks["helm kueue"].status == WARN and "kueue 0.14.1" in checks["helm kueue"].detail  # its own place
+    plugin = checks["helm nvidia-device-plugin"]  # the GPU Operator runs a device plugin of its own
+    assert plugin.status == FAIL and "gpu-operator v25.3.0" in plugin.detail
 
 
 @pytest.mark.parametrize(("answer", "says", "fix"), [
@@ -204,10 +220,12 @@ def test_an_unreadable_wrong_or_unfit_cluster_is_one_fail_row(eks_stub: Any, ans
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod", "existing"])
-def test_the_addons_preflight_looks_for_are_the_ones_the_plan_installs(stack_plan: Any, stack: str) -> None:
-    """One list (infra/config/addons.py) for the drivers, the GPU plumbing and preflight: prod's FSx driver and the
-    node monitoring agent included."""
+def test_the_addons_and_charts_preflight_looks_for_are_the_ones_the_plan_installs(stack_plan: Any,
+                                                                                  stack: str) -> None:
+    """One list of add-ons (infra/config/addons.py) and one of charts (infra/config/charts.py) for the components
+    and preflight: prod's FSx driver, the node monitoring agent and the EFA device plugin included."""
     from infra.config.addons import stack_addons
+    from infra.config.charts import stack_charts
     from infra.config.schema import decode_config_value, parse_stack_config
 
     values = yaml.safe_load((STACKS_DIR / f"Pulumi.{stack}.yaml").read_text())["config"]
@@ -215,3 +233,6 @@ def test_the_addons_preflight_looks_for_are_the_ones_the_plan_installs(stack_pla
     planned = sorted(r["inputs"]["addonName"] for r in stack_plan(stack)["resources"]
                      if r["type"] == "aws:eks/addon:Addon")
     assert planned == stack_addons(cfg)
+    releases = sorted((r["inputs"]["name"], r["inputs"]["namespace"], r["inputs"]["version"])
+                      for r in stack_plan(stack)["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release")
+    assert releases == sorted((c.chart.release, c.namespace, c.version) for c in stack_charts(cfg))

@@ -1,5 +1,7 @@
 """A stand-in Kubernetes API server on 127.0.0.1 for what `python -m workloads.submit` asks: ConfigMaps (read),
-Jobs (create, read, delete), Services and NetworkPolicies (create, delete), Pods and Kueue Workloads (list).
+Jobs (create, read, delete), Services and NetworkPolicies (create, delete), Pods and Kueue Workloads (list); and for
+what preflight asks of an existing cluster: Secrets and ConfigMaps of every namespace, by label selector, page by
+page (`limit`/`continue`), 403 to all of it when `forbid_cluster_wide` is set.
 Objects live in memory by (kind, namespace, name); a create of an existing name is 409, a read of a missing one
 404, as the API server answers. `forbidden` namespaces answer 403 to everything (an identity without rights
 there), and every request must carry the bearer token. Requests are recorded as (method, path)."""
@@ -14,19 +16,22 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 TOKEN = "team-member-token"
 _ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/(?P<version>v[0-9a-z]+))/namespaces/(?P<ns>[^/]+)/"
                     r"(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?$")
-_KINDS = {"configmaps": "ConfigMap", "jobs": "Job", "services": "Service", "networkpolicies": "NetworkPolicy",
-          "pods": "Pod", "workloads": "Workload"}  # Workload: Kueue's (none here: Kueue has not seen the Job yet)
+_CLUSTER_WIDE = re.compile(r"^/api/v1/(?P<plural>secrets|configmaps)$")
+_KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "jobs": "Job", "services": "Service",
+          "networkpolicies": "NetworkPolicy", "pods": "Pod",
+          "workloads": "Workload"}  # Workload: Kueue's (none here: Kueue has not seen the Job yet)
 
 
 class FakeApiServer:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.forbidden: set[str] = set()
+        self.forbid_cluster_wide = False
         self.requests: list[tuple[str, str]] = []
         self._uid = 0
         owner = self
@@ -52,6 +57,10 @@ class FakeApiServer:
                 owner.requests.append((method, path))
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     self._status(401, "Unauthorized", "Unauthorized")
+                    return
+                every = _CLUSTER_WIDE.match(path)
+                if every is not None and method == "GET":
+                    self._list_everywhere(every["plural"], parse_qs(urlparse(self.path).query))
                     return
                 route = _ROUTE.match(path)
                 if route is None or route["plural"] not in _KINDS:
@@ -88,6 +97,21 @@ class FakeApiServer:
                     self._answer(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
                     return
                 self._answer(200, owner.objects[key])
+
+            def _list_everywhere(self, plural: str, query: dict[str, list[str]]) -> None:
+                if owner.forbid_cluster_wide:
+                    self._status(403, "Forbidden", f'{plural} is forbidden: User "member" cannot list resource '
+                                                   f'"{plural}" in API group "" at the cluster scope')
+                    return
+                wanted = dict(term.split("=", 1) for term in (query.get("labelSelector") or [""])[0].split(",")
+                              if "=" in term)
+                items = [obj for (kind, _, _), obj in sorted(owner.objects.items()) if kind == _KINDS[plural]
+                         and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())]
+                start = int((query.get("continue") or ["0"])[0])
+                limit = int((query.get("limit") or [str(len(items) or 1)])[0])
+                page, rest = items[start:start + limit], start + limit < len(items)
+                self._answer(200, {"kind": f"{_KINDS[plural]}List", "apiVersion": "v1",
+                                   "metadata": {"continue": str(start + limit)} if rest else {}, "items": page})
 
             def do_GET(self) -> None:  # noqa: N802 - the http.server protocol
                 self._handle("GET")

@@ -22,6 +22,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.config.charts import CLUSTER_AUTOSCALER
 from infra.config.nodepools import HelmChartConfig
 from infra.config.nodes import AutoscalerConfig
 from infra.context import ClusterInfo, StackContext
@@ -31,7 +32,7 @@ from infra.nodes.scaling.template import CAS_TEMPLATE, template_label_key
 from workloads.cluster_facts import EFA_HUGEPAGES, EFA_RESOURCE
 from workloads.quantity import format_bytes
 
-AUTOSCALER_REPO = "https://kubernetes.github.io/autoscaler"
+AUTOSCALER_REPO = CLUSTER_AUTOSCALER.repo
 AUTOSCALER_SERVICE_ACCOUNT = "cluster-autoscaler"
 # The newest cluster-autoscaler release of each minor (its git tags cluster-autoscaler-<version>): its minor must
 # match the control plane's, and its patches fix the autoscaler, so a stack runs the newest one.
@@ -177,7 +178,7 @@ def cluster_autoscaler(parent: pulumi.Resource, ctx: StackContext, cluster: Clus
             version=autoscaler_image_tag(cfg, target.kubernetes_version).removeprefix("v"))
         needs.append(k8s.yaml.v2.ConfigFile(ctx.name("gpu", "provisioningrequest-crd"), file=crd_url,
                                             opts=k8s_opts))
-    return helm_release(ctx.name("gpu", "cluster-autoscaler"), "cluster-autoscaler", AUTOSCALER_REPO, cfg,
+    return helm_release(ctx.name("gpu", "cluster-autoscaler"), CLUSTER_AUTOSCALER.release, AUTOSCALER_REPO, cfg,
                         autoscaler_values(cfg, target.cluster_name, target.region, target.kubernetes_version,
                                           target.provisioning_requests),
                         k8s_opts.merge(pulumi.ResourceOptions(depends_on=needs)))

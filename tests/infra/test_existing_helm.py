@@ -1,0 +1,204 @@
+"""Preflight of an existing cluster reads the Helm releases already there the way Helm stores them (Secrets of type
+helm.sh/release.v1 labelled owner=helm, or ConfigMaps with the configmap driver; the release record base64 of gzipped
+JSON) through the Kubernetes API (the stand-in in tests/jobs/kubeapi.py), and turns a release of a chart the stack
+installs, or of its rival, into a FAIL with the fix; a HyperPod cluster is refused by a dedicated line, from its
+Helm chart or from SageMaker's DescribeCluster (the AWS stub); a forbidden or unreachable API is one line."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.account.checks import FAIL, PASS, WARN
+from infra.account.existing import check_helm_releases, check_hyperpod_orchestrator, helm_releases
+from infra.account.kubeapi import KubeApi
+from infra.config.schema import decode_config_value, parse_stack_config
+from infra.existing_cluster import found_from_get_cluster
+from infra.plan.engine import FIXTURES_DIR, STACKS_DIR
+from tests.jobs.kubeapi import TOKEN, FakeApiServer, fake_api_server
+
+FOUND = found_from_get_cluster(json.loads((FIXTURES_DIR / "clusters.json").read_text())["ml-shared"])
+
+
+def _config() -> Any:
+    values = yaml.safe_load((STACKS_DIR / "Pulumi.existing.yaml").read_text())["config"]
+    return parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
+
+
+def helm_record(name: str, namespace: str, revision: int, status: str, chart: str, version: str) -> str:
+    """Helm's encodeRelease: the release JSON, gzipped, base64 (pkg/storage/driver/util.go)."""
+    release = {"name": name, "namespace": namespace, "version": revision, "info": {"status": status},
+               "chart": {"metadata": {"name": chart, "version": version}}, "manifest": "---\n"}
+    return base64.b64encode(gzip.compress(json.dumps(release).encode())).decode()
+
+
+def stored(name: str, namespace: str, chart: str, version: str, revision: int = 1, status: str = "deployed",
+           driver: str = "secret") -> dict[str, Any]:
+    """The object Helm's storage driver writes for one revision (pkg/storage/driver/secrets.go newSecretsObject)."""
+    record = helm_record(name, namespace, revision, status, chart, version)
+    meta = {"name": f"sh.helm.release.v1.{name}.v{revision}", "namespace": namespace,
+            "labels": {"owner": "helm", "name": name, "status": status, "version": str(revision)}}
+    if driver == "configmap":
+        return {"kind": "ConfigMap", "metadata": meta, "data": {"release": record}}
+    return {"kind": "Secret", "type": "helm.sh/release.v1", "metadata": meta,
+            "data": {"release": base64.b64encode(record.encode()).decode()}}  # Secret data: base64 on the API
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with fake_api_server() as server:
+        yield server
+
+
+def _kube(server: FakeApiServer) -> KubeApi:
+    return KubeApi(server.url, TOKEN, timeout_s=5, deadline_s=10)
+
+
+def test_each_release_of_a_chart_the_stack_installs_or_of_its_rival_is_a_fail_with_the_fix(
+        api: FakeApiServer) -> None:
+    for item in (
+        stored("kueue", "kueue", "kueue", "0.13.4", revision=1, status="superseded"),
+        stored("kueue", "kueue", "kueue", "0.13.4", revision=2),  # the newest revision counts
+        stored("karpenter", "karpenter", "karpenter", "1.6.0"),  # the autoscaler's rival
+        stored("efa", "kube-system", "aws-efa-k8s-device-plugin", "v0.5.6", driver="configmap"),
+        stored("nvidia-device-plugin", "kube-system", "nvidia-device-plugin", "0.20.0"),  # the stack's own place
+        stored("cert-manager", "cert-manager", "cert-manager", "v1.18.2"),  # not the stack's business
+        stored("old-kueue", "default", "kueue", "0.9.0", status="uninstalled"),  # --keep-history leftovers
+        {"kind": "Secret", "type": "Opaque", "metadata": {"name": "x", "namespace": "default",
+                                                          "labels": {"owner": "helm", "name": "x"}}, "data": {}},
+    ):
+        api.add(item)
+    checks = check_helm_releases(_kube(api), _config())
+    by = {(check.name, check.status): check for check in checks}
+    kueue = by[("helm kueue", FAIL)]
+    assert "release kueue in kueue already runs kueue 0.13.4 (deployed)" in kueue.detail
+    assert kueue.fix.startswith("keep yours: set ml-cluster:kueue.enabled: false") and \
+        "helm uninstall kueue -n kueue" in kueue.fix
+    autoscaler = by[("helm cluster-autoscaler", FAIL)]
+    assert "karpenter 1.6.0" in autoscaler.detail and "nodes.autoscaler.enabled: false" in autoscaler.fix
+    assert "aws-efa-k8s-device-plugin v0.5.6" in by[("helm aws-efa-k8s-device-plugin", FAIL)].detail
+    own = by[("helm nvidia-device-plugin", WARN)]
+    assert "this stack's own from an earlier pulumi up" in own.detail
+    assert not any("cert-manager" in c.detail or "old-kueue" in c.detail for c in checks)
+    assert len(checks) == 4, checks
+
+
+def test_a_cluster_without_conflicts_passes_and_releases_are_read_page_by_page(
+        api: FakeApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import infra.account.kubeapi as kubeapi
+
+    monkeypatch.setattr(kubeapi, "PAGE", 2)
+    for index in range(5):
+        api.add(stored(f"app-{index}", "apps", "podinfo", "6.9.0"))
+    assert len(helm_releases(_kube(api))) == 5
+    assert sum(1 for method, path in api.requests if path == "/api/v1/secrets") == 3
+    [check] = check_helm_releases(_kube(api), _config())
+    assert check.status == PASS and "among 5 releases" in check.detail
+
+
+def test_a_hyperpod_cluster_is_refused_by_a_dedicated_line(api: FakeApiServer) -> None:
+    api.add(stored("hyperpod-dependencies", "aws-hyperpod", "hyperpod-helm-chart", "0.1.0"))
+    checks = check_helm_releases(_kube(api), _config())
+    [hyperpod] = [check for check in checks if check.name == "hyperpod"]
+    assert hyperpod.status == FAIL and "SageMaker HyperPod" in hyperpod.detail and "not supported" in hyperpod.detail
+
+
+def test_an_unreadable_release_record_is_one_warn_row(api: FakeApiServer) -> None:
+    broken = stored("kueue", "kueue-system", "kueue", "0.19.2")
+    broken["data"]["release"] = base64.b64encode(b"H4sI-not-gzip").decode()
+    api.add(broken)
+    checks = check_helm_releases(_kube(api), _config())
+    assert [(c.status, c.name) for c in checks][0] == (WARN, "helm release kueue-system/kueue")
+
+
+@pytest.mark.parametrize("how", ["forbidden", "token", "unreachable"])
+def test_a_forbidden_or_unreachable_api_is_one_line(api: FakeApiServer, how: str) -> None:
+    kube = _kube(api)
+    if how == "forbidden":
+        api.forbid_cluster_wide = True
+    elif how == "token":
+        kube = KubeApi(api.url, "someone-else", timeout_s=5)
+    else:
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        kube = KubeApi(f"http://127.0.0.1:{port}", TOKEN, timeout_s=2)
+    [check] = check_helm_releases(kube, _config())
+    assert check.status == WARN and check.detail.startswith("not checked: GET /api/v1/secrets: ")
+    says = {"forbidden": "403 secrets is forbidden", "token": "401 Unauthorized", "unreachable": "unreachable"}[how]
+    assert says in check.detail and "\n" not in check.detail, check
+
+
+# --- HyperPod from SageMaker's API, against the AWS stub (JSON protocol, X-Amz-Target SageMaker.<Operation>) -----
+
+@pytest.fixture(scope="module")
+def sagemaker_stub() -> Iterator[tuple[Any, Any]]:
+    """One stub and one client for the module: SageMaker's service model takes seconds to load."""
+    import boto3
+
+    from tests.awsstub import AwsStub
+
+    stub = AwsStub().start()
+    client = boto3.client("sagemaker", region_name="us-east-1", endpoint_url=stub.url, aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    yield stub, client
+    stub.stop()
+
+
+@pytest.fixture
+def sagemaker(sagemaker_stub: tuple[Any, Any]) -> tuple[Any, Any]:
+    stub, client = sagemaker_stub
+    stub.targets.clear()
+    stub.targets["SageMaker.ListClusters"] = lambda body: (200, {"ClusterSummaries": [
+        {"ClusterArn": "arn:aws:sagemaker:us-east-1:111122223333:cluster/abc", "ClusterName": "hp-train",
+         "CreationTime": 1772442867.0, "ClusterStatus": "InService"}]})
+    return stub, client
+
+
+def _described(arn: str) -> Any:
+    return lambda body: (200, {"ClusterArn": "arn:aws:sagemaker:us-east-1:111122223333:cluster/abc",
+                               "ClusterName": body["ClusterName"], "ClusterStatus": "InService",
+                               "CreationTime": 1772442867.0, "InstanceGroups": [],
+                               "Orchestrator": {"Eks": {"ClusterArn": arn}}})
+
+
+def test_sagemaker_naming_the_cluster_as_its_orchestrator_is_the_hyperpod_refusal(sagemaker: Any) -> None:
+    stub, client = sagemaker
+    stub.targets["SageMaker.DescribeCluster"] = _described(FOUND.arn)
+    [check] = check_hyperpod_orchestrator(client, FOUND)
+    assert check.status == FAIL and "orchestrates SageMaker HyperPod cluster hp-train" in check.detail
+    stub.targets["SageMaker.DescribeCluster"] = _described("arn:aws:eks:us-east-1:111122223333:cluster/other")
+    [check] = check_hyperpod_orchestrator(client, FOUND)
+    assert check.status == PASS
+
+
+def test_no_sagemaker_permission_is_one_warn_line(sagemaker: Any) -> None:
+    stub, client = sagemaker
+    stub.targets["SageMaker.ListClusters"] = lambda body: (400, {"__type": "AccessDeniedException",
+                                                                 "message": "not authorized: sagemaker:ListClusters"})
+    [check] = check_hyperpod_orchestrator(client, FOUND)
+    assert check.status == WARN and "AccessDeniedException" in check.detail
+
+
+def test_the_token_is_what_aws_eks_get_token_prints() -> None:
+    """A presigned sts:GetCallerIdentity URL that signs the cluster's name (x-k8s-aws-id), base64url, prefixed."""
+    import boto3
+
+    from infra.account.kubeapi import eks_token
+
+    sts = boto3.client("sts", region_name="us-east-1", aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="x")
+    token = eks_token(sts, "ml-shared")
+    assert token.startswith("k8s-aws-v1.") and "=" not in token
+    url = base64.urlsafe_b64decode(token[len("k8s-aws-v1."):] + "==").decode()
+    assert "Action=GetCallerIdentity" in url and "X-Amz-Expires=60" in url
+    assert "x-k8s-aws-id" in url.split("X-Amz-SignedHeaders=")[1].split("&")[0]
+    # the header handler is removed after signing: the same client presigns plain URLs afterwards
+    plain = sts.generate_presigned_url("get_caller_identity", Params={}, ExpiresIn=60)
+    assert "x-k8s-aws-id" not in plain

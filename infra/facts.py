@@ -22,6 +22,7 @@ from infra.config.names import JOBS_NAMESPACE, PACK_SERVICE_ACCOUNT
 from infra.config.stackcheck import (
     JobBucketAccess,
     check_stack,
+    fsx_team_claims,
     job_bucket_names,
     job_object_store_buckets,
     unpinned_addons_with_minimum,
@@ -180,7 +181,7 @@ def _job_facts(cfg: StackConfig, ctx: StackContext, pool_plans: Sequence[PoolPla
                         object_store_buckets=job_object_store_buckets(cfg, ctx.stack),
                         volume_claims=storage_facts.volume_claims, image_repository=image_repository,
                         buckets=bucket_names, **kueue_facts(cfg.kueue),
-                        teams=team_facts(cfg.kueue) if cfg.kueue.enabled else None,
+                        teams=team_facts(cfg.kueue, fsx_team_claims(cfg)) if cfg.kueue.enabled else None,
                         pack_service_account=PACK_SERVICE_ACCOUNT if pack_keys else None,
                         pack_buckets=tuple(sorted(bucket_names[key] for key in pack_keys)),
                         file_systems=storage_facts.file_systems,

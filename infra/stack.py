@@ -23,6 +23,7 @@ from infra.cluster import (
 from infra.config import StackConfig
 from infra.config.deploy import public_access_cidrs
 from infra.config.names import JOBS_NAMESPACE, stack_prefix
+from infra.config.stackcheck import fsx_team_associations
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.controllers import JobControllers, JobControllersArgs
 from infra.facts import StackFacts, stack_facts
@@ -76,7 +77,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> Outputs:
         config=cfg.storage, cluster=cluster, network=network, namespace=JOBS_NAMESPACE,
         namespace_resource=namespace.namespace,
         node_pools=node_groups,
-        cos_access_key_id=cfg.cos_hmac_access_key_id, cos_secret_access_key=cfg.cos_hmac_secret_access_key))
+        cos_access_key_id=cfg.cos_hmac_access_key_id, cos_secret_access_key=cfg.cos_hmac_secret_access_key,
+        fsx_team_associations=tuple(dra for _, dra in fsx_team_associations(cfg))))
     outputs["storage"] = storage.outputs(cluster, network)
 
     monitors = _monitoring(cfg, ctx, facts, cluster, (*node_groups, *storage.driver_resources), outputs)
@@ -222,6 +224,9 @@ def _teams(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluster: Clus
     if not (cfg.kueue.enabled and cfg.kueue.tenant_teams):
         return {}
     monitoring = cfg.monitoring
+    namespaces = {team.name: team.namespace for team in cfg.kueue.tenant_teams}
+    fsx_volumes = {team: storage.fsx_team_volume(str(namespaces[team]), dra.file_system_path)
+                   for team, dra in fsx_team_associations(cfg)} if storage.fsx is not None else {}
     teams = Teams(f"{ctx.prefix}-teams", TeamsArgs(
         ctx=ctx, cluster=cluster,
         manifests=team_manifests(cfg.kueue, facts.pool_plans, ctx.stack, cfg.label_prefix,
@@ -232,8 +237,14 @@ def _teams(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluster: Clus
                   if cfg.platform == "eks" and team.data},
         access_entries=team_access_entries(cfg.kueue, cfg.label_prefix) if cfg.platform == "eks" else (),
         volumes={team.name: (team, team.volume) for team in cfg.kueue.tenant_teams if team.volume is not None},
-        file_system_id=storage.file_system_id, storage_needs=storage.driver_resources))
+        file_system_id=storage.file_system_id, storage_needs=storage.driver_resources,
+        fsx_volumes=fsx_volumes))
     team_namespaces = {team.name: team.namespace for team in cfg.kueue.tenant_teams if team.namespace is not None}
+    fsx_output = outputs["storage"].get("fsxLustre")  # type: ignore[union-attr]
+    if fsx_volumes and isinstance(fsx_output, dict):  # verify_stack checks the teams' claims too
+        fsx_output["claims"] = [*fsx_output["claims"], *({"namespace": pvc["metadata"]["namespace"],
+                                                          "name": pvc["metadata"]["name"]}
+                                                         for _, pvc, _ in fsx_volumes.values())]
     outputs["teams"] = {"namespaces": team_namespaces, "roleArns": teams.role_arns}
     return {team: [namespace_resource, *teams.accounts.get(team, [])]
             for team, namespace_resource in teams.namespaces.items()}

@@ -199,10 +199,13 @@ def team_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], stack: str, labe
     return result
 
 
-def team_facts(cfg: KueueConfig) -> dict[str, TeamFacts]:
-    """What a Job renderer needs of the tenant teams (ClusterFacts.teams): namespace and claims."""
+def team_facts(cfg: KueueConfig, more_claims: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, TeamFacts]:
+    """What a Job renderer needs of the tenant teams (ClusterFacts.teams): namespace and claims (its EFS directory's,
+    and `more_claims` of the team, e.g. its FSx for Lustre directory's)."""
+    more = more_claims or {}
     return {team.name: TeamFacts(namespace=team.namespace,
-                                 volume_claims=(team.volume.claim,) if team.volume is not None else ())
+                                 volume_claims=((team.volume.claim,) if team.volume is not None else ())
+                                 + more.get(team.name, ()))
             for team in cfg.tenant_teams if team.namespace is not None}
 
 
@@ -252,6 +255,9 @@ class TeamsArgs:
     file_system_id: pulumi.Input[str] | None = None  # the stack's EFS (infra.storage)
     # What a team volume needs first (the EFS CSI add-on, mount targets), and what `destroy` keeps until it is gone.
     storage_needs: Sequence[pulumi.Resource] = ()
+    # team -> its FSx for Lustre directory's PV and claim (infra.storage.Storage.fsx_team_volume) and what they need
+    # first (the association that makes the directory)
+    fsx_volumes: Mapping[str, tuple[Manifest, Manifest, Sequence[pulumi.Resource]]] = field(default_factory=dict)
 
 
 class Teams(pulumi.ComponentResource):
@@ -317,6 +323,10 @@ class Teams(pulumi.ComponentResource):
             if team in args.volumes and args.file_system_id is not None:
                 self.accounts[team].append(self._volume(ctx, cluster, *args.volumes[team], args.file_system_id,
                                                         [ns, *args.storage_needs]))
+            if team in args.fsx_volumes:
+                pv, pvc, needs = args.fsx_volumes[team]
+                self.accounts[team].append(self._static_volume(ctx, cluster, f"{team}-fsx", pv, pvc,
+                                                               [ns, *args.storage_needs, *needs]))
         if cluster.is_eks:
             for entry in args.access_entries:
                 self._access_entry(ctx, cluster, entry)
@@ -346,6 +356,17 @@ class Teams(pulumi.ComponentResource):
             ctx.name("team", f"{team.name}-pvc"), metadata=pvc["metadata"], spec=pvc["spec"],
             opts=in_cluster.merge(pulumi.ResourceOptions(depends_on=[*needs, volume_resource],
                                                          protect=ctx.protected)))
+
+    def _static_volume(self, ctx: StackContext, cluster: ClusterInfo, key: str, pv: Manifest, pvc: Manifest,
+                       needs: list[pulumi.Resource]) -> pulumi.Resource:
+        """A pre-bound PV and its claim in the team's namespace (protected in protected stacks); returns the claim."""
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
+        volume = k8s.core.v1.PersistentVolume(
+            ctx.name("team", f"{key}-pv"), metadata=pv["metadata"], spec=pv["spec"],
+            opts=in_cluster.merge(pulumi.ResourceOptions(depends_on=needs, protect=ctx.protected)))
+        return k8s.core.v1.PersistentVolumeClaim(
+            ctx.name("team", f"{key}-pvc"), metadata=pvc["metadata"], spec=pvc["spec"],
+            opts=in_cluster.merge(pulumi.ResourceOptions(depends_on=[*needs, volume], protect=ctx.protected)))
 
     def _access_entry(self, ctx: StackContext, cluster: ClusterInfo, entry: TeamAccessEntry) -> None:
         """An EKS access entry for a team member, with each access policy scoped to its teams' namespaces."""

@@ -25,6 +25,8 @@ PERSISTENT_2_THROUGHPUTS = (125, 250, 500, 1000)
 # PERSISTENT_2 (SSD): 1200 GiB, then 2400 GiB and increments of 2400 GiB.
 CAPACITY_SMALLEST_GIB = 1200
 CAPACITY_INCREMENT_GIB = 2400
+# Where the tenant teams' directories live on the file system (storage.fsxLustre.teamDirectories): /teams/<team>.
+TEAM_FSX_ROOT = "/teams"
 FsxEvent = Literal["NEW", "CHANGED", "DELETED"]
 ALL_EVENTS: list[FsxEvent] = ["NEW", "CHANGED", "DELETED"]
 
@@ -142,6 +144,12 @@ class FsxLustreConfig(StrictModel):
                      "traffic between it and the nodes allowed, and the EFA pools in nodePools configure their Lustre "
                      "client for EFA at boot. Set at creation only; its throughput tier cannot change after"),
     )
+    team_directories: bool = Field(
+        default=False,
+        description=("each tenant team (kueue.teams with a namespace) gets its own directory /teams/<team>, linked by "
+                     "a data repository association (import and export) to its first checkpoints prefix, which "
+                     "creates it, and mounted alone by a static PV bound to the claim claimName in its namespace"),
+    )
     data_repository_associations: list[FsxDataRepositoryAssociationConfig] = Field(
         default=[],
         description="links of file system directories to the stack's buckets (import and/or export)",
@@ -179,6 +187,12 @@ class FsxLustreConfig(StrictModel):
                     raise ValueError(f"fsxLustre.dataRepositoryAssociations[{index}].fileSystemPath: {path} overlaps "
                                      f"{other} (each association has a directory of its own)")
         return self
+
+    def team_association(self, team: str, bucket: str, prefix: str) -> FsxDataRepositoryAssociationConfig:
+        """The association that makes a team's directory: /teams/<team> <-> its checkpoints prefix, both ways."""
+        return FsxDataRepositoryAssociationConfig(bucket=bucket, prefix=prefix,
+                                                  file_system_path=f"{TEAM_FSX_ROOT}/{team}",
+                                                  auto_import=list(ALL_EVENTS), auto_export=list(ALL_EVENTS))
 
     @property
     def throughput_mbps(self) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.config.addons import stack_addons
+from infra.config.fsx import TEAM_FSX_ROOT, FsxDataRepositoryAssociationConfig
 from infra.config.names import (
     CONFIG,
     JOBS_NAMESPACE,
@@ -256,9 +257,47 @@ def fsx_zone_problems(cfg: StackConfig, private_zones: Sequence[str] | None) -> 
             problems.append((f"{where}.nodePools[{index}]",
                              f"node pool {name} starts nodes in {', '.join(elsewhere)}, the file system is in "
                              f"{fsx.availability_zone}: set the pool's availabilityZones: [{fsx.availability_zone}]"))
+    problems += _fsx_team_problems(cfg, where)
     if fsx.efa and not any(pools[name].efa for name in fsx.node_pools if name in pools):
         problems.append((f"{where}.efa", f"true, but none of nodePools ({', '.join(fsx.node_pools)}) is an EFA pool "
                                          "(efa: true): no client would reach the file system over EFA"))
+    return problems
+
+
+def fsx_team_associations(cfg: StackConfig) -> list[tuple[str, FsxDataRepositoryAssociationConfig]]:
+    """(team, the association that makes its /teams/<team> directory) per tenant team, with teamDirectories; a team
+    without a checkpoints prefix gets none (fsx_zone_problems reports it)."""
+    fsx = cfg.storage.fsx_lustre
+    if fsx is None or not fsx.team_directories or not cfg.kueue.enabled:
+        return []
+    return [(team.name, fsx.team_association(team.name, team.checkpoints[0].bucket, team.checkpoints[0].prefix))
+            for team in cfg.kueue.tenant_teams if team.checkpoints]
+
+
+def fsx_team_claims(cfg: StackConfig) -> dict[str, tuple[str, ...]]:
+    """Team -> the FSx claim in its namespace (its /teams/<team> directory), for the Jobs' team facts."""
+    fsx = cfg.storage.fsx_lustre
+    if fsx is None or cfg.platform != "eks":
+        return {}
+    return {team: (fsx.claim_name,) for team, _ in fsx_team_associations(cfg)}
+
+
+def _fsx_team_problems(cfg: StackConfig, where: str) -> list[tuple[str, str]]:
+    fsx = cfg.storage.fsx_lustre
+    if fsx is None or not fsx.team_directories:
+        return []
+    teams = cfg.kueue.tenant_teams if cfg.kueue.enabled else []
+    if not teams:
+        return [(f"{where}.teamDirectories", "true, but no kueue team has a namespace (no tenant team to give a "
+                                             "directory)")]
+    problems = [(f"{where}.teamDirectories", f"team {team.name} has no checkpoints prefix: its directory "
+                 f"{TEAM_FSX_ROOT}/{team.name} is linked to its first one (kueue.teams[].checkpoints)")
+                for team in teams if not team.checkpoints]
+    for index, dra in enumerate(fsx.data_repository_associations):
+        path = dra.file_system_path
+        if path == TEAM_FSX_ROOT or path.startswith(TEAM_FSX_ROOT + "/"):
+            problems.append((f"{where}.dataRepositoryAssociations[{index}].fileSystemPath",
+                             f"{path} is under {TEAM_FSX_ROOT}, where teamDirectories puts the teams' directories"))
     return problems
 
 

@@ -15,6 +15,7 @@ import pulumi
 from pydantic import SecretStr
 
 from infra.config.addons import EBS_CSI_DRIVER, EFS_CSI_DRIVER, FSX_CSI_DRIVER, MOUNTPOINT_S3_CSI_DRIVER
+from infra.config.fsx import FsxDataRepositoryAssociationConfig
 from infra.config.storage import BucketConfig, StorageConfig
 from infra.context import ClusterInfo, NetworkInfo, StackContext
 from infra.storage import classes
@@ -99,6 +100,7 @@ class StorageArgs:
     node_pools: Sequence[pulumi.Resource] = ()  # EKS add-ons only become ACTIVE once nodes can run their pods
     cos_access_key_id: SecretStr | None = None
     cos_secret_access_key: SecretStr | None = None
+    fsx_team_associations: tuple[FsxDataRepositoryAssociationConfig, ...] = ()  # the teams' FSx directories
 
 
 class Storage(pulumi.ComponentResource):
@@ -112,6 +114,7 @@ class Storage(pulumi.ComponentResource):
         self.file_system_arn: pulumi.Output[str] | None = None
         self.efs_security_group_id: pulumi.Output[str] | None = None
         self.fsx: LustreFileSystem | None = None
+        self.config = config
         self.fsx_claims: list[dict[str, str]] = []  # the FSx claims verify_stack checks (namespace, name); teams add
         self.cos_secret_name: str | None = None
         self.object_store_endpoint: str | None = config.cos.endpoint if config.cos else None
@@ -135,6 +138,7 @@ class Storage(pulumi.ComponentResource):
         drivers = self._drivers(ctx, args, efs is not None, mounted_s3, child)
         efs_driver, ebs_driver, s3_driver = drivers["efs"], drivers["ebs"], drivers["s3"]
         cos_driver, nfs_driver, fsx_driver = drivers["cos"], drivers["nfs"], drivers["fsx"]
+        self.fsx_driver: list[pulumi.Resource] = fsx_driver
 
         # --- classes ---
         class_resources: dict[str, list[pulumi.Resource]] = {}
@@ -213,6 +217,20 @@ class Storage(pulumi.ComponentResource):
         self.kubernetes_objects: list[pulumi.Resource] = created.resources
         self.register_outputs({"bucketNames": self.bucket_names, "storageClasses": self.storage_class_names})
 
+    def fsx_team_volume(self, namespace: str, path: str) -> tuple[classes.Manifest, classes.Manifest,
+                                                                  list[pulumi.Resource]]:
+        """A team's FSx for Lustre directory (`path`, e.g. /teams/a) as a static PV that mounts only it
+        (<dnsname>@tcp:/<mountname><path>: the FSx CSI driver mounts `mountname` as given, and Lustre mounts a
+        subdirectory so) and the claim `claimName` in the team's namespace; with what they need first: the add-on
+        and the association that makes the directory. Each PV has a volumeHandle of its own."""
+        assert self.fsx is not None and self.config.fsx_lustre is not None
+        fsx, config = self.fsx, self.config.fsx_lustre
+        pv, pvc = classes.fsx_volume(
+            config.claim_name, namespace, pulumi.Output.concat(fsx.file_system_id, ":", path), fsx.dns_name,
+            pulumi.Output.concat(fsx.mount_name, path), config.storage_capacity, config.availability_zone,
+            config.mount_options)
+        return pv, pvc, [*self.fsx_driver, fsx.associations[path]]
+
     def _cloud_resources(self, ctx: StackContext, args: StorageArgs,
                          child: pulumi.ResourceOptions) -> SharedFileSystem | None:
         """EFS (with its security group and mount targets), the S3 buckets and the COS buckets."""
@@ -234,7 +252,8 @@ class Storage(pulumi.ComponentResource):
             if args.network is None or cluster.node_security_group_id is None:
                 raise ValueError("storage.fsxLustre needs an EKS network and node security group")
             self.fsx = LustreFileSystem(ctx, LustreFileSystemArgs(
-                config.fsx_lustre, args.network, cluster.node_security_group_id, dict(self.bucket_names)), child)
+                config.fsx_lustre, args.network, cluster.node_security_group_id, dict(self.bucket_names),
+                args.fsx_team_associations), child)
         if config.cos is not None:
             if args.cos_access_key_id is None or args.cos_secret_access_key is None:
                 raise ValueError("storage.cos needs the COS HMAC secrets")

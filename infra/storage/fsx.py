@@ -98,6 +98,8 @@ class LustreFileSystemArgs:
     network: NetworkInfo
     node_security_group_id: pulumi.Input[str]
     bucket_names: Mapping[str, pulumi.Input[str]]  # logical bucket key -> physical name (the stack's S3 buckets)
+    # The tenant teams' directories (storage.fsxLustre.teamDirectories): /teams/<team> <-> its checkpoints prefix.
+    team_associations: tuple[FsxDataRepositoryAssociationConfig, ...] = ()
 
 
 class LustreFileSystem(pulumi.ComponentResource):
@@ -139,7 +141,7 @@ class LustreFileSystem(pulumi.ComponentResource):
         )
         self.associations = {
             dra.file_system_path: self._association(ctx, file_system, dra, args.bucket_names[dra.bucket])
-            for dra in config.data_repository_associations
+            for dra in (*config.data_repository_associations, *args.team_associations)
         }
         self.file_system_id: pulumi.Output[str] = file_system.id
         self.file_system_arn: pulumi.Output[str] = file_system.arn

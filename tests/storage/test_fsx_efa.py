@@ -68,7 +68,7 @@ def test_prod_with_an_efa_file_system_plans(plan_config) -> None:  # type: ignor
     assert fs["inputs"]["efaEnabled"] is True
     [group] = fs["inputs"]["securityGroupIds"]
     nodes = plan["outputs"]["storage"]["efs"]["nodeSecurityGroupId"]
-    every = {(r["inputs"]["securityGroupId"], r["inputs"]["referencedSecurityGroupId"], token)
+    every = {(r["inputs"]["securityGroupId"], r["inputs"].get("referencedSecurityGroupId"), token)
              for token in (INGRESS, EGRESS) for r in resources_of(plan, token) if r["inputs"]["ipProtocol"] == "-1"}
     for pair in ((group, nodes), (group, group), (nodes, group)):
         assert {(*pair, INGRESS), (*pair, EGRESS)} <= every

@@ -244,8 +244,8 @@ def _conflicts(chart: StackChart, namespace: str, version: str, releases: Iterab
             checks.append(Check(FAIL, f"helm {chart.chart}", f"{where} already runs {release.chart} "
                                 f"{release.version} ({release.status}); the stack would install {what} "
                                 f"({chart.chart} {version} in {namespace}) and the two would fight",
-                                f"{keep} (the stack then relies on {release.chart} {release.version}), or helm "
-                                f"uninstall {release.name} -n {release.namespace}"))
+                                f"{keep} (the stack then installs no {chart.chart}; what it builds on one is off "
+                                f"with it), or helm uninstall {release.name} -n {release.namespace}"))
         elif same_place and release.chart:
             checks.append(Check(FAIL, f"helm {chart.chart}", f"{where} is taken by chart {release.chart} "
                                 f"{release.version}: Helm refuses to install {chart.chart} under that name",

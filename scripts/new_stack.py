@@ -47,6 +47,11 @@ def _csv(text: str | None, flag: str) -> list[str]:
     return items
 
 
+# `make new-stack` passes extra flags through one variable (docs/operations.md)
+_THROUGH_MAKE = (" (through make: NEW_STACK_ARGS='--account 123456789012 --region us-west-2 --zones "
+                 "us-west-2a,us-west-2b,us-west-2c')")
+
+
 def _from_aws(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     """(account, region, zones): the flags, else the current credentials' answers."""
     account, region, zones = args.account, args.region, _csv(args.zones, "--zones")
@@ -61,7 +66,7 @@ def _from_aws(args: argparse.Namespace) -> tuple[str, str, list[str]]:
     session: Any = boto3.session.Session(region_name=region)
     if not region:
         raise ConfigError([("arguments", "--region not given and no AWS region configured (AWS_REGION, "
-                                         "aws configure)")])
+                                         f"aws configure){_THROUGH_MAKE}")])
     try:
         if not account:
             account = session.client("sts").get_caller_identity()["Account"]
@@ -71,7 +76,7 @@ def _from_aws(args: argparse.Namespace) -> tuple[str, str, list[str]]:
             zones = sorted(zone["ZoneName"] for zone in answer["AvailabilityZones"])
     except (BotoCoreError, ClientError) as exc:
         raise ConfigError([("aws", f"{str(exc).splitlines()[0]}: log in (aws sso login / aws configure) or "
-                                   "pass --account, --region and --zones")]) from None
+                                   f"pass --account, --region and --zones{_THROUGH_MAKE}")]) from None
     return str(account), str(region), zones
 
 
@@ -110,7 +115,7 @@ def _live_cluster(name: str, region: str | None) -> tuple[Any, frozenset[str], s
     region = region or configured_region()
     if not region:
         raise ConfigError([("arguments", "--region not given and no AWS region configured (AWS_REGION, "
-                                         "aws configure)")])
+                                         f"aws configure){_THROUGH_MAKE}")])
     session: Any = boto3.session.Session(region_name=region)
     try:
         cluster = session.client("eks").describe_cluster(name=name).get("cluster")

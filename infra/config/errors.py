@@ -35,9 +35,9 @@ class ConfigError(ValueError):
 def config_path(path: str) -> str:
     """A problem's path in the one style used everywhere: the stack-file key, then the field path with list
     indices in brackets: `jobs.0.memory` -> `ml-cluster:jobs[0].memory`, `region` -> `aws:region`. Paths that
-    are not config fields (a file, `stack`, `config`, `arguments`, a `--flag`) are left as they are."""
+    are not config fields (a file, `stack`, `config`, `arguments`, `aws`, a `--flag`) are left as they are."""
     first = re.split(r"[.\[]", path, maxsplit=1)[0]
-    if first in ("", "config", "stack", "arguments") or "/" in first or path.startswith(("{", "[", '"', "-")):
+    if first in ("", "config", "stack", "arguments", "aws") or "/" in first or path.startswith(("{", "[", '"', "-")):
         return path
     match = re.match(r"^((?:[A-Za-z0-9_-]+:)?[A-Za-z0-9_-]+)(.*)$", path, re.DOTALL)
     if match is None:

@@ -93,3 +93,19 @@ def test_an_unwritable_target_is_one_error_line(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: ") and err.count("\n") == 1, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["Pulumi.team.yaml" if target != "file" else "stacks"]
+
+
+def test_without_credentials_the_error_names_the_make_variable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through `make new-stack` the flags go in NEW_STACK_ARGS: the error that asks for them says so."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert new_stack(["--stack", "team", "--admin-role-arn", ADMIN, "--stacks-dir", str(tmp_path),
+                      "--region", "eu-west-1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: aws: ") and "pass --account, --region and --zones" in line, line
+    assert "NEW_STACK_ARGS='--account " in line, line
+    assert not (tmp_path / "Pulumi.team.yaml").exists()

@@ -208,3 +208,13 @@ def test_torchrun_two_ranks_on_cpu(tiny_data: dict[str, Path], tmp_path: Path) -
     (epoch,) = _events(lines, "epoch")  # rank 0 reports; the count covers both ranks
     assert epoch["samples"] == 2 * 21 and epoch["batches"] == 3
     assert load_checkpoint(tmp_path)["world_size"] == 2
+
+
+def test_the_cpu_preset_sizes_the_run_for_a_laptop_and_flags_still_win() -> None:
+    """`--preset cpu`: ResNet-18 with a narrow stem at 64 px in small batches (the GPU-sized defaults take minutes
+    per epoch of a few hundred images on a laptop); a flag given beside it overrides the preset's value."""
+    config = parse_args(["--data", "d", "--preset", "cpu"])
+    assert (config.model, config.width, config.crop_size, config.batch_size) == ("resnet18", 16, 64, 32)
+    config = parse_args(["--data", "d", "--batch-size", "8", "--preset", "cpu"])
+    assert (config.model, config.batch_size) == ("resnet18", 8)
+    assert parse_args(["--data", "d"]).model == "resnet50"  # no preset: the defaults as they were

@@ -22,7 +22,7 @@ from workloads.data.moving.cache import CacheStagerError, CacheTooSmall
 from workloads.data.reading.dataset import DatasetError, DataUnavailableError
 from workloads.safeio import StateFileError
 from workloads.train.checkpoint import CheckpointError, CheckpointStoreError
-from workloads.train.config import ConfigError, TrainConfig, build_parser, config_from_args
+from workloads.train.config import ConfigError, TrainConfig, build_parser, config_from_args, parse_with_preset
 from workloads.train.exitcodes import (  # noqa: F401 - the codes' names, re-exported for the launcher and tests
     DISRUPTION_EXIT_CODE,
     RUNTIME_EXIT_CODE,
@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         epilog=EPILOG,
         formatter_class=HelpWithDefaults,  # the description as written, and every option's default
     )
-    return config_from_args(build_parser(parser).parse_args(argv))
+    return config_from_args(parse_with_preset(build_parser(parser), argv))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,3 +65,17 @@ def test_the_whole_section_runs_as_written(tmp_path: Path) -> None:
     assert '"event": "done"' in result.stdout
     assert (tmp_path / "laptop/staged/manifest.json").is_file()
     assert not (tmp_path / ".local-s3/pid").exists()  # stopped by the section's last line
+
+
+def test_commands_a_reader_types_name_the_venv_python() -> None:
+    """The system `python` lacks h5py and torch (a ModuleNotFoundError traceback): README.md and docs/data-tools.md
+    say `.venv/bin/python`, except for the lines that run inside a pod (the training image's python)."""
+    bare = re.compile(r"(^|[` ])python (-m |examples/|scripts/)")
+    in_a_pod = ("--shard-count 16 --scratch /scratch", "--publish", "workloads.train.launch [torchrun",
+                "pack s3://raw/imagenet/train s3://ml-datasets/imagenet-256\n")
+    found = []
+    for path in (REPO / "README.md", DOC):
+        for number, line in enumerate(path.read_text().splitlines(keepends=True), 1):
+            if bare.search(line) and not any(mark in line for mark in in_a_pod):
+                found.append(f"{path.name}:{number}: {line.strip()}")
+    assert found == []

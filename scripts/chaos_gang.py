@@ -43,6 +43,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)} (arguments for a script need --script)")
     if args.script is not None and not Path(args.script).is_file():
         parser.error(f"--script: {args.script}: not a file")
+    for flag, value, least in (("--trials", args.trials, 1), ("--checkpoint-every", args.checkpoint_every, 1),
+                               ("--rank-restarts", args.rank_restarts, 0)):
+        if value is not None and value < least:
+            parser.error(f"{flag}: {value}: must be {least} or more")
+    if args.workdir is not None:
+        if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
+            parser.error(f"--workdir: {args.workdir}: exists and is not a directory")
+        try:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"--workdir: {args.workdir}: cannot make it a directory ({exc.strerror or exc})")
     script = None if args.script is None else [args.script, *rest]
 
     def progress(number: int, outcome: Outcome) -> None:

@@ -178,6 +178,19 @@ def test_pipe_transport_and_tensors(packed_records: tuple[Path, list[dict[str, A
                                                               [int(v) for v in records[2]["doc"]]]
 
 
+
+@pytest.mark.parametrize("length", [-1, -30, 2.5, True, "4"])
+def test_pad_sequences_refuses_a_bad_length(length: Any) -> None:
+    with pytest.raises(ValueError, match=r"^pad_sequences: length must be a whole number of 0 or more, got "):
+        pad_sequences([[1, 2, 3], [4]], length=length)
+
+
+def test_pad_sequences_length_zero_and_cut() -> None:
+    padded, lengths = pad_sequences([[1, 2, 3], [4]], length=0)
+    assert tuple(padded.shape) == (2, 0) and lengths.tolist() == [0, 0]
+    padded, lengths = pad_sequences([[1, 2, 3], [4]], pad_value=9, length=2)
+    assert padded.tolist() == [[1, 2], [4, 9]] and lengths.tolist() == [2, 1]
+
 def test_image_folder_readers_and_trainer_refuse_records(packed_records: tuple[Path, list[dict[str, Any]]]) -> None:
     root, _ = packed_records
     with pytest.raises(DatasetError, match=r"a records dataset \(fields image, caption, raw, label, emb, seq, doc\)"):

@@ -23,6 +23,7 @@ from benchmarks.chaos_gang import (
     rendered_gang_job,
     run_gang,
 )
+from scripts.chaos_gang import main
 from workloads.train.checkpoint import load_checkpoint
 
 # The harness's one-incident form stays in `make test` (not marked slow): the restart rules are its subject.
@@ -75,3 +76,24 @@ def test_a_user_script_under_the_rendered_launcher_stops_on_sigterm_and_loses_no
     assert outcome.ok, (outcome.problems, outcome.actions)
     assert sorted(outcome.actions) == ["node0:43:Ignore", "node1:43:Ignore"]  # both stopped, nothing counted
     assert outcome.steps_lost == 0
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--rank-restarts", "-1"], "--rank-restarts: -1: must be 0 or more"),
+    (["--trials", "0"], "--trials: 0: must be 1 or more"),
+    (["--checkpoint-every", "-3"], "--checkpoint-every: -3: must be 1 or more"),
+])
+def test_chaos_cli_refuses_negative_counts(argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and capsys.readouterr().err.strip().endswith(f"error: {line}")
+
+
+def test_chaos_cli_refuses_a_workdir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    for workdir, why in ((afile, "exists and is not a directory"), (afile / "below", "cannot make it a directory")):
+        with pytest.raises(SystemExit) as exited:
+            main(["--trials", "1", "--workdir", str(workdir)])
+        assert exited.value.code == 2 and f"error: --workdir: {workdir}: {why}" in capsys.readouterr().err
+    assert afile.read_text() == "keep me\n"

@@ -73,7 +73,9 @@ def records_to_tensors(batch: Any) -> Any:
 def pad_sequences(sequences: Sequence[Any], pad_value: int = 0, length: int | None = None) -> tuple[torch.Tensor,
                                                                                                      torch.Tensor]:
     """Variable-length token lists -> (int64 (N, L) padded with pad_value, int64 (N,) lengths); L is the longest
-    (or `length`, which cuts longer ones)."""
+    (or `length`, which cuts longer ones). A `length` that is not a whole number of 0 or more is a ValueError."""
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int | np.integer) or length < 0):
+        raise ValueError(f"pad_sequences: length must be a whole number of 0 or more, got {length!r}")
     lengths = torch.tensor([len(seq) for seq in sequences], dtype=torch.int64)
     width = int(lengths.max()) if length is None and len(sequences) else (length or 0)
     padded = torch.full((len(sequences), width), pad_value, dtype=torch.int64)

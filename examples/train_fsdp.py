@@ -102,8 +102,12 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2, help="decoder blocks (default 2)")
     parser.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     parser.add_argument("--epochs", type=int, default=1, help="(default 1)")
-    parser.add_argument("--global-batch-size", type=int, default=24,
-                        help="sequences per step over all ranks; each rank takes its share (default 24)")
+    parser.add_argument("--global-batch-size", type=int, default=None,
+                        help="sequences per step over all ranks; each rank takes its share (default 24, unless "
+                             "--batch-size is given)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="sequences per step per rank instead (the global batch then grows with the world size)")
+    parser.add_argument("--seed", type=int, default=0, help="initial weights (the same on every rank; default 0)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (default 0)")
     parser.add_argument("--lr", type=float, default=3e-3, help="(default 3e-3)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR") or "checkpoints",
@@ -116,6 +120,10 @@ def _arguments() -> argparse.Namespace:
     args = parser.parse_args()
     if not args.data:
         parser.error("--data: required (or set DATA_DIR)")
+    if args.global_batch_size is not None and args.batch_size is not None:
+        parser.error("--batch-size: give it or --global-batch-size, not both")
+    if args.global_batch_size is None and args.batch_size is None:
+        args.global_batch_size = 24
     return args
 
 
@@ -124,12 +132,14 @@ def main() -> int:
     placement = Placement.from_env()
     if placement.world_size > 1:
         dist.init_process_group("gloo" if not torch.cuda.is_available() else "cpu:gloo,cuda:nccl")
+    if args.global_batch_size is None:
+        args.global_batch_size = args.batch_size * placement.world_size
     if args.global_batch_size % placement.world_size:
         print(f"error: --global-batch-size: {args.global_batch_size} is not divisible by the world size "
               f"{placement.world_size}", file=sys.stderr)
         return 2
     device = torch.device(f"cuda:{placement.local_rank}" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(0)  # the same initial weights on every rank
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = Decoder(args.vocab_size, args.dim, args.layers, args.heads).to(device)
     if placement.world_size > 1:
         for block in model.blocks:

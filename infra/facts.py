@@ -32,7 +32,7 @@ from infra.controllers import check_job_kinds, trainer_runtimes
 from infra.existing_cluster import ClusterAnswerError, FoundCluster, existing_cluster_problems
 from infra.jobs import check_jobs
 from infra.network import lookup_existing_subnets
-from infra.nodes.blockend import block_end_problems
+from infra.nodes.blockend import block_end_problems, spot_notice_problems
 from infra.nodes.burnin import gpu_health_selector
 from infra.nodes.poolplan import PoolPlan, plan_sound_pools, pool_facts
 from infra.packing import pack_bucket_keys
@@ -116,7 +116,10 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
                   stack_job_queues(rendered_jobs, cfg.label_prefix))
         found.problems += topology_problems(cfg.kueue, pool_plans)  # a topology flavor that could never admit a gang
     # Jobs that may run on a Capacity Block write their last checkpoint between EKS's drain and EC2's shutdown.
+    # and those that may run on Spot, within the two-minute interruption notice (when every Job rendered).
     found.problems += block_end_problems(pool_plans, rendered_jobs)
+    if len(rendered_jobs) == len(cfg.jobs):
+        found.problems += spot_notice_problems(pool_plans, cfg.jobs, rendered_jobs)
     if pool_problems or found.problems:
         raise ConfigError([*pool_problems, *found.problems])
     assert job_access is not None

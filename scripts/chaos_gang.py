@@ -4,7 +4,8 @@ chaos trials on a 2-node training gang on 127.0.0.1 (benchmarks/chaos_gang.py): 
 a random step (--elastic: or DROP one for good, the gang continuing on 1 node and sometimes growing back); prints
 each trial, then the distribution of time-to-resume and steps lost as JSON and a table. Exit 1 when a trial fails
 its checks. --script: your own training script (e.g. examples/train_plain.py) instead of the bundled trainer,
-rendered through the same Job spec (`command: [python, SCRIPT]`); arguments the harness does not know go to it.
+rendered through the same Job spec (`command: [python, SCRIPT]`); arguments the harness does not know go to it
+(--tokens: token sequences for a language model, e.g. examples/train_fsdp.py --vocab-size 64).
 --goodput: measured vs predicted goodput of the trials (benchmarks/chaos_goodput.py)."""
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
                              "trainer")
     parser.add_argument("--goodput", action="store_true",
                         help="also print measured vs predicted goodput per kill kind (benchmarks/chaos_goodput.py)")
+    parser.add_argument("--tokens", action="store_true",
+                        help="with --script: the samples as token sequences (a `tokens` field of 17 ids below 64) for "
+                             "a language-model script, e.g. --script examples/train_fsdp.py --tokens --vocab-size 64")
     args, rest = parser.parse_known_args(argv)
     if rest and args.script is None:
         parser.error(f"unrecognized arguments: {' '.join(rest)} (arguments for a script need --script)")
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="chaos-gang-") as temp:
         root = Path(args.workdir) if args.workdir else Path(temp)
         summary = run_trials(root, args.trials, args.seed, args.checkpoint_every, progress, args.rank_restarts,
-                             elastic=args.elastic, script=script)
+                             elastic=args.elastic, script=script, tokens=args.tokens)
     print(json.dumps(summary, indent=2))
     print(f"{'kill':8} {'trials':>6} {'resume median':>14} {'p95':>7} {'max':>7} {'lost median':>12} {'p95':>5} "
           f"{'max':>5} {'counted':>8}")

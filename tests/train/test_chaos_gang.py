@@ -24,7 +24,7 @@ from benchmarks.chaos_gang import (
     run_gang,
 )
 from scripts.chaos_gang import main
-from workloads.train.checkpoint import load_checkpoint
+from workloads.train.checkpointer import latest_checkpoint
 
 # The harness's one-incident form stays in `make test` (not marked slow): the restart rules are its subject.
 pytestmark = [
@@ -36,12 +36,12 @@ pytestmark = [
 def test_a_lost_node_restarts_the_whole_gang_which_trains_every_sample_once(tmp_path: Path) -> None:
     data = make_dataset(tmp_path / "data")
     outcome = run_gang(tmp_path / "run", data, rendered_gang_job(rank_restarts=0), checkpoint_every=3,
-                       kill=("SIGKILL", 5, 1), timeout_s=120, step_delay_s=0.1)
+                       kill=("SIGKILL", 5, 1), timeout_s=240, step_delay_s=0.1)
     check(outcome, tmp_path / "run", None, checkpoint_every=3)  # every sample once per epoch, steps lost, budget
     assert outcome.ok, (outcome.problems, outcome.actions)
     assert outcome.actions[0] == "node1:-9:Ignore"  # the lost node's pod: DisruptionTarget, not counted
     assert all(action.endswith(":Ignore") for action in outcome.actions)  # the survivor exits 43: not counted
-    assert outcome.steps_lost is not None and outcome.steps_lost <= 3
+    assert outcome.steps_lost is not None and outcome.steps_lost <= 5  # the save of step 3 may be in flight
     assert outcome.counted_failures == 0
 
 
@@ -57,9 +57,9 @@ def test_an_elastic_gang_continues_on_fewer_nodes_and_trains_every_sample_once(t
     assert outcome.ok, (outcome.problems, outcome.actions)
     assert outcome.world_after == 1  # continued without the lost node
     assert outcome.actions == ["node0:43:Ignore"]  # the survivor left the broken gang; the lost node never came back
-    assert outcome.steps_lost is not None and outcome.steps_lost <= 3
+    assert outcome.steps_lost is not None and outcome.steps_lost <= 5
     assert outcome.time_to_resume_s is not None and outcome.time_to_resume_s >= ELASTIC_WAIT_S  # it waited first
-    final = load_checkpoint(tmp_path / "run" / "checkpoints")
+    final = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert final is not None and final["step"] == 2 * (CLASSES * PER_CLASS) // (NODES * RANK_BATCH)
 
 

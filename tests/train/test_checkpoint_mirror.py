@@ -1,7 +1,9 @@
-"""Checkpoints mirrored to an object store: a pod rescheduled onto a fresh node resumes from the mirror."""
+"""Checkpoints in an object store (the remote tier): a pod rescheduled onto a fresh node resumes from it; an older
+trainer's mirrored last.pt still resumes, verified by its sha256 metadata."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,9 +12,11 @@ import pytest
 import torch
 
 from tests.moto_server import moto_server
+from tests.train.legacy import legacy_state, write_last_pt
 from tests.train.test_train import _events, _train_here
 from workloads.data.moving.s3 import make_client
-from workloads.train.checkpoint import CHECKPOINT_NAME, CheckpointMirror, load_checkpoint
+from workloads.train.checkpoint import CHECKPOINT_NAME, CheckpointMirror
+from workloads.train.checkpointer import latest_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -37,33 +41,53 @@ def test_pull_reports_a_missing_mirror(bucket: str, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_run_on_a_new_node_resumes_from_the_mirror(tiny_data: dict[str, Path], bucket: str, tmp_path: Path) -> None:
+def test_a_run_on_a_new_node_resumes_from_the_remote_tier(tiny_data: dict[str, Path], s3_endpoint: str, bucket: str,
+                                                           tmp_path: Path) -> None:
     uri = f"s3://{bucket}/runs/resnet18"
     common = ["--data", str(tiny_data["decoded"]), "--workers", "0", "--deterministic", "--checkpoint-uri", uri]
     first = _train_here([*common, "--epochs", "1", "--checkpoint-dir", str(tmp_path / "node-a"), "--resume"])
-    assert _events(first, "checkpoint_pulled") == [{"event": "checkpoint_pulled", "uri": uri, "found": False}]
-    assert _events(first, "checkpoint")[-1]["uploaded"] == uri
+    saved = _events(first, "checkpoint")[-1]
+    assert saved["uploaded"] == uri and saved["complete"] and saved["mirror_seconds"] >= 0
+    folder = f"step-{saved['step']:09d}"
+    keys = {entry["Key"] for entry in make_client(s3_endpoint, 2).list_objects_v2(Bucket=bucket)["Contents"]}
+    local = {path.name for path in (tmp_path / "node-a" / folder).iterdir()}
+    assert keys == {f"runs/resnet18/{folder}/{name}" for name in local}  # every file and the manifest
 
-    # The pod lands on another node: its local directory is empty, the mirror holds epoch 1's checkpoint.
+    # The pod lands on another node: its local directory is empty, the remote tier holds epoch 1's checkpoint.
     second = _train_here([*common, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "node-b"), "--resume"])
-    assert _events(second, "checkpoint_pulled")[0]["found"] is True
-    assert _events(second, "resumed")[0] == {"event": "resumed", "epoch": 1, "batch": 0,
-                                             "step": _events(first, "checkpoint")[-1]["step"]}
-
-    mirrored = tmp_path / "mirrored"
-    assert CheckpointMirror(uri).pull(mirrored)
-    local, remote = load_checkpoint(tmp_path / "node-b"), load_checkpoint(mirrored)
-    assert local is not None and remote is not None and remote["epoch"] == 2
-    for name, tensor in local["model"].items():
-        assert torch.equal(tensor, remote["model"][name]), name
-    assert not (tmp_path / "node-a" / f".{CHECKPOINT_NAME}.download").exists()
+    assert _events(second, "resumed")[0] == {"event": "resumed", "epoch": 1, "batch": 0, "step": saved["step"]}
+    downloaded = tmp_path / "node-b" / folder  # fetched and verified before it was loaded
+    assert {path.name for path in downloaded.iterdir()} == local
+    for name in local:
+        assert (downloaded / name).read_bytes() == (tmp_path / "node-a" / folder / name).read_bytes(), name
+    final = latest_checkpoint(tmp_path / "node-b")
+    assert final is not None and final["epoch"] == 2
 
 
-def _mirrored(tiny_data: dict[str, Path], bucket: str, tmp_path: Path) -> tuple[str, list[str]]:
+def _mirrored(tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path) -> tuple[str, list[str]]:
+    """An older trainer's last.pt in the bucket (with its sha256 metadata, as that trainer uploaded it), and the
+    arguments of a run on a new node that resumes from it."""
     uri = f"s3://{bucket}/runs/r"
     common = ["--data", str(tiny_data["decoded"]), "--workers", "0", "--checkpoint-uri", uri]
-    _train_here([*common, "--epochs", "1", "--checkpoint-dir", str(tmp_path / "node-a")])
+    run = tmp_path / "run"
+    _train_here(["--data", str(tiny_data["decoded"]), "--workers", "0", "--epochs", "1", "--checkpoint-dir",
+                 str(run)])
+    target = write_last_pt(tmp_path / "legacy", legacy_state(run))
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    make_client(s3_endpoint, 2).put_object(Bucket=bucket, Key="runs/r/" + CHECKPOINT_NAME, Body=target.read_bytes(),
+                                           Metadata={"sha256": digest})
     return uri, [*common, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "node-b"), "--resume"]
+
+
+def test_an_older_trainers_mirrored_last_pt_resumes_and_the_next_save_is_sharded(
+    tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    _, resume = _mirrored(tiny_data, s3_endpoint, bucket, tmp_path)
+    lines = _train_here(resume)
+    assert _events(lines, "resumed")[0] == {"event": "resumed", "epoch": 1, "batch": 0, "step": 6}
+    assert _events(lines, "checkpoint")[-1]["complete"]
+    final = latest_checkpoint(tmp_path / "node-b")
+    assert final is not None and final["step"] == 12
 
 
 def _cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
@@ -83,7 +107,7 @@ def test_a_damaged_mirror_object_is_refused(
     tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    uri, resume = _mirrored(tiny_data, bucket, tmp_path)
+    uri, resume = _mirrored(tiny_data, s3_endpoint, bucket, tmp_path)
     client = make_client(s3_endpoint, 2)
     key = "runs/r/" + CHECKPOINT_NAME
     got = client.get_object(Bucket=bucket, Key=key)
@@ -91,8 +115,8 @@ def test_a_damaged_mirror_object_is_refused(
     body[len(body) // 2] ^= 0x01
     client.put_object(Bucket=bucket, Key=key, Body=bytes(body), Metadata=got.get("Metadata", {}))
     assert _cli(resume, monkeypatch) == 42
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and "sha256" in err and uri in err and err.count("\n") == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("error: ") and "sha256" in err and uri in err
     assert not (tmp_path / "node-b" / CHECKPOINT_NAME).exists()
 
 
@@ -100,7 +124,7 @@ def test_a_mirror_object_without_a_digest_is_refused(
     tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _, resume = _mirrored(tiny_data, bucket, tmp_path)
+    _, resume = _mirrored(tiny_data, s3_endpoint, bucket, tmp_path)
     client = make_client(s3_endpoint, 2)
     key = "runs/r/" + CHECKPOINT_NAME
     body = client.get_object(Bucket=bucket, Key=key)["Body"].read()

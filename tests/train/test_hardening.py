@@ -11,20 +11,20 @@ import pty
 import resource
 import select
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.train.legacy import legacy_state, write_last_pt
 from tests.train.test_train import REPO, TINY_RUN, _env, _events, _train, _train_here
 from workloads.data.format.manifest import load_manifest, write_manifest
 from workloads.train.__main__ import main, parse_args
-from workloads.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from workloads.train.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from workloads.train.checkpointer import latest_checkpoint
 
 CODE = 42  # what the rendered Jobs set as CONFIG_ERROR_EXIT_CODE (workloads/jobspec)
 
@@ -88,6 +88,17 @@ def _main_code(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 # --- checkpoint integrity ------------------------------------------------------------------------------------
+# The trainer's own checkpoints are sharded (workloads/train/sharded.py; their damage cases, one by one, are in
+# test_sharded_checkpoint.py): a damaged one is skipped for the previous good one. An older trainer's last.pt is
+# read while no sharded checkpoint is complete, and refused (a config error) when it does not verify.
+
+
+@pytest.fixture(scope="module")
+def legacy(finished: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same run's end as an older trainer wrote it: last.pt and its sidecar, no sharded folder."""
+    directory = tmp_path_factory.mktemp("legacy")
+    write_last_pt(directory, legacy_state(finished))
+    return directory
 
 
 def _largest_member_middle(path: Path) -> int:
@@ -101,38 +112,77 @@ def _largest_member_middle(path: Path) -> int:
         return header + 30 + name_len + extra_len + member.file_size // 2
 
 
-def test_a_damaged_checkpoint_is_refused_not_silently_loaded(
-    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_an_older_trainers_last_pt_resumes_once_and_the_next_save_is_sharded(
+    legacy: Path, finished: Path, tiny_data: dict[str, Path], tmp_path: Path
+) -> None:
+    directory = _copy(legacy, tmp_path / "ckpt")
+    lines = _train_here(_resume(tiny_data["decoded"], directory))
+    assert _events(lines, "resumed")[0] == {"event": "resumed", "epoch": 1, "batch": 0, "step": 6}
+    assert [e["epoch"] for e in _events(lines, "epoch")] == [1]
+    saved = latest_checkpoint(directory)
+    assert saved is not None and (saved["epoch"], saved["step"]) == (2, 12)
+    # the same epoch trained from the sharded checkpoint of the same run gives the same weights
+    again = _copy(finished, tmp_path / "sharded")
+    _train_here(_resume(tiny_data["decoded"], again))
+    expected = latest_checkpoint(again)
+    assert expected is not None
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, saved["model"][name]), name
+    # from now on the sharded checkpoint wins: last.pt (still there) is not read again
+    (directory / CHECKPOINT_NAME).write_bytes(b"not read any more")
+    lines = _train_here([*_resume(tiny_data["decoded"], directory)[:-1], "--resume"])
+    assert _events(lines, "resumed")[0]["step"] == 12
+
+
+def test_a_damaged_sharded_checkpoint_is_skipped_with_one_line(
+    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The only checkpoint has an altered shard: the run says which file and starts fresh (exit 0); with an older
+    last.pt beside it, that is the previous good checkpoint and the run resumes from it."""
+    directory = _copy(finished, tmp_path / "ckpt")
+    shard = sorted((directory / "step-000000006").glob("*.distcp"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    shard.write_bytes(bytes(raw))
+    lines = _train_here(_resume(tiny_data["decoded"], directory))
+    err = capfd.readouterr().err
+    assert f"checkpoint: step 6 skipped: {shard}: sha256" in err and "starting fresh" in err
+    assert not _events(lines, "resumed") and [e["epoch"] for e in _events(lines, "epoch")] == [0, 1]
+
+
+def test_a_damaged_last_pt_is_refused_not_silently_loaded(
+    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(finished, tmp_path / "ckpt")
+    directory = _copy(legacy, tmp_path / "ckpt")
     target = directory / CHECKPOINT_NAME
     raw = bytearray(target.read_bytes())
     raw[_largest_member_middle(target)] ^= 0x40
     target.write_bytes(bytes(raw))
     torch.load(target, weights_only=True)  # the damage is invisible to torch: only a digest finds it
     assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and "sha256" in err and err.count("\n") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: ") and "sha256" in err[-1]
+    assert all(line.startswith("checkpoint: ") for line in err[:-1])  # what was searched, no traceback
 
 
-def test_a_truncated_checkpoint_is_refused(
-    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_truncated_last_pt_is_refused(
+    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(finished, tmp_path / "ckpt")
+    directory = _copy(legacy, tmp_path / "ckpt")
     target = directory / CHECKPOINT_NAME
     target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
     assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and CHECKPOINT_NAME in err and err.count("\n") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: ") and CHECKPOINT_NAME in err[-1] and len(err) == 1
 
 
-def test_a_missing_sha256_sidecar_is_refused_unless_allowed(
-    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_last_pt_without_its_sha256_sidecar_is_refused_unless_allowed(
+    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(finished, tmp_path / "ckpt")
+    directory = _copy(legacy, tmp_path / "ckpt")
     (directory / f"{CHECKPOINT_NAME}.sha256").unlink()
     assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
     err = capsys.readouterr().err
@@ -141,94 +191,25 @@ def test_a_missing_sha256_sidecar_is_refused_unless_allowed(
     assert _events(lines, "resumed")[0]["epoch"] == 1 and _events(lines, "done")
 
 
-def test_checkpoint_files_get_normal_permissions(tmp_path: Path) -> None:
-    old = os.umask(0o022)
-    try:
-        written = save_checkpoint(tmp_path, {"model": {}, "epoch": 0})
-    finally:
-        os.umask(old)
-    assert written.stat().st_mode & 0o777 == 0o644
-    assert (tmp_path / f"{CHECKPOINT_NAME}.sha256").stat().st_mode & 0o777 == 0o644
-
-
-def test_saves_interrupted_between_the_renames_leave_a_loadable_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two saves in a row die after installing the sidecar but before the file's rename: the old file is still
-    accepted (the sidecar keeps every digest it accepted until a save completes)."""
-    import workloads.train.checkpoint as checkpoint
-
-    save_checkpoint(tmp_path, {"model": {}, "generation": 1})
-    real_replace = os.replace
-
-    def dies_on_the_checkpoint(source: str, target: str) -> None:
-        if Path(target).name == CHECKPOINT_NAME:
-            raise KeyboardInterrupt("killed between the renames")
-        real_replace(source, target)
-
-    monkeypatch.setattr(checkpoint.os, "replace", dies_on_the_checkpoint)
-    for generation in (2, 3):
-        with pytest.raises(KeyboardInterrupt):
-            save_checkpoint(tmp_path, {"model": {}, "generation": generation})
-        state = load_checkpoint(tmp_path)
-        assert state is not None and state["generation"] == 1
-    monkeypatch.setattr(checkpoint.os, "replace", real_replace)
-    save_checkpoint(tmp_path, {"model": {}, "generation": 4})
-    assert len((tmp_path / f"{CHECKPOINT_NAME}.sha256").read_text().splitlines()) == 1
-    state = load_checkpoint(tmp_path)
-    assert state is not None and state["generation"] == 4
-
-
-_WRITER = """
-import sys, torch
-from workloads.train.checkpoint import save_checkpoint
-big = torch.zeros(6 * 1024 * 1024)
-for generation in range(1, 10**6):
-    big.fill_(generation)
-    save_checkpoint(sys.argv[1], {"model": {"big": big}, "generation": generation})
-    print(generation, flush=True)
-"""
-
-
-def test_kill_9_mid_write_leaves_a_verified_checkpoint(tmp_path: Path) -> None:
-    """A writer of 24 MiB checkpoints is SIGKILLed at different moments: the file on disk always verifies
-    and is a whole generation; the next save removes the orphaned temp files."""
-    seen = set()
-    for delay in (0.05, 0.4):
-        writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE,
-                                  env=_env(), cwd=REPO, text=True)
-        assert writer.stdout is not None
-        writer.stdout.readline()  # one generation is complete
-        time.sleep(delay)
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
-        state = load_checkpoint(tmp_path)
-        assert state is not None
-        big = state["model"]["big"]
-        assert bool((big == state["generation"]).all())
-        seen.add(state["generation"])
-    save_checkpoint(tmp_path, {"model": {}, "generation": 0})
-    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_NAME, f"{CHECKPOINT_NAME}.sha256"]
-
-
-def test_disk_full_while_saving_keeps_the_previous_checkpoint(
+def test_disk_full_at_the_final_save_is_a_runtime_error_and_keeps_the_previous_checkpoint(
     finished: Path, tiny_data: dict[str, Path], tmp_path: Path
 ) -> None:
-    """RLIMIT_FSIZE makes every write past 4 KiB fail (EFBIG, as ENOSPC would): the run fails with one line,
-    and the epoch-1 checkpoint is still there and verifies."""
+    """RLIMIT_FSIZE makes every write past 4 KiB fail (EFBIG, as ENOSPC would): the epoch-2 save fails in the
+    background, so the run ends with one line and exit 1 (a retry resumes), and the epoch-1 checkpoint still
+    verifies and loads."""
     directory = _copy(finished, tmp_path / "ckpt")
-    before = (directory / CHECKPOINT_NAME).read_bytes()
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 
     result = _run(_resume(tiny_data["decoded"], directory), preexec_fn=limit)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert CHECKPOINT_NAME in _one_line_error(result)
-    assert (directory / CHECKPOINT_NAME).read_bytes() == before
-    state = load_checkpoint(directory)
-    assert state is not None and state["epoch"] == 1
-    assert sorted(p.name for p in directory.iterdir()) == [CHECKPOINT_NAME, f"{CHECKPOINT_NAME}.sha256"]
+    *said, error = result.stderr.splitlines()
+    assert error.startswith("error: ") and "final checkpoint (step 12)" in error and "--resume" in error, error
+    assert all(line.startswith("checkpoint: ") for line in said), said  # what was loaded and what failed
+    assert any(line.startswith("checkpoint: step 12 not written") for line in said)
+    state = latest_checkpoint(directory)
+    assert state is not None and state["epoch"] == 1 and state["step"] == 6
 
 
 # --- checkpoints from another run ------------------------------------------------------------------------------
@@ -238,14 +219,14 @@ def _rewrite(directory: Path, change) -> None:  # noqa: ANN001
     state = load_checkpoint(directory)
     assert state is not None
     change(state)
-    save_checkpoint(directory, state)
+    write_last_pt(directory, state)
 
 
 def test_a_mid_epoch_checkpoint_without_the_loader_position_is_refused(
-    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(finished, tmp_path / "ckpt")
+    directory = _copy(legacy, tmp_path / "ckpt")
 
     def older_trainer_mid_epoch(state: dict) -> None:
         state["epoch"], state["batch"] = 0, 2  # what a trainer that replayed by batch index wrote
@@ -255,8 +236,8 @@ def test_a_mid_epoch_checkpoint_without_the_loader_position_is_refused(
     args = _resume(tiny_data["decoded"], directory)
     args[args.index("--epochs") + 1] = "1"
     assert _main_code(args, monkeypatch) == CODE
-    err = capsys.readouterr().err
-    assert "--resume" in err and "mid-epoch" in err and "older trainer" in err and err.count("\n") == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "--resume" in err and "mid-epoch" in err and "older trainer" in err
 
 
 @pytest.mark.parametrize(("change", "value"), [
@@ -269,13 +250,16 @@ def test_resume_mid_epoch_with_another_order_is_refused(
     change: str, value: str,
 ) -> None:
     directory = tmp_path / "ckpt"
+    # killed after step 5: the save of step 4 may still be in flight, the one of step 2 is complete (saves wait for
+    # the one before): a mid-epoch checkpoint either way
     args = ["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0", "--checkpoint-dir", str(directory),
-            "--checkpoint-every", "2", "--stop-after-steps", "3"]
+            "--checkpoint-every", "2", "--stop-after-steps", "5"]
     _train(args, expect=-9)
     resumed = [*args[:-2], "--resume", change, value]
     assert _main_code(resumed, monkeypatch) == CODE
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {change}: ") and "mid-epoch" in err and err.count("\n") == 1
+    *said, err = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"error: {change}: ") and "mid-epoch" in err
+    assert len(said) == 1 and said[0].startswith("checkpoint: resumed from step ")  # loaded, then the order refused
 
 
 def test_resume_mid_epoch_with_another_batch_size_trains_exactly_the_rest(
@@ -284,12 +268,17 @@ def test_resume_mid_epoch_with_another_batch_size_trains_exactly_the_rest(
     directory = tmp_path / "ckpt"
     common = ["--data", str(tiny_data["decoded"]), "--epochs", "2", "--workers", "0", "--checkpoint-dir",
               str(directory)]
-    # --batch-size 8 (TINY_RUN): killed after step 3, the last checkpoint is after step 2 (16 of 42 samples).
-    _train([*common, "--checkpoint-every", "2", "--stop-after-steps", "3"], expect=-9)
+    # --batch-size 8 (TINY_RUN): killed after step 5, the last complete checkpoint is after step 4 or, when that
+    # save was still in flight, step 2 (32 or 16 of 42 samples).
+    _train([*common, "--checkpoint-every", "2", "--stop-after-steps", "5"], expect=-9)
+    saved = latest_checkpoint(directory)
+    assert saved is not None and saved["step"] in (2, 4)
+    done = 8 * saved["step"]
     lines = _train_here([*common, "--resume", "--batch-size", "6"])
     epochs = _events(lines, "epoch")
-    assert [(e["epoch"], e["samples"]) for e in epochs] == [(0, 42 - 16), (1, 42)]
-    assert epochs[0]["batches"] == 5  # 26 samples in batches of 6: 4 full ones and 2 left over
+    assert [(e["epoch"], e["samples"]) for e in epochs] == [(0, 42 - done), (1, 42)]
+    # 26 samples in batches of 6: 4 full ones and 2 left over; 10: one full one and 4 left over
+    assert epochs[0]["batches"] == -(-(42 - done) // 6)
 
 
 def test_resume_with_another_batch_size_at_an_epoch_boundary_is_exact(
@@ -344,10 +333,10 @@ def test_a_valid_torch_file_with_other_content_is_refused(
 
 
 def test_a_checkpoint_of_a_future_format_is_refused(
-    finished: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(finished, tmp_path / "ckpt")
+    directory = _copy(legacy, tmp_path / "ckpt")
     _rewrite(directory, lambda state: state.update(format_version=99))
     assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
     err = capsys.readouterr().err
@@ -403,7 +392,7 @@ def test_a_diverging_loss_stops_with_an_error_and_valid_json(
     assert code == CODE and err.startswith("error: loss: not finite") and err.count("\n") == 1, err
     lines = [_strict_json(line) for line in out.splitlines()]  # raises on NaN/Infinity tokens
     assert _events(lines, "batch") and not _events(lines, "done")
-    state = load_checkpoint(tmp_path) if (tmp_path / CHECKPOINT_NAME).exists() else None
+    state = latest_checkpoint(tmp_path)
     assert state is None or all(torch.isfinite(t).all() for t in state["model"].values())
 
 

@@ -18,7 +18,7 @@ import torch
 from tests.train.test_train import REPO, TINY_RUN, _env, _free_port, _train_here
 from workloads.jobspec.fields import CONFIG_ERROR_EXIT_CODE, DISRUPTION_EXIT_CODE
 from workloads.train import __main__ as cli
-from workloads.train.checkpoint import load_checkpoint
+from workloads.train.checkpointer import latest_checkpoint
 from workloads.train.launch import exit_code_for
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
@@ -65,7 +65,7 @@ def _same_weights(expected: dict, actual: dict) -> None:
 def straight(tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
     where = tmp_path_factory.mktemp("straight")
     _train_here([*_common(tiny_data["decoded"]), "--checkpoint-dir", str(where)])
-    state = load_checkpoint(where)
+    state = latest_checkpoint(where)
     assert state is not None
     return state
 
@@ -81,12 +81,12 @@ def test_stop_signal_on_one_rank_loses_no_step_and_resumes_exactly(
     assert code == DISRUPTION_EXIT_CODE
     (stopped,) = [line for line in lines if line["event"] == "stopped"]
     assert stopped["reason"] == signal.Signals(sig).name and stopped["checkpointed"]
-    saved = load_checkpoint(tmp_path)
+    saved = latest_checkpoint(tmp_path)
     assert saved is not None and saved["step"] == stopped["step"] >= seen  # no step reported before the stop lost
     assert saved["loader"] is not None or saved["batch"] == 0
     again = _train_here([*common, "--checkpoint-dir", str(tmp_path), "--resume"])
     assert [line["step"] for line in again if line["event"] == "resumed"] == [saved["step"]]
-    final = load_checkpoint(tmp_path)
+    final = latest_checkpoint(tmp_path)
     assert final is not None
     _same_weights(straight, final)
 
@@ -104,7 +104,7 @@ def test_sigterm_to_torchrun_stops_two_ranks_with_one_checkpoint_and_the_disrupt
     code, lines, seen = _run_until_step(launch, 1, signal.SIGTERM, _env())
     assert code == DISRUPTION_EXIT_CODE
     (stopped,) = [line for line in lines if line["event"] == "stopped"]
-    saved = load_checkpoint(tmp_path)
+    saved = latest_checkpoint(tmp_path)
     assert saved is not None and saved["world_size"] == 2 and saved["step"] == stopped["step"] >= seen
     # resumed on one rank: the sampler continues with exactly the samples not yet seen; the weights differ from
     # the one-rank run only through the batch split, so check the exact position, not the weights

@@ -16,7 +16,7 @@ import torch
 
 from workloads.data.reading.shm import SHM_BYTES_ENV, plan_shared_memory
 from workloads.train.__main__ import main, parse_args
-from workloads.train.checkpoint import load_checkpoint
+from workloads.train.checkpointer import latest_checkpoint
 from workloads.train.loop import Reporter, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,9 +89,11 @@ def test_one_epoch_smoke_with_a_too_small_shm(tiny_data: dict[str, Path], tmp_pa
     assert epoch["throughput"] > 0 and epoch["gpu_utilization"] is None
     batches = _events(lines, "batch")
     assert len(batches) == 6 and all(b["data_time"] >= 0 and b["compute_time"] > 0 for b in batches)
-    state = load_checkpoint(tmp_path)
+    state = latest_checkpoint(tmp_path)
     assert state is not None and (state["epoch"], state["batch"], state["step"]) == (1, 0, 6)
-    assert not list(tmp_path.glob(".*tmp"))  # no temp files left behind
+    assert not list(tmp_path.rglob(".*tmp"))  # no temp files left behind
+    assert [path.name for path in tmp_path.iterdir()] == ["step-000000006"]  # sharded: one folder per checkpoint
+    assert _events(lines, "checkpoint")[0]["complete"] is True
 
 
 def test_shm_plan_keeps_shared_memory_when_it_fits() -> None:
@@ -129,15 +131,19 @@ def test_killed_then_resumed_run_matches_an_uninterrupted_one(tiny_data: dict[st
     ]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _train_here([*common, "--checkpoint-dir", str(straight)])
-    # SIGKILL at step 9 (batch 3 of epoch 1); the last checkpoint before it is step 8 (batch 2 of epoch 1).
+    # SIGKILL at step 9 (batch 3 of epoch 1). The last save started before it is step 8 (batch 2 of epoch 1); it is
+    # written in the background, so the kill may land before its manifest: then the epoch-end step 6 is the last
+    # complete one.
     killed = _train([*common, "--checkpoint-dir", str(resumed), "--stop-after-steps", "9"], expect=-9)
     assert _events(killed, "killing_self")[0]["step"] == 9
-    interrupted = load_checkpoint(resumed)
+    interrupted = latest_checkpoint(resumed)
     assert interrupted is not None
-    assert (interrupted["epoch"], interrupted["batch"], interrupted["step"]) == (1, 2, 8)
+    position = (interrupted["epoch"], interrupted["batch"], interrupted["step"])
+    assert position in ((1, 2, 8), (1, 0, 6)), position
     again = _train_here([*common, "--checkpoint-dir", str(resumed), "--resume"])
-    assert _events(again, "resumed")[0] == {"event": "resumed", "epoch": 1, "batch": 2, "step": 8}
-    expected, actual = load_checkpoint(straight), load_checkpoint(resumed)
+    assert _events(again, "resumed")[0] == {"event": "resumed", "epoch": position[0], "batch": position[1],
+                                            "step": position[2]}
+    expected, actual = latest_checkpoint(straight), latest_checkpoint(resumed)
     assert expected is not None and actual is not None and actual["step"] == expected["step"] == 12
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, actual["model"][name]), name
@@ -207,7 +213,7 @@ def test_torchrun_two_ranks_on_cpu(tiny_data: dict[str, Path], tmp_path: Path) -
     assert _events(lines, "config")[0]["world_size"] == 2
     (epoch,) = _events(lines, "epoch")  # rank 0 reports; the count covers both ranks
     assert epoch["samples"] == 2 * 21 and epoch["batches"] == 3
-    assert load_checkpoint(tmp_path)["world_size"] == 2
+    assert latest_checkpoint(tmp_path)["world_size"] == 2
 
 
 def test_the_cpu_preset_sizes_the_run_for_a_laptop_and_flags_still_win() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.train.legacy import legacy_state, write_last_pt
 from tests.train.test_train import TINY_RUN, _events, _train_here
 from workloads.data.format.manifest import (
     FORMAT_NAME,
@@ -31,6 +33,7 @@ from workloads.data.reading.dataset import DatasetError, HDF5Dataset
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.train.__main__ import main
 from workloads.train.checkpoint import CHECKPOINT_NAME, CheckpointError, load_checkpoint, sidecar_path
+from workloads.train.checkpointer import latest_checkpoint
 from workloads.train.loop import Distributed, check_resumable, dataset_identity
 
 CONFIG = 42
@@ -121,14 +124,14 @@ def test_resuming_on_a_repack_is_a_config_error_end_to_end(tiny_data: dict[str, 
     checkpoints = tmp_path / "ckpt"
     _train_here(["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0", "--checkpoint-dir",
                  str(checkpoints), "--checkpoint-every", "2"])
-    saved = load_checkpoint(checkpoints)
+    saved = latest_checkpoint(checkpoints)
     first = load_manifest(tiny_data["decoded"]).shards[0]
     assert saved is not None and saved["dataset"]["shards"][0] == [first.sha256, first.num_samples]
     other = repack(tiny_data["decoded"], tmp_path / "repacked", [21, 21])
     code, err = _run(["--data", str(other), "--epochs", "2", "--checkpoint-dir", str(checkpoints), "--resume"],
                      capsys, monkeypatch)
     assert code == CONFIG and err.count("\n") == 1, err
-    assert err.startswith(f"error: --data: {checkpoints / CHECKPOINT_NAME} was trained on another dataset"), err
+    assert err.startswith(f"error: --data: {checkpoints / 'step-000000006'} was trained on another dataset"), err
 
 
 # -- a manifest must describe its shards --------------------------------------------------------------------------
@@ -291,6 +294,8 @@ def test_a_hostile_sidecar_is_a_one_line_error_naming_it(kind: str, tiny_data: d
     checkpoints = tmp_path / "ckpt"
     _train_here(["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0", "--checkpoint-dir",
                  str(checkpoints)])
+    write_last_pt(checkpoints, legacy_state(checkpoints))  # as an older trainer left it: no sharded checkpoint
+    shutil.rmtree(checkpoints / "step-000000006")
     sidecar = sidecar_path(checkpoints / CHECKPOINT_NAME)
     sidecar.unlink()
     if kind == "directory":

@@ -28,11 +28,13 @@ from workloads.quantity import (
 # non-zero exit counts against backoffLimit.
 CONFIG_ERROR_EXIT_CODE = 42
 DISRUPTION_EXIT_CODE = 43
-# SIGTERM -> the pod is killed: the trainer finishes the step in flight, the ranks agree, rank 0 serialises and writes
-# the checkpoint, then uploads it to the mirror. terminationGracePeriodSeconds = STOP_BASE_S (the step in flight and
-# serialising; a step over a minute needs an explicit terminationGracePeriodSeconds) + the checkpoint's size over its
-# write rate, twice when it is also mirrored (local write, then upload), rounded up. The trainer's "checkpoint" events
-# report bytes, write_seconds and mirror_seconds: the measured rate of a real run goes into checkpoint.writeRate.
+# SIGTERM -> the pod is killed: the trainer finishes the step in flight, the ranks agree, every rank saves its share
+# of the checkpoint locally, then copies it to the remote tier, and exits. terminationGracePeriodSeconds = STOP_BASE_S
+# (the step in flight and staging; a step over a minute needs an explicit terminationGracePeriodSeconds) + the
+# checkpoint's size over its write rate, twice when it is also mirrored (local write, then upload), rounded up: the
+# whole state as one writer would (an upper bound), or with checkpoint.sharded the per-node share. The trainer's
+# "checkpoint" events report bytes, rank_bytes, write_seconds and mirror_seconds: the measured rate of a real run goes
+# into checkpoint.writeRate (and localWriteRate).
 STOP_BASE_S = 60
 DEFAULT_CHECKPOINT_WRITE_RATE = "100Mi"  # bytes/s: conservative for EFS elastic throughput and one S3 upload
 DEFAULT_CHECKPOINT_SIZE = "1Gi"  # a ResNet-50 with SGD momentum is ~200 MB; say 1Gi when the spec does not

@@ -345,7 +345,7 @@ class TrainingJobSpec(_Spec):
         grace = self.termination_grace_period_seconds
         if grace is None or self.checkpoint is None or not self.checkpoint.sharded:
             return
-        needed = STOP_BASE_S + math.ceil(self.checkpoint_save_seconds())
+        needed = self.stop_seconds()
         if grace < needed:
             raise JobSpecError("terminationGracePeriodSeconds", f"{grace} s cannot save the sharded checkpoint: "
                                f"{self._save_shares().reason()}, {needed} s with the {STOP_BASE_S} s stop base")
@@ -418,9 +418,7 @@ class TrainingJobSpec(_Spec):
         """terminationGracePeriodSeconds: the spec's, else STOP_BASE_S plus the checkpoint's write (and mirror)."""
         if self.termination_grace_period_seconds is not None:
             return self.termination_grace_period_seconds
-        if self.checkpoint is None:
-            return STOP_BASE_S
-        return STOP_BASE_S + math.ceil(self.checkpoint_save_seconds())
+        return self.stop_seconds()
 
     def _save_shares(self) -> SaveShares:
         assert self.checkpoint is not None
@@ -429,6 +427,21 @@ class TrainingJobSpec(_Spec):
         return SaveShares(size=quantity_bytes(self.checkpoint.size), nodes=self.nodes, ranks_per_node=max(1, self.gpus),
                           local_rate=quantity_bytes(local) if local else rate, remote_rate=rate,
                           mirrored=self.checkpoint.uri is not None or self.checkpoint.bucket is not None)
+
+    def stop_seconds(self) -> int:
+        """What the stop path needs from SIGTERM to exit: STOP_BASE_S (the step in flight, staging) and the last
+        checkpoint's save, both tiers (the trainer waits for the remote copy before it exits)."""
+        return STOP_BASE_S + (math.ceil(self.checkpoint_save_seconds()) if self.checkpoint is not None else 0)
+
+    def checkpoint_save_reason(self) -> str:
+        """The numbers behind checkpoint_save_seconds, for an error line."""
+        assert self.checkpoint is not None
+        if self.checkpoint.sharded:
+            return self._save_shares().reason()
+        size, rate = quantity_bytes(self.checkpoint.size), quantity_bytes(self.checkpoint.write_rate)
+        writes = 2 if self.checkpoint.uri is not None or self.checkpoint.bucket is not None else 1
+        return (f"{size / 2**30:.1f} GiB whole at {rate / 2**30:.1f} GiB/s"
+                f"{', written then mirrored' if writes == 2 else ''} ({writes * size / rate:.0f} s)")
 
     def checkpoint_save_seconds(self) -> float:
         """How long the stop path's last checkpoint takes. Whole (rank 0): size over writeRate, twice when it is

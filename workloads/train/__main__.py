@@ -1,10 +1,10 @@
 """python -m workloads.train --data DIR_OR_MANIFEST --model resnet18|resnet50 ... (JSON lines on stdout).
 
-Under torchrun every rank runs this; rank 0 prints and writes checkpoints. Bad arguments or data exit with
-$CONFIG_ERROR_EXIT_CODE (the rendered Jobs set it, and their podFailurePolicy fails the Job at once instead of
-retrying), or 2 when it is not set. A disruption (SIGTERM/SIGINT: a last checkpoint is written first; a lost peer
-rank) exits with $DISRUPTION_EXIT_CODE (43), which the Jobs retry without counting it. Every other failure exits 1
-(RUNTIME_EXIT_CODE), which a Job retries and counts.
+Under torchrun every rank runs this; rank 0 prints, every rank writes its share of the (sharded) checkpoints.
+Bad arguments or data exit with $CONFIG_ERROR_EXIT_CODE (the rendered Jobs set it, and their podFailurePolicy fails
+the Job at once instead of retrying), or 2 when it is not set. A disruption (SIGTERM/SIGINT: a last checkpoint is
+written first; a lost peer rank) exits with $DISRUPTION_EXIT_CODE (43), which the Jobs retry without counting it.
+Every other failure exits 1 (RUNTIME_EXIT_CODE), which a Job retries and counts.
 """
 
 from __future__ import annotations

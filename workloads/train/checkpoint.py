@@ -1,20 +1,18 @@
-"""Training checkpoints: model, optimiser, sampler position and RNG states in one file, replaced whole and
-verified on load.
+"""An older trainer's whole-state checkpoint, read (never written) so that its runs still resume: model, optimiser,
+sampler position and RNG states in one file, verified on load. The trainer now saves sharded checkpoints
+(workloads/train/sharded.py); workloads/train/checkpointer.py reads this format only while no complete sharded
+checkpoint exists.
 
-On disk a checkpoint is `last.pt` plus `last.pt.sha256` (sha256sum format: `<hex>  last.pt`). A save writes the
-new file to a temp name and fsyncs it, then installs a sidecar listing the new digest and the previous one, renames
-the file into place, rewrites the sidecar with only the new digest and fsyncs the directory. A kill -9 at any point
-leaves a `last.pt` whose digest the sidecar lists (the old or the new checkpoint, never a torn one); a failed write
-(disk full) leaves the previous pair untouched. Files get the usual mode (0666 minus the umask), not mkstemp's 0600.
+On disk such a checkpoint is `last.pt` plus `last.pt.sha256` (sha256sum format: `<hex>  last.pt`; the older
+trainer's saves kept the digest of the file in place listed through every rename, so a kill -9 left a `last.pt` its
+sidecar accepts). In an object store (--checkpoint-uri) the object's `sha256` metadata carries the digest.
 
-In an object store (--checkpoint-uri) the digest travels as the object's `sha256` metadata, which S3 stores with
-the object in the same PUT, so a reader never sees a new body with an old digest.
+The S3 probe of --checkpoint-uri (CheckpointMirror.probe) serves the sharded checkpoints' remote tier too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import random
 import secrets
@@ -48,24 +46,6 @@ class CheckpointError(ValueError):
 
 class CheckpointStoreError(Exception):
     """The checkpoint destination cannot be reached or written now (may pass on retry): exit 1."""
-
-
-def capture_rng() -> dict[str, Any]:
-    kind, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "kind": kind,
-            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "position": int(position),
-            "has_gauss": int(has_gauss),
-            "cached": float(cached),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
 
 
 def restore_rng(state: dict[str, Any]) -> None:
@@ -162,44 +142,6 @@ def _checkpoint_present(target: Path) -> bool:
     return True
 
 
-def remove_stale_temps(directory: Path) -> None:
-    """Temp files of writes killed midway (only rank 0 writes, so none of them is in use)."""
-    for stale in directory.glob(f".{CHECKPOINT_NAME}*.tmp"):
-        stale.unlink(missing_ok=True)
-    for stale in directory.glob(f".{CHECKPOINT_NAME}.download"):
-        stale.unlink(missing_ok=True)
-
-
-def save_checkpoint(directory: str | os.PathLike[str], state: dict[str, Any]) -> Path:
-    """Serialise in memory, then install file and digest as described in the module docstring."""
-    buffer = io.BytesIO()
-    torch.save({"format_version": FORMAT_VERSION, **state}, buffer)
-    payload = buffer.getvalue()
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(folder)
-    target = folder / CHECKPOINT_NAME
-    digest = hashlib.sha256(payload).hexdigest()
-    tmp = _write_temp(target, payload)
-    try:
-        try:
-            previous = read_sidecar(target) or []
-        except CheckpointError:
-            previous = []
-        # 1: the sidecar accepts the new file and whatever it accepted before (the file in place now: after a
-        # save killed between these steps that may be either digest of the earlier sidecar); 2: the new file;
-        # 3: only the new digest.
-        accepted = [digest, *[known for known in previous if known != digest]]
-        _install(sidecar_path(target), _sidecar_text(accepted, target.name))
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _install(sidecar_path(target), _sidecar_text([digest], target.name))
-    fsync_dir(folder)
-    return target
-
-
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -268,14 +210,9 @@ def _endpoint(endpoint_url: str | None = None) -> str | None:
 
 
 class CheckpointMirror:
-    """A copy of the local checkpoint in an object store (S3, or COS through AWS_ENDPOINT_URL_S3).
-
-    Pushed after every local save and pulled before a resume, so a pod rescheduled onto another node (whose local
-    disk is gone) continues from the last checkpoint. An S3 PUT (or completed multipart upload) replaces the object
-    whole, with its metadata, so a reader sees the previous checkpoint or the new one, never a torn file or a
-    digest of another body. Checkpoints never go to a Mountpoint S3 mount: it cannot rename, which
-    write-then-rename needs.
-    """
+    """An older trainer's `last.pt` in an object store (S3, or COS through AWS_ENDPOINT_URL_S3), with its `sha256`
+    metadata: pulled before a resume that finds no sharded checkpoint. Its probe checks the bucket of
+    --checkpoint-uri before any training."""
 
     def __init__(self, uri: str, endpoint_url: str | None = None):
         try:
@@ -325,17 +262,6 @@ class CheckpointMirror:
         except (botocore.exceptions.BotoCoreError, OSError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise CheckpointStoreError(f"{where}: object store{at} unreachable: {reason}") from exc
-
-    def push(self, local: str | os.PathLike[str]) -> None:
-        path = Path(local)
-        digest = (read_sidecar(path) or [file_sha256(path)])[0]
-        try:
-            self.client.upload_file(
-                str(path), self.location.bucket, self.key, ExtraArgs={"Metadata": {"sha256": digest}}
-            )
-        except Exception as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise CheckpointStoreError(f"--checkpoint-uri: {self.object_uri}: upload failed: {reason}") from exc
 
     def pull(self, directory: str | os.PathLike[str], *, allow_unverified: bool = False) -> bool:
         """Download and verify the mirrored checkpoint into `directory` (atomically, with its sidecar); False

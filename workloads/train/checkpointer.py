@@ -1,16 +1,28 @@
-"""The bundled trainer's checkpointer: what a checkpoint holds of a run (model, optimiser, position, RNG, the
-dataset's record), when it may be resumed, and writing it (rank 0) and its mirror.
+"""The bundled trainer's checkpointer: what a checkpoint holds of a run, when it may be resumed, and saving it
+through the sharded checkpointer (workloads/train/sharded.py), the code path examples/train_fsdp.py uses.
 
-The file format and its atomic install live in workloads/train/checkpoint.py."""
+A save is asynchronous: the DDP state (model, optimiser, torch RNG) is staged in host memory and the next step goes
+on; every rank writes its share (DCP spreads the replicated DDP tensors over the ranks) into
+--checkpoint-dir/step-N/ in the background, a manifest with every file's sha256 last, then copies its files to
+--checkpoint-uri (s3://bucket/prefix, or a shared directory such as EFS or FSx). The next save, a stop and the end
+of the run wait for the save in flight. The run's position (epoch, batch, step, the sampler's state, the dataset's
+record, the settings) is the manifest's meta, so a resume checks it before anything is loaded. A checkpoint loads
+into another world size (DCP reshards; the sampler continues with exactly the samples not yet seen).
+
+An older trainer's whole-state `last.pt` (with its sha256 sidecar, or its object under --checkpoint-uri) is read
+only while no complete sharded checkpoint exists in either tier: --resume then loads it, verified as before, and
+the next save is sharded. From then on it is never read again and may be deleted.
+"""
 
 from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -21,30 +33,57 @@ from workloads.train.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
     CheckpointMirror,
-    CheckpointStoreError,
-    capture_rng,
     load_checkpoint,
     require_training_state,
     restore_rng,
-    save_checkpoint,
 )
 from workloads.train.config import TrainConfig
 from workloads.train.inputs import dataset_identity, identity_difference
 from workloads.train.runtime import Distributed, Reporter
+from workloads.train.tiers import (
+    MANIFEST,
+    CheckpointDamaged,
+    Manifest,
+    local_steps,
+    read_local_manifest,
+    step_dir_name,
+)
+
+if TYPE_CHECKING:
+    from workloads.train.sharded import SaveReport, ShardedCheckpointer
 
 
-def check_checkpoint_dir(directory: str) -> None:
+def _sharded() -> Any:
+    """workloads.train.sharded, imported when a checkpoint is first used: torch.distributed.checkpoint pulls in
+    DTensor's operators (seconds of start-up), which a run without --checkpoint-dir (or --help) never needs."""
+    from workloads.train import sharded
+
+    return sharded
+
+
+def check_checkpoint_dir(directory: str, flag: str = "--checkpoint-dir") -> None:
     """A checkpoint directory that cannot hold files fails now, not after an epoch of training."""
     path = Path(directory)
     if path.exists() and not path.is_dir():
-        raise CheckpointError(f"--checkpoint-dir: {path}: exists and is not a directory")
+        raise CheckpointError(f"{flag}: {path}: exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-probe-{os.getpid()}-{random.getrandbits(32):08x}"
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         probe.unlink()
     except OSError as exc:
-        raise CheckpointError(f"--checkpoint-dir: {path}: not writable: {exc.strerror or exc}") from exc
+        raise CheckpointError(f"{flag}: {path}: not writable: {exc.strerror or exc}") from exc
+
+
+def probe_remote(uri: str) -> None:
+    """The remote tier, before any training: an S3 bucket that does not exist or denies access is a config error,
+    one that does not answer is CheckpointStoreError; a directory (EFS, FSx) must be writable."""
+    if uri.startswith("s3://"):
+        CheckpointMirror(uri).probe()
+    elif "://" in uri:
+        raise CheckpointError(f"--checkpoint-uri: {uri}: neither s3://bucket/prefix nor a directory")
+    else:
+        check_checkpoint_dir(uri, "--checkpoint-uri")
 
 
 @dataclass
@@ -92,82 +131,148 @@ def check_resumable(
         )
 
 
-class Checkpointer:
-    """Writes the run's checkpoint (rank 0; the others go on) and its mirror, and restores a run from it."""
+def _saved(manifest: Manifest, where: Path) -> dict[str, Any]:
+    """A sharded checkpoint's meta as the run's record (what check_resumable reads); CheckpointError without it."""
+    meta = dict(manifest.meta)
+    missing = [key for key in ("epoch", "batch", "step", "config") if key not in meta]
+    if missing or not isinstance(meta.get("config"), dict):
+        lacks = ", ".join(missing) or "config"
+        raise CheckpointError(f"{where / MANIFEST}: not a checkpoint of this trainer (no {lacks} in its meta; "
+                              "written by another script?)")
+    return {**meta, "world_size": manifest.world_size}
 
-    def __init__(self, config: TrainConfig, env: Distributed, reporter: Reporter,
-                 mirror: CheckpointMirror | None) -> None:
+
+def latest_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The newest complete checkpoint in a local tier, loaded whole on this one process: the run's record (epoch,
+    batch, step, world_size, loader, ...) with "model" and "optimizer" as full state dicts. None when there is
+    none. For tools and checks; a run resumes through Checkpointer.restore."""
+    root = Path(directory)
+    for step in local_steps(root):
+        folder = root / step_dir_name(step)
+        if not (folder / MANIFEST).exists():
+            continue
+        try:
+            whole = _sharded().load_whole(folder)
+        except CheckpointDamaged:
+            continue
+        manifest = read_local_manifest(folder)
+        assert manifest is not None
+        return {**_saved(manifest, folder), "model": whole["model"], "optimizer": whole["optim"]}
+    return None
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class Checkpointer:
+    """Saves the run (every rank its share, in the background) and restores it; see the module docstring. Every
+    method is collective: every rank calls it, in the same order."""
+
+    def __init__(self, config: TrainConfig, env: Distributed, reporter: Reporter) -> None:
         self.config = config
         self.env = env
         self.reporter = reporter
-        self.mirror = mirror
         self.directory = config.checkpoint_dir
-        self.where = Path(config.checkpoint_dir or "") / CHECKPOINT_NAME
+        self.where = Path(config.checkpoint_dir or "")  # what a resume came from, for the messages that name it
+        self.sharded: ShardedCheckpointer | None = (
+            _sharded().ShardedCheckpointer(config.checkpoint_dir, config.checkpoint_uri, log=_say)
+            if config.checkpoint_dir else None)
+        self._pending: tuple[SaveReport, int, int] | None = None  # the save in flight, not yet reported
 
     @property
     def enabled(self) -> bool:
-        return bool(self.directory)
+        return self.sharded is not None
 
     def restore(self, state: TrainState, dataset: HDF5Dataset | JpegFolderDataset, device: torch.device) -> None:
-        """Load the checkpoint into `state` when resuming (pulled from the mirror first when this node's disk has
-        none); nothing to resume leaves `state` at its start."""
-        config, env = self.config, self.env
-        if not (config.resume and self.directory):
+        """Load the newest complete checkpoint into `state` when resuming (local tier, else the remote one, on any
+        world size), else an older trainer's last.pt; nothing to resume leaves `state` at its start."""
+        config = self.config
+        if not (config.resume and self.sharded is not None):
             return
-        if self.mirror is not None and env.local_rank == 0 and not self.where.exists():
-            # this node's disk is new: continue from the mirror
-            pulled = self.mirror.pull(self.directory, allow_unverified=config.allow_unverified_checkpoint)
-            self.reporter.emit("checkpoint_pulled", uri=config.checkpoint_uri, found=pulled)
+
+        def check(manifest: Manifest, folder: Path) -> None:
+            check_resumable(_saved(manifest, folder), config, self.env, dataset, folder)
+
+        manifest = self.sharded.load(_sharded().TrainingState(state.core, state.optimizer), check,
+                                     announce_fresh=False)
+        if manifest is not None:
+            self.where = self.sharded.local / step_dir_name(manifest.step)
+            meta = manifest.meta
+            state.epoch, state.batch, state.step = int(meta["epoch"]), int(meta["batch"]), int(meta["step"])
+            state.loader = meta.get("loader")
+            state.canonical_nodes = meta.get("canonical_nodes")
+        elif not self._restore_legacy(state, dataset, device):
+            if self.env.rank == 0:
+                _say(f"checkpoint: no complete checkpoint in {self.sharded.searched}; starting fresh")
+            return
+        self.reporter.emit("resumed", epoch=state.epoch, batch=state.batch, step=state.step)
+
+    def _restore_legacy(self, state: TrainState, dataset: HDF5Dataset | JpegFolderDataset,
+                        device: torch.device) -> bool:
+        """An older trainer's last.pt (local, else pulled from an S3 --checkpoint-uri), verified by its sha256;
+        False when there is none."""
+        config, env = self.config, self.env
+        assert self.directory is not None
+        target = Path(self.directory) / CHECKPOINT_NAME
+        uri = config.checkpoint_uri or ""
+        if uri.startswith("s3://") and env.local_rank == 0 and not target.exists():
+            CheckpointMirror(uri).pull(self.directory, allow_unverified=config.allow_unverified_checkpoint)
         if env.world_size > 1:
             dist.barrier()  # every rank of the node reads the file local rank 0 pulled
         saved = load_checkpoint(self.directory, map_location=device,
                                 allow_unverified=config.allow_unverified_checkpoint)
         if saved is None:
-            return
-        require_training_state(saved, self.where)
-        check_resumable(saved, config, env, dataset, self.where)
+            return False
+        require_training_state(saved, target)
+        check_resumable(saved, config, env, dataset, target)
         try:
             state.core.load_state_dict(saved["model"])
             state.optimizer.load_state_dict(saved["optimizer"])
         except (RuntimeError, KeyError, ValueError) as exc:
-            raise CheckpointError(f"{self.where}: does not fit this model: {str(exc).strip().splitlines()[0]}") from exc
+            raise CheckpointError(f"{target}: does not fit this model: {str(exc).strip().splitlines()[0]}") from exc
         state.epoch, state.batch, state.step = saved["epoch"], saved["batch"], saved["step"]
         state.loader = saved.get("loader")
         state.canonical_nodes = saved.get("canonical_nodes")
         restore_rng(saved["rng"])
-        self.reporter.emit("resumed", epoch=state.epoch, batch=state.batch, step=state.step)
+        self.where = target
+        if env.rank == 0:
+            _say(f"checkpoint: no complete sharded checkpoint in {self.sharded.searched if self.sharded else target}; "
+                 f"resumed from {target}, an older trainer's whole-state file (read once: the next save is sharded)")
+        return True
 
     def save(self, state: TrainState, epoch: int, batch: int, loader: dict[str, Any] | None,
              identity: dict[str, Any], canonical_nodes: int) -> float:
-        """Rank 0 writes; returns the seconds spent (reported apart from data and compute time)."""
+        """Start an asynchronous save of this step; returns the seconds the training loop was blocked (waiting for
+        the previous save, then staging this one in host memory), which is reported apart from data and compute."""
         started = time.perf_counter()
-        if not (self.directory and self.env.rank == 0):
-            return time.perf_counter() - started
-        try:
-            written = save_checkpoint(
-                self.directory,
-                {
-                    "model": state.core.state_dict(),
-                    "optimizer": state.optimizer.state_dict(),
-                    "epoch": epoch,
-                    "batch": batch,
-                    "step": state.step,
-                    "rng": capture_rng(),
-                    "config": asdict(self.config),
-                    "world_size": self.env.world_size,
-                    "dataset": identity,
-                    "loader": loader,
-                    "canonical_nodes": canonical_nodes,
-                },
-            )
-        except OSError as exc:  # disk full, quota: the previous checkpoint is still in place
-            raise CheckpointStoreError(f"{self.where}: cannot write checkpoint: {exc.strerror or exc}") from exc
-        wrote = time.perf_counter()
-        if self.mirror is not None:
-            self.mirror.push(written)
-        # bytes and seconds (write, then mirror) are what terminationGracePeriodSeconds is sized from
-        self.reporter.emit("checkpoint", epoch=epoch, batch=batch, step=state.step,
-                           uploaded=self.config.checkpoint_uri if self.mirror is not None else None,
-                           bytes=written.stat().st_size, write_seconds=wrote - started,
-                           mirror_seconds=time.perf_counter() - wrote if self.mirror is not None else None)
+        if self.sharded is None:
+            return 0.0
+        previous = self.sharded.wait()
+        self._report(previous)
+        meta = {"epoch": epoch, "batch": batch, "step": state.step, "config": asdict(self.config),
+                "dataset": identity, "loader": loader, "canonical_nodes": canonical_nodes}
+        report = self.sharded.save(_sharded().TrainingState(state.core, state.optimizer), state.step, meta)
+        if report is not previous:  # not a step saved (or resumed from) already
+            self._pending = (report, epoch, batch)
         return time.perf_counter() - started
+
+    def finish(self) -> SaveReport | None:
+        """Wait for the save in flight (a stop, the end of the run) and report it; the last save's report."""
+        if self.sharded is None:
+            return None
+        last = self.sharded.wait()
+        self._report(last)
+        return last
+
+    def _report(self, done: SaveReport | None) -> None:
+        """The "checkpoint" event of a finished save: bytes (all ranks, this rank's share), the loop's stall, the
+        local write and the remote copy (what terminationGracePeriodSeconds is sized from)."""
+        if self._pending is None or done is None or self._pending[0] is not done:
+            return
+        _, epoch, batch = self._pending
+        self._pending = None
+        self.reporter.emit("checkpoint", epoch=epoch, batch=batch, step=done.step, complete=done.complete,
+                           uploaded=self.config.checkpoint_uri, bytes=done.total_bytes, rank_bytes=done.rank_bytes,
+                           stall_seconds=done.stall_s, write_seconds=done.local_write_s,
+                           mirror_seconds=done.remote_s, error=done.error)

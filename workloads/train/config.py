@@ -152,11 +152,13 @@ class TrainConfig:
     checkpoint_dir: str | None = option(None)
     checkpoint_uri: str | None = option(
         None, env="CHECKPOINT_URI",
-        help="s3://bucket/prefix to mirror checkpoints to (default: $CHECKPOINT_URI); pulled on --resume")
+        help="the remote tier every rank copies its checkpoint shards to after the local write: s3://bucket/prefix or "
+             "a shared directory (EFS, FSx) (default: $CHECKPOINT_URI); searched on --resume")
     checkpoint_every: int = option(0, parse=_non_negative, help="steps between checkpoints")
-    resume: bool = option(False, help="continue from the checkpoint (local, else pulled from the mirror)")
+    resume: bool = option(False, help="continue from the newest complete checkpoint (local tier, else the remote one; "
+                                      "an older trainer's last.pt while there is none), on any world size")
     allow_unverified_checkpoint: bool = option(
-        False, help="resume from a checkpoint without a sha256 sidecar/metadata (written by an older trainer); warns")
+        False, help="resume from an older trainer's last.pt without a sha256 sidecar/metadata; warns")
     log_every: int = option(10, parse=_positive)
     metrics_port: int = option(
         0, parse=port_number, metavar="PORT", env=METRICS_PORT_ENV,

@@ -61,17 +61,24 @@ class Run:
         return stall
 
     def stop_now(self, epoch: int, batch: int) -> None:
-        """Every rank, after the agreed last step and its checkpoint: rank 0 has written it, the others wait for
-        that at the barrier, then all raise Disrupted."""
+        """Every rank, after the agreed last step and the start of its checkpoint: the save completes (local tier,
+        then the remote one) or fails (the last complete checkpoint stands), then all raise Disrupted."""
         stop, state = self.stop, self.state
         name = signal.Signals(stop.signum).name if stop.signum is not None else "a stop on another rank"
-        saving = self.checkpointer.enabled
-        self.reporter.emit("stopped", reason=name, epoch=epoch, batch=batch, step=state.step, checkpointed=saving)
+        saved = self.checkpointer.finish()
+        complete = saved is not None and saved.complete and saved.step == state.step
+        self.reporter.emit("stopped", reason=name, epoch=epoch, batch=batch, step=state.step, checkpointed=complete)
         if self.env.world_size > 1:
             dist.barrier()
             dist.destroy_process_group()
-        saved = f"checkpoint at step {state.step}" if saving else "no --checkpoint-dir: nothing saved"
-        raise Disrupted(f"stopped by {name} after step {state.step} ({saved})", step=state.step if saving else None)
+        if not self.checkpointer.enabled:
+            outcome = "no --checkpoint-dir: nothing saved"
+        elif complete:
+            outcome = f"checkpoint at step {state.step}"
+        else:
+            outcome = "its checkpoint failed; the last complete one stands"
+        raise Disrupted(f"stopped by {name} after step {state.step} ({outcome})",
+                        step=state.step if complete else None)
 
 
 def _progress_bar(run: Run, epoch: int, first_batch: int, batches: int) -> tqdm:

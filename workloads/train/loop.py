@@ -26,8 +26,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from workloads.data.reading.dataset import HDF5Dataset, JpegFolderDataset
-from workloads.train.checkpoint import CheckpointMirror
-from workloads.train.checkpointer import Checkpointer, TrainState, check_checkpoint_dir, check_resumable
+from workloads.train.checkpoint import CheckpointStoreError
+from workloads.train.checkpointer import (
+    Checkpointer,
+    TrainState,
+    check_checkpoint_dir,
+    check_resumable,
+    probe_remote,
+)
 from workloads.train.config import ConfigError, TrainConfig, rank_batch_size
 from workloads.train.epoch import Run, run_epoch
 from workloads.train.inputs import (
@@ -129,9 +135,8 @@ def _start(config: TrainConfig, env: Distributed) -> torch.device:
 def _set_up(config: TrainConfig, env: Distributed, reporter: Reporter, metrics: TrainMetrics,
             stop: StopRequest) -> Run:
     """Everything before the first step: the group, the data (data_preparation) and the model (model_loading)."""
-    mirror = CheckpointMirror(config.checkpoint_uri) if config.checkpoint_uri else None
-    if mirror is not None and env.local_rank == 0:
-        mirror.probe()
+    if config.checkpoint_uri and env.local_rank == 0:
+        probe_remote(config.checkpoint_uri)
     device = _start(config, env)
     reporter.emit("config", **asdict(config), world_size=env.world_size, device=str(device))
     started = time.perf_counter()
@@ -142,7 +147,7 @@ def _set_up(config: TrainConfig, env: Distributed, reporter: Reporter, metrics: 
     metrics.started(RunShape(epochs=config.epochs, batches_per_epoch=sampler.batches_per_epoch,
                              batch_size=config.batch_size, world_size=env.world_size, rank=env.rank))
     started = time.perf_counter()
-    checkpointer = Checkpointer(config, env, reporter, mirror)
+    checkpointer = Checkpointer(config, env, reporter)
     state = _prepare_model(config, env, device, data.dataset, checkpointer)
     if config.canonical_nodes is None and state.canonical_nodes is not None:
         sampler.set_canonical_nodes(state.canonical_nodes)  # the resumed run's order, whatever the node count now
@@ -175,6 +180,11 @@ def _train(
         run.checkpoint(epoch + 1, 0, None)  # after the epoch line: epoch_time above excludes this one
         if run.stopping and epoch + 1 < config.epochs:  # the agreed stop fell on the epoch's last step
             run.stop_now(epoch + 1, 0)
+    last = run.checkpointer.finish()  # the last save completes (both tiers) before the run reports done
+    if run.checkpointer.enabled and last is not None and not last.complete:
+        # a periodic save that failed leaves the previous one standing; the final one holds the trained weights
+        raise CheckpointStoreError(f"{config.checkpoint_dir}: the final checkpoint (step {last.step}) was not "
+                                   f"saved: {last.error}; a rerun with --resume continues from the last complete one")
     if run.data.feeder:
         run.data.feeder.finish()
     metrics.finished()

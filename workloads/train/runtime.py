@@ -36,7 +36,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class StopRequest:
     """SIGTERM and SIGINT ask the run to stop. Before the first step nothing is lost, so the signal ends the run at
     once (Disrupted); once training runs it only sets a flag: every rank finishes the step in flight, the ranks agree
-    on the flag in the step's all-reduce, rank 0 writes the checkpoint (the others wait at a barrier) and they stop.
+    on the flag in the step's all-reduce, every rank saves its share of the checkpoint and waits for the save (local
+    tier, then the remote one), and they stop.
     A second signal while stopping changes nothing (the checkpoint is not torn)."""
 
     def __init__(self) -> None:

@@ -22,7 +22,10 @@ good checkpoint is loaded (or the run starts fresh, saying so). DCP reshards on 
 ranks loads into 3.
 
 All collectives of the checkpointer run on a process group of its own (gloo), so the background thread's never
-interleave with the training step's.
+interleave with the training step's. A "local" directory every node mounts (EFS, FSx: the bundled trainer's
+--checkpoint-dir on a shared claim) is found at start (rank 0 leaves a probe file, the others look for it) and then
+tended (cleared, manifested, pruned) by rank 0 alone instead of every node's local rank 0. Saving a step already
+saved (or resumed from) is a no-op.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import shutil
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -42,7 +46,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from workloads.train.tiers import (
     MANIFEST,
@@ -60,6 +66,9 @@ from workloads.train.tiers import (
 )
 
 METADATA = ".metadata"  # DCP's global metadata file (rank 0 writes it)
+# A one-process run (no process group) is what no_dist says; DCP warns about it on every save and load.
+warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled, )?unavailable or uninitialized, "
+                        r"assuming the intent is to (save|load) in a single process")
 
 
 class TrainingState:
@@ -141,8 +150,13 @@ class ShardedCheckpointer:
         self.group = (process_group or dist.new_group(backend="gloo")) if self.distributed else None
         self._thread: threading.Thread | None = None
         self._in_flight: int | None = None
+        self._complete_step: int | None = None  # the step this run saved or resumed, complete: saved again = no-op
         self.last: SaveReport | None = None
         self.local.mkdir(parents=True, exist_ok=True)
+        # the rank that tends the local folder (clears, writes the manifest, prunes, downloads): local rank 0 of each
+        # node, or rank 0 alone when the "local" directory is one file system every node mounts (EFS, FSx)
+        shared = self._local_is_shared()  # collective: every rank asks
+        self.tends_local = self.local_rank == 0 and (self.rank == 0 or not shared)
 
     # -- collectives on the checkpointer's own group ------------------------------------------------------------
     def _gather(self, value: Any) -> list[Any]:
@@ -163,13 +177,29 @@ class ShardedCheckpointer:
         if self.distributed:
             dist.barrier(group=self.group)
 
+    def _local_is_shared(self) -> bool:
+        """Whether rank 0's local directory is this rank's too (a shared file system): rank 0 leaves a probe file
+        there, the other ranks look for it."""
+        if not self.distributed:
+            return False
+        probe = self.local / f".probe-{os.getpid()}-{time.time_ns()}" if self.rank == 0 else None
+        if probe is not None:
+            probe.touch()
+        name = self._broadcast(probe.name if probe is not None else None)
+        seen = self._gather(self.rank != 0 and self.local_rank == 0 and (self.local / name).exists())
+        if probe is not None:
+            probe.unlink(missing_ok=True)
+        return any(seen)
+
     # -- save -----------------------------------------------------------------------------------------------------
     def save(self, state: Any, step: int, meta: dict[str, Any] | None = None) -> SaveReport:
         """Snapshot `state` (a Stateful or a DCP state dict) into host memory and return; the write, the
         manifest and the remote copy happen in the background. Waits for the previous save first."""
         self.wait()
+        if step == self._complete_step and self.last is not None:
+            return self.last  # saved (or resumed from) already, complete: the same step holds the same state
         folder = self.local / step_dir_name(step)
-        if self.local_rank == 0 and folder.exists():
+        if self.tends_local and folder.exists():
             shutil.rmtree(folder)  # a partial of the same step from an earlier attempt
         self._barrier()
         started = time.perf_counter()
@@ -227,7 +257,7 @@ class ShardedCheckpointer:
         manifest = Manifest(step, self.world_size, files, meta)
         report.rank_bytes = sum(entry["bytes"] for entry in (mine or {}).values())
         report.total_bytes = manifest.total_bytes
-        if self.local_rank == 0 and all((folder / name).exists() for name in files):
+        if self.tends_local and all((folder / name).exists() for name in files):
             try:
                 write_atomic(folder / MANIFEST, manifest.to_bytes())  # last: the local copy is complete
             except OSError as exc:  # the disk filled up at the last moment: this local copy stays partial
@@ -237,6 +267,8 @@ class ShardedCheckpointer:
             self._copy_remote(folder, step, mine or {}, manifest, report)
         else:
             report.complete = True
+        if report.complete:
+            self._complete_step = step
         self._prune()
 
     def _copy_remote(self, folder: Path, step: int, mine: dict[str, dict[str, Any]], manifest: Manifest,
@@ -266,7 +298,7 @@ class ShardedCheckpointer:
 
     def _prune(self) -> None:
         """Keep the newest `keep` complete checkpoints per tier; never the only good one, never the one in flight."""
-        if self.local_rank == 0:
+        if self.tends_local:
             complete = [step for step in local_steps(self.local)
                         if (self.local / step_dir_name(step) / MANIFEST).exists()]
             for step in to_prune(complete, local_steps(self.local), self.keep, None):
@@ -336,12 +368,15 @@ class ShardedCheckpointer:
         except Exception as exc:
             return f"{self.remote.uri}/{step_dir_name(step)}: {type(exc).__name__}: {exc}"
 
-    def load(self, state: Any) -> Manifest | None:
+    def load(self, state: Any, check: Callable[[Manifest, Path], None] | None = None, *,
+             announce_fresh: bool = True) -> Manifest | None:
         """Load the newest checkpoint complete for every rank into `state` (resharded to this world size); its
-        manifest (with the caller's `meta`), or None when there is none (the run starts fresh)."""
+        manifest (with the caller's `meta`), or None when there is none (the run starts fresh; a line says so
+        unless announce_fresh is False). `check(manifest, folder)` runs on every rank before anything is loaded
+        and may refuse the checkpoint by raising (another model, dataset or order: a config error)."""
         self.wait()
         for step in self.candidates():
-            why = self._ensure_local(step) if self.local_rank == 0 else None
+            why = self._ensure_local(step) if self.tends_local else None
             problems = [problem for problem in self._gather(why) if problem]
             if problems:
                 if self.rank == 0:
@@ -350,19 +385,41 @@ class ShardedCheckpointer:
             folder = self.local / step_dir_name(step)
             manifest = read_local_manifest(folder)
             assert manifest is not None
+            if check is not None:
+                check(manifest, folder)
             try:
                 dcp.load({"state": state}, storage_reader=dcp.FileSystemReader(folder), process_group=self.group,
                          no_dist=not self.distributed)
             except dcp.CheckpointException as exc:  # verified, but not this model's (other shapes or names)
                 raise CheckpointMismatch(f"{folder}: does not load into this model: {_why(exc)}") from None
+            self._complete_step, self.last = step, SaveReport(step=step, stall_s=0.0, complete=True)
             if self.rank == 0:
                 self.log(f"checkpoint: resumed from step {step} ({manifest.world_size} ranks then, "
                          f"{self.world_size} now)")
             return manifest
-        if self.rank == 0:
-            where = self.local if self.remote is None else f"{self.local} or {self.remote.uri}"
-            self.log(f"checkpoint: no complete checkpoint in {where}; starting fresh")
+        if self.rank == 0 and announce_fresh:
+            self.log(f"checkpoint: no complete checkpoint in {self.searched}; starting fresh")
         return None
+
+    @property
+    def searched(self) -> str:
+        return str(self.local) if self.remote is None else f"{self.local} or {self.remote.uri}"
 
     def close(self) -> None:
         self.wait()
+
+
+def load_whole(folder: str | Path) -> dict[str, Any]:
+    """A verified checkpoint folder loaded whole into this one process, without a process group: {"model",
+    "optim", ...} with full (unsharded) tensors, as torch's own dcp_to_torch_save reads one. For tools and checks
+    (the chaos harness compares final weights with it); a training run loads resharded through
+    ShardedCheckpointer.load. CheckpointDamaged when the folder is partial or does not match its manifest."""
+    path = Path(folder)
+    manifest = read_local_manifest(path)
+    if manifest is None:
+        raise CheckpointDamaged(f"{path / MANIFEST}: missing (the checkpoint is partial)")
+    verify_folder(path, manifest)
+    whole: dict[str, Any] = {}
+    _load_state_dict(whole, storage_reader=dcp.FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
+    return whole["state"]

@@ -89,17 +89,23 @@ def measure(events: Sequence[tuple[float, dict[str, Any]]], wall_s: float, kille
         # a step after the checkpoint the next formation resumed from was lost with its formation
         kept = formed + 1 not in resumed_from or step <= resumed_from[formed + 1]
         buckets["productive" if kept else "lost"] += seconds
-    buckets["checkpoint"] = sum(float(event.get("write_seconds") or 0.0) for _, event in events
+    buckets["checkpoint"] = sum(_blocked(event) for _, event in events
                                 if event.get("event") == "checkpoint")
     if killed_at_s is not None and time_to_resume_s is not None:
         resumed_step = next((seconds for at, _, seconds, _ in steps if at >= killed_at_s + time_to_resume_s - 1e-6),
                             0.0)
         buckets["restart"] = max(0.0, time_to_resume_s - resumed_step)
-    after_last = sum(float(event.get("write_seconds") or 0.0) for at, event in events
+    after_last = sum(_blocked(event) for at, event in events
                      if event.get("event") == "checkpoint" and at > steps[-1][0])  # counted as checkpoint already
     buckets["tail"] = max(0.0, wall_s - steps[-1][0] - after_last)
     buckets["other"] = wall_s - sum(value for name, value in buckets.items() if name != "other")
     return Measured(wall_s, buckets)
+
+
+def _blocked(event: dict[str, Any]) -> float:
+    """The seconds a "checkpoint" event's save blocked the loop: stall_seconds (the trainer saves asynchronously:
+    the write and the copy run beside the next steps), else write_seconds (a synchronous writer)."""
+    return float(event.get("stall_seconds", event.get("write_seconds")) or 0.0)
 
 
 @dataclass(frozen=True)
@@ -128,7 +134,7 @@ def reference_inputs(reference: Measured, events: Sequence[tuple[float, dict[str
     mean step, M its productive time (the harness kills once per trial), R its start-up (a restart is a fresh start
     of the gang plus a checkpoint load: the plan's cold-start figure, not the trials' own restarts)."""
     steps = _steps(events)
-    writes = [float(event.get("write_seconds") or 0.0) for _, event in events if event.get("event") == "checkpoint"]
+    writes = [_blocked(event) for _, event in events if event.get("event") == "checkpoint"]
     step_s = statistics.fmean(seconds for _, _, seconds, _ in steps) if steps else 0.0
     return {"checkpoint_s": statistics.fmean(writes) if writes else 0.0, "interval_s": checkpoint_every * step_s,
             "mtbf_s": reference.buckets["productive"], "restart_s": reference.buckets["startup"],

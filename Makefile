@@ -70,7 +70,7 @@ cost: setup-plan ## STACK's $/hour and $/month from offline prices (PRICES=aws a
 	$(BIN)/python scripts/plan.py --stack $(STACK) --cost --prices $(or $(PRICES),fixture)
 
 test: setup ## the offline suite, less the long end-to-end cases (make test-slow; CI runs both)
-	PATH="$(CURDIR)/$(PROM_DIR)/usr/bin:$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" tests
+	PATH="$(CURDIR)/$(PROM_DIR)/usr/bin:$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" --durations=25 tests
 
 test-slow: setup ## the long end-to-end cases: more worlds, start methods and kill points of what make test covers once
 	PATH="$(CURDIR)/$(PROM_DIR)/usr/bin:$$PATH" $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m slow tests

@@ -72,6 +72,7 @@ def test_options_are_checked_by_name(larger_pack: Path) -> None:
         LoaderSettings(workers=-1)
 
 
+@pytest.mark.slow  # two epochs of the example behind a stager; test_cache/test_mixed keep the stager in make test
 def test_example_script_trains_through_the_staging_cache(
     larger_pack: Path, s3_url: str, bucket: str, tmp_path: Path
 ) -> None:

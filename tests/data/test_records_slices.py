@@ -127,6 +127,7 @@ def test_any_slice_count_gives_the_same_shards_and_manifest_as_a_local_pack(corp
     assert captions[0] > 0
 
 
+@pytest.mark.slow  # three CLI runs against moto; test_pack_slices keeps the killed-slice rerun in make test
 def test_a_slice_killed_mid_shard_and_rerun_changes_nothing(corpus: dict, tmp_path: Path) -> None:
     client, bucket, url = corpus["client"], corpus["bucket"], corpus["url"]
     fields = tmp_path / "fields.json"

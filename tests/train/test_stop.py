@@ -70,7 +70,7 @@ def straight(tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     return state
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_stop_signal_on_one_rank_loses_no_step_and_resumes_exactly(
     tiny_data: dict[str, Path], tmp_path: Path, straight: dict, sig: int
 ) -> None:

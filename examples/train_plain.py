@@ -62,7 +62,10 @@ def main() -> None:
     parser.add_argument("--shuffle-shards", type=int, default=4,
                         help="shards shuffled together; their bytes must fit --budget at once (default 4)")
     parser.add_argument("--crop-size", type=int, default=None, help="(default: the stored image size)")
-    parser.add_argument("--workers", type=int, default=4, help="DataLoader workers (default 4)")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="encoded (JPEG) packs: decode to this size (default: the pack's own size)")
+    workers = min(4, os.cpu_count() or 1)  # more than the machine's CPUs: torch warns on stderr and gains nothing
+    parser.add_argument("--workers", type=int, default=workers, help=f"DataLoader workers (default {workers})")
     parser.add_argument("--lr", type=float, default=0.05, help="(default 0.05)")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR"),
                         help="(default $CHECKPOINT_DIR; none: no checkpoints)")
@@ -85,7 +88,7 @@ def main() -> None:
     # min_rank_batch=2: BatchNorm cannot train on a tail batch of one sample.
     data = PackedData.open(args.data, batch_size=args.batch_size, remote=args.remote,
                            endpoint_url=args.endpoint_url, budget_bytes=args.budget, shuffle_shards=args.shuffle_shards,
-                           min_rank_batch=2, seed=args.seed)
+                           min_rank_batch=2, seed=args.seed, image_size=args.image_size)
     crop = args.crop_size or data.image_size
     torch.manual_seed(args.seed)
     model: nn.Module = small_cnn(data.num_classes).to(device, memory_format=torch.channels_last)

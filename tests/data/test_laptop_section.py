@@ -79,3 +79,16 @@ def test_commands_a_reader_types_name_the_venv_python() -> None:
             if bare.search(line) and not any(mark in line for mark in in_a_pod):
                 found.append(f"{path.name}:{number}: {line.strip()}")
     assert found == []
+
+
+@pytest.mark.slow  # torch's import alone: seconds
+def test_the_plain_example_decodes_encoded_packs_at_a_chosen_size() -> None:
+    """An encoded pack read at 224 px by default is many times slower on a CPU than one packed small: the example
+    takes --image-size (PackedData.open's image_size) and caps its loader workers at the machine's CPUs (more
+    makes torch warn on stderr, where the docs promise only warning:/error: lines)."""
+    result = subprocess.run([str(REPO / ".venv/bin/python"), str(REPO / "examples/train_plain.py"), "--help"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert "--image-size" in result.stdout
+    options = result.stdout.rsplit("--workers WORKERS", 1)[1][:200]
+    assert f"(default {min(4, os.cpu_count() or 1)})" in options, options

@@ -142,6 +142,8 @@ DOCKER_READY = command -v docker >/dev/null || { echo "error: docker: not instal
 image: ## build the training image locally as ml-cluster-train:<git tag>
 	@$(DOCKER_READY)
 	docker buildx build -f workloads/Dockerfile -t ml-cluster-train:$(IMAGE_TAG) --load .
+	@docker image inspect ml-cluster-train:$(IMAGE_TAG) --format '{{.Size}}' | \
+		awk '{printf "image size: %.1f GB (%.0f bytes): put it in ml-cluster:nodes.coldStart.imageSize as %.0fG\n", $$1/1e9, $$1, int(($$1+999999999)/1e9)}'
 
 push: setup-plan ## push the training image to STACK's registry (after make up)
 	@command -v pulumi >/dev/null || { echo "error: pulumi: not installed (https://www.pulumi.com/docs/install/)"; exit 2; }

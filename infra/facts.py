@@ -34,6 +34,7 @@ from infra.jobs import check_jobs
 from infra.network import lookup_existing_subnets
 from infra.nodes.blockend import block_end_problems, spot_notice_problems
 from infra.nodes.burnin import gpu_health_selector
+from infra.nodes.coldstart import ColdStart, cold_starts, timeout_problems
 from infra.nodes.poolplan import PoolPlan, plan_sound_pools, pool_facts
 from infra.packing import pack_bucket_keys
 from infra.queueing import kueue_facts, stack_job_queues
@@ -41,7 +42,7 @@ from infra.quota import check_queueing
 from infra.registry import repository_name, repository_url
 from infra.storage import job_storage_facts
 from infra.tenancy import team_facts
-from infra.topology import topology_facts, topology_problems
+from infra.topology import gpu_topologies, topology_facts, topology_problems
 from workloads.cluster_facts import ClusterFacts
 
 Manifest = dict[str, Any]
@@ -66,6 +67,8 @@ class StackFacts:
     rendered_jobs: tuple[tuple[Manifest, ...], ...]  # each stack Job's checked manifests (Job first), in spec order
     job_access: JobBucketAccess  # which buckets the Jobs read and write
     runtimes: tuple[Mapping[str, Any], ...] = ()  # the stack's ClusterTrainingRuntimes (jobControllers.trainer)
+    cold_starts: tuple[ColdStart, ...] = ()  # each EKS GPU pool's cold-start budget (infra/nodes/coldstart.py)
+    gang_timeout: str | None = None  # kueue.waitForPodsReady.timeout when the stack runs Kueue
 
     @property
     def has_gpus(self) -> bool:
@@ -109,12 +112,19 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
                                                       most_recent=False).version
                       for name in unpinned_addons_with_minimum(cfg)}
     job_access = found.run(check_stack, cfg, ctx.stack, account_id, private_zones, rendered_jobs, addon_defaults)
+    # Each GPU pool's cold start, and the gang timeout that must cover it.
+    budgets = cold_starts(pool_plans, cfg.nodes.cold_start, cfg.nodes.image_pull.parallel, cfg.gpu.health,
+                          cfg.gpu.health.runs(cfg.protected), gpu_topologies(cfg.kueue, pool_plans))
+    timeout = cfg.kueue.wait_for_pods_ready.timeout if cfg.kueue.enabled else None
     # Flavors known to the pools, team quotas that fit them, every stack Job's gang within its queue's reach (not
     # with a pool missing: its flavor's quotas would be reported as unknown flavors).
     if not pool_problems:
         found.run(check_queueing, cfg.kueue, pool_plans, cfg.label_prefix, rendered_jobs,
                   stack_job_queues(rendered_jobs, cfg.label_prefix))
         found.problems += topology_problems(cfg.kueue, pool_plans)  # a topology flavor that could never admit a gang
+        if timeout is not None:  # the gang timeout below a GPU pool's cold start
+            found.problems += [("kueue.waitForPodsReady.timeout", problem)
+                               for problem in timeout_problems(timeout, budgets)]
     # Jobs that may run on a Capacity Block write their last checkpoint between EKS's drain and EC2's shutdown.
     # and those that may run on Spot, within the two-minute interruption notice (when every Job rendered).
     found.problems += block_end_problems(pool_plans, rendered_jobs)
@@ -127,7 +137,8 @@ def stack_facts(cfg: StackConfig, ctx: StackContext) -> StackFacts:
                       account_id=account_id,
                       image_repository=image_repository, gated=gated, gate_labels=gate_labels,
                       bucket_names=bucket_names, pack_keys=pack_keys, job_facts=job_facts,
-                      rendered_jobs=rendered_jobs, job_access=job_access, runtimes=runtimes)
+                      rendered_jobs=rendered_jobs, job_access=job_access, runtimes=runtimes,
+                      cold_starts=tuple(budgets), gang_timeout=timeout)
 
 
 class _Problems:

@@ -65,7 +65,8 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> Outputs:
     if cfg.platform == "eks" and cfg.registry.enabled:
         registry = ImageRegistry(f"{ctx.prefix}-registry", ImageRegistryArgs(ctx=ctx, config=cfg.registry))
         outputs["imageRepository"] = registry.url
-    node_groups = _node_pools(ctx, facts, cluster, network, outputs, fsx_boot_scripts(cfg.storage, facts.pool_plans))
+    node_groups = _node_pools(ctx, facts, cluster, network, outputs, fsx_boot_scripts(cfg.storage, facts.pool_plans),
+                              cfg.nodes.image_pull.parallel, cfg.nodes.autoscaler.scale_down_unneeded_time)
 
     # --- the Jobs' namespace: storage puts its claims and the COS Secret in it ---
     monitoring = cfg.monitoring
@@ -158,13 +159,15 @@ def _network_and_cluster(cfg: StackConfig, ctx: StackContext, facts: StackFacts,
 
 
 def _node_pools(ctx: StackContext, facts: StackFacts, cluster: ClusterInfo, network: NetworkInfo | None,
-                outputs: Outputs, boot_scripts: dict[str, tuple[str, ...]]) -> list[pulumi.Resource]:
+                outputs: Outputs, boot_scripts: dict[str, tuple[str, ...]],
+                parallel_pull: bool, scale_down: str) -> list[pulumi.Resource]:
     """The managed node groups (EKS); the nodePools output for every pool (onprem: the existing nodes' shape)."""
     node_groups: list[pulumi.Resource] = []
     if network is not None:
         pools = NodePools(f"{ctx.prefix}-nodepools", NodePoolsArgs(
             ctx=ctx, cluster=cluster, network=network, pools=tuple(p for p in facts.pool_plans if p.ami_type),
-            gpu_node_labels=facts.gate_labels, boot_scripts=boot_scripts))
+            gpu_node_labels=facts.gate_labels, boot_scripts=boot_scripts,
+            parallel_pull=parallel_pull))
         node_groups = list(pools.node_groups.values())
     outputs["nodePools"] = {plan.name: {
         "gpuType": plan.gpu_type, "gpusPerNode": plan.gpus_per_node, "nvmeGib": plan.nvme_gib,
@@ -172,6 +175,9 @@ def _node_pools(ctx: StackContext, facts: StackFacts, cluster: ClusterInfo, netw
         **({"reservation": plan.config.capacity_reservation.output()}
            if plan.config.capacity_reservation is not None else {}),
     } for plan in facts.pool_plans}
+    if facts.cold_starts:  # what a cold gang waits for, per GPU pool (the plan summary's table)
+        outputs["coldStart"] = {"timeout": facts.gang_timeout, "pools": [budget.row() for budget in facts.cold_starts],
+                                "scaleDownUnneededTime": scale_down}
     return node_groups
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from infra.config.base import Quantity, StrictModel
+from infra.config.coldstart import ColdStartConfig, ImagePullConfig
 from infra.config.nodepools import HelmChartConfig
 
 SECTION = "nodes"
@@ -66,6 +67,15 @@ class NodesConfig(StrictModel):
         default=AutoscalerConfig(),
         description=("the cluster-autoscaler chart (EKS): scales node groups with pending pods, GPU pools from zero "
                      "(formerly gpu.autoscaler)"),
+    )
+    image_pull: ImagePullConfig = Field(
+        default=ImagePullConfig(),
+        description="parallel image pull on the GPU pools (nodeadm FastImagePull, Bottlerocket's soci snapshotter)",
+    )
+    cold_start: ColdStartConfig = Field(
+        default=ColdStartConfig(),
+        description=("the cold-start budget's inputs (boot, burn-in, image sizes, pull rates, first shard): "
+                     "kueue.waitForPodsReady.timeout must cover each GPU pool's budget"),
     )
     sizing: SizingConfig = Field(
         default=SizingConfig(),

@@ -72,6 +72,29 @@ BOTTLEROCKET_EFA_MEMLOCK = ('[settings.oci-defaults.resource-limits.max-locked-m
                             'soft-limit = "unlimited"\nhard-limit = "unlimited"\n')
 
 
+# Parallel image pull. AL2023: nodeadm's FastImagePull feature gate turns on the SOCI snapshotter in
+# parallel_pull_unpack mode (amazon-eks-ami v20260724 nodeadm/api/v1alpha1/nodeconfig_types.go:158-170,
+# nodeadm/doc/examples.md:152-173; its settings: nodeadm/internal/containerd/snapshotter/soci-snapshotter.config.toml;
+# ignored below 4 vCPUs or 7 GiB, nodeadm/internal/containerd/config.go:167-188). The kubelet already pulls images in
+# parallel there (serializeImagePulls false, nodeadm/internal/kubelet/config.go:124).
+def nodeconfig_fast_image_pull() -> dict[str, Any]:
+    """The nodeadm NodeConfig that pulls and unpacks image layers in parallel (SOCI parallel pull)."""
+    return {"apiVersion": NODECONFIG_API_VERSION, "kind": "NodeConfig",
+            "spec": {"featureGates": {"FastImagePull": True}}}
+
+
+# Bottlerocket: containerd's snapshotter `soci` (bottlerocket-os/bottlerocket-settings-sdk@985f108a
+# bottlerocket-settings-models/settings-extensions/container-runtime/src/lib.rs:9-24, :40-46) in the
+# parallel-pull-unpack mode (settings-extensions/container-runtime-plugins, Bottlerocket 1.44 docs "container-runtime-
+# plugins"), with the per-image concurrency nodeadm uses on AL2023.
+BOTTLEROCKET_PARALLEL_PULL = ('[settings.container-runtime]\nsnapshotter = "soci"\n'
+                              '[settings.container-runtime-plugins.soci-snapshotter]\n'
+                              'pull-mode = "parallel-pull-unpack"\n'
+                              '[settings.container-runtime-plugins.soci-snapshotter.parallel-pull-unpack]\n'
+                              'max-concurrent-downloads-per-image = 20\nmax-concurrent-unpacks-per-image = 12\n'
+                              'concurrent-download-chunk-size = "16mb"\ndiscard-unpacked-layers = true\n')
+
+
 def mime_user_data(nodeconfigs: list[dict[str, Any]], scripts: list[str] | None = None) -> str:
     """MIME multi-part user data with one application/node.eks.aws part per NodeConfig (for nodeadm) and one
     text/x-shellscript part per script (cloud-init runs them after nodeadm's config phase, before the kubelet
@@ -104,18 +127,21 @@ def bottlerocket_user_data() -> str:
     )
 
 
-def user_data(plan: PoolPlan, scripts: Sequence[str] = ()) -> str | None:
+def user_data(plan: PoolPlan, scripts: Sequence[str] = (), parallel_pull: bool = False) -> str | None:
     """The launch template's user data (plain text) for a pool; None when the defaults do. `scripts`: more boot
-    scripts for an AL2023 pool (e.g. the FSx for Lustre client's LNet over EFA), after the hugepages one."""
+    scripts for an AL2023 pool (e.g. the FSx for Lustre client's LNet over EFA), after the hugepages one.
+    `parallel_pull`: a GPU pool pulls images in parallel (nodes.imagePull.parallel)."""
     pages = EFA_NODE_HUGEPAGES if plan.efa_interfaces else 0
-    if not plan.nvme_gib and not pages and not scripts:
+    fast_pull = parallel_pull and plan.is_gpu
+    if not plan.nvme_gib and not pages and not scripts and not fast_pull:
         return None
     if plan.is_bottlerocket:
         settings = bottlerocket_user_data() if plan.nvme_gib else ""
         if pages:
             settings += f'[settings.kernel.sysctl]\n"vm.nr_hugepages" = "{pages}"\n' + BOTTLEROCKET_EFA_MEMLOCK
-        return settings
+        return settings + (BOTTLEROCKET_PARALLEL_PULL if fast_pull else "")
     nodeconfigs = ([nodeconfig_raid0()] if plan.nvme_gib else []) + ([nodeconfig_efa_memlock()] if pages else [])
+    nodeconfigs += [nodeconfig_fast_image_pull()] if fast_pull else []
     return mime_user_data(nodeconfigs, ([hugepages_script(pages)] if pages else []) + list(scripts))
 
 
@@ -228,6 +254,7 @@ class NodePoolsArgs:
     pools: tuple[PoolPlan, ...]  # EKS pools (plans with instance types)
     gpu_node_labels: dict[str, str] = field(default_factory=dict)  # modelled on GPU pools' templates (the gate)
     boot_scripts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # pool -> more AL2023 boot scripts
+    parallel_pull: bool = False  # GPU pools pull images in parallel (nodes.imagePull.parallel)
 
 
 class NodePools(pulumi.ComponentResource):
@@ -246,7 +273,7 @@ class NodePools(pulumi.ComponentResource):
         for plan in args.pools:
             subnet_ids = pool_subnet_ids(plan, args.network)
             child = pulumi.ResourceOptions(parent=self)
-            text = user_data(plan, args.boot_scripts.get(plan.name, ()))
+            text = user_data(plan, args.boot_scripts.get(plan.name, ()), args.parallel_pull)
             placement, interfaces = None, None
             if plan.efa_interfaces:
                 # A cluster placement group keeps the pool's nodes on one network spine (lowest EFA latency).

@@ -53,6 +53,7 @@ from infra.plan.holdings import (
     team_namespaces_of,
     team_quotas_of,
 )
+from infra.plan.partialgang import PartialGang, format_partial_gangs, partial_gangs
 from infra.plan.pricing import (
     PriceError,
     PriceQuery,
@@ -123,6 +124,7 @@ class CostReport:
     jobs: list[JobCost] = field(default_factory=list)
     teams: list[TeamCost] = field(default_factory=list)
     note: str = ""
+    partial_gangs: list[PartialGang] = field(default_factory=list)  # worst case of one partial-gang wait per pool
 
     def team_monthly(self) -> dict[str, float]:
         """Team -> USD per month at its guaranteed quota, EFS included."""
@@ -160,6 +162,7 @@ def estimate(plan: Mapping[str, Any], prices: Mapping[str, float], source: str, 
 
     by_key = {query.key: query for query in price_queries(plan)}
     pools = pools_of(plan)
+    report.partial_gangs = partial_gangs(plan, pools, lambda pool: price(by_key[pool_query(region, pool).key]))
     for pool in pools:
         counts = "/".join(map(str, pool.sizes))
         rate = price(by_key[pool_query(region, pool).key])
@@ -280,7 +283,8 @@ def report_document(report: CostReport) -> dict[str, Any]:
             "hoursPerMonth": HOURS_PER_MONTH, "sizes": list(SIZES),
             "hourly": list(report.hourly()), "monthly": list(report.monthly()),
             "lines": [asdict(line) for line in report.lines], "jobs": [asdict(job) for job in report.jobs],
-            "teams": [asdict(team) for team in report.teams], "teamMonthly": report.team_monthly()}
+            "teams": [asdict(team) for team in report.teams], "teamMonthly": report.team_monthly(),
+            "partialGangs": [{**asdict(line), "cost": line.cost} for line in report.partial_gangs]}
 
 
 def _money(value: float) -> str:
@@ -304,6 +308,7 @@ def format_report(report: CostReport) -> str:
                  f"{_money(hourly[2]):>12}")
     lines.append(f"  {'total per month (730 h)':<71} {'':>17} {_money(monthly[0]):>12} {_money(monthly[1]):>12} "
                  f"{_money(monthly[2]):>12}")
+    lines += format_partial_gangs(report.partial_gangs, _money)
     if report.jobs:
         lines += ["", f"  {'job':<24} {'pool':<14} {'nodes':>5} {'GPUs':>5} {'deadline h':>10} {'GPU-hours':>10} "
                       f"{'$/h':>10} {'cost at deadline':>17}"]

@@ -37,11 +37,36 @@ def summary(plan: dict[str, Any]) -> str:
         marks = f"  [{', '.join(flags)}]" if flags else ""
         lines.append(f"  {resource['type']}  {resource['name']}{parent}{marks}")
     lines += team_summary(plan)
+    lines += coldstart_lines(plan)
     lines += goodput_lines(job_predictions(plan))
     if plan.get("outputs"):
         lines += ["", "outputs:"]
         lines += [f"  {key}: {value}" for key, value in plan["outputs"].items()]
     return "\n".join(lines) + "\n"
+
+
+def coldstart_lines(plan: dict[str, Any]) -> list[str]:
+    """The cold-start budget per GPU pool (the `coldStart` output, infra/nodes/coldstart.py), in minutes, against
+    Kueue's gang timeout. Empty when the stack has no EKS GPU pool."""
+    cold = (plan.get("outputs") or {}).get("coldStart")
+    if not cold:
+        return []
+    timeout = cold.get("timeout")
+    limit = None
+    if timeout:
+        limit = int(timeout[:-1]) * {"s": 1 / 60, "m": 1, "h": 60}[timeout[-1]]
+    lines = ["", f"cold start (kueue.waitForPodsReady.timeout {timeout or '-, no Kueue'}; minutes):",
+             "  pool  type  boot  burn-in  image-pull  first-shard  total  timed  verdict"]
+    for row in cold["pools"]:
+        pull = (f"{row['pullMinutes']:.1f} ({row['pullGB']:.1f} GB @ {row['pullMBps']:.1f} MB/s, "
+                f"{'parallel' if row['parallelPull'] else 'serial'})")
+        verdict = "-" if limit is None else ("ok" if row["timedMinutes"] <= limit else "BELOW BUDGET")
+        lines.append(f"  {row['pool']}  {row['instanceType']}  {row['bootMinutes']:.1f}  {row['burnInMinutes']:.1f}  "
+                     f"{pull}  {row['firstShardMinutes']:.1f}  {row['totalMinutes']:.1f}  {row['timedMinutes']:.1f}  "
+                     f"{verdict}")
+    lines.append("  (timed: what the timeout covers; on a topology flavor Kueue admits after the nodes are Ready, "
+                 "so boot and burn-in are not timed. Boot and burn-in are model figures: docs/operations.md)")
+    return lines
 
 
 def team_summary(plan: dict[str, Any]) -> list[str]:

@@ -69,10 +69,28 @@ def find_chart(charts: Path, chart: str, version: str) -> Path | None:
         if chart_yaml.is_file():
             import yaml
 
-            meta = yaml.safe_load(chart_yaml.read_text()) or {}
+            try:
+                meta = yaml.safe_load(chart_yaml.read_text(encoding="utf-8")) or {}
+            except (UnicodeDecodeError, yaml.YAMLError) as exc:
+                raise RenderProblem(f"{chart_yaml}: not a YAML text ({type(exc).__name__})") from exc
+            if not isinstance(meta, Mapping):
+                raise RenderProblem(f"{chart_yaml}: not a chart's metadata (a mapping with name and version)")
             if str(meta.get("name")) == chart and str(meta.get("version")) == version:
                 return path
     return None
+
+
+def checked_kubernetes_version(version: str) -> str:
+    """`version` (1.33 or 1.33.0) if kubernetes-validate has its schemas, else RenderProblem saying which it has."""
+    from kubernetes_validate.utils import all_versions
+
+    known = sorted({".".join(v.split(".")[:2]) for v in all_versions()}, key=lambda v: tuple(map(int, v.split("."))))
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
+        raise RenderProblem(f"--kubernetes-version: {version!r} is not a Kubernetes version such as {known[-1]}")
+    if ".".join(version.split(".")[:2]) not in known:
+        raise RenderProblem(f"--kubernetes-version: {version}: kubernetes-validate has schemas for {known[0]} to "
+                            f"{known[-1]} only")
+    return version
 
 
 def unknown_keys(values: Any, defaults: Any, subcharts: frozenset[str], path: str = "") -> list[str]:
@@ -284,12 +302,20 @@ def custom_resource_problems(plan: Mapping[str, Any],
 
 def check_plan(plan: Mapping[str, Any], charts: Path, kubernetes_version: str) -> list[str]:
     """One `error: ...` or `ok: ...` line per release, then one for the custom resources the charts define."""
+    import tarfile
+
+    import yaml
+
     lines = []
     crds: dict[tuple[str, str], dict[str, Any]] = {}
     for release in helm_releases(plan):  # the CRDs every chart of the plan brings, for every other release
-        path = find_chart(charts, chart_name(release["inputs"]["chart"]), str(release["inputs"].get("version") or ""))
-        if path is not None:
-            crds.update(chart_crds(path))
+        try:
+            path = find_chart(charts, chart_name(release["inputs"]["chart"]),
+                              str(release["inputs"].get("version") or ""))
+            if path is not None:
+                crds.update(chart_crds(path))
+        except (RenderProblem, OSError, ValueError, tarfile.TarError, yaml.YAMLError):
+            continue  # the release's own line below says what is wrong with its chart
     for release in helm_releases(plan):
         inputs = release["inputs"]
         try:
@@ -337,6 +363,7 @@ def main(argv: list[str]) -> int:
 
             plan = plan_stack(args.stack)
             version = args.kubernetes_version or stack_kubernetes_version(args.stack)
+        version = checked_kubernetes_version(version)
     except (OSError, ValueError, KeyError, RenderProblem) as exc:
         print(f"error: {args.stack or args.plan}: {exc}", file=sys.stderr)
         return 2

@@ -394,3 +394,30 @@ def test_kueue_integrates_jobsets_and_trainjobs_where_the_controllers_run() -> N
         config = yaml.safe_load(config_map["data"]["controller_manager_config.yaml"])
         assert config["integrations"]["frameworks"] == [
             "batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]
+
+
+@pytest.mark.parametrize(("version", "why"), [
+    ("abc", "--kubernetes-version: 'abc' is not a Kubernetes version such as 1."),
+    ("1.3x", "--kubernetes-version: '1.3x' is not a Kubernetes version such as 1."),
+    ("1.2", "--kubernetes-version: 1.2: kubernetes-validate has schemas for 1."),
+])
+def test_a_kubernetes_version_that_is_none_is_one_error_line(charts: Path, tmp_path: Path, version: str, why: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"stack": "dev", "resources": [release("good", "1.2.3", {})]}))
+    assert render_charts.main(["--plan", str(plan), "--charts", str(charts), "--kubernetes-version", version]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: {plan}: {why}") and captured.err.count("\n") == 1 and not captured.out
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "not a YAML text (UnicodeDecodeError)"),
+    (b"name: [unclosed\n", "not a YAML text (ParserError)"),
+    (b"- name\n- version\n", "not a chart's metadata (a mapping with name and version)"),
+])
+def test_a_chart_yaml_that_is_no_metadata_is_that_releases_error(charts: Path, content: bytes, why: str) -> None:
+    write_chart(charts, "broken", "0.1.0", "{}\n", {"cm.yaml": CONFIGMAP})
+    (charts / "broken" / "Chart.yaml").write_bytes(content)
+    lines = check(charts, release("broken", "0.1.0", {}), release("good", "1.2.3", {}))
+    assert lines == [f"error: mlc-test-broken: {charts / 'broken' / 'Chart.yaml'}: {why}",
+                     "ok: mlc-test-good: good 1.2.3: 1 objects"]

@@ -31,6 +31,7 @@ from infra.plan.cost import estimate, format_cost_diff, format_report, report_do
 from infra.plan.engine import (  # noqa: E402
     PlanStopped,
     load_stack_file,
+    offline_account,
     placeholders_left,
     plan_error_lines,
     plan_stack,
@@ -99,6 +100,9 @@ def main(argv: list[str]) -> int:
         print(f"note: {text}", file=sys.stderr)
     for text in plan_job_notes(plan):
         print(f"note: {text}", file=sys.stderr)
+    account_note = offline_account(stack_file)[1]
+    if account_note:
+        print(f"note: {account_note}", file=sys.stderr)
     left = placeholders_left(stack_file)
     if left:  # the plan is fine offline; say that a real run is not, and where to start
         path, why = left[0]

@@ -28,6 +28,7 @@ from pulumi.runtime.mocks import Mocks
 from infra.config import ConfigError, ConfigExit, parse_stack_config, read_stack_file
 from infra.config.base import PROJECT
 from infra.existing_cluster import ClusterAnswerError, found_from_get_cluster
+from infra.plan.account import plan_account
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STACKS_DIR = REPO_ROOT / "stacks"
@@ -189,7 +190,11 @@ class OfflineMocks(Mocks):
 
     def call(self, args: Any) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
         try:
-            return self.fixtures.answer(args.token, args.args, self.region), []  # no check failures
+            answer = self.fixtures.answer(args.token, args.args, self.region)
+            if args.token == CALLER_IDENTITY:  # the stack's pinned account, if any: the fixtures answer the rest
+                answer = {**answer, "accountId": self.account, "id": self.account,
+                          "arn": re.sub(r"::\d{12}:", f"::{self.account}:", str(answer.get("arn", "")))}
+            return answer, []  # no check failures
         except FixtureError as exc:
             self.errors.append(exc)
             raise
@@ -339,6 +344,15 @@ def validate_stack_file(stack_file: StackFile) -> None:
     parse_stack_config({key: decode_config_value(value) for key, value in config.items()}, secret_keys)
 
 
+CALLER_IDENTITY = "aws:index/getCallerIdentity:getCallerIdentity"
+
+
+def offline_account(stack_file: StackFile, fixtures: Fixtures | None = None) -> tuple[str, str | None]:
+    """The account the offline plan runs as, and a note when that is not the user's (infra.plan.account)."""
+    fixture = str((fixtures or Fixtures()).answer(CALLER_IDENTITY, {}, None)["accountId"])
+    return plan_account(stack_file.values, fixture)
+
+
 def placeholders_left(stack_file: StackFile) -> list[tuple[str, str]]:
     """What a real `pulumi preview`/`up` of this stack file would refuse as placeholders (the offline plan accepts
     them: they are its fixtures' world), so the plan can say so."""
@@ -372,7 +386,7 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
     config, secret_keys = offline_config(stack_file)
     region = stack_file.values.get("aws:region")
     fixtures = fixtures or Fixtures()
-    account = str(fixtures.answer("aws:index/getCallerIdentity:getCallerIdentity", {}, None)["accountId"])
+    account = offline_account(stack_file, fixtures)[0]
     mocks = OfflineMocks(fixtures, region, account)
     recorded: list[RecordedResource] = []
 
@@ -568,6 +582,7 @@ __all__ = [
     "FixtureError",
     "kubernetes_objects",
     "load_stack_file",
+    "offline_account",
     "placeholders_left",
     "plan_stack",
     "validate_kubernetes_objects",

@@ -92,8 +92,8 @@ $(SCAN_VENV)/.deps-$(CHECKOV_VERSION):
 	$(SCAN_VENV)/bin/python -m pip install -q --disable-pip-version-check checkov==$(CHECKOV_VERSION)
 	@touch $@
 
-scan: setup-plan $(SCAN_VENV)/.deps-$(CHECKOV_VERSION) ## checkov on every stack's manifests, the Dockerfile and the workflows
-	$(BIN)/python scripts/scan.py --checkov $(SCAN_VENV)/bin/checkov
+scan: setup-plan $(SCAN_VENV)/.deps-$(CHECKOV_VERSION) ## checkov on every stack's manifests (STACK=a,b: those), the Dockerfile and the workflows
+	$(BIN)/python scripts/scan.py --checkov $(SCAN_VENV)/bin/checkov $(if $(filter-out file default,$(origin STACK)),--stacks '$(STACK)')
 
 # Benchmarks print a table (or JSON with --json); docs/benchmarks.md records each figure with its command.
 bench: setup ## quick loader and stager benchmarks

@@ -48,3 +48,32 @@ def test_a_skip_line_without_a_reason_is_an_error(tmp_path: Path) -> None:
 def test_the_projects_skip_file_parses_and_every_line_has_a_reason() -> None:
     skips = load_skips(REPO / "scripts" / "checkov-skips.txt")
     assert skips and all(len(skip.why.split()) >= 4 for skip in skips)
+
+
+def _fake_checkov(tmp_path: Path) -> str:
+    """A checkov stand-in printing REPORT for every framework (findings as checkov's JSON lists them)."""
+    import json
+    import sys
+
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(REPORT))
+    script = tmp_path / "checkov"
+    script.write_text(f"#!{sys.executable}\nprint(open({str(report)!r}).read())\nraise SystemExit(1)\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("stacks, code, level", [("dev,staging,prod,onprem", 2, "error"), ("mine", 0, "note")])
+def test_a_skip_unused_by_ones_own_stack_is_a_note_not_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        stacks: str, code: int, level: str) -> None:
+    """`make scan STACK=mine`: the skip file excuses the committed stacks' findings; a line that matches none of
+    another stack's findings is said in a note, and only the committed stacks' scan fails on it."""
+    import scripts.scan as scan
+
+    monkeypatch.setattr(scan, "_render", lambda stacks, out: out.mkdir(parents=True))
+    skips = tmp_path / "skips.txt"
+    skips.write_text("CKV_K8S_43 Job.training.* tags\nCKV_K8S_20 Job.training.* why\nCKV_K8S_99 Job.other.* gone\n")
+    assert scan.main(["--checkov", _fake_checkov(tmp_path), "--skips", str(skips), "--stacks", stacks]) == code
+    err = capsys.readouterr().err
+    assert f"{level}: {skips}:3: CKV_K8S_99 Job.other.* matches no finding" in err, err

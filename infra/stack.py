@@ -246,7 +246,8 @@ def _teams(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluster: Clus
         file_system_id=storage.file_system_id, storage_needs=storage.driver_resources,
         fsx_volumes=fsx_volumes))
     team_namespaces = {team.name: team.namespace for team in cfg.kueue.tenant_teams if team.namespace is not None}
-    fsx_output = outputs["storage"].get("fsxLustre")  # type: ignore[union-attr]
+    storage_output = outputs["storage"]
+    fsx_output = storage_output.get("fsxLustre") if isinstance(storage_output, dict) else None
     if fsx_volumes and isinstance(fsx_output, dict):  # verify_stack checks the teams' claims too
         fsx_output["claims"] = [*fsx_output["claims"], *({"namespace": pvc["metadata"]["namespace"],
                                                           "name": pvc["metadata"]["name"]}

@@ -8,7 +8,7 @@ the file system's own security group (its servers talk to each other), and the s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
@@ -34,8 +34,14 @@ def repository_path(bucket_name: str, prefix: str) -> str:
     return f"s3://{bucket_name}/{prefix}"
 
 
-def events_policy(events: list[str]) -> dict[str, list[str]] | None:
-    return {"events": list(events)} if events else None
+def s3_policies(auto_import: Sequence[str], auto_export: Sequence[str]) -> aws.fsx.DataRepositoryAssociationS3Args:
+    """A data repository association's S3 side: which bucket events import, which file-system events export (none
+    listed: no policy)."""
+    return aws.fsx.DataRepositoryAssociationS3Args(
+        auto_import_policy=aws.fsx.DataRepositoryAssociationS3AutoImportPolicyArgs(events=list(auto_import))
+        if auto_import else None,
+        auto_export_policy=aws.fsx.DataRepositoryAssociationS3AutoExportPolicyArgs(events=list(auto_export))
+        if auto_export else None)
 
 
 def lustre_rules(peers: tuple[str, ...], efa: bool = False) -> list[PortRule]:
@@ -179,8 +185,7 @@ class LustreFileSystem(pulumi.ComponentResource):
             batch_import_meta_data_on_create=dra.import_metadata_on_create,
             imported_file_chunk_size=dra.imported_file_chunk_size_mib,
             delete_data_in_filesystem=False,
-            s3={"auto_import_policy": events_policy(dra.auto_import),
-                "auto_export_policy": events_policy(dra.auto_export)},
+            s3=s3_policies(dra.auto_import, dra.auto_export),
             tags=ctx.tags,
             opts=pulumi.ResourceOptions(parent=self, protect=ctx.protected),
         )

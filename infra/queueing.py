@@ -252,8 +252,10 @@ def kueue_facts(cfg: KueueConfig) -> dict[str, Any]:
     """The ClusterFacts fields a Job renderer needs from this config."""
     if not cfg.enabled:
         return {"kueue": False, "local_queue": None, "local_queues": None, "workload_priority_classes": None}
+    timeout = cfg.wait_for_pods_ready.timeout
     return {"kueue": True, "local_queue": cfg.local_queue, "local_queues": cfg.local_queues,
-            "workload_priority_classes": tuple(priority.name for priority in cfg.priority_classes)}
+            "workload_priority_classes": tuple(priority.name for priority in cfg.priority_classes),
+            "gang_timeout_seconds": int(timeout[:-1]) * {"s": 1, "m": 60, "h": 3600}[timeout[-1]]}
 
 
 # --- the component -------------------------------------------------------------------------------------------------

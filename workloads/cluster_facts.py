@@ -137,6 +137,9 @@ class ClusterFacts:
     file_systems: dict[str, FileSystemFacts] | None = None
     # Kueue topology-aware scheduling by GPU type (None: no Topology; Jobs carry no podset topology annotation).
     topology: dict[str, TopologyFacts] | None = None
+    # Kueue's waitForPodsReady.timeout in seconds: how long an admitted gang may wait for all its pods (`submit
+    # status` counts down a gang waiting for capacity). None: no Kueue, or facts that predate it.
+    gang_timeout_seconds: int | None = None
 
     def in_object_store(self, bucket: str) -> bool:
         """Whether a Job reaches physical bucket `bucket` through the S3-compatible store (else AWS S3)."""
@@ -147,13 +150,13 @@ class ClusterFacts:
 
 # Fields added after facts were first published, left out while unset so the facts of a stack that does not use
 # them stay as they were (facts_from_dict fills in the default).
-_OMITTED_WHEN_UNSET = ("file_systems", "topology")
+_OMITTED_WHEN_UNSET = ("file_systems", "topology", "gang_timeout_seconds")
 
 
 def facts_to_dict(facts: ClusterFacts) -> dict[str, Any]:
     """JSON-ready form (snake_case keys), e.g. a stack output that `workloads.submit --facts` reads back.
-    Fields added later (`file_systems`, `topology`) are left out when None (what facts without them read back
-    as), so stacks without them publish the same facts as before they existed."""
+    Fields added later (`file_systems`, `topology`, `gang_timeout_seconds`) are left out when None (what facts
+    without them read back as), so stacks without them publish the same facts as before they existed."""
     data = asdict(facts)
     for key in _OMITTED_WHEN_UNSET:
         if data.get(key) is None:

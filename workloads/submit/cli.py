@@ -15,7 +15,7 @@ from workloads.kubeconfig import KubeconfigError, check_stack_name
 from workloads.manifest_yaml import dump_manifests
 from workloads.submit.commands import delete_run, show_logs, start_run
 from workloads.submit.errors import RuntimeFailure, UsageError
-from workloads.submit.facts import cluster_facts
+from workloads.submit.facts import cluster_facts, gang_timeout
 from workloads.submit.inputs import render_pack, render_spec_file
 from workloads.submit.kube import CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, apis, create_manifests
 from workloads.submit.observe import DEFAULT_WATCH_TIMEOUT_S, show_status, watch_run
@@ -133,7 +133,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     batch, core, networking = apis(args)
     if args.command == "status":
-        return show_status(batch, core, args.namespace, args.name, args.json)
+        return show_status(batch, core, args.namespace, args.name, args.json, gang_timeout=lambda: gang_timeout(args))
     if args.command == "watch":
         try:
             return watch_run(batch, core, args.namespace, args.name, args.interval, timeout=args.timeout)

@@ -13,13 +13,24 @@ from pathlib import Path
 
 from workloads.cluster_facts import FACTS_CONFIG_KEY, FACTS_CONFIG_MAP, ClusterFacts, facts_from_dict
 from workloads.kubeconfig import KubeconfigError, load_kubernetes_config, resolve_kubeconfig
-from workloads.submit.errors import UsageError
+from workloads.submit.errors import RuntimeFailure, UsageError
 from workloads.submit.inputs import load_facts, stack_facts
 from workloads.submit.kube import TimedApi
 
 
 class FactsUnavailable(UsageError):
     """The cluster publishes no facts in the namespace, or this identity may not read them."""
+
+
+def gang_timeout(args: argparse.Namespace) -> int | None:
+    """Kueue's gang timeout from the published facts, for `status`; None where they cannot be read (the line then
+    names the wait without its countdown)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return config_map_facts(args).gang_timeout_seconds
+    except (ApiException, KubeconfigError, UsageError, RuntimeFailure, ValueError):
+        return None
 
 
 def config_map_facts(args: argparse.Namespace) -> ClusterFacts:

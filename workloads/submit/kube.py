@@ -181,14 +181,26 @@ def kueue_state(namespace: str, job: dict[str, Any], timeout_s: float = DEFAULT_
     workload = max(items, key=created)
     queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
     try:
-        pending = custom.api_client.call_api(
+        pending = _get_object(
+            custom.api_client,
             "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads",
-            "GET", path_params={"namespace": namespace, "name": queue}, response_type="object",
-            auth_settings=["BearerToken"], _return_http_data_only=True,
-            _request_timeout=(min(CONNECT_TIMEOUT_S, timeout_s), timeout_s))
+            {"namespace": namespace, "name": str(queue)}, (min(CONNECT_TIMEOUT_S, timeout_s), timeout_s))
     except ApiException:  # no RBAC for the visibility API, or it is not served: the position is optional
         pending = None
     return workload, queue_position(pending, workload["metadata"]["name"])
+
+
+def _get_object(api_client: Any, path: str, path_params: dict[str, str], timeout: tuple[float, float]) -> Any:
+    """GET a path no typed client covers, as JSON. kubernetes >= 33's client (openapi-generator 7) serialises the
+    request first (`param_serialize`) and takes no `path_params` in `call_api`; the older one does."""
+    if hasattr(api_client, "param_serialize"):
+        request = api_client.param_serialize(method="GET", resource_path=path, path_params=path_params,
+                                             auth_settings=["BearerToken"])
+        response = api_client.call_api(*request, _request_timeout=timeout)
+        response.read()
+        return api_client.response_deserialize(response_data=response, response_types_map={"200": "object"}).data
+    return api_client.call_api(path, "GET", path_params=path_params, response_type="object",
+                               auth_settings=["BearerToken"], _return_http_data_only=True, _request_timeout=timeout)
 
 
 def timeout_of(api: Any) -> float:

@@ -5,6 +5,7 @@ port-forward, nothing exposed; computed by workloads.progress) and the trainer's
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -98,7 +99,8 @@ def trainer_runs(core: Any, namespace: str, pods: list[dict[str, Any]],
 
 
 def observe(batch: Any, core: Any, namespace: str, name: str, clock: Any,
-             finished: dict[str, TrainerRun | None] | None = None) -> tuple[RunPhase, Snapshot]:
+             finished: dict[str, TrainerRun | None] | None = None,
+             gang_timeout: Callable[[], int | None] | None = None) -> tuple[RunPhase, Snapshot]:
     controller, run = read_run(batch, namespace, name)
     job = job_view(controller, run)
     workload, position = (None, None)
@@ -109,6 +111,8 @@ def observe(batch: Any, core: Any, namespace: str, name: str, clock: Any,
     runs = (trainer_runs(core, namespace, pods, finished, trainer_container(controller, TRAIN_CONTAINER))
             if restarted else ())
     phase = job_phase(job, pods, workload, position, runs)
+    if phase.reason == "WaitingForCapacity" and gang_timeout is not None:  # only then: the facts are one more call
+        phase = job_phase(job, pods, workload, position, runs, clock(), gang_timeout())
     now = snapshot(metrics_pages(core, namespace, pods), clock())
     phase = replace(phase, goodput=goodput_line(measured(pods, phase.incidents, now, now.at),
                                                 predicted(run)))
@@ -136,10 +140,12 @@ def is_pack(now: Snapshot) -> bool:
     return now.pack_images is not None or now.slices is not None
 
 
-def show_status(batch: Any, core: Any, namespace: str, name: str, as_json: bool, clock: Any = None) -> int:
+def show_status(batch: Any, core: Any, namespace: str, name: str, as_json: bool, clock: Any = None,
+                gang_timeout: Callable[[], int | None] | None = None) -> int:
+    """`gang_timeout`: reads Kueue's gang timeout (the job facts) for a gang waiting for capacity."""
     import time
 
-    phase, now = observe(batch, core, namespace, name, clock or time.time)
+    phase, now = observe(batch, core, namespace, name, clock or time.time, gang_timeout=gang_timeout)
     figures = progress(now) if now.ranks or now.stage_shards is not None or is_pack(now) else None
     if as_json:
         print(json.dumps({"name": name, **asdict(phase), "progress": asdict(figures) if figures else None}))

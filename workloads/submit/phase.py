@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from workloads.incidents import Incident, TrainerRun, incidents
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE, DISRUPTION_EXIT_CODE, KUEUE_QUEUE_LABEL, TRAIN_CONTAINER
+from workloads.submit.capacity import waiting_for_capacity
 
 Phase = Literal["Suspended", "Pending", "Staging", "Running", "Succeeded", "Failed"]
 # Waiting reasons that will not resolve by waiting: the run is reported Failed although the Job is not yet.
@@ -174,11 +175,19 @@ def queued_phase(job: dict[str, Any], workload: dict[str, Any] | None,
 
 
 def job_phase(job: dict[str, Any], pods: Sequence[dict[str, Any]], workload: dict[str, Any] | None = None,
-              position: tuple[int, int] | None = None, runs: Sequence[TrainerRun] = ()) -> RunPhase:
+              position: tuple[int, int] | None = None, runs: Sequence[TrainerRun] = (),
+              now: float | None = None, gang_timeout_s: int | None = None) -> RunPhase:
     """The phase of a training run from its Job and Pods (API JSON shapes), with its Kueue Workload and queue
     position when it is in a queue, and the pods it has replaced so far, by incident (with the trainer runs read
-    from the pods' logs: the steps lost and the time to resume)."""
+    from the pods' logs: the steps lost and the time to resume). `now` and `gang_timeout_s` (Kueue's
+    waitForPodsReady.timeout) count down an admitted gang that waits for nodes."""
     phase = _job_phase(job, pods, workload, position)
+    if phase.reason == "WaitingForGang":
+        gang = int((job.get("spec") or {}).get("parallelism") or 1)
+        active = [pod for pod in pods if (pod.get("status") or {}).get("phase") in ("Pending", "Running")]
+        capacity = waiting_for_capacity(active, gang, workload, now, gang_timeout_s)
+        if capacity is not None:
+            phase = RunPhase("Pending", "WaitingForCapacity", f"admitted by Kueue; {capacity}")
     restarts, disruptions = pod_restarts(pods)
     if not restarts:
         return phase

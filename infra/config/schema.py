@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 
@@ -36,6 +36,8 @@ SECRET_KEYS = ("kubeconfig", "cosHmacAccessKeyId", "cosHmacSecretAccessKey")
 
 
 class StackConfig(StrictModel):
+    pulumi_text_scalars: ClassVar[bool] = True
+
     platform: Literal["eks", "onprem"] = Field(
         description=("eks: the program creates the VPC (or adopts one), the EKS cluster and its node groups; onprem: "
                      "an existing cluster reached with ml-cluster:kubeconfig"),

@@ -159,3 +159,37 @@ def test_unquoted_capacity_block_times_plan_like_quoted_ones(tmp_path: Path) -> 
     path.write_text(text)
     plan = plan_stack("prod", path)
     assert any(r["name"] == "mlc-prod-nodepools-h100-block-ng" for r in plan["resources"])
+
+
+@pytest.mark.parametrize(("old", "new", "path", "why"), [
+    ("endpointPublicAccess: true", "endpointPublicAccess: 'yes'", "ml-cluster:cluster.endpointPublicAccess",
+     "'yes' is not a boolean: write true without quotes"),
+    ("backup: false", "backup: 'false'", "ml-cluster:storage.efs.backup",
+     "'false' is not a boolean: write false without quotes"),
+    ("backup: false", "backup: 'maybe'", "ml-cluster:storage.efs.backup",
+     "'maybe' is not a boolean: write true or false"),
+    ("logRetentionDays: 7", "logRetentionDays: '15'", "ml-cluster:cluster.logRetentionDays",
+     "'15' is text, not a whole number: write 15 without quotes"),
+    ("maxSize: 2\n", "maxSize: true\n", "ml-cluster:nodePools[1].maxSize", "True is a boolean, not a number"),
+    ("ml-cluster:protected: false", "ml-cluster:protected: 'no'", "ml-cluster:protected",
+     "'no' is not a boolean: write false without quotes"),
+])
+def test_booleans_and_numbers_written_as_text_are_errors_saying_what_to_write(
+        tmp_path: Path, old: str, new: str, path: str, why: str) -> None:
+    from infra.plan.engine import load_stack_file, validate_stack_file
+
+    assert old in DEV
+    file = tmp_path / "Pulumi.dev.yaml"
+    file.write_text(DEV.replace(old, new, 1))
+    with pytest.raises(ConfigError) as caught:
+        validate_stack_file(load_stack_file("dev", file))
+    assert (path, why) in caught.value.shown(), caught.value.shown()
+
+
+def test_top_level_scalars_arrive_as_the_pulumi_cli_hands_them_over() -> None:
+    """The CLI hands a top-level `protected: true` to the program as the text "true"; nested values keep types."""
+    values, _ = read_stack_file(STACKS_DIR / "Pulumi.prod.yaml")
+    assert parse_stack_config({**values, "ml-cluster:protected": "true"}).protected is True
+    assert parse_stack_config({**values, "ml-cluster:protected": True}).protected is True
+    with pytest.raises(ConfigError, match="ml-cluster:protected: 'yes' is not a boolean: write true without quotes"):
+        parse_stack_config({**values, "ml-cluster:protected": "yes"})

@@ -37,6 +37,7 @@ from infra.plan.engine import (  # noqa: E402
     plan_stack,
 )
 from infra.plan.goodput import goodput_diff_lines, goodput_lines, goodput_notes, job_predictions  # noqa: E402
+from infra.plan.holdings import PlanValueError  # noqa: E402
 from infra.plan.pricing import PriceError  # noqa: E402
 from infra.plan.view import (  # noqa: E402
     PlanDocumentError,
@@ -133,6 +134,9 @@ def main(argv: list[str]) -> int:
             text = cost_text(plan, old_plan, args.prices, args.today, as_json=args.json)
         except PriceError as exc:
             print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
+            return 2
+        except PlanValueError as exc:  # the head plan is this program's; a hand-edited one is the --diff file
+            print(f"error: {args.diff or args.stack}: {exc}", file=sys.stderr)
             return 2
         print(text, end="")
     elif old_plan is not None:

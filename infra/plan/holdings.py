@@ -5,7 +5,8 @@ readers over scripts/plan.py --json; infra/plan/cost.py prices what they return.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,23 @@ TEAM_LABEL_SUFFIX = "/team"
 GPU_RESOURCE = "nvidia.com/gpu"
 POOL_LABEL_SUFFIX = "/pool"
 GPU_COUNT_LABEL_SUFFIX = "/gpu-count"
+
+
+class PlanValueError(ValueError):
+    """A plan resource whose input, read here, is not of the type a plan holds there (a plan edited by hand, or not
+    one scripts/plan.py --json wrote): one line naming the resource, not a traceback."""
+
+
+@contextmanager
+def reading(resource: Mapping[str, Any]) -> Iterator[None]:
+    """Around the reading of one resource's inputs: a wrong type or value becomes a PlanValueError naming it."""
+    try:
+        yield
+    except PlanValueError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise PlanValueError(f"{resource.get('type')} {resource.get('name')}: an input of the wrong type or value "
+                             f"({type(exc).__name__}: {exc})") from None
 
 
 @dataclass(frozen=True)
@@ -95,47 +113,58 @@ def pools_of(plan: Mapping[str, Any]) -> list[Pool]:
     # A node group names its launch template by id; offline, that id is derived from the template's name.
     disks: dict[str, float] = {}
     for template in resources_of(plan, LAUNCH_TEMPLATE):
-        disks[offline_id(LAUNCH_TEMPLATE, template["name"])] = float(sum(
-            float((m.get("ebs") or {}).get("volumeSize") or 0) for m in template["inputs"].get("blockDeviceMappings")
-            or [] if (m.get("ebs") or {}).get("volumeType") == "gp3"))
+        with reading(template):
+            disks[offline_id(LAUNCH_TEMPLATE, template["name"])] = float(sum(
+                float((m.get("ebs") or {}).get("volumeSize") or 0) for m in
+                template["inputs"].get("blockDeviceMappings") or [] if (m.get("ebs") or {}).get("volumeType") == "gp3"))
     pools = []
     for resource in resources_of(plan, NODE_GROUP):
-        inputs = resource["inputs"]
-        labels = inputs.get("labels") or {}
-        scaling = inputs.get("scalingConfig") or {}
-        low, high = int(scaling.get("minSize") or 0), int(scaling.get("maxSize") or 0)
-        desired = scaling.get("desiredSize")
-        name = next((v for k, v in labels.items() if k.endswith(POOL_LABEL_SUFFIX)), resource["name"])
-        gpus = next((int(v) for k, v in labels.items() if k.endswith(GPU_COUNT_LABEL_SUFFIX)), 0)
-        for instance_type in (inputs.get("instanceTypes") or [])[:1]:  # the first type is what EKS launches first
-            pools.append(Pool(name=str(name), instance_type=str(instance_type),
-                              capacity_type=str(inputs.get("capacityType") or "ON_DEMAND"),
-                              sizes=(low, int(desired) if desired is not None else low, high),
-                              zones=tuple(sorted({str(subnet_azs[s]) for s in inputs.get("subnetIds") or []
-                                                  if s in subnet_azs})),
-                              gpus_per_node=gpus, labels=labels,
-                              disk_gib=disks.get(str((inputs.get("launchTemplate") or {}).get("id")),
-                                                 float(inputs.get("diskSize") or 0)),
-                              reserved=int((reservations.get(str(name)) or {}).get("instanceCount") or 0),
-                              reservation_id=str((reservations.get(str(name)) or {}).get("id") or ""),
-                              reservation_hours=block_hours((reservations.get(str(name)) or {}).get("startTime"),
-                                                            (reservations.get(str(name)) or {}).get("endTime"))))
+        with reading(resource):
+            pools.extend(_pools_of_group(resource, subnet_azs, reservations, disks))
     return sorted(pools, key=lambda pool: pool.name)
+
+
+def _pools_of_group(resource: Mapping[str, Any], subnet_azs: Mapping[str, Any],
+                    reservations: Mapping[str, Any], disks: Mapping[str, float]) -> list[Pool]:
+    pools = []
+    inputs = resource["inputs"]
+    labels = inputs.get("labels") or {}
+    scaling = inputs.get("scalingConfig") or {}
+    low, high = int(scaling.get("minSize") or 0), int(scaling.get("maxSize") or 0)
+    desired = scaling.get("desiredSize")
+    name = next((v for k, v in labels.items() if k.endswith(POOL_LABEL_SUFFIX)), resource["name"])
+    gpus = next((int(v) for k, v in labels.items() if k.endswith(GPU_COUNT_LABEL_SUFFIX)), 0)
+    for instance_type in (inputs.get("instanceTypes") or [])[:1]:  # the first type is what EKS launches first
+        pools.append(Pool(name=str(name), instance_type=str(instance_type),
+                          capacity_type=str(inputs.get("capacityType") or "ON_DEMAND"),
+                          sizes=(low, int(desired) if desired is not None else low, high),
+                          zones=tuple(sorted({str(subnet_azs[s]) for s in inputs.get("subnetIds") or []
+                                              if s in subnet_azs})),
+                          gpus_per_node=gpus, labels=labels,
+                          disk_gib=disks.get(str((inputs.get("launchTemplate") or {}).get("id")),
+                                             float(inputs.get("diskSize") or 0)),
+                          reserved=int((reservations.get(str(name)) or {}).get("instanceCount") or 0),
+                          reservation_id=str((reservations.get(str(name)) or {}).get("id") or ""),
+                          reservation_hours=block_hours((reservations.get(str(name)) or {}).get("startTime"),
+                                                        (reservations.get(str(name)) or {}).get("endTime"))))
+    return pools
 
 
 def jobs_of(plan: Mapping[str, Any]) -> list[JobUse]:
     jobs = []
     for resource in resources_of(plan, JOB):
-        spec = resource["inputs"].get("spec") or {}
-        pod = (spec.get("template") or {}).get("spec") or {}
-        gpus = sum(int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
-                   for c in pod.get("containers") or [])
-        metadata = resource["inputs"].get("metadata") or {}
-        name = (metadata.get("labels") or {}).get("app.kubernetes.io/name") or metadata.get("name") or resource["name"]
-        deadline = spec.get("activeDeadlineSeconds")
-        jobs.append(JobUse(name=str(name), pods=int(spec.get("parallelism") or 1), gpus_per_pod=gpus,
-                           deadline_s=int(deadline) if deadline is not None else None,
-                           node_selector=pod.get("nodeSelector") or {}))
+        with reading(resource):
+            spec = resource["inputs"].get("spec") or {}
+            pod = (spec.get("template") or {}).get("spec") or {}
+            gpus = sum(int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
+                       for c in pod.get("containers") or [])
+            metadata = resource["inputs"].get("metadata") or {}
+            name = ((metadata.get("labels") or {}).get("app.kubernetes.io/name") or metadata.get("name")
+                    or resource["name"])
+            deadline = spec.get("activeDeadlineSeconds")
+            jobs.append(JobUse(name=str(name), pods=int(spec.get("parallelism") or 1), gpus_per_pod=gpus,
+                               deadline_s=int(deadline) if deadline is not None else None,
+                               node_selector=pod.get("nodeSelector") or {}))
     return sorted(jobs, key=lambda job: job.name)
 
 
@@ -148,18 +177,24 @@ def efs_claims(plan: Mapping[str, Any]) -> list[tuple[str, float]]:
                    if ((r["inputs"].get("spec") or {}).get("csi") or {}).get("driver") == EFS_PROVISIONER}
     claims = []
     for claim in resources_of(plan, PVC):
-        spec = claim["inputs"].get("spec") or {}
-        if spec.get("storageClassName") in classes or (spec.get("volumeName") and spec["volumeName"] in efs_volumes):
-            claims.append((str((claim["inputs"].get("metadata") or {}).get("namespace") or ""),
-                           _quantity_gib(((spec.get("resources") or {}).get("requests") or {}).get("storage", "0"))))
+        with reading(claim):
+            spec = claim["inputs"].get("spec") or {}
+            if spec.get("storageClassName") in classes or (spec.get("volumeName")
+                                                            and spec["volumeName"] in efs_volumes):
+                storage = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "0")
+                claims.append((str((claim["inputs"].get("metadata") or {}).get("namespace") or ""),
+                               _quantity_gib(storage)))
     return claims
 
 
 def fsx_lustre_systems(plan: Mapping[str, Any]) -> list[tuple[str, int, int]]:
     """(name, storage capacity GiB, MB/s/TiB) of each FSx for Lustre file system in the plan."""
-    return [(resource["name"], int(resource["inputs"].get("storageCapacity") or 0),
-             int(resource["inputs"].get("perUnitStorageThroughput") or 0))
-            for resource in resources_of(plan, FSX_LUSTRE)]
+    systems = []
+    for resource in resources_of(plan, FSX_LUSTRE):
+        with reading(resource):
+            systems.append((resource["name"], int(resource["inputs"].get("storageCapacity") or 0),
+                            int(resource["inputs"].get("perUnitStorageThroughput") or 0)))
+    return systems
 
 
 def efs_gib(plan: Mapping[str, Any]) -> float:
@@ -199,20 +234,21 @@ def team_quotas_of(plan: Mapping[str, Any]) -> list[TeamQuota]:
     teams = team_namespaces_of(plan)
     quotas = []
     for queue in _kueue(plan, "ClusterQueue"):
-        spec = queue["inputs"].get("spec") or {}
-        selector = (spec.get("namespaceSelector") or {}).get("matchLabels") or {}
-        namespace = selector.get("kubernetes.io/metadata.name")
-        if namespace not in teams:
-            continue
-        for group in spec.get("resourceGroups") or []:
-            for flavor in group.get("flavors") or []:
-                for resource in flavor.get("resources") or []:
-                    if resource.get("name") != GPU_RESOURCE or not int(resource.get("nominalQuota") or 0):
-                        continue
-                    gpus = int(resource["nominalQuota"])
-                    borrow = resource.get("borrowingLimit")
-                    quotas.append(TeamQuota(teams[namespace], str(namespace), str(flavor.get("name")), gpus,
-                                            gpus + int(borrow) if borrow is not None else None))
+        with reading(queue):
+            spec = queue["inputs"].get("spec") or {}
+            selector = (spec.get("namespaceSelector") or {}).get("matchLabels") or {}
+            namespace = selector.get("kubernetes.io/metadata.name")
+            if namespace not in teams:
+                continue
+            for group in spec.get("resourceGroups") or []:
+                for flavor in group.get("flavors") or []:
+                    for resource in flavor.get("resources") or []:
+                        if resource.get("name") != GPU_RESOURCE or not int(resource.get("nominalQuota") or 0):
+                            continue
+                        gpus = int(resource["nominalQuota"])
+                        borrow = resource.get("borrowingLimit")
+                        quotas.append(TeamQuota(teams[namespace], str(namespace), str(flavor.get("name")), gpus,
+                                                gpus + int(borrow) if borrow is not None else None))
     return sorted(quotas, key=lambda quota: (quota.team, quota.flavor))
 
 
@@ -220,11 +256,12 @@ def flavor_pools(plan: Mapping[str, Any], pools: Sequence[Pool]) -> dict[str, li
     """ResourceFlavor name -> the GPU pools whose labels carry all its nodeLabels."""
     found = {}
     for flavor in _kueue(plan, "ResourceFlavor"):
-        labels = (flavor["inputs"].get("spec") or {}).get("nodeLabels") or {}
-        name = (flavor["inputs"].get("metadata") or {}).get("name")
-        if labels and name:
-            found[str(name)] = [pool for pool in pools if pool.gpus_per_node
-                                and all(pool.labels.get(k) == v for k, v in labels.items())]
+        with reading(flavor):
+            labels = (flavor["inputs"].get("spec") or {}).get("nodeLabels") or {}
+            name = (flavor["inputs"].get("metadata") or {}).get("name")
+            if labels and name:
+                found[str(name)] = [pool for pool in pools if pool.gpus_per_node
+                                    and all(pool.labels.get(k) == v for k, v in labels.items())]
     return found
 
 

@@ -242,6 +242,8 @@ def load_plan_document(path: Path, stack: str | None = None) -> dict[str, Any]:
             raise PlanDocumentError(why)
         if stack is not None and named != stack:
             raise PlanDocumentError(f"is a plan of stack {named}, not {stack}")
+    if not isinstance(document.get("outputs", {}), dict):
+        raise PlanDocumentError("outputs: not a mapping")
     for index, resource in enumerate(document["resources"]):
         if not (isinstance(resource, dict) and isinstance(resource.get("type"), str)
                 and isinstance(resource.get("name"), str)):

@@ -370,3 +370,26 @@ def test_a_capacity_block_of_the_flavor_prices_the_teams_gpus_too() -> None:
     prices = {**PRICES, "ec2:us-west-2:g5.xlarge:on-demand": 1.0, "capacity-block:us-west-2:g5.xlarge:2x24h": 2.5}
     report = estimate(plan, prices, "test prices", TODAY)
     assert {(t.team, t.gpu_hour_price) for t in report.teams if t.flavor} == {("a", 2.5), ("b", 2.5)}
+
+
+@pytest.mark.parametrize(("where", "value", "named"), [
+    ((0, "scalingConfig", "minSize"), "two", "aws:eks/nodeGroup:NodeGroup sys"),
+    ((0, "scalingConfig"), [1, 2], "aws:eks/nodeGroup:NodeGroup sys"),
+    ((1, "labels"), ["x.io/pool"], "aws:eks/nodeGroup:NodeGroup gpu"),
+    ((1, "instanceTypes"), 5, "aws:eks/nodeGroup:NodeGroup gpu"),
+    ((8, "spec", "resources"), {"requests": {"storage": "lots"}}, "kubernetes:core/v1:PersistentVolumeClaim pvc0"),
+    ((11, "spec", "parallelism"), "two", "kubernetes:batch/v1:Job job"),
+])
+def test_a_base_plan_with_values_of_the_wrong_type_is_one_line_naming_the_resource(
+        where: tuple[Any, ...], value: Any, named: str) -> None:
+    """--diff --cost reads the base plan's values: a hand-edited one is a PlanValueError naming the resource."""
+    from infra.plan.holdings import PlanValueError
+
+    base = small_plan()
+    target = base["resources"][where[0]]["inputs"]
+    for key in where[1:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    with pytest.raises(PlanValueError, match=rf"^{named}: an input of the wrong type or value \("):
+        plan_cli.cost_text(small_plan(), base, "fixture", TODAY)
+    assert plan_cli.cost_text(small_plan(), small_plan(), "fixture", TODAY)  # the same plans price as before

@@ -33,6 +33,7 @@ class FakeApiServer:
         self.forbidden: set[str] = set()
         self.forbid_cluster_wide = False
         self.requests: list[tuple[str, str]] = []
+        self.raw: dict[str, tuple[int, str, bytes]] = {}  # path -> (status, content type, body) answered as is
         self._uid = 0
         owner = self
 
@@ -55,6 +56,14 @@ class FakeApiServer:
             def _handle(self, method: str) -> None:
                 path = urlparse(self.path).path
                 owner.requests.append((method, path))
+                if path in owner.raw:  # an answer that breaks the schema (an HTML page from a proxy, junk)
+                    status, content_type, data = owner.raw[path]
+                    self.send_response(status)
+                    self.send_header("Content-Type", content_type)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     self._status(401, "Unauthorized", "Unauthorized")
                     return

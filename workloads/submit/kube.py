@@ -51,17 +51,63 @@ class TimedApi:
             return target
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            from kubernetes.client.exceptions import OpenApiException
+
             kwargs.setdefault("_request_timeout", self._timeout)
             try:
-                return target(*args, **kwargs)
+                answer = target(*args, **kwargs)
             except Exception as exc:
                 if _is_timeout(exc):
                     raise RuntimeFailure(f"kubernetes API {self._server}",
                                          f"{name}: no answer within {kwargs['_request_timeout'][1]:g}s "
                                          "(--request-timeout)") from None
+                if isinstance(exc, ValueError | TypeError | AttributeError | KeyError | RecursionError) \
+                        and not isinstance(exc, OpenApiException):  # the client could not read the answer
+                    raise RuntimeFailure(f"kubernetes API {self._server}",
+                                         f"{name}: the answer is not the Kubernetes object asked for "
+                                         f"({_why(exc)})") from None
                 raise
+            problem = outline_problem(name, answer)
+            if problem is not None:
+                raise RuntimeFailure(f"kubernetes API {self._server}", f"{name}: the answer is not {problem}")
+            return answer
 
         return call
+
+
+def _why(exc: BaseException) -> str:
+    """A short reason for an answer the client could not read: the first line of a validation error, the type of
+    the rest (a RecursionError's text is the same for every too-deep document)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    first = next((line.strip() for line in str(exc).splitlines()[1:3] if line.strip()), "") if \
+        type(exc).__name__ == "ValidationError" else str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first[:120]}" if first else type(exc).__name__
+
+
+def outline_problem(call: str, answer: Any) -> str | None:
+    """What an answer lacks to be what `call` asks for: a list's items each an object with metadata.name, a read or
+    a create an object with metadata.name (typed clients' models and the custom objects API's dicts alike); None
+    when it is that, or when the call returns something else (a log, a Status)."""
+    if call.endswith("_log") or call.startswith("delete_") or answer is None:
+        return None
+    document = answer if isinstance(answer, dict) else to_json(answer) if hasattr(answer, "to_dict") else answer
+    if not isinstance(document, dict):
+        return f"a Kubernetes object (a {type(document).__name__})"
+
+    def named(item: Any) -> bool:
+        return isinstance(item, dict) and isinstance(item.get("metadata"), dict) \
+            and isinstance(item["metadata"].get("name"), str)
+
+    if call.startswith("list_"):
+        items = document.get("items")
+        if not isinstance(items, list):
+            return "a list of Kubernetes objects (no items list)"
+        bad = next((index for index, item in enumerate(items) if not named(item)), None)
+        return None if bad is None else f"a list of Kubernetes objects (items[{bad}]: no metadata.name)"
+    if call.startswith(("read_", "get_", "create_", "patch_", "replace_")) and not named(document):
+        return "a Kubernetes object (no metadata.name)"
+    return None
 
 
 def apis(args: argparse.Namespace) -> tuple[Any, Any, Any]:

@@ -1,0 +1,105 @@
+"""`submit status` against API answers that break the schema (an HTML page where JSON belongs, a string where a
+count or an exit code belongs, JSON nested past any object's depth, Kueue Workloads without metadata): one error
+line naming the API server and the call, exit 1, no traceback; checked where every call goes through (TimedApi),
+against the stand-in API server the submit tests use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.jobs.facts import dev_facts
+from tests.jobs.kubeapi import FakeApiServer, fake_api_server
+from workloads.cluster_facts import facts_config_map
+from workloads.jobspec import KUEUE_QUEUE_LABEL
+from workloads.submit import cli as submit
+
+NAMESPACE = "training"
+JOB_PATH = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/run"
+PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
+
+
+def job(status: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "run", "namespace": NAMESPACE, "uid": "uid-run", "labels": {KUEUE_QUEUE_LABEL: "training"}},
+        "spec": {"parallelism": 1, "completions": 1, "template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "train", "image": "train:0.1.0"}]}}},
+        "status": status}
+
+
+def pod(state: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "run-0-abcde", "namespace": NAMESPACE, "creationTimestamp": "2026-11-26T12:00:00Z",
+        "labels": {"job-name": "run", "batch.kubernetes.io/job-completion-index": "0"}},
+        "spec": {"containers": [{"name": "train", "image": "train:0.1.0"}]},
+        "status": {"phase": "Failed", "containerStatuses": [{
+            "name": "train", "state": state, "image": "train:0.1.0", "imageID": "", "ready": False,
+            "restartCount": 0}]}}
+
+
+def nested(depth: int) -> bytes:
+    return ('{"a":' * depth + "1" + "}" * depth).encode()
+
+
+def html(server: FakeApiServer) -> None:
+    server.add(job({"active": 1}))
+    server.raw[JOB_PATH] = (200, "text/html", b"<html><body>Sign in to the corporate proxy</body></html>")
+
+
+def count_as_text(server: FakeApiServer) -> None:
+    server.add(job({"active": "one", "failed": "many"}))
+
+
+def exit_code_as_text(server: FakeApiServer) -> None:
+    server.add(job({"failed": 1}))
+    server.add(pod({"terminated": {"exitCode": "forty-two", "reason": "Error"}}))
+
+
+def deep_json(server: FakeApiServer) -> None:
+    server.add(job({"active": 1}))
+    server.raw[PODS_PATH] = (200, "application/json", nested(100_000))
+
+
+CASES = {"an HTML page": (html, "read_namespaced_job", "Input should be a valid dictionary or instance of V1Job"),
+         "a count as text": (count_as_text, "read_namespaced_job", "ValidationError: active"),
+         "an exit code as text": (exit_code_as_text, "list_namespaced_pod", "ValidationError: exitCode"),
+         "JSON nested 100,000 deep": (deep_json, "list_namespaced_pod", "(nested too deeply)")}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_status_on_an_answer_that_breaks_the_schema_is_one_line(
+        case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    arrange, call, why = CASES[case]
+    with fake_api_server() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        server.add(facts_config_map(dev_facts(), NAMESPACE))
+        arrange(server)
+        code = submit.main(["status", "run"])
+        err = capsys.readouterr().err
+    assert code == 1, err
+    [line] = err.splitlines()
+    assert line.startswith(f"error: kubernetes API {server.url}: {call}: the answer is not the Kubernetes object "
+                           "asked for (") and why in line and len(line) < 300, line
+
+
+def test_a_workload_without_metadata_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with fake_api_server() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        server.add(facts_config_map(dev_facts(), NAMESPACE))
+        server.add(job({"active": 1}))
+        server.raw[f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NAMESPACE}/workloads"] = (
+            200, "application/json",
+            json.dumps({"kind": "WorkloadList",
+                        "items": [{"kind": "Workload", "status": {"conditions": "x"}}]}).encode())
+        code = submit.main(["status", "run"])
+        err = capsys.readouterr().err
+    assert code == 1, err
+    [line] = err.splitlines()
+    assert line == (f"error: kubernetes API {server.url}: list_namespaced_custom_object: the answer is not a list "
+                    "of Kubernetes objects (items[0]: no metadata.name)"), line

@@ -50,8 +50,7 @@ def test_associations_link_datasets_and_checkpoints_with_their_policies(stack_pl
     by_path = {r["inputs"]["fileSystemPath"]: r["inputs"] for r in resources_of(plan, DRA)}
     assert set(by_path) == {"/datasets", "/checkpoints"}
     assert by_path["/datasets"]["dataRepositoryPath"] == "s3://mlc-prod-datasets-111122223333/"
-    assert by_path["/datasets"]["s3"] == {"autoImportPolicy": {"events": ["NEW", "CHANGED", "DELETED"]},
-                                          "autoExportPolicy": None}
+    assert by_path["/datasets"]["s3"] == {"autoImportPolicy": {"events": ["NEW", "CHANGED", "DELETED"]}}
     assert by_path["/checkpoints"]["s3"]["autoExportPolicy"] == {"events": ["NEW", "CHANGED", "DELETED"]}
     [fs] = resources_of(plan, FS)
     assert {inputs["fileSystemId"] for inputs in by_path.values()} == {plan["outputs"]["storage"]["fsxLustre"][

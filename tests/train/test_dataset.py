@@ -163,3 +163,36 @@ def test_reads_what_the_real_packer_writes(tiny_data: dict[str, Path], tmp_path:
     if layout == "encoded":  # original bytes: decoding them must give exactly what decoding the file gives
         for index in (0, 17, len(folder) - 1):
             assert np.array_equal(images[index].numpy(), decode_file(folder.samples[index][0], IMAGE_SIZE))
+
+
+@pytest.mark.parametrize("layout", ["decoded", "encoded"])
+def test_the_records_reader_reads_an_image_folder_pack_as_image_and_label(tiny_data: dict[str, Path],
+                                                                          layout: str) -> None:
+    """One reader: a format-version-1 pack read by RecordsDataset through the column adapter gives the fields
+    records.image_folder_fields names, with HDF5Dataset's values (a run across the shard boundary included)."""
+    from workloads.data.reading.records_dataset import RecordsDataset
+
+    indices = [0, 1, 15, 16, 17, 18, 41, 3]
+    images, labels = HDF5Dataset(tiny_data[layout], image_size=IMAGE_SIZE).__getitems__(indices)
+    records = RecordsDataset(tiny_data[layout], image_size=IMAGE_SIZE)
+    assert records.field_names == ["image", "label"] and records.reads_records
+    batch = records.__getitems__(indices)
+    assert torch.equal(batch["image"], images) and torch.equal(batch["label"], labels)
+    assert batch["label"].tolist() == [0, 0, 1, 1, 1, 1, 2, 0]
+
+
+def test_a_chunked_image_folder_shard_still_reads(tiny_data: dict[str, Path], tmp_path: Path) -> None:
+    """A version-1 shard another writer stored chunked and compressed is read through h5py, not at a byte offset."""
+    chunked = tmp_path / "chunked"
+    shutil.copytree(tiny_data["decoded"], chunked)
+    path = chunked / "shard-00000.h5"
+    with h5py.File(path, "r+") as handle:
+        pixels = handle["images"][:]
+        del handle["images"]
+        handle.create_dataset("images", data=pixels, chunks=(4, IMAGE_SIZE, IMAGE_SIZE, 3), compression="gzip")
+    manifest = json.loads((chunked / "manifest.json").read_text())
+    manifest["shards"][0]["bytes"] = path.stat().st_size  # the reader checks counts and shapes, not the sha256
+    (chunked / "manifest.json").write_text(json.dumps(manifest))
+    expected, _ = HDF5Dataset(tiny_data["decoded"]).__getitems__([2, 3, 4, 16, 17])
+    got, _ = HDF5Dataset(chunked).__getitems__([2, 3, 4, 16, 17])
+    assert torch.equal(got, expected)

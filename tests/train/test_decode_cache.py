@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.train.conftest import IMAGE_SIZE
-from workloads.data.reading import dataset as dataset_module
+from workloads.data.reading import records_dataset as reader_module  # where the one reader decodes
 from workloads.data.reading.dataset import DatasetError, HDF5Dataset, make_loader, to_tensors
 from workloads.data.reading.decode_cache import CHECKSUMS, KEPT, SUFFIX, DecodeCache, DecodeKey, bytes_needed
 from workloads.data.reading.sampler import ElasticBatchSampler
@@ -32,13 +32,13 @@ def _epoch(dataset: HDF5Dataset, workers: int, epoch: int = 0) -> tuple[np.ndarr
 
 def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
-    original = dataset_module.decode_into
+    original = reader_module.decode_into
 
     def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(dataset_module, "decode_into", counting)
+    monkeypatch.setattr(reader_module, "decode_into", counting)
     return calls
 
 

@@ -51,20 +51,17 @@ come out of `PackedData.batches` (and `iter_batches`) as the same one-line error
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 
+from workloads.data.epochs import EpochBatches, LoaderSettings, iter_batches, settled_loader
 from workloads.data.format.manifest import MANIFEST_NAME, load_manifest
 from workloads.data.moving.cache import (
     HEARTBEAT_TIMEOUT_S,
@@ -80,12 +77,12 @@ from workloads.data.reading.dataset import (
     DatasetError,
     DataUnavailableError,
     HDF5Dataset,
-    make_loader,
     to_tensors,
 )
 from workloads.data.reading.records_dataset import RecordsDataset, pad_sequences, records_to_tensors
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.reading.transforms import random_resized_crop_flip_normalize
+from workloads.data.stager_process import StagerProcess, stager_tail, start_stager, stop_stager
 from workloads.safeio import StateFileError
 from workloads.torchenv import torchrun_env
 from workloads.train.stop import StopSignal, ignore_stop_signals
@@ -108,6 +105,7 @@ __all__ = [
     "random_resized_crop_flip_normalize",
     "wait_for_manifest",
 ]
+# Also importable from here, as before: HDF5Dataset, Batch, StagerProcess, start_stager, stop_stager, stager_tail.
 
 # How long to wait for a stager to publish the manifest: one this process starts (it must first list the bucket),
 # or a staging sidecar of the same pod (it may start after the training container).
@@ -169,34 +167,6 @@ class Placement:
         return max(1, self.local_world_size * self.data_world_size // max(1, self.world_size))
 
 
-@dataclass(frozen=True)
-class LoaderSettings:
-    """The DataLoader settings that make the packed path fast.
-
-    workers: reading processes (HDF5 handles open lazily in each; decoding, for the encoded layout, happens there).
-    prefetch_factor: batches each worker keeps ready. persistent_workers: keep workers (and their open shards)
-    across epochs. pin_memory: None pins when CUDA is available. transport: "shm" (workers write batches straight
-    into shared memory), "pipe" (numpy through the worker's pipe: no /dev/shm needed) or "auto" (shm when /dev/shm
-    holds batch x (workers x prefetch + 1) x 1.5, else pipe with a warning: the container default of 64 MiB would
-    otherwise fail with a bus error or "unable to allocate shared memory").
-    """
-
-    workers: int = 4
-    prefetch_factor: int = 2
-    persistent_workers: bool = True
-    pin_memory: bool | None = None
-    multiprocessing_context: str | None = None
-    transport: Literal["auto", "shm", "pipe"] = "auto"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.workers, int) or self.workers < 0:
-            raise ValueError(f"workers: must be an integer >= 0, got {self.workers!r}")
-        if not isinstance(self.prefetch_factor, int) or self.prefetch_factor <= 0:
-            raise ValueError(f"prefetch_factor: must be a positive integer, got {self.prefetch_factor!r}")
-        if self.transport not in ("auto", "shm", "pipe"):
-            raise ValueError(f"transport: must be auto, shm or pipe, got {self.transport!r}")
-
-
 def wait_for_manifest(root: str | os.PathLike[str], timeout_s: float,
                       stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
                       notice_after_s: float = _NOTICE_AFTER_S) -> bool:
@@ -236,7 +206,7 @@ def open_dataset(root: str | os.PathLike[str], *, image_size: int | None = None,
                  shard_wait_s: float = SHARD_WAIT_S, stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
                  decode_cache: str | os.PathLike[str] | None = None,
                  decode_cache_bytes: int | None = None, fields: Sequence[str] | None = None,
-                 as_tuple: bool = False) -> HDF5Dataset:
+                 as_tuple: bool = False) -> RecordsDataset:
     """The reader of a packed dataset (ROOT holds manifest.json): a local pack, a staged copy, or a directory a
     staging cache fills (detected by ROOT/.cache/: each read then waits for its shard, up to `shard_wait_s`).
 
@@ -251,8 +221,8 @@ def open_dataset(root: str | os.PathLike[str], *, image_size: int | None = None,
     except (OSError, ValueError):
         records = False  # HDF5Dataset reports what is wrong with the manifest, as one line
     if records:
-        dataset: HDF5Dataset = RecordsDataset(root, fields=fields, as_tuple=as_tuple, image_size=image_size,
-                                              draft=True, decode_cache=decode_cache,
+        dataset: RecordsDataset = RecordsDataset(root, fields=fields, as_tuple=as_tuple, image_size=image_size,
+                                                 draft=True, decode_cache=decode_cache,
                                               decode_cache_bytes=decode_cache_bytes, shard_wait_s=shard_wait_s,
                                               stager_timeout_s=stager_timeout_s)
     elif fields is not None or as_tuple:
@@ -280,7 +250,7 @@ def make_sampler(shard_sizes: Sequence[int], batch_size: int, placement: Placeme
                                local_world_size=placement.data_local_world_size, min_rank_batch=min_rank_batch)
 
 
-def make_feeder(dataset: HDF5Dataset, sampler: ElasticBatchSampler, placement: Placement) -> CacheFeeder | None:
+def make_feeder(dataset: RecordsDataset, sampler: ElasticBatchSampler, placement: Placement) -> CacheFeeder | None:
     """The staging cache's feeder for this node, run by local rank 0 (None elsewhere, and without a cache)."""
     if dataset.cache is None or placement.local_rank != 0:
         return None
@@ -288,47 +258,12 @@ def make_feeder(dataset: HDF5Dataset, sampler: ElasticBatchSampler, placement: P
     return CacheFeeder(dataset.cache, [shard.path for shard in shards], [shard.bytes for shard in shards], sampler)
 
 
-_WORKER_TRACEBACK = "Original Traceback (most recent call last):"
-_UNAVAILABLE = ("DataUnavailableError", "CacheStagerError", "TimeoutError")
-_DATASET = ("DatasetError", "DataToolError", "ValueError", "CacheTooSmall", "StateFileError")
-
-
-def iter_batches(loader: Any) -> Iterator[Any]:
-    """Iterate a loader; a dataset error raised in a DataLoader worker (whose message is the worker's traceback)
-    comes out as the one-line error the main process would raise: DataUnavailableError for data not there now,
-    DatasetError otherwise."""
-    iterator = iter(loader)
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        except Exception as exc:
-            text = str(exc)
-            if _WORKER_TRACEBACK not in text:
-                raise
-            name, sep, message = [line for line in text.splitlines() if line.strip()][-1].partition(": ")
-            name = name.rsplit(".", 1)[-1]
-            if not sep or name not in _UNAVAILABLE + _DATASET:
-                raise
-            if name in _UNAVAILABLE:
-                raise DataUnavailableError(message) from None
-            raise DatasetError(message) from None
-        yield batch
-
-
 @dataclass
-class StagerProcess:
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-@dataclass
-class PackedData:
+class PackedData(EpochBatches):
     """A packed dataset opened for training: reader, sampler, staging-cache feeder and DataLoader (see the module
     docstring). Build it with `PackedData.open` or `PackedData.from_env`."""
 
-    dataset: HDF5Dataset
+    dataset: RecordsDataset
     sampler: ElasticBatchSampler
     placement: Placement
     feeder: CacheFeeder | None = None
@@ -445,26 +380,11 @@ class PackedData:
 
     def loader(self, settings: LoaderSettings | None = None) -> DataLoader[Any]:
         """The DataLoader over this rank's batches (made once; iterate it through `batches`)."""
-        if self._loader is not None:
-            return self._loader
-        settings = settings or LoaderSettings()
-        transport = settings.transport
-        if transport == "auto":
-            from workloads.data.reading.shm import plan_shared_memory, shm_available_bytes
-
-            sample_bytes = (self.dataset.sample_bytes() if isinstance(self.dataset, RecordsDataset)
+        if self._loader is None:
+            sample_bytes = (self.dataset.sample_bytes() if self.dataset.reads_records
                             else self.image_size * self.image_size * 3)
-            batch_bytes = self.sampler.batch_size * sample_bytes
-            plan = plan_shared_memory(batch_bytes, settings.workers, settings.prefetch_factor, shm_available_bytes())
-            if plan.transport == "pipe":
-                print(f"warning: {plan.message}", file=sys.stderr)
-            transport = plan.transport
-        pin = torch.cuda.is_available() if settings.pin_memory is None else settings.pin_memory
-        self._loader = make_loader(self.dataset, self.sampler, workers=settings.workers,
-                                   prefetch_factor=settings.prefetch_factor,
-                                   multiprocessing_context=settings.multiprocessing_context,
-                                   persistent_workers=settings.persistent_workers, pin_memory=pin,
-                                   transport=transport)
+            self._loader = settled_loader(self.dataset, self.sampler, settings or LoaderSettings(), sample_bytes,
+                                          warn=True)
         return self._loader
 
     def batches(self, epoch: int, *, last_epoch: bool = False) -> Iterator[Batch]:
@@ -472,26 +392,8 @@ class PackedData:
         dataset: a dict, or tuple, of its fields; see records_dataset.py), from the epoch's start or, after
         load_state_dict for this epoch, from the saved position. last_epoch: no epoch follows (the stager fetches
         nothing for one)."""
-        if self._closed:
-            raise ValueError("batches: this PackedData is closed")
-        if not (self._positioned and epoch == self.sampler.epoch):
-            self.sampler.set_epoch(epoch)
-        self._positioned = False
-        self._done = 0
-        self._total = len(self.sampler)
-        if self.feeder is not None:
-            self.feeder.start_epoch(last_epoch=last_epoch)
-        iterator = iter_batches(self.loader())
-        while True:
-            if self.feeder is not None:
-                # Back here, the step of the batch handed out last is done: shards it was the last use of may go.
-                self.feeder.advance(self._done)
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            self._done += 1
-            yield records_to_tensors(batch) if isinstance(self.dataset, RecordsDataset) else to_tensors(batch)
+        convert = records_to_tensors if self.dataset.reads_records else to_tensors
+        return self._epoch(epoch, last_epoch, convert)
 
     # -- resume ---------------------------------------------------------------------------------------------------
     def state_dict(self, batches: int | None = None) -> dict[str, Any]:
@@ -518,74 +420,3 @@ class PackedData:
         self.sampler.load_state_dict(state)
         self.start_epoch = self.sampler.epoch
         self._positioned = True
-
-    # -- the end --------------------------------------------------------------------------------------------------
-    def close(self, timeout_s: float = 60.0) -> None:
-        """Tell the stager nothing more will be read, and wait for the one this process started (it exits once the
-        plan is done; after `timeout_s` it is stopped)."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self.feeder is not None:
-                self.feeder.finish()
-        finally:
-            if self._stager is not None:
-                self.stager_summary = stop_stager(self._stager, timeout_s)
-            self.dataset.close()
-
-    def __enter__(self) -> PackedData:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def start_stager(remote: str | Sequence[str], dest: Path, endpoint_url: str | None, budget_bytes: int | None,
-                 workers: int) -> StagerProcess:
-    """`python -m workloads.data stage` of one remote (or a mixture's remotes, into DEST/0, DEST/1, ...)."""
-    remotes = [remote] if isinstance(remote, str) else list(remote)
-    for text in remotes:
-        if not text.startswith("s3://"):
-            raise ValueError(f"remote: expected an s3://bucket/prefix URI, got {text!r}")
-    dest.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "workloads.data", "stage", *remotes, str(dest), "--no-progress",
-               "--workers", str(workers)]
-    if budget_bytes is not None:
-        command += ["--budget", f"{budget_bytes}B"]  # a bare number would be GiB
-    if endpoint_url is not None:
-        command += ["--endpoint-url", endpoint_url]
-    # The stager imports this package, wherever the script that opened the data runs from.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    with tempfile.NamedTemporaryFile(prefix="stager-", suffix=".log", delete=False) as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    return StagerProcess(process, Path(out.name))
-
-
-def stager_tail(stager: StagerProcess | None) -> str:
-    if stager is None:
-        return ""
-    with contextlib.suppress(OSError):
-        lines = [line for line in stager.log.read_text(errors="replace").splitlines() if line.strip()]
-        if lines:
-            return f" (stager: {lines[-1]})"
-    return ""
-
-
-def stop_stager(stager: StagerProcess, timeout_s: float) -> str | None:
-    """Wait for the stager (stop it after `timeout_s`); its last line of output."""
-    try:
-        stager.process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        stager.process.terminate()  # SIGTERM unwinds the stager like Ctrl-C: no partial file keeps a final name
-        try:
-            stager.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            stager.process.kill()
-            stager.process.wait()
-    summary = stager_tail(stager)
-    if stager.process.returncode == 0:
-        stager.log.unlink(missing_ok=True)
-    return summary.removeprefix(" (stager: ").removesuffix(")") or None

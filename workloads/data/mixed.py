@@ -46,21 +46,19 @@ from workloads.data.api import (
     LoaderSettings,
     Placement,
     StagerProcess,
-    iter_batches,
     open_dataset,
     stager_tail,
     start_stager,
     stop_stager,
 )
+from workloads.data.epochs import EpochBatches, settled_loader
 from workloads.data.format.manifest import MANIFEST_NAME
 from workloads.data.moving.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheFeeder, CacheReader, read_stager_state
 from workloads.data.moving.mixture_stage import SourceCache, source_dir
 from workloads.data.reading.dataset import (
     DatasetError,
     DataUnavailableError,
-    HDF5Dataset,
     Transport,
-    make_loader,
     uint8_batch,
 )
 from workloads.data.reading.mixture import MixtureBatchSampler, MixtureShare
@@ -87,13 +85,13 @@ class MixtureSource:
         return MixtureShare(weight=self.weight, samples=self.samples, repeat=self.repeat, cap=self.cap)
 
 
-def _describe(dataset: HDF5Dataset) -> Any:
-    if isinstance(dataset, RecordsDataset):
+def _describe(dataset: RecordsDataset) -> Any:
+    if dataset.reads_records:
         return ("records", [spec.model_dump() for spec in dataset.fields], dataset.image_size)
     return ("images", dataset.image_size, dataset.classes)
 
 
-def check_agree(datasets: Sequence[HDF5Dataset]) -> None:
+def check_agree(datasets: Sequence[RecordsDataset]) -> None:
     """Refuse sources that do not read alike (the first that differs from source 0, naming what differs)."""
     first = _describe(datasets[0])
     for number, dataset in enumerate(datasets[1:], start=1):
@@ -116,12 +114,12 @@ class MixtureDataset(Dataset[Any]):
     """The sources' samples laid end to end (source k's sample i is `starts[k] + i`); each batch of global indices
     is read from every source in runs, as the single dataset reads, and carries the source of each sample."""
 
-    def __init__(self, datasets: Sequence[HDF5Dataset]) -> None:
+    def __init__(self, datasets: Sequence[RecordsDataset]) -> None:
         check_agree(datasets)
         self.datasets = list(datasets)
         self.sizes = [len(d) for d in self.datasets]
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.records = isinstance(self.datasets[0], RecordsDataset)
+        self.records = self.datasets[0].reads_records
         self._transport: Transport = "shm"
         for dataset in self.datasets:
             dataset.transport = "pipe"  # numpy from each source, copied once into the batch
@@ -139,7 +137,7 @@ class MixtureDataset(Dataset[Any]):
 
     def sample_bytes(self) -> int:
         first = self.datasets[0]
-        return first.sample_bytes() if isinstance(first, RecordsDataset) else first.image_size ** 2 * 3
+        return first.sample_bytes() if first.reads_records else first.image_size ** 2 * 3
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         index = np.asarray(indices, dtype=np.int64)
@@ -167,7 +165,7 @@ class MixtureDataset(Dataset[Any]):
 
     def _merge_records(self, count: int, parts: list[tuple[np.ndarray, Any]]) -> Any:
         first = self.datasets[0]
-        assert isinstance(first, RecordsDataset)
+        assert first.reads_records
         merged: dict[str, Any] = {}
         for number, spec in enumerate(first.fields):
             values = [(positions, part[number] if first.as_tuple else part[spec.name]) for positions, part in parts]
@@ -217,7 +215,7 @@ def _wait_for_sources(staging: Path, count: int, timeout_s: float, stager: Stage
 
 
 @dataclass
-class MixedData:
+class MixedData(EpochBatches):
     """A mixture of packed datasets opened for training (see the module docstring); build it with `open`."""
 
     dataset: MixtureDataset
@@ -321,46 +319,17 @@ class MixedData:
 
     def loader(self, settings: LoaderSettings | None = None) -> DataLoader[Any]:
         """The DataLoader over this rank's batches (made once; iterate it through `batches`)."""
-        if self._loader is not None:
-            return self._loader
-        settings = settings or LoaderSettings()
-        transport = settings.transport
-        if transport == "auto":
-            from workloads.data.reading.shm import plan_shared_memory, shm_available_bytes
-
-            plan = plan_shared_memory(self.sampler.batch_size * self.dataset.sample_bytes(), settings.workers,
-                                      settings.prefetch_factor, shm_available_bytes())
-            transport = plan.transport
-        pin = torch.cuda.is_available() if settings.pin_memory is None else settings.pin_memory
-        self._loader = make_loader(self.dataset, self.sampler, workers=settings.workers,
-                                   prefetch_factor=settings.prefetch_factor,
-                                   multiprocessing_context=settings.multiprocessing_context,
-                                   persistent_workers=settings.persistent_workers, pin_memory=pin,
-                                   transport=transport)
+        if self._loader is None:
+            self._loader = settled_loader(self.dataset, self.sampler, settings or LoaderSettings(),
+                                          self.dataset.sample_bytes(), warn=False)
         return self._loader
 
     def batches(self, epoch: int, *, last_epoch: bool = False) -> Iterator[Any]:
         """This rank's batches of `epoch` (from the saved position after load_state_dict): image packs give
         (images, labels, sources), records a dict with "source" added (a tuple: sources last)."""
-        if self._closed:
-            raise ValueError("batches: this MixedData is closed")
-        if not (self._positioned and epoch == self.sampler.epoch):
-            self.sampler.set_epoch(epoch)
-        self._positioned = False
-        self._done = 0
-        self._total = len(self.sampler)
-        if self.feeder is not None:
-            self.feeder.start_epoch(last_epoch=last_epoch)
-        iterator = iter_batches(self.loader())
-        while True:
-            if self.feeder is not None:
-                self.feeder.advance(self._done)
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            self._done += 1
-            yield records_to_tensors(batch) if self.dataset.records else tuple(torch.as_tensor(v) for v in batch)
+        if self.dataset.records:
+            return self._epoch(epoch, last_epoch, records_to_tensors)
+        return self._epoch(epoch, last_epoch, lambda batch: tuple(torch.as_tensor(v) for v in batch))
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the batches handed out so far: any world size continues from it sample-exact."""
@@ -375,21 +344,3 @@ class MixedData:
         self.sampler.load_state_dict(state)
         self.start_epoch = self.sampler.epoch
         self._positioned = True
-
-    def close(self, timeout_s: float = 60.0) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self.feeder is not None:
-                self.feeder.finish()
-        finally:
-            if self._stager is not None:
-                self.stager_summary = stop_stager(self._stager, timeout_s)
-            self.dataset.close()
-
-    def __enter__(self) -> MixedData:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -26,7 +26,6 @@ from workloads.data.reading.dataset import (
     JpegFolderDataset,
     make_loader,
 )
-from workloads.data.reading.records_dataset import RecordsDataset
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.reading.shm import plan_shared_memory, shm_available_bytes
 from workloads.train.checkpoint import CheckpointError
@@ -48,7 +47,7 @@ def open_dataset(config: TrainConfig) -> HDF5Dataset | JpegFolderDataset:
         dataset = open_packed(path, image_size=config.image_size, shard_wait_s=config.shard_wait_s,
                               stager_timeout_s=config.stager_timeout_s, decode_cache=config.decode_cache,
                               decode_cache_bytes=config.decode_cache_bytes)
-        if isinstance(dataset, RecordsDataset):
+        if not isinstance(dataset, HDF5Dataset):  # a records dataset
             dataset.close()
             raise DatasetError(f"{manifest}: a records dataset (fields {', '.join(dataset.field_names)}); the bundled "
                                "trainer trains image classification on image-folder packs: train it with your own "

@@ -1,7 +1,9 @@
 """Reading datasets: the trainer's and the public API's input pipeline.
 
-dataset.py (HDF5 shards as a torch Dataset), records_dataset.py (typed records), sampler.py (the epoch order),
-mixture.py (the epoch order of a mixture), transforms.py (per-batch augmentation), decode_cache.py (decode once per
-node), shm.py (shared memory for the loader's workers).
+records_dataset.py (the one reader of packed shards: typed records, and image folders through a column adapter),
+dataset.py (HDF5Dataset: that reader as (images, labels); the JPEG-folder baseline; make_loader), batches.py (the
+readers' errors and shared-memory batches), sampler.py (the epoch order), mixture.py (the epoch order of a mixture),
+transforms.py (per-batch augmentation), decode_cache.py (decode once per node), shm.py (shared memory for the
+loader's workers).
 May import: format, moving (the staging-cache reader).
 """

@@ -1,8 +1,9 @@
 """Pack an image folder (one sub-folder per class, as torchvision's ImageFolder) into HDF5 shards + a manifest.
 
-Images are decoded in a process pool (results consumed in input order, so output does not depend on scheduling)
-and written shard by shard to hidden temporary files; only when every shard is complete are they renamed into
-place, the manifest last. An interrupted pack therefore leaves nothing that looks like a dataset.
+Images are decoded in a process pool (results consumed in input order, so output does not depend on scheduling),
+cut into the shards the shard plan fixes from the listing alone (shardplan.py), and each shard is written by the
+image-folder shard writer (format version 1); what happens to a shard then (temporary file, name, upload, publish,
+the old dataset) is the pack engine's (engine.py), the same as for typed records.
 
 Same input, same Pillow/h5py versions -> byte-identical shards: sorted then seeded-shuffled input, fixed attributes,
 no timestamps.
@@ -14,36 +15,21 @@ the remote manifest is published only after every shard object is confirmed, the
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 from tqdm import tqdm
 
 from workloads.data import TOOL_VERSION
-from workloads.data.format.errors import DataToolError, is_runtime_oserror
-from workloads.data.format.manifest import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    Layout,
-    Manifest,
-    ShardInfo,
-    atomic_write_bytes,
-    fsync_dir,
-    load_manifest,
-    manifest_bytes,
-    shard_name,
-    write_manifest,
-)
-from workloads.data.format.verify import sha256_file
+from workloads.data.format.errors import DataToolError
+from workloads.data.format.manifest import FORMAT_NAME, FORMAT_VERSION, Layout, Manifest
+from workloads.data.writing.engine import REPORT_NAME, TEMP_SUFFIX, ShardSink, run_pack
 from workloads.data.writing.samples import Decoding, Sample, local_samples
 from workloads.data.writing.shardplan import plan_shards
 
@@ -51,8 +37,8 @@ if TYPE_CHECKING:
     from workloads.data.moving.upload import ShardStream, StreamResult
     from workloads.data.writing.sources import S3Source
 
-REPORT_NAME = "pack-report.json"
-TEMP_SUFFIX = ".partial"
+__all__ = ["REPORT_NAME", "TEMP_SUFFIX", "PackOptions", "PackResult", "list_images", "ordered_listing", "pack",
+           "skip_sample", "source_samples", "write_image_folder_shard"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +100,9 @@ def _batches(payloads: list[bytes], limit: int = 64 << 20) -> Iterator[tuple[int
         yield start, run
 
 
-def _write_shard(path: Path, layout: Layout, size: int, payloads: list[bytes], labels: list[int]) -> None:
+def write_image_folder_shard(path: Path, layout: Layout, size: int, payloads: list[bytes], labels: list[int]) -> None:
+    """The image-folder shard writer (format version 1): images (decoded: (n, S, S, 3) uint8; encoded: data +
+    offsets) and labels, contiguous and unfiltered, no timestamps (same samples -> same bytes)."""
     with h5py.File(path, "w", libver=("v110", "v110"), track_order=False) as handle:
         handle.attrs["format"] = FORMAT_NAME
         handle.attrs["format_version"] = FORMAT_VERSION
@@ -135,46 +123,6 @@ def _write_shard(path: Path, layout: Layout, size: int, payloads: list[bytes], l
         handle.create_dataset("labels", data=np.asarray(labels, dtype=np.int64), track_times=False)
     with open(path, "rb+") as written:
         os.fsync(written.fileno())
-
-
-def prepare_output(out: Path, force: bool) -> set[str]:
-    """Create OUT; refuse an existing dataset unless `force`. Returns the shard names the old manifest owns (the only
-    files, besides pack's own temporaries, that a pack may ever delete)."""
-    if out.exists() and not out.is_dir():
-        raise DataToolError(str(out), "exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError as exc:
-        raise DataToolError(str(out), "a parent path is a file, not a directory") from exc
-    except NotADirectoryError as exc:
-        raise DataToolError(str(out), "a parent path is a file, not a directory") from exc
-    manifest = out / MANIFEST_NAME
-    old: set[str] = set()
-    if manifest.exists() or manifest.is_symlink():
-        if not force:
-            raise DataToolError(str(out), "already holds a packed dataset (manifest.json); pass --force to replace")
-        try:  # the old dataset stays intact and valid until the new manifest replaces it
-            old = {shard.path for shard in load_manifest(manifest).shards}
-        except (OSError, ValueError):
-            old = set()  # unreadable or invalid: its shards are not known, so none is deleted
-    return old
-
-
-def free_name(out: Path, index: int, taken: set[str], usable: Callable[[str], bool] = lambda name: True) -> str:
-    """shard-NNNNN.h5, or when that name is in use (an old dataset, a user's file; with --upload also a name the
-    remote manifest uses for other bytes: `usable` says no) shard-NNNNN-rK.h5."""
-    name, k = shard_name(index), 0
-    while name in taken or os.path.lexists(out / name) or not usable(name):
-        k += 1
-        name = f"shard-{index:05d}-r{k}.h5"
-    taken.add(name)
-    return name
-
-
-def write_error(where: Path, exc: OSError) -> DataToolError:
-    """The one-line error for a failed write into OUT (runtime when the errno is one of errors.RUNTIME_ERRNOS)."""
-    why = os.strerror(exc.errno) if exc.errno else str(exc)
-    return DataToolError(str(where), f"cannot write: {why}", runtime=is_runtime_oserror(exc))
 
 
 def _where(source: Path | S3Source, relpath: str = "") -> str:
@@ -239,136 +187,59 @@ def pack(source: Path | S3Source, out: Path, options: PackOptions, stream: Shard
         raise DataToolError("--shard-size", "must be positive")
     classes, files, sizes = ordered_listing(source, options)
     starts = plan_shards(files, sizes, options.layout, options.image_size, options.shard_bytes)
+    skipped: list[dict[str, str]] = []
+
+    def fill(sink: ShardSink) -> tuple[Manifest, dict[str, Any]]:
+        samples = source_samples(source, files, options, sizes)
+        return _fill(sink, source, options, classes, samples, starts, len(files), skipped)
+
     try:
         if stream is not None:
             stream.open()  # endpoint, credentials, bucket and the current remote manifest: before OUT is touched
-        old_names = prepare_output(out, options.force)
-        lock = lock_output(out)
-        try:
-            for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):  # pack's own temporaries from an interrupted run
-                stale.unlink()
-            return _pack_locked(source, out, options, classes, source_samples(source, files, options, sizes),
-                                starts, len(files), old_names, stream)
-        finally:
-            os.close(lock)
+        manifest = run_pack(out, options.force, fill, stream)
     finally:
         if stream is not None:
             stream.close()
-
-
-def lock_output(out: Path) -> int:
-    """One pack at a time per OUT (flock on the directory itself, so no lock file is left behind): a second pack
-    would delete the first's temporaries and mix shards."""
-    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        raise DataToolError(str(out), "another pack is writing into this directory; wait for it to finish") from exc
-    return fd
-
-
-def _pack_locked(source: Path | S3Source, out: Path, options: PackOptions, classes: list[str],
-                 samples: Iterator[Sample], starts: list[int], total: int, old_names: set[str],
-                 stream: ShardStream | None) -> PackResult:
-
-    keep_local = stream is None or stream.keep_local
-    taken: set[str] = set()
-    shards: list[ShardInfo] = []
-    temp_paths: list[Path] = []
-    published: list[Path] = []
-    skipped: list[dict[str, str]] = []
-    payloads: list[bytes] = []
-    labels: list[int] = []
-    all_labels: list[int] = []
-    first_index = 0
-    planned = 0  # the planned shard (shardplan) being filled: its number names it
-
-    def flush() -> None:
-        nonlocal payloads, labels, first_index
-        index = planned
-        temp = out / f".{shard_name(index)}{TEMP_SUFFIX}"
-        temp_paths.append(temp)
-        try:
-            _write_shard(temp, options.layout, options.image_size, payloads, labels)
-        except OSError as exc:
-            raise write_error(temp, exc) from exc
-        size = temp.stat().st_size
-        sha, md5 = stream.hashes(temp) if stream is not None else (sha256_file(temp), "")
-        # The final name is fixed now (with --upload it is the object's key): never one the old dataset, a user's
-        # file or, remotely, the current manifest uses for other bytes.
-        name = free_name(out, index, taken, (lambda n: stream.usable(n, sha, size)) if stream is not None
-                          else (lambda n: True))
-        shards.append(ShardInfo(path=name, num_samples=len(labels), first_index=first_index, bytes=size,
-                                sha256=sha))
-        if stream is not None:
-            stream.send(temp, name, sha, md5, size)  # returns at once unless the uploads in flight are all busy
-        first_index += len(labels)
-        all_labels.extend(labels)
-        payloads, labels = [], []
-
-    try:
-        bar = tqdm(total=total, unit="img", desc="pack", disable=None if options.progress else True)
-        with bar:
-            boundaries = set(starts[1:])
-            for position, sample in enumerate(samples):
-                if position in boundaries:
-                    if payloads:
-                        flush()
-                    planned += 1
-                bar.update(1)
-                if sample.payload is None:
-                    skip_sample(source, sample, options.strict, skipped)
-                    continue
-                payloads.append(sample.payload)
-                labels.append(sample.label)
-            if payloads:
-                flush()
-        if not shards:
-            raise DataToolError(_where(source), f"no usable images ({len(skipped)} skipped)")
-        _check_classes(classes, all_labels, source)
-        if stream is not None:
-            stream.finish()  # every shard object confirmed in the bucket, or the upload's error
-        # Publish: the final names chosen above (never one the old dataset or anyone else uses), then the manifest
-        # in one atomic rename (with --upload: the remote manifest first), then the old dataset's shards that the
-        # new manifest does not name.
-        if keep_local:
-            for temp, info in zip(temp_paths, shards, strict=True):
-                os.rename(temp, out / info.path)
-                published.append(out / info.path)
-        manifest = Manifest(tool_version=TOOL_VERSION, layout=options.layout,
-                            image_size=options.image_size if options.layout == "decoded" else None,
-                            classes=classes, num_samples=first_index, shards=shards, skipped=len(skipped),
-                            shuffle_seed=options.shuffle_seed)
-        try:
-            if stream is None:
-                write_manifest(out, manifest)
-            else:
-                payload = manifest_bytes(manifest)
-                stream.publish(payload)  # the remote dataset is now the new one
-                atomic_write_bytes(out / MANIFEST_NAME, payload)  # OUT's record of it
-        except OSError as exc:
-            raise write_error(out / MANIFEST_NAME, exc) from exc
-        published = []  # from here on the new dataset is the dataset
-        fsync_dir(out)
-        try:
-            atomic_write_bytes(out / REPORT_NAME, (json.dumps({"skipped": skipped}, indent=2) + "\n").encode())
-        except OSError as exc:
-            raise write_error(out / REPORT_NAME, exc) from exc
-    except BaseException:
-        if stream is not None:
-            stream.close()  # no upload reads a temporary any more, nothing more is sent
-        for temp in temp_paths:
-            temp.unlink(missing_ok=True)
-        for path in published:
-            path.unlink(missing_ok=True)
-        raise
-    names = {info.path for info in manifest.shards}
-    # Without --keep-local no new shard is in OUT: every shard of the old local dataset goes.
-    for name in sorted(old_names - (names if keep_local else set())):
-        (out / name).unlink(missing_ok=True)
-    if stream is not None:
-        stream.remove_stale(names)
     return PackResult(manifest=manifest, skipped=skipped, upload=stream.result if stream is not None else None)
 
 
+def _fill(sink: ShardSink, source: Path | S3Source, options: PackOptions, classes: list[str],
+          samples: Iterator[Sample], starts: list[int], total: int,
+          skipped: list[dict[str, str]]) -> tuple[Manifest, dict[str, Any]]:
+    """The image folder's shards: the samples in pack's order, cut at the planned boundaries (shardplan), each
+    planned shard written by the version-1 shard writer; the manifest and the report."""
+    payloads: list[bytes] = []
+    labels: list[int] = []
+    all_labels: list[int] = []
+    planned = 0  # the planned shard (shardplan) being filled: its number names it
+
+    def flush() -> None:
+        nonlocal payloads, labels
+        sink.add(planned, len(labels),
+                 lambda temp: write_image_folder_shard(temp, options.layout, options.image_size, payloads, labels))
+        all_labels.extend(labels)
+        payloads, labels = [], []
+
+    with tqdm(total=total, unit="img", desc="pack", disable=None if options.progress else True) as bar:
+        boundaries = set(starts[1:])
+        for position, sample in enumerate(samples):
+            if position in boundaries:
+                if payloads:
+                    flush()
+                planned += 1
+            bar.update(1)
+            if sample.payload is None:
+                skip_sample(source, sample, options.strict, skipped)
+                continue
+            payloads.append(sample.payload)
+            labels.append(sample.label)
+        if payloads:
+            flush()
+    if not sink.shards:
+        raise DataToolError(_where(source), f"no usable images ({len(skipped)} skipped)")
+    _check_classes(classes, all_labels, source)
+    manifest = Manifest(tool_version=TOOL_VERSION, layout=options.layout,
+                        image_size=options.image_size if options.layout == "decoded" else None,
+                        classes=classes, num_samples=sink.first_index, shards=sink.shards, skipped=len(skipped),
+                        shuffle_seed=options.shuffle_seed)
+    return manifest, {"skipped": skipped}

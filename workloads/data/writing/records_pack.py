@@ -5,16 +5,15 @@ Three ways in:
   pack_captions  (captions.py) a JSONL/CSV/Parquet table of key,caption[,extra columns] beside the images
   pack_tokens    (tokens.py) a folder of .npy or Arrow token-id arrays, cut into fixed-length sequences
 
-Same guarantees as the image-folder pack (pack.py, whose output handling this reuses): shards are written to hidden
-temporary files and renamed into place only when all are complete, the manifest last, so an interrupted pack leaves
-nothing that looks like a dataset; one pack at a time per OUT; an old dataset in OUT is replaced only with --force,
-and only its own shards are deleted. Every input left out is counted in the manifest (`skipped`) and named with its
-reason in OUT/pack-report.json (--strict: the first one is the error instead). Same input -> same shards.
+The same pack engine as the image-folder pack (engine.py), with the records shard writer: shards are written to
+hidden temporary files and renamed into place only when all are complete, the manifest last, so an interrupted pack
+leaves nothing that looks like a dataset; one pack at a time per OUT; an old dataset in OUT is replaced only with
+--force, and only its own shards are deleted. Every input left out is counted in the manifest (`skipped`) and named
+with its reason in OUT/pack-report.json (--strict: the first one is the error instead). Same input -> same shards.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,13 +28,7 @@ from workloads.data import TOOL_VERSION
 from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import (
     FORMAT_NAME,
-    MANIFEST_NAME,
     Manifest,
-    ShardInfo,
-    atomic_write_bytes,
-    fsync_dir,
-    shard_name,
-    write_manifest,
 )
 from workloads.data.format.records import (
     RECORDS_VERSION,
@@ -44,15 +37,7 @@ from workloads.data.format.records import (
     check_fields,
     encode_record,
 )
-from workloads.data.format.verify import sha256_file
-from workloads.data.writing.pack import (
-    REPORT_NAME,
-    TEMP_SUFFIX,
-    free_name,
-    lock_output,
-    prepare_output,
-    write_error,
-)
+from workloads.data.writing.engine import ShardSink, run_pack
 from workloads.data.writing.samples import decode_image
 
 
@@ -120,25 +105,25 @@ def _value_bytes(value: bytes | np.ndarray) -> int:
 def pack_records(items: Iterable[Item], fields: Sequence[FieldSpec], out: Path, options: RecordPackOptions, *,
                  classes: Sequence[str] = (), source: str = "records", total: int | None = None,
                  report: Mapping[str, Any] | None = None, images_normalized: bool = False) -> RecordPackResult:
-    """Write every usable record of `items` (in order) into OUT as a records dataset; `source` names the input in
-    errors, `report` is added to the pack report. Image fields go through normalize_image unless the source did
-    that already (`images_normalized`)."""
+    """Write every usable record of `items` (in order) into OUT as a records dataset through the pack engine;
+    `source` names the input in errors, `report` is added to the pack report. Image fields go through
+    normalize_image unless the source did that already (`images_normalized`)."""
     if options.shard_bytes < 1:
         raise DataToolError("--shard-size", "must be positive")
     try:
         fields = check_fields(fields)
     except ValueError as exc:
         raise DataToolError(source, str(exc)) from None
-    old_names = prepare_output(out, options.force)
-    lock = lock_output(out)
-    try:
-        for stale in out.glob(f".shard-*{TEMP_SUFFIX}"):
-            stale.unlink()
+    skipped: list[dict[str, str]] = []
+    extra = dict(report or {})
+
+    def fill(sink: ShardSink) -> tuple[Manifest, dict[str, Any]]:
         images = [] if images_normalized else [spec.name for spec in fields if spec.type == "image"]
-        return _pack_locked(_with_images(items, images), fields, out, options, list(classes), source, total,
-                            dict(report or {}), old_names)
-    finally:
-        os.close(lock)
+        return _fill(sink, _with_images(items, images), fields, options, list(classes), source, total, extra,
+                     skipped)
+
+    manifest = run_pack(out, options.force, fill)
+    return RecordPackResult(manifest=manifest, skipped=skipped, report=extra)
 
 
 def _with_images(items: Iterable[Item], images: list[str]) -> Iterator[Item]:
@@ -158,82 +143,44 @@ def _with_images(items: Iterable[Item], images: list[str]) -> Iterator[Item]:
         yield key, converted, ""
 
 
-def _pack_locked(items: Iterable[Item], fields: list[FieldSpec], out: Path, options: RecordPackOptions,
-                 classes: list[str], source: str, total: int | None, report: dict[str, Any],
-                 old_names: set[str]) -> RecordPackResult:
-    taken: set[str] = set()
-    shards: list[ShardInfo] = []
-    temp_paths: list[Path] = []
-    published: list[Path] = []
-    skipped: list[dict[str, str]] = []
+def _fill(sink: ShardSink, items: Iterable[Item], fields: list[FieldSpec], options: RecordPackOptions,
+          classes: list[str], source: str, total: int | None, report: dict[str, Any],
+          skipped: list[dict[str, str]]) -> tuple[Manifest, dict[str, Any]]:
+    """The records' shards: a shard closes before the record that would take it past shard_bytes, and is written
+    by the records shard writer; the manifest and the report."""
     columns: list[list[Any]] = [[] for _ in fields]
     pending = 0
-    first_index = 0
 
     def flush() -> None:
-        nonlocal columns, pending, first_index
-        index = len(shards)
-        temp = out / f".{shard_name(index)}{TEMP_SUFFIX}"
-        temp_paths.append(temp)
-        try:
-            write_records_shard(temp, fields, columns)
-        except OSError as exc:
-            raise write_error(temp, exc) from exc
-        count = len(columns[0])
-        name = free_name(out, index, taken)
-        shards.append(ShardInfo(path=name, num_samples=count, first_index=first_index, bytes=temp.stat().st_size,
-                                sha256=sha256_file(temp)))
-        first_index += count
+        nonlocal columns, pending
+        sink.add(len(sink.shards), len(columns[0]), lambda temp: write_records_shard(temp, fields, columns))
         columns, pending = [[] for _ in fields], 0
 
-    try:
-        with tqdm(total=total, unit="rec", desc="pack", disable=None if options.progress else True) as bar:
-            for key, record, reason in items:
-                bar.update(1)
-                values = None
-                if record is not None:
-                    try:
-                        values = encode_record(fields, record)
-                    except RecordError as exc:
-                        reason = str(exc)
-                if values is None:
-                    if options.strict:
-                        raise DataToolError(f"{source}: {key}", reason)
-                    skipped.append({"path": key, "reason": reason})
-                    continue
-                size = sum(_value_bytes(value) for value in values)
-                if columns[0] and pending + size > options.shard_bytes:
-                    flush()
-                for column, value in zip(columns, values, strict=True):
-                    column.append(value)
-                pending += size
-            if columns[0]:
+    with tqdm(total=total, unit="rec", desc="pack", disable=None if options.progress else True) as bar:
+        for key, record, reason in items:
+            bar.update(1)
+            values = None
+            if record is not None:
+                try:
+                    values = encode_record(fields, record)
+                except RecordError as exc:
+                    reason = str(exc)
+            if values is None:
+                if options.strict:
+                    raise DataToolError(f"{source}: {key}", reason)
+                skipped.append({"path": key, "reason": reason})
+                continue
+            size = sum(_value_bytes(value) for value in values)
+            if columns[0] and pending + size > options.shard_bytes:
                 flush()
-        if not shards:
-            raise DataToolError(source, f"no usable records ({len(skipped)} skipped)")
-        for temp, info in zip(temp_paths, shards, strict=True):
-            os.rename(temp, out / info.path)
-            published.append(out / info.path)
-        manifest = Manifest(version=RECORDS_VERSION, tool_version=TOOL_VERSION, layout="records", classes=classes,
-                            fields=fields, num_samples=first_index, shards=shards, skipped=len(skipped),
-                            shuffle_seed=options.shuffle_seed)
-        try:
-            write_manifest(out, manifest)
-        except OSError as exc:
-            raise write_error(out / MANIFEST_NAME, exc) from exc
-        published = []
-        fsync_dir(out)
-        try:
-            atomic_write_bytes(out / REPORT_NAME, (json.dumps({**report, "skipped": skipped}, indent=2) + "\n")
-                               .encode())
-        except OSError as exc:
-            raise write_error(out / REPORT_NAME, exc) from exc
-    except BaseException:
-        for temp in temp_paths:
-            temp.unlink(missing_ok=True)
-        for path in published:
-            path.unlink(missing_ok=True)
-        raise
-    for name in sorted(old_names - {info.path for info in manifest.shards}):
-        (out / name).unlink(missing_ok=True)
-    return RecordPackResult(manifest=manifest, skipped=skipped, report=report)
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
+            pending += size
+        if columns[0]:
+            flush()
+    if not sink.shards:
+        raise DataToolError(source, f"no usable records ({len(skipped)} skipped)")
+    manifest = Manifest(version=RECORDS_VERSION, tool_version=TOOL_VERSION, layout="records", classes=classes,
+                        fields=fields, num_samples=sink.first_index, shards=sink.shards, skipped=len(skipped),
+                        shuffle_seed=options.shuffle_seed)
+    return manifest, {**report, "skipped": skipped}

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,30 +38,28 @@ from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import (
     Manifest,
     ShardInfo,
-    atomic_write_bytes,
-    check_file_name,
-    fsync_dir,
     manifest_bytes,
     shard_name,
-    write_manifest,
 )
 from workloads.data.format.records import RECORDS_VERSION, FieldSpec, RecordError, check_fields, encode_record
-from workloads.data.format.verify import sha256_file
-from workloads.data.moving.s3 import S3Uri, describe, parse_s3_uri
+from workloads.data.moving.s3 import S3Uri, parse_s3_uri
 from workloads.data.moving.upload import ShardStream
+from workloads.data.writing.engine import ShardSink, run_pack
 from workloads.data.writing.maphook import MapHook
-from workloads.data.writing.pack import REPORT_NAME, TEMP_SUFFIX, free_name, lock_output, prepare_output, write_error
 from workloads.data.writing.records_pack import normalize_image, write_records_shard
 from workloads.data.writing.slices import (
     ShardRecord,
     SliceResult,
     abort_open_uploads,
+    committed_shards,
     free_shard_name,
     object_matches,
     owned,
     put_record,
+    put_report,
     read_record,
     remove_records,
+    wait_for_records,
 )
 from workloads.data.writing.sources import S3Source, SourceOptions
 from workloads.data.writing.tables import TableFile, TableSource, read_rows, table_units
@@ -230,60 +226,39 @@ def records_manifest(options: TablePackOptions, shards: list[ShardInfo], skipped
                     skipped=skipped, shuffle_seed=None, map_hook=hook.describe() if hook else None)
 
 
-def _report(plan: TablePlan, left_out: list[dict[str, str]], hook: MapHook | None) -> tuple[bytes, int, int]:
+def _report(plan: TablePlan, left_out: list[dict[str, str]], hook: MapHook | None) -> tuple[dict[str, Any], int, int]:
     skipped = plan.bad + [item for item in left_out if item["reason"] != FILTERED]
     filtered = sum(1 for item in left_out if item["reason"] == FILTERED)
     report = {"plan": plan.digest, "rows": plan.total, "filtered": filtered,
               "map": hook.describe() if hook else None, "skipped": skipped}
-    return (json.dumps(report, indent=2) + "\n").encode(), len(skipped), filtered
+    return report, len(skipped), filtered
 
 
 def pack_tables(source: TableSource, out: Path, options: TablePackOptions, hook: MapHook | None,
                 client: Any = None) -> TablePackResult:
-    """A local pack of the plan's every shard into OUT (the manifest last), byte-identical to the sliced pack."""
+    """A local pack of the plan's every shard into OUT through the pack engine (the manifest last), byte-identical
+    to the sliced pack."""
     check_fields(list(options.fields))
     plan = make_table_plan(source, options, hook)
-    old = prepare_output(out, options.force)
-    lock = lock_output(out)
-    temps: list[tuple[Path, str]] = []
-    try:
+    left_out: list[dict[str, str]] = []
+    counts: dict[str, int] = {}
+
+    def fill(sink: ShardSink) -> tuple[Manifest, dict[str, Any]]:
         images = _Images(options.images or source.root, client)
-        shards: list[ShardInfo] = []
-        left_out: list[dict[str, str]] = []
-        taken: set[str] = set()
         with ThreadPoolExecutor(max_workers=options.workers) as pool:
             for shard in range(plan.shards):
                 columns, dropped = shard_rows(source, plan, shard, options, hook, images, pool)
-                left_out += dropped
-                if not columns[0]:
-                    continue
-                temp = out / f".{shard_name(shard)}{TEMP_SUFFIX}"
-                try:
-                    write_records_shard(temp, list(options.fields), columns)
-                except OSError as exc:
-                    raise write_error(temp, exc) from exc
-                name = free_name(out, shard, taken)
-                temps.append((temp, name))
-                shards.append(ShardInfo(path=name, num_samples=len(columns[0]), first_index=sum(
-                    s.num_samples for s in shards), bytes=temp.stat().st_size, sha256=sha256_file(temp)))
-        report, skipped, filtered = _report(plan, left_out, hook)
-        if not shards:
-            raise DataToolError(source.root, f"no usable records ({skipped} skipped, {filtered} filtered)")
-        for temp, name in temps:
-            os.rename(temp, out / name)
-        manifest = records_manifest(options, shards, skipped, hook)
-        write_manifest(out, manifest)
-        fsync_dir(out)
-        atomic_write_bytes(out / REPORT_NAME, report)
-    except BaseException:
-        for temp, _ in temps:
-            temp.unlink(missing_ok=True)
-        raise
-    finally:
-        os.close(lock)
-    for name in sorted(old - {info.path for info in manifest.shards}):
-        (out / name).unlink(missing_ok=True)
-    return TablePackResult(manifest, [i for i in left_out if i["reason"] != FILTERED], filtered)
+                left_out.extend(dropped)
+                if columns[0]:
+                    sink.add(shard, len(columns[0]),
+                             lambda temp: write_records_shard(temp, list(options.fields), columns))  # noqa: B023
+        report, skipped, counts["filtered"] = _report(plan, left_out, hook)
+        if not sink.shards:
+            raise DataToolError(source.root, f"no usable records ({skipped} skipped, {counts['filtered']} filtered)")
+        return records_manifest(options, sink.shards, skipped, hook), report
+
+    manifest = run_pack(out, options.force, fill)
+    return TablePackResult(manifest, [i for i in left_out if i["reason"] != FILTERED], counts["filtered"])
 
 
 def pack_table_slice(client: Any, source: TableSource, target: S3Uri, options: TablePackOptions,
@@ -340,15 +315,7 @@ def publish_tables(client: Any, source: TableSource, target: S3Uri, options: Tab
     stream.open()
     try:
         with ThreadPoolExecutor(max_workers=16) as pool:
-            while True:
-                records = list(pool.map(lambda k: read_record(client, target, plan.digest, k), range(plan.shards)))
-                missing = [k for k, record in enumerate(records) if record is None]
-                left = deadline - time.monotonic()
-                if not missing or left <= 0:
-                    break
-                print(f"publish: {plan.shards - len(missing)} of {plan.shards} shards packed; waiting (at most "
-                      f"{left:.0f} s more)", file=sys.stderr, flush=True)
-                time.sleep(min(poll_s, left))
+            records, missing = wait_for_records(client, target, plan.digest, plan.shards, pool, deadline, poll_s)
             if missing:
                 raise DataToolError(str(target), f"{len(missing)} of {plan.shards} shards are not packed yet (shard "
                                                  f"{missing[0]} first); run their slices before publishing",
@@ -360,22 +327,13 @@ def publish_tables(client: Any, source: TableSource, target: S3Uri, options: Tab
                 raise DataToolError(f"s3://{target.bucket}/{target.key(record.path or '')}",
                                     f"missing, or not the bytes its slice recorded (shard {record.shard}); rerun "
                                     "its slice", runtime=True)
-        shards, first = [], 0
-        for record in done:
-            if record.path is not None and record.sha256 is not None:
-                shards.append(ShardInfo(path=check_file_name(record.path), num_samples=record.num_samples,
-                                        first_index=first, bytes=record.bytes, sha256=record.sha256))
-                first += record.num_samples
+        shards = committed_shards(done)
         report, skipped, filtered = _report(plan, [i for r in done for i in r.skipped], hook)
         if not shards:
             raise DataToolError(source.root, f"no usable records ({skipped} skipped, {filtered} filtered)")
         manifest = records_manifest(options, shards, skipped, hook)
         stream.publish(manifest_bytes(manifest))
-        try:
-            client.put_object(Bucket=target.bucket, Key=target.key(REPORT_NAME), Body=report,
-                              ContentType="application/json")
-        except Exception as exc:
-            raise describe(f"s3://{target.bucket}/{target.key(REPORT_NAME)}", exc) from exc
+        put_report(client, target, report)
         stream.remove_stale({shard.path for shard in shards})
         remove_records(client, target)
     finally:

@@ -26,7 +26,6 @@ name, and the records go.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import sys
@@ -45,14 +44,14 @@ from workloads.data.format.manifest import Manifest, ShardInfo, check_file_name,
 from workloads.data.moving.metrics import PackMetrics
 from workloads.data.moving.s3 import S3Uri, describe, error_code
 from workloads.data.moving.upload import SHA256_METADATA, ShardStream
+from workloads.data.writing.engine import REPORT_NAME, report_bytes
 from workloads.data.writing.pack import (
-    REPORT_NAME,
     PackOptions,
     _where,
-    _write_shard,
     ordered_listing,
     skip_sample,
     source_samples,
+    write_image_folder_shard,
 )
 from workloads.data.writing.shardplan import plan_id, plan_shards
 
@@ -257,7 +256,7 @@ def _pack_shards(client: Any, source: Path | S3Source, target: S3Uri, options: P
                             skipped=skipped)
         if payloads:
             temp = work / f".{shard_name(shard)}.partial"
-            _write_shard(temp, options.layout, options.image_size, payloads, labels)
+            write_image_folder_shard(temp, options.layout, options.image_size, payloads, labels)
             size = temp.stat().st_size
             sha, md5 = stream.hashes(temp)
             name = free_shard_name(stream, shard, sha, size)
@@ -328,19 +327,7 @@ def publish(client: Any, source: Path | S3Source, target: S3Uri, options: PackOp
     deadline = time.monotonic() + wait_s
     try:
         with ThreadPoolExecutor(max_workers=16) as pool:
-            records: list[ShardRecord | None] = [None] * len(plan.starts)
-            missing = list(range(len(plan.starts)))
-            while True:
-                found = list(pool.map(lambda k: read_record(client, target, plan.digest, k), missing))
-                for k, record in zip(missing, found, strict=True):
-                    records[k] = record
-                missing = [k for k in missing if records[k] is None]
-                left = deadline - time.monotonic()
-                if not missing or left <= 0:
-                    break
-                print(f"publish: {len(records) - len(missing)} of {len(records)} shards packed; waiting for the "
-                      f"rest (at most {left:.0f} s more)", file=sys.stderr, flush=True)
-                time.sleep(min(poll_s, left))
+            records, missing = wait_for_records(client, target, plan.digest, len(plan.starts), pool, deadline, poll_s)
             if missing:
                 first_input = plan.inputs(missing[0])[0][0]
                 raise DataToolError(str(target), f"{len(missing)} of {len(records)} shards are not packed yet "
@@ -358,12 +345,7 @@ def publish(client: Any, source: Path | S3Source, target: S3Uri, options: PackOp
         if len(counts) != len(plan.classes):
             raise DataToolError(str(target), "shard records disagree with the listing's classes; rerun the slices")
         skipped = [item for record in done for item in record.skipped]
-        shards, first = [], 0
-        for record in done:
-            if record.path is not None and record.sha256 is not None:
-                shards.append(ShardInfo(path=check_file_name(record.path), num_samples=record.num_samples,
-                                        first_index=first, bytes=record.bytes, sha256=record.sha256))
-                first += record.num_samples
+        shards = committed_shards(done)
         if not shards:
             raise DataToolError(_where(source), f"no usable images ({len(skipped)} skipped)")
         empty = [name for name, count in zip(plan.classes, counts, strict=True) if count == 0]
@@ -373,20 +355,55 @@ def publish(client: Any, source: Path | S3Source, target: S3Uri, options: PackOp
                                        "shifts every label")
         manifest = Manifest(tool_version=TOOL_VERSION, layout=options.layout,
                             image_size=options.image_size if options.layout == "decoded" else None,
-                            classes=plan.classes, num_samples=first, shards=shards, skipped=len(skipped),
-                            shuffle_seed=options.shuffle_seed)
+                            classes=plan.classes, num_samples=sum(s.num_samples for s in shards), shards=shards,
+                            skipped=len(skipped), shuffle_seed=options.shuffle_seed)
         stream.publish(manifest_bytes(manifest))  # the one moment DEST changes datasets
-        report = (json.dumps({"skipped": skipped}, indent=2) + "\n").encode()
-        try:
-            client.put_object(Bucket=target.bucket, Key=target.key(REPORT_NAME), Body=report,
-                              ContentType="application/json")
-        except Exception as exc:
-            raise describe(_uri(target, target.key(REPORT_NAME)), exc) from exc
+        put_report(client, target, {"skipped": skipped})
         stream.remove_stale({shard.path for shard in shards})
         remove_records(client, target)
     finally:
         stream.close()
     return PublishResult(manifest=manifest, skipped=skipped, removed=stream.result.removed)
+
+
+def wait_for_records(client: Any, target: S3Uri, plan: str, shards: int, pool: ThreadPoolExecutor, deadline: float,
+                     poll_s: float) -> tuple[list[ShardRecord | None], list[int]]:
+    """The slices' records of every planned shard, read again (those still missing) until all are there or the
+    deadline passes; and the shards still missing."""
+    records: list[ShardRecord | None] = [None] * shards
+    missing = list(range(shards))
+    while True:
+        found = list(pool.map(lambda k: read_record(client, target, plan, k), missing))
+        for k, record in zip(missing, found, strict=True):
+            records[k] = record
+        missing = [k for k in missing if records[k] is None]
+        left = deadline - time.monotonic()
+        if not missing or left <= 0:
+            return records, missing
+        print(f"publish: {shards - len(missing)} of {shards} shards packed; waiting for the rest (at most "
+              f"{left:.0f} s more)", file=sys.stderr, flush=True)
+        time.sleep(min(poll_s, left))
+
+
+def committed_shards(records: list[ShardRecord]) -> list[ShardInfo]:
+    """The manifest's shards from the slices' records, in plan order (a planned shard that packed nothing, all its
+    inputs skipped, has no shard)."""
+    shards, first = [], 0
+    for record in records:
+        if record.path is not None and record.sha256 is not None:
+            shards.append(ShardInfo(path=check_file_name(record.path), num_samples=record.num_samples,
+                                    first_index=first, bytes=record.bytes, sha256=record.sha256))
+            first += record.num_samples
+    return shards
+
+
+def put_report(client: Any, target: S3Uri, report: dict[str, Any]) -> None:
+    """The pack report beside the published manifest (after it: the dataset is already the new one)."""
+    try:
+        client.put_object(Bucket=target.bucket, Key=target.key(REPORT_NAME), Body=report_bytes(report),
+                          ContentType="application/json")
+    except Exception as exc:
+        raise describe(_uri(target, target.key(REPORT_NAME)), exc) from exc
 
 
 def remove_records(client: Any, target: S3Uri) -> None:

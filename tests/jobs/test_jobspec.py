@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.jobs.facts import ALL_FACTS, GIB, dev_facts, onprem_facts, prod_facts
 from tests.jobs.jobrules import check_job, check_network_policy, check_service
+from workloads.cli import parse_size
 from workloads.cluster_facts import facts_from_dict, facts_to_dict
 from workloads.jobspec import (
     CONFIG_ERROR_EXIT_CODE,
@@ -149,10 +150,19 @@ def test_cache_staging_is_a_native_sidecar_with_the_budget_and_trains_many_epoch
     assert env["DATA_STAGING"] == "cache"
 
 
-def test_cache_budget_is_the_staged_size_rounded_up_to_whole_gib() -> None:
-    job, = render_job(spec(dataset={**S3_CACHE, "stagedSize": "1500Mi"}), dev_facts())
+@pytest.mark.parametrize(("staged", "budget"), [("1500Mi", "1572864000B"), ("100Mi", "104857600B"),
+                                                ("2Gi", "2"), ("1.5G", "1500000000B")])
+def test_cache_budget_is_the_staged_size_to_the_byte(staged: str, budget: str) -> None:
+    """Not rounded up to whole GiB (100Mi was a 1 GiB budget, ten times what the spec allowed on the node)."""
+    job, = render_job(spec(dataset={**S3_CACHE, "stagedSize": staged}), dev_facts())
     command = stage_container(job)["command"]
-    assert command[command.index("--budget") + 1] == "2"
+    assert command[command.index("--budget") + 1] == budget
+    assert parse_size(budget) == quantity_bytes(staged)  # what the stager reads it as
+
+
+def test_a_cache_budget_below_the_stagers_smallest_is_a_spec_error() -> None:
+    error = error_of({"dataset": {**S3_CACHE, "stagedSize": "512Ki"}})
+    assert error.path == "dataset.stagedSize" and "512Ki is below 1Mi" in str(error)
 
 
 def test_cache_needs_the_staged_size_that_sizes_its_disk() -> None:
@@ -458,7 +468,7 @@ def test_fuzzed_specs_render_valid_jobs_or_fail_with_a_field_path(case: tuple[st
     if parsed.dataset and parsed.dataset.staging in ("cache", "rolling"):
         # A sidecar whose budget covers stagedSize and stays inside the volume it fills.
         stage = stage_container(job)
-        budget = int(stage["command"][stage["command"].index("--budget") + 1]) * GIB
+        budget = parse_size(stage["command"][stage["command"].index("--budget") + 1])
         scratch = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "dataset")
         assert stage["restartPolicy"] == "Always" and stage["command"][-1] == "--linger"
         assert quantity_bytes(parsed.dataset.staged_size) <= budget <= quantity_bytes(scratch["emptyDir"]["sizeLimit"])

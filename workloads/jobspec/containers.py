@@ -5,7 +5,6 @@ cluster facts and the gang's address (which the controller wrapper decides)."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,9 +85,11 @@ def _stage_from_store(container: dict[str, Any], spec: TrainingJobSpec, facts: C
     command += ["--metrics-port", str(STAGE_METRICS_PORT)]
     container["ports"] = [{"name": STAGE_METRICS_PORT_NAME, "containerPort": STAGE_METRICS_PORT, "protocol": "TCP"}]
     if dataset.has_sidecar():
-        # The cache: at most the budget on disk (whole GiB, rounded up: the headroom covers it), fetched in the
-        # order the trainer plans to read; --linger: serve until the pod stops it (an exiting sidecar restarts).
-        command += ["--budget", str(math.ceil(quantity_bytes(dataset.staged_size or "0") / GIB)), "--linger"]
+        # The cache: at most stagedSize on disk, to the byte (a bare number is GiB: whole GiB are written so),
+        # fetched in the order the trainer plans to read; --linger: serve until the pod stops it (an exiting sidecar
+        # restarts).
+        budget = quantity_bytes(dataset.staged_size or "0")
+        command += ["--budget", str(budget // GIB) if budget % GIB == 0 else f"{budget}B", "--linger"]
         container["restartPolicy"] = "Always"  # native sidecar: runs beside the trainer, stops after it
     container["env"] = [HOME_ENV, METRICS_ADDR_ENV, *env]
     if env_from:

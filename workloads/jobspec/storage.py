@@ -18,6 +18,7 @@ from workloads.jobspec.fields import (
     _Spec,
 )
 from workloads.k8snames import DnsLabel, DnsSubdomain
+from workloads.quantity import quantity_bytes
 
 
 def _one_source(uri: str | None, bucket: str | None, claim_name: str | None, prefix: str) -> None:
@@ -137,6 +138,8 @@ class DatasetSpec(_Spec):
                 "stagedSize", f"required with staging {self.staging}: the stager's budget and the pod's NVMe (the "
                               "dataset's size keeps all of it, less bounds the cache)"
             )
+        if self.staging in SIDECAR_STAGING and quantity_bytes(self.staged_size or "0") < 1 << 20:
+            raise JobSpecError("stagedSize", f"{self.staged_size} is below 1Mi, the smallest budget the stager keeps")
         if self.staging == "copy" and self.staged_size is None:
             raise JobSpecError("stagedSize", "required with staging copy: the dataset's size, the pod's NVMe")
         if self.staging == "none" and self.staged_size is not None:

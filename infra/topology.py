@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from infra.config.queueing import KueueConfig
+from infra.config.queueing import PROVISIONING_CHECK, KueueConfig
 from infra.nodes.poolplan import PoolPlan
 from workloads.cluster_facts import TopologyFacts
 
@@ -39,9 +39,8 @@ NETWORK_LAYER = "topology.k8s.aws/network-node-layer-"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Kueue's built-in ProvisioningRequest admission check controller (apis/kueue/v1beta2/provisioningrequestconfig_types.go
-# :29) and the name of the stack's check and of its parameters.
+# :29); the stack's check and its parameters are named PROVISIONING_CHECK (infra/config/queueing.py).
 PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
-PROVISIONING_CHECK = "gpu-provisioning"
 
 # How many network nodes EC2 returns for an instance type (EC2 User Guide, "Prerequisites for Amazon EC2 topology":
 # "Returns 3 network nodes" / "Returns 4 network nodes"); EKS labels one layer per node.

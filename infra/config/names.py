@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra.config.base import JOBS_NAMESPACE
 from infra.config.nodepools import BURN_IN_NAME
-from infra.config.queueing import TEAM_LIMITS_NAME, TEAM_QUOTA_NAME, TeamConfig
+from infra.config.queueing import PROVISIONING_CHECK, TEAM_LIMITS_NAME, TEAM_QUOTA_NAME, TeamConfig
 from workloads.cluster_facts import FACTS_CONFIG_MAP
 from workloads.jobspec import namespace_network_policies
 from workloads.k8snames import is_dns_label, is_dns_subdomain, is_label_value
@@ -263,6 +263,9 @@ def _queue_names(n: _Naming) -> Iterator[DerivedName]:
         yield DerivedName("kubernetes", "LocalQueue", team.namespace or JOBS_NAMESPACE, team.name, f"{where}.name")
         if team.namespace is not None:
             yield from _tenant_names(n, index, team)
+    if kueue.topology.enabled and kueue.topology.provisioning:  # its Topologies are named after facts' depths
+        for kind in ("ProvisioningRequestConfig", "AdmissionCheck"):
+            yield DerivedName("kubernetes", kind, "", PROVISIONING_CHECK, f"{CONFIG}kueue.topology.provisioning")
     for index, priority in enumerate(kueue.priority_classes):
         yield DerivedName("kubernetes", "WorkloadPriorityClass", "", priority.name,
                           f"{CONFIG}kueue.priorityClasses[{index}].name")

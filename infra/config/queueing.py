@@ -171,6 +171,7 @@ KUBERNETES_GROUP = r"^[A-Za-z0-9][A-Za-z0-9:._@/+=-]{0,127}$"
 # Where the tenant teams' directories live on the stack's EFS: /teams/<team>.
 TEAM_EFS_ROOT = "/teams"
 # A tenant namespace's ResourceQuota and LimitRange.
+PROVISIONING_CHECK = "gpu-provisioning"  # the ProvisioningRequestConfig and the AdmissionCheck naming it
 TEAM_QUOTA_NAME = "team-quota"
 TEAM_LIMITS_NAME = "team-defaults"
 # The RoleBinding of a team's IAM principals' group to `view` (its Kubernetes groups get team-edit / team-view).

@@ -51,10 +51,11 @@ come out of `PackedData.batches` (and `iter_batches`) as the same one-line error
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,7 @@ from workloads.data.reading.dataset import (
 from workloads.data.reading.records_dataset import RecordsDataset, pad_sequences, records_to_tensors
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.reading.transforms import random_resized_crop_flip_normalize
-from workloads.data.stager_process import StagerProcess, stager_tail, start_stager, stop_stager
+from workloads.data.stager_process import StagerProcess, stager_exit, stager_tail, start_stager, stop_stager
 from workloads.safeio import StateFileError
 from workloads.torchenv import torchrun_env
 from workloads.train.stop import StopSignal, ignore_stop_signals
@@ -169,10 +170,12 @@ class Placement:
 
 def wait_for_manifest(root: str | os.PathLike[str], timeout_s: float,
                       stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
-                      notice_after_s: float = _NOTICE_AFTER_S) -> bool:
+                      notice_after_s: float = _NOTICE_AFTER_S,
+                      owned: Callable[[], str | None] | None = None) -> bool:
     """Wait up to `timeout_s` for a stager to write ROOT/manifest.json; True once it is there. While waiting, the
     stager's state and heartbeat are re-checked (a stager that failed, or none running, is a DataUnavailableError
-    at once rather than at the deadline) and the wait is logged to stderr."""
+    at once rather than at the deadline) and the wait is logged to stderr. `owned`: for a stager this process
+    started, says why it is gone once it has exited (the child is watched, not a file it may never write)."""
     path = Path(root)
     manifest = path if path.name == MANIFEST_NAME else path / MANIFEST_NAME
     root = manifest.parent
@@ -183,6 +186,9 @@ def wait_for_manifest(root: str | os.PathLike[str], timeout_s: float,
         waited = now - started
         if now >= started + timeout_s:
             return False
+        gone = owned() if owned is not None else None
+        if gone is not None and not os.path.lexists(manifest):
+            raise DataUnavailableError(f"{manifest}: not written: {gone}")
         if is_cached(root):
             try:
                 state = read_stager_state(root)
@@ -333,7 +339,8 @@ class PackedData(EpochBatches):
                                               and os.environ.get("DATA_DIR") == str(path))
                 wait_for_data_s = (STAGER_START_TIMEOUT_S if remote is not None
                                    else SIDECAR_START_TIMEOUT_S if sidecar else 0.0)
-            if wait_for_data_s > 0 and not wait_for_manifest(root, wait_for_data_s, stager_timeout_s):
+            owned = None if stager is None else functools.partial(stager_exit, stager)
+            if wait_for_data_s > 0 and not wait_for_manifest(root, wait_for_data_s, stager_timeout_s, owned=owned):
                 raise DataUnavailableError(f"{root / MANIFEST_NAME}: did not appear within {wait_for_data_s:g}s; is "
                                            "the stager running?" + stager_tail(stager))
             if stager is not None and stager.process.poll() not in (None, 0):

@@ -43,6 +43,12 @@ def start_stager(remote: str | Sequence[str], dest: Path, endpoint_url: str | No
     return StagerProcess(process, Path(out.name))
 
 
+def stager_exit(stager: StagerProcess) -> str | None:
+    """None while the stager this process started runs; once it has exited, its exit status and last line."""
+    code = stager.process.poll()
+    return None if code is None else f"the stager exited with {code}{stager_tail(stager)}"
+
+
 def stager_tail(stager: StagerProcess | None) -> str:
     if stager is None:
         return ""

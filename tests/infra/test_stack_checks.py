@@ -170,7 +170,7 @@ def test_derived_names_match_the_plan(stack: str, stack_plan: Any) -> None:
                          and not (r["inputs"].get("kind") in ("Job", "Service", "NetworkPolicy")
                                   and r["inputs"]["metadata"]["name"] not in NAMESPACE_POLICIES)
                          and r["inputs"]["metadata"].get("name")
-                         # named after instance facts: flavors, Topologies (EC2's layer depth) and the per-type training runtimes
+                         # named after instance facts: flavors, Topologies (EC2's layer depth), per-type runtimes
                          and r["inputs"].get("kind") not in ("ResourceFlavor", "Topology")
                          and not (r["inputs"].get("kind") == "ClusterTrainingRuntime"
                                   and re.fullmatch(r"torch-distributed-[a-z0-9]+", r["inputs"]["metadata"]["name"])))

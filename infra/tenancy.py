@@ -200,12 +200,14 @@ def team_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], stack: str, labe
 
 
 def team_facts(cfg: KueueConfig, more_claims: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, TeamFacts]:
-    """What a Job renderer needs of the tenant teams (ClusterFacts.teams): namespace and claims (its EFS directory's,
-    and `more_claims` of the team, e.g. its FSx for Lustre directory's)."""
+    """What a Job renderer needs of the tenant teams (ClusterFacts.teams): namespace, claims (its EFS directory's,
+    and `more_claims` of the team, e.g. its FSx for Lustre directory's) and bucket prefixes (what its Jobs may name)."""
     more = more_claims or {}
     return {team.name: TeamFacts(namespace=team.namespace,
                                  volume_claims=((team.volume.claim,) if team.volume is not None else ())
-                                 + more.get(team.name, ()))
+                                 + more.get(team.name, ()),
+                                 datasets=tuple(f"{d.bucket}/{d.prefix}" for d in team.datasets),
+                                 checkpoints=tuple(f"{d.bucket}/{d.prefix}" for d in team.checkpoints))
             for team in cfg.tenant_teams if team.namespace is not None}
 
 

@@ -68,6 +68,11 @@ class TeamFacts:
 
     namespace: str
     volume_claims: tuple[str, ...] = ()  # PVCs in the team's namespace (its EFS directory)
+    # The team's bucket prefixes, each `<logical bucket>/<key prefix>` (workloads.jobspec.teamdata): its Jobs read
+    # under datasets and checkpoints and write under checkpoints; no other Job may name them. None: facts published
+    # before the prefixes were (the team's own-prefix check is skipped; `up` publishes them again).
+    datasets: tuple[str, ...] | None = None
+    checkpoints: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from infra.config.names import (
 from infra.config.queueing import TEAM_EFS_ROOT
 from infra.config.schema import ConfigError, StackConfig
 from infra.config.storage import MIN_ADDON_VERSIONS, MIN_ADDON_WHY, NODE_MONITORING_AGENT, addon_semver
+from workloads.jobspec.teamdata import TeamPrefixes, team_prefix_problems
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,9 @@ def team_problems(cfg: StackConfig, training_namespace: str) -> list[tuple[str, 
                                  f"team {team.name}: {CONFIG}storage.efs.storageClass.basePath "
                                  f"{efs.storage_class.base_path} is under {TEAM_EFS_ROOT}, where the teams' own "
                                  "directories are; move it"))
-    owned = [(team.name, data.bucket, data.prefix) for team in cfg.kueue.teams for data in team.data]
+    prefixes = {team.name: TeamPrefixes(reads=tuple(f"{d.bucket}/{d.prefix}" for d in team.datasets),
+                                        writes=tuple(f"{d.bucket}/{d.prefix}" for d in team.checkpoints))
+                for team in cfg.kueue.teams}
     for index, spec in enumerate(cfg.jobs):
         job_team = teams.get(spec.team) if spec.team is not None else None
         if spec.team is not None and (job_team is None or job_team.namespace is None):
@@ -179,31 +182,8 @@ def team_problems(cfg: StackConfig, training_namespace: str) -> list[tuple[str, 
             problems.append((f"{CONFIG}jobs[{index}].team", f"{spec.team} is not a team with a namespace "
                                                             f"(teams with one: {tenants})"))
             continue
-        uses = [("dataset", spec.dataset, False), ("checkpoint", spec.checkpoint, True)]
-        for field_name, target, writes in uses:
-            if target is None or target.bucket is None:
-                if target is not None and target.uri is not None and job_team is not None:
-                    problems.append((f"{CONFIG}jobs[{index}].{field_name}.uri",
-                                     f"team {job_team.name}'s Jobs name their data by bucket and prefix (one of the "
-                                     "team's own), not by uri"))
-                continue
-            key = f"{target.bucket}/{target.prefix}"
-            foreign = [name for name, bucket, prefix in owned
-                       if bucket == target.bucket and (key.startswith(f"{bucket}/{prefix}") or
-                                                       f"{bucket}/{prefix}".startswith(key))
-                       and name != (job_team.name if job_team else None)]
-            if foreign:
-                problems.append((f"{CONFIG}jobs[{index}].{field_name}.prefix",
-                                 f"{target.bucket}/{target.prefix} is team {', '.join(sorted(set(foreign)))}'s data"
-                                 + ("" if job_team is None else f", not team {job_team.name}'s")))
-                continue
-            if job_team is not None:
-                mine = job_team.checkpoints if writes else job_team.data
-                if not any(d.bucket == target.bucket and target.prefix.startswith(d.prefix) for d in mine):
-                    allowed = ", ".join(f"{d.bucket}/{d.prefix}" for d in mine) or "none"
-                    problems.append((f"{CONFIG}jobs[{index}].{field_name}.prefix",
-                                     f"team {job_team.name} may {'write' if writes else 'read'} only under its own "
-                                     f"prefixes ({allowed}), not {target.bucket}/{target.prefix}"))
+        # The same rule `submit render` applies with the prefixes the cluster facts publish.
+        problems += [(f"{CONFIG}jobs[{index}].{path}", why) for path, why in team_prefix_problems(spec, prefixes)]
         if job_team is not None and spec.queue is not None and spec.queue != job_team.name:
             problems.append((f"{CONFIG}jobs[{index}].queue", f"team {job_team.name}'s Jobs go through its LocalQueue "
                                                              f"{job_team.name}, not {spec.queue}"))

@@ -28,8 +28,9 @@ models: dataset and checkpoint locations, the run), `loading` (dicts and files -
 (which pools, what resources, EFA), `defaults` (the pod defaults every pod of the project shares: labels, security
 contexts, tolerations), `containers` and `pod` (the pod-template builder), `controllers/` (one wrapper per controller
 kind around that pod), `kinds` (the kind table: a spec's kind -> its wrapper, for `up` and `submit`), `queue` (Kueue
-metadata), `network` (NetworkPolicies) and `render` (the entry point: render_job, the hashed name). No Pulumi or
-infra imports here: the same code runs in `workloads.submit` and inside the cluster.
+metadata), `network` (NetworkPolicies), `teamdata` (which bucket prefixes a team's Job may name: the stack check's
+rule too) and `render` (the entry point: render_job, the hashed name). No Pulumi or infra imports here: the same code
+runs in `workloads.submit` and inside the cluster.
 """
 
 from workloads.jobspec.fields import (

@@ -8,11 +8,12 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from workloads.cluster_facts import ClusterFacts
+from workloads.cluster_facts import ClusterFacts, TeamFacts
 from workloads.jobspec.fields import HASH_LENGTH, JobSpecError
 from workloads.jobspec.kinds import controller_for
 from workloads.jobspec.pod import build_pod
 from workloads.jobspec.spec import TrainingJobSpec
+from workloads.jobspec.teamdata import TeamPrefixes, team_prefix_problems
 
 
 def _render_manifests(spec: TrainingJobSpec, facts: ClusterFacts, run_name: str) -> list[dict[str, Any]]:
@@ -46,15 +47,26 @@ def team_facts(team: str | None, facts: ClusterFacts) -> ClusterFacts:
                    volume_claims=own.volume_claims, teams={team: own})
 
 
+def _prefixes(team: TeamFacts) -> TeamPrefixes | None:
+    if team.datasets is None or team.checkpoints is None:
+        return None
+    return TeamPrefixes(reads=team.datasets, writes=team.checkpoints)
+
+
 def render_job(
     spec: TrainingJobSpec, facts: ClusterFacts, *, suspended_by_default: bool = False
 ) -> list[dict[str, Any]]:
     """The controller object of the spec's kind (first) and its companions (for a multi-node Indexed Job: the
     headless Service and NetworkPolicy); a spec of a `team` in that team's namespace.
 
-    `suspended_by_default` decides `spec.suspend` where the spec leaves it unset. Raises JobSpecError (field path).
+    `suspended_by_default` decides `spec.suspend` where the spec leaves it unset. Raises JobSpecError (field path),
+    among others for a dataset or checkpoint outside what the spec's team may use (workloads.jobspec.teamdata).
     """
-    facts = team_facts(spec.team, facts)
+    own = team_facts(spec.team, facts)
+    problems = team_prefix_problems(spec, {name: _prefixes(team) for name, team in (facts.teams or {}).items()})
+    if problems:
+        raise JobSpecError(*problems[0])
+    facts = own
     if spec.suspend is None:
         spec = spec.model_copy(update={"suspend": suspended_by_default})
     return _render_manifests(spec, facts, job_name(spec, facts))

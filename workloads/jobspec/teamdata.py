@@ -1,0 +1,57 @@
+"""Which bucket prefixes a Job may name: a tenant team's Job only its own team's, a Job of no team no team's.
+
+One rule for both places a Job is checked: the stack file (infra's stack check passes the stack's teams) and
+`submit render`/`submit` (the cluster facts carry each tenant team's prefixes, ClusterFacts.teams). Prefixes are
+`<logical bucket>/<key prefix>` strings, as a spec names them (`bucket: datasets`, `prefix: vision/imagenet/`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from workloads.jobspec.spec import TrainingJobSpec
+
+
+@dataclass(frozen=True)
+class TeamPrefixes:
+    """A team's prefixes, each `<logical bucket>/<key prefix>` (the key prefix ends in '/')."""
+
+    reads: tuple[str, ...]  # datasets: read only
+    writes: tuple[str, ...]  # checkpoints: read and write
+
+    @property
+    def owned(self) -> tuple[str, ...]:
+        return (*self.reads, *self.writes)
+
+
+def team_prefix_problems(spec: TrainingJobSpec, teams: Mapping[str, TeamPrefixes | None]) -> list[tuple[str, str]]:
+    """(field path in the spec, why) for each dataset or checkpoint of `spec` outside what its team may use.
+
+    `teams` maps every team whose prefixes are known to them (None: not known, e.g. facts published before the
+    prefixes were; that team's own-prefix check is skipped). A Job of a team may read only under the team's
+    datasets and checkpoints and write only under its checkpoints, naming them by bucket and prefix (not by uri);
+    any Job naming another team's prefix (or a prefix holding one) is refused."""
+    job_team = spec.team
+    mine = teams.get(job_team) if job_team is not None else None
+    problems: list[tuple[str, str]] = []
+    for field_name, target, writes in (("dataset", spec.dataset, False), ("checkpoint", spec.checkpoint, True)):
+        if target is None or target.bucket is None:
+            if target is not None and target.uri is not None and job_team is not None:
+                problems.append((f"{field_name}.uri", f"team {job_team}'s Jobs name their data by bucket and prefix "
+                                                      "(one of the team's own), not by uri"))
+            continue
+        key = f"{target.bucket}/{target.prefix}"
+        foreign = sorted({name for name, prefixes in teams.items() if prefixes is not None and name != job_team
+                          for owned in prefixes.owned if key.startswith(owned) or owned.startswith(key)})
+        if foreign:
+            problems.append((f"{field_name}.prefix", f"{key} is team {', '.join(foreign)}'s data"
+                                                     + ("" if job_team is None else f", not team {job_team}'s")))
+            continue
+        if job_team is not None and mine is not None:
+            allowed: Sequence[str] = mine.writes if writes else mine.owned
+            if not any(key.startswith(owned) for owned in allowed):
+                problems.append((f"{field_name}.prefix",
+                                 f"team {job_team} may {'write' if writes else 'read'} only under its own prefixes "
+                                 f"({', '.join(allowed) or 'none'}), not {key}"))
+    return problems

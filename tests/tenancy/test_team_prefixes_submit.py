@@ -1,9 +1,11 @@
-"""One rule for a team Job's bucket prefixes: `submit render` against the published facts of prod with two tenant
-teams refuses what the stack file refuses, with the same words, and renders what it allows."""
+"""One rule for a team Job's bucket prefixes: `submit render` against the published facts of the staging stack (two
+tenant teams, vision and language) refuses what the stack file refuses, with the same words, and renders what it
+allows."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,40 +13,35 @@ import pytest
 import yaml
 
 from infra.config.schema import ConfigError
-from infra.plan.engine import STACKS_DIR, plan_stack
-from tests.tenancy.teams import prod_with_teams, team_job
+from tests.tenancy.teams import team_job
 from workloads.cluster_facts import facts_from_dict
 from workloads.submit.cli import main
 
+
+def _job(dataset: str, checkpoint: str, team: str | None = "vision") -> dict[str, Any]:
+    """A Job that fits staging's l40s nodes (4 GPUs each)."""
+    job = {**team_job("vision", dataset, checkpoint, gpu_type="l40s"), "gpus": 4, "team": team}
+    return {k: v for k, v in job.items() if v is not None}
+
+
 # (the Job, the field, the reason): the stack check's and submit's words alike
 REFUSED = [
-    (team_job("vision", "language/pile/", "vision/run1/"), "dataset.prefix",
+    (_job("language/pile/", "vision/run1/"), "dataset.prefix",
      "datasets/language/pile/ is team language's data, not team vision's"),
-    (team_job("vision", "vision/imagenet/", "language/run1/"), "checkpoint.prefix",
+    (_job("vision/imagenet/", "language/run1/"), "checkpoint.prefix",
      "checkpoints/language/run1/ is team language's data, not team vision's"),
-    (team_job("vision", "shared/x/", "vision/run1/"), "dataset.prefix",
+    (_job("shared/x/", "vision/run1/"), "dataset.prefix",
      "team vision may read only under its own prefixes (datasets/vision/, checkpoints/vision/), not "
      "datasets/shared/x/"),
-    ({k: v for k, v in team_job("vision", "vision/a/", "vision/b/").items() if k != "team"}, "dataset.prefix",
-     "datasets/vision/a/ is team vision's data"),
+    (_job("vision/a/", "vision/b/", team=None), "dataset.prefix", "datasets/vision/a/ is team vision's data"),
 ]
 
 
-def _plan(tmp_path: Path, jobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    document = yaml.safe_load((STACKS_DIR / "Pulumi.prod.yaml").read_text())
-    document["config"].update(prod_with_teams(jobs=jobs))
-    path = tmp_path / "Pulumi.prod.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return plan_stack("prod", path)
-
-
-@pytest.fixture(scope="module")
-def facts_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """prod with the two tenant teams and no Jobs: its jobFacts output, as `submit render --facts` reads it."""
-    tmp = tmp_path_factory.mktemp("teams")
-    facts = _plan(tmp, [])["outputs"]["jobFacts"]
-    path = tmp / "facts.json"
-    path.write_text(json.dumps(facts))
+@pytest.fixture
+def facts_file(stack_plan: Callable[[str], dict[str, Any]], tmp_path: Path) -> Path:
+    """The staging stack's jobFacts output (planned once per session), as `submit render --facts` reads it."""
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(stack_plan("staging")["outputs"]["jobFacts"]))
     return path
 
 
@@ -72,16 +69,17 @@ def test_submit_render_refuses_a_job_outside_its_teams_prefixes(facts_file: Path
     assert capsys.readouterr().err == f"error: {spec}: {field}: {why}\n"
 
 
-def test_the_stack_file_gives_the_same_error(tmp_path: Path) -> None:
-    job, field, why = REFUSED[0]
+@pytest.mark.parametrize(("job", "field", "why"), REFUSED)
+def test_the_stack_file_gives_the_same_error(plan_config: Callable[..., dict[str, Any]], job: dict[str, Any],
+                                            field: str, why: str) -> None:
     with pytest.raises(ConfigError) as error:
-        _plan(tmp_path, [job])
+        plan_config("staging", {"ml-cluster:jobs": [job]})
     assert (f"ml-cluster:jobs[0].{field}", why) in error.value.problems, error.value.problems
 
 
 def test_a_job_under_its_teams_prefixes_renders(facts_file: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    spec = _spec_file(tmp_path, team_job("vision", "vision/imagenet/", "vision/run1/"))
+    spec = _spec_file(tmp_path, _job("vision/imagenet/", "vision/run1/"))
     assert main(["render", str(spec), "--facts", str(facts_file)]) == 0
     job = next(m for m in yaml.safe_load_all(capsys.readouterr().out) if m["kind"] == "Job")
     assert job["metadata"]["namespace"] == "team-vision"

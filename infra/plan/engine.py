@@ -386,7 +386,10 @@ def plan_stack(stack: str, config_path: str | Path | None = None, fixtures: Fixt
     config, secret_keys = offline_config(stack_file)
     region = stack_file.values.get("aws:region")
     fixtures = fixtures or Fixtures()
-    account = offline_account(stack_file, fixtures)[0]
+    # Offline, the plan runs as the account the stack pins; a deploying run (offline=False) as its credentials' one,
+    # which the fixture stands for, so the pinned-account check can refuse a mismatch.
+    account = offline_account(stack_file, fixtures)[0] if offline else str(
+        fixtures.answer(CALLER_IDENTITY, {}, None)["accountId"])
     mocks = OfflineMocks(fixtures, region, account)
     recorded: list[RecordedResource] = []
 

@@ -103,6 +103,7 @@ def _stream(url: str, target: S3Uri) -> ShardStream:
     return ShardStream(make_client(url, 8, botocore_attempts=3), target, StreamOptions(progress=False))
 
 
+@pytest.mark.slow  # 1, 2 and 3 slices against moto; test_pack_slices keeps sliced == local in make test
 def test_any_slice_count_gives_the_same_shards_and_manifest_as_a_local_pack(corpus: dict, tmp_path: Path) -> None:
     client, bucket, url = corpus["client"], corpus["bucket"], corpus["url"]
     hook = load_map("mixhook:upper")

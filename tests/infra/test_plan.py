@@ -195,6 +195,7 @@ def test_cli_diff_reports_added_removed_and_changed_paths(tmp_path: Path, stack_
     assert "1 to remove" in text and "~ aws:eks/cluster:Cluster" in text
 
 
+@pytest.mark.slow  # two CLI plans; test_cli_diff_reports_added_removed_and_changed_paths keeps --diff in make test
 def test_cli_diff_against_itself_is_empty(tmp_path: Path) -> None:
     first = run_plan("--stack", "onprem", "--json")
     (tmp_path / "plan.json").write_text(first.stdout)

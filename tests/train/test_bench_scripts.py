@@ -44,6 +44,7 @@ def test_bench_peers_rejects_unknown_contenders() -> None:
 BENCH_PYTHON = REPO / ".venv-bench" / "bin" / "python"
 
 
+@pytest.mark.slow  # the peers harness end to end (only where .venv-bench exists)
 @pytest.mark.skipif(not BENCH_PYTHON.exists(), reason="no .venv-bench (make bench-peers builds it)")
 def test_bench_peers_tiny_run_reports_every_row(tmp_path: Path) -> None:
     """Ours for real on a tiny set; a peer that is asked for either runs or says why not (never a fake number)."""

@@ -262,6 +262,7 @@ def test_resume_mid_epoch_with_another_order_is_refused(
     assert len(said) == 1 and said[0].startswith("checkpoint: resumed from step ")  # loaded, then the order refused
 
 
+@pytest.mark.slow  # two runs; test_resume_exact keeps mid-epoch exactness in make test
 def test_resume_mid_epoch_with_another_batch_size_trains_exactly_the_rest(
     tiny_data: dict[str, Path], tmp_path: Path
 ) -> None:

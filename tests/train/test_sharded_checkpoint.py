@@ -168,6 +168,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return _final(out)
 
 
+@pytest.mark.slow  # three FSDP runs; test_train's killed-then-resumed run keeps bit-equality (sharded checkpoints)
 def test_one_rank_stopped_and_resumed_equals_an_uninterrupted_run_bit_for_bit(uninterrupted: dict,
                                                                               tmp_path: Path) -> None:
     local = tmp_path / "ckpt"

@@ -91,6 +91,7 @@ def test_stop_signal_on_one_rank_loses_no_step_and_resumes_exactly(
     _same_weights(straight, final)
 
 
+@pytest.mark.slow  # a two-rank torchrun; test_stop_helper keeps SIGTERM on two ranks with the checkpoint in make test
 @pytest.mark.skipif(TORCHRUN is None, reason="no torchrun")
 def test_sigterm_to_torchrun_stops_two_ranks_with_one_checkpoint_and_the_disruption_code(
     tiny_data: dict[str, Path], tmp_path: Path, straight: dict

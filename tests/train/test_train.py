@@ -60,6 +60,7 @@ def _events(lines: list[dict], name: str) -> list[dict]:
     return [line for line in lines if line["event"] == name]
 
 
+@pytest.mark.slow  # a whole epoch; test_shm_plan_keeps_shared_memory_when_it_fits keeps the shm decision in make test
 def test_one_epoch_smoke_with_a_too_small_shm(tiny_data: dict[str, Path], tmp_path: Path) -> None:
     """One CPU epoch on encoded shards with 2 workers, /dev/shm simulated at 64 KiB: the study's timings come
     out as JSON lines, the loader switches to the pipe transport, and the epoch-end checkpoint lands."""

@@ -63,7 +63,6 @@ def test_an_elastic_gang_continues_on_fewer_nodes_and_trains_every_sample_once(t
     assert final is not None and final["step"] == 2 * (CLASSES * PER_CLASS) // (NODES * RANK_BATCH)
 
 
-@pytest.mark.slow  # a 2-node gang twice; test_stop_helper keeps the example's SIGTERM path in make test
 def test_a_user_script_under_the_rendered_launcher_stops_on_sigterm_and_loses_no_step(tmp_path: Path) -> None:
     """examples/train_plain.py as a 2-node Job spec's `command:` (rendered under the launcher): SIGTERM to one node's
     agent; both nodes stop after the same step with a checkpoint (StopSignal), exit 43, and the gang resumes."""

@@ -706,3 +706,28 @@ def test_open_with_a_remote_whose_stager_exits_fails_within_seconds_with_its_err
     text = str(caught.value)
     assert text.startswith(f"{tmp_path / 'data' / 'manifest.json'}: not written: the stager exited with "), text
     assert "nosuchbucket" in text or "NoSuchBucket" in text, text
+
+
+def test_a_second_stager_into_one_folder_is_refused_with_one_line(tmp_path: Path, packed: Path, s3_url: str,
+                                                                   bucket: str, capsys: pytest.CaptureFixture) -> None:
+    """Two stagers sharing a cache folder raced (readers failed in 2 of 3 tries): the second is refused while the
+    first holds the folder's lock (a flock: another process's, or another open of it as here), and runs after."""
+    import fcntl
+
+    upload(make_client(s3_url, 4), packed, S3Uri(bucket, "one"), UploadOptions(workers=2, progress=False))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    argv = ["stage", f"s3://{bucket}/one", str(dest), "--endpoint-url", s3_url, "--no-progress"]
+    first = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what a running stager holds
+        code, err = cli(argv, capsys)
+        assert code == 2 and one_line(err), err
+        assert err == f"error: {dest}: another stager is staging into this folder (one stager per folder: two would " \
+                      "evict and publish each other's shards)\n"
+        assert list(dest.iterdir()) == []  # it wrote nothing
+    finally:
+        os.close(first)
+    code, err = cli(argv, capsys)
+    assert code == 0, err
+    assert (dest / "manifest.json").is_file()

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -407,7 +407,35 @@ def stage(client: Any, source: S3Uri, dest: Path, options: StageOptions) -> Stag
 
 def run_stager(stager: ShardStager, manifests: dict[str, bytes]) -> StageResult:
     """Run a stager in its DEST: copy mode, or cache mode with a heartbeat; `manifests` (paths relative to DEST ->
-    bytes) are written once every shard is here (copy) or once the kept shards are published (cache)."""
+    bytes) are written once every shard is here (copy) or once the kept shards are published (cache). One stager
+    per DEST: a second one (another pod's, or a second PackedData.open on the node) is refused with one line while
+    the first holds DEST's lock (flock, released when its process ends, however it ends)."""
+    with _only_stager(stager.dest):
+        return _run_stager(stager, manifests)
+
+
+@contextlib.contextmanager
+def _only_stager(dest: Path) -> Iterator[None]:
+    import fcntl
+
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise DataToolError(str(dest), f"cannot prepare the staging directory: {exc.strerror}",
+                            runtime=is_runtime_oserror(exc)) from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataToolError(str(dest), "another stager is staging into this folder (one stager per folder: "
+                                           "two would evict and publish each other's shards)") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _run_stager(stager: ShardStager, manifests: dict[str, bytes]) -> StageResult:
     dest, options = stager.dest, stager.options
     try:
         dest.mkdir(parents=True, exist_ok=True)

@@ -24,10 +24,9 @@ and the job facts; workloads/jobspec/goodput.py).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
-from workloads.incidents import Incident
+from workloads.incidents import Incident, api_time
 from workloads.jobspec.fields import TRAIN_CONTAINER
 from workloads.progress import Snapshot
 
@@ -35,13 +34,6 @@ PREDICTED_ANNOTATION = "predicted-goodput"  # <label prefix>/predicted-goodput: 
 BADPUT = ("startup", "restart", "lost", "data wait", "checkpoint")
 
 
-def _time(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _container_times(pod: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -51,14 +43,14 @@ def _container_times(pod: Mapping[str, Any]) -> tuple[float | None, float | None
             continue
         state = status.get("state") or {}
         running, ended = state.get("running") or {}, state.get("terminated") or {}
-        return _time(running.get("startedAt") or ended.get("startedAt")), _time(ended.get("finishedAt"))
+        return api_time(running.get("startedAt") or ended.get("startedAt")), api_time(ended.get("finishedAt"))
     return None, None
 
 
 def measured(pods: Sequence[Mapping[str, Any]], incidents: Sequence[Incident], now: Snapshot,
              at: float) -> tuple[float, dict[str, float]] | None:
     """(wall seconds, seconds per bucket: BADPUT and productive) of the run so far; None before it has a pod."""
-    created = [t for pod in pods if (t := _time((pod.get("metadata") or {}).get("creationTimestamp"))) is not None]
+    created = [t for pod in pods if (t := api_time((pod.get("metadata") or {}).get("creationTimestamp"))) is not None]
     if not created:
         return None
     began = min(created)

@@ -53,7 +53,8 @@ class Incident:
     time_to_resume_s: float | None = None  # from started_at to the first step after the resume
 
 
-def _timestamp(text: Any) -> float | None:
+def api_time(text: Any) -> float | None:
+    """An API server's RFC 3339 time as epoch seconds; None for anything else."""
     if not isinstance(text, str) or not text:
         return None
     try:
@@ -110,14 +111,14 @@ def _train_exit(pod: Mapping[str, Any]) -> tuple[int | None, str, float | None]:
             continue
         terminated = (status.get("state") or {}).get("terminated") or \
             (status.get("lastState") or {}).get("terminated") or {}
-        return terminated.get("exitCode"), str(terminated.get("reason") or ""), _timestamp(terminated.get("finishedAt"))
+        return terminated.get("exitCode"), str(terminated.get("reason") or ""), api_time(terminated.get("finishedAt"))
     return None, "", None
 
 
 def _disruption(pod: Mapping[str, Any]) -> tuple[str, float | None] | None:
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            return str(condition.get("reason") or "DisruptionTarget"), _timestamp(condition.get("lastTransitionTime"))
+            return str(condition.get("reason") or "DisruptionTarget"), api_time(condition.get("lastTransitionTime"))
     return None
 
 
@@ -133,8 +134,8 @@ def pod_failure(pod: Mapping[str, Any]) -> tuple[float, str, bool, bool] | None:
     code, reason, finished = _train_exit(pod)
     targeted = _disruption(pod)
     metadata = pod.get("metadata") or {}
-    when = finished or (targeted[1] if targeted else None) or _timestamp(metadata.get("deletionTimestamp")) \
-        or _timestamp(metadata.get("creationTimestamp")) or 0.0
+    when = finished or (targeted[1] if targeted else None) or api_time(metadata.get("deletionTimestamp")) \
+        or api_time(metadata.get("creationTimestamp")) or 0.0
     if targeted is not None and code != DISRUPTION_EXIT_CODE:
         return when, f"disruption ({targeted[0]})", True, False
     if code == DISRUPTION_EXIT_CODE:

@@ -83,10 +83,11 @@ from workloads.data.reading.dataset import (
 from workloads.data.reading.records_dataset import RecordsDataset, pad_sequences, records_to_tensors
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.reading.transforms import random_resized_crop_flip_normalize
+from workloads.data.reading.workers import ignore_stop_signals
 from workloads.data.stager_process import StagerProcess, stager_exit, stager_tail, start_stager, stop_stager
 from workloads.safeio import StateFileError
 from workloads.torchenv import torchrun_env
-from workloads.train.stop import StopSignal, ignore_stop_signals
+from workloads.train.stop import StopSignal
 
 __all__ = [
     "CacheTooSmall",

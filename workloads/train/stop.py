@@ -28,8 +28,6 @@ a DataLoader of your own, pass `worker_init_fn=ignore_stop_signals`.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import sys
 import threading
@@ -37,18 +35,11 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any, NoReturn
 
+from workloads.data.reading.workers import ignore_stop_signals
 from workloads.train.exitcodes import disruption_exit_code, leave, peer_lost
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def ignore_stop_signals(worker_id: int = 0) -> None:
-    """A DataLoader `worker_init_fn`: the worker leaves its parent's process group (a session of its own), so a
-    SIGTERM or SIGINT to the group (`timeout`, systemd, Ctrl-C, torchrun's agent) does not reach it. The main process
-    decides when to stop and shuts its workers down itself (a direct SIGTERM from it still works, where ignoring the
-    signal would leave multiprocessing's exit-time join waiting); they also exit when it is gone."""
-    with contextlib.suppress(OSError):  # already a session leader (never the case for a forked worker)
-        os.setsid()
+__all__ = ["STOP_SIGNALS", "StopSignal", "ignore_stop_signals"]
 
 
 class StopSignal:

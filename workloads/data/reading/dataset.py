@@ -33,7 +33,7 @@ from workloads.data.reading.batches import (
 )
 from workloads.data.reading.decode_cache import ShardRows
 from workloads.data.reading.records_dataset import RecordsDataset
-from workloads.train.stop import ignore_stop_signals
+from workloads.data.reading.workers import ignore_stop_signals
 
 __all__ = ["IMAGE_SUFFIXES", "Batch", "DataUnavailableError", "DatasetError", "HDF5Dataset", "JpegFolderDataset",
            "Transport", "contiguous_runs", "keep_batch", "make_loader", "numpy_collate", "to_tensors", "uint8_batch"]
@@ -132,7 +132,7 @@ def make_loader(
     """A DataLoader wired for uint8 batches: batched reads for HDF5, per-sample collation otherwise.
 
     Batches may arrive as numpy arrays (transport "pipe"); pass them through `to_tensors`. The workers leave the
-    process group, out of reach of a SIGTERM or SIGINT sent to it (workloads/train/stop.py).
+    process group, out of reach of a SIGTERM or SIGINT sent to it (workloads/data/reading/workers.py).
     """
     batched = hasattr(dataset, "__getitems__")
     if batched:

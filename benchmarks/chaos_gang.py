@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -509,6 +509,12 @@ def packed_dataset(root: Path) -> Path:
     return out
 
 
+def keep_outcome(outcome: Outcome, work: Path) -> None:
+    """The outcome as work/outcome.json (its events included), so the trials that finished can be summed up again
+    (benchmarks.chaos_goodput.trials_goodput) when a long run is stopped before its summary."""
+    (work / "outcome.json").write_text(json.dumps(asdict(outcome)))
+
+
 def run_trials(root: Path, trials: int, seed: int, checkpoint_every: int,
                progress: Any = None, rank_restarts: int | None = None, elastic: bool = False,
                script: list[str] | None = None, tokens: bool = False) -> dict[str, Any]:
@@ -524,6 +530,7 @@ def run_trials(root: Path, trials: int, seed: int, checkpoint_every: int,
     scripted = script is not None
     straight = run_gang(root / "straight", data, job, checkpoint_every)
     check(straight, root / "straight", None, checkpoint_every, scripted)
+    keep_outcome(straight, root / "straight")
     reference = final_checkpoint(root / "straight" / "checkpoints", scripted)
     if not straight.ok or reference is None:
         return {"ok": False, "reference": straight.problems, "trials": []}
@@ -549,6 +556,7 @@ def run_trials(root: Path, trials: int, seed: int, checkpoint_every: int,
         outcome = run_gang(work, data, job, checkpoint_every, kill, restore_after_steps=restore, step_delay_s=delay,
                            timeout_s=400.0 if restore is not None else 240.0)
         check(outcome, work, reference, checkpoint_every, scripted)
+        keep_outcome(outcome, work)
         results.append(outcome)
         if progress is not None:
             progress(number, outcome)

@@ -98,6 +98,20 @@ class TrainState:
     canonical_nodes: int | None = None  # the stream count the checkpoint's order was made with
 
 
+def _rank0_buffers(state: TrainState) -> None:
+    """Give every rank rank 0's buffers (BatchNorm's running statistics) before a save. DDP broadcasts them from
+    rank 0 at the start of each forward, so the other ranks' own copies are never used again; but DCP writes each
+    replicated tensor from whichever rank its planner picks, so without this a checkpoint mixes ranks' statistics and
+    a resumed run's buffers differ from an uninterrupted one's (the weights do not)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    if not getattr(state.model, "broadcast_buffers", False):
+        return
+    with torch.no_grad():
+        for buffer in state.core.buffers():
+            dist.broadcast(buffer, src=0)
+
+
 def check_resumable(
     saved: dict[str, Any], config: TrainConfig, env: Distributed, dataset: HDF5Dataset | JpegFolderDataset,
     where: Path,
@@ -250,6 +264,7 @@ class Checkpointer:
             return 0.0
         previous = self.sharded.wait()
         self._report(previous)
+        _rank0_buffers(state)
         meta = {"epoch": epoch, "batch": batch, "step": state.step, "config": asdict(self.config),
                 "dataset": identity, "loader": loader, "canonical_nodes": canonical_nodes}
         report = self.sharded.save(_sharded().TrainingState(state.core, state.optimizer), state.step, meta)

@@ -7,7 +7,7 @@ STACK  ?= dev
 PYTEST_WORKERS ?= 2
 
 .PHONY: help setup setup-plan plan preflight versions cost test test-slow lint lint-workflows scan image push bench bench-peers bench-check bench-pack bench-objectstore \
-	bench-gpu preview up destroy kubeconfig new-stack clean
+	bench-gpu preview up destroy kubeconfig new-stack acceptance clean
 
 .DEFAULT_GOAL := help
 
@@ -186,6 +186,14 @@ kubeconfig: ## write STACK's kubeconfig to ~/.kube/ml-STACK (after make up)
 	  || { rm -f $(KUBE_DIR)/ml-$(STACK).tmp; echo "error: stack $(STACK): no kubeconfig output (run make up first)"; exit 2; }; \
 	mv $(KUBE_DIR)/ml-$(STACK).tmp $(KUBE_DIR)/ml-$(STACK) && \
 	echo "wrote $(KUBE_DIR)/ml-$(STACK): python -m workloads.submit --stack $(STACK) ..., or KUBECONFIG=$(KUBE_DIR)/ml-$(STACK) kubectl get nodes"
+
+# The first-deploy acceptance kit (docs/operations.md, "Run the acceptance kit"): on a real account, preflight, a timed
+# `pulumi up`, the checks an evaluator asks for, a chaos step and `pulumi destroy`, into evidence/STACK-<UTC time>/.
+# It costs money (GPU nodes for an hour or more). DRY_RUN=1 prints the steps and their commands and calls nothing
+# (make's own --dry-run only prints this recipe); KEEP=1 leaves the stack up.
+acceptance: setup-plan ## the first-deploy acceptance kit on STACK (real account; DRY_RUN=1 prints the steps, KEEP=1 no destroy)
+	$(BIN)/python scripts/acceptance.py --stack '$(STACK)' $(if $(DRY_RUN),--dry-run) $(if $(KEEP),--keep) \
+	  $(if $(ALLREDUCE_FLOOR),--allreduce-floor '$(ALLREDUCE_FLOOR)') $(if $(GANG_SPEC),--gang-spec '$(GANG_SPEC)')
 
 clean: ## remove the virtualenvs and caches
 	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) $(BENCH_VENV) .tools .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -1,0 +1,255 @@
+"""Run the planned steps in order, each within its deadline, into an evidence bundle.
+
+A failed step stops the run: the steps after it are recorded as not-run, except destroy, which runs whenever `up`
+began (a half-created stack is the costliest thing to leave), unless keep (KEEP=1). Ctrl-C fails the running step
+the same way. summary.json is rewritten whole (temp + rename) after every step, so the bundle always holds a
+readable summary of what happened so far (result `running` until the end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal, Protocol, TextIO
+
+from infra.acceptance.bundle import Figure, StepRecord, Summary, write_summary
+from infra.acceptance.plan import Action, ActionResult, Command, Probe, Step
+
+DEADLINE_EXIT = 124  # as timeout(1)
+NOT_FOUND_EXIT = 127  # as a shell for a missing command
+CLEANUP_S = 300.0  # what an `always` action gets after its step's deadline passed
+KILL_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    exit_status: int  # 0 passed, 1 failed, DEADLINE_EXIT its deadline passed
+    figures: Mapping[str, Figure] = field(default_factory=dict)
+    note: str | None = None
+
+
+class CommandRunner(Protocol):
+    def __call__(self, argv: Sequence[str], log: TextIO, deadline_s: float) -> tuple[int, str]:
+        """Run argv to its end or its deadline; its output goes to `log` as it comes and is returned too."""
+
+
+ProbeFn = Callable[[Mapping[str, str], TextIO, float], ProbeOutcome]
+
+
+def utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_command(argv: Sequence[str], log: TextIO, deadline_s: float) -> tuple[int, str]:
+    """The real runner: its own process group (killed whole at the deadline: TERM, then KILL), output teed."""
+    try:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace")
+    except FileNotFoundError:
+        line = f"error: {argv[0]}: not installed (not on PATH)\n"
+        log.write(line)
+        return NOT_FOUND_EXIT, line
+    chunks: list[str] = []
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    def pump() -> None:
+        for line in stdout:
+            log.write(line)
+            log.flush()
+            chunks.append(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=max(deadline_s, 0.0))
+    except subprocess.TimeoutExpired:
+        code = DEADLINE_EXIT
+        for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        proc.wait()
+    except BaseException:  # Ctrl-C: the command goes with us
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        raise
+    reader.join(timeout=KILL_GRACE_S)
+    return code, "".join(chunks)
+
+
+class MissingCapture(LookupError):
+    pass
+
+
+def fill(text: str, captures: Mapping[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        if match.group(1) not in captures:
+            raise MissingCapture(match.group(1))
+        return captures[match.group(1)]
+
+    return re.sub(r"\{([a-z_]+)\}", value, text)
+
+
+def filled(action: Action, captures: Mapping[str, str]) -> Action:
+    if isinstance(action, Command):
+        return Command(tuple(fill(word, captures) for word in action.argv), action.capture, action.always)
+    return Probe(action.probe, tuple((key, fill(value, captures)) for key, value in action.args), action.always)
+
+
+@dataclass
+class Run:
+    """One acceptance run: the steps, where the bundle goes, and how commands and probes are executed."""
+
+    steps: Sequence[Step]
+    folder: Path
+    stack: str
+    git_commit: str
+    git_dirty: bool
+    keep: bool
+    execute: CommandRunner = run_command
+    probes: Mapping[str, ProbeFn] = field(default_factory=dict)
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    captures: dict[str, str] = field(default_factory=dict)
+    report: Callable[[StepRecord], None] = lambda record: None
+
+    def _act(self, action: Action, log: TextIO, remaining: float) -> ActionResult:
+        started = self.monotonic()
+        if isinstance(action, Command):
+            code, output = self.execute(action.argv, log, remaining)
+            figures: Mapping[str, Figure] = {}
+            note = None
+        else:
+            probe = self.probes.get(action.probe)
+            if probe is None:
+                outcome = ProbeOutcome(1, note=f"probe {action.probe}: not available")
+            else:
+                outcome = probe(dict(action.args), log, remaining)
+            code, output, figures, note = outcome.exit_status, "", outcome.figures, outcome.note
+            if note:
+                log.write(f"{note}\n")
+        return ActionResult(code, note or output, self.monotonic() - started, figures)
+
+    def _capture(self, action: Action, result: ActionResult) -> str | None:
+        """Store what the action prints for later ones; the problem when it printed none of it."""
+        if not isinstance(action, Command):
+            return None
+        for name, pattern in action.capture:
+            match = re.search(pattern, result.output, re.MULTILINE)
+            if match is None:
+                return f"{action.shell()} printed no {name} (/{pattern}/)"
+            self.captures[name] = match.group(1)
+        return None
+
+    def run_step(self, number: int, step: Step) -> StepRecord:
+        log_name = f"{number:02d}-{step.name}.log"
+        started = self.clock()
+        began = self.monotonic()
+        results: list[ActionResult] = []
+        shown: list[str] = []
+        exit_status: int | None = None
+        note: str | None = None
+        with (self.folder / log_name).open("w", encoding="utf-8") as log:
+            log.write(f"# step {step.name}: deadline {step.deadline_s:g} s, started {utc(started)}\n")
+            for action in step.actions:
+                if note is not None and not action.always:
+                    continue
+                remaining = step.deadline_s - (self.monotonic() - began)
+                if action.always:
+                    remaining = max(remaining, CLEANUP_S)
+                elif remaining <= 0:
+                    exit_status, note = DEADLINE_EXIT, f"the step's deadline of {step.deadline_s:g} s passed"
+                    continue
+                try:
+                    action = filled(action, self.captures)
+                except MissingCapture as missing:
+                    exit_status, note = 1, f"no {missing} to run {action.shell()}"
+                    continue
+                shown.append(action.shell())
+                log.write(f"$ {action.shell()}\n")
+                log.flush()
+                try:
+                    result = self._act(action, log, remaining)
+                except KeyboardInterrupt:
+                    result = ActionResult(130, "interrupted (Ctrl-C)", self.monotonic() - began)
+                results.append(result)
+                problem = self._capture(action, result) if result.exit_status == 0 else None
+                if note is None and (result.exit_status != 0 or problem):
+                    exit_status = result.exit_status or 1
+                    note = problem or self._failure_note(action, result, step)
+                elif note is None:
+                    exit_status = result.exit_status
+            figures: dict[str, Figure] = {}
+            if step.figures is not None and results:
+                try:
+                    figures = step.figures(results)
+                except (ValueError, KeyError, IndexError, TypeError) as exc:
+                    log.write(f"figures: not read ({type(exc).__name__}: {exc})\n")
+            ended = self.clock()
+            log.write(f"# step {step.name}: {'failed: ' + note if note else 'passed'}, ended {utc(ended)}\n")
+        return StepRecord(name=step.name, commands=shown or [a.shell() for a in step.actions],
+                          status="failed" if note else "passed", started=utc(started), ended=utc(ended),
+                          exit_status=exit_status if exit_status is not None else 0, deadline_s=step.deadline_s,
+                          log=log_name, figures=figures, note=note)
+
+    @staticmethod
+    def _failure_note(action: Action, result: ActionResult, step: Step) -> str:
+        if result.exit_status == DEADLINE_EXIT:
+            return f"the step's deadline of {step.deadline_s:g} s passed during {action.shell()}"
+        if result.exit_status == 130:
+            return f"interrupted (Ctrl-C) during {action.shell()}"
+        if isinstance(action, Probe):
+            return result.output.splitlines()[-1] if result.output else f"{action.shell()} failed"
+        errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+        return f"{action.shell()} exited {result.exit_status}" + (f": {errors[0]}" if errors else "")
+
+    def summary(self, records: Sequence[StepRecord], started: float, ended: float | None) -> Summary:
+        failed = next((record.name for record in records if record.status == "failed"), None)
+        result: Literal["passed", "failed", "running"] = (
+            "running" if ended is None else "failed" if failed else "passed")
+        return Summary(schema="ml-cluster/acceptance-summary/v1", stack=self.stack, git_commit=self.git_commit,
+                       git_dirty=self.git_dirty, started=utc(started), ended=None if ended is None else utc(ended),
+                       result=result, failed_step=failed, keep=self.keep, steps=list(records))
+
+    def __call__(self) -> Summary:
+        started = self.clock()
+        records = [StepRecord(name=step.name, commands=[a.shell() for a in step.actions], status="not-run",
+                              deadline_s=step.deadline_s) for step in self.steps]
+        write_summary(self.folder, self.summary(records, started, None))
+        stopped = up_began = False
+        for index, step in enumerate(self.steps):
+            if step.after_up and self.keep:
+                if up_began:
+                    records[index] = records[index].model_copy(update={
+                        "status": "skipped", "note": f"KEEP=1: the stack stays up (make destroy STACK={self.stack})"})
+                continue
+            if stopped and not (step.after_up and up_began):
+                continue
+            if step.skip is not None:
+                records[index] = records[index].model_copy(update={"status": "skipped", "note": step.skip})
+                continue
+            up_began = up_began or step.name == "up"
+            records[index] = self.run_step(index + 1, step)
+            self.report(records[index])
+            stopped = stopped or records[index].status == "failed"
+            write_summary(self.folder, self.summary(records, started, None))
+        summary = self.summary(records, started, self.clock())
+        write_summary(self.folder, summary)
+        return summary

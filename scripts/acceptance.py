@@ -1,0 +1,200 @@
+"""The first-deploy acceptance kit: on a real AWS account, deploy STACK, check it as an evaluator would, destroy it,
+and leave an evidence bundle (infra.acceptance; docs/operations.md, "Run the acceptance kit").
+
+    python scripts/acceptance.py --stack dev --dry-run          # the steps and their exact commands; calls nothing
+    python scripts/acceptance.py --stack dev [--keep] [--allreduce-floor GBPS] [--gang-spec FILE]
+    python scripts/acceptance.py --check-bundle evidence/dev-20261127T010203Z
+    python scripts/acceptance.py --print-schema                 # summary.json's JSON Schema
+
+Steps, in order, each with a deadline: preflight, `pulumi up` (timed), kubeconfig, image (make push), verify_stack,
+burn-in labels, the NCCL all-reduce against its floor, the GPU-busy benchmark, a chaos step (one EC2 instance of a
+running gang terminated; the incident and the time to resume), and `pulumi destroy` with a check that nothing
+billable is left. A failed step stops the run; destroy still runs once `up` began, unless --keep. Writes
+evidence/<stack>-<UTC time>/ (a log per step, summary.json); exit 0 when every step passed, 1 when one failed, 2 on
+bad input (one `error: <where>: <why>` line).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infra.acceptance.bundle import BundleError, check_bundle, schema_text  # noqa: E402
+from infra.acceptance.plan import (  # noqa: E402
+    Options,
+    PlanError,
+    Step,
+    floor_warning,
+    gang_warning,
+    gpu_pool,
+    plan_steps,
+    spec_files,
+)
+from infra.config import ConfigError  # noqa: E402
+from workloads.cli import ArgumentParser  # noqa: E402
+
+PYTHON = ".venv/bin/python"  # every command runs from the repository root, as make does
+DEFAULT_GANG_SPEC = "workloads/jobs/multi-node-ddp.yaml"
+
+
+class UsageError(Exception):
+    def __init__(self, where: str, why: str):
+        self.where, self.why = where, why
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        raise UsageError("git", (done.stderr.strip().splitlines() or [f"git {args[0]} failed"])[-1])
+    return done.stdout.strip()
+
+
+def _stack_config(stack: str):  # type: ignore[no-untyped-def]
+    from infra.config.schema import decode_config_value, parse_stack_config
+    from infra.plan.engine import load_stack_file, offline_config
+
+    stack_file = load_stack_file(stack, None)
+    config, secret_keys = offline_config(stack_file)
+    cfg = parse_stack_config({key: decode_config_value(value) for key, value in config.items()}, secret_keys)
+    if cfg.platform != "eks" or cfg.region is None or cfg.cluster is None:
+        raise UsageError(os.path.relpath(stack_file.path), f"ml-cluster:platform is {cfg.platform}: the acceptance kit "
+                         "deploys an EKS stack (it terminates an EC2 instance and checks the account)")
+    return cfg
+
+
+def _shape(instance_type: str):  # type: ignore[no-untyped-def]
+    from infra.nodes.instances import shape_from_result
+    from infra.plan.engine import FixtureError, Fixtures
+
+    try:
+        return shape_from_result(instance_type, Fixtures().lookup("instance_types.json", instance_type,
+                                                                  "instance type"))
+    except FixtureError as exc:
+        raise UsageError(exc.fixture, exc.why) from None
+
+
+def _spec(path: str) -> dict:  # type: ignore[type-arg]
+    import yaml
+
+    from workloads.safeio import StateFileError, read_text_file
+
+    try:
+        spec = yaml.safe_load(read_text_file(path, 1 << 20))
+    except StateFileError as exc:
+        raise UsageError("--gang-spec", str(exc)) from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--gang-spec: {path}", f"not YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(spec, dict):
+        raise UsageError(f"--gang-spec: {path}", "not a Job spec (a mapping)")
+    return spec
+
+
+def print_plan(steps: list[Step], files: dict[str, str], bundle: str, warnings: list[str], keep: bool) -> None:
+    for line in warnings:
+        print(f"warning: {line}")
+    print(f"evidence bundle: {bundle}/ (summary.json and a log per step)")
+    for number, step in enumerate(steps, start=1):
+        extra = " (runs whenever up began, unless KEEP=1)" if step.after_up else ""
+        print(f"{number:2d}. {step.name} (deadline {step.deadline_s:g} s){extra}")
+        skip = "KEEP=1: the stack stays up" if step.after_up and keep else step.skip
+        if skip:
+            print(f"    skipped: {skip}")
+            continue
+        for action in step.actions:
+            print(f"    $ {action.shell()}")
+    for name, text in files.items():
+        print(f"--- {bundle}/{name}")
+        print(text, end="")
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stack", help="the Pulumi stack to deploy, check and destroy")
+    parser.add_argument("--dry-run", action="store_true", help="print the steps and their commands; call nothing")
+    parser.add_argument("--keep", action="store_true", help="leave the stack up: no destroy step (KEEP=1)")
+    parser.add_argument("--allreduce-floor", type=float, metavar="GBPS",
+                        help="the all-reduce floor for a type without a published one (default: the type's)")
+    parser.add_argument("--gang-spec", default=DEFAULT_GANG_SPEC,
+                        help="the chaos step's multi-node Job spec (its dataset in place)")
+    parser.add_argument("--evidence", default="evidence", help="where bundles are written")
+    parser.add_argument("--check-bundle", metavar="DIR", help="check a bundle's summary.json and logs, and exit")
+    parser.add_argument("--print-schema", action="store_true", help="print summary.json's JSON Schema, and exit")
+    args = parser.parse_args(argv)
+    if args.print_schema:
+        print(schema_text(), end="")
+        return 0
+    if args.check_bundle:
+        summary = check_bundle(Path(args.check_bundle))
+        print(f"ok: {args.check_bundle}: stack {summary.stack}, {summary.result}"
+              + (f" (failed at {summary.failed_step})" if summary.failed_step else ""))
+        return 0
+    if not args.stack:
+        raise UsageError("--stack", "required (or --check-bundle DIR, --print-schema)")
+    if args.allreduce_floor is not None and not args.allreduce_floor > 0:
+        raise UsageError("--allreduce-floor", f"{args.allreduce_floor:g} is not a bandwidth (GB/s > 0)")
+    os.chdir(ROOT)
+    cfg = _stack_config(args.stack)
+    if cfg.protected and not args.keep:
+        raise UsageError(f"stacks/Pulumi.{args.stack}.yaml", "ml-cluster:protected is true: its destroy is refused "
+                         "(scripts/check_destroy.py), so the run could not clean up: run it on an unprotected stack, "
+                         "or with KEEP=1 and destroy by hand (docs/operations.md, Destroys)")
+    commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain"))
+    image_tag = _git("describe", "--tags", "--always", "--dirty").removeprefix("v")
+    bundle = f"{args.evidence}/{args.stack}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    options = Options(stack=args.stack, python=PYTHON, bundle=bundle, image_tag=image_tag,
+                      gang_spec=args.gang_spec, allreduce_floor=args.allreduce_floor)
+    pool = gpu_pool(cfg, _shape)
+    steps, files = plan_steps(options, cfg, pool), spec_files(options, pool)
+    problems = [line for line in [floor_warning(options, pool)] if line]
+    problems += [line for line in [gang_warning(_spec(args.gang_spec), pool.all_gpu_types, args.stack)] if line]
+    if dirty:
+        problems.append("git: uncommitted changes: the image is pushed by tag (make push refuses a dirty tree) and "
+                        "the bundle names a commit: commit first")
+    if args.dry_run:
+        print_plan(steps, files, bundle, [f"{line} (a real run stops here)" for line in problems], args.keep)
+        return 0
+    if problems:
+        where, _, why = problems[0].partition(": ")
+        raise UsageError(where, why)
+    return run(args.stack, cfg, steps, files, Path(bundle), commit, dirty, args.keep)
+
+
+def run(stack: str, cfg, steps: list[Step], files: dict[str, str], folder: Path, commit: str,  # type: ignore[no-untyped-def]
+        dirty: bool, keep: bool) -> int:
+    from infra.acceptance.probes import real_probes
+    from infra.acceptance.runner import Run
+    from workloads.safeio import atomic_write_in
+
+    folder.mkdir(parents=True, exist_ok=False)
+    for name, text in files.items():
+        atomic_write_in(folder, name, text.encode(), create_dir=False)
+    print(f"evidence bundle: {folder}/", flush=True)
+    summary = Run(steps, folder, stack, commit, dirty, keep,
+                  probes=real_probes(stack, cfg.region, PYTHON, "ml-cluster"),
+                  report=lambda r: print(f"{r.name}: {r.status}" + (f" ({r.note})" if r.note else "")
+                                         + "".join(f" {k}={v}" for k, v in r.figures.items()), flush=True))()
+    print(f"{summary.result}" + (f": {summary.failed_step} failed" if summary.failed_step else "")
+          + f"; send {folder}/ as docs/evidence/<date>-<who>/ (docs/operations.md)")
+    return 0 if summary.result == "passed" else 1
+
+
+def entry(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except UsageError as exc:
+        print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
+    except (PlanError, BundleError) as exc:
+        print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
+    except ConfigError as exc:
+        print("\n".join(exc.lines()), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(entry(sys.argv[1:]))

@@ -1,0 +1,117 @@
+"""The acceptance kit's probes over stand-ins of the kubernetes client and boto3: what a node's labels, a status
+answer and a tag search mean, and that every wait ends by its deadline."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import asdict
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from infra.acceptance import probes
+from infra.acceptance.probes import billable, burn_in_state, find_leftovers, instance_id, resumed, training
+from infra.acceptance.runner import DEADLINE_EXIT
+from workloads.incidents import Incident
+
+LABEL = "ml-cluster.io/gpu-health"
+
+
+def _node(name: str, health: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    labels = {"ml-cluster.io/pool": "gpu-h100", **({LABEL: health} if health else {})}
+    annotations = {"ml-cluster.io/gpu-health-reason": reason} if reason else {}
+    return {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+
+
+def test_pure_readings() -> None:
+    assert instance_id("aws:///us-west-2a/i-0123456789abcdef0") == "i-0123456789abcdef0"
+    assert instance_id("kind://docker/kind/node") is None and instance_id(None) is None
+    assert burn_in_state([_node("a", "passed"), _node("b"), _node("c", "failed", "dcgm: XID 79\nmore")], LABEL) == (
+        ["a"], ["c (ml-cluster.io/gpu-health=failed: dcgm: XID 79)"], ["b"])
+    assert training({"phase": "Running", "progress": {"batch": 3}})
+    assert not training({"phase": "Running", "progress": None}) and not training({"phase": "Pending"})
+    old = Incident(started_at=100.0, cause="SIGKILL", pod="p-0", pods_replaced=2, disruptions=2, counted=0,
+                   resumed_step=40, time_to_resume_s=30.0)
+    new = Incident(started_at=5000.0, cause="disruption (DeletionByTaintManager)", pod="p-1", pods_replaced=2,
+                   disruptions=2, counted=0)
+    status = {"incidents": [asdict(old), asdict(new), "junk"]}
+    assert resumed(status, 4990.0) is None  # the new one has not resumed yet; the old one is before the kill
+    status["incidents"][1]["resumed_step"] = 120
+    assert resumed(status, 4990.0) == Incident(**{**asdict(new), "resumed_step": 120})
+
+
+def test_billable_leaves_out_what_is_gone() -> None:
+    arns = ["arn:aws:ec2:us-west-2:1:natgateway/nat-1", "arn:aws:ec2:us-west-2:1:natgateway/nat-2",
+            "arn:aws:s3:::mlc-dev-datasets"]
+    left = billable(arns, [{"InstanceId": "i-1", "State": {"Name": "terminated"}},
+                           {"InstanceId": "i-2", "State": {"Name": "running"}}],
+                    [{"VolumeId": "vol-1", "State": "available"}], {"nat-1": "deleted", "nat-2": "available"})
+    assert left == ["arn:aws:ec2:us-west-2:1:natgateway/nat-2", "arn:aws:s3:::mlc-dev-datasets", "instance i-2",
+                    "volume vol-1"]
+
+
+class Pages:
+    def __init__(self, answers: dict[str, list[dict[str, Any]]], calls: list[tuple[str, dict[str, Any]]]):
+        self.answers, self.calls = answers, calls
+
+    def get_paginator(self, operation: str) -> Any:
+        def paginate(**kwargs: Any) -> list[dict[str, Any]]:
+            self.calls.append((operation, kwargs))
+            return self.answers.get(operation, [{}])
+        return SimpleNamespace(paginate=paginate)
+
+
+def test_leftovers_searches_the_stacks_tags_and_its_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+    left = [{"ResourceTagMappingList": [{"ResourceARN": "arn:aws:elasticloadbalancing:us-west-2:1:loadbalancer/x"}]}]
+    tagging = Pages({"get_resources": left}, calls)
+    ec2 = Pages({"describe_instances": [{"Reservations": [{"Instances": [
+        {"InstanceId": "i-9", "State": {"Name": "shutting-down"}}]}]}]}, calls)
+    found = find_leftovers({"resourcegroupstaggingapi": tagging, "ec2": ec2}.__getitem__, "dev", "ml-cluster", "ml-dev")
+    assert found == ["arn:aws:elasticloadbalancing:us-west-2:1:loadbalancer/x", "instance i-9"]
+    searches = [kwargs["TagFilters"] for operation, kwargs in calls if operation == "get_resources"]
+    assert searches == [[{"Key": "project", "Values": ["ml-cluster"]}, {"Key": "stack", "Values": ["dev"]}],
+                        [{"Key": "kubernetes.io/cluster/ml-dev"}], [{"Key": "eks:cluster-name", "Values": ["ml-dev"]}]]
+
+
+def test_the_leftovers_probe_polls_until_clean_and_gives_up_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = [["volume vol-1"], []]
+    monkeypatch.setattr(probes, "find_leftovers", lambda *args: answers.pop(0) if answers else ["volume vol-1"])
+    sleeps: list[float] = []
+    probe = probes.leftovers_probe("us-west-2", "ml-cluster", sleep=sleeps.append, client=lambda service: None)
+    outcome = probe({"stack": "dev", "cluster": "ml-dev"}, io.StringIO(), 600)
+    assert (outcome.exit_status, outcome.figures["leftovers"], sleeps) == (0, 0, [probes.POLL_S])
+    log = io.StringIO()
+    outcome = probe({"stack": "dev", "cluster": "ml-dev"}, log, 5)  # shorter than one poll: one look, then done
+    assert outcome.exit_status == 1 and outcome.note == "1 billable resource(s) left after destroy: volume vol-1"
+    assert "  volume vol-1" in log.getvalue().splitlines()
+
+
+class Core:
+    """CoreV1Api's list_node, answering one node list per call."""
+
+    def __init__(self, answers: list[list[dict[str, Any]]]):
+        self.answers = answers
+        self.api_client = SimpleNamespace(sanitize_for_serialization=lambda node: node)
+
+    def list_node(self, label_selector: str, _request_timeout: int) -> Any:
+        assert label_selector == "ml-cluster.io/pool=gpu-h100"
+        return SimpleNamespace(items=self.answers.pop(0) if len(self.answers) > 1 else self.answers[0])
+
+
+ARGS = {"pool": "gpu-h100", "nodes": "2", "label": LABEL, "pool_label": "ml-cluster.io/pool"}
+
+
+@pytest.mark.parametrize(("answers", "deadline", "code", "note"), [
+    ([[], [_node("a", "passed")], [_node("a", "passed"), _node("b", "passed")]], 600, 0, None),
+    ([[_node("a", "passed"), _node("b", "failed", "gpu 3: memory pattern")]], 600, 1,
+     "burn-in failed on b (ml-cluster.io/gpu-health=failed: gpu 3: memory pattern)"),
+    ([[_node("a", "passed"), _node("b")]], 30, DEADLINE_EXIT,
+     "after 30 s: 1 of 2 node(s) of pool gpu-h100 labelled ml-cluster.io/gpu-health=passed"),
+])
+def test_the_burn_in_probe(monkeypatch: pytest.MonkeyPatch, answers: list[list[dict[str, Any]]], deadline: float,
+                           code: int, note: str | None) -> None:
+    monkeypatch.setattr(probes, "_kubernetes", lambda stack: Core(answers))
+    outcome = probes.burn_in_probe("prod", sleep=lambda seconds: None)(ARGS, io.StringIO(), deadline)
+    assert (outcome.exit_status, outcome.note) == (code, note)

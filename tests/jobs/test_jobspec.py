@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -20,8 +22,10 @@ from workloads.jobspec import (
     TrainingJobSpec,
     job_name,
     parse_spec,
+    render,
     render_job,
 )
+from workloads.jobspec.fields import HASH_LENGTH
 from workloads.quantity import quantity_bytes, quantity_millicores
 
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/ml-cluster-train:0.1.0"
@@ -315,6 +319,36 @@ def test_name_hash_is_stable_and_changes_with_the_spec_or_the_cluster() -> None:
     assert job_name(changed, dev_facts()) != job_name(base, dev_facts())
     assert job_name(base, dev_facts()) != job_name(base, facts_from_dict({**facts_to_dict(dev_facts()),
                                                                            "region": "eu-west-1"}))
+
+
+def _by_definition(parsed: TrainingJobSpec, facts: Any) -> list[dict[str, Any]]:
+    """The run as its name is defined: rendered under the spec's plain name, hashed, rendered again under the
+    hashed name (what render_job did before it rendered once)."""
+    plain = render._render_manifests(parsed, facts, parsed.name)
+    digest = hashlib.sha256(json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return render._render_manifests(parsed, facts, f"{parsed.name}-{digest[:HASH_LENGTH]}")
+
+
+@pytest.mark.parametrize("fields", [
+    {"gpuType": "a100", "dataset": S3_CACHE},
+    {"nodes": 4, "gpus": 8, "gpuType": "h100", "queue": "gpu-h100", "dataset": S3_CACHE},
+    {"kind": "JobSet", "nodes": 2, "gpus": 8, "gpuType": "h100"},
+    {"kind": "TrainJob", "nodes": 2, "gpus": 8, "gpuType": "h100"},
+    # the spec holds every stand-in name: rendered under the plain name, then again (same run)
+    {"nodes": 2, "gpus": 8, "gpuType": "h100",
+     "args": [f"resnet-{letter * HASH_LENGTH}" for letter in "zyxwvutsrqponmlkjihg"]},
+])
+def test_a_run_is_rendered_once_and_is_the_run_its_hashed_name_defines(monkeypatch: pytest.MonkeyPatch,
+                                                                       fields: dict[str, Any]) -> None:
+    parsed = spec(suspend=False, **fields)
+    built: list[str] = []
+    real = render.build_pod
+    monkeypatch.setattr(render, "build_pod", lambda *args: built.append(args[2]) or real(*args))
+    manifests = render_job(parsed, prod_facts())
+    fallback = "args" in fields
+    assert len(built) == (2 if fallback else 1)
+    assert json.dumps(manifests) == json.dumps(_by_definition(parsed, prod_facts()))
+    assert manifests[0]["metadata"]["name"] == job_name(parsed, prod_facts())
 
 
 def test_multi_node_is_an_indexed_job_with_a_headless_service_and_rendezvous_env() -> None:

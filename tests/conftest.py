@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,28 @@ def stack_plan() -> Callable[[str], dict[str, Any]]:
         return _PLANS[stack]
 
     return get
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """One `scripts/plan.py` process: its result (stdout as bytes), and the manifests folder and facts file it was
+    asked to write."""
+
+    result: subprocess.CompletedProcess[bytes]
+    manifests: Path
+    facts: Path
+
+
+@pytest.fixture(scope="session")
+def dev_plan_process(tmp_path_factory: pytest.TempPathFactory) -> PlanRun:
+    """`scripts/plan.py --stack dev --json --manifests DIR --facts FILE` in its own interpreter (PYTHONHASHSEED=1),
+    run once per session: the tests that only read what the CLI printed and wrote share it."""
+    out = tmp_path_factory.mktemp("dev-plan-process")
+    manifests, facts = out / "manifests", out / "facts.json"
+    result = subprocess.run([sys.executable, str(STACKS_DIR.parent / "scripts" / "plan.py"), "--stack", "dev", "--json",
+                             "--manifests", str(manifests), "--facts", str(facts)], capture_output=True,
+                            cwd=STACKS_DIR.parent, env={**os.environ, "PYTHONHASHSEED": "1"}, timeout=120)
+    return PlanRun(result, manifests, facts)
 
 
 def stack_values(stack: str) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.conftest import PlanRun
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -24,13 +26,16 @@ def _tree(directory: Path) -> dict[str, str]:
     return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(directory.iterdir())}
 
 
-def test_two_processes_write_the_same_bytes(tmp_path: Path) -> None:
-    first = _plan("--stack", "dev", "--json", "--manifests", str(tmp_path / "a"), seed="1")
-    second = _plan("--stack", "dev", "--json", "--manifests", str(tmp_path / "b"), seed="2")
+def test_two_processes_write_the_same_bytes(tmp_path: Path, dev_plan_process: PlanRun) -> None:
+    # the first process (PYTHONHASHSEED=1) is the session's shared run of the same command
+    first = dev_plan_process.result
+    second = _plan("--stack", "dev", "--json", "--manifests", str(tmp_path / "b"), "--facts", str(tmp_path / "f.json"),
+                   seed="2")
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     assert first.stdout == second.stdout
-    assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
-    for path in (tmp_path / "a").glob("*.yaml"):
+    assert _tree(dev_plan_process.manifests) == _tree(tmp_path / "b")
+    assert dev_plan_process.facts.read_bytes() == (tmp_path / "f.json").read_bytes()
+    for path in dev_plan_process.manifests.glob("*.yaml"):
         keys = list(yaml.safe_load(path.read_text()))
         assert keys[:3] == ["apiVersion", "kind", "metadata"], (path.name, keys)
         assert path.read_text().startswith("apiVersion: ")

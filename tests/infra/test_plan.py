@@ -3,9 +3,13 @@ secrets never appear, and --manifests / --diff work from the CLI."""
 
 from __future__ import annotations
 
+import copy
+import io
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +24,34 @@ from infra.plan.engine import (
     plan_stack,
     validate_kubernetes_objects,
 )
-from tests.conftest import STACKS, stack_values
+from tests.conftest import STACKS, PlanRun, stack_values
 from tests.monitoring.crds import validate_custom_resource
 
 REPO = Path(__file__).resolve().parents[2]
 OPTION_KEYS = {"protect", "retainOnDelete", "deleteBeforeReplace", "dependsOn", "ignoreChanges"}
+
+
+CLI = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def plan_cli(monkeypatch: pytest.MonkeyPatch, stack_plan: Any) -> CLI:
+    """plan_cli(*argv) -> (exit code, stdout, stderr) of scripts/plan.py's main() in-process: the CLI's code path
+    without a new interpreter, a committed stack's plan taken from the session's cache (a copy: main may not change
+    it); --config plans that file. The CLI in its own process: dev_plan_process."""
+    from scripts import plan as cli_module
+
+    planned = cli_module.plan_stack
+    monkeypatch.setattr(cli_module, "plan_stack", lambda stack, config=None: (
+        copy.deepcopy(stack_plan(stack)) if config is None else planned(stack, config)))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = cli_module.main(list(argv))
+        return code, out.getvalue(), err.getvalue()
+
+    return run
 
 
 def run_plan(*args: str) -> subprocess.CompletedProcess[str]:
@@ -158,25 +185,25 @@ def test_unanswerable_data_source_names_the_fixture(tmp_path: Path) -> None:
     assert caught.value.fixture.endswith("subnets.json") and "subnet-0a1b2c3d4e5f60001" in caught.value.why
 
 
-def test_cli_json_is_one_document_and_manifests_are_written(tmp_path: Path) -> None:
-    result = run_plan("--stack", "dev", "--json", "--manifests", str(tmp_path / "m"))
-    assert result.returncode == 0, result.stderr
+def test_cli_json_is_one_document_and_manifests_are_written(dev_plan_process: PlanRun) -> None:
+    result = dev_plan_process.result  # scripts/plan.py --stack dev --json --manifests DIR, in its own process
+    assert result.returncode == 0, result.stderr.decode()
     plan = json.loads(result.stdout)
-    files = sorted((tmp_path / "m").glob("*.yaml"))
+    files = sorted(dev_plan_process.manifests.glob("*.yaml"))
     assert len(files) == len(list(kubernetes_objects(plan)))
     for path in files:
         manifest = yaml.safe_load(path.read_text())
         assert manifest["apiVersion"] and manifest["kind"] and manifest["metadata"]["name"]
 
 
-def test_cli_summary_counts_by_type() -> None:
-    result = run_plan("--stack", "dev")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("ml-cluster / dev: ")
-    assert "aws:eks/cluster:Cluster" in result.stdout and "kubeconfig: [secret]" in result.stdout
+def test_cli_summary_counts_by_type(plan_cli: CLI) -> None:
+    code, out, err = plan_cli("--stack", "dev")
+    assert code == 0, err
+    assert out.startswith("ml-cluster / dev: ")
+    assert "aws:eks/cluster:Cluster" in out and "kubeconfig: [secret]" in out
 
 
-def test_cli_diff_reports_added_removed_and_changed_paths(tmp_path: Path, stack_plan: Any) -> None:
+def test_cli_diff_reports_added_removed_and_changed_paths(tmp_path: Path, stack_plan: Any, plan_cli: CLI) -> None:
     old = json.loads(json.dumps(stack_plan("dev")))
     (cluster,) = [r for r in old["resources"] if r["type"] == "aws:eks/cluster:Cluster"]
     cluster["inputs"]["version"] = "1.34"
@@ -184,14 +211,14 @@ def test_cli_diff_reports_added_removed_and_changed_paths(tmp_path: Path, stack_
     old["resources"].append({"type": "aws:s3/bucket:Bucket", "name": "gone", "parent": None, "provider": None,
                              "inputs": {}, "options": removed["options"]})
     (tmp_path / "old.json").write_text(json.dumps(old))
-    result = run_plan("--stack", "dev", "--diff", str(tmp_path / "old.json"), "--json")
-    assert result.returncode == 0, result.stderr
-    changes = json.loads(result.stdout)
+    code, out, err = plan_cli("--stack", "dev", "--diff", str(tmp_path / "old.json"), "--json")
+    assert code == 0, err
+    changes = json.loads(out)
     assert {"type": removed["type"], "name": removed["name"]} in changes["added"]
     assert changes["removed"] == [{"type": "aws:s3/bucket:Bucket", "name": "gone"}]
     changed = {(c["type"], c["name"]): c["paths"] for c in changes["changed"]}
     assert changed[("aws:eks/cluster:Cluster", cluster["name"])] == ["inputs.version"]
-    text = run_plan("--stack", "dev", "--diff", str(tmp_path / "old.json")).stdout
+    text = plan_cli("--stack", "dev", "--diff", str(tmp_path / "old.json"))[1]
     assert "1 to remove" in text and "~ aws:eks/cluster:Cluster" in text
 
 
@@ -204,23 +231,23 @@ def test_cli_diff_against_itself_is_empty(tmp_path: Path) -> None:
                                                                 "changed": []}
 
 
-def test_cli_bad_diff_file_is_an_error(tmp_path: Path) -> None:
+def test_cli_bad_diff_file_is_an_error(tmp_path: Path, plan_cli: CLI) -> None:
     (tmp_path / "bad.json").write_text("{not json")
-    result = run_plan("--stack", "dev", "--diff", str(tmp_path / "bad.json"))
-    assert result.returncode == 2 and result.stderr.startswith(f"error: {tmp_path / 'bad.json'}: ")
+    code, _, err = plan_cli("--stack", "dev", "--diff", str(tmp_path / "bad.json"))
+    assert code == 2 and err.startswith(f"error: {tmp_path / 'bad.json'}: ")
 
 
-def test_unknown_instance_type_names_the_pool_and_the_fixture(tmp_path: Path) -> None:
+def test_unknown_instance_type_names_the_pool_and_the_fixture(tmp_path: Path, plan_cli: CLI) -> None:
     path = tmp_path / "Pulumi.dev.yaml"
     path.write_text((REPO / "stacks/Pulumi.dev.yaml").read_text().replace("g5.xlarge", "g9.mega"))
-    result = run_plan("--stack", "dev", "--config", str(path))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
+    code, _, err = plan_cli("--stack", "dev", "--config", str(path))
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
     assert any(line.startswith("error: ml-cluster:nodePools[") and "g9.mega" in line for line in lines), lines
     assert any(line.startswith("error: stacks/fixtures/instance_types.json: ") for line in lines), lines
     # a typo of a type the fixture knows: the type meant, not an invitation to add the typo to the fixture
     path.write_text((REPO / "stacks/Pulumi.dev.yaml").read_text().replace("g5.xlarge", "g5.xlarg"))
-    lines = run_plan("--stack", "dev", "--config", str(path)).stderr.strip().splitlines()
+    lines = plan_cli("--stack", "dev", "--config", str(path))[2].strip().splitlines()
     [fixture] = [line for line in lines if line.startswith("error: stacks/fixtures/instance_types.json: ")]
     assert fixture.endswith("no entry for instance type 'g5.xlarg': did you mean 'g5.xlarge'?"), fixture
 
@@ -329,11 +356,10 @@ def test_a_program_stopped_by_its_config_never_leaves_the_plan_waiting(monkeypat
     assert isinstance(outcome[0], ConfigError) and outcome[0].problems == [("stack", "stopped on purpose")]
 
 
-def test_cli_writes_the_job_facts_that_render_jobs_without_a_cluster(tmp_path: Path) -> None:
-    facts = tmp_path / "facts.json"
-    result = run_plan("--stack", "dev", "--facts", str(facts))
-    assert result.returncode == 0, result.stderr
-    assert f"wrote the stack's job facts to {facts}" in result.stderr
+def test_cli_writes_the_job_facts_that_render_jobs_without_a_cluster(dev_plan_process: PlanRun) -> None:
+    facts, result = dev_plan_process.facts, dev_plan_process.result  # scripts/plan.py --facts FILE, its own process
+    assert result.returncode == 0, result.stderr.decode()
+    assert f"wrote the stack's job facts to {facts}" in result.stderr.decode()
     from workloads.cluster_facts import facts_from_dict
 
     assert facts_from_dict(json.loads(facts.read_text())).stack == "dev"

@@ -43,9 +43,10 @@ def training(status: Mapping[str, Any]) -> bool:
     return status.get("phase") == "Running" and bool(status.get("progress"))
 
 
-def resumed(status: Mapping[str, Any], after: float) -> Incident | None:
-    """The first incident that began after `after` (Unix time) and has resumed, from `submit status --json`."""
-    for raw in status.get("incidents") or []:
+def resumed(status: Mapping[str, Any], after: float) -> tuple[int, Incident] | None:
+    """(its number, the incident) of the first incident that began after `after` (Unix time, less a minute of
+    clock skew with the API server) and has resumed, from `submit status --json`."""
+    for number, raw in enumerate(status.get("incidents") or [], start=1):
         if not isinstance(raw, dict):
             continue
         try:
@@ -53,7 +54,7 @@ def resumed(status: Mapping[str, Any], after: float) -> Incident | None:
         except TypeError:
             continue
         if incident.started_at >= after - 60 and incident.resumed_step is not None:
-            return incident
+            return number, incident
     return None
 
 
@@ -97,25 +98,26 @@ def _kubernetes(stack: str) -> Any:
     return client.CoreV1Api()
 
 
-def burn_in_probe(stack: str, sleep: Callable[[float], None] = time.sleep) -> ProbeFn:
+def burn_in_probe(stack: str, sleep: Callable[[float], None] = time.sleep,
+                  clock: Callable[[], float] = time.monotonic) -> ProbeFn:
     def probe(args: Mapping[str, str], log: TextIO, deadline_s: float) -> ProbeOutcome:
         core = _kubernetes(stack)
-        want, began = int(args["nodes"]), time.monotonic()
+        want, began = int(args["nodes"]), clock()
         selector = f"{args['pool_label']}={args['pool']}"
         while True:
             items = core.list_node(label_selector=selector, _request_timeout=30).items
             nodes = [core.api_client.sanitize_for_serialization(item) for item in items]
             passed, failed, waiting = burn_in_state(nodes, args["label"])
-            log.write(f"{time.monotonic() - began:7.0f}s {selector}: {len(passed)} passed, {len(failed)} failed, "
+            log.write(f"{clock() - began:7.0f}s {selector}: {len(passed)} passed, {len(failed)} failed, "
                       f"{len(waiting)} waiting\n")
             log.flush()
             figures = {"burn_in_nodes": len(nodes), "burn_in_passed": len(passed),
-                       "burn_in_seconds": round(time.monotonic() - began, 1)}
+                       "burn_in_seconds": round(clock() - began, 1)}
             if failed:
                 return ProbeOutcome(1, figures, f"burn-in failed on {'; '.join(failed)}")
             if len(passed) >= want:
                 return ProbeOutcome(0, figures)
-            if time.monotonic() - began + POLL_S > deadline_s:
+            if clock() - began + POLL_S > deadline_s:
                 return ProbeOutcome(DEADLINE_EXIT, figures, f"after {deadline_s:g} s: {len(passed)} of {want} node(s) "
                                                             f"of pool {args['pool']} labelled {args['label']}=passed")
             sleep(POLL_S)
@@ -145,17 +147,18 @@ def _gang_instance(core: Any, namespace: str, job: str) -> tuple[str, str] | Non
     return None
 
 
-def chaos_probe(stack: str, region: str, python: str, sleep: Callable[[float], None] = time.sleep) -> ProbeFn:
+def chaos_probe(stack: str, region: str, python: str, sleep: Callable[[float], None] = time.sleep,
+                clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> ProbeFn:
     def probe(args: Mapping[str, str], log: TextIO, deadline_s: float) -> ProbeOutcome:
         import boto3
 
-        job, namespace, began = args["job"], args["namespace"], time.monotonic()
-        left = lambda: deadline_s - (time.monotonic() - began)  # noqa: E731
+        job, namespace, began = args["job"], args["namespace"], clock()
+        left = lambda: deadline_s - (clock() - began)  # noqa: E731
 
         def wait(what: str, done: Callable[[dict[str, Any]], Any]) -> Any:
             while left() > 0:
                 status = submit_status(python, stack, namespace, job)
-                log.write(f"{time.monotonic() - began:7.0f}s {what}: {status.get('phase')} "
+                log.write(f"{clock() - began:7.0f}s {what}: {status.get('phase')} "
                           f"{status.get('reason') or ''}\n")
                 log.flush()
                 if status.get("phase") in ("Failed", "Succeeded"):
@@ -173,19 +176,20 @@ def chaos_probe(stack: str, region: str, python: str, sleep: Callable[[float], N
             if target is None:
                 return ProbeOutcome(1, note=f"{job}: no running pod on an EC2 node to terminate")
             node, instance = target
-            killed_at = time.time()
+            killed_at = wall()
             boto3.session.Session(region_name=region).client("ec2").terminate_instances(InstanceIds=[instance])
             log.write(f"terminated {instance} (node {node}) at {killed_at:.0f}\n")
-            incident = wait("resume", lambda status: resumed(status, killed_at))
+            found = wait("resume", lambda status: resumed(status, killed_at))
         except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
             return ProbeOutcome(1, note=f"chaos: {exc}")
         figures = {"terminated_instance": instance, "terminated_node": node}
-        if incident is None:
+        if found is None:
             return ProbeOutcome(DEADLINE_EXIT, figures, f"{job} did not resume within {deadline_s:g} s of the start")
-        return ProbeOutcome(0, {**figures, "incident": incident_line(1, incident),
+        number, incident = found
+        return ProbeOutcome(0, {**figures, "incident": incident_line(number, incident),
                                 "time_to_resume_s": incident.time_to_resume_s,
                                 "steps_lost": incident.steps_lost,
-                                "wall_to_resume_s": round(time.time() - killed_at, 1)})
+                                "wall_to_resume_s": round(wall() - killed_at, 1)})
     return probe
 
 
@@ -219,7 +223,8 @@ def find_leftovers(client: Callable[[str], Any], stack: str, project: str, clust
 
 
 def leftovers_probe(region: str, project: str, sleep: Callable[[float], None] = time.sleep,
-                    client: Callable[[str], Any] | None = None) -> ProbeFn:
+                    client: Callable[[str], Any] | None = None,
+                    clock: Callable[[], float] = time.monotonic) -> ProbeFn:
     def probe(args: Mapping[str, str], log: TextIO, deadline_s: float) -> ProbeOutcome:
         if client is None:
             import boto3
@@ -228,16 +233,16 @@ def leftovers_probe(region: str, project: str, sleep: Callable[[float], None] = 
             make: Callable[[str], Any] = session.client
         else:
             make = client
-        began = time.monotonic()
+        began = clock()
         while True:
             left = find_leftovers(make, args["stack"], project, args.get("cluster", ""))
-            log.write(f"{time.monotonic() - began:7.0f}s {len(left)} billable resource(s) left\n")
+            log.write(f"{clock() - began:7.0f}s {len(left)} billable resource(s) left\n")
             log.writelines(f"  {item}\n" for item in left)
             log.flush()
             figures = {"leftovers": len(left), "leftover_ids": ", ".join(left[:20]) or None}
             if not left:
                 return ProbeOutcome(0, figures)
-            if time.monotonic() - began + POLL_S > deadline_s:
+            if clock() - began + POLL_S > deadline_s:
                 return ProbeOutcome(1, figures, f"{len(left)} billable resource(s) left after destroy: "
                                                 f"{', '.join(left[:5])}{' ...' if len(left) > 5 else ''}")
             sleep(POLL_S)

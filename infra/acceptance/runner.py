@@ -141,7 +141,11 @@ class Run:
             if probe is None:
                 outcome = ProbeOutcome(1, note=f"probe {action.probe}: not available")
             else:
-                outcome = probe(dict(action.args), log, remaining)
+                try:
+                    outcome = probe(dict(action.args), log, remaining)
+                except Exception as exc:  # an API error ends the step, never the run (destroy must still run)
+                    first = (str(exc).strip().splitlines() or [""])[0][:300]
+                    outcome = ProbeOutcome(1, note=f"probe {action.probe}: {type(exc).__name__}: {first}")
             code, output, figures, note = outcome.exit_status, "", outcome.figures, outcome.note
             if note:
                 log.write(f"{note}\n")

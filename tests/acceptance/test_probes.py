@@ -38,7 +38,7 @@ def test_pure_readings() -> None:
     status = {"incidents": [asdict(old), asdict(new), "junk"]}
     assert resumed(status, 4990.0) is None  # the new one has not resumed yet; the old one is before the kill
     status["incidents"][1]["resumed_step"] = 120
-    assert resumed(status, 4990.0) == Incident(**{**asdict(new), "resumed_step": 120})
+    assert resumed(status, 4990.0) == (2, Incident(**{**asdict(new), "resumed_step": 120}))
 
 
 def test_billable_leaves_out_what_is_gone() -> None:
@@ -79,13 +79,25 @@ def test_the_leftovers_probe_polls_until_clean_and_gives_up_at_its_deadline(monk
     answers = [["volume vol-1"], []]
     monkeypatch.setattr(probes, "find_leftovers", lambda *args: answers.pop(0) if answers else ["volume vol-1"])
     sleeps: list[float] = []
-    probe = probes.leftovers_probe("us-west-2", "ml-cluster", sleep=sleeps.append, client=lambda service: None)
+    probe = probes.leftovers_probe("us-west-2", "ml-cluster", sleep=sleeps.append, client=lambda service: None,
+                                   clock=lambda: 0.0)
     outcome = probe({"stack": "dev", "cluster": "ml-dev"}, io.StringIO(), 600)
     assert (outcome.exit_status, outcome.figures["leftovers"], sleeps) == (0, 0, [probes.POLL_S])
     log = io.StringIO()
     outcome = probe({"stack": "dev", "cluster": "ml-dev"}, log, 5)  # shorter than one poll: one look, then done
     assert outcome.exit_status == 1 and outcome.note == "1 billable resource(s) left after destroy: volume vol-1"
     assert "  volume vol-1" in log.getvalue().splitlines()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class Core:
@@ -113,5 +125,40 @@ ARGS = {"pool": "gpu-h100", "nodes": "2", "label": LABEL, "pool_label": "ml-clus
 def test_the_burn_in_probe(monkeypatch: pytest.MonkeyPatch, answers: list[list[dict[str, Any]]], deadline: float,
                            code: int, note: str | None) -> None:
     monkeypatch.setattr(probes, "_kubernetes", lambda stack: Core(answers))
-    outcome = probes.burn_in_probe("prod", sleep=lambda seconds: None)(ARGS, io.StringIO(), deadline)
+    clock = Clock()
+    outcome = probes.burn_in_probe("prod", sleep=clock.sleep, clock=clock)(ARGS, io.StringIO(), deadline)
     assert (outcome.exit_status, outcome.note) == (code, note)
+
+
+def test_the_chaos_probe_terminates_one_instance_and_records_the_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    killed: list[list[str]] = []
+    incident = Incident(started_at=1_000_010.0, cause="disruption (DeletionByTaintManager)", pod="gang-0-1",
+                        pods_replaced=2, disruptions=2, counted=0, resumed_step=120, steps_lost=3,
+                        time_to_resume_s=412.5)
+    answers = [{"phase": "Pending"}, {"phase": "Running", "progress": {"batch": 5}},
+               {"phase": "Running", "incidents": []}, {"phase": "Running", "incidents": [asdict(incident)]}]
+    monkeypatch.setattr(probes, "submit_status", lambda python, stack, namespace, job: answers.pop(0))
+    monkeypatch.setattr(probes, "_kubernetes", lambda stack: None)
+    monkeypatch.setattr(probes, "_gang_instance", lambda core, namespace, job: ("ip-10-0-1-2", "i-0abc"))
+    ec2 = SimpleNamespace(terminate_instances=lambda InstanceIds: killed.append(InstanceIds))  # noqa: N803
+    import boto3
+
+    monkeypatch.setattr(boto3.session, "Session", lambda region_name: SimpleNamespace(client=lambda name: ec2))
+    probe = probes.chaos_probe("dev", "us-west-2", "python", sleep=clock.sleep, clock=clock,
+                               wall=lambda: 1_000_000.0 + clock.now)
+    log = io.StringIO()
+    outcome = probe({"job": "gang-abc", "namespace": "training"}, log, 3600)
+    assert outcome.exit_status == 0 and killed == [["i-0abc"]]
+    assert outcome.figures["incident"] == (
+        "incident 1 at 1970-01-12T13:46:50Z: disruption (DeletionByTaintManager) of gang-0-1: 2 pod(s) replaced "
+        "(2 disruption(s), 0 counted); resumed from step 120 after 412.5s, at least 3 step(s) lost")
+    assert outcome.figures["time_to_resume_s"] == 412.5 and outcome.figures["terminated_instance"] == "i-0abc"
+    assert "terminated i-0abc (node ip-10-0-1-2)" in log.getvalue()
+
+
+def test_the_chaos_probe_fails_when_the_gang_ends_instead_of_resuming(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probes, "submit_status", lambda *args: {"phase": "Failed", "reason": "BackoffLimitExceeded"})
+    outcome = probes.chaos_probe("dev", "us-west-2", "python", sleep=lambda s: None)(
+        {"job": "gang-abc", "namespace": "training"}, io.StringIO(), 60)
+    assert outcome.exit_status == 1 and outcome.note == "chaos: gang-abc ended (Failed) while waiting for training"

@@ -179,3 +179,17 @@ def test_the_real_runner_kills_a_command_at_its_deadline() -> None:
 def test_the_real_runner_says_a_missing_command_is_not_installed() -> None:
     code, output = run_command(["no-such-command-here"], io.StringIO(), 5)
     assert code == 127 and output == "error: no-such-command-here: not installed (not on PATH)\n"
+
+
+def test_a_probe_that_raises_fails_its_step_and_destroy_still_runs(tmp_path: Path) -> None:
+    fake = Fake(tmp_path)
+
+    def broken(args: Mapping[str, str], log: TextIO, deadline_s: float) -> ProbeOutcome:
+        raise ConnectionError("api server unreachable\nmore detail")
+
+    summary = Run(_steps(), tmp_path, "dev", COMMIT, False, False, execute=fake.execute,
+                  probes={"chaos": broken, "leftovers": fake.probe("leftovers")}, clock=fake.clock,
+                  monotonic=fake.clock)()
+    assert summary.failed_step == "chaos" and summary.steps[-1].status == "passed"
+    assert summary.steps[3].note == "probe chaos: ConnectionError: api server unreachable"
+    assert [call for call, _ in fake.calls][-3:] == ["delete train-abc", "pulumi destroy", "probe leftovers []"]

@@ -65,17 +65,12 @@ def render_stack_file(facts: NewStackFacts) -> str:
     deploy = (f"  ml-cluster:deploy:\n    runner: self-hosted\n    labels: {_flow(list(facts.deploy_runner_labels))}\n"
               if facts.deploy_runner_labels else
               "  ml-cluster:deploy:\n    runner: github-hosted  # needs the public endpoint open to it (0.0.0.0/0)\n")
-    text = f"""\
+    header = f"""\
 # {facts.stack}: written by scripts/new_stack.py for account {facts.account_id} in {facts.region}. Edit freely;
 # check offline with `make plan STACK={facts.stack}`. Dev-shaped: unprotected (destroy removes everything), one GPU
 # pool that scales from zero. For production data set ml-cluster:protected: true.
-config:
-  aws:region: {facts.region}
-  ml-cluster:accountId: "{facts.account_id}"  # a real run refuses credentials for any other account
-  ml-cluster:platform: eks
-  ml-cluster:protected: false
-  ml-cluster:tags:
-    environment: {facts.stack}
+"""
+    cluster = f"""\
   ml-cluster:network:
     create:
       cidr: {facts.vpc_cidr}
@@ -89,8 +84,34 @@ config:
     publicAccessCidrs: {_flow(list(facts.public_access_cidrs))}
     accessEntries:
 {access}
-{deploy}  ml-cluster:nodePools:
-    - {{name: system, instanceTypes: [m6i.large], minSize: 2, desiredSize: 2, maxSize: 3}}
+{deploy}"""
+    return _checked(_stack_file(header, facts.stack, facts.region, facts.account_id, cluster, new_cluster=True))
+
+
+def _stack_file(header: str, stack: str, region: str, account_id: str, cluster: str, *, new_cluster: bool) -> str:
+    """A stack file: `header`, the account, `cluster` (the network and cluster sections, each line ended), then the
+    small dev-shaped pools and storage every new stack starts with. A new cluster also gets a system pool, the
+    default StorageClass and a note on Kueue and monitoring; a cluster that already runs keeps its own default
+    StorageClass."""
+    system_pool = "    - {name: system, instanceTypes: [m6i.large], minSize: 2, desiredSize: 2, maxSize: 3}\n"
+    optional = """\
+  # Gang admission and team quotas (Kueue) and metrics with alerts and the dashboard are off in a new stack; turn
+  # them on here (docs/architecture.md, Kueue; docs/monitoring.md):
+  #   ml-cluster:kueue: {enabled: true}
+  #   ml-cluster:monitoring: {enabled: true}
+"""
+    gp3 = "{name: gp3, default: true}" if new_cluster else \
+        "{name: gp3, default: false}  # the cluster keeps its own default StorageClass"
+    return f"""\
+{header}config:
+  aws:region: {region}
+  ml-cluster:accountId: "{account_id}"  # a real run refuses credentials for any other account
+  ml-cluster:platform: eks
+  ml-cluster:protected: false
+  ml-cluster:tags:
+    environment: {stack}
+{cluster}  ml-cluster:nodePools:
+{system_pool if new_cluster else ""}\
     - {{name: gpu-a10g, instanceTypes: [g5.xlarge], capacityType: SPOT, minSize: 0, desiredSize: 0, maxSize: 2,
        gpu: true, diskSizeGib: 100}}
   ml-cluster:gpu:
@@ -98,13 +119,10 @@ config:
     dcgmExporter: {{enabled: false}}
   ml-cluster:nodes:
     autoscaler: {{chartVersion: {AutoscalerConfig().chart_version}, scaleDownUnneededTime: 5m}}
-  # Gang admission and team quotas (Kueue) and metrics with alerts and the dashboard are off in a new stack; turn
-  # them on here (docs/architecture.md, Kueue; docs/monitoring.md):
-  #   ml-cluster:kueue: {{enabled: true}}
-  #   ml-cluster:monitoring: {{enabled: true}}
+{optional if new_cluster else ""}\
   ml-cluster:storage:
     efs: {{throughputMode: elastic, backup: false}}
-    gp3: {{name: gp3, default: true}}
+    gp3: {gp3}
     buckets:
       - {{name: datasets, mount: true}}
       - {{name: checkpoints, scratchPrefixes: [tmp/], scratchExpiryDays: 3}}
@@ -112,11 +130,17 @@ config:
       - {{name: checkpoints-efs, storageClass: efs-ap, size: 500Gi}}
       - {{name: datasets-efs, storageClass: efs-ap, size: 200Gi}}
 """
+
+
+def _checked(text: str) -> str:
+    """`text` if it is a stack file `pulumi up` would take; else ConfigError, one line per problem: a placeholder
+    first (the most specific message for an example value), then what the schema refuses (an ARN, a CIDR, a zone,
+    a subnet id)."""
     values = yaml.safe_load(text)["config"]
-    left = placeholder_problems(values, deploying=True)  # first: the most specific message for an example value
+    left = placeholder_problems(values, deploying=True)
     if left:
         raise ConfigError(left)
-    parse_stack_config(values)  # ConfigError: a flag the schema refuses (ARN, CIDR, zone, region...)
+    parse_stack_config(values)
     return text
 
 
@@ -157,19 +181,14 @@ def render_existing_stack_file(facts: ExistingStackFacts) -> str:
         (facts.admin_role_arn, "cluster-admin", ""), (facts.researcher_role_arn, "edit", ", namespaces: [training]"))
         if arn]
     access = ("    accessEntries:\n" + "\n".join(entries) + "\n") if entries else ""
-    text = f"""\
+    header = f"""\
 # {facts.stack}: written by scripts/new_stack.py from {facts.source} of EKS cluster {found.name} ({found.arn}).
 # The stack lays itself onto that cluster and never creates, changes or deletes it, its VPC, subnets or node groups
 # (docs/operations.md, "Use an existing EKS cluster"). Run `make preflight STACK={facts.stack}` before `make up`:
 # it finds add-ons, Helm releases and autoscaled node groups already there. Dev-shaped: unprotected, one GPU pool
 # that scales from zero.
-config:
-  aws:region: {found.region}
-  ml-cluster:accountId: "{account}"  # a real run refuses credentials for any other account
-  ml-cluster:platform: eks
-  ml-cluster:protected: false
-  ml-cluster:tags:
-    environment: {facts.stack}
+"""
+    cluster = f"""\
   ml-cluster:network:
     existing:  # the cluster's VPC; the nodes also join its security group {found.cluster_security_group_id}
       vpcId: {found.vpc_id}
@@ -179,27 +198,5 @@ config:
     name: {found.name}
     existing: true
     kubernetesVersion: "{found.version}"  # what the cluster runs (checked against it at every plan)
-{access}  ml-cluster:nodePools:
-    - {{name: gpu-a10g, instanceTypes: [g5.xlarge], capacityType: SPOT, minSize: 0, desiredSize: 0, maxSize: 2,
-       gpu: true, diskSizeGib: 100}}
-  ml-cluster:gpu:
-    devicePlugin: {{chartVersion: {DevicePluginConfig().chart_version}}}
-    dcgmExporter: {{enabled: false}}
-  ml-cluster:nodes:
-    autoscaler: {{chartVersion: {AutoscalerConfig().chart_version}, scaleDownUnneededTime: 5m}}
-  ml-cluster:storage:
-    efs: {{throughputMode: elastic, backup: false}}
-    gp3: {{name: gp3, default: false}}  # the cluster keeps its own default StorageClass
-    buckets:
-      - {{name: datasets, mount: true}}
-      - {{name: checkpoints, scratchPrefixes: [tmp/], scratchExpiryDays: 3}}
-    sharedVolumes:
-      - {{name: checkpoints-efs, storageClass: efs-ap, size: 500Gi}}
-      - {{name: datasets-efs, storageClass: efs-ap, size: 200Gi}}
-"""
-    values = yaml.safe_load(text)["config"]
-    left = placeholder_problems(values, deploying=True)
-    if left:
-        raise ConfigError(left)
-    parse_stack_config(values)  # ConfigError: what the schema refuses (a role ARN, a subnet id)
-    return text
+{access}"""
+    return _checked(_stack_file(header, facts.stack, found.region, account, cluster, new_cluster=False))

@@ -23,7 +23,7 @@ from workloads.data.reading.dataset import DatasetError, DataUnavailableError
 from workloads.safeio import StateFileError
 from workloads.train.checkpoint import CheckpointError, CheckpointStoreError
 from workloads.train.config import ConfigError, TrainConfig, build_parser, config_from_args, parse_with_preset
-from workloads.train.exitcodes import (  # noqa: F401 - the codes' names, re-exported for the launcher and tests
+from workloads.train.exitcodes import (  # noqa: F401 - the codes' names, re-exported for tests
     DISRUPTION_EXIT_CODE,
     RUNTIME_EXIT_CODE,
     config_error_exit_code,

@@ -27,7 +27,7 @@ import signal
 import sys
 from collections.abc import Iterable
 
-from workloads.train.__main__ import RUNTIME_EXIT_CODE, config_error_exit_code, disruption_exit_code
+from workloads.train.exitcodes import RUNTIME_EXIT_CODE, config_error_exit_code, disruption_exit_code
 from workloads.train.memlock import efa_memlock_error, memlock_limit, memlock_line
 
 

@@ -8,7 +8,10 @@ the bundled trainer reports itself:
   resumed from, in samples since the start of epoch 0; t: rank 0's clock when the formation first read, the same
   on every rank), then one {"epoch": e, "ids": [...], "pos": P} per batch handed out (P: the position after it);
 - on stdout (rank 0), JSON events: "config" (world_size), "resumed" (step), "model_loading" (a new formation),
-  and "batch" (step) once the step of a batch is done (the script asks for the next one, or the epoch ends).
+  and "batch" (step) once the step of a batch is done (the script asks for the next one, or the epoch ends). A
+  script that reports its steps itself (workloads.data.api.StepReport, as the examples do) prints the "batch"
+  events instead, with their data and compute times (what measured goodput needs); this only puts its own step
+  numbering into them and prints none of its own.
 
 Steps are counted in global batches of $CHAOS_STEP_SAMPLES samples (the uninterrupted run's), from the position,
 so they mean the same at any world size. $CHAOS_STEP_DELAY seconds of sleep per batch make the steps long enough
@@ -28,6 +31,7 @@ from typing import Any
 import torch.distributed as dist
 
 from workloads.data.reading.sampler import ElasticBatchSampler
+from workloads.train.steps import StepReport
 
 
 def _install(log_path: str) -> None:
@@ -37,6 +41,8 @@ def _install(log_path: str) -> None:
     step_samples = int(os.environ["CHAOS_STEP_SAMPLES"])
     rank = int(os.environ.get("RANK", "0"))
     formed = [False]
+    reported = [False]  # the script reports its steps itself (StepReport)
+    last = [0]  # the position after the last batch handed out
 
     def emit(event: str, **fields: Any) -> None:
         if rank == 0:
@@ -63,16 +69,23 @@ def _install(log_path: str) -> None:
         steps = self._steps()
         done: int | None = None
         for number, batch in enumerate(iterate(self)):
-            if done is not None:
+            if done is not None and not reported[0]:
                 emit("batch", step=done // step_samples)  # asked for the next batch: the last one's step is done
-            done = position(self, steps[number].offsets)
+            done = last[0] = position(self, steps[number].offsets)
             log.write(json.dumps({"epoch": self.epoch, "ids": [int(i) for i in batch], "pos": done}) + "\n")
             time.sleep(delay)
             yield batch
-        if done is not None:
+        if done is not None and not reported[0]:
             emit("batch", step=done // step_samples)
 
+    report_step = StepReport.step
+
+    def step_reported(self: StepReport, step: int, **fields: Any) -> None:
+        reported[0] = True
+        report_step(self, last[0] // step_samples, **fields)  # the harness's steps: global batches of the first run
+
     ElasticBatchSampler.__iter__ = logged  # type: ignore[method-assign]
+    StepReport.step = step_reported  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@
     # with `staging: cache` the pod's stager sidecar fills $DATA_DIR and this script tells it what comes next.
     # Several GPUs or nodes: torchrun --nproc-per-node 8 examples/train_plain.py ...
 
-One JSON line per epoch on stdout. A checkpoint (model, optimizer, data position) is written atomically at each
-epoch's end and every --checkpoint-every steps; a rerun with the same --checkpoint-dir resumes sample-exact.
+One JSON line per epoch on stdout, and rank 0's step events (StepReport: each step's time, its wait for data, each
+checkpoint's stall, as the bundled trainer reports them; with $METRICS_PORT the same as Prometheus metrics).
+A checkpoint (model, optimizer, data position) is written atomically at each epoch's end and every --checkpoint-every
+steps; a rerun with the same --checkpoint-dir resumes sample-exact.
 SIGTERM (a drain, a Spot reclaim) stops every rank after the same step, writes a last checkpoint and exits 43, which
 the Jobs retry without counting (StopSignal, docs/own-training-code.md "Surviving disruptions").
 """
@@ -28,7 +30,13 @@ import torch.distributed as dist
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, StopSignal, random_resized_crop_flip_normalize
+from workloads.data.api import (
+    LoaderSettings,
+    PackedData,
+    StepReport,
+    StopSignal,
+    random_resized_crop_flip_normalize,
+)
 
 
 def small_cnn(num_classes: int, width: int = 32) -> nn.Module:
@@ -114,11 +122,12 @@ def main() -> None:
     loader_settings = LoaderSettings(workers=args.workers)
     data.loader(loader_settings)
     generator = torch.Generator(device=device)
+    report = StepReport()  # each step's time, data wait and checkpoint stall: measured goodput (docs/monitoring.md)
     with stop, data:  # leaving on a lost peer's error: exit 43, one line
         for epoch in range(data.start_epoch, args.epochs):
             started, samples, loss_sum = time.perf_counter(), 0, 0.0
             model.train()
-            for images, labels in data.batches(epoch, last_epoch=epoch == args.epochs - 1):
+            for images, labels in report.timed(data.batches(epoch, last_epoch=epoch == args.epochs - 1), epoch):
                 images = images.to(device, non_blocking=True)  # uint8 NHWC: a quarter of float32's bytes
                 labels = labels.to(device, non_blocking=True)
                 generator.manual_seed(hash((epoch, step, rank)) & 0xFFFF_FFFF)
@@ -130,10 +139,13 @@ def main() -> None:
                 step += 1
                 samples += len(labels)
                 loss_sum += loss.item() * len(labels)
+                report.step(step, samples=len(labels), loss=loss.item())  # the step's figures, for goodput
                 if args.checkpoint_every and step % args.checkpoint_every == 0:
-                    save(step)
+                    with report.saving(step):
+                        save(step)
                 stop.check(partial(save, step))  # every rank, every step: stop here if any rank got SIGTERM
-            save(step)
+            with report.saving(step):
+                save(step)
             elapsed = time.perf_counter() - started
             if rank == 0:
                 print(json.dumps({"epoch": epoch, "samples": samples, "loss": round(loss_sum / max(samples, 1), 4),

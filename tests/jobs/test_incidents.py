@@ -211,10 +211,16 @@ def test_watch_prints_each_incident_once_when_it_has_resumed(capsys: pytest.Capt
             done = self.polled >= 3
             return job({"type": "Complete", "status": "True"}, succeeded=1) if done else job(active=1, ready=1)
 
-    assert watch_run(Batch(), core, "training", JOB, 1.0, clock=lambda: KILLED_AT, sleep=lambda s: None) == 0
+    batch = Batch()
+    assert watch_run(batch, core, "training", JOB, 1.0, clock=lambda: KILLED_AT, sleep=lambda s: None) == 0
     out = capsys.readouterr().out
     assert out.count("incident 1 at") == 1 and "resumed from step 4 after 18.9s" in out
+    # every poll ends with the goodput line, the same text `status` prints for the same pods at the same time
+    goodput = [line for line in out.splitlines() if line.startswith("  goodput")]
+    assert len(goodput) == 3
     assert "no resume seen yet" not in out  # not printed while it had not resumed
     # the stopped pod's log was read once; the running one's on every poll that found it Running
     reads = [name for name, _ in core.log_reads]
     assert reads.count(f"{JOB}-a") == 1 and reads.count(f"{JOB}-b") == 3
+    assert show_status(batch, core, "training", JOB, as_json=False, clock=lambda: KILLED_AT) == 0  # the last poll's
+    assert capsys.readouterr().out.splitlines()[-1] == goodput[-1]

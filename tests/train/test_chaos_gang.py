@@ -23,6 +23,7 @@ from benchmarks.chaos_gang import (
     rendered_gang_job,
     run_gang,
 )
+from benchmarks.chaos_goodput import measure
 from scripts.chaos_gang import main
 from workloads.train.checkpointer import latest_checkpoint
 
@@ -76,6 +77,13 @@ def test_a_user_script_under_the_rendered_launcher_stops_on_sigterm_and_loses_no
     assert outcome.ok, (outcome.problems, outcome.actions)
     assert sorted(outcome.actions) == ["node0:43:Ignore", "node1:43:Ignore"]  # both stopped, nothing counted
     assert outcome.steps_lost == 0
+    # the script reports its steps (StepReport): one timed "batch" event per step of a formation, so goodput is
+    # measured for it as for the bundled trainer
+    batches = [event for _, event in outcome.events if event.get("event") == "batch"]
+    assert batches and all("data_time" in event and "compute_time" in event for event in batches)
+    steps = [event["step"] for event in batches]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)  # SIGTERM: resumed after the last, none twice
+    assert measure(outcome.events, outcome.seconds, outcome.killed_at_s, outcome.time_to_resume_s).goodput > 0
 
 
 @pytest.mark.parametrize("argv, line", [

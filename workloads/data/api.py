@@ -43,6 +43,14 @@ every rank agrees on, your checkpoint, and the exit code the Jobs retry without 
                 ...                                                 # your step
                 stop.check(lambda: save(step))                      # the checkpoint callback, then exit 43
 
+Step reports: `StepReport` gives measured goodput the figures the bundled trainer reports (each step's time, its
+wait for data, a checkpoint's stall), one line per step (workloads/train/steps.py):
+
+    report = StepReport()
+    for images, labels in report.timed(data.batches(epoch)):
+        ...                                                 # your step
+        report.step(step, samples=len(labels), loss=loss)
+
 Errors: a dataset that cannot be read is a `DatasetError` (a ValueError naming the file: retrying cannot help); data
 that is not there now (the stager failed or stopped, a shard not staged in time) is a `DataUnavailableError` (a
 RuntimeError: a new pod may succeed); a bad argument is a ValueError naming it. Errors raised in DataLoader workers
@@ -87,6 +95,7 @@ from workloads.data.reading.workers import ignore_stop_signals
 from workloads.data.stager_process import StagerProcess, stager_exit, stager_tail, start_stager, stop_stager
 from workloads.safeio import StateFileError
 from workloads.torchenv import torchrun_env
+from workloads.train.steps import StepReport
 from workloads.train.stop import StopSignal
 
 __all__ = [
@@ -97,6 +106,7 @@ __all__ = [
     "PackedData",
     "Placement",
     "RecordsDataset",
+    "StepReport",
     "StopSignal",
     "ignore_stop_signals",
     "iter_batches",

@@ -157,7 +157,8 @@ def show_status(batch: Any, core: Any, namespace: str, name: str, as_json: bool,
 
 def watch_run(batch: Any, core: Any, namespace: str, name: str, interval: float, clock: Any = None,
            sleep: Any = None, timeout: float = DEFAULT_WATCH_TIMEOUT_S) -> int:
-    """A line per poll (each poll reads the Job again: it says what is waited for); rates over the last interval;
+    """A line per poll (each poll reads the Job again: it says what is waited for), then the goodput line `status`
+    prints (measured so far beside predicted); rates over the last interval;
     returns when the run has succeeded or failed, and raises RuntimeFailure when it has not after `timeout`."""
     import time
 
@@ -178,6 +179,8 @@ def watch_run(batch: Any, core: Any, namespace: str, name: str, interval: float,
         if upto > settled:
             print("\n".join(incident_lines(replace(phase, incidents=phase.incidents[:upto]), settled)), flush=True)
             settled = upto
+        if phase.goodput:
+            print(f"  {phase.goodput}", flush=True)  # as `status` prints it: measured so far beside predicted
         if phase.phase in ("Succeeded", "Failed"):
             return 1 if phase.phase == "Failed" else 0
         left = timeout - (time.monotonic() - started)

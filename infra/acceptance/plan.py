@@ -222,7 +222,8 @@ def probe_figures(results: Sequence[ActionResult]) -> dict[str, Figure]:
 
 # --- the steps -----------------------------------------------------------------------------------------------------
 
-def _submit(options: Options, *words: str, capture: tuple[tuple[str, str], ...] = (), always: bool = False) -> Command:
+def _submit(options: Options, *words: str, capture: tuple[tuple[str, str], ...] = (),
+            always: bool = False) -> Command:
     return Command((options.python, *SUBMIT, "--stack", options.stack, "-n", options.namespace, *words),
                    capture, always)
 
@@ -255,11 +256,12 @@ def plan_steps(options: Options, cfg: StackConfig, pool: GpuPool) -> list[Step]:
                                        "check (the all-reduce Job scales the pool up itself)"),
         Step("allreduce", (*(() if burn_in else (submit_allreduce,)),
                            watch("{allreduce_job}", deadline["allreduce"]),
-                           _submit(options, "logs", "{allreduce_job}")),
+                           _submit(options, "logs", "{allreduce_job}", always=True)),
              deadline["allreduce"], allreduce_figures(floor, why)),
         Step("bench-gpu", (_submit(options, "submit", f"{bundle}/bench-gpu-job.yaml",
                                    capture=(("bench_job", JOB_CREATED),)),
-                           watch("{bench_job}", deadline["bench-gpu"]), _submit(options, "logs", "{bench_job}")),
+                           watch("{bench_job}", deadline["bench-gpu"]),
+                           _submit(options, "logs", "{bench_job}", always=True)),
              deadline["bench-gpu"], bench_figures),
         Step("chaos", (_submit(options, "submit", options.gang_spec, capture=(("gang_job", JOB_CREATED),)),
                        Probe("chaos", (("job", "{gang_job}"), ("namespace", options.namespace))),

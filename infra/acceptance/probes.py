@@ -78,9 +78,12 @@ def burn_in_state(nodes: Iterable[Mapping[str, Any]], label: str) -> tuple[list[
 
 def billable(tagged: Iterable[str], instances: Iterable[Mapping[str, Any]],
              volumes: Iterable[Mapping[str, Any]], states: Mapping[str, str]) -> list[str]:
-    """What is left and bills: tagged ARNs (less those whose EC2 state says gone), instances not terminated,
-    volumes not deleted."""
-    left = [arn for arn in tagged if states.get(arn.rsplit("/", 1)[-1]) not in GONE_STATES]
+    """What is left and bills: tagged ARNs (less those whose EC2 state says gone, and those the instance and
+    volume searches list themselves), instances not terminated, volumes not deleted."""
+    instances, volumes = list(instances), list(volumes)
+    described = {i["InstanceId"] for i in instances} | {v["VolumeId"] for v in volumes}
+    left = [arn for arn in tagged
+            if arn.rsplit("/", 1)[-1] not in described and states.get(arn.rsplit("/", 1)[-1]) not in GONE_STATES]
     left += [f"instance {i['InstanceId']}" for i in instances
              if (i.get("State") or {}).get("Name") not in GONE_STATES]
     left += [f"volume {v['VolumeId']}" for v in volumes if v.get("State") not in GONE_STATES]

@@ -184,7 +184,8 @@ class Run:
                 try:
                     action = filled(action, self.captures)
                 except MissingCapture as missing:
-                    exit_status, note = 1, f"no {missing} to run {action.shell()}"
+                    if note is None:
+                        exit_status, note = 1, f"no {missing} to run {action.shell()}"
                     continue
                 shown.append(action.shell())
                 log.write(f"$ {action.shell()}\n")

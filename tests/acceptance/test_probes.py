@@ -162,3 +162,31 @@ def test_the_chaos_probe_fails_when_the_gang_ends_instead_of_resuming(monkeypatc
     outcome = probes.chaos_probe("dev", "us-west-2", "python", sleep=lambda s: None)(
         {"job": "gang-abc", "namespace": "training"}, io.StringIO(), 60)
     assert outcome.exit_status == 1 and outcome.note == "chaos: gang-abc ended (Failed) while waiting for training"
+
+
+@pytest.mark.slow  # moto's first run_instances loads its AMI and instance-type tables: seconds (the stub test above)
+def test_leftovers_against_moto() -> None:
+    import boto3
+    from moto import mock_aws
+
+    with mock_aws():
+        session = boto3.session.Session(region_name="us-west-2", aws_access_key_id="testing",
+                                        aws_secret_access_key="testing")
+        ec2, s3 = session.client("ec2"), session.client("s3")
+        [instance] = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1, InstanceType="m6i.large",
+                                       TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                           {"Key": "eks:cluster-name", "Value": "ml-dev"}]}])["Instances"]
+        volume = ec2.create_volume(AvailabilityZone="us-west-2a", Size=10, TagSpecifications=[
+            {"ResourceType": "volume", "Tags": [{"Key": "kubernetes.io/cluster/ml-dev", "Value": "owned"}]}])
+        s3.create_bucket(Bucket="mlc-dev-datasets", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+        s3.put_bucket_tagging(Bucket="mlc-dev-datasets", Tagging={"TagSet": [
+            {"Key": "project", "Value": "ml-cluster"}, {"Key": "stack", "Value": "dev"}]})
+        s3.create_bucket(Bucket="other-stack", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+        s3.put_bucket_tagging(Bucket="other-stack", Tagging={"TagSet": [
+            {"Key": "project", "Value": "ml-cluster"}, {"Key": "stack", "Value": "staging"}]})
+        assert find_leftovers(session.client, "dev", "ml-cluster", "ml-dev") == [
+            "arn:aws:s3:::mlc-dev-datasets", f"instance {instance['InstanceId']}", f"volume {volume['VolumeId']}"]
+        ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
+        ec2.delete_volume(VolumeId=volume["VolumeId"])
+        s3.delete_bucket(Bucket="mlc-dev-datasets")
+        assert find_leftovers(session.client, "dev", "ml-cluster", "ml-dev") == []

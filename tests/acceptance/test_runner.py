@@ -193,3 +193,22 @@ def test_a_probe_that_raises_fails_its_step_and_destroy_still_runs(tmp_path: Pat
     assert summary.failed_step == "chaos" and summary.steps[-1].status == "passed"
     assert summary.steps[3].note == "probe chaos: ConnectionError: api server unreachable"
     assert [call for call, _ in fake.calls][-3:] == ["delete train-abc", "pulumi destroy", "probe leftovers []"]
+
+
+def test_a_cleanup_that_cannot_run_keeps_the_first_failure(tmp_path: Path) -> None:
+    steps = [_step("allreduce", Command(("submit", "spec.yaml"), capture=(("job", r"^created job/(\S+) in "),)),
+                   Command(("watch", "{job}")), Command(("logs", "{job}"), always=True))]
+    _, calls = Fake(tmp_path, {"submit": 2}).run(steps)
+    assert calls == ["submit spec.yaml"]
+    step = load_summary(tmp_path).steps[0]
+    assert (step.exit_status, step.note) == (2, "submit spec.yaml exited 2")
+
+
+def test_a_failed_watch_still_reads_the_logs_for_the_figures(tmp_path: Path) -> None:
+    steps = [_step("allreduce", Command(("submit", "spec.yaml"), capture=(("job", r"^created job/(\S+) in "),)),
+                   Command(("watch", "{job}")), Command(("logs", "{job}"), always=True),
+                   figures=lambda results: {"last": results[-1].output.strip()})]
+    _, calls = Fake(tmp_path, {"watch": 1}).run(steps)
+    assert calls == ["submit spec.yaml", "watch train-abc", "logs train-abc"]
+    step = load_summary(tmp_path).steps[0]
+    assert step.status == "failed" and step.figures == {"last": "ran logs"}

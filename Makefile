@@ -191,7 +191,7 @@ kubeconfig: ## write STACK's kubeconfig to ~/.kube/ml-STACK (after make up)
 # `pulumi up`, the checks an evaluator asks for, a chaos step and `pulumi destroy`, into evidence/STACK-<UTC time>/.
 # It costs money (GPU nodes for an hour or more). DRY_RUN=1 prints the steps and their commands and calls nothing
 # (make's own --dry-run only prints this recipe); KEEP=1 leaves the stack up.
-acceptance: setup-plan ## the first-deploy acceptance kit on STACK (real account; DRY_RUN=1 prints the steps, KEEP=1 no destroy)
+acceptance: setup-plan $(POLICY_VENV)/.deps ## the first-deploy acceptance kit on STACK (real account; DRY_RUN=1 prints the steps, KEEP=1 no destroy)
 	$(BIN)/python scripts/acceptance.py --stack '$(STACK)' $(if $(DRY_RUN),--dry-run) $(if $(KEEP),--keep) \
 	  $(if $(ALLREDUCE_FLOOR),--allreduce-floor '$(ALLREDUCE_FLOOR)') $(if $(GANG_SPEC),--gang-spec '$(GANG_SPEC)')
 

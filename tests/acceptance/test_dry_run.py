@@ -68,7 +68,9 @@ def test_the_dry_run_of_dev_prints_every_step_and_its_command(cli: ModuleType, c
     submit = ".venv/bin/python -m workloads.submit --stack dev -n training"
     for expected in [
         "    $ .venv/bin/python scripts/preflight.py --stack dev",
-        "    $ pulumi up --stack dev --yes --non-interactive",
+        f"    $ .venv/bin/python scripts/policy_config.py --stack dev --out {bundle}/policy-config.json",
+        "    $ pulumi up --stack dev --yes --non-interactive --policy-pack infra/policy/pack --policy-pack-config "
+        f"{bundle}/policy-config.json",
         "    $ make -s kubeconfig STACK=dev",
         "    $ make -s push STACK=dev IMAGE_TAG=0.2.0",
         "    $ .venv/bin/python scripts/verify_stack.py --stack dev --json",

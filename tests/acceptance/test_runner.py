@@ -26,7 +26,8 @@ def _step(name: str, *actions: Command | Probe, deadline: float = 60, **kwargs: 
 
 
 def _steps() -> list[Step]:
-    return [_step("preflight"), _step("up", figures=up_figures),
+    return [_step("preflight"),
+            _step("up", Command(("policy", "config")), Command(("pulumi", "up")), figures=up_figures),
             _step("allreduce", Command(("submit", "spec.yaml"), capture=(("job", r"^created job/(\S+) in "),)),
                   Command(("watch", "{job}"))),
             _step("chaos", Probe("chaos", (("job", "{job}"),)), Command(("delete", "{job}"), always=True),
@@ -73,7 +74,7 @@ class Fake:
 def test_every_step_runs_in_order_with_captures_figures_and_a_valid_bundle(tmp_path: Path) -> None:
     fake = Fake(tmp_path)
     summary, calls = fake.run(_steps())
-    assert calls == ["do preflight", "do up", "submit spec.yaml", "watch train-abc",
+    assert calls == ["do preflight", "policy config", "pulumi up", "submit spec.yaml", "watch train-abc",
                      "probe chaos [('job', 'train-abc')]", "delete train-abc", "pulumi destroy", "probe leftovers []"]
     assert summary.result == "passed" and summary.failed_step is None  # type: ignore[attr-defined]
     assert set(fake.summaries) == {"running"}  # the summary on disk while steps ran
@@ -81,6 +82,7 @@ def test_every_step_runs_in_order_with_captures_figures_and_a_valid_bundle(tmp_p
     assert [step.status for step in loaded.steps] == ["passed"] * 5
     up = loaded.steps[1]
     assert up.figures == {"up_seconds": 1.0} and up.started == "2027-01-15T08:00:01Z"
+    assert up.ended == "2027-01-15T08:00:03Z"
     assert loaded.steps[3].figures == {"time_to_resume_s": 41.5}
     assert loaded.steps[2].commands == ["submit spec.yaml", "watch train-abc"]
     assert (tmp_path / "03-allreduce.log").read_text().splitlines()[1:4] == [
@@ -99,7 +101,7 @@ def test_a_failed_step_stops_the_run_but_destroy_still_runs(tmp_path: Path) -> N
 
 def test_cleanup_actions_run_after_a_failure_inside_their_step(tmp_path: Path) -> None:
     _, calls = Fake(tmp_path, {"chaos": 1}).run(_steps())
-    assert calls[4:6] == ["probe chaos [('job', 'train-abc')]", "delete train-abc"]
+    assert calls[5:7] == ["probe chaos [('job', 'train-abc')]", "delete train-abc"]
     assert load_summary(tmp_path).steps[3].note == "chaos said no"
 
 

@@ -95,6 +95,13 @@ def _spec(path: str) -> dict:  # type: ignore[type-arg]
     return spec
 
 
+def _project() -> str:
+    """The Pulumi project's name (Pulumi.yaml): every resource's `project` tag (infra/stack.py)."""
+    import yaml
+
+    return str(yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"])
+
+
 def print_plan(steps: list[Step], files: dict[str, str], bundle: str, warnings: list[str], keep: bool) -> None:
     for line in warnings:
         print(f"warning: {line}")
@@ -176,7 +183,7 @@ def run(stack: str, cfg, steps: list[Step], files: dict[str, str], folder: Path,
         atomic_write_in(folder, name, text.encode(), create_dir=False)
     print(f"evidence bundle: {folder}/", flush=True)
     summary = Run(steps, folder, stack, commit, dirty, keep,
-                  probes=real_probes(stack, cfg.region, PYTHON, "ml-cluster"),
+                  probes=real_probes(stack, cfg.region, PYTHON, _project()),
                   report=lambda r: print(f"{r.name}: {r.status}" + (f" ({r.note})" if r.note else "")
                                          + "".join(f" {k}={v}" for k, v in r.figures.items()), flush=True))()
     print(f"{summary.result}" + (f": {summary.failed_step} failed" if summary.failed_step else "")

@@ -7,7 +7,8 @@
 
 The model (RMSNorm, rotary position embeddings, SwiGLU, causal attention; CPU-sized by default) is sharded with
 FSDP2 (`fully_shard` per block, then the whole model). Every --checkpoint-every steps the ranks save their shards
-through workloads.train.sharded: the step stalls only while the state is copied to host memory; the write to
+through workloads.train.sharded (skipped while the previous save is still being written: the loop never waits for
+it): the step stalls only while the state is copied to host memory; the write to
 --checkpoint-dir (the node's NVMe) and the copy to --checkpoint-uri (S3, or an EFS/FSx directory) run in the
 background, each file with its sha256 in a manifest written last. On start the newest complete checkpoint is loaded
 (local, else remote) into however many ranks run now, and the data continues at the next unseen sequence (the
@@ -180,9 +181,12 @@ def main() -> int:
                 if step == args.max_steps:
                     last_checkpoint()
                     return 0
-                if step % args.checkpoint_every == 0:
-                    saved = ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
-                    report("checkpoint", step=step, stall_s=round(saved.stall_s, 4))
+                if step % args.checkpoint_every == 0:  # skipped while the previous save is still in flight
+                    saved = ckpt.save_if_idle(state, step, meta={"data": data.state_dict(), "epoch": epoch})
+                    if saved is None:
+                        report("checkpoint_skipped", step=step, in_flight=ckpt.in_flight, skipped=ckpt.skipped)
+                    else:
+                        report("checkpoint", step=step, stall_s=round(saved.stall_s, 4))
             report("epoch", epoch=epoch, sequences=sequences * placement.world_size,
                    loss=round(loss_sum / max(1, batches), 4), seconds=round(time.perf_counter() - started, 2))
     ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": args.epochs})

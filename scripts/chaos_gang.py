@@ -62,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(number: int, outcome: Outcome) -> None:
         resume = f"{outcome.time_to_resume_s:.2f}s" if outcome.time_to_resume_s is not None else "-"
+        skips = f" ({outcome.saves_skipped} saves skipped)" if outcome.saves_skipped else ""
         grow = (f", grew back in {outcome.grow_time_s:.2f}s lost {outcome.grow_steps_lost}"
                 if outcome.grow_time_s is not None else "")
         print(f"trial {number:3d} {outcome.kill} node{outcome.node} at step {outcome.kill_step:2d}: resume {resume}, "
-              f"lost {outcome.steps_lost}, at {outcome.world_after} nodes{grow}, "
+              f"lost {outcome.steps_lost}{skips}, at {outcome.world_after} nodes{grow}, "
               f"actions {' '.join(outcome.actions) or '-'}, "
               f"{'ok' if outcome.ok else 'FAILED: ' + '; '.join(outcome.problems)}", flush=True)
 

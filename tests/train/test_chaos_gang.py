@@ -19,6 +19,7 @@ from benchmarks.chaos_gang import (
     PER_CLASS,
     RANK_BATCH,
     check,
+    lost_bound,
     make_dataset,
     rendered_gang_job,
     run_gang,
@@ -42,7 +43,8 @@ def test_a_lost_node_restarts_the_whole_gang_which_trains_every_sample_once(tmp_
     assert outcome.ok, (outcome.problems, outcome.actions)
     assert outcome.actions[0] == "node1:-9:Ignore"  # the lost node's pod: DisruptionTarget, not counted
     assert all(action.endswith(":Ignore") for action in outcome.actions)  # the survivor exits 43: not counted
-    assert outcome.steps_lost is not None and outcome.steps_lost <= 5  # the save of step 3 may be in flight
+    # the save of step 3 may be in flight; each periodic save skipped meanwhile (one in flight) adds 3 steps
+    assert outcome.steps_lost is not None and outcome.steps_lost <= lost_bound(3, outcome.saves_skipped)
     assert outcome.counted_failures == 0
 
 
@@ -58,7 +60,7 @@ def test_an_elastic_gang_continues_on_fewer_nodes_and_trains_every_sample_once(t
     assert outcome.ok, (outcome.problems, outcome.actions)
     assert outcome.world_after == 1  # continued without the lost node
     assert outcome.actions == ["node0:43:Ignore"]  # the survivor left the broken gang; the lost node never came back
-    assert outcome.steps_lost is not None and outcome.steps_lost <= 5
+    assert outcome.steps_lost is not None and outcome.steps_lost <= lost_bound(3, outcome.saves_skipped)
     assert outcome.time_to_resume_s is not None and outcome.time_to_resume_s >= ELASTIC_WAIT_S  # it waited first
     final = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert final is not None and final["step"] == 2 * (CLASSES * PER_CLASS) // (NODES * RANK_BATCH)

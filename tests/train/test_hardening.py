@@ -250,10 +250,10 @@ def test_resume_mid_epoch_with_another_order_is_refused(
     change: str, value: str,
 ) -> None:
     directory = tmp_path / "ckpt"
-    # killed after step 5: the save of step 4 may still be in flight, the one of step 2 is complete (saves wait for
-    # the one before): a mid-epoch checkpoint either way
+    # killed after step 5: the save of step 4 may still be in flight, the one of step 2 is complete (with
+    # --checkpoint-if-busy wait a periodic save waits for the one before): a mid-epoch checkpoint either way
     args = ["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0", "--checkpoint-dir", str(directory),
-            "--checkpoint-every", "2", "--stop-after-steps", "5"]
+            "--checkpoint-every", "2", "--checkpoint-if-busy", "wait", "--stop-after-steps", "5"]
     _train(args, expect=-9)
     resumed = [*args[:-2], "--resume", change, value]
     assert _main_code(resumed, monkeypatch) == CODE
@@ -270,8 +270,8 @@ def test_resume_mid_epoch_with_another_batch_size_trains_exactly_the_rest(
     common = ["--data", str(tiny_data["decoded"]), "--epochs", "2", "--workers", "0", "--checkpoint-dir",
               str(directory)]
     # --batch-size 8 (TINY_RUN): killed after step 5, the last complete checkpoint is after step 4 or, when that
-    # save was still in flight, step 2 (32 or 16 of 42 samples).
-    _train([*common, "--checkpoint-every", "2", "--stop-after-steps", "5"], expect=-9)
+    # save was still in flight, step 2 (32 or 16 of 42 samples; step 4's save waited for step 2's).
+    _train([*common, "--checkpoint-every", "2", "--checkpoint-if-busy", "wait", "--stop-after-steps", "5"], expect=-9)
     saved = latest_checkpoint(directory)
     assert saved is not None and saved["step"] in (2, 4)
     done = 8 * saved["step"]

@@ -4,10 +4,12 @@ through the sharded checkpointer (workloads/train/sharded.py), the code path exa
 A save is asynchronous: the DDP state (model, optimiser, torch RNG) is staged in host memory and the next step goes
 on; every rank writes its share (DCP spreads the replicated DDP tensors over the ranks) into
 --checkpoint-dir/step-N/ in the background, a manifest with every file's sha256 last, then copies its files to
---checkpoint-uri (s3://bucket/prefix, or a shared directory such as EFS or FSx). The next save, a stop and the end
-of the run wait for the save in flight. The run's position (epoch, batch, step, the sampler's state, the dataset's
-record, the settings) is the manifest's meta, so a resume checks it before anything is loaded. A checkpoint loads
-into another world size (DCP reshards; the sampler continues with exactly the samples not yet seen).
+--checkpoint-uri (s3://bucket/prefix, or a shared directory such as EFS or FSx). A periodic save due while the
+previous one is still in flight on any rank is skipped (--checkpoint-if-busy skip, a "checkpoint_skipped" event) or
+waits for it (wait); an epoch's end, a stop and the end of the run always wait for the save in flight. The run's
+position (epoch, batch, step, the sampler's state, the dataset's record, the settings) is the manifest's meta, so a
+resume checks it before anything is loaded. A checkpoint loads into another world size (DCP reshards; the sampler
+continues with exactly the samples not yet seen).
 
 An older trainer's whole-state `last.pt` (with its sha256 sidecar, or its object under --checkpoint-uri) is read
 only while no complete sharded checkpoint exists in either tier: --resume then loads it, verified as before, and
@@ -256,12 +258,18 @@ class Checkpointer:
         return True
 
     def save(self, state: TrainState, epoch: int, batch: int, loader: dict[str, Any] | None,
-             identity: dict[str, Any], canonical_nodes: int) -> float:
+             identity: dict[str, Any], canonical_nodes: int, *, periodic: bool = False) -> float:
         """Start an asynchronous save of this step; returns the seconds the training loop was blocked (waiting for
-        the previous save, then staging this one in host memory), which is reported apart from data and compute."""
+        the previous save, then staging this one in host memory), which is reported apart from data and compute.
+        periodic: an every-N-steps save, skipped while the previous one is in flight (--checkpoint-if-busy skip)."""
         started = time.perf_counter()
         if self.sharded is None:
             return 0.0
+        if periodic and self.config.checkpoint_if_busy == "skip" and self.sharded.busy():
+            self.sharded.skipped += 1
+            self.reporter.emit("checkpoint_skipped", epoch=epoch, batch=batch, step=state.step,
+                               in_flight=self.sharded.in_flight, skipped=self.sharded.skipped)
+            return time.perf_counter() - started
         previous = self.sharded.wait()
         self._report(previous)
         _rank0_buffers(state)

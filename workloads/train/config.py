@@ -155,6 +155,11 @@ class TrainConfig:
         help="the remote tier every rank copies its checkpoint shards to after the local write: s3://bucket/prefix or "
              "a shared directory (EFS, FSx) (default: $CHECKPOINT_URI); searched on --resume")
     checkpoint_every: int = option(0, parse=_non_negative, help="steps between checkpoints")
+    checkpoint_if_busy: str = option(
+        "skip", choices=["skip", "wait"],
+        help="a periodic checkpoint due while the previous one is still being written in the background: skip it "
+             "(the loop never waits; a SIGKILL loses at most (2 + skipped) x --checkpoint-every - 1 steps) or wait "
+             "for it (at most 2 x --checkpoint-every - 1); a stop, an epoch's end and the run's end always wait")
     resume: bool = option(False, help="continue from the newest complete checkpoint (local tier, else the remote one; "
                                       "an older trainer's last.pt while there is none), on any world size")
     allow_unverified_checkpoint: bool = option(

@@ -54,9 +54,9 @@ class Run:
     stopping: bool = False  # the ranks' agreed answer (all-reduced every step) to "did any rank get a stop signal?"
     show_progress: bool = field(default=False)
 
-    def checkpoint(self, epoch: int, batch: int, loader: dict[str, Any] | None) -> float:
+    def checkpoint(self, epoch: int, batch: int, loader: dict[str, Any] | None, *, periodic: bool = False) -> float:
         stall = self.checkpointer.save(self.state, epoch, batch, loader, self.identity,
-                                       self.data.sampler.canonical_nodes)
+                                       self.data.sampler.canonical_nodes, periodic=periodic)
         self.metrics.checkpointed(stall)
         return stall
 
@@ -176,7 +176,8 @@ def run_epoch(run: Run, epoch: int) -> dict[str, Any] | None:
             every = config.checkpoint_every and state.step % config.checkpoint_every == 0
             if (every or run.stopping) and not epoch_ends:
                 tally.checkpoint_time += run.checkpoint(epoch, tally.batch_index,
-                                                        sampler.state_dict(done_in_iteration))
+                                                        sampler.state_dict(done_in_iteration),
+                                                        periodic=not run.stopping)
             if run.stopping and not epoch_ends:
                 progress.close()
                 run.stop_now(epoch, tally.batch_index)

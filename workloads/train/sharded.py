@@ -6,14 +6,19 @@
     state = TrainingState(model, optimizer, scheduler)         # FSDP2 / DTensor, DDP or a plain module
     resumed = ckpt.load(state)                                  # None: nothing complete anywhere (a line says so)
     ...
-    ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})   # returns once staged in host memory
+    ckpt.save_if_idle(state, step, meta={"data": data.state_dict()})   # every N steps; None: skipped (busy)
     ...
+    ckpt.save(state, step, meta={"data": data.state_dict()})   # a stop, the end: waits for the save in flight
     ckpt.wait()                                                  # before exiting: the save in flight completes
 
 Every rank writes its own shards (DCP's FileSystemWriter) into the local tier's `step-N/` folder; a background
 thread then hashes each rank's files, rank 0 writes the manifest (sha256 and size of every file) LAST, each rank
 copies its files to the remote tier (S3, or an EFS/FSx directory), and rank 0 puts the remote manifest after all of
-them. Host memory is bounded to one staged copy of the rank's state: a save first waits for the previous one.
+them. Host memory is bounded to one staged copy of the rank's state: save() first waits for the previous one, and
+save_if_idle() (the periodic save) is skipped while the previous one is still in flight on any rank, so the loop
+never waits for a background write (a state written slower than the save interval is saved as often as the disks
+allow). The newest complete checkpoint is then at most (2 + skipped) x interval - 1 steps old: the save started last
+may be in flight, the one before it is complete, and each save skipped since adds an interval.
 
 A load takes the newest checkpoint that is complete for every rank: the local tier when its folder verifies against
 its manifest, else the remote tier's copy, downloaded to the local tier and verified on the way. A folder without a
@@ -148,10 +153,14 @@ class ShardedCheckpointer:
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank)) if local_rank is None else local_rank
         # a group of its own: the background thread's collectives never meet the training step's
         self.group = (process_group or dist.new_group(backend="gloo")) if self.distributed else None
+        # and one for the loop's question "is a save still in flight on any rank?", asked while the background
+        # thread may be in a collective on self.group
+        self.control = dist.new_group(backend="gloo") if self.distributed else None
         self._thread: threading.Thread | None = None
         self._in_flight: int | None = None
         self._complete_step: int | None = None  # the step this run saved or resumed, complete: saved again = no-op
         self.last: SaveReport | None = None
+        self.skipped = 0  # periodic saves skipped (save_if_idle) because the previous one was still in flight
         self.local.mkdir(parents=True, exist_ok=True)
         # the rank that tends the local folder (clears, writes the manifest, prunes, downloads): local rank 0 of each
         # node, or rank 0 alone when the "local" directory is one file system every node mounts (EFS, FSx)
@@ -215,6 +224,30 @@ class ShardedCheckpointer:
                                                                      started), name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
         return report
+
+    def busy(self) -> bool:
+        """Whether a save is still in flight on any rank: the same answer on every rank (one 1-element all-reduce
+        on the control group)."""
+        mine = self._thread is not None and self._thread.is_alive()
+        if not self.distributed:
+            return mine
+        flag = torch.tensor([int(mine)], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(flag.item())
+
+    def save_if_idle(self, state: Any, step: int, meta: dict[str, Any] | None = None) -> SaveReport | None:
+        """A periodic save: save() when no save is in flight on any rank, else None (skipped, the loop not blocked;
+        the next interval tries again). Never queued: host memory holds one staged copy. A stop, an epoch's end or
+        the run's end calls save(), which waits."""
+        if self.busy():
+            self.skipped += 1
+            return None
+        return self.save(state, step, meta)
+
+    @property
+    def in_flight(self) -> int | None:
+        """The step of the save started last and not yet waited for (it may have finished meanwhile)."""
+        return self._in_flight
 
     def wait(self) -> SaveReport | None:
         """Block until the save in flight (if any) is complete or has failed; returns its report."""

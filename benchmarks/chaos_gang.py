@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos_goodput import trials_goodput
+from benchmarks.chaos_goodput import KINDS, trials_goodput
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 2
@@ -486,9 +486,6 @@ def _quantiles(values: list[float]) -> dict[str, float | None]:
         return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
     return {"median": at(0.5), "p95": at(0.95), "max": ordered[-1]}
-
-
-KINDS = ("SIGKILL", "SIGTERM", "DROP")
 
 
 SEQ_LEN = 17  # a language model's samples (--tokens): sequences of 17 ids (16 predicted), vocabulary 64

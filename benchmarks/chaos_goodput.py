@@ -27,7 +27,7 @@ Pure functions over recorded numbers; no torch.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +168,17 @@ def goodput_summary(reference: Measured, reference_events: Sequence[tuple[float,
     return out
 
 
+KINDS = ("SIGKILL", "SIGTERM", "DROP")  # the harness's kills, in the order its summaries list them
+
+
+def kind_rows(summary: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(kind, row) for each kill a summary (the harness's or its goodput's) has trials of, in KINDS' order."""
+    for kind in KINDS:
+        row = summary.get(kind)
+        if row:
+            yield kind, row
+
+
 def goodput_table(summary: dict[str, Any]) -> list[str]:
     """The table scripts/chaos_gang.py --goodput prints: each term measured / predicted (seconds, trial means), then
     goodput over the model's window measured / predicted (and the first-order formula's), and over the whole trial."""
@@ -183,10 +194,7 @@ def goodput_table(summary: dict[str, Any]) -> list[str]:
     writes = inputs["mtbf_s"] / inputs["interval_s"] * inputs["checkpoint_s"] if inputs["interval_s"] else 0.0
     lines.append(f"{'none':8} {1:6d} {'-':>13} {'-':>11} {uninterrupted['buckets']['checkpoint']:5.2f} / {writes:5.2f} "
                  f"{uninterrupted['window_goodput']:6.1%} / {none:6.1%} {'-':>9} {uninterrupted['goodput']:9.1%}")
-    for kind in ("SIGKILL", "SIGTERM", "DROP"):
-        row = summary.get(kind)
-        if not row:
-            continue
+    for kind, row in kind_rows(summary):
         b, p = row["buckets_mean_s"], row["predicted_terms_s"]
         lines.append(f"{kind:8} {row['trials']:6d} {b['restart']:5.2f} / {p['restart']:5.2f} "
                      f"{b['lost']:4.2f} / {p['lost']:4.2f} {b['checkpoint']:5.2f} / {p['checkpoint']:5.2f} "

@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from benchmarks.processes import stop_process
+
 LOCALHOST = "127.0.0.1"
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHUNK = 64 * 1024
@@ -294,11 +296,7 @@ def _child(command: list[str], ready: str) -> Iterator[str]:
                 return
         raise RuntimeError(f"{' '.join(command[:3])}: exited before it was ready")
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process, 10)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_loader import generate  # noqa: E402
 
+from benchmarks.processes import stop_process  # noqa: E402
 from tests.moto_server import free_port  # noqa: E402
 from workloads.cli import HelpWithDefaults, parse_size  # noqa: E402
 from workloads.data.moving.s3 import make_client  # noqa: E402
@@ -55,12 +56,7 @@ def s3_server() -> Iterator[str]:
                 time.sleep(0.2)
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server, 10)
 
 
 def _upload_raw(url: str, folder: Path) -> int:

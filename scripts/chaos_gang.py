@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.chaos_gang import Outcome, run_trials  # noqa: E402
-from benchmarks.chaos_goodput import goodput_table  # noqa: E402
+from benchmarks.chaos_goodput import goodput_table, kind_rows  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=2))
     print(f"{'kill':8} {'trials':>6} {'resume median':>14} {'p95':>7} {'max':>7} {'lost median':>12} {'p95':>5} "
           f"{'max':>5} {'counted':>8}")
-    for kind in ("SIGKILL", "SIGTERM", "DROP"):
-        row = summary.get(kind)
-        if not row:
-            continue
+    for kind, row in kind_rows(summary):
         t, lost = row["time_to_resume_s"], row["steps_lost"]
 
         def fmt(value: float | None, unit: str = "") -> str:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +86,22 @@ def uploaded(packed: Path, s3_url: str, bucket: str) -> S3Uri:
 
 def shard_files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.glob("shard-*.h5"))}
+
+
+def kill_pack_mid_shards(src: Path, out: Path, *options: str, temporaries: int = 1) -> None:
+    """`python -m workloads.data pack SRC OUT` (48 px, 7 KiB shards, one worker, `options` added) killed with SIGKILL
+    once `temporaries` temporary shards stand in OUT (within 60 s, before the pack finished)."""
+    repo = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "workloads.data", "pack", str(src), str(out), "--size", "48",
+               "--shard-size", "7KiB", "--workers", "1", "--no-progress", *options]
+    process = subprocess.Popen(command, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})
+    try:
+        deadline = time.monotonic() + 60
+        while process.poll() is None and len(list(out.glob(".shard-*"))) < temporaries and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process.poll() is None, "pack finished before it could be interrupted"
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -14,10 +14,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.data.helpers import write_corpus
+from tests.data.helpers import kill_pack_mid_shards, write_corpus
 from workloads.data.__main__ import main
 from workloads.data.format.manifest import load_manifest
 from workloads.data.format.verify import sha256_file, verify
@@ -183,19 +184,7 @@ def test_sigkill_during_force_repack_leaves_old_dataset_valid(tmp_path: Path) ->
     out = tmp_path / "out"
     small_pack(tmp_path / "small", out, per_class=2)
     write_corpus(tmp_path / "src", per_class=150)
-    command = [sys.executable, "-m", "workloads.data", "pack", str(tmp_path / "src"), str(out), "--size", "48",
-               "--shard-size", "7KiB", "--workers", "1", "--no-progress", "--force"]
-    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        deadline = time.monotonic() + 60
-        while process.poll() is None and len(list(out.glob(".shard-*"))) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert process.poll() is None, "pack finished before it could be interrupted"
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-    finally:
-        if process.poll() is None:
-            process.kill()
+    kill_pack_mid_shards(tmp_path / "src", out, "--force", temporaries=3)
     assert verify(out).num_samples == 4
 
 
@@ -385,8 +374,9 @@ def test_upload_refuses_a_corrupt_local_shard(tmp_path: Path, packed: Path, s3_u
     assert "p/manifest.json" not in keys
 
 
-def test_upload_force_repairs_a_remote_object_that_does_not_match(tmp_path: Path, packed: Path, s3_url: str,
-                                                                  bucket: str, capsys: pytest.CaptureFixture) -> None:
+def _uploaded_with_a_bad_shard(packed: Path, s3_url: str, bucket: str) -> tuple[Any, bytes]:
+    """`packed` uploaded to s3://bucket/p, then shard 1 overwritten with one flipped byte under the good sha256
+    metadata; the client and the good bytes."""
     client = make_client(s3_url, 4)
     upload(client, packed, S3Uri(bucket, "p"), UploadOptions(workers=2, progress=False))
     good = (packed / "shard-00001.h5").read_bytes()
@@ -394,6 +384,12 @@ def test_upload_force_repairs_a_remote_object_that_does_not_match(tmp_path: Path
     bad[100] ^= 0xFF
     sha = load_manifest(packed).shards[1].sha256
     client.put_object(Bucket=bucket, Key="p/shard-00001.h5", Body=bytes(bad), Metadata={"sha256": sha})
+    return client, good
+
+
+def test_upload_force_repairs_a_remote_object_that_does_not_match(tmp_path: Path, packed: Path, s3_url: str,
+                                                                  bucket: str, capsys: pytest.CaptureFixture) -> None:
+    client, good = _uploaded_with_a_bad_shard(packed, s3_url, bucket)
     code, _ = cli(["upload", str(packed), f"s3://{bucket}/p", "--endpoint-url", s3_url, "--no-progress",
                    "--force"], capsys)
     assert code == 0
@@ -402,13 +398,7 @@ def test_upload_force_repairs_a_remote_object_that_does_not_match(tmp_path: Path
 
 def test_upload_without_force_repairs_a_single_part_object_whose_etag_differs(
         tmp_path: Path, packed: Path, s3_url: str, bucket: str) -> None:
-    client = make_client(s3_url, 4)
-    upload(client, packed, S3Uri(bucket, "p"), UploadOptions(workers=2, progress=False))
-    good = (packed / "shard-00001.h5").read_bytes()
-    bad = bytearray(good)
-    bad[100] ^= 0xFF
-    sha = load_manifest(packed).shards[1].sha256
-    client.put_object(Bucket=bucket, Key="p/shard-00001.h5", Body=bytes(bad), Metadata={"sha256": sha})
+    client, good = _uploaded_with_a_bad_shard(packed, s3_url, bucket)
     upload(client, packed, S3Uri(bucket, "p"), UploadOptions(workers=2, progress=False))
     assert client.get_object(Bucket=bucket, Key="p/shard-00001.h5")["Body"].read() == good
 

@@ -1,11 +1,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.data.helpers import write_awkward_corpus, write_corpus
+from tests.data.helpers import kill_pack_mid_shards, write_awkward_corpus, write_corpus
 from workloads.data.__main__ import main
 from workloads.data.format.errors import DataToolError
 from workloads.data.format.manifest import load_manifest
@@ -134,18 +130,7 @@ def test_strict_makes_bad_files_fatal_and_leaves_nothing_behind(tmp_path: Path) 
 def test_killed_pack_leaves_no_file_that_looks_complete(tmp_path: Path) -> None:
     write_corpus(tmp_path / "src", per_class=150)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "workloads.data", "pack", str(tmp_path / "src"), str(out), "--size", "48",
-               "--shard-size", "7KiB", "--workers", "1", "--no-progress"]
-    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        while process.poll() is None and not list(out.glob(".shard-*")):
-            time.sleep(0.01)  # wait for the first temporary shard, then kill mid-pack
-        assert process.poll() is None, "pack finished before it could be interrupted"
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-    finally:
-        if process.poll() is None:
-            process.kill()
+    kill_pack_mid_shards(tmp_path / "src", out)  # killed at its first temporary shard
     assert not (out / "manifest.json").exists()
     assert not list(out.glob("shard-*.h5"))
     assert list(out.glob(".shard-*"))  # only hidden temporaries remain

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from infra.jobs import job_access_policy
 from infra.packing import pack_access_policy
 from tests.data.helpers import write_corpus
 from tests.data.test_pack_s3 import put_tree
+from tests.moto_server import agent_credentials, agent_trust
 from tests.tenancy.test_team_access_moto import _client, moto_iam  # noqa: F401 (the fixture)
 from workloads.data.format.manifest import MANIFEST_NAME
 
@@ -51,22 +51,14 @@ def _roles(url: str, tmp_path: Path) -> dict[str, dict[str, str]]:
         s3.create_bucket(Bucket=bucket)
     write_corpus(tmp_path / "src", per_class=4)
     put_tree(url, DATASETS, "raw", tmp_path / "src")
-    agent_arn = iam.create_user(UserName="pod-identity-agent")["User"]["Arn"]
-    trust = json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"AWS": agent_arn}, "Action": ["sts:AssumeRole", "sts:TagSession"]}]})
+    trust = agent_trust(iam)
     policies = {"packer": pack_access_policy([_arn(DATASETS), _arn(CHECKPOINTS)], [_arn(DATASETS)]),
                 "jobs": job_access_policy([_arn(DATASETS), _arn(CHECKPOINTS)], [_arn(CHECKPOINTS)])}
     arns = {}
     for name, policy in policies.items():
         arns[name] = iam.create_role(RoleName=name, AssumeRolePolicyDocument=trust)["Role"]["Arn"]
         iam.put_role_policy(RoleName=name, PolicyName="bucket-access", PolicyDocument=_with_moto_head_bucket(policy))
-    iam.put_user_policy(UserName="pod-identity-agent", PolicyName="assume", PolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                "Resource": sorted(arns.values())}]}))
-    key = iam.create_access_key(UserName="pod-identity-agent")["AccessKey"]
-    agent = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset-auth", data=b"0", method="POST",
-                                                  headers={"Content-Type": "text/plain"}))
+    agent = agent_credentials(iam, url, arns.values())  # the agent may assume these roles and nothing else
     credentials = {}
     for name, arn in arns.items():
         creds = _client("sts", url, **agent).assume_role(RoleArn=arn, RoleSessionName=name)["Credentials"]

@@ -8,8 +8,10 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.jsonhttp import JsonHandler
 
 
 def _tokens(path: str) -> list[str]:
@@ -45,18 +47,7 @@ class FakeNodes:
         self.token = "burn-in-token"
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _answer(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def _node(self) -> str | None:
                 owner.requests.append((self.command, self.path))
                 if self.headers.get("Authorization") != f"Bearer {owner.token}":

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from benchmarks.processes import stop_process
+
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 
@@ -122,10 +124,5 @@ def prometheus(tmp: Path, targets: list[dict[str, Any]], rule_files: list[Path],
             time.sleep(0.1)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, 20)
         log.close()

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 from infra.config.queueing import KueueConfig
 from infra.iam import pod_identity_trust_policy
 from infra.tenancy import team_access_policy
-from tests.moto_server import free_port
+from tests.moto_server import agent_credentials, agent_trust, free_port
 from tests.tenancy.teams import TEAMS
 
 BUCKETS = {"datasets": "prod-datasets-123456789012", "checkpoints": "prod-checkpoints-123456789012"}
@@ -80,24 +80,15 @@ def measure(url: str) -> list[tuple[str, str, str, str]]:
             s3.put_object(Bucket=BUCKETS[data.bucket], Key=f"{data.prefix}seed", Body=b"x")
     # The caller standing in for the Pod Identity agent (moto cannot act as pods.eks.amazonaws.com, so the test roles
     # trust this user instead of the service; the permission policies are the rendered ones, unchanged).
-    agent_arn = iam.create_user(UserName="pod-identity-agent")["User"]["Arn"]
     assert json.loads(pod_identity_trust_policy())["Statement"][0]["Principal"] == {"Service": "pods.eks.amazonaws.com"}
-    trust = json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Principal": {"AWS": agent_arn}, "Action": ["sts:AssumeRole", "sts:TagSession"]}]})
+    trust = agent_trust(iam)
     roles = {}
     for team in kueue.teams:
         role = iam.create_role(RoleName=f"team-{team.name}", AssumeRolePolicyDocument=trust)
         iam.put_role_policy(RoleName=f"team-{team.name}", PolicyName="bucket-access",
                             PolicyDocument=team_access_policy(team, BUCKETS))
         roles[team.name] = role["Role"]["Arn"]
-    # The agent may assume the team roles and nothing else.
-    iam.put_user_policy(UserName="pod-identity-agent", PolicyName="assume", PolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                "Resource": sorted(roles.values())}]}))
-    key = iam.create_access_key(UserName="pod-identity-agent")["AccessKey"]
-    agent = {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset-auth", data=b"0", method="POST",
-                                                  headers={"Content-Type": "text/plain"}))
+    agent = agent_credentials(iam, url, roles.values())  # the agent may assume these roles and nothing else
 
     # Enforcement on: the agent itself may not touch S3.
     assert _attempt(lambda: _client("s3", url, **agent).get_object(

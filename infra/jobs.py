@@ -41,6 +41,7 @@ from workloads.jobspec import (
     queue_annotation,
     render_job,
 )
+from workloads.jobspec.prediction import annotate_prediction
 
 CONFIG_KEY = "ml-cluster:jobs"
 
@@ -51,13 +52,16 @@ def check_jobs(specs: Sequence[TrainingJobSpec], facts: ClusterFacts) -> list[li
     """Render every stack Job against the cluster's facts; raise ConfigError naming each spec that cannot be.
 
     Called before any resource is registered, so a spec that does not fit the cluster stops the program early.
-    A spec of a tenant team renders in that team's namespace (`facts.teams`).
+    A spec of a tenant team renders in that team's namespace (`facts.teams`). Each run carries its predicted
+    goodput as an annotation (the plan's `jobGoodput` figure), for `submit status|watch`.
     """
     rendered, problems = [], []
     for index, spec in enumerate(specs):
         try:
             # Suspended unless the spec says otherwise: no GPU hours before the data is there (submit start).
-            rendered.append(render_job(spec, facts, suspended_by_default=True))
+            manifests = render_job(spec, facts, suspended_by_default=True)
+            annotate_prediction(manifests[0], spec, facts)  # submit status prints it beside the measured goodput
+            rendered.append(manifests)
         except JobSpecError as error:
             problems.append((f"{CONFIG_KEY}[{index}].{error.path}", error.reason))
     if problems:

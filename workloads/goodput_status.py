@@ -17,8 +17,8 @@ was created (until the last container ended, for a finished run):
 The gang's pods start and stop together, so the shares are the same per GPU. Earlier processes' data waits and
 checkpoint stalls are not on a live page any more and count as productive here: the rules see them.
 
-The predicted goodput comes from the run's PREDICTED_ANNOTATION (`submit render|submit` put it there from the spec
-and the job facts; workloads/jobspec/goodput.py).
+The predicted goodput comes from the run's PREDICTED_ANNOTATION (`submit render|submit` and the stack put it there
+from the spec and the job facts: workloads.jobspec.prediction.annotate_prediction).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 from workloads.incidents import Incident, api_time
 from workloads.jobspec.fields import TRAIN_CONTAINER
+from workloads.jobspec.prediction import PREDICTED_ANNOTATION
 from workloads.progress import Snapshot
 
-PREDICTED_ANNOTATION = "predicted-goodput"  # <label prefix>/predicted-goodput: "0.9981" (a fraction)
 BADPUT = ("startup", "restart", "lost", "data wait", "checkpoint")
 
 

@@ -15,6 +15,7 @@ from infra.plan.engine import load_stack_file
 from infra.plan.goodput import goodput_diff_lines, goodput_notes, job_predictions
 from infra.plan.view import summary
 from workloads.cluster_facts import facts_from_dict, facts_to_dict
+from workloads.goodput_status import predicted as status_prediction
 from workloads.jobspec.goodput import (
     LLAMA3_PER_1000_GPU_DAYS,
     RESTART_S,
@@ -125,6 +126,20 @@ def test_summary_prints_each_jobs_prediction(stack_plan) -> None:  # type: ignor
     # a plan written before the output (a base plan in a pull request) has no prediction, and says nothing
     older = {**plan, "outputs": {k: v for k, v in plan["outputs"].items() if k != "jobGoodput"}}
     assert "predicted goodput" not in summary(older)
+
+
+def test_stack_jobs_carry_the_plans_prediction_for_submit_status(stack_plan) -> None:  # type: ignore[no-untyped-def]
+    plan = stack_plan("prod")
+    predicted = {name: prediction for name, prediction, _ in job_predictions(plan) if prediction is not None}
+    runs = {resource["inputs"]["metadata"]["labels"]["app.kubernetes.io/name"]: resource["inputs"]
+            for resource in plan["resources"] if resource["type"] == "kubernetes:batch/v1:Job"
+            and "predicted-goodput" in str(resource["inputs"]["metadata"].get("annotations"))}
+    assert set(runs) == set(predicted) == {"resnet50-ddp", "resnet50-laion"}
+    for name, run in runs.items():
+        # the annotation `submit status|watch` print beside the measured goodput is the plan summary's figure
+        assert run["metadata"]["annotations"]["ml-cluster.io/predicted-goodput"] == f"{predicted[name].goodput:.4f}"
+        assert status_prediction(run) == pytest.approx(predicted[name].goodput, abs=5e-5)
+    assert runs["resnet50-ddp"]["metadata"]["annotations"]["ml-cluster.io/predicted-goodput"] == "0.9981"
 
 
 # --- a spec's stated inputs, submit render, hostile inputs ------------------------------------------------------

@@ -17,7 +17,9 @@ from workloads.jobspec.goodput import (
     RESTART_S,
     SPOT_RECLAIMS_PER_NODE_MONTH,
     GoodputInputs,
+    Prediction,
     inputs_to_dict,
+    predict,
 )
 from workloads.jobspec.placement import candidate_pools
 from workloads.jobspec.pod import resolve_checkpoint_rate
@@ -25,6 +27,7 @@ from workloads.jobspec.spec import TrainingJobSpec
 
 CHECKPOINT_EVERY = "--checkpoint-every"
 GOODPUT_OUTPUT = "jobGoodput"  # the stack output (infra/stack.py) the plan summary predicts from
+PREDICTED_ANNOTATION = "predicted-goodput"  # <label prefix>/predicted-goodput: "0.9981" (a fraction)
 
 
 def checkpoint_every(words: list[str]) -> int | str:
@@ -93,3 +96,18 @@ def job_goodput_output(specs: Sequence[Any], facts: ClusterFacts) -> dict[str, d
     return out
 
 
+
+
+def annotate_prediction(run: dict[str, Any], spec: TrainingJobSpec,
+                        facts: ClusterFacts) -> tuple[Prediction | None, str]:
+    """Predict the spec's goodput and put it on its run (the controller object: Job, JobSet or TrainJob) as the
+    <label prefix>/PREDICTED_ANNOTATION annotation, which `submit status|watch` print beside the measured goodput.
+    Stack Jobs (infra/jobs.py) and `submit render|submit` both call it, after the name is hashed: it changes no
+    Job name. Returns (the prediction or None, where it runs or why it is not predicted)."""
+    inputs, where = spec_goodput_inputs(spec, facts)
+    if inputs is None:
+        return None, where
+    prediction = predict(inputs)
+    run["metadata"].setdefault("annotations", {})[f"{facts.label_prefix}/{PREDICTED_ANNOTATION}"] = \
+        f"{prediction.goodput:.4f}"
+    return prediction, where

@@ -13,11 +13,10 @@ from typing import Any
 import yaml
 
 from workloads.cluster_facts import ClusterFacts, facts_from_dict
-from workloads.goodput_status import PREDICTED_ANNOTATION
 from workloads.jobspec import JobSpecError, load_job_file, render_job
-from workloads.jobspec.goodput import far_note, predict, prediction_line
+from workloads.jobspec.goodput import far_note, prediction_line
 from workloads.jobspec.launcher import launcher_notes
-from workloads.jobspec.prediction import spec_goodput_inputs
+from workloads.jobspec.prediction import annotate_prediction
 from workloads.safeio import StateFileError, read_text_file
 from workloads.submit.errors import RuntimeFailure, UsageError
 
@@ -114,12 +113,9 @@ def goodput_lines(spec: Any, facts: ClusterFacts, run: dict[str, Any]) -> list[s
     optimum, a note: what `render` and `submit` print on stderr, whatever the controller kind. The prediction also
     goes on the run (`run`, the controller object) as an annotation, for `submit status` to print beside the
     measured goodput; added after the name is hashed, so it changes no Job name."""
-    inputs, where = spec_goodput_inputs(spec, facts)
-    if inputs is None:
+    prediction, where = annotate_prediction(run, spec, facts)
+    if prediction is None:
         return [f"predicted goodput: {spec.name}: not predicted: {where}"]
-    prediction = predict(inputs)
-    run["metadata"].setdefault("annotations", {})[f"{facts.label_prefix}/{PREDICTED_ANNOTATION}"] = \
-        f"{prediction.goodput:.4f}"
     note = far_note(spec.name, prediction)
     return [f"predicted goodput: {prediction_line(spec.name, prediction, where)}",
             *([f"note: {note}"] if note else [])]

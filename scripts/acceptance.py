@@ -33,6 +33,7 @@ from infra.acceptance.plan import (  # noqa: E402
     floor_warning,
     gang_warning,
     gpu_pool,
+    plan_lines,
     plan_steps,
     spec_files,
 )
@@ -102,24 +103,6 @@ def _project() -> str:
     return str(yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"])
 
 
-def print_plan(steps: list[Step], files: dict[str, str], bundle: str, warnings: list[str], keep: bool) -> None:
-    for line in warnings:
-        print(f"warning: {line}")
-    print(f"evidence bundle: {bundle}/ (summary.json and a log per step)")
-    for number, step in enumerate(steps, start=1):
-        extra = " (runs whenever up began, unless KEEP=1)" if step.after_up else ""
-        print(f"{number:2d}. {step.name} (deadline {step.deadline_s:g} s){extra}")
-        skip = "KEEP=1: the stack stays up" if step.after_up and keep else step.skip
-        if skip:
-            print(f"    skipped: {skip}")
-            continue
-        for action in step.actions:
-            print(f"    $ {action.shell()}")
-    for name, text in files.items():
-        print(f"--- {bundle}/{name}")
-        print(text, end="")
-
-
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stack", help="the Pulumi stack to deploy, check and destroy")
@@ -164,7 +147,8 @@ def main(argv: list[str]) -> int:
         problems.append("git: uncommitted changes: the image is pushed by tag (make push refuses a dirty tree) and "
                         "the bundle names a commit: commit first")
     if args.dry_run:
-        print_plan(steps, files, bundle, [f"{line} (a real run stops here)" for line in problems], args.keep)
+        print("\n".join(plan_lines(steps, files, bundle, [f"{line} (a real run stops here)" for line in problems],
+                                    args.keep)))
         return 0
     if problems:
         where, _, why = problems[0].partition(": ")

@@ -276,3 +276,21 @@ def plan_steps(options: Options, cfg: StackConfig, pool: GpuPool) -> list[Step]:
                          Probe("leftovers", (("stack", stack), ("cluster", cluster)))),
              deadline["destroy"], probe_figures, after_up=True),
     ]
+
+
+def plan_lines(steps: Sequence[Step], files: Mapping[str, str], bundle: str, warnings: Sequence[str],
+               keep: bool) -> list[str]:
+    """What `--dry-run` prints: the warnings, each step with its deadline and exact commands, the Job specs."""
+    lines = [f"warning: {line}" for line in warnings]
+    lines.append(f"evidence bundle: {bundle}/ (summary.json and a log per step)")
+    for number, step in enumerate(steps, start=1):
+        extra = " (runs whenever up began, unless KEEP=1)" if step.after_up else ""
+        lines.append(f"{number:2d}. {step.name} (deadline {step.deadline_s:g} s){extra}")
+        skip = "KEEP=1: the stack stays up" if step.after_up and keep else step.skip
+        if skip:
+            lines.append(f"    skipped: {skip}")
+            continue
+        lines += [f"    $ {action.shell()}" for action in step.actions]
+    for name, text in files.items():
+        lines += [f"--- {bundle}/{name}", *text.rstrip("\n").split("\n")]
+    return lines

@@ -157,3 +157,20 @@ def test_figures_come_from_the_projects_outputs() -> None:
     checks = [{"name": "a", "status": "PASS"}, {"name": "b", "status": "FAIL"}, {"name": "c", "status": "SKIP"}]
     assert verify_figures([_result(json.dumps(checks))]) == {"checks": 3, "checks_failed": 1, "checks_skipped": 1}
 
+
+
+@pytest.mark.slow  # a fresh interpreter imports the config schema and pulumi: seconds (the in-process tests above)
+def test_make_acceptance_dry_run_prints_the_steps() -> None:
+    import shutil
+    import subprocess
+
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    done = subprocess.run([make, "-s", "-o", "setup-plan", "-o", "infra/policy/pack/venv/.deps", "acceptance",
+                           "STACK=dev", "DRY_RUN=1", "ALLREDUCE_FLOOR=20",
+                           "GANG_SPEC=workloads/jobs/resnet50-s3-copy.yaml"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert " 2. up (deadline 7200 s)" in done.stdout.splitlines()
+    assert "    $ probe leftovers stack=dev cluster=ml-dev" in done.stdout.splitlines()

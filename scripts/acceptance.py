@@ -17,6 +17,7 @@ bad input (one `error: <where>: <why>` line).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -162,6 +163,10 @@ def run(stack: str, cfg, steps: list[Step], files: dict[str, str], folder: Path,
     from infra.acceptance.runner import Run
     from workloads.safeio import atomic_write_in
 
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a cancelled CI job) ends the running step like Ctrl-C: destroy still runs
+
+    signal.signal(signal.SIGTERM, interrupt)
     folder.mkdir(parents=True, exist_ok=False)
     for name, text in files.items():
         atomic_write_in(folder, name, text.encode(), create_dir=False)

@@ -247,7 +247,9 @@ def plan_steps(options: Options, cfg: StackConfig, pool: GpuPool) -> list[Step]:
                     Command(("pulumi", "up", "--stack", stack, "--yes", "--non-interactive", "--policy-pack",
                              "infra/policy/pack", "--policy-pack-config", f"{bundle}/policy-config.json"))),
              deadline["up"], up_figures),
-        Step("kubeconfig", (Command(("make", "-s", "kubeconfig", f"STACK={stack}")),), deadline["kubeconfig"]),
+        Step("kubeconfig", (Command(("make", "-s", "kubeconfig", f"STACK={stack}")),
+                            Command(("pulumi", "stack", "output", "--json", "--stack", stack))),  # secrets: [secret]
+             deadline["kubeconfig"]),
         Step("image", (Command(("make", "-s", "push", f"STACK={stack}", f"IMAGE_TAG={options.image_tag}")),),
              deadline["image"]),
         Step("verify", (Command((py, "scripts/verify_stack.py", "--stack", stack, "--json")),), deadline["verify"],

@@ -72,6 +72,7 @@ def test_the_dry_run_of_dev_prints_every_step_and_its_command(cli: ModuleType, c
         "    $ pulumi up --stack dev --yes --non-interactive --policy-pack infra/policy/pack --policy-pack-config "
         f"{bundle}/policy-config.json",
         "    $ make -s kubeconfig STACK=dev",
+        "    $ pulumi stack output --json --stack dev",
         "    $ make -s push STACK=dev IMAGE_TAG=0.2.0",
         "    $ .venv/bin/python scripts/verify_stack.py --stack dev --json",
         "    skipped: ml-cluster:gpu.health: the burn-in is off in stack dev: no label to check (the all-reduce Job "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import io
 import os
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,29 @@ def dev_plan_process(tmp_path_factory: pytest.TempPathFactory) -> PlanRun:
                              "--manifests", str(manifests), "--facts", str(facts)], capture_output=True,
                             cwd=STACKS_DIR.parent, env={**os.environ, "PYTHONHASHSEED": "1"}, timeout=120)
     return PlanRun(result, manifests, facts)
+
+
+CLI = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def plan_cli(monkeypatch: pytest.MonkeyPatch, stack_plan: Any) -> CLI:
+    """plan_cli(*argv) -> (exit code, stdout, stderr) of scripts/plan.py's main() in-process: the CLI's code path
+    without a new interpreter, a committed stack's plan taken from the session's cache (a copy: main may not change
+    it); --config plans that file. The CLI in its own process: dev_plan_process."""
+    from scripts import plan as cli_module
+
+    planned = cli_module.plan_stack
+    monkeypatch.setattr(cli_module, "plan_stack", lambda stack, config=None: (
+        copy.deepcopy(stack_plan(stack)) if config is None else planned(stack, config)))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = cli_module.main(list(argv))
+        return code, out.getvalue(), err.getvalue()
+
+    return run
 
 
 def stack_values(stack: str) -> dict[str, Any]:

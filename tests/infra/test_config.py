@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from infra.config import ConfigError, parse_stack_config, read_stack_file
 from infra.config.schema import decode_config_value
 from infra.plan.engine import OFFLINE_SECRET, load_stack_file, offline_config, validate_stack_file
-from tests.conftest import STACKS, stack_values
+from tests.conftest import CLI, STACKS, stack_values
 
 REPO = Path(__file__).resolve().parents[2]
 ERROR_LINE = re.compile(r"^error: \S.*: .+$")
@@ -125,20 +125,22 @@ def _run_plan(*args: str) -> subprocess.CompletedProcess[str]:
     ("config:\n  ml-cluster:platform: mainframe\n", "platform"),
     ("configs: {}\n", "unknown top-level key"),
 ])
-def test_malformed_stack_files_exit_2_with_only_error_lines(tmp_path: Path, content: str, expected: str) -> None:
+def test_malformed_stack_files_exit_2_with_only_error_lines(tmp_path: Path, content: str, expected: str,
+                                                           plan_cli: CLI) -> None:
     path = tmp_path / "Pulumi.broken.yaml"
     path.write_text(content)
-    result = _run_plan("--stack", "broken", "--config", str(path))
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert lines and all(ERROR_LINE.match(line) for line in lines), result.stderr
-    assert "Traceback" not in result.stderr and result.stdout == ""
-    assert expected in result.stderr
+    code, out, err = plan_cli("--stack", "broken", "--config", str(path))  # main() in-process: nothing may raise
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert lines and all(ERROR_LINE.match(line) for line in lines), err
+    assert "Traceback" not in err and out == ""
+    assert expected in err
 
 
 def test_missing_stack_file_is_one_error_line(tmp_path: Path) -> None:
+    """The CLI in its own process: an unreadable stack file is exit 2 and an error line, no traceback."""
     result = _run_plan("--stack", "nope", "--config", str(tmp_path / "missing.yaml"))
-    assert result.returncode == 2
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.startswith("error: ") and "cannot read" in result.stderr
 
 

@@ -3,13 +3,9 @@ secrets never appear, and --manifests / --diff work from the CLI."""
 
 from __future__ import annotations
 
-import copy
-import io
 import json
 import subprocess
 import sys
-from collections.abc import Callable
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -24,34 +20,11 @@ from infra.plan.engine import (
     plan_stack,
     validate_kubernetes_objects,
 )
-from tests.conftest import STACKS, PlanRun, stack_values
+from tests.conftest import CLI, STACKS, PlanRun, stack_values
 from tests.monitoring.crds import validate_custom_resource
 
 REPO = Path(__file__).resolve().parents[2]
 OPTION_KEYS = {"protect", "retainOnDelete", "deleteBeforeReplace", "dependsOn", "ignoreChanges"}
-
-
-CLI = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def plan_cli(monkeypatch: pytest.MonkeyPatch, stack_plan: Any) -> CLI:
-    """plan_cli(*argv) -> (exit code, stdout, stderr) of scripts/plan.py's main() in-process: the CLI's code path
-    without a new interpreter, a committed stack's plan taken from the session's cache (a copy: main may not change
-    it); --config plans that file. The CLI in its own process: dev_plan_process."""
-    from scripts import plan as cli_module
-
-    planned = cli_module.plan_stack
-    monkeypatch.setattr(cli_module, "plan_stack", lambda stack, config=None: (
-        copy.deepcopy(stack_plan(stack)) if config is None else planned(stack, config)))
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        with redirect_stdout(out), redirect_stderr(err):
-            code = cli_module.main(list(argv))
-        return code, out.getvalue(), err.getvalue()
-
-    return run
 
 
 def run_plan(*args: str) -> subprocess.CompletedProcess[str]:

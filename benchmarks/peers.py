@@ -18,6 +18,7 @@ libraries are imported only inside their contender.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import threading
@@ -97,6 +98,24 @@ def _run_epochs(ctx: Context, make_epoch: Callable[[int], Iterable[Any]], measur
         measured.epoch_s.append(time.perf_counter() - begin)
         measured.samples = count
     return measured
+
+
+PeerRun = Callable[[Context, Callable[..., Measured]], Measured]  # a run of peers_mixture or peers_records
+Peer = Callable[[Context], Measured]
+
+
+def _by_layout(mixture: PeerRun, records: PeerRun) -> Callable[[Peer], Peer]:
+    """A peer's image-folder run that hands the mixture layout to `mixture` and the record layouts to `records`."""
+    def wrap(images: Peer) -> Peer:
+        @functools.wraps(images)
+        def run(ctx: Context) -> Measured:
+            if ctx.layout == MIXTURE:
+                return mixture(ctx, _run_epochs)
+            if ctx.layout in RECORD_LAYOUTS:
+                return records(ctx, _run_epochs)
+            return images(ctx)
+        return run
+    return wrap
 
 
 # -- ours: pack -> upload -> stage (parallel ranged GETs) -> HDF5Dataset ---------------------------------------------
@@ -218,11 +237,8 @@ def _widest_shuffle_that_fits(dataset: HDF5Dataset, state: Any) -> ElasticBatchS
 
 
 # -- MosaicML Streaming: MDSWriter -> StreamingDataset (downloads shards into a local cache) -------------------------
+@_by_layout(peers_mixture.streaming, peers_records.streaming)
 def streaming(ctx: Context) -> Measured:
-    if ctx.layout == MIXTURE:
-        return peers_mixture.streaming(ctx, _run_epochs)
-    if ctx.layout in RECORD_LAYOUTS:
-        return peers_records.streaming(ctx, _run_epochs)
     stub_torchvision()
     from streaming import MDSWriter, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
@@ -247,11 +263,8 @@ def streaming(ctx: Context) -> Measured:
 
 
 # -- LitData: optimize -> StreamingDataset / StreamingDataLoader -----------------------------------------------------
+@_by_layout(peers_mixture.litdata, peers_records.litdata)
 def litdata(ctx: Context) -> Measured:
-    if ctx.layout == MIXTURE:
-        return peers_mixture.litdata(ctx, _run_epochs)
-    if ctx.layout in RECORD_LAYOUTS:
-        return peers_records.litdata(ctx, _run_epochs)
     import litdata as ld
 
     litdata_allow_http()

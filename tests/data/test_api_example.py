@@ -82,11 +82,15 @@ def test_example_script_trains_through_the_staging_cache(
     dest = tmp_path / "cache"
     budget = 1 << 20
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ML_CLUSTER_SHM_BYTES": str(1 << 30)}
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--data", str(dest), "--remote", remote, "--endpoint-url", s3_url,
-         "--budget", "1MiB", "--shuffle-shards", "1", "--epochs", "2", "--batch-size", "50", "--workers", "2",
-         "--checkpoint-dir", str(tmp_path / "ckpt")],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+    def run(workers: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(EXAMPLE), "--data", str(dest), "--remote", remote, "--endpoint-url", s3_url,
+             "--budget", "1MiB", "--shuffle-shards", "1", "--epochs", "2", "--batch-size", "50", "--workers",
+             str(workers), "--checkpoint-dir", str(tmp_path / "ckpt")],
+            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+    result = run(workers=2)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     print("\n".join(result.stdout.splitlines()))
@@ -98,10 +102,6 @@ def test_example_script_trains_through_the_staging_cache(
     assert sum(path.stat().st_size for path in dest.glob("shard-*.h5")) <= budget
     assert (tmp_path / "ckpt" / "checkpoint.pt").is_file()
     # Run again: the checkpoint says both epochs are done; nothing is trained again.
-    again = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--data", str(dest), "--remote", remote, "--endpoint-url", s3_url,
-         "--budget", "1MiB", "--shuffle-shards", "1", "--epochs", "2", "--batch-size", "50", "--workers", "0",
-         "--checkpoint-dir", str(tmp_path / "ckpt")],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    again = run(workers=0)
     assert again.returncode == 0, again.stderr[-3000:]
     assert not [line for line in again.stdout.splitlines() if '"epoch"' in line]

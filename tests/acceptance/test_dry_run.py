@@ -181,3 +181,29 @@ def test_make_acceptance_dry_run_prints_the_steps() -> None:
     assert done.returncode == 0, done.stderr
     assert " 2. up (deadline 7200 s)" in done.stdout.splitlines()
     assert "    $ probe leftovers stack=dev cluster=ml-dev" in done.stdout.splitlines()
+
+
+def test_every_planned_command_is_one_the_project_accepts(cli: ModuleType, clean_git: None) -> None:
+    """The flags the plan passes exist where it passes them: submit's own parser, each script's options, make's
+    targets and variables (a renamed flag fails here, not an hour into a real run)."""
+    from infra.acceptance.plan import Command, Options, gpu_pool, plan_steps
+    from workloads.submit.cli import build_parser
+
+    cfg = cli._stack_config("prod")
+    options = Options(stack="prod", python=".venv/bin/python", bundle="evidence/prod-x", image_tag="0.2.0",
+                      gang_spec="workloads/jobs/multi-node-ddp.yaml")
+    commands = [action.argv for step in plan_steps(options, cfg, gpu_pool(cfg, cli._shape))
+                for action in step.actions if isinstance(action, Command)]
+    makefile = (ROOT / "Makefile").read_text()
+    for argv in commands:
+        if argv[:3] == (".venv/bin/python", "-m", "workloads.submit"):
+            build_parser().parse_args(list(argv[3:]))  # exits (SystemExit) on an unknown flag
+        elif argv[0] == ".venv/bin/python":
+            source = (ROOT / argv[1]).read_text()
+            assert all(f'"{word}"' in source for word in argv[2:] if word.startswith("--")), argv
+        elif argv[0] == "make":
+            target, variables = argv[2], [word.split("=")[0] for word in argv[3:]]
+            assert f"\n{target}:" in makefile and all(f"$({name})" in makefile for name in variables), argv
+        else:
+            assert argv[0] == "pulumi", argv
+    assert len(commands) == 17

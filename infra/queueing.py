@@ -32,6 +32,7 @@ import yaml
 from infra.config.charts import KUEUE
 from infra.config.queueing import KueueConfig
 from infra.context import ClusterInfo, StackContext
+from infra.kueue_api import served_manifests
 from infra.nodes.poolplan import PoolPlan
 from infra.quota import (
     KUEUE_EXCLUDED_RESOURCE_PREFIXES,
@@ -186,6 +187,14 @@ def queue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str,
     return manifests
 
 
+def kueue_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], namespace: str, stack: str,
+                    label_prefix: str, gpu_node_labels: Mapping[str, str] | None = None) -> list[Manifest]:
+    """queue_manifests in the API version the Kueue they go to serves: the one the stack installs, or the
+    cluster's own (kueue.external) at its declared version (infra/kueue_api.py)."""
+    manifests = queue_manifests(cfg, plans, namespace, stack, label_prefix, gpu_node_labels)
+    return manifests if cfg.external is None else served_manifests(manifests, cfg.external.version)
+
+
 # --- the release ---------------------------------------------------------------------------------------------------
 
 
@@ -281,20 +290,22 @@ class KubernetesObject(pulumi.CustomResource):
 class Queueing(pulumi.ComponentResource):
     """The Kueue release and the stack's flavors, priority classes and queues."""
 
-    release: k8s.helm.v3.Release
+    release: k8s.helm.v3.Release | None  # None: the cluster's own Kueue (kueue.external)
     resources: list[pulumi.Resource]
 
     def __init__(self, name: str, args: QueueingArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-cluster:infra:Queueing", name, None, opts)
         ctx, cfg = args.ctx, args.config
-        self.release = k8s.helm.v3.Release(
+        self.release = None if cfg.external is not None else k8s.helm.v3.Release(
             ctx.name("kueue", "release"), name=KUEUE_CHART, chart=KUEUE_REPO, version=cfg.chart_version,
             namespace=cfg.namespace, create_namespace=True, values=kueue_values(cfg),
             opts=pulumi.ResourceOptions(parent=self, provider=args.cluster.provider,
                                         depends_on=list(args.depends_on)))
-        # Custom resources after their CRDs and the webhook that validates them; on destroy they go first, and
-        # queues (whose finalizers wait for their workloads) after the Jobs that depend on them.
-        after_release = pulumi.ResourceOptions(parent=self, provider=args.cluster.provider, depends_on=[self.release])
+        # Custom resources after their CRDs and the webhook that validates them (the release's, or those of the
+        # cluster's own Kueue, there before `up`); on destroy they go first, and queues (whose finalizers wait for
+        # their workloads) after the Jobs that depend on them.
+        first: list[pulumi.Resource] = [self.release] if self.release is not None else list(args.depends_on)
+        after_release = pulumi.ResourceOptions(parent=self, provider=args.cluster.provider, depends_on=first)
         self.resources = []
         self.local_queues: dict[str, pulumi.Resource] = {}
         flavor_resources: list[pulumi.Resource] = []
@@ -317,7 +328,7 @@ class Queueing(pulumi.ComponentResource):
             replace = ["spec.clusterQueue"] if kind == "LocalQueue" else None
             resource = KubernetesObject(
                 ctx.name("kueue", f"{_kebab(kind)}-{name}"), manifest,
-                after_release.merge(pulumi.ResourceOptions(depends_on=[self.release, *needs],
+                after_release.merge(pulumi.ResourceOptions(depends_on=[*first, *needs],
                                                            replace_on_changes=replace,
                                                            delete_before_replace=kind == "LocalQueue")))
             if kind in ("Topology", "ProvisioningRequestConfig", "AdmissionCheck"):
@@ -329,7 +340,7 @@ class Queueing(pulumi.ComponentResource):
             elif kind == "LocalQueue":
                 self.local_queues[name] = resource
             self.resources.append(resource)
-        self.register_outputs({"release": self.release.status,
+        self.register_outputs({"release": self.release.status if self.release is not None else "external",
                                "localQueues": [m["metadata"]["name"] for m in args.manifests
                                                if m["kind"] == "LocalQueue"]})
 

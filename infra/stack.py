@@ -36,7 +36,7 @@ from infra.nodes.burnin import GpuBurnIn, GpuBurnInArgs, burnin_manifests
 from infra.nodes.gpu import GpuPlumbing, GpuPlumbingArgs
 from infra.nodes.nodepools import NodePools, NodePoolsArgs
 from infra.packing import DatasetPacker, DatasetPackerArgs
-from infra.queueing import Queueing, QueueingArgs, queue_manifests
+from infra.queueing import Queueing, QueueingArgs, kueue_manifests
 from infra.registry import ImageRegistry, ImageRegistryArgs
 from infra.storage import Storage, StorageArgs, fsx_boot_scripts
 from infra.tenancy import Teams, TeamsArgs, team_access_entries, team_access_policy, team_manifests
@@ -72,7 +72,7 @@ def build_stack(cfg: StackConfig, ctx: StackContext) -> Outputs:
     monitoring = cfg.monitoring
     namespace = TrainingNamespace(ctx, TrainingNamespaceArgs(
         cluster=cluster, facts=facts.job_facts, egress=cfg.job_egress.rules(cfg.platform),
-        metrics_namespace=monitoring.namespace if monitoring.enabled else None,
+        metrics_namespace=monitoring.prometheus_namespace if monitoring.enabled else None,
         metrics_ports=metrics_ports(facts.max_processes)))
     storage = Storage(ctx, StorageArgs(
         config=cfg.storage, cluster=cluster, network=network, namespace=JOBS_NAMESPACE,
@@ -194,8 +194,8 @@ def _monitoring(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluster:
         team_namespaces=tuple(sorted(team_namespaces.values())) if cfg.kueue.enabled else (),
         max_processes_per_pod=facts.max_processes, account_id=facts.account_id,
         pools=reserved_pools(facts.pool_plans), depends_on=tuple(depends_on)))
-    outputs["monitoringNamespace"] = monitoring.namespace
-    return (collection.release,)
+    outputs["monitoringNamespace"] = monitoring.prometheus_namespace
+    return (collection.release,) if collection.release is not None else ()
 
 
 def _gpu_plumbing(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluster: ClusterInfo,
@@ -209,7 +209,7 @@ def _gpu_plumbing(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluste
         kubernetes_version=cfg.kubernetes_version, depends_on=tuple(depends_on),
         node_monitoring_agent_version={str(k): v for k, v in cfg.storage.addon_versions.items()}.get(
             "eks-node-monitoring-agent"),
-        node_groups=tuple(node_groups),
+        node_groups=tuple(node_groups), external_addons=tuple(sorted(cfg.storage.external_addons)),
         provisioning_requests=provisioning_on(cfg.kueue, facts.pool_plans)))
     health = cfg.gpu.health
     if health.runs(cfg.protected) and facts.has_gpus:
@@ -237,7 +237,7 @@ def _teams(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluster: Clus
         ctx=ctx, cluster=cluster,
         manifests=team_manifests(cfg.kueue, facts.pool_plans, ctx.stack, cfg.label_prefix,
                                  facts.job_facts.job_service_account, egress=cfg.job_egress.rules(cfg.platform),
-                                 metrics_namespace=monitoring.namespace if monitoring.enabled else None,
+                                 metrics_namespace=monitoring.prometheus_namespace if monitoring.enabled else None,
                                  metrics_ports=metrics_ports(facts.max_processes)),
         policies={team.name: team_access_policy(team, facts.bucket_names) for team in cfg.kueue.tenant_teams
                   if cfg.platform == "eks" and team.data},
@@ -264,7 +264,7 @@ def _queueing(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluster: C
         return {}
     queueing = Queueing(f"{ctx.prefix}-kueue", QueueingArgs(
         ctx=ctx, cluster=cluster, config=cfg.kueue,
-        manifests=tuple(queue_manifests(cfg.kueue, facts.pool_plans, JOBS_NAMESPACE, ctx.stack, cfg.label_prefix,
+        manifests=tuple(kueue_manifests(cfg.kueue, facts.pool_plans, JOBS_NAMESPACE, ctx.stack, cfg.label_prefix,
                                         facts.gate_labels)),
         depends_on=tuple(depends_on)))
     return queueing.local_queues

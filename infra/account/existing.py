@@ -22,8 +22,8 @@ from typing import Any
 
 from infra.account.checks import AWS_ERRORS, FAIL, PASS, WARN, Check, aws_error
 from infra.account.kubeapi import KubeApi, KubeApiError
-from infra.config.addons import stack_addons
-from infra.config.charts import StackChart, stack_charts
+from infra.config.addons import wanted_addons
+from infra.config.charts import InstalledChart, StackChart, stack_charts
 from infra.config.schema import StackConfig
 from infra.existing_cluster import ClusterAnswerError, FoundCluster, existing_cluster_problems, found_from_describe
 
@@ -38,10 +38,10 @@ MAX_RECORD_BYTES = 64 << 20  # a release record, unzipped (rendered manifests of
 # EFA device plugins, Kubeflow training operator and health agents.
 HYPERPOD_CHART = "hyperpod-helm-chart"
 HYPERPOD_REFUSAL = (
-    "a SageMaker HyperPod cluster's EKS orchestrator is not supported as a base: HyperPod runs its nodes as instance "
-    "groups it creates, health-checks, reboots and replaces itself (labelled sagemaker.amazonaws.com/*), with its "
-    "own device plugins and agents; this stack's node groups, device plugins, burn-in and node repair would run "
-    "beside them, and mapping HyperPod's instance groups to Kueue flavors is not built")
+    "a SageMaker HyperPod cluster's EKS orchestrator is not supported as a base; missing: node pools taken from "
+    "HyperPod's instance groups (the stack would create node groups of its own beside them), Kueue flavors and Job "
+    "placement by those nodes' sagemaker.amazonaws.com/* labels, and leaving device plugins, burn-in and node repair "
+    "to HyperPod, which creates, health-checks, reboots and replaces its nodes itself")
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,11 @@ class HelmRelease:
 
 
 def check_existing_cluster(eks: Any, cfg: StackConfig, kube_for: KubeFor | None = None,
-                           sagemaker: Any = None) -> list[Check]:
-    """cluster.existing: the cluster is there and fits the stack file, no add-on the stack installs is there already
-    (CreateAddon would fail), no node group is already an autoscaler's (two would fight over it), no Helm release
-    the stack would install a second of, and no HyperPod."""
+                           sagemaker: Any = None, stack: str | None = None) -> list[Check]:
+    """cluster.existing: the cluster is there, in the stack's region, and fits the stack file; no add-on the stack
+    installs is there already unless it is the stack's own (`stack`'s tags) or adopted at the version it runs
+    (CreateAddon would fail); no node group is already an autoscaler's (two would fight over it); no Helm release
+    the stack would install a second of, and every adopted one at its declared version; and no HyperPod."""
     assert cfg.cluster is not None and cfg.network is not None and cfg.network.existing is not None
     name = cfg.cluster.name
     grant = "grant eks:DescribeCluster, eks:ListAddons, eks:DescribeAddon, eks:ListNodegroups, eks:DescribeNodegroup"
@@ -75,12 +76,16 @@ def check_existing_cluster(eks: Any, cfg: StackConfig, kube_for: KubeFor | None 
                       "check the endpoint preflight talks to (AWS_ENDPOINT_URL_EKS, a proxy): EKS answers every "
                       "field it documents")]
     problems = existing_cluster_problems(found, cfg.cluster, cfg.network.existing.vpc_id)
+    if found.region and found.region != cfg.region:  # an endpoint or profile of another region answered
+        problems.insert(0, ("aws:region", f"{cfg.region}, but cluster {name} is in {found.region} (its ARN): set "
+                                          f"aws:region: {found.region}, or AWS_REGION/AWS_ENDPOINT_URL_EKS to the "
+                                          "stack's region"))
     checks = [Check(FAIL, f"cluster {name}", f"{path}: {why}", "the fix above; then plan again (scripts/plan.py "
                     "checks the same against the cluster)") for path, why in problems]
     if not problems:
         checks.append(Check(PASS, f"cluster {name}", f"{found.status}, Kubernetes {found.version}, in {found.vpc_id}, "
                                                    f"authentication {found.authentication_mode}"))
-    checks += _contents(eks, cfg, name, grant)
+    checks += _contents(eks, cfg, name, grant, stack)
     if sagemaker is not None:
         checks += check_hyperpod_orchestrator(sagemaker, found)
     if kube_for is not None:
@@ -88,20 +93,24 @@ def check_existing_cluster(eks: Any, cfg: StackConfig, kube_for: KubeFor | None 
     return checks
 
 
-def _contents(eks: Any, cfg: StackConfig, name: str, grant: str) -> list[Check]:
+def _contents(eks: Any, cfg: StackConfig, name: str, grant: str, stack: str | None = None) -> list[Check]:
     checks = []
     try:
         installed = eks.list_addons(clusterName=name).get("addons") or []
-        for addon in sorted(set(installed) & set(stack_addons(cfg))):
-            version = eks.describe_addon(clusterName=name, addonName=addon)["addon"].get("addonVersion")
-            checks.append(Check(FAIL, f"add-on {addon}", f"already installed on {name} at {version}, not by this "
-                                f"stack: pulumi up would fail to create it (ResourceInUseException)",
-                                f"pulumi import aws:eks/addon:Addon <its name in the plan> {name}:{addon}, or "
-                                f"delete it (aws eks delete-addon --cluster-name {name} --addon-name {addon} "
-                                "--preserve)"))
+        kept = {str(key): value for key, value in cfg.storage.external_addons.items()}
+        for addon in sorted(set(installed) & set(wanted_addons(cfg))):
+            found = eks.describe_addon(clusterName=name, addonName=addon)["addon"]
+            checks.append(_addon_row(eks, cfg, name, addon, found, kept.get(addon), stack))
+        checks += [Check(FAIL, f"add-on {addon}", f"storage.externalAddons names {addon} {version}, but {name} runs "
+                                                  "no such add-on",
+                         "drop it from ml-cluster:storage.externalAddons (the stack then installs it)")
+                   for addon, version in sorted(kept.items()) if addon not in installed]
         groups = eks.list_nodegroups(clusterName=name).get("nodegroups") or []
-        for group in sorted(groups):
+        autoscaler = cfg.nodes.autoscaler
+        for group in sorted(groups if autoscaler.enabled and autoscaler.external is None else ()):
             tags = eks.describe_nodegroup(clusterName=name, nodegroupName=group)["nodegroup"].get("tags") or {}
+            if _own(tags, stack):
+                continue  # the stack's own pools (after a first `up`): its autoscaler is meant to scale them
             if "k8s.io/cluster-autoscaler/enabled" in tags:
                 checks.append(Check(FAIL, f"node group {group}", "tagged for cluster-autoscaler auto-discovery: the "
                                     "stack's autoscaler would scale it too, beside whichever already does",
@@ -111,6 +120,58 @@ def _contents(eks: Any, cfg: StackConfig, name: str, grant: str) -> list[Check]:
         code, message = aws_error(exc)
         checks.append(Check(WARN, f"cluster {name} contents", f"{code}: {message}", grant))
     return checks
+
+
+def _own(tags: dict[str, str], stack: str | None) -> bool:
+    """Tagged as this stack's: the stack tags what it creates project=ml-cluster, stack=<stack>
+    (infra/stack.py stack_context); EKS returns the tags with DescribeAddon and DescribeNodegroup."""
+    return stack is not None and tags.get("project") == "ml-cluster" and tags.get("stack") == stack
+
+
+def _would_install(eks: Any, cfg: StackConfig, addon: str) -> str | None:
+    """The version `pulumi up` would install: the storage.addonVersions pin, else EKS's default for the cluster's
+    Kubernetes version (DescribeAddonVersions); None when EKS does not say."""
+    pinned = {str(key): value for key, value in cfg.storage.addon_versions.items()}.get(addon)
+    if pinned:
+        return pinned
+    try:
+        listed = eks.describe_addon_versions(addonName=addon, kubernetesVersion=cfg.kubernetes_version)
+    except AWS_ERRORS:
+        return None
+    for info in listed.get("addons") or []:
+        for version in info.get("addonVersions") or []:
+            if any(c.get("defaultVersion") for c in version.get("compatibilities") or []):
+                return str(version.get("addonVersion"))
+    return None
+
+
+def _addon_row(eks: Any, cfg: StackConfig, cluster: str, addon: str, found: dict[str, Any], declared: str | None,
+               stack: str | None) -> Check:
+    """An add-on the stack needs that the cluster already has; whose it is is read from its tags (_own).
+    CreateAddon fails on any add-on of that name already there (ResourceInUseException), whatever its
+    version, so one that is not the stack's is either adopted (storage.externalAddons, at the version it runs) or a
+    FAIL."""
+    version = str(found.get("addonVersion") or "?")
+    tags = found.get("tags") or {}
+    name = f"add-on {addon}"
+    if _own(tags, stack):
+        return Check(PASS, name, f"{version}: this stack's own (tagged project=ml-cluster, stack={stack})")
+    key = "ml-cluster:storage.externalAddons"
+    if declared is not None:
+        if declared == version:
+            return Check(PASS, name, f"adopted: {cluster} runs {addon} {version} as {key} says; the stack installs "
+                                     "none and creates no role or Pod Identity association for it")
+        return Check(FAIL, name, f"{cluster} runs {addon} {version}, {key} says {declared}",
+                     f"set {key}.{addon}: {version}")
+    wanted = _would_install(eks, cfg, addon)
+    same = wanted == version
+    return Check(FAIL, name, f"already installed on {cluster} at {version}, not by this stack"
+                 + (" (the version the stack would install)" if same else
+                    f" (the stack would install {wanted or 'EKS default'})")
+                 + ": pulumi up would fail to create it (ResourceInUseException)",
+                 f"adopt it: set {key}.{addon}: {version} (its own role must then allow the stack's file system "
+                 f"and buckets), or delete it (aws eks delete-addon --cluster-name {cluster} --addon-name {addon} "
+                 "--preserve) and let the stack install it")
 
 
 # ------------------------------------------------------------------------------------------------- HyperPod
@@ -205,7 +266,7 @@ def helm_releases(kube: KubeApi) -> list[HelmRelease]:
 
 
 def check_helm_releases(kube: KubeApi, cfg: StackConfig) -> list[Check]:
-    """Each chart the stack installs against the Helm releases already on the cluster."""
+    """Each chart the stack installs or adopts against the Helm releases already on the cluster."""
     try:
         releases = helm_releases(kube)
     except KubeApiError as exc:
@@ -220,34 +281,82 @@ def check_helm_releases(kube: KubeApi, cfg: StackConfig) -> list[Check]:
         checks.append(Check(FAIL, "hyperpod", f"release {hyperpod[0].name} in {hyperpod[0].namespace} is "
                                               f"{HYPERPOD_CHART}: {HYPERPOD_REFUSAL}",
                             "lay the stack onto an EKS cluster without HyperPod"))
-    conflicts = [check for chart in stack_charts(cfg) for check in _conflicts(chart.chart, chart.namespace,
-                                                                               chart.version, releases)]
-    charts = ", ".join(chart.chart.chart for chart in stack_charts(cfg))
-    return checks + (conflicts or [Check(PASS, "helm releases", f"none of the stack's charts ({charts}) or their "
-                                                                f"rivals among {len(releases)} releases")])
+    charts = stack_charts(cfg)
+    rows = [check for chart in charts for check in (_adopted(chart, releases) if chart.external
+                                                    else _conflicts(chart, releases))]
+    names = ", ".join(chart.chart.chart for chart in charts if not chart.external)
+    if not any(check.status != PASS for check in rows):
+        rows.append(Check(PASS, "helm releases", f"no second copy of the stack's charts ({names or 'none'}) or "
+                                                 f"their rivals among {len(releases)} releases"))
+    return checks + rows
 
 
-def _conflicts(chart: StackChart, namespace: str, version: str, releases: Iterable[HelmRelease]) -> list[Check]:
+def _key(chart: StackChart) -> str:
+    return f"ml-cluster:{chart.key}"
+
+
+def _adopt_fix(chart: StackChart, release: HelmRelease) -> str:
+    """The config that keeps the user's release as the stack's external dependency (or turns the stack's off)."""
+    if not chart.adoptable or release.chart != chart.chart:
+        return f"keep yours: set {_key(chart)}.enabled: false"
+    return (f"keep yours: set {_key(chart)}.external: {{version: \"{release.version}\", release: {release.name}, "
+            f"namespace: {release.namespace}}} (the stack then installs none and builds on it)")
+
+
+def _adopted(chart: InstalledChart, releases: Iterable[HelmRelease]) -> list[Check]:
+    """An adopted release (`external`): there, running the chart at the declared version."""
+    name, key = f"helm {chart.chart.chart}", f"{_key(chart.chart)}.external"
+    where = f"release {chart.release_name} in {chart.namespace}"
+    found = next((r for r in releases if (r.namespace, r.name) == (chart.namespace, chart.release_name)), None)
+    others = sorted(f"{r.name} in {r.namespace} ({r.chart} {r.version})" for r in releases
+                    if r.chart == chart.chart.chart)
+    if found is None or found.chart != chart.chart.chart:
+        what = "no such release" if found is None else f"it runs chart {found.chart} {found.version}"
+        return [Check(FAIL, name, f"{key} names {where}, but {what}"
+                      + (f"; {chart.chart.chart} runs as {', '.join(others)}" if others else ""),
+                      f"point {key}.release and .namespace at it (helm list -A), or drop {key} and let the stack "
+                      f"install {chart.chart.chart}")]
+    if found.version.lstrip("v") != chart.version.lstrip("v"):
+        follows = " (the stack's Kueue objects follow its API version)" if chart.chart.key == "kueue" else ""
+        return [Check(FAIL, name, f"{where} runs {found.chart} {found.version} ({found.status}), {key}.version "
+                                  f"says {chart.version}",
+                      f"set {key}.version: \"{found.version}\"{follows}")]
+    status = PASS if found.status == "deployed" else WARN
+    return [Check(status, name, f"adopted: {where} runs {found.chart} {found.version} ({found.status}); the stack "
+                                "installs none and builds on it",
+                  f"helm history {found.name} -n {found.namespace}: a release that is not deployed may be "
+                  "half-installed")]
+
+
+def _conflicts(installed: InstalledChart, releases: Iterable[HelmRelease]) -> list[Check]:
+    """Releases beside one the stack installs. The stack's own release (after a first `up`) is told by content: the
+    namespace, release name and chart the stack gives it. Pulumi marks nothing on a Helm release it installs
+    (pulumi-kubernetes v4.32.0 provider/pkg/provider/helm_release.go:613-623 sets the namespace, name, description
+    and the chart's values, as `helm install` would), and no user's release of that chart under that name can sit
+    beside it (Helm: a name is unique per namespace), so that place holds either the stack's own or the one
+    release that makes `pulumi up` fail ("cannot re-use a name that is still in use"), which the row says."""
+    chart, namespace, version = installed.chart, installed.namespace, installed.version
     checks = []
-    keep = f"keep yours: set ml-cluster:{chart.key}.enabled: false"
     for release in releases:
         same_place = (release.namespace, release.name) == (namespace, chart.release)
         where = f"release {release.name} in {release.namespace}"
         if release.chart == chart.chart and same_place:
-            checks.append(Check(WARN, f"helm {chart.chart}", f"{where} is already {release.chart} {release.version} "
-                                f"({release.status}): this stack's own from an earlier pulumi up, or one pulumi up "
-                                "cannot install over (Helm: cannot re-use a name that is still in use)",
-                                f"if it is not this stack's: {keep}, or helm uninstall {release.name} -n "
-                                f"{release.namespace}"))
+            change = "" if release.version.lstrip("v") == version.lstrip("v") else f"; pulumi up moves it to {version}"
+            checks.append(Check(PASS, f"helm {chart.chart}", f"{where} runs {release.chart} {release.version} "
+                                f"({release.status}): this stack's own from an earlier pulumi up (its namespace, "
+                                f"release name and chart){change}",
+                                f"if you installed it yourself, pulumi up cannot install over it: "
+                                f"{_adopt_fix(chart, release)}"))
         elif release.chart == chart.chart or release.chart in chart.rivals:
             what = "a second one" if release.chart == chart.chart else f"{chart.chart} beside it"
             checks.append(Check(FAIL, f"helm {chart.chart}", f"{where} already runs {release.chart} "
                                 f"{release.version} ({release.status}); the stack would install {what} "
                                 f"({chart.chart} {version} in {namespace}) and the two would fight",
-                                f"{keep} (the stack then installs no {chart.chart}; what it builds on one is off "
-                                f"with it), or helm uninstall {release.name} -n {release.namespace}"))
+                                f"{_adopt_fix(chart, release)}, or helm uninstall {release.name} -n "
+                                f"{release.namespace}"))
         elif same_place and release.chart:
             checks.append(Check(FAIL, f"helm {chart.chart}", f"{where} is taken by chart {release.chart} "
                                 f"{release.version}: Helm refuses to install {chart.chart} under that name",
-                                f"{keep}, or helm uninstall {release.name} -n {release.namespace}"))
+                                f"keep yours: set {_key(chart)}.enabled: false, or helm uninstall {release.name} "
+                                f"-n {release.namespace}"))
     return checks

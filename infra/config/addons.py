@@ -33,8 +33,19 @@ def gpu_addons(gpu: GpuConfig, has_gpu_pools: bool) -> tuple[str, ...]:
     return (NODE_MONITORING_AGENT,) if gpu.node_monitoring_agent.enabled and has_gpu_pools else ()
 
 
-def stack_addons(cfg: StackConfig) -> list[str]:
-    """Every EKS add-on the stack installs, sorted (none off EKS)."""
+def wanted_addons(cfg: StackConfig) -> list[str]:
+    """Every EKS add-on the stack needs, sorted (none off EKS): those it installs and those it adopts."""
     if cfg.platform != "eks":
         return []
     return sorted({*storage_addons(cfg.storage), *gpu_addons(cfg.gpu, any(pool.gpu for pool in cfg.node_pools))})
+
+
+def stack_addons(cfg: StackConfig) -> list[str]:
+    """Every EKS add-on the stack installs, sorted: the ones it needs but an existing cluster's own
+    (storage.externalAddons)."""
+    return [name for name in wanted_addons(cfg) if name not in cfg.storage.external_addons]
+
+
+def unused_external_addons(cfg: StackConfig) -> list[str]:
+    """storage.externalAddons the stack would not install anyway (a typo, or a driver of storage it does not use)."""
+    return sorted(set(cfg.storage.external_addons) - set(wanted_addons(cfg)))

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.config.base import DnsLabel, Quantity, StrictModel
+from infra.config.external import ExternalRelease
 from workloads.k8snames import DNS1123_SUBDOMAIN_PATTERN
 
 # Prometheus durations as its flags accept them (--storage.tsdb.retention.time, scrape_interval): 15d, 12h, 30s.
@@ -81,6 +82,13 @@ class MonitoringConfig(StrictModel):
     namespace: DnsLabel = Field(default="monitoring", description="the namespace of the monitoring stack")
     chart_version: str = Field(default="88.5.3", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
                                description="kube-prometheus-stack chart (an exact version: the chart is pinned)")
+    external: ExternalRelease | None = Field(
+        default=None,
+        description=("the kube-prometheus-stack the cluster already runs (existing clusters, mode in-cluster): the "
+                     "stack installs none and puts its PodMonitor, PrometheusRule and dashboard in that release's "
+                     "namespace, labelled release: <its name> as the chart's default selectors want; retention, "
+                     "storage and scrapeInterval are then that Prometheus's own"),
+    )
     scrape_interval: str = Field(default="15s", description="how often Prometheus scrapes (a Prometheus duration)")
     retention: str = Field(default="15d", description="how long Prometheus keeps samples")
     storage_size: Quantity = Field(default="50Gi", description="Prometheus' volume (gp3 on EKS)")
@@ -106,6 +114,9 @@ class MonitoringConfig(StrictModel):
     def _remote_write_needs_a_target(self) -> MonitoringConfig:
         if self.mode == "remote-write" and self.remote_write is None:
             raise ValueError("mode remote-write needs remoteWrite.url")
+        if self.external is not None and (not self.enabled or self.mode != "in-cluster"):
+            raise ValueError("external: the cluster's kube-prometheus-stack is used with enabled: true and mode "
+                             "in-cluster (remote write is that Prometheus's own setting)")
         return self
 
     def side_objects(self) -> list[tuple[str, str]]:
@@ -114,6 +125,12 @@ class MonitoringConfig(StrictModel):
         if self.grafana_enabled():
             objects.append(("ConfigMap", DASHBOARD_CONFIGMAP_NAME))
         return objects
+
+    @property
+    def prometheus_namespace(self) -> str:
+        """Where Prometheus runs and the stack's PodMonitor, PrometheusRule and dashboard go: the stack's monitoring
+        namespace, or the adopted release's (external)."""
+        return self.external.namespace or self.namespace if self.external is not None else self.namespace
 
     def grafana_enabled(self) -> bool:
         return self.grafana and self.mode == "in-cluster"

@@ -110,9 +110,9 @@ class _Naming:
     def network_policies(self, namespace: str, path: str) -> Iterator[DerivedName]:
         """The NetworkPolicies every namespace Jobs run in gets (infra/jobs.py, infra/tenancy.py)."""
         monitoring = self.cfg.monitoring
-        for policy in namespace_network_policies(namespace, {}, metrics_ports=(1,),
-                                                 metrics_namespace=monitoring.namespace if monitoring.enabled
-                                                 else None, egress=self.cfg.job_egress.rules(self.cfg.platform)):
+        scraper = monitoring.prometheus_namespace if monitoring.enabled else None
+        for policy in namespace_network_policies(namespace, {}, metrics_ports=(1,), metrics_namespace=scraper,
+                                                 egress=self.cfg.job_egress.rules(self.cfg.platform)):
             yield DerivedName("kubernetes", "NetworkPolicy", namespace, policy["metadata"]["name"], path)
 
 
@@ -131,10 +131,12 @@ def _storage_aws_names(n: _Naming) -> Iterator[DerivedName]:
     """The CSI drivers' roles, the S3 buckets (EKS) and the COS buckets."""
     storage = n.cfg.storage
     if n.eks:
-        yield n.role(f"{n.prefix}-storage-ebs-csi-role", STACK_PATH)
-        if storage.efs is not None:
+        kept = storage.external_addons  # the cluster's own drivers: no role of the stack's
+        if "aws-ebs-csi-driver" not in kept:
+            yield n.role(f"{n.prefix}-storage-ebs-csi-role", STACK_PATH)
+        if storage.efs is not None and "aws-efs-csi-driver" not in kept:
             yield n.role(f"{n.prefix}-storage-efs-csi-role", f"{CONFIG}storage.efs")
-        if any(bucket.mount for bucket in storage.buckets):
+        if any(bucket.mount for bucket in storage.buckets) and "aws-mountpoint-s3-csi-driver" not in kept:
             yield n.role(f"{n.prefix}-storage-mountpoint-s3-csi-role", f"{CONFIG}storage.buckets")
         for index, bucket in enumerate(storage.buckets):
             physical = bucket.bucket_name or default_bucket_name(n.stack, bucket.name, n.account)
@@ -155,7 +157,7 @@ def _node_names(n: _Naming) -> Iterator[DerivedName]:
         if pool.instance_types:
             yield DerivedName("eks", "node group", "", f"{n.prefix}-nodepools-{pool.name}-ng-xxxxxxx",
                               f"{CONFIG}nodePools[{index}].name")
-    if n.cfg.nodes.autoscaler.enabled:
+    if n.cfg.nodes.autoscaler.enabled and n.cfg.nodes.autoscaler.external is None:
         yield n.role(f"{n.prefix}-gpu-autoscaler-role", f"{CONFIG}nodes.autoscaler")
     if n.cfg.registry.enabled:
         yield DerivedName("ecr", "repository", "", f"{n.prefix}-{n.cfg.registry.repository}",
@@ -229,9 +231,10 @@ def _monitoring_names(n: _Naming) -> Iterator[DerivedName]:
     monitoring = n.cfg.monitoring
     if monitoring.enabled:
         where = f"{CONFIG}monitoring.namespace"
-        yield DerivedName("kubernetes", "Namespace", "", monitoring.namespace, where)
+        if monitoring.external is None:  # an adopted Prometheus's namespace is its own
+            yield DerivedName("kubernetes", "Namespace", "", monitoring.namespace, where)
         for kind, name in monitoring.side_objects():
-            yield DerivedName("kubernetes", kind, monitoring.namespace, name, where)
+            yield DerivedName("kubernetes", kind, monitoring.prometheus_namespace, name, where)
 
 
 def _burn_in_names(n: _Naming) -> Iterator[DerivedName]:

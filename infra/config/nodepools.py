@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from infra.config.base import DnsLabel, Quantity, StrictModel
+from infra.config.external import ExternalRelease
 from workloads.jobspec.fields import Image, ImageTag
 from workloads.k8snames import (
     DNS1123_LABEL_PATTERN,
@@ -333,6 +334,18 @@ class HelmChartConfig(StrictModel):
     enabled: bool = Field(default=True, description="install the chart")
     chart_version: str = Field(pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
     namespace: DnsLabel = Field(default="kube-system", description="the namespace the chart is installed in")
+    external: ExternalRelease | None = Field(
+        default=None,
+        description=("the release of this chart the cluster already runs (existing clusters): the stack installs "
+                     "none and uses it"),
+    )
+
+    @model_validator(mode="after")
+    def _external_is_on(self) -> HelmChartConfig:
+        if self.external is not None and not self.enabled:
+            raise ValueError("external: the cluster's own release is used only with enabled: true (enabled: false "
+                             "turns the chart off)")
+        return self
 
 
 class DevicePluginConfig(HelmChartConfig):

@@ -8,11 +8,13 @@ Rules that need the pools (known flavors, quotas that fit) are checked by infra.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from infra.config.base import PRINCIPAL_ARN, DnsLabel, Quantity, StrictModel
+from infra.config.external import ExternalRelease
 
 # Kueue fills in queue-name `default` for a Job without one when a LocalQueue named `default` exists in its namespace
 # (kubernetes-sigs/kueue v0.19.2 pkg/controller/jobs/job/job_webhook.go:107, pkg/controller/constants/
@@ -26,6 +28,17 @@ Integration = Literal[
     "workload.codeflare.dev/appwrapper", "leaderworkerset.x-k8s.io/leaderworkerset",
 ]
 Duration = str  # Go duration as Kueue's config reads it: 90s, 10m, 2h
+# An adopted Kueue (kueue.external): every Kueue CRD serves v1beta2 from v0.15.0 (kubernetes-sigs/kueue v0.15.0
+# charts/kueue/templates/crd/kueue.x-k8s.io_clusterqueues.yaml:836, served beside v1beta1 at :70), v1beta1 only
+# before; the oldest whose CRDs the stack's objects are checked against is v0.13 (tests/queueing/kueue_0_13_crds).
+KUEUE_V1BETA2_SINCE = (0, 15, 0)
+KUEUE_EXTERNAL_OLDEST = (0, 13, 0)
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a chart version like 0.13.4, v0.5.30 or 1.2.3-rc.1."""
+    major, minor, patch = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", version).groups()  # type: ignore[union-attr]
+    return int(major), int(minor), int(patch)
 
 
 class WaitForPodsReadyConfig(StrictModel):
@@ -311,6 +324,12 @@ class KueueConfig(StrictModel):
         description="oci://registry.k8s.io/kueue/charts/kueue (see docs/versions.md)",
     )
     namespace: DnsLabel = Field(default="kueue-system", description="the namespace Kueue's controller is installed in")
+    external: ExternalRelease | None = Field(
+        default=None,
+        description=("the Kueue the cluster already runs (existing clusters): the stack installs none and creates its "
+                     "flavors and queues in the API version that version serves; waitForPodsReady, integrations and "
+                     "fairSharing then describe that Kueue's own Configuration, which the stack cannot set"),
+    )
     integrations: list[Integration] = Field(
         default=["batch/job"],
         description=("the workload kinds Kueue manages (its Configuration's integrations.frameworks); batch/job is "
@@ -359,6 +378,13 @@ class KueueConfig(StrictModel):
 
     @model_validator(mode="after")
     def _names(self) -> KueueConfig:
+        if self.external is not None:
+            if not self.enabled:
+                raise ValueError("external: Kueue is used only with enabled: true (enabled: false turns it off)")
+            if version_tuple(self.external.version) < KUEUE_EXTERNAL_OLDEST:
+                raise ValueError(f"external.version {self.external.version}: older than Kueue "
+                                 f"{'.'.join(map(str, KUEUE_EXTERNAL_OLDEST))}, the oldest whose CRDs the stack's "
+                                 "objects are checked against: upgrade it, or let the stack install its own")
         if "batch/job" not in self.integrations:
             raise ValueError("integrations must include batch/job: the stack's training Jobs are batch/v1 Jobs")
         if len(set(self.integrations)) != len(self.integrations):

@@ -168,6 +168,21 @@ class StackConfig(StrictModel):
                 raise ValueError(f"kueue.teams[{index}].namespace: {why}; give team {team.name} a namespace of "
                                  "its own")
 
+    def _check_external(self) -> None:
+        """An adopted release (`external`) is someone else's only on a cluster the stack does not create."""
+        adopted = [key for key, section in (("kueue", self.kueue), ("monitoring", self.monitoring),
+                                             ("gpu.devicePlugin", self.gpu.device_plugin),
+                                             ("gpu.dcgmExporter", self.gpu.dcgm_exporter),
+                                             ("gpu.efaDevicePlugin", self.gpu.efa_device_plugin),
+                                             ("nodes.autoscaler", self.nodes.autoscaler))
+                   if section.external is not None]
+        adopted = [f"{key}.external" for key in adopted]
+        if self.storage.external_addons:
+            adopted.append("storage.externalAddons")
+        if adopted and self.platform == "eks" and not (self.cluster is not None and self.cluster.existing):
+            raise ValueError(f"{adopted[0]}: only a cluster the stack does not create runs releases or add-ons of "
+                             "its own (set cluster.existing: true, or drop it)")
+
     @model_validator(mode="after")
     def _platform(self) -> StackConfig:
         if self.platform == "eks":
@@ -190,6 +205,7 @@ class StackConfig(StrictModel):
                                  and self.cos_hmac_secret_access_key is not None)
         self._check_team_namespaces()
         self._check_health_gate()
+        self._check_external()
         names = [pool.name for pool in self.node_pools]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.config.addons import stack_addons
+from infra.config.addons import stack_addons, unused_external_addons
 from infra.config.fsx import TEAM_FSX_ROOT, FsxDataRepositoryAssociationConfig
 from infra.config.names import (
     CONFIG,
@@ -313,6 +313,7 @@ def unpinned_addons_with_minimum(cfg: StackConfig) -> list[str]:
     if cfg.platform != "eks":
         return []
     return sorted(name for name in MIN_ADDON_VERSIONS if name not in cfg.storage.addon_versions
+                  and name not in cfg.storage.external_addons
                   and (name != NODE_MONITORING_AGENT or installs_node_monitoring_agent(cfg)))
 
 
@@ -343,6 +344,8 @@ def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
     problems += pool_zone_problems(cfg, zones)
     problems += fsx_zone_problems(cfg, zones)
     problems += pool_release_problems(cfg)
+    problems += [(f"{CONFIG}storage.externalAddons.{name}", "not an add-on this stack installs: remove it")
+                 for name in unused_external_addons(cfg)]
     access = job_bucket_access(cfg, stack, account_id)
     problems += access.problems
     problems += store_name_problems(cfg, stack, account_id)

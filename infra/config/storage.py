@@ -372,7 +372,15 @@ class StorageConfig(StrictModel):
         description="pin EKS add-on versions (vX.Y.Z-eksbuild.N); default: EKS's default for the cluster",
     )
 
-    @field_validator("addon_versions")
+    external_addons: dict[AddonName, AddonVersion] = Field(
+        default={},
+        description=("EKS add-ons an existing cluster already runs and keeps, at the version it runs (aws eks "
+                     "describe-addon): the stack installs none of them and creates no role or Pod Identity "
+                     "association for them (their own must allow the stack's file system and buckets); preflight "
+                     "FAILs when another version runs"),
+    )
+
+    @field_validator("addon_versions", "external_addons")
     @classmethod
     def _addon_minimums(cls, versions: dict[str, str]) -> dict[str, str]:
         for name, version in versions.items():
@@ -383,6 +391,10 @@ class StorageConfig(StrictModel):
 
     @model_validator(mode="after")
     def _references(self) -> StorageConfig:
+        both = sorted(set(self.addon_versions) & set(self.external_addons))
+        if both:
+            raise ValueError(f"{', '.join(both)}: in addonVersions (the stack installs it) and externalAddons (the "
+                             "cluster keeps its own): name it in one")
         keys = [bucket.name for bucket in self.buckets] + [
             bucket.name for bucket in (self.cos.buckets if self.cos else [])
         ]

@@ -19,7 +19,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.config.charts import KUBE_PROMETHEUS_STACK
+from infra.config.charts import KUBE_PROMETHEUS_STACK, adopted_place
 from infra.config.monitoring import DASHBOARD_CONFIGMAP_NAME, MONITOR_AND_RULE_NAME, MonitoringConfig
 from infra.context import ClusterInfo, StackContext
 from infra.iam import pod_identity_trust_policy, policy_document
@@ -161,12 +161,18 @@ def monitoring_manifests(cfg: MonitoringConfig, stack: str, label_prefix: str, t
     stack's reserved pools (alerts for their end and their idle GPUs); `team_namespaces`: where tenant teams' Jobs
     run, scraped and alerted on like the training namespace."""
     labels = _labels(stack, label_prefix)
+    if cfg.external is not None:
+        # An adopted kube-prometheus-stack selects monitors and rules labelled with its release name unless told
+        # otherwise (chart 88.5.3 values.yaml:4451,4499 `*SelectorNilUsesHelmValues: true`; templates/prometheus/
+        # prometheus.yaml:212-215, 280-283 `release: {{ $.Release.Name }}`).
+        labels = {**labels, "release": adopted_place(KUBE_PROMETHEUS_STACK, cfg.namespace, cfg.external)[1]}
+    namespace = cfg.prometheus_namespace
     manifests = [
-        pod_monitor(cfg.namespace, training_namespace, label_prefix, max_processes_per_pod, labels, team_namespaces),
-        prometheus_rule(cfg.namespace, cfg, training_namespace, labels, label_prefix, pools, team_namespaces),
+        pod_monitor(namespace, training_namespace, label_prefix, max_processes_per_pod, labels, team_namespaces),
+        prometheus_rule(namespace, cfg, training_namespace, labels, label_prefix, pools, team_namespaces),
     ]
     if cfg.grafana_enabled():
-        manifests.append(dashboard_config_map(cfg.namespace, labels, label_prefix))
+        manifests.append(dashboard_config_map(namespace, labels, label_prefix))
     return manifests
 
 
@@ -184,12 +190,19 @@ class MonitoringArgs:
 
 
 class Monitoring(pulumi.ComponentResource):
-    release: k8s.helm.v3.Release
+    release: k8s.helm.v3.Release | None  # None: the cluster's own kube-prometheus-stack (monitoring.external)
 
     def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("ml-cluster:infra:Monitoring", name, None, opts)
         ctx, cfg = args.ctx, args.config
         provider = args.cluster.provider
+        if cfg.external is not None:
+            # Its namespace, operator and CRDs are there before `up`: only the objects beside the chart are ours.
+            self.release = None
+            self._side_objects(args, pulumi.ResourceOptions(parent=self, provider=provider,
+                                                            depends_on=list(args.depends_on)))
+            self.register_outputs({"namespace": cfg.prometheus_namespace, "release": "external"})
+            return
         labels = _labels(ctx.stack, ctx.label_prefix)
         namespace = k8s.core.v1.Namespace(
             ctx.name("monitoring", "namespace"), metadata={"name": cfg.namespace, "labels": labels},
@@ -223,8 +236,13 @@ class Monitoring(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=provider,
                                         depends_on=[namespace, *identity, *args.depends_on]),
         )
-        after_crds = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.release])
-        for manifest in monitoring_manifests(cfg, ctx.stack, ctx.label_prefix, args.training_namespace,
+        self._side_objects(args, pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[self.release]))
+        self.register_outputs({"namespace": cfg.namespace, "release": self.release.status})
+
+    def _side_objects(self, args: MonitoringArgs, after_crds: pulumi.ResourceOptions) -> None:
+        """The PodMonitor, PrometheusRule and dashboard, after the operator's CRDs."""
+        ctx = args.ctx
+        for manifest in monitoring_manifests(args.config, ctx.stack, ctx.label_prefix, args.training_namespace,
                                              args.max_processes_per_pod, args.pools, args.team_namespaces):
             logical = ctx.name("monitoring", f"{manifest['kind'].lower()}-{manifest['metadata']['name']}")
             if manifest["kind"] == "ConfigMap":
@@ -233,4 +251,3 @@ class Monitoring(pulumi.ComponentResource):
                 k8s.apiextensions.CustomResource(
                     logical, api_version=manifest["apiVersion"], kind=manifest["kind"],
                     metadata=manifest["metadata"], spec=manifest["spec"], opts=after_crds)
-        self.register_outputs({"namespace": cfg.namespace, "release": self.release.status})

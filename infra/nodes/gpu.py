@@ -142,6 +142,11 @@ def node_patch_manifests(plans: Sequence[PoolPlan]) -> list[dict[str, Any]]:
     return manifests
 
 
+def _installs(chart: HelmChartConfig) -> bool:
+    """The stack installs the chart: on, and not the cluster's own release adopted (`external`)."""
+    return chart.enabled and chart.external is None
+
+
 @dataclass(frozen=True)
 class GpuPlumbingArgs:
     ctx: StackContext
@@ -154,6 +159,7 @@ class GpuPlumbingArgs:
     depends_on: tuple[pulumi.Resource, ...] = ()  # node groups, the Pod Identity agent add-on
     node_monitoring_agent_version: str | None = None  # storage.addonVersions pin; None: EKS's default
     node_groups: tuple[pulumi.Resource, ...] = ()  # the add-on waits for them (ACTIVE once its pods run)
+    external_addons: tuple[str, ...] = ()  # add-ons the existing cluster keeps (storage.externalAddons)
     provisioning_requests: bool = False  # the autoscaler serves Kueue's ProvisioningRequests (infra/topology.py)
 
 
@@ -177,7 +183,7 @@ class GpuPlumbing(pulumi.ComponentResource):
                 )
             )
 
-        if cfg.device_plugin.enabled and any(plan.needs_device_plugin_daemonset for plan in args.pools):
+        if _installs(cfg.device_plugin) and any(plan.needs_device_plugin_daemonset for plan in args.pools):
             self._release(
                 ctx,
                 "device-plugin",
@@ -187,7 +193,7 @@ class GpuPlumbing(pulumi.ComponentResource):
                 device_plugin_values(args.pools),
                 k8s_opts.merge(pulumi.ResourceOptions(depends_on=patches)),
             )
-        if cfg.dcgm_exporter.enabled and any(plan.is_gpu for plan in args.pools):
+        if _installs(cfg.dcgm_exporter) and any(plan.is_gpu for plan in args.pools):
             self._release(
                 ctx,
                 "dcgm-exporter",
@@ -197,7 +203,7 @@ class GpuPlumbing(pulumi.ComponentResource):
                 dcgm_exporter_values(cfg.dcgm_exporter, args.pools, ctx.label_prefix),
                 k8s_opts,
             )
-        if cfg.efa_device_plugin.enabled and any(plan.efa_interfaces for plan in args.pools):
+        if _installs(cfg.efa_device_plugin) and any(plan.efa_interfaces for plan in args.pools):
             self._release(
                 ctx,
                 "efa-device-plugin",
@@ -207,7 +213,7 @@ class GpuPlumbing(pulumi.ComponentResource):
                 efa_device_plugin_values(args.pools, ctx.label_prefix),
                 k8s_opts,
             )
-        if cluster.is_eks and args.autoscaler.enabled:
+        if cluster.is_eks and _installs(args.autoscaler):
             assert ctx.region is not None
             # Children of this component (their names and parents are the stack's state since before scaling had
             # a module of its own).
@@ -216,7 +222,8 @@ class GpuPlumbing(pulumi.ComponentResource):
                 AutoscalerTarget(args.cluster_name, ctx.region, args.kubernetes_version, args.provisioning_requests),
                 k8s_opts)
         self.node_monitoring_agent: aws.eks.Addon | None = None
-        if cluster.is_eks and NODE_MONITORING_AGENT in gpu_addons(cfg, any(plan.is_gpu for plan in args.pools)):
+        if cluster.is_eks and NODE_MONITORING_AGENT in gpu_addons(cfg, any(plan.is_gpu for plan in args.pools)) \
+                and NODE_MONITORING_AGENT not in args.external_addons:
             self.node_monitoring_agent = aws.eks.Addon(
                 ctx.name("gpu", NODE_MONITORING_AGENT),
                 cluster_name=cluster.name,

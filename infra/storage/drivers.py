@@ -177,15 +177,18 @@ class EksStorageDrivers(pulumi.ComponentResource):
         self._ctx = ctx
         self._args = args
         self.addons: dict[str, aws.eks.Addon] = {}
-        wanted = storage_addons(args.config)  # the one list preflight checks too
-        agent = self._addon(POD_IDENTITY_AGENT, [])
+        # The one list preflight checks too, less the add-ons the existing cluster keeps (storage.externalAddons):
+        # for those the stack makes neither the add-on nor its role and Pod Identity association.
+        wanted = [name for name in storage_addons(args.config) if name not in args.config.external_addons]
+        agent = self._addon(POD_IDENTITY_AGENT, []) if POD_IDENTITY_AGENT in wanted else None
         bucket_kms_keys = sorted({bucket.kms_key_arn for bucket in args.config.buckets if bucket.kms_key_arn})
 
-        ebs_policies: list[pulumi.Input[str]] = []
-        if args.config.gp3 is not None and args.config.gp3.kms_key_arn is not None:
-            ebs_policies.append(ebs_kms_policy(args.config.gp3.kms_key_arn))
-        ebs_role = self._role("ebs", ebs_policies, managed=[EBS_MANAGED_POLICY])
-        self._addon(EBS_CSI_DRIVER, self._associate("ebs", ebs_role, EBS_SERVICE_ACCOUNTS), agent)
+        if EBS_CSI_DRIVER in wanted:
+            ebs_policies: list[pulumi.Input[str]] = []
+            if args.config.gp3 is not None and args.config.gp3.kms_key_arn is not None:
+                ebs_policies.append(ebs_kms_policy(args.config.gp3.kms_key_arn))
+            ebs_role = self._role("ebs", ebs_policies, managed=[EBS_MANAGED_POLICY])
+            self._addon(EBS_CSI_DRIVER, self._associate("ebs", ebs_role, EBS_SERVICE_ACCOUNTS), agent)
 
         if EFS_CSI_DRIVER in wanted:
             if args.file_system_arn is None:
@@ -198,14 +201,16 @@ class EksStorageDrivers(pulumi.ComponentResource):
             # calls, so it gets no role.
             self._addon(FSX_CSI_DRIVER, [], agent)
 
-        mountpoint_associations: list[pulumi.Resource] = []
-        if args.dataset_bucket_arns:
-            policy = pulumi.Output.all(*args.dataset_bucket_arns).apply(
-                lambda arns: mountpoint_driver_policy(arns, bucket_kms_keys)
-            )
-            mountpoint_role = self._role("mountpoint-s3", [policy])
-            mountpoint_associations = self._associate("mountpoint-s3", mountpoint_role, MOUNTPOINT_SERVICE_ACCOUNTS)
-        self._addon(MOUNTPOINT_S3_CSI_DRIVER, mountpoint_associations, agent)
+        if MOUNTPOINT_S3_CSI_DRIVER in wanted:
+            mountpoint_associations: list[pulumi.Resource] = []
+            if args.dataset_bucket_arns:
+                policy = pulumi.Output.all(*args.dataset_bucket_arns).apply(
+                    lambda arns: mountpoint_driver_policy(arns, bucket_kms_keys)
+                )
+                mountpoint_role = self._role("mountpoint-s3", [policy])
+                mountpoint_associations = self._associate("mountpoint-s3", mountpoint_role,
+                                                          MOUNTPOINT_SERVICE_ACCOUNTS)
+            self._addon(MOUNTPOINT_S3_CSI_DRIVER, mountpoint_associations, agent)
         self.register_outputs({"addons": sorted(self.addons)})
 
     def _role(self, driver: str, inline_policies: list[pulumi.Input[str]], managed: Sequence[str] = ()) -> aws.iam.Role:

@@ -158,14 +158,32 @@ def _config() -> Any:
     return parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
 
 
+def _addon(name: str, version: str, tags: dict[str, str] | None = None) -> Any:
+    return lambda query: (200, {"addon": {"addonName": name, "addonVersion": version, "tags": tags or {}}})
+
+
+def _config_with(**storage: Any) -> Any:
+    from infra.config.schema import decode_config_value, parse_stack_config
+
+    values = existing_values()["config"]
+    values["ml-cluster:storage"].update(storage)
+    return parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
+
+
 def test_preflight_finds_each_conflict_with_its_fix(eks_stub: Any) -> None:
-    from infra.account.preflight import FAIL, PASS, WARN, check_existing_cluster
+    from infra.account.preflight import FAIL, PASS, check_existing_cluster
 
     eks_stub.routes[("GET", "/clusters/ml-shared")] = lambda query: (200, _describe())
     eks_stub.routes[("GET", "/clusters/ml-shared/addons")] = lambda query: (
         200, {"addons": ["aws-efs-csi-driver", "coredns", "vpc-cni"]})
-    eks_stub.routes[("GET", "/clusters/ml-shared/addons/aws-efs-csi-driver")] = lambda query: (
-        200, {"addon": {"addonName": "aws-efs-csi-driver", "addonVersion": "v2.1.4-eksbuild.1"}})
+    eks_stub.routes[("GET", "/clusters/ml-shared/addons/aws-efs-csi-driver")] = _addon("aws-efs-csi-driver",
+                                                                                      "v2.1.4-eksbuild.1")
+    eks_stub.routes[("GET", "/addons/supported-versions")] = lambda query: (200, {"addons": [{
+        "addonName": query["addonName"], "addonVersions": [
+            {"addonVersion": "v2.1.9-eksbuild.1", "compatibilities": [{"clusterVersion": "1.35",
+                                                                       "defaultVersion": True}]},
+            {"addonVersion": "v2.1.4-eksbuild.1", "compatibilities": [{"clusterVersion": "1.35",
+                                                                       "defaultVersion": False}]}]}]})
     eks_stub.routes[("GET", "/clusters/ml-shared/node-groups")] = lambda query: (200, {"nodegroups": ["core", "gpu"]})
     eks_stub.routes[("GET", "/clusters/ml-shared/node-groups/core")] = lambda query: (
         200, {"nodegroup": {"nodegroupName": "core", "tags": {}}})
@@ -184,17 +202,77 @@ def test_preflight_finds_each_conflict_with_its_fix(eks_stub: Any) -> None:
             reached.append(found.endpoint)
             return KubeApi(api.url, TOKEN, timeout_s=5)
 
-        checks = {check.name: check for check in check_existing_cluster(_eks(eks_stub), _config(), kube_for)}
+        checks = {check.name: check for check in check_existing_cluster(_eks(eks_stub), _config(), kube_for,
+                                                                        stack="existing")}
     assert reached == [FOUND["endpoint"]]
     assert checks["cluster ml-shared"].status == PASS
-    addon = checks["add-on aws-efs-csi-driver"]
-    assert addon.status == FAIL and "at v2.1.4-eksbuild.1" in addon.detail and "pulumi import" in addon.fix
+    addon = checks["add-on aws-efs-csi-driver"]  # another version than the stack would install (EKS's default)
+    assert addon.status == FAIL and "at v2.1.4-eksbuild.1" in addon.detail and "v2.1.9-eksbuild.1" in addon.detail
+    assert addon.fix.startswith("adopt it: set ml-cluster:storage.externalAddons.aws-efs-csi-driver: v2.1.4-eksbuild.1")
     assert "add-on coredns" not in checks  # the cluster's own add-ons the stack does not install are left alone
     assert checks["node group gpu"].status == FAIL and "autoscaler.enabled: false" in checks["node group gpu"].fix
     assert "node group core" not in checks
-    assert checks["helm kueue"].status == WARN and "kueue 0.14.1" in checks["helm kueue"].detail  # its own place
+    kueue = checks["helm kueue"]  # the stack's own place and chart: its own from an earlier `up`
+    assert kueue.status == PASS and "kueue 0.14.1" in kueue.detail and "this stack's own" in kueue.detail
     plugin = checks["helm nvidia-device-plugin"]  # the GPU Operator runs a device plugin of its own
     assert plugin.status == FAIL and "gpu-operator v25.3.0" in plugin.detail
+
+
+@pytest.mark.parametrize(("tags", "kept", "status", "says"), [
+    ({"project": "ml-cluster", "stack": "existing"}, {}, "PASS", "this stack's own (tagged project=ml-cluster"),
+    ({"project": "ml-cluster", "stack": "prod"}, {}, "FAIL", "not by this stack"),  # another stack's
+    ({}, {"aws-efs-csi-driver": "v2.1.4-eksbuild.1"}, "PASS", "adopted: ml-shared runs aws-efs-csi-driver "
+                                                             "v2.1.4-eksbuild.1 as ml-cluster:storage.externalAddons"),
+    ({}, {"aws-efs-csi-driver": "v2.1.9-eksbuild.1"}, "FAIL", "runs aws-efs-csi-driver v2.1.4-eksbuild.1, "
+                                                             "ml-cluster:storage.externalAddons says v2.1.9"),
+    ({}, {"aws-efs-csi-driver": "v2.1.4-eksbuild.1", "aws-ebs-csi-driver": "v1.50.1-eksbuild.1"}, "FAIL",
+     "names aws-ebs-csi-driver v1.50.1-eksbuild.1, but ml-shared runs no such add-on"),
+])
+def test_an_addon_is_a_fail_only_when_it_is_neither_the_stacks_own_nor_adopted_at_its_version(
+        eks_stub: Any, tags: dict[str, str], kept: dict[str, str], status: str, says: str) -> None:
+    from infra.account.preflight import check_existing_cluster
+
+    eks_stub.routes[("GET", "/clusters/ml-shared")] = lambda query: (200, _describe())
+    eks_stub.routes[("GET", "/clusters/ml-shared/addons")] = lambda query: (200, {"addons": ["aws-efs-csi-driver"]})
+    eks_stub.routes[("GET", "/clusters/ml-shared/addons/aws-efs-csi-driver")] = _addon(
+        "aws-efs-csi-driver", "v2.1.4-eksbuild.1", tags)
+    eks_stub.routes[("GET", "/clusters/ml-shared/node-groups")] = lambda query: (200, {"nodegroups": []})
+    rows = [c for c in check_existing_cluster(_eks(eks_stub), _config_with(externalAddons=kept), stack="existing")
+            if c.name.startswith("add-on")]
+    assert any(row.status == status and says in row.detail for row in rows), rows
+    assert len(rows) == len({"aws-efs-csi-driver", *kept})
+
+
+@pytest.mark.parametrize(("tags", "autoscaler", "fails"), [
+    ({"k8s.io/cluster-autoscaler/enabled": "true"}, {}, True),  # someone's autoscaler scales it already
+    ({"k8s.io/cluster-autoscaler/enabled": "true", "project": "ml-cluster", "stack": "existing"}, {}, False),  # ours
+    ({"k8s.io/cluster-autoscaler/enabled": "true"}, {"external": {"version": "9.46.6"}}, False),  # theirs adopted
+    ({"k8s.io/cluster-autoscaler/enabled": "true"}, {"enabled": False}, False),
+])
+def test_a_node_group_is_a_fail_only_when_a_second_autoscaler_would_scale_it(
+        eks_stub: Any, tags: dict[str, str], autoscaler: dict[str, Any], fails: bool) -> None:
+    from infra.account.preflight import check_existing_cluster
+    from infra.config.schema import decode_config_value, parse_stack_config
+
+    values = existing_values()["config"]
+    values["ml-cluster:nodes"] = {"autoscaler": autoscaler}
+    cfg = parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
+    eks_stub.routes[("GET", "/clusters/ml-shared")] = lambda query: (200, _describe())
+    eks_stub.routes[("GET", "/clusters/ml-shared/addons")] = lambda query: (200, {"addons": []})
+    eks_stub.routes[("GET", "/clusters/ml-shared/node-groups")] = lambda query: (200, {"nodegroups": ["gpu"]})
+    eks_stub.routes[("GET", "/clusters/ml-shared/node-groups/gpu")] = lambda query: (
+        200, {"nodegroup": {"nodegroupName": "gpu", "tags": tags}})
+    rows = [c for c in check_existing_cluster(_eks(eks_stub), cfg, stack="existing") if c.name == "node group gpu"]
+    assert bool(rows) == fails, rows
+
+
+def test_a_cluster_in_another_region_than_the_stack_is_one_fail_row(eks_stub: Any) -> None:
+    from infra.account.preflight import FAIL, check_existing_cluster
+
+    arn = FOUND["arn"].replace("us-east-1", "eu-west-1")
+    eks_stub.routes[("GET", "/clusters/ml-shared")] = lambda query: (200, _describe(arn=arn))
+    [row] = [c for c in check_existing_cluster(_eks(eks_stub), _config()) if c.name == "cluster ml-shared"]
+    assert row.status == FAIL and row.detail.startswith("aws:region: us-east-1, but cluster ml-shared is in eu-west-1")
 
 
 @pytest.mark.parametrize(("answer", "says", "fix"), [
@@ -235,4 +313,4 @@ def test_the_addons_and_charts_preflight_looks_for_are_the_ones_the_plan_install
     assert planned == stack_addons(cfg)
     releases = sorted((r["inputs"]["name"], r["inputs"]["namespace"], r["inputs"]["version"])
                       for r in stack_plan(stack)["resources"] if r["type"] == "kubernetes:helm.sh/v3:Release")
-    assert releases == sorted((c.chart.release, c.namespace, c.version) for c in stack_charts(cfg))
+    assert releases == sorted((c.chart.release, c.namespace, c.version) for c in stack_charts(cfg) if not c.external)

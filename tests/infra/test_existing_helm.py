@@ -79,15 +79,77 @@ def test_each_release_of_a_chart_the_stack_installs_or_of_its_rival_is_a_fail_wi
     by = {(check.name, check.status): check for check in checks}
     kueue = by[("helm kueue", FAIL)]
     assert "release kueue in kueue already runs kueue 0.13.4 (deployed)" in kueue.detail
-    assert kueue.fix.startswith("keep yours: set ml-cluster:kueue.enabled: false") and \
-        "helm uninstall kueue -n kueue" in kueue.fix
-    autoscaler = by[("helm cluster-autoscaler", FAIL)]
+    assert kueue.fix.startswith('keep yours: set ml-cluster:kueue.external: {version: "0.13.4", release: kueue, '
+                                'namespace: kueue}') and "helm uninstall kueue -n kueue" in kueue.fix
+    autoscaler = by[("helm cluster-autoscaler", FAIL)]  # a rival is not adopted: the stack's is turned off
     assert "karpenter 1.6.0" in autoscaler.detail and "nodes.autoscaler.enabled: false" in autoscaler.fix
-    assert "aws-efa-k8s-device-plugin v0.5.6" in by[("helm aws-efa-k8s-device-plugin", FAIL)].detail
-    own = by[("helm nvidia-device-plugin", WARN)]
-    assert "this stack's own from an earlier pulumi up" in own.detail
+    efa = by[("helm aws-efa-k8s-device-plugin", FAIL)]
+    assert "aws-efa-k8s-device-plugin v0.5.6" in efa.detail
+    assert 'efaDevicePlugin.external: {version: "v0.5.6"' in efa.fix
+    own = by[("helm nvidia-device-plugin", PASS)]
+    assert "this stack's own from an earlier pulumi up (its namespace, release name and chart)" in own.detail
     assert not any("cert-manager" in c.detail or "old-kueue" in c.detail for c in checks)
     assert len(checks) == 4, checks
+
+
+def _adopting(**sections: Any) -> Any:
+    """The example stack with `external:` set on some of its sections (dotted keys: gpu.devicePlugin)."""
+    values = yaml.safe_load((STACKS_DIR / "Pulumi.existing.yaml").read_text())["config"]
+    for dotted, external in sections.items():
+        top, *rest = dotted.split("__")
+        section = values.setdefault(f"ml-cluster:{top}", {})
+        if rest == ["enabled"]:
+            section["enabled"] = external
+            continue
+        for key in rest:
+            section = section.setdefault(key, {})
+        section["external"] = external
+    return parse_stack_config({key: decode_config_value(value) for key, value in values.items()})
+
+
+def test_a_second_preflight_after_up_reads_the_stacks_own_releases_as_its_own(api: FakeApiServer) -> None:
+    """Every release the stack installs, where and at the version it installs it (what a first `up` leaves), plus
+    one an earlier config installed at another version: all PASS, none a conflict."""
+    from infra.config.charts import stack_charts
+
+    cfg = _config()
+    charts = stack_charts(cfg)
+    assert {c.chart.chart for c in charts} >= {"kueue", "nvidia-device-plugin", "cluster-autoscaler"}
+    for index, chart in enumerate(charts):
+        version = "0.18.0" if chart.chart.chart == "kueue" else chart.version  # the stack's own, one upgrade behind
+        api.add(stored(chart.chart.release, chart.namespace, chart.chart.chart, version, revision=index + 1))
+    checks = check_helm_releases(_kube(api), cfg)
+    assert [c.status for c in checks] == [PASS] * (len(charts) + 1), checks  # one row per chart, then the summary
+    kueue = next(c for c in checks if c.name == "helm kueue")
+    assert "this stack's own" in kueue.detail and "pulumi up moves it to 0.19.2" in kueue.detail
+
+
+@pytest.mark.parametrize(("running", "status", "says", "fix"), [
+    (("kueue", "kueue", "kueue", "0.13.4"), PASS, "adopted: release kueue in kueue runs kueue 0.13.4 (deployed)", ""),
+    (("kueue", "kueue", "kueue", "0.14.1"), FAIL, "runs kueue 0.14.1 (deployed), ml-cluster:kueue.external.version "
+     "says 0.13.4", 'set ml-cluster:kueue.external.version: "0.14.1" (the stack\'s Kueue objects follow its API'),
+    (("kueue", "kueue-system", "kueue", "0.13.4"), FAIL, "names release kueue in kueue, but no such release; kueue "
+     "runs as kueue in kueue-system (kueue 0.13.4)", "point ml-cluster:kueue.external.release and .namespace"),
+    (("kueue", "kueue", "jobset", "0.10.1"), FAIL, "but it runs chart jobset 0.10.1", "drop ml-cluster:kueue.external"),
+])
+def test_an_adopted_release_must_run_the_declared_version(api: FakeApiServer, running: tuple[str, ...], status: str,
+                                                           says: str, fix: str) -> None:
+    api.add(stored(*running))
+    cfg = _adopting(kueue={"version": "0.13.4", "release": "kueue", "namespace": "kueue"})
+    [check] = [c for c in check_helm_releases(_kube(api), cfg) if c.name == "helm kueue"]
+    assert check.status == status and says in check.detail and fix in check.fix, check
+
+
+def test_adopted_device_plugin_and_monitoring_are_checked_where_they_run(api: FakeApiServer) -> None:
+    """Defaults: the release named like its chart, in the section's namespace (monitoring's `monitoring`)."""
+    api.add(stored("nvidia-device-plugin", "kube-system", "nvidia-device-plugin", "0.17.1"))
+    api.add(stored("kube-prometheus-stack", "monitoring", "kube-prometheus-stack", "77.0.0"))
+    cfg = _adopting(gpu__devicePlugin={"version": "0.17.1"},
+                    monitoring={"version": "75.0.0"}, monitoring__enabled=True)
+    checks = {c.name: c for c in check_helm_releases(_kube(api), cfg)}
+    assert checks["helm nvidia-device-plugin"].status == PASS
+    kps = checks["helm kube-prometheus-stack"]
+    assert kps.status == FAIL and kps.fix == 'set ml-cluster:monitoring.external.version: "77.0.0"'
 
 
 def test_a_cluster_without_conflicts_passes_and_releases_are_read_page_by_page(

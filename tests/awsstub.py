@@ -100,6 +100,13 @@ class AwsStub:
         self.server.server_close()
         self._thread.join(timeout=10)
 
+    def client(self, service: str, region: str = "us-east-1") -> Any:
+        """A boto3 client of `service` that talks to this stub (test credentials)."""
+        import boto3
+
+        return boto3.client(service, region_name=region, endpoint_url=self.url, aws_access_key_id="testing",
+                            aws_secret_access_key="testing")
+
 
 def ec2_error(code: str, message: str) -> str:
     """An EC2 query-protocol error document, as EC2 sends it with a 4xx status."""

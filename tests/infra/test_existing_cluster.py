@@ -145,10 +145,7 @@ def eks_stub() -> Any:
 
 
 def _eks(stub: Any) -> Any:
-    import boto3
-
-    return boto3.client("eks", region_name="us-east-1", endpoint_url=stub.url, aws_access_key_id="testing",
-                        aws_secret_access_key="testing")
+    return stub.client("eks")
 
 
 def _config() -> Any:

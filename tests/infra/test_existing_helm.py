@@ -203,14 +203,10 @@ def test_a_forbidden_or_unreachable_api_is_one_line(api: FakeApiServer, how: str
 @pytest.fixture(scope="module")
 def sagemaker_stub() -> Iterator[tuple[Any, Any]]:
     """One stub and one client for the module: SageMaker's service model takes seconds to load."""
-    import boto3
-
     from tests.awsstub import AwsStub
 
     stub = AwsStub().start()
-    client = boto3.client("sagemaker", region_name="us-east-1", endpoint_url=stub.url, aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
-    yield stub, client
+    yield stub, stub.client("sagemaker")
     stub.stop()
 
 

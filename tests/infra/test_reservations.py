@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import boto3
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -118,9 +117,7 @@ def _item(**fields: Any) -> str:
 @pytest.fixture(scope="module")
 def ec2() -> Iterator[tuple[AwsStub, Any]]:
     stub = AwsStub().start()
-    client = boto3.client("ec2", region_name="us-east-1", endpoint_url=stub.url, aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
-    yield stub, client
+    yield stub, stub.client("ec2")
     stub.stop()
 
 
@@ -227,9 +224,7 @@ def test_real_runs_price_a_block_from_ec2s_offerings(ec2: tuple[AwsStub, Any]) -
                                                                     "</nextToken>")
 
     stub.ec2_actions["DescribeCapacityBlockOfferings"] = answer
-    prices = aws_prices([query], lambda service, region: boto3.client(
-        service, region_name=region, endpoint_url=stub.url, aws_access_key_id="testing",
-        aws_secret_access_key="testing"))
+    prices = aws_prices([query], stub.client)
     assert prices == fixture_prices([query]) and prices[query.key] == pytest.approx(1510.27 / 48)
     asked = [form for action, form in stub.requests if action == "ec2 DescribeCapacityBlockOfferings"][-2:]
     assert [form.get("NextToken") for form in asked] == [None, "page-2"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -103,34 +103,31 @@ def _cli(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
         torch.set_num_threads(threads)
 
 
-def test_a_damaged_mirror_object_is_refused(
+def _flip_a_byte(body: bytes, metadata: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    flipped = bytearray(body)
+    flipped[len(flipped) // 2] ^= 0x01
+    return bytes(flipped), metadata
+
+
+def _drop_the_digest(body: bytes, metadata: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    return body, {}  # no sha256 metadata
+
+
+@pytest.mark.parametrize("tamper", [_flip_a_byte, _drop_the_digest])
+def test_a_tampered_mirror_object_is_refused(
     tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tamper: Callable[[bytes, dict[str, str]], tuple[bytes, dict[str, str]]],
 ) -> None:
     uri, resume = _mirrored(tiny_data, s3_endpoint, bucket, tmp_path)
     client = make_client(s3_endpoint, 2)
     key = "runs/r/" + CHECKPOINT_NAME
     got = client.get_object(Bucket=bucket, Key=key)
-    body = bytearray(got["Body"].read())
-    body[len(body) // 2] ^= 0x01
-    client.put_object(Bucket=bucket, Key=key, Body=bytes(body), Metadata=got.get("Metadata", {}))
+    body, metadata = tamper(got["Body"].read(), got.get("Metadata", {}))
+    client.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata)
     assert _cli(resume, monkeypatch) == 42
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("error: ") and "sha256" in err and uri in err
     assert not (tmp_path / "node-b" / CHECKPOINT_NAME).exists()
-
-
-def test_a_mirror_object_without_a_digest_is_refused(
-    tiny_data: dict[str, Path], s3_endpoint: str, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    _, resume = _mirrored(tiny_data, s3_endpoint, bucket, tmp_path)
-    client = make_client(s3_endpoint, 2)
-    key = "runs/r/" + CHECKPOINT_NAME
-    body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-    client.put_object(Bucket=bucket, Key=key, Body=body)  # no sha256 metadata
-    assert _cli(resume, monkeypatch) == 42
-    assert "sha256" in capsys.readouterr().err
 
 
 def test_an_unreachable_mirror_fails_before_training(

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,24 +23,27 @@ def test_bench_gpu_without_cuda_says_so_and_exits_cleanly() -> None:
     assert report["results"] == [] and "no CUDA device" in report["skipped"]
 
 
-def test_bench_gpu_rejects_unknown_models() -> None:
-    result = subprocess.run(
-        [sys.executable, "scripts/bench_gpu.py", "--models", "vgg16"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: --models: unknown vgg16")
+def _script(name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """scripts/NAME.py as a module, for its main() in-process (the argument checks run before any work, and the
+    worker has imported torch already); the sys.path entries the script adds are dropped after the test.
+    test_bench_gpu_without_cuda_says_so_and_exits_cleanly runs a script in its own process."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    return importlib.import_module(f"scripts.{name}")
 
 
-def test_bench_peers_rejects_unknown_contenders() -> None:
-    result = subprocess.run([sys.executable, "scripts/bench_peers.py", "--contenders", "ours,tfdata"],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: --contenders") and "tfdata" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+def test_bench_gpu_rejects_unknown_models(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    bench_gpu = _script("bench_gpu", monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["scripts/bench_gpu.py", "--models", "vgg16"])
+    assert bench_gpu.main() == 2
+    assert capsys.readouterr().err.startswith("error: --models: unknown vgg16")
+
+
+def test_bench_peers_rejects_unknown_contenders(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert _script("bench_peers", monkeypatch).main(["--contenders", "ours,tfdata"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --contenders") and "tfdata" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 BENCH_PYTHON = REPO / ".venv-bench" / "bin" / "python"
@@ -58,12 +63,12 @@ def test_bench_peers_tiny_run_reports_every_row(tmp_path: Path) -> None:
     assert rows["s3torchconnector"]["status"] in ("n/a", "not installed") and rows["s3torchconnector"]["reason"]
 
 
-def test_bench_peers_rejects_a_checkout_that_is_not_one(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "scripts/bench_peers.py", "--checkouts", f"base={tmp_path}"],
-                            capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: --checkouts:") and str(tmp_path) in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+def test_bench_peers_rejects_a_checkout_that_is_not_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert _script("bench_peers", monkeypatch).main(["--checkouts", f"base={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --checkouts:") and str(tmp_path) in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def _row(total: float) -> dict[str, object]:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, StopSignal, random_resized_crop_flip_normalize
+from workloads.data.api import LoaderSettings, PackedData, StepReport, StopSignal, random_resized_crop_flip_normalize
 
 CAPTION_BYTES = 64  # a caption is read as its first 64 UTF-8 bytes (byte-level: no tokenizer to install)
 
@@ -123,10 +123,11 @@ def main() -> None:
             os.replace(temp, checkpoint)  # atomically: a stop mid-write leaves the last checkpoint whole
 
     data.loader(LoaderSettings(workers=args.workers))
+    report = StepReport()  # each step's time, data wait and checkpoint stall: measured goodput (docs/monitoring.md)
     with stop, data:
         for epoch in range(data.start_epoch, args.epochs):
             started, samples, loss_sum, correct, batches = time.perf_counter(), 0, 0.0, 0, 0
-            for batch in data.batches(epoch, last_epoch=epoch == args.epochs - 1):
+            for batch in report.timed(data.batches(epoch, last_epoch=epoch == args.epochs - 1), epoch):
                 images = batch["image"].to(device, non_blocking=True)
                 tokens = tokenize(batch["caption"]).to(device)
                 generator.manual_seed(args.seed * 1_000_003 + step)
@@ -144,11 +145,13 @@ def main() -> None:
                 samples += len(targets)
                 loss_sum += float(loss)
                 correct += int((logits.argmax(dim=1) == targets).sum())
+                report.step(step, samples=len(targets), loss=float(loss))  # the step's figures, for goodput
                 stop.check(save)
             print(json.dumps({"epoch": epoch, "samples": samples, "loss": round(loss_sum / max(1, batches), 4),
                               "top1": round(correct / max(1, samples), 4),
                               "seconds": round(time.perf_counter() - started, 2)}), flush=True)
-            save()
+            with report.saving(step):
+                save()
     if data.stager_summary:
         print(json.dumps({"stager": data.stager_summary}), flush=True)
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, StopSignal
+from workloads.data.api import LoaderSettings, PackedData, StepReport, StopSignal
 
 
 class TinyLM(nn.Module):
@@ -95,10 +95,11 @@ def main() -> None:
             os.replace(temp, checkpoint)  # atomically: a stop mid-write leaves the last checkpoint whole
 
     data.loader(LoaderSettings(workers=args.workers))
+    report = StepReport()  # each step's time, data wait and checkpoint stall: measured goodput (docs/monitoring.md)
     with stop, data:
         for epoch in range(data.start_epoch, args.epochs):
             started, sequences, loss_sum, batches = time.perf_counter(), 0, 0.0, 0
-            for batch in data.batches(epoch, last_epoch=epoch == args.epochs - 1):
+            for batch in report.timed(data.batches(epoch, last_epoch=epoch == args.epochs - 1), epoch):
                 tokens = batch["tokens"].to(device, dtype=torch.int64, non_blocking=True)
                 if int(tokens.max()) >= args.vocab_size:
                     raise SystemExit(f"error: --vocab-size: {args.vocab_size}, but the data holds id "
@@ -112,11 +113,13 @@ def main() -> None:
                 batches += 1
                 sequences += len(tokens)
                 loss_sum += float(loss)
+                report.step(step, samples=len(tokens), loss=float(loss))  # the step's figures, for goodput
                 stop.check(save)
             print(json.dumps({"epoch": epoch, "sequences": sequences, "tokens": sequences * spec.length,
                               "loss": round(loss_sum / max(1, batches), 4),
                               "seconds": round(time.perf_counter() - started, 2)}), flush=True)
-            save()
+            with report.saving(step):
+                save()
     if data.stager_summary:
         print(json.dumps({"stager": data.stager_summary}), flush=True)
 

@@ -41,7 +41,7 @@ def run_example(name: str, args: list[str], capsys: pytest.CaptureFixture[str],
         torch.set_num_threads(threads)
     stdout = capsys.readouterr().out
     print(stdout)
-    return [json.loads(line) for line in stdout.splitlines() if '"epoch"' in line]
+    return [json.loads(line) for line in stdout.splitlines() if '"epoch"' in line and '"event"' not in line]
 
 
 def packed_pairs(tmp_path: Path) -> Path:

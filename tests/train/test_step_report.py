@@ -87,3 +87,24 @@ def test_a_bad_metrics_port_names_the_variable(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("METRICS_PORT", "ninety")
     with pytest.raises(ValueError, match="^METRICS_PORT: not a port number: 'ninety'$"):
         StepReport()
+
+
+def test_a_loop_left_early_closes_the_batches() -> None:
+    closed = []
+
+    def batches() -> Iterator[int]:
+        try:
+            yield from range(5)
+        finally:
+            closed.append(True)
+
+    with redirect_stdout(io.StringIO()):
+        report = StepReport(rank=0, metrics_port=0)
+        inner = batches()  # still referenced here: only the wrapper can close it now
+        timed = report.timed(inner)
+        for n in timed:
+            if n == 1:
+                break
+        timed.close()
+        assert closed == [True]
+    assert inner.gi_frame is None

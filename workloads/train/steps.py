@@ -86,14 +86,19 @@ class StepReport:
             self.metrics.epoch.set(self.epoch)
         iterator = iter(batches)
         self._since, self._waited = time.perf_counter(), 0.0
-        while True:
-            asked = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            self._waited += time.perf_counter() - asked
-            yield batch
+        try:
+            while True:
+                asked = time.perf_counter()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    return
+                self._waited += time.perf_counter() - asked
+                yield batch
+        finally:  # a loop left early closes the batches too (their own clean-up runs now, not at collection)
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
 
     def step(self, step: int, *, samples: int = 0, loss: float | Any = None) -> None:
         """Step `step` (the run's optimiser step, continuing after a resume) is done on this rank."""

@@ -112,3 +112,12 @@ def ec2_error(code: str, message: str) -> str:
     """An EC2 query-protocol error document, as EC2 sends it with a 4xx status."""
     return (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code>"
             f"<Message>{message}</Message></Error></Errors><RequestID>stub</RequestID></Response>")
+
+
+def without_aws_credentials(monkeypatch: Any, tmp_path: Any) -> None:
+    """No AWS credentials anywhere boto3 looks: environment, shared files, profile, instance metadata."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(name, str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.netem import FaultProxy
+from tests.awsstub import without_aws_credentials
 from tests.data.helpers import shard_files, stage_options, uploaded
 from workloads.data.__main__ import main
 from workloads.data.format.errors import DataToolError
@@ -153,11 +154,7 @@ def test_cli_reports_missing_bucket_and_manifest(s3_url: str, bucket: str, tmp_p
 
 def test_cli_reports_missing_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, moto_port: int,
                                          capsys: pytest.CaptureFixture) -> None:
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    without_aws_credentials(monkeypatch, tmp_path)
     assert main(["stage", "s3://bucket-x/p", str(tmp_path / "d"), "--endpoint-url",
                  f"http://127.0.0.1:{moto_port}", "--no-progress"]) == 2
     err = capsys.readouterr().err

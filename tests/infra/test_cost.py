@@ -26,7 +26,7 @@ from infra.plan.pricing import (
     spot_query,
 )
 from scripts import plan as plan_cli
-from tests.awsstub import AwsStub
+from tests.awsstub import AwsStub, without_aws_credentials
 from tests.moto_server import moto_server
 
 PlanGetter = Callable[[str], dict[str, Any]]
@@ -262,11 +262,7 @@ def test_aws_prices_without_credentials_is_one_error_line(stack_plan: PlanGetter
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(plan_cli, "plan_stack", lambda stack, config=None: stack_plan(stack))
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(key, raising=False)
-    for key in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
-        monkeypatch.setenv(key, str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    without_aws_credentials(monkeypatch, tmp_path)
     assert plan_cli.main(["--stack", "dev", "--cost", "--prices", "aws"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("note: ")]
     assert errors == ["error: aws: Unable to locate credentials"]

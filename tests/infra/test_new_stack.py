@@ -11,6 +11,7 @@ import yaml
 from infra.config.placeholders import account_problems, placeholder_problems
 from infra.plan.engine import plan_stack
 from scripts.new_stack import main as new_stack
+from tests.awsstub import without_aws_credentials
 
 ACCOUNT = "210987654321"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/ml-platform-admins"
@@ -98,11 +99,7 @@ def test_an_unwritable_target_is_one_error_line(tmp_path: Path, capsys: pytest.C
 def test_without_credentials_the_error_names_the_make_variable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Through `make new-stack` the flags go in NEW_STACK_ARGS: the error that asks for them says so."""
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    without_aws_credentials(monkeypatch, tmp_path)
     assert new_stack(["--stack", "team", "--admin-role-arn", ADMIN, "--stacks-dir", str(tmp_path),
                       "--region", "eu-west-1"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()

@@ -15,24 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import stack_values
+from tests.infra.test_config import _paths
 from tests.infra.test_stack_checks import run_cli
 
 STACK_NAMES = ["dev", "onprem", "prod"]
 BASES = {stack: stack_values(stack) for stack in STACK_NAMES}
 
 
-def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [path] if path else []
-    if isinstance(node, dict):
-        for key, value in node.items():
-            found += _leaves(value, (*path, key))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            found += _leaves(value, (*path, index))
-    return found
-
-
-PATHS = {stack: _leaves(values) for stack, values in BASES.items()}
+PATHS = {stack: _paths(values) for stack, values in BASES.items()}
 
 VALUES = st.one_of(
     st.sampled_from(["", "gp3", "s3-datasets", "training", "G5.XLARGE", "a" * 70, "mlc-dev-datasets-111122223333",
@@ -86,7 +76,7 @@ def test_mutated_stack_files_plan_or_fail_cleanly(tmp_path_factory: Any, data: A
     stack = data.draw(st.sampled_from(STACK_NAMES), label="stack")
     values = copy.deepcopy(BASES[stack])
     for _ in range(data.draw(st.integers(min_value=1, max_value=2), label="mutations")):
-        path = data.draw(st.sampled_from(_leaves(values) or PATHS[stack]), label="path")
+        path = data.draw(st.sampled_from(_paths(values) or PATHS[stack]), label="path")
         kind = data.draw(st.sampled_from(["set", "set", "delete", "duplicate"]), label="kind")
         _mutate(values, path, kind, data.draw(VALUES, label="value"))
     directory = tmp_path_factory.mktemp("fuzz")

@@ -166,7 +166,7 @@ def test_derived_names_match_the_plan(stack: str, stack_plan: Any) -> None:
     planned_k8s = sorted((r["inputs"]["kind"], r["inputs"]["metadata"].get("namespace") or "",
                           r["inputs"]["metadata"]["name"]) for r in plan["resources"]
                          if r["type"].startswith("kubernetes:") and "helm.sh" not in r["type"]
-                         and r["type"] != "kubernetes:yaml/v2:ConfigFile"  # a component: its objects come from a URL
+                         and r["type"] != "kubernetes:yaml/v2:ConfigFile"  # a component (its objects: a vendored CRD)
                          and not (r["inputs"].get("kind") in ("Job", "Service", "NetworkPolicy")
                                   and r["inputs"]["metadata"]["name"] not in NAMESPACE_POLICIES)
                          and r["inputs"]["metadata"].get("name")

@@ -45,11 +45,14 @@ def autoscaler_image_tag(cfg: AutoscalerConfig, kubernetes_version: str) -> str:
     return cfg.image_tag or AUTOSCALER_RELEASES.get(kubernetes_version, f"v{kubernetes_version}.0")
 
 
-# The ProvisioningRequest CRD at the autoscaler release the stack runs (the chart does not ship it; its ClusterRole
-# already grants provisioningrequests and podtemplates: charts/cluster-autoscaler/templates/clusterrole.yaml at
-# cluster-autoscaler-chart-9.59.0). The Kubernetes provider reads the file at `pulumi up`.
-PROVISIONING_REQUEST_CRD = ("https://raw.githubusercontent.com/kubernetes/autoscaler/cluster-autoscaler-{version}/"
-                            "cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml")
+# The ProvisioningRequest CRD (the chart does not ship it; its ClusterRole already grants provisioningrequests and
+# podtemplates: charts/cluster-autoscaler/templates/clusterrole.yaml at cluster-autoscaler-chart-9.59.0), vendored
+# from kubernetes/autoscaler tag cluster-autoscaler-1.35.2 (2d42588803), cluster-autoscaler/apis/config/crd/
+# autoscaling.x-k8s.io_provisioningrequests.yaml, byte for byte (git blob 63666dce09), so `pulumi up` needs no
+# github.com. It serves v1 (stored) and v1beta1; at the other releases of AUTOSCALER_RELEASES from 1.31.5 to 1.36.1
+# it differs only in descriptions and the controller-gen annotation. The path is the project's (Pulumi runs the
+# program, and the provider reads the file, from the directory of Pulumi.yaml).
+PROVISIONING_REQUEST_CRD = "infra/nodes/scaling/crds/autoscaling.x-k8s.io_provisioningrequests.yaml"
 
 
 def provisioning_request_args() -> dict[str, Any]:
@@ -174,10 +177,8 @@ def cluster_autoscaler(parent: pulumi.Resource, ctx: StackContext, cluster: Clus
         opts=pulumi.ResourceOptions(parent=parent, depends_on=list(cluster.eks_dependencies)))
     needs: list[pulumi.Resource] = [policy, association]
     if target.provisioning_requests:
-        crd_url = PROVISIONING_REQUEST_CRD.format(
-            version=autoscaler_image_tag(cfg, target.kubernetes_version).removeprefix("v"))
-        needs.append(k8s.yaml.v2.ConfigFile(ctx.name("gpu", "provisioningrequest-crd"), file=crd_url,
-                                            opts=k8s_opts))
+        needs.append(k8s.yaml.v2.ConfigFile(ctx.name("gpu", "provisioningrequest-crd"),
+                                            file=PROVISIONING_REQUEST_CRD, opts=k8s_opts))
     return helm_release(ctx.name("gpu", "cluster-autoscaler"), CLUSTER_AUTOSCALER.release, AUTOSCALER_REPO, cfg,
                         autoscaler_values(cfg, target.cluster_name, target.region, target.kubernetes_version,
                                           target.provisioning_requests),

@@ -173,6 +173,15 @@ def test_unquoted_capacity_block_times_plan_like_quoted_ones(tmp_path: Path) -> 
     ("maxSize: 2\n", "maxSize: true\n", "ml-cluster:nodePools[1].maxSize", "True is a boolean, not a number"),
     ("ml-cluster:protected: false", "ml-cluster:protected: 'no'", "ml-cluster:protected",
      "'no' is not a boolean: write false without quotes"),
+    # Job specs in the stack file: the Job-spec parser applies the same rule.
+    ("activeDeadlineSeconds: 172800", "activeDeadlineSeconds: '15'", "ml-cluster:jobs[0].activeDeadlineSeconds",
+     "'15' is text, not a whole number: write 15 without quotes"),
+    ("      gpus: 1\n      gpuType: a10g\n      shmSize: 4Gi",
+     "      gpus: '1'\n      gpuType: a10g\n      shmSize: 4Gi", "ml-cluster:jobs[0].gpus",
+     "'1' is text, not a whole number: write 1 without quotes"),
+    ("      checkpoint: {claimName: checkpoints-efs}\n      activeDeadlineSeconds: 172800",
+     "      checkpoint: {claimName: checkpoints-efs}\n      activeDeadlineSeconds: 172800\n      suspend: 'yes'",
+     "ml-cluster:jobs[0].suspend", "'yes' is not a boolean: write true without quotes"),
 ])
 def test_booleans_and_numbers_written_as_text_are_errors_saying_what_to_write(
         tmp_path: Path, old: str, new: str, path: str, why: str) -> None:

@@ -48,6 +48,22 @@ def train_container(job: dict[str, Any]) -> dict[str, Any]:
     return job["spec"]["template"]["spec"]["containers"][0]
 
 
+@pytest.mark.parametrize(("fields", "path", "why"), [
+    ({"gpus": "2"}, "gpus", "'2' is text, not a whole number: write 2 without quotes"),
+    ({"suspend": "yes"}, "suspend", "'yes' is not a boolean: write true without quotes"),
+    ({"suspend": "true"}, "suspend", "'true' is not a boolean: write true without quotes"),
+    ({"activeDeadlineSeconds": "15"}, "activeDeadlineSeconds",
+     "'15' is text, not a whole number: write 15 without quotes"),
+    ({"goodput": {"stepSeconds": "0.5"}}, "goodput.stepSeconds", "'0.5' is text, not a number: write 0.5 without "
+                                                                 "quotes"),
+])
+def test_booleans_and_numbers_written_as_text_are_errors_saying_what_to_write(fields: dict[str, Any], path: str,
+                                                                             why: str) -> None:
+    """The stack config's rule (workloads/scalars.py), in Job specs too: a spec file or a stack file's `jobs:`."""
+    error = error_of(fields)
+    assert (error.path, error.reason) == (path, why), str(error)
+
+
 # --- resources and the memory rule -----------------------------------------------------------------------
 
 

@@ -11,6 +11,8 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    ValidationInfo,
+    field_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -20,6 +22,7 @@ from workloads.quantity import (
     format_millicores,
     parse_quantity,
 )
+from workloads.scalars import strict_scalar
 
 # The training entrypoint exits with this code on a configuration error (bad arguments, missing dataset
 # manifest, unreadable config). The Job's podFailurePolicy fails the whole Job at once on it instead of
@@ -220,8 +223,15 @@ SIDECAR_STAGING = frozenset({"cache", "rolling"})
 
 
 class _Spec(BaseModel):
-    """Unknown keys are errors; YAML keys are camelCase (snake_case accepted from Python)."""
+    """Unknown keys are errors; YAML keys are camelCase (snake_case accepted from Python). Booleans and numbers must
+    be written as such ('yes', 'true' or '15' in quotes are errors saying what to write: the stack config's rule)."""
 
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _written_as_its_type(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        return value if field is None else strict_scalar(field.annotation, value)
 
 

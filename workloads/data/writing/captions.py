@@ -17,9 +17,16 @@ from typing import Any
 from workloads.data.format.errors import DataToolError
 from workloads.data.format.records import FieldSpec
 from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, parse_s3_uri, with_retries
-from workloads.data.writing.records_pack import Item, RecordPackOptions, RecordPackResult, pack_records
+from workloads.data.writing.records_pack import (
+    Item,
+    RecordPackOptions,
+    RecordPackResult,
+    no_usable_records,
+    pack_records,
+)
 from workloads.data.writing.samples import Decoding, local_samples
 from workloads.data.writing.sources import S3Source, SourceOptions
+from workloads.data.writing.text import column_name, shown_name, table_text
 
 CAPTIONS_MAX_BYTES = 4 << 30  # a caption table larger than this is read in slices by a source, not here
 
@@ -68,20 +75,22 @@ def _read_s3_table(client: Any, uri: S3Uri, retry: RetryPolicy) -> bytes:
 def _parse_table(raw: bytes, suffix: str, where: str) -> list[tuple[str, dict[str, Any] | None, str]]:
     """(row name, row, reason) of a JSONL, CSV/TSV or Parquet caption table; a row that cannot be read has None
     and why."""
-    if suffix == ".jsonl":
-        return _jsonl_rows(raw)
-    if suffix in (".csv", ".tsv"):
-        return _csv_rows(raw, "\t" if suffix == ".tsv" else ",", where)
+    if suffix in (".jsonl", ".csv", ".tsv"):
+        try:
+            text = table_text(raw)
+        except ValueError as exc:
+            raise DataToolError(where, str(exc)) from None
+        if suffix == ".jsonl":
+            return _jsonl_rows(text)
+        return _csv_rows(text, "\t" if suffix == ".tsv" else ",", where)
     if suffix == ".parquet":
         return _parquet_rows(raw, where)
     raise DataToolError(where, "not a caption table: expected .jsonl, .csv, .tsv or .parquet")
 
 
-def _jsonl_rows(raw: bytes) -> list[tuple[str, dict[str, Any] | None, str]]:
-    # surrogateescape keeps bytes that are not UTF-8 visible: the caption holding them is refused (named) by its
-    # field, not the whole table.
+def _jsonl_rows(text: str) -> list[tuple[str, dict[str, Any] | None, str]]:
     rows: list[tuple[str, dict[str, Any] | None, str]] = []
-    for number, line in enumerate(raw.decode("utf-8", errors="surrogateescape").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -96,8 +105,7 @@ def _jsonl_rows(raw: bytes) -> list[tuple[str, dict[str, Any] | None, str]]:
     return rows
 
 
-def _csv_rows(raw: bytes, delimiter: str, where: str) -> list[tuple[str, dict[str, Any] | None, str]]:
-    text = raw.decode("utf-8", errors="surrogateescape")
+def _csv_rows(text: str, delimiter: str, where: str) -> list[tuple[str, dict[str, Any] | None, str]]:
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         header = next(reader)
@@ -127,6 +135,7 @@ def _parquet_rows(raw: bytes, where: str) -> list[tuple[str, dict[str, Any] | No
             from None
     try:
         table = pq.read_table(pa.BufferReader(raw))
+        table = table.rename_columns([column_name(name) for name in table.column_names])
     except (pa.ArrowException, OSError) as exc:
         raise DataToolError(where, f"not a readable Parquet file: {exc}") from None
     return [(f"row {number}", row, "") for number, row in enumerate(table.to_pylist(), start=1)]
@@ -143,7 +152,8 @@ def caption_fields(columns: Sequence[str], int_columns: Sequence[str] = ()) -> l
         try:
             fields.append(FieldSpec(name=name, type="int" if name in int_columns else "text"))
         except ValueError:
-            raise DataToolError(name, "a column name must be letters, digits and _ (it becomes a field)") from None
+            raise DataToolError(shown_name(name), "a column name must be letters, digits and _ (it becomes a field)") \
+                from None
     return fields
 
 
@@ -209,7 +219,7 @@ def pack_captions(table: str | Path, out: Path, options: RecordPackOptions, int_
     rows = _parse_table(raw, suffix, where)
     readable = [row for _, row, _ in rows if row is not None]
     if not readable:
-        raise DataToolError(where, "no rows")
+        raise no_usable_records(where, [{"path": name, "reason": reason} for name, _, reason in rows])
     fields = caption_fields(list(readable[0]), int_columns)
     if options.shuffle_seed is not None:
         random.Random(options.shuffle_seed).shuffle(rows)

@@ -15,6 +15,7 @@ with its reason in OUT/pack-report.json (--strict: the first one is the error in
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,28 @@ class RecordPackResult:
 
 # A source yields (key, record, reason): the record when it is usable, else None and why not.
 Item = tuple[str, Mapping[str, Any] | None, str]
+
+
+_REASONS_SHOWN = 3  # the commonest reasons a "no usable records" line names
+_REASON_CHARS = 200
+
+
+def no_usable_records(where: str, skipped: Sequence[Mapping[str, str]], filtered: int = 0) -> DataToolError:
+    """The error of a pack that found nothing to pack, saying why: how many inputs were left out and for which
+    reasons (the commonest first; a reason only one input had names that input), and how many the map hook
+    filtered. No pack report is written for a pack that fails, so this line is the report."""
+    if not skipped and not filtered:
+        return DataToolError(where, "no usable records: the input has no rows")
+    counts = Counter(" ".join(str(item["reason"]).split())[:_REASON_CHARS] for item in skipped)
+    first: dict[str, str] = {}
+    for item in skipped:
+        first.setdefault(" ".join(str(item["reason"]).split())[:_REASON_CHARS], item["path"])
+    reasons = [f"{count} x {reason}" if count > 1 else f"{first[reason]}: {reason}"
+               for reason, count in counts.most_common(_REASONS_SHOWN)]
+    more = len(counts) - len(reasons)
+    left = f"{len(skipped)} left out" + (f", {filtered} filtered by the map hook" if filtered else "")
+    why = "; ".join(reasons) + (f"; and {more} other reason{'s' if more > 1 else ''}" if more > 0 else "")
+    return DataToolError(where, f"no usable records ({left})" + (f": {why}" if why else ""))
 
 
 def normalize_image(raw: bytes) -> bytes:
@@ -179,7 +202,7 @@ def _fill(sink: ShardSink, items: Iterable[Item], fields: list[FieldSpec], optio
         if columns[0]:
             flush()
     if not sink.shards:
-        raise DataToolError(source, f"no usable records ({len(skipped)} skipped)")
+        raise no_usable_records(source, skipped)
     manifest = Manifest(version=RECORDS_VERSION, tool_version=TOOL_VERSION, layout="records", classes=classes,
                         fields=fields, num_samples=sink.first_index, shards=sink.shards, skipped=len(skipped),
                         shuffle_seed=options.shuffle_seed)

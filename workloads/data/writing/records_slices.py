@@ -46,7 +46,7 @@ from workloads.data.moving.s3 import S3Uri, parse_s3_uri
 from workloads.data.moving.upload import ShardStream
 from workloads.data.writing.engine import ShardSink, run_pack
 from workloads.data.writing.maphook import MapHook
-from workloads.data.writing.records_pack import normalize_image, write_records_shard
+from workloads.data.writing.records_pack import no_usable_records, normalize_image, write_records_shard
 from workloads.data.writing.slices import (
     ShardRecord,
     SliceResult,
@@ -226,12 +226,14 @@ def records_manifest(options: TablePackOptions, shards: list[ShardInfo], skipped
                     skipped=skipped, shuffle_seed=None, map_hook=hook.describe() if hook else None)
 
 
-def _report(plan: TablePlan, left_out: list[dict[str, str]], hook: MapHook | None) -> tuple[dict[str, Any], int, int]:
+def _report(plan: TablePlan, left_out: list[dict[str, str]], hook: MapHook | None
+            ) -> tuple[dict[str, Any], list[dict[str, str]], int]:
+    """The pack report, the inputs left out (unreadable tables, then rows) and the rows the hook filtered."""
     skipped = plan.bad + [item for item in left_out if item["reason"] != FILTERED]
     filtered = sum(1 for item in left_out if item["reason"] == FILTERED)
     report = {"plan": plan.digest, "rows": plan.total, "filtered": filtered,
               "map": hook.describe() if hook else None, "skipped": skipped}
-    return report, len(skipped), filtered
+    return report, skipped, filtered
 
 
 def pack_tables(source: TableSource, out: Path, options: TablePackOptions, hook: MapHook | None,
@@ -254,8 +256,8 @@ def pack_tables(source: TableSource, out: Path, options: TablePackOptions, hook:
                              lambda temp: write_records_shard(temp, list(options.fields), columns))  # noqa: B023
         report, skipped, counts["filtered"] = _report(plan, left_out, hook)
         if not sink.shards:
-            raise DataToolError(source.root, f"no usable records ({skipped} skipped, {counts['filtered']} filtered)")
-        return records_manifest(options, sink.shards, skipped, hook), report
+            raise no_usable_records(source.root, skipped, counts["filtered"])
+        return records_manifest(options, sink.shards, len(skipped), hook), report
 
     manifest = run_pack(out, options.force, fill)
     return TablePackResult(manifest, [i for i in left_out if i["reason"] != FILTERED], counts["filtered"])
@@ -330,8 +332,8 @@ def publish_tables(client: Any, source: TableSource, target: S3Uri, options: Tab
         shards = committed_shards(done)
         report, skipped, filtered = _report(plan, [i for r in done for i in r.skipped], hook)
         if not shards:
-            raise DataToolError(source.root, f"no usable records ({skipped} skipped, {filtered} filtered)")
-        manifest = records_manifest(options, shards, skipped, hook)
+            raise no_usable_records(source.root, skipped, filtered)
+        manifest = records_manifest(options, shards, len(skipped), hook)
         stream.publish(manifest_bytes(manifest))
         put_report(client, target, report)
         stream.remove_stale({shard.path for shard in shards})

@@ -35,6 +35,7 @@ from typing import Any
 from workloads.data.format.errors import DataToolError
 from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, describe, error_code, with_retries
 from workloads.data.writing.samples import Decoding, Sample, decode_fetched, worker_init
+from workloads.data.writing.text import SNIFF_BYTES, wide_encoding, wide_text_why
 
 FILE_LIST_SUFFIXES = (".csv", ".jsonl")
 FILE_LIST_MAX_BYTES = 4 << 30  # ~50 M rows of `key,label`; a larger "list" is not one
@@ -144,6 +145,9 @@ class S3Source:
 
     def _rows(self, payload: bytes) -> Iterator[tuple[int, str, str]]:
         """(line number, key, class name) of every row of the list."""
+        wide = wide_encoding(payload[:SNIFF_BYTES])
+        if wide is not None:
+            raise DataToolError(str(self.uri), wide_text_why(wide))
         try:
             text = payload.decode("utf-8-sig")
         except UnicodeDecodeError as exc:

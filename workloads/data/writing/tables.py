@@ -7,7 +7,8 @@ ever held whole in memory (nor, for Parquet and npy, read at all to be counted):
     .arrow     an Arrow IPC file (or stream): rows per record batch (its footer lacks row counts: each batch's
                message is read, one at a time; a local file is memory-mapped, so the bodies are not read, while
                an s3:// file's batches are fetched to be counted); a range reads the batches it overlaps
-    .jsonl     one JSON object per non-blank line: counted by one streaming pass, read by streaming
+    .jsonl     one JSON object per non-blank line, UTF-8 (a UTF-16/32 file is named as such, text.py): counted by one
+               streaming pass, read by streaming
     .npy       the header: shape[0] rows, each a record {"value": row}; a range reads only its bytes
 
 An s3:// file is read through ranged GETs (`RangedFile`), so the footer of a 10 GiB Parquet file costs a few
@@ -27,6 +28,7 @@ import numpy as np
 
 from workloads.data.format.errors import DataToolError
 from workloads.data.moving.s3 import RetryPolicy, describe, parse_s3_uri, with_retries
+from workloads.data.writing.text import SNIFF_BYTES, column_name, wide_encoding, wide_text_why
 
 TABLE_SUFFIXES = (".parquet", ".arrow", ".jsonl", ".npy")
 NPY_FIELD = "value"
@@ -171,6 +173,10 @@ def table_units(source: TableSource, table: TableFile) -> list[int]:
                 return [batch.num_rows for batch in reader]
             if table.kind == ".npy":
                 return [_npy_header(handle)[0][0]]
+            wide = wide_encoding(handle.read(SNIFF_BYTES))
+            if wide is not None:
+                raise ValueError(wide_text_why(wide))
+            handle.seek(0)
             return [sum(1 for line in handle if line.strip())]
         except (OSError, ValueError, EOFError) as exc:
             raise ValueError(f"not a readable {table.kind[1:]} table: {exc}") from None
@@ -215,10 +221,17 @@ def read_rows(source: TableSource, table: TableFile, units: list[int], begin: in
                 return
             if first + rows > begin:
                 lo, hi = max(begin, first) - first, min(end, first + rows) - first
-                yield from piece_at(number).slice(lo, hi - lo).to_pylist()
+                yield from _named(piece_at(number).slice(lo, hi - lo)).to_pylist()
             elif stream:
                 piece_at(number)  # read past
             first += rows
+
+
+def _named(piece: Any) -> Any:
+    """A row group or record batch whose column names carry no byte-order mark (text.column_name)."""
+    names = piece.schema.names
+    clean = [column_name(name) for name in names]
+    return piece if clean == names else piece.rename_columns(clean)
 
 
 def _jsonl_rows(handle: Any, begin: int, end: int) -> Iterator[dict[str, Any] | ValueError]:

@@ -36,6 +36,7 @@ class FakeApiServer:
         self.forbid_cluster_wide = False
         self.requests: list[tuple[str, str]] = []
         self.raw: dict[str, tuple[int, str, bytes]] = {}  # path -> (status, content type, body) answered as is
+        self.raw_times: dict[str, int] = {}  # path -> how many requests get its raw answer (absent: every request)
         self._uid = 0
         owner = self
 
@@ -49,6 +50,10 @@ class FakeApiServer:
                 owner.requests.append((method, path))
                 if path in owner.raw:  # an answer that breaks the schema (an HTML page from a proxy, junk)
                     status, content_type, data = owner.raw[path]
+                    if path in owner.raw_times:  # a server error that passes
+                        owner.raw_times[path] -= 1
+                        if owner.raw_times[path] <= 0:
+                            del owner.raw[path], owner.raw_times[path]
                     self.send_response(status)
                     self.send_header("Content-Type", content_type)
                     self.send_header("Content-Length", str(len(data)))

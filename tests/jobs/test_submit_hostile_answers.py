@@ -103,3 +103,50 @@ def test_a_workload_without_metadata_is_one_line(tmp_path: Path, monkeypatch: py
     [line] = err.splitlines()
     assert line == (f"error: kubernetes API {server.url}: list_namespaced_custom_object: the answer is not a list "
                     "of Kubernetes objects (items[0]: no metadata.name)"), line
+
+
+def server_error(status: int) -> tuple[int, str, bytes]:
+    return (status, "application/json", json.dumps({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "etcdserver: request timed out",
+        "reason": "InternalError" if status == 500 else "ServiceUnavailable", "code": status}).encode())
+
+
+@pytest.mark.parametrize("command", ["status", "submit"])
+def test_a_server_error_is_retried_then_exit_1_naming_the_status(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `submit` (create) and `status` (read) turned a 5xx into the input's error: exit 2, tried once."""
+    monkeypatch.setattr("workloads.submit.kube.RETRY_FIRST_PAUSE_S", 0.05)
+    with fake_api_server() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        server.add(facts_config_map(dev_facts(), NAMESPACE))
+        server.add(job({"active": 1}))
+        path = JOB_PATH if command == "status" else JOB_PATH.rsplit("/", 1)[0]
+        server.raw[path] = server_error(503)
+        argv = ["status", "run"] if command == "status" else ["submit", "examples/plain-pytorch-job.yaml"]
+        code = submit.main(["--request-timeout", "1", *argv])
+        err = capsys.readouterr().err
+        tries = sum(1 for _, requested in server.requests if requested == path)
+    assert code == 1 and "Traceback" not in err, err
+    line = err.splitlines()[-1]  # submit prints its goodput prediction first
+    assert [text for text in err.splitlines() if text.startswith("error: ")] == [line], err
+    call = "read_namespaced_job" if command == "status" else "create_namespaced_job"
+    assert line.startswith(f"error: kubernetes API {server.url}: {call}: 503 Service Unavailable (a server error; "
+                           f"{tries} tries in "), line
+    assert line.endswith("s, at most 1s: --request-timeout)") and tries >= 3, (tries, line)
+
+
+def test_a_server_error_that_passes_is_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("workloads.submit.kube.RETRY_FIRST_PAUSE_S", 0.05)
+    with fake_api_server() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        server.add(facts_config_map(dev_facts(), NAMESPACE))
+        jobs = JOB_PATH.rsplit("/", 1)[0]
+        server.raw[jobs], server.raw_times[jobs] = server_error(500), 2
+        code = submit.main(["submit", "examples/plain-pytorch-job.yaml"])
+        captured = capsys.readouterr()
+        created = [key for key in server.objects if key[0] == "Job"]
+    assert code == 0, captured.err
+    assert captured.out.startswith("created job/") and len(created) == 1, captured.out

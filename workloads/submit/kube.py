@@ -4,7 +4,9 @@ listing a run's objects. Objects come back in their JSON shape (camelCase keys),
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ from workloads.submit.errors import RuntimeFailure, UsageError
 from workloads.submit.phase import created, queue_position
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
+RETRY_FIRST_PAUSE_S = 0.5  # a server error (5xx, 429) is tried again after this, then twice as long each time
+RETRY_MAX_PAUSE_S = 8.0
 CONNECT_TIMEOUT_S = 10.0
 FOLLOW_READ_TIMEOUT_S = 300.0  # logs --follow: a stream silent for this long (or --request-timeout, if longer) ends
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -31,15 +35,27 @@ def _is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, Urllib3Timeout | TimeoutError)
 
 
+def _server_error(exc: BaseException) -> int | None:
+    """The status of an answer that says the server failed, not the request (5xx, or 429 Too Many Requests)."""
+    from kubernetes.client.exceptions import ApiException
+
+    status = exc.status if isinstance(exc, ApiException) else None
+    return status if isinstance(status, int) and (status >= 500 or status == 429) else None
+
+
 class TimedApi:
     """A kubernetes client API object whose every call carries `_request_timeout` (connect, read), so an API server
     that accepts the connection and never answers cannot hold a command forever; a call that runs out of time is a
-    RuntimeFailure naming the API server and the call."""
+    RuntimeFailure naming the API server and the call. A server error (5xx, 429) is tried again, with backoff, for at
+    most the same time (`--request-timeout`), then is a RuntimeFailure (exit 1) naming the status: it says nothing
+    about the input. Sending a create again is safe: an object it made already answers 409, which callers read as
+    "unchanged" (the name holds the spec's hash)."""
 
     def __init__(self, api: Any, server: str, timeout_s: float) -> None:
         self._api = api
         self._server = server
         self._timeout = (min(CONNECT_TIMEOUT_S, timeout_s), timeout_s)
+        self._retry_s = timeout_s
 
     @property
     def api_client(self) -> Any:
@@ -51,9 +67,28 @@ class TimedApi:
             return target
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("_request_timeout", self._timeout)
+            started = time.monotonic()
+            for attempt in itertools.count(1):
+                try:
+                    return attempt_call(*args, **kwargs)
+                except Exception as exc:
+                    status = _server_error(exc)
+                    if status is None:
+                        raise
+                    pause = min(RETRY_MAX_PAUSE_S, RETRY_FIRST_PAUSE_S * 2 ** (attempt - 1))
+                    waited = time.monotonic() - started
+                    if waited + pause > self._retry_s:
+                        reason = f"{status} {getattr(exc, 'reason', None) or ''}".rstrip()
+                        raise RuntimeFailure(f"kubernetes API {self._server}",
+                                             f"{name}: {reason} (a server error; {attempt} tries in {waited:.0f}s, "
+                                             f"at most {self._retry_s:g}s: --request-timeout)") from None
+                    time.sleep(pause)
+            raise AssertionError("unreachable")
+
+        def attempt_call(*args: Any, **kwargs: Any) -> Any:
             from kubernetes.client.exceptions import OpenApiException
 
-            kwargs.setdefault("_request_timeout", self._timeout)
             try:
                 answer = target(*args, **kwargs)
             except Exception as exc:

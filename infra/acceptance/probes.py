@@ -5,7 +5,8 @@
 - chaos: a gang trains (`submit status --json`: Running with progress), one EC2 instance under it is terminated
   (boto3), and the run's incident (workloads.incidents, as `submit status` reads it) shows the resume;
 - leftovers: after `pulumi destroy`, nothing billable carries the stack's tags (Resource Groups Tagging API) or
-  runs in its cluster's name (EC2 instances, EBS volumes the CSI driver made); polled, since the tag index lags.
+  runs in its cluster's name (EC2 instances, EBS volumes by the stack's or the cluster's tags: the gp3 class's carry
+  the stack's); polled, since the tag index lags.
 
 Pure helpers first (what a status, a node or a tag search means); the probes that call out are below them.
 """
@@ -210,13 +211,16 @@ def find_leftovers(client: Callable[[str], Any], stack: str, project: str, clust
     arns = {m["ResourceARN"] for tags in searches
             for m in _pages(tagging, "get_resources", "ResourceTagMappingList", TagFilters=tags)}
     instances: list[Mapping[str, Any]] = []
-    volumes: list[Mapping[str, Any]] = []
+    # The gp3 class's volumes carry the stack's tags (its tagSpecification parameters); the nodes' and the driver's
+    # with a cluster id, the cluster's. Their states tell a deleted volume from a left one.
+    volume_searches = [[{"Name": "tag:project", "Values": [project]}, {"Name": "tag:stack", "Values": [stack]}]]
     if cluster:
         instances = [i for r in _pages(ec2, "describe_instances", "Reservations",
                                        Filters=[{"Name": "tag:eks:cluster-name", "Values": [cluster]}])
                      for i in r.get("Instances", [])]
-        volumes = _pages(ec2, "describe_volumes", "Volumes",
-                         Filters=[{"Name": f"tag:kubernetes.io/cluster/{cluster}", "Values": ["owned"]}])
+        volume_searches.append([{"Name": f"tag:kubernetes.io/cluster/{cluster}", "Values": ["owned"]}])
+    volumes = list({v["VolumeId"]: v for filters in volume_searches
+                    for v in _pages(ec2, "describe_volumes", "Volumes", Filters=filters)}.values())
     gateways = _pages(ec2, "describe_nat_gateways", "NatGateways",
                       Filter=[{"Name": "tag:stack", "Values": [stack]}])
     states = {g["NatGatewayId"]: g.get("State", "") for g in gateways}

@@ -35,6 +35,12 @@ from workloads.k8snames import is_dns_subdomain, reserved_namespace
 SECRET_KEYS = ("kubeconfig", "cosHmacAccessKeyId", "cosHmacSecretAccessKey")
 
 
+# Tag keys the EBS CSI driver refuses in a StorageClass's tagSpecification parameters
+# (kubernetes-sigs/aws-ebs-csi-driver v1.64.0 pkg/driver/validation.go:45-56).
+EBS_RESERVED_TAG_KEYS = ("CSIVolumeName", "CSIVolumeSnapshotName", "ebs.csi.aws.com/cluster-name")
+EBS_RESERVED_TAG_PREFIXES = ("kubernetes.io", "ebs.csi.aws.com/")
+
+
 class StackConfig(StrictModel):
     pulumi_text_scalars: ClassVar[bool] = True
 
@@ -53,7 +59,8 @@ class StackConfig(StrictModel):
     )
     tags: dict[str, str] = Field(
         default={},
-        description="AWS tags on every taggable resource, beside project, stack and managed-by",
+        description=("AWS tags on every taggable resource and on the gp3 class's volumes, beside project, stack and "
+                     "managed-by"),
     )
     network: NetworkConfig | None = Field(default=None, description="the VPC (EKS only)")
     cluster: ClusterConfig | None = Field(default=None, description="the EKS cluster (EKS only)")
@@ -144,9 +151,18 @@ class StackConfig(StrictModel):
     @field_validator("tags")
     @classmethod
     def _tags(cls, tags: dict[str, str]) -> dict[str, str]:
-        for key in tags:
+        for key, value in tags.items():
             if key.lower().startswith("aws:"):
                 raise ValueError(f"tag key {key!r}: the aws: prefix is reserved by AWS")
+            # The gp3 class hands the tags to the EBS CSI driver as `key=value` templates (infra/storage/classes.py
+            # ebs_tag_parameters); it refuses these keys, splits at the first '=' and evaluates '{{'.
+            if key in EBS_RESERVED_TAG_KEYS or key.startswith(EBS_RESERVED_TAG_PREFIXES):
+                raise ValueError(f"tag key {key!r}: reserved by the EBS CSI driver, which tags the gp3 class's "
+                                 f"volumes with the stack's tags ({', '.join(EBS_RESERVED_TAG_PREFIXES)}..., "
+                                 f"{', '.join(EBS_RESERVED_TAG_KEYS)})")
+            if "=" in key or "{{" in value:
+                raise ValueError(f"tag {key!r}: no '=' in a key and no '{{{{' in a value (the EBS CSI driver "
+                                 "reads the gp3 class's tags as key=value templates)")
         return tags
 
     def _check_health_gate(self) -> None:

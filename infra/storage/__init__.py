@@ -149,7 +149,7 @@ class Storage(pulumi.ComponentResource):
             created.storage_classes.append(manifest["metadata"]["name"])
 
         if config.gp3 is not None:
-            add_class("gp3", classes.gp3_storage_class(config.gp3), ebs_driver)
+            add_class("gp3", classes.gp3_storage_class(config.gp3, ctx.tags), ebs_driver)
         if config.efs is not None and self.file_system_id is not None:
             add_class("efs", classes.efs_storage_class(config.efs.storage_class, self.file_system_id), efs_driver)
         if config.nfs is not None:

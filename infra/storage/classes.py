@@ -65,8 +65,21 @@ def storage_class(meta: dict[str, Any], provisioner: str, parameters: dict[str, 
             "parameters": parameters, "reclaimPolicy": reclaim_policy, "volumeBindingMode": binding_mode, **more}
 
 
-def gp3_storage_class(config: Gp3StorageClassConfig) -> Manifest:
-    parameters = {"type": "gp3", "encrypted": "true", "csi.storage.k8s.io/fstype": "ext4"}
+def ebs_tag_parameters(tags: Mapping[str, str]) -> dict[str, str]:
+    """The stack's tags as the EBS CSI driver's StorageClass parameters `tagSpecification_<n>: "key=value"`, which
+    it puts on every volume it creates for the class (kubernetes-sigs/aws-ebs-csi-driver v1.64.0 docs/tagging.md:
+    13-39; pkg/driver/controller.go:224 takes every parameter key with the prefix, pkg/util/template/template.go:40
+    splits the value at its first '='). Without them a gp3 claim's volume carries neither the stack's tags nor,
+    without the driver's cluster id, the cluster's: nothing that finds the stack's resources by tag sees it.
+    The config refuses the keys and values the driver would reject or rewrite (infra/config/schema.py)."""
+    return {f"tagSpecification_{index}": f"{key}={value}"
+            for index, (key, value) in enumerate(sorted(tags.items()), start=1)}
+
+
+def gp3_storage_class(config: Gp3StorageClassConfig, tags: Mapping[str, str] | None = None) -> Manifest:
+    """The default gp3 class; `tags` (the stack's) go onto every volume the driver makes for it."""
+    parameters = {"type": "gp3", "encrypted": "true", "csi.storage.k8s.io/fstype": "ext4",
+                  **ebs_tag_parameters(tags or {})}
     if config.kms_key_arn is not None:
         parameters["kmsKeyId"] = config.kms_key_arn
     if config.iops is not None:

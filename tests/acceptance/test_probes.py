@@ -75,6 +75,31 @@ def test_leftovers_searches_the_stacks_tags_and_its_cluster(monkeypatch: pytest.
                         [{"Key": "kubernetes.io/cluster/ml-dev"}], [{"Key": "eks:cluster-name", "Values": ["ml-dev"]}]]
 
 
+def test_leftovers_see_a_gp3_claims_volume_by_the_stacks_tags() -> None:
+    """The gp3 class tags its volumes with the stack's tags only (no cluster id on the driver): the volume search
+    asks for them too, and a deleted one is not a leftover."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+    tagging = Pages({}, calls)
+    by_stack = [{"Name": "tag:project", "Values": ["ml-cluster"]}, {"Name": "tag:stack", "Values": ["dev"]}]
+
+    class Volumes(Pages):
+        def get_paginator(self, operation: str) -> Any:
+            def paginate(**kwargs: Any) -> list[dict[str, Any]]:
+                self.calls.append((operation, kwargs))
+                if operation == "describe_volumes" and kwargs["Filters"] == by_stack:
+                    return [{"Volumes": [{"VolumeId": "vol-7", "State": "available"},
+                                         {"VolumeId": "vol-8", "State": "deleted"}]}]
+                return [{}]
+            return SimpleNamespace(paginate=paginate)
+
+    ec2 = Volumes({}, calls)
+    for cluster in ("ml-dev", ""):
+        assert find_leftovers({"resourcegroupstaggingapi": tagging, "ec2": ec2}.__getitem__, "dev", "ml-cluster",
+                              cluster) == ["volume vol-7"]
+    assert [kwargs["Filters"] for operation, kwargs in calls if operation == "describe_volumes"] == [
+        by_stack, [{"Name": "tag:kubernetes.io/cluster/ml-dev", "Values": ["owned"]}], by_stack]
+
+
 def test_the_leftovers_probe_polls_until_clean_and_gives_up_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     answers = [["volume vol-1"], []]
     monkeypatch.setattr(probes, "find_leftovers", lambda *args: answers.pop(0) if answers else ["volume vol-1"])
@@ -178,6 +203,9 @@ def test_leftovers_against_moto() -> None:
                                            {"Key": "eks:cluster-name", "Value": "ml-dev"}]}])["Instances"]
         volume = ec2.create_volume(AvailabilityZone="us-west-2a", Size=10, TagSpecifications=[
             {"ResourceType": "volume", "Tags": [{"Key": "kubernetes.io/cluster/ml-dev", "Value": "owned"}]}])
+        claim = ec2.create_volume(AvailabilityZone="us-west-2a", Size=10, VolumeType="gp3", TagSpecifications=[
+            {"ResourceType": "volume", "Tags": [{"Key": "project", "Value": "ml-cluster"},
+                                                {"Key": "stack", "Value": "dev"}]}])  # the gp3 class's tags
         s3.create_bucket(Bucket="mlc-dev-datasets", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
         s3.put_bucket_tagging(Bucket="mlc-dev-datasets", Tagging={"TagSet": [
             {"Key": "project", "Value": "ml-cluster"}, {"Key": "stack", "Value": "dev"}]})
@@ -185,8 +213,10 @@ def test_leftovers_against_moto() -> None:
         s3.put_bucket_tagging(Bucket="other-stack", Tagging={"TagSet": [
             {"Key": "project", "Value": "ml-cluster"}, {"Key": "stack", "Value": "staging"}]})
         assert find_leftovers(session.client, "dev", "ml-cluster", "ml-dev") == [
-            "arn:aws:s3:::mlc-dev-datasets", f"instance {instance['InstanceId']}", f"volume {volume['VolumeId']}"]
+            "arn:aws:s3:::mlc-dev-datasets", f"instance {instance['InstanceId']}",
+            *sorted(f"volume {v['VolumeId']}" for v in (volume, claim))]
         ec2.terminate_instances(InstanceIds=[instance["InstanceId"]])
         ec2.delete_volume(VolumeId=volume["VolumeId"])
+        ec2.delete_volume(VolumeId=claim["VolumeId"])
         s3.delete_bucket(Bucket="mlc-dev-datasets")
         assert find_leftovers(session.client, "dev", "ml-cluster", "ml-dev") == []

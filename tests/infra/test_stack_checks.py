@@ -246,3 +246,22 @@ def test_a_bad_pool_does_not_hide_a_jobs_problem(tmp_path: Path) -> None:
     assert any(line.startswith("error: ml-cluster:jobs[0].gpus: 2 GPUs per pod but the largest matching node has 1: "
                                "gpus is per pod, one pod per node; for 2 GPUs set nodes: 2 and gpus: 1")
                for line in lines), lines
+
+
+@pytest.mark.parametrize(("tags", "why"), [
+    ({"kubernetes.io/role": "x"}, "reserved by the EBS CSI driver"),
+    ({"ebs.csi.aws.com/owner": "x"}, "reserved by the EBS CSI driver"),
+    ({"CSIVolumeName": "x"}, "reserved by the EBS CSI driver"),
+    ({"a=b": "x"}, "no '=' in a key"),
+    ({"team": "{{ .PVCName }}"}, "no '{{' in a value"),
+])
+def test_tags_the_gp3_class_cannot_hand_the_ebs_driver_are_refused(tags: dict[str, str], why: str) -> None:
+    from infra.config.errors import ConfigError
+
+    values = stack_values("dev")
+    values["ml-cluster:tags"] = {"cost-center": "x=y", **tags}  # '=' in a value is the value's
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(values, ["ml-cluster:kubeconfig"])
+    assert "ml-cluster:tags" in str(caught.value) and why in str(caught.value), str(caught.value)
+    values["ml-cluster:tags"] = {"cost-center": "x=y"}
+    parse_stack_config(values)

@@ -131,6 +131,17 @@ def test_gp3_class_is_encrypted_default_and_waits_for_consumer() -> None:
     assert "annotations" not in classes.gp3_storage_class(Gp3StorageClassConfig(default=False))["metadata"]
 
 
+def test_gp3_class_tags_its_volumes_with_the_stacks_tags() -> None:
+    """The EBS CSI driver's tagSpecification_<n> parameters, `key=value` each (aws-ebs-csi-driver docs/tagging.md)."""
+    tags = {"stack": "dev", "project": "ml-cluster", "managed-by": "pulumi", "cost-center": "ml research"}
+    manifest = classes.gp3_storage_class(Gp3StorageClassConfig(), tags)
+    valid(manifest)
+    spec = {key: value for key, value in manifest["parameters"].items() if key.startswith("tagSpecification")}
+    assert spec == {"tagSpecification_1": "cost-center=ml research", "tagSpecification_2": "managed-by=pulumi",
+                    "tagSpecification_3": "project=ml-cluster", "tagSpecification_4": "stack=dev"}
+    assert dict(value.split("=", 1) for value in spec.values()) == tags  # as the driver splits them
+
+
 def test_efs_class_uses_access_points_from_config() -> None:
     config = EfsStorageClassConfig(directory_perms="750", base_path="/jobs/", uid=2000, gid=3000)
     manifest = classes.efs_storage_class(config, "fs-1")

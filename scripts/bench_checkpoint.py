@@ -9,8 +9,10 @@ parameters sharded with FSDP2, plus Adam's two moments (the saved state is ~3x t
                   and hashed (all ranks)
   s3_mib_s        the remote tier's rate: bytes over the copy to S3 (a moto server behind the project's latency
                   proxy, benchmarks/netem.py, its own processes) until the manifest is in
-  restore_s       a new formation of the NEXT world size (1 -> 2 -> 4 -> 2) on fresh local disks: the newest
-                  checkpoint found in S3, downloaded, verified and loaded resharded
+  restore_local_s the same world size restarted on the same disks (a process restart, a rank restart): the newest
+                  checkpoint found in the local tier, every file checked against its sha256, loaded
+  restore_s       a new formation of the NEXT world size in --ranks (1 -> 2 -> 4 -> 1 by default) on fresh local
+                  disks (lost nodes): the newest checkpoint found in S3, downloaded, verified and loaded resharded
 
 With s3torchconnector's DCP extra installed (pip install 's3torchconnector[dcp]==1.5.0', the bench extra), a row
 more: its S3StorageWriter saving the same state straight to the same S3 endpoint (tc_s3_mib_s).
@@ -104,9 +106,12 @@ def _save_worker(rank: int, world: int, port: int, args: dict, out: str) -> None
 def _restore_worker(rank: int, world: int, port: int, args: dict, out: str) -> None:
     _init(rank, world, port)
     state = _state(args["state_mib"], world)
-    local = Path(args["work"]) / f"restore-{world}-{rank}"  # a fresh disk per rank: everything comes from S3
-    ckpt = ShardedCheckpointer(local, args["uri"] + f"/w{args['from_world']}", keep=1, local_rank=0,
-                               log=lambda line: None)
+    if args.get("local_only"):  # the disks the save wrote: the local tier alone
+        ckpt = ShardedCheckpointer(Path(args["work"]) / f"w{world}" / "local", None, keep=1, log=lambda line: None)
+    else:
+        local = Path(args["work"]) / f"restore-{world}-{rank}"  # a fresh disk per rank: everything comes from S3
+        ckpt = ShardedCheckpointer(local, args["uri"] + f"/w{args['from_world']}", keep=1, local_rank=0,
+                                   log=lambda line: None)
     dist.barrier()
     started = time.perf_counter()
     manifest = ckpt.load(state)
@@ -162,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             shared = {"state_mib": args.state_mib, "work": str(work), "uri": f"s3://{BUCKET}/run"}
             for position, world in enumerate(args.ranks):
                 saved = _spawn(_save_worker, world, shared)
+                local = _spawn(_restore_worker, world, {**shared, "from_world": world, "local_only": True})
                 after = args.ranks[(position + 1) % len(args.ranks)] if len(args.ranks) > 1 else world
                 restored = _spawn(_restore_worker, after, {**shared, "from_world": world})
                 mib = saved["state_bytes"] / (1 << 20)
@@ -169,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                     "ranks": world, "state_mib": round(mib, 1), "sync_save_s": round(saved["sync_save_s"], 3),
                     "async_stall_s": round(saved["async_stall_s"], 4),
                     "local_mib_s": round(mib / saved["local_s"], 1), "s3_mib_s": round(mib / saved["s3_s"], 1),
+                    "restore_local_s": round(local["restore_s"], 3),
                     "restore_ranks": after, "restore_s": round(restored["restore_s"], 3),
-                    "complete": saved["complete"] and restored["found"], "errors": saved["errors"],
+                    "complete": saved["complete"] and restored["found"] and local["found"], "errors": saved["errors"],
                 })
                 shutil.rmtree(work / f"w{world}", ignore_errors=True)
             tc = _s3torchconnector_rate(args.state_mib, s3.endpoint_url)
@@ -182,10 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"state: {args.state_mib} MiB of fp32 parameters + Adam moments; S3: moto behind +{args.latency_ms:g} ms")
     print(f"{'ranks':>5} {'state MiB':>9} {'sync save s':>11} {'async stall s':>13} {'local MiB/s':>11} "
-          f"{'S3 MiB/s':>8} {'restore (ranks) s':>17}")
+          f"{'S3 MiB/s':>8} {'restore local s':>15} {'restore S3 (ranks) s':>20}")
     for row in rows:
         print(f"{row['ranks']:>5} {row['state_mib']:>9} {row['sync_save_s']:>11} {row['async_stall_s']:>13} "
-              f"{row['local_mib_s']:>11} {row['s3_mib_s']:>8} {row['restore_s']:>12} ({row['restore_ranks']})")
+              f"{row['local_mib_s']:>11} {row['s3_mib_s']:>8} {row['restore_local_s']:>15} "
+              f"{row['restore_s']:>15} ({row['restore_ranks']})")
+    if not all(row["complete"] for row in rows):
+        print("incomplete: " + json.dumps([row for row in rows if not row["complete"]]))
     print(f"s3torchconnector S3StorageWriter, 1 rank: {tc}{' MiB/s' if isinstance(tc, float) else ''}")
     print(json.dumps(result))
     return 0

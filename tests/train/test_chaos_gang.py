@@ -107,3 +107,18 @@ def test_chaos_cli_refuses_a_workdir_that_is_a_file(tmp_path: Path, capsys: pyte
             main(["--trials", "1", "--workdir", str(workdir)])
         assert exited.value.code == 2 and f"error: --workdir: {workdir}: {why}" in capsys.readouterr().err
     assert afile.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize(("lost", "skipped", "within"), [(5, 0, True), (6, 0, False), (8, 1, True), (9, 1, False)])
+def test_the_sigkill_bound_grows_by_an_interval_per_skipped_save(tmp_path: Path, lost: int, skipped: int,
+                                                                 within: bool) -> None:
+    """every 3: 2 x 3 - 1 = 5 steps with no periodic save skipped, one interval more per skipped save."""
+    from benchmarks.chaos_gang import Outcome
+
+    (tmp_path / "samples").mkdir()
+    outcome = Outcome(ok=True, kill="SIGKILL", kill_step=7, node=1, steps_lost=lost, saves_skipped=skipped)
+    check(outcome, tmp_path, None, checkpoint_every=3)
+    over = [problem for problem in outcome.problems if problem.startswith("SIGKILL lost")]
+    assert (over == []) is within, outcome.problems
+    if not within:
+        assert over == [f"SIGKILL lost {lost} steps (> {lost_bound(3, skipped)}, {skipped} periodic save(s) skipped)"]

@@ -15,10 +15,13 @@ import base64
 import binascii
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import yaml
 
 from infra.account.checks import AWS_ERRORS, FAIL, PASS, WARN, Check, aws_error
 from infra.account.kubeapi import KubeApi, KubeApiError
@@ -284,6 +287,8 @@ def check_helm_releases(kube: KubeApi, cfg: StackConfig) -> list[Check]:
     charts = stack_charts(cfg)
     rows = [check for chart in charts for check in (_adopted(chart, releases) if chart.external
                                                     else _conflicts(chart, releases))]
+    rows += [check for chart in charts if chart.external and chart.chart.key == "kueue"
+             for check in kueue_configuration(kube, cfg, chart)]
     names = ", ".join(chart.chart.chart for chart in charts if not chart.external)
     if not any(check.status != PASS for check in rows):
         rows.append(Check(PASS, "helm releases", f"no second copy of the stack's charts ({names or 'none'}) or "
@@ -360,3 +365,77 @@ def _conflicts(installed: InstalledChart, releases: Iterable[HelmRelease]) -> li
                                 f"keep yours: set {_key(chart)}.enabled: false, or helm uninstall {release.name} "
                                 f"-n {release.namespace}"))
     return checks
+
+
+# ------------------------------------------------------------------------------------------------- adopted Kueue
+
+KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
+# What Kueue assumes for a waitForPodsReady without a timeout: 5 minutes in the v1beta1 Configuration (kueue v0.13.4
+# apis/config/v1beta1/defaults.go:46,99, and only with `enable: true`: the field's default is false,
+# configuration_types.go:227), 30 minutes in v1beta2 (v0.19.2 apis/config/v1beta2/defaults.go:48,104-107).
+_DEFAULT_READY_TIMEOUT_S = {"v1beta1": 300, "v1beta2": 1800}
+
+
+def _seconds(duration: Any) -> float | None:
+    """A Go duration (20m, 1h30m, 90s, 1m0s) in seconds; None when it is not one."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", str(duration))
+    if not parts or "".join(n + u for n, u in parts) != str(duration):
+        return None
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[u] for n, u in parts)
+
+
+def kueue_configuration(kube: KubeApi, cfg: StackConfig, chart: InstalledChart) -> list[Check]:
+    """An adopted Kueue's own Configuration against what the stack relies on: the chart's ConfigMap
+    `<fullname>-manager-config`, key controller_manager_config.yaml (kueue v0.13.4 and v0.19.2
+    charts/kueue/templates/manager/manager-config.yaml; fullname is the release name when it contains "kueue",
+    else `<release>-kueue`: _helpers.tpl:29-40). The stack holds its Jobs suspended without a queue label until
+    their data is there (manageJobsWithoutQueueName must stay false), queues the kinds in kueue.integrations, and
+    plans gangs with kueue.waitForPodsReady.timeout."""
+    release = chart.release_name
+    config_map = f"{release if 'kueue' in release else release + '-kueue'}-manager-config"
+    name = "kueue configuration"
+    where = f"configmap {config_map} in {chart.namespace}"
+    try:
+        found = kube.get(f"/api/v1/namespaces/{chart.namespace}/configmaps/{config_map}")
+        text = _object(found.get("data")).get(KUEUE_CONFIG_KEY)
+        config = yaml.safe_load(text) if isinstance(text, str) else None
+        if not isinstance(config, dict):
+            raise ValueError(f"no {KUEUE_CONFIG_KEY} in it")
+    except KubeApiError as exc:
+        return [Check(WARN, name, f"not checked: {exc.why}", f"grant get on {where}, or compare kueue.integrations "
+                                                            "and kueue.waitForPodsReady with it yourself")]
+    except (ValueError, yaml.YAMLError) as exc:
+        return [Check(WARN, name, f"{where}: not readable ({' '.join(str(exc).split())[:80]})",
+                      f"kubectl get configmap {config_map} -n {chart.namespace} -o yaml")]
+    checks = []
+    if config.get("manageJobsWithoutQueueName") is True:
+        checks.append(Check(FAIL, name, f"{where}: manageJobsWithoutQueueName: true: that Kueue would admit the "
+                                        "stack's held Jobs (created suspended, without a queue label) at once, "
+                                        "before their data is uploaded",
+                            "set manageJobsWithoutQueueName: false in that Kueue's managerConfig"))
+    frameworks = _object(config.get("integrations")).get("frameworks") or []
+    missing = [kind for kind in cfg.kueue.integrations if kind not in frameworks]
+    if missing:
+        checks.append(Check(FAIL, name, f"{where}: integrations.frameworks lacks {', '.join(missing)}: that Kueue "
+                                        "leaves those workloads alone and they run outside the quota",
+                            f"add {', '.join(missing)} to that Kueue's integrations.frameworks"))
+    api = "v1beta1" if str(config.get("apiVersion", "")).endswith("/v1beta1") else "v1beta2"
+    wait = config.get("waitForPodsReady")
+    on = isinstance(wait, dict) and (wait.get("enable") is True if api == "v1beta1" else True)
+    declared = cfg.kueue.wait_for_pods_ready.timeout
+    if api == "v1beta1" and not on:
+        checks.append(Check(WARN, name, f"{where}: waitForPodsReady is off: a gang whose pods cannot all start "
+                                        f"keeps its quota; kueue.waitForPodsReady.timeout ({declared}) is not enforced",
+                            f"turn it on there (waitForPodsReady: {{enable: true, timeout: {declared}}})"))
+    else:
+        timeout = _object(wait).get("timeout")
+        seconds = _seconds(timeout) if timeout is not None else _DEFAULT_READY_TIMEOUT_S[api]
+        if seconds != _seconds(declared):
+            default = f"unset ({_DEFAULT_READY_TIMEOUT_S[api] // 60}m, Kueue's default)"
+            shown = timeout if timeout is not None else default
+            checks.append(Check(WARN, name, f"{where}: waitForPodsReady.timeout {shown}, kueue.waitForPodsReady."
+                                            f"timeout says {declared} (the cold-start check and the Jobs' gang "
+                                            "timeout use it)",
+                                "set ml-cluster:kueue.waitForPodsReady.timeout to what that Kueue runs"))
+    return checks or [Check(PASS, name, f"{where}: manageJobsWithoutQueueName false, frameworks include "
+                                        f"{', '.join(cfg.kueue.integrations)}, waitForPodsReady timeout {declared}")]

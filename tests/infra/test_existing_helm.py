@@ -140,6 +140,50 @@ def test_an_adopted_release_must_run_the_declared_version(api: FakeApiServer, ru
     assert check.status == status and says in check.detail and fix in check.fix, check
 
 
+def _manager_config(config: dict[str, Any] | str, name: str = "kueue-manager-config") -> dict[str, Any]:
+    """The adopted Kueue chart's ConfigMap (charts/kueue/templates/manager/manager-config.yaml)."""
+    text = config if isinstance(config, str) else yaml.safe_dump(config)
+    return {"kind": "ConfigMap", "metadata": {"name": name, "namespace": "kueue"},
+            "data": {"controller_manager_config.yaml": text}}
+
+
+FITS = {"apiVersion": "config.kueue.x-k8s.io/v1beta1", "kind": "Configuration", "manageJobsWithoutQueueName": False,
+        "waitForPodsReady": {"enable": True, "timeout": "20m0s"}, "integrations": {"frameworks": ["batch/job"]}}
+
+
+@pytest.mark.parametrize(("config", "status", "says"), [
+    (FITS, PASS, "manageJobsWithoutQueueName false, frameworks include batch/job, waitForPodsReady timeout 20m"),
+    ({**FITS, "manageJobsWithoutQueueName": True}, FAIL, "would admit the stack's held Jobs"),
+    ({**FITS, "integrations": {"frameworks": ["jobset.x-k8s.io/jobset"]}}, FAIL,
+     "integrations.frameworks lacks batch/job"),
+    ({**FITS, "waitForPodsReady": {"timeout": "20m"}}, WARN, "waitForPodsReady is off"),  # v1beta1: enable defaults off
+    ({**FITS, "waitForPodsReady": {"enable": True}}, WARN, "timeout unset (5m, Kueue's default), "
+                                                           "kueue.waitForPodsReady.timeout says 20m"),
+    ({**FITS, "apiVersion": "config.kueue.x-k8s.io/v1beta2", "waitForPodsReady": {"timeout": "1h"}}, WARN,
+     "waitForPodsReady.timeout 1h, kueue.waitForPodsReady.timeout says 20m"),
+    ("{not yaml", WARN, "not readable"),
+])
+def test_an_adopted_kueues_own_configuration_is_what_the_stack_relies_on(api: FakeApiServer, config: Any,
+                                                                       status: str, says: str) -> None:
+    api.add(stored("kueue", "kueue", "kueue", "0.13.4"))
+    api.add(_manager_config(config))
+    cfg = _adopting(kueue={"version": "0.13.4", "release": "kueue", "namespace": "kueue"})
+    rows = [c for c in check_helm_releases(_kube(api), cfg) if c.name == "kueue configuration"]
+    assert len(rows) == 1 and rows[0].status == status and says in rows[0].detail, rows
+
+
+def test_an_adopted_kueues_configuration_is_found_by_the_charts_fullname(api: FakeApiServer) -> None:
+    """A release not named like the chart: the chart's objects are <release>-kueue (_helpers.tpl:29-40); none
+    there is one WARN line."""
+    api.add(stored("queues", "kueue", "kueue", "0.13.4"))
+    cfg = _adopting(kueue={"version": "0.13.4", "release": "queues", "namespace": "kueue"})
+    [row] = [c for c in check_helm_releases(_kube(api), cfg) if c.name == "kueue configuration"]
+    assert row.status == WARN and "configmaps/queues-kueue-manager-config: 404" in row.detail
+    api.add(_manager_config(FITS, name="queues-kueue-manager-config"))
+    [row] = [c for c in check_helm_releases(_kube(api), cfg) if c.name == "kueue configuration"]
+    assert row.status == PASS
+
+
 def test_adopted_device_plugin_and_monitoring_are_checked_where_they_run(api: FakeApiServer) -> None:
     """Defaults: the release named like its chart, in the section's namespace (monitoring's `monitoring`)."""
     api.add(stored("nvidia-device-plugin", "kube-system", "nvidia-device-plugin", "0.17.1"))

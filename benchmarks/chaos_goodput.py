@@ -103,9 +103,13 @@ def measure(events: Sequence[tuple[float, dict[str, Any]]], wall_s: float, kille
 
 
 def _blocked(event: dict[str, Any]) -> float:
-    """The seconds a "checkpoint" event's save blocked the loop: stall_seconds (the trainer saves asynchronously:
-    the write and the copy run beside the next steps), else write_seconds (a synchronous writer)."""
-    return float(event.get("stall_seconds", event.get("write_seconds")) or 0.0)
+    """The seconds a "checkpoint" event's save blocked the loop: blocked_seconds (the trainer's whole save call: the
+    wait for the previous save, then staging), else stall_seconds (staging alone: the write and the copy run beside
+    the next steps; a StepReport's is the whole save), else write_seconds (a synchronous writer)."""
+    for key in ("blocked_seconds", "stall_seconds", "write_seconds"):
+        if event.get(key) is not None:
+            return float(event[key])
+    return 0.0
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,19 @@ def test_the_prediction_is_the_formula_and_sigterm_loses_a_checkpoint_not_half_a
     assert summary["SIGKILL"]["measured_goodput"] == pytest.approx(kill.goodput)
     lines = goodput_table(summary)
     assert lines[1].split()[:3] == ["kill", "trials", "restart"] and lines[4].startswith("SIGKILL")
+
+
+def test_a_checkpoint_counts_the_whole_time_the_loop_was_blocked() -> None:
+    # the trainer's event: staging 0.05 s, but its save call blocked 0.3 s (waiting for the previous save first)
+    events = [(1.0, {"event": "model_loading"}), (1.5, {"event": "batch", "step": 1, "data_time": 0.1,
+                                                       "compute_time": 0.4}),
+              (1.8, {"event": "checkpoint", "step": 1, "stall_seconds": 0.05, "blocked_seconds": 0.3,
+                     "write_seconds": 0.9}),
+              (2.3, {"event": "batch", "step": 2, "data_time": 0.1, "compute_time": 0.4})]
+    assert measure(events, wall_s=2.3).buckets["checkpoint"] == pytest.approx(0.3)
+    assert measure(events, wall_s=2.3).buckets["other"] == pytest.approx(0.0)
+    # an older trainer's (or a StepReport's) event without it: its stall; a synchronous writer's: its write
+    del events[2][1]["blocked_seconds"]
+    assert measure(events, wall_s=2.3).buckets["checkpoint"] == pytest.approx(0.05)
+    del events[2][1]["stall_seconds"]
+    assert measure(events, wall_s=2.3).buckets["checkpoint"] == pytest.approx(0.9)

@@ -194,7 +194,8 @@ class Checkpointer:
         self.sharded: ShardedCheckpointer | None = (
             _sharded().ShardedCheckpointer(config.checkpoint_dir, config.checkpoint_uri, log=_say)
             if config.checkpoint_dir else None)
-        self._pending: tuple[SaveReport, int, int] | None = None  # the save in flight, not yet reported
+        # the save in flight, not yet reported: its report, epoch, batch and the seconds its call blocked the loop
+        self._pending: tuple[SaveReport, int, int, float] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -276,9 +277,10 @@ class Checkpointer:
         meta = {"epoch": epoch, "batch": batch, "step": state.step, "config": asdict(self.config),
                 "dataset": identity, "loader": loader, "canonical_nodes": canonical_nodes}
         report = self.sharded.save(_sharded().TrainingState(state.core, state.optimizer), state.step, meta)
+        blocked = time.perf_counter() - started
         if report is not previous:  # not a step saved (or resumed from) already
-            self._pending = (report, epoch, batch)
-        return time.perf_counter() - started
+            self._pending = (report, epoch, batch, blocked)
+        return blocked
 
     def finish(self) -> SaveReport | None:
         """Wait for the save in flight (a stop, the end of the run) and report it; the last save's report."""
@@ -289,13 +291,14 @@ class Checkpointer:
         return last
 
     def _report(self, done: SaveReport | None) -> None:
-        """The "checkpoint" event of a finished save: bytes (all ranks, this rank's share), the loop's stall, the
-        local write and the remote copy (what terminationGracePeriodSeconds is sized from)."""
+        """The "checkpoint" event of a finished save: bytes (all ranks, this rank's share), the loop's stall (staging
+        the state; blocked_seconds: the whole call, the wait for the previous save included), the local write and the
+        remote copy (what terminationGracePeriodSeconds is sized from)."""
         if self._pending is None or done is None or self._pending[0] is not done:
             return
-        _, epoch, batch = self._pending
+        _, epoch, batch, blocked = self._pending
         self._pending = None
         self.reporter.emit("checkpoint", epoch=epoch, batch=batch, step=done.step, complete=done.complete,
                            uploaded=self.config.checkpoint_uri, bytes=done.total_bytes, rank_bytes=done.rank_bytes,
-                           stall_seconds=done.stall_s, write_seconds=done.local_write_s,
+                           stall_seconds=done.stall_s, blocked_seconds=blocked, write_seconds=done.local_write_s,
                            mirror_seconds=done.remote_s, error=done.error)

@@ -273,6 +273,14 @@ def _fsx_team_problems(cfg: StackConfig, where: str) -> list[tuple[str, str]]:
     problems = [(f"{where}.teamDirectories", f"team {team.name} has no checkpoints prefix: its directory "
                  f"{TEAM_FSX_ROOT}/{team.name} is linked to its first one (kueue.teams[].checkpoints)")
                 for team in teams if not team.checkpoints]
+    # The team's FSx directory is the claim claimName in its namespace: its EFS claim cannot share the name (one
+    # object, and one name for two volumes in the team's facts).
+    problems += [(f"{CONFIG}kueue.teams[{index}].volume.claim",
+                  f"team {team.name}: {team.volume.claim!r} is also {where}.claimName, the claim of the team's "
+                  f"directory {TEAM_FSX_ROOT}/{team.name} in namespace {team.namespace}: name the two claims apart")
+                 for index, team in enumerate(cfg.kueue.teams)
+                 if team in teams and team.checkpoints and team.volume is not None
+                 and team.volume.claim == fsx.claim_name]
     for index, dra in enumerate(fsx.data_repository_associations):
         path = dra.file_system_path
         if path == TEAM_FSX_ROOT or path.startswith(TEAM_FSX_ROOT + "/"):

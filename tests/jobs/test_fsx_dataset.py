@@ -29,21 +29,38 @@ def _pod(dataset: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_read_in_place_mounts_only_the_datasets_directory_read_only() -> None:
+    """The dataset and the checkpoints name one claim: one volume, mounted twice (the dataset's directory read
+    only, the checkpoints read-write), never the claim as two volumes."""
     pod = _pod({"subPath": "datasets/imagenet-hdf5/"})
-    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "dataset"]
-    assert mount == {"name": "dataset", "mountPath": "/data/imagenet", "readOnly": True,
-                     "subPath": "datasets/imagenet-hdf5"}
-    claims = {v["name"]: v["persistentVolumeClaim"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
-    assert claims == {"dataset": {"claimName": "fsx-lustre", "readOnly": True},
-                      "checkpoints": {"claimName": "fsx-lustre"}}
+    mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "checkpoints"]
+    assert mounts == [{"name": "checkpoints", "mountPath": "/data/imagenet", "readOnly": True,
+                       "subPath": "datasets/imagenet-hdf5"}, {"name": "checkpoints", "mountPath": "/fsx"}]
+    claims = [(v["name"], v["persistentVolumeClaim"]) for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == [("checkpoints", {"claimName": "fsx-lustre"})]
+
+
+def test_a_dataset_claim_of_its_own_keeps_its_own_read_only_volume() -> None:
+    facts = replace(prod_facts(), volume_claims=("fsx-lustre", "datasets-efs"))
+    for staging, name in (("none", "dataset"), ("copy", "dataset-source")):
+        spec = parse_spec({"name": "ddp", "image": IMAGE, "nodes": 2, "gpus": 8, "gpuType": "h100",
+                           "dataset": {"claimName": "datasets-efs", "mountPath": "/data/imagenet", "staging": staging,
+                                       **({"stagedSize": "150Gi"} if staging == "copy" else {})},
+                           "checkpoint": {"claimName": "fsx-lustre", "mountPath": "/fsx"}})
+        job, *_ = render_job(spec, facts)
+        check_job(job)
+        pod = job["spec"]["template"]["spec"]
+        claims = [(v["name"], v["persistentVolumeClaim"]) for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == [(name, {"claimName": "datasets-efs", "readOnly": True}),
+                          ("checkpoints", {"claimName": "fsx-lustre"})]
 
 
 def test_copy_stages_the_directory_onto_nvme_before_training() -> None:
     pod = _pod({"subPath": "datasets/imagenet-hdf5", "staging": "copy", "stagedSize": "150Gi"})
     [stage] = pod["initContainers"]
     assert stage["command"] == ["cp", "-a", "/mnt/dataset-source/.", "/data/imagenet/"]
-    assert {"name": "dataset-source", "mountPath": "/mnt/dataset-source", "readOnly": True,
-            "subPath": "datasets/imagenet-hdf5"} in stage["volumeMounts"]
+    assert {"name": "checkpoints", "mountPath": "/mnt/dataset-source", "readOnly": True,
+            "subPath": "datasets/imagenet-hdf5"} in stage["volumeMounts"]  # the one volume of the claim
+    assert [v["name"] for v in pod["volumes"] if "persistentVolumeClaim" in v] == ["checkpoints"]
     assert "restartPolicy" not in stage  # an init container: the copy ends before the trainer starts
 
 

@@ -75,3 +75,19 @@ def test_prod_with_team_directories_plans_a_pv_per_team_on_its_directory(plan_co
     assert spec["csi"]["volumeHandle"] == f"{fsx['fileSystemId']}:/teams/vision"
     assert spec["claimRef"] == {"namespace": "team-vision", "name": "fsx-lustre"}
     assert {"namespace": "team-language", "name": "fsx-lustre"} in fsx["claims"]
+
+
+def test_a_team_efs_claim_named_like_the_fsx_claim_is_refused_naming_both() -> None:
+    volume = {"uid": 20001, "gid": 20001, "claim": "fsx-lustre", "size": "1Ti"}
+    teams = [{**TEAMS[0], "volume": volume},
+             {**TEAMS[1], "volume": {**volume, "uid": 20002, "gid": 20002, "claim": "shared"}}]
+    found = [(where, why) for where, why in fsx_zone_problems(_config(teams), ["us-east-1a"])
+             if where.endswith("volume.claim")]
+    assert found == [("ml-cluster:kueue.teams[0].volume.claim",
+                      "team vision: 'fsx-lustre' is also ml-cluster:storage.fsxLustre.claimName, the claim of the "
+                      "team's directory /teams/vision in namespace team-vision: name the two claims apart")]
+    renamed = [{**teams[0], "volume": {**volume, "claim": "home"}}, teams[1]]
+    assert not [where for where, _ in fsx_zone_problems(_config(renamed), ["us-east-1a"])
+                if where.endswith("volume.claim")]
+    assert team_facts(_config(renamed).kueue, fsx_team_claims(_config(renamed)))["vision"].volume_claims == (
+        "home", "fsx-lustre")

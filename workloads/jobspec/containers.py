@@ -97,6 +97,21 @@ def _stage_from_store(container: dict[str, Any], spec: TrainingJobSpec, facts: C
     return command
 
 
+CHECKPOINT_VOLUME = "checkpoints"
+
+
+def dataset_claim_volume(spec: TrainingJobSpec) -> str:
+    """The pod volume that holds the dataset's claim: the checkpoints' volume when the checkpoint names the same
+    claim (prod's FSx for Lustre: one volume, a read-only mount of its dataset directory and a read-write one for
+    the checkpoints, not one PV mounted twice as two volumes), else its own (`dataset` read in place, `dataset-source`
+    copied onto NVMe)."""
+    dataset, checkpoint = spec.dataset, spec.checkpoint
+    assert dataset is not None and dataset.claim_name is not None
+    if checkpoint is not None and checkpoint.claim_name == dataset.claim_name:
+        return CHECKPOINT_VOLUME
+    return "dataset" if dataset.staging == "none" else "dataset-source"
+
+
 def stage_container(spec: TrainingJobSpec, facts: ClusterFacts, scratch_mount: dict[str, Any]) -> dict[str, Any]:
     dataset = spec.dataset
     assert dataset is not None and dataset.staging != "none"
@@ -115,7 +130,7 @@ def stage_container(spec: TrainingJobSpec, facts: ClusterFacts, scratch_mount: d
         container["volumeMounts"] = [
             scratch_mount,
             TMP_MOUNT,
-            {"name": "dataset-source", "mountPath": "/mnt/dataset-source", "readOnly": True,
+            {"name": dataset_claim_volume(spec), "mountPath": "/mnt/dataset-source", "readOnly": True,
              **({"subPath": dataset.sub_path.rstrip("/")} if dataset.sub_path else {})},
         ]
     container["command"] = command

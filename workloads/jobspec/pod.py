@@ -14,7 +14,13 @@ from typing import Any
 
 from workloads.cluster_facts import ClusterFacts, PoolFacts
 from workloads.jobspec.checkpointing import file_system_share
-from workloads.jobspec.containers import GangAddress, stage_container, train_container
+from workloads.jobspec.containers import (
+    CHECKPOINT_VOLUME,
+    GangAddress,
+    dataset_claim_volume,
+    stage_container,
+    train_container,
+)
 from workloads.jobspec.defaults import (
     GPU_TAINT,
     TMP_MOUNT,
@@ -145,10 +151,13 @@ def _dataset_volumes(spec: TrainingJobSpec, facts: ClusterFacts, out: _Volumes) 
     dataset = spec.dataset
     if dataset is None:
         return
+    # A claim the checkpoint names too is the checkpoints' volume (_volumes adds it), mounted once more read-only.
+    source = dataset_claim_volume(spec) if dataset.claim_name is not None else None
     if dataset.staging == "none":
-        out.volumes.append(
-            {"name": "dataset", "persistentVolumeClaim": {"claimName": dataset.claim_name, "readOnly": True}})
-        out.mounts.append({"name": "dataset", "mountPath": dataset.mount_path, "readOnly": True,
+        if source == "dataset":
+            out.volumes.append(
+                {"name": "dataset", "persistentVolumeClaim": {"claimName": dataset.claim_name, "readOnly": True}})
+        out.mounts.append({"name": source, "mountPath": dataset.mount_path, "readOnly": True,
                            **dataset_sub_path(spec)})
         return
     # No medium: the emptyDir lives on the kubelet's disk, the NVMe RAID0 on nodes labelled disktype=nvme.
@@ -156,7 +165,7 @@ def _dataset_volumes(spec: TrainingJobSpec, facts: ClusterFacts, out: _Volumes) 
     scratch_mount = {"name": "dataset", "mountPath": dataset.mount_path}
     # The trainer writes its read plan for the cache into DEST/.cache/; a copied dataset is read-only.
     out.mounts.append({**scratch_mount, "readOnly": not dataset.has_sidecar()})
-    if dataset.claim_name is not None:
+    if source == "dataset-source":
         out.volumes.append(
             {"name": "dataset-source", "persistentVolumeClaim": {"claimName": dataset.claim_name, "readOnly": True}})
     out.init_containers.append(stage_container(spec, facts, scratch_mount))
@@ -177,8 +186,8 @@ def _volumes(spec: TrainingJobSpec, facts: ClusterFacts) -> _Volumes:
     _dataset_volumes(spec, facts, out)
     if spec.checkpoint is not None and spec.checkpoint.claim_name is not None:
         out.volumes.append(
-            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}})
-        out.mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.mount_path})
+            {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}})
+        out.mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path})
     return out
 
 

@@ -27,6 +27,7 @@ from infra.storage.verify import (  # noqa: E402
     aws_checks,
     check_queues,
     kubernetes_checks,
+    list_kueue,
     render_table,
     storage_outputs,
 )
@@ -114,9 +115,7 @@ def run(args: argparse.Namespace) -> list[Check]:
         )
         if (outputs.get("jobFacts") or {}).get("kueue"):
             custom = client.CustomObjectsApi()
-            cluster_queues = custom.list_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues")
-            local_queues = custom.list_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "localqueues")
-            checks += check_queues(outputs, cluster_queues.get("items") or [], local_queues.get("items") or [])
+            checks += check_queues(outputs, list_kueue(custom, "clusterqueues"), list_kueue(custom, "localqueues"))
     return checks
 
 

@@ -374,6 +374,23 @@ def kubernetes_checks(
     return checks
 
 
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # served from Kueue 0.15.0, and before (an adopted older Kueue)
+
+
+def list_kueue(custom: Any, plural: str) -> list[dict[str, Any]]:
+    """Every Kueue object of `plural` (clusterqueues, localqueues) through a kubernetes CustomObjectsApi: in
+    v1beta2, or in v1beta1 where the cluster's own older Kueue serves no v1beta2 (404). What check_queues reads
+    (status conditions, spec.clusterQueue) has the same names in both."""
+    for version in KUEUE_VERSIONS:
+        try:
+            found = custom.list_cluster_custom_object("kueue.x-k8s.io", version, plural)
+            return list(found.get("items") or [])
+        except Exception as exc:  # the kubernetes client's ApiException; only a 404 means "not served"
+            if getattr(exc, "status", None) != 404 or version == KUEUE_VERSIONS[-1]:
+                raise
+    return []
+
+
 def check_queues(outputs: Mapping[str, Any], cluster_queues: Iterable[Mapping[str, Any]],
                  local_queues: Iterable[Mapping[str, Any]]) -> list[Check]:
     """On a stack with Kueue: every LocalQueue of the jobFacts output exists in the Jobs' namespace and is Active

@@ -21,6 +21,11 @@ RETRY_MAX_PAUSE_S = 8.0
 CONNECT_TIMEOUT_S = 10.0
 FOLLOW_READ_TIMEOUT_S = 300.0  # logs --follow: a stream silent for this long (or --request-timeout, if longer) ends
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+# Kueue serves v1beta2 from 0.15.0 and v1beta1 before: on a cluster whose own older Kueue the stack adopted
+# (kueue.external) a Workload is read in v1beta1, where what is read of it (conditions, admission.clusterQueue,
+# requeueState) has the same names (kueue v0.19.2 apis/kueue/v1beta1/workload_conversion.go converts only the
+# priority class reference, topology assignments and an execution-time counter).
+KUEUE_VERSIONS = (KUEUE_VERSION, "v1beta1")
 # Kueue labels each Workload with the UID of the Job it stands for (pkg/controller/constants/constants.go:43 at
 # v0.19.2); the Workload's name is derived from the Job's and is not guessed here.
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
@@ -254,8 +259,14 @@ def kueue_state(namespace: str, job: dict[str, Any], timeout_s: float = DEFAULT_
     if not uid:
         return None, None
     custom = custom_objects_api(timeout_s)
-    found = custom.list_namespaced_custom_object(
-        KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}")
+    for version in KUEUE_VERSIONS:
+        try:
+            found = custom.list_namespaced_custom_object(
+                KUEUE_GROUP, version, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}")
+            break
+        except ApiException as exc:  # 404: this Kueue does not serve the version (an adopted older one)
+            if exc.status != 404 or version == KUEUE_VERSIONS[-1]:
+                raise
     items = (found.get("items") if isinstance(found, dict) else None) or []
     if not items:
         return None, None
@@ -264,7 +275,7 @@ def kueue_state(namespace: str, job: dict[str, Any], timeout_s: float = DEFAULT_
     try:
         pending = _get_object(
             custom.api_client,
-            "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads",
+            f"/apis/visibility.kueue.x-k8s.io/{version}/namespaces/{{namespace}}/localqueues/{{name}}/pendingworkloads",
             {"namespace": namespace, "name": str(queue)}, (min(CONNECT_TIMEOUT_S, timeout_s), timeout_s))
     except ApiException:  # no RBAC for the visibility API, or it is not served: the position is optional
         pending = None

@@ -214,6 +214,8 @@ def render_release(release: Mapping[str, Any], charts: Path, kubernetes_version:
     import kubernetes_validate
     from helm_python import Chart, HelmError
 
+    from infra.plan.kubeschema import validate
+
     inputs = release["inputs"]
     name, version = chart_name(inputs["chart"]), str(inputs.get("version") or "")
     if not version:
@@ -255,7 +257,7 @@ def render_release(release: Mapping[str, Any], charts: Path, kubernetes_version:
             problems.extend(f"{what}: {problem}" for problem in validate_custom(manifest, crds))
             continue
         try:
-            kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
+            validate(manifest, kubernetes_version, strict=True)
         except kubernetes_validate.SchemaNotFoundError:
             problems.append(f"{what}: {manifest.get('apiVersion')} {manifest.get('kind')} is not served by "
                             f"Kubernetes {kubernetes_version}")

@@ -561,6 +561,8 @@ def validate_kubernetes_objects(
     only has the built-in API's schemas."""
     import kubernetes_validate
 
+    from infra.plan.kubeschema import validate
+
     problems: list[str] = []
     for resource in kubernetes_objects(plan):
         manifest = resource["inputs"]
@@ -571,7 +573,7 @@ def validate_kubernetes_objects(
         if str(manifest.get("apiVersion") or "").split("/")[0] in CHART_TEMPLATE_GROUPS:
             continue  # defined by a chart's rendered CRDs: scripts/render_charts.py validates them against those
         try:
-            kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
+            validate(manifest, kubernetes_version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             path = ".".join(str(part) for part in exc.path) or "(root)"
             problems.append(f"{resource['type']} {resource['name']}: {path}: {exc.message}")

@@ -10,6 +10,7 @@ from typing import Any
 
 import kubernetes_validate
 
+from infra.plan.kubeschema import validate
 from tests.jobs.pss import restricted_violations
 from workloads.jobspec import CONFIG_ERROR_EXIT_CODE
 from workloads.quantity import quantity_bytes
@@ -20,7 +21,7 @@ HASHED_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?-[0-9a-f]{8}$")
 def validate_strict(manifest: dict[str, Any], kubernetes_version: str = "1.33") -> None:
     """Strict schema validation; raise AssertionError with the first line of the validator's message."""
     try:
-        kubernetes_validate.validate(manifest, kubernetes_version, strict=True)
+        validate(manifest, kubernetes_version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         first = str(exc).splitlines()[0]
         raise AssertionError(f"{manifest['kind']}/{manifest['metadata'].get('name')}: {first}") from None

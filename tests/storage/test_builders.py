@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import kubernetes_validate
 import pytest
 
 from infra.config.storage import (
@@ -18,6 +17,7 @@ from infra.config.storage import (
 )
 from infra.context import StackContext, SubnetRef
 from infra.iam import pod_identity_trust_policy
+from infra.plan.kubeschema import validate
 from infra.storage import classes
 from infra.storage.buckets import (
     cos_provider_args,
@@ -35,7 +35,7 @@ COS = CosConfig(endpoint="https://s3.us-south.cloud-object-storage.appdomain.clo
 
 
 def valid(manifest: dict) -> None:
-    kubernetes_validate.validate(manifest, K8S, strict=True)
+    validate(manifest, K8S, strict=True)
 
 
 def test_one_mount_target_subnet_per_zone_first_in_order() -> None:

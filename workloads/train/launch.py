@@ -42,6 +42,13 @@ def exit_code_for(worker_codes: Iterable[int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    limit = memlock_limit()
+    print(f"launch: {memlock_line(limit)}", file=sys.stderr)
+    refused = efa_memlock_error(os.environ, limit)
+    if refused:  # before torch is imported: a pod that cannot run says so at once
+        print(f"error: {refused}", file=sys.stderr)
+        return config_error_exit_code()
+
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -52,12 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     from torch.distributed.run import main as torchrun
 
-    limit = memlock_limit()
-    print(f"launch: {memlock_line(limit)}", file=sys.stderr)
-    refused = efa_memlock_error(os.environ, limit)
-    if refused:
-        print(f"error: {refused}", file=sys.stderr)
-        return config_error_exit_code()
     try:
         torchrun(argv)
     except ChildFailedError as exc:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from workloads.data.format.records import TOKEN_DTYPES
 from workloads.data.moving.metrics import PACK_METRICS_PORT_ENV, STAGE_METRICS_PORT_ENV, PackMetrics, StageMetrics
 from workloads.data.moving.s3 import parse_s3_uri
 from workloads.metrics_http import DEFAULT_METRICS_ADDR, METRICS_ADDR_ENV, metrics_addr, port_number
+from workloads.parentwatch import PARENT_POLL_S, watch_parent
 
 if TYPE_CHECKING:
     from workloads.data.moving.upload import ShardStream
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 JOB_INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes in every pod of an Indexed Job
 CONFIG_EXIT, RUNTIME_EXIT = 2, 1
+READER_GONE_GRACE_S = 10.0  # a stager whose reader ended has this long to unwind before it exits at once
 
 
 def _env_port(name: str) -> int:
@@ -217,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "shards it needs first or holds every shard it wants; default: wait forever, logging "
                             "what it waits for")
     stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
+    stage.add_argument("--reader-pid", type=_positive_int, default=None, metavar="PID",
+                       help="the process that started this stager to read DEST (PackedData and MixedData pass "
+                            f"their own): the stager stops within {PARENT_POLL_S:g}s of that process's end, however "
+                            f"it ends (SIGKILL too), and exits 1 at the latest {READER_GONE_GRACE_S:g}s later")
     stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                        help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
                             f"listens on ${METRICS_ADDR_ENV} (default {DEFAULT_METRICS_ADDR})")
@@ -439,6 +446,9 @@ def run(args: argparse.Namespace) -> int:
     from workloads.data.moving.mixture_stage import stage_mixture
     from workloads.data.moving.stage import StageOptions, stage
 
+    if args.reader_pid is not None:
+        _stop_with_reader(args.reader_pid)
+
     if args.budget is not None and args.window is not None:
         raise DataToolError("--window", "an alias of --budget: give one of them")
     budget = args.budget if args.budget is not None else args.window
@@ -461,6 +471,22 @@ def run(args: argparse.Namespace) -> int:
           f"{len(staged.kept)} already verified, evicted {len(staged.evicted)}; peak {staged.peak_held_bytes} "
           "bytes held")
     return 0
+
+
+def _stop_with_reader(reader: int) -> None:
+    """A stager started by its reader ends with it (an orphan once staged for hours): when the reader is gone, the
+    stager sends itself SIGTERM (unwound like a pod's stop: fetches cancelled, no partial file under a final name),
+    and exits 1 at once if that has not ended it within READER_GONE_GRACE_S (a GET that does not return)."""
+
+    def gone() -> None:
+        print(f"stage: the reader (pid {reader}) is gone; stopping", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(READER_GONE_GRACE_S)
+        print(f"stage: still stopping {READER_GONE_GRACE_S:g}s after the reader ended; exiting", file=sys.stderr,
+              flush=True)
+        os._exit(RUNTIME_EXIT)
+
+    watch_parent(reader, gone)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,8 +28,9 @@ def start_stager(remote: str | Sequence[str], dest: Path, endpoint_url: str | No
         if not text.startswith("s3://"):
             raise ValueError(f"remote: expected an s3://bucket/prefix URI, got {text!r}")
     dest.mkdir(parents=True, exist_ok=True)
+    # --reader-pid: the stager ends with this process, however it ends (an orphan stager once ran for hours).
     command = [sys.executable, "-m", "workloads.data", "stage", *remotes, str(dest), "--no-progress",
-               "--workers", str(workers)]
+               "--workers", str(workers), "--reader-pid", str(os.getpid())]
     if budget_bytes is not None:
         command += ["--budget", f"{budget_bytes}B"]  # a bare number would be GiB
     if endpoint_url is not None:

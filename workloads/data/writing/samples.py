@@ -15,8 +15,6 @@ import os
 import signal
 import stat
 import sys
-import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -29,6 +27,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from workloads.data.format.jpeg import decodes_strictly
 from workloads.data.format.manifest import Layout
+from workloads.parentwatch import watch_parent
 
 # Pillow refuses images above ~179 Mpx as decompression bombs; keep that guard (it raises, and we skip the file).
 Image.MAX_IMAGE_PIXELS = 179_000_000
@@ -144,13 +143,6 @@ def decode_image(relpath: str, label: int, raw: bytes, layout: Layout, size: int
 _PR_SET_PDEATHSIG = 1
 
 
-def _watch_parent(parent: int) -> None:
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
 def worker_init(parent: int) -> None:
     """Decoding workers die with the packer, even when it is SIGKILLed (then no shutdown message ever comes).
 
@@ -164,9 +156,7 @@ def worker_init(parent: int) -> None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent:  # the parent died before the prctl took effect
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watchdog", daemon=True).start()
+    watch_parent(parent, lambda: os._exit(1))  # at once if it died before the prctl took effect
 
 
 def decode_chunk(tasks: list[tuple[str, str, int, Layout, int]]) -> list[Sample]:

@@ -108,6 +108,11 @@ def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> J
         uses = []
         if spec.dataset is not None and spec.dataset.uri is not None:
             uses.append(("dataset.uri", spec.dataset.uri, "read", read))
+        for m_index, source in enumerate((spec.dataset.mixture or []) if spec.dataset is not None else []):
+            if source.bucket is not None and source.bucket in by_physical.values():
+                read.add(source.bucket)
+            elif source.uri is not None:
+                uses.append((f"dataset.mixture[{m_index}].uri", source.uri, "read", read))
         if spec.checkpoint is not None and spec.checkpoint.uri is not None:
             uses.append(("checkpoint.uri", spec.checkpoint.uri, "write", write))
         for where, uri, verb, into in uses:

@@ -265,3 +265,19 @@ def test_tags_the_gp3_class_cannot_hand_the_ebs_driver_are_refused(tags: dict[st
     assert "ml-cluster:tags" in str(caught.value) and why in str(caught.value), str(caught.value)
     values["ml-cluster:tags"] = {"cost-center": "x=y"}
     parse_stack_config(values)
+
+
+def test_a_mixtures_sources_are_what_the_jobs_role_reads() -> None:
+    """Each source of a Job's mixture is read by the Jobs' role: one of the stack's buckets (by name or by uri) is
+    granted, another bucket is refused at its source."""
+    from infra.config.stackcheck import job_bucket_access
+
+    values = stack_values("dev")
+    job = {**values["ml-cluster:jobs"][0], "command": ["python", "mix.py"], "args": None, "checkpoint": None}
+    job["dataset"] = {"mountPath": "/data", "staging": "copy", "stagedSize": "150Gi", "mixture": [
+        {"bucket": "checkpoints", "prefix": "distilled/"}, {"uri": "s3://someone-elses/pile/"}]}
+    values["ml-cluster:jobs"] = [{k: v for k, v in job.items() if v is not None}]
+    access = job_bucket_access(parse_stack_config(values, ["ml-cluster:kubeconfig"]), "dev", "111122223333")
+    assert access.read == ("checkpoints",) and access.write == ()
+    assert [path for path, _ in access.problems] == ["ml-cluster:jobs[0].dataset.mixture[1].uri"]
+    assert "not one of this stack's S3 buckets" in access.problems[0][1]

@@ -24,8 +24,26 @@ def _job(dataset: str, checkpoint: str, team: str | None = "vision") -> dict[str
     return {k: v for k, v in job.items() if v is not None}
 
 
+def _mixture(sources: list[dict[str, Any]], team: str | None = "vision") -> dict[str, Any]:
+    """A team Job (your own command) reading a mixture of `sources`."""
+    job = {**_job("vision/imagenet/", "vision/run1/", team), "command": ["python", "mix.py"]}
+    job["dataset"] = {"mixture": sources, "mountPath": "/data", "staging": "copy", "stagedSize": "100Gi"}
+    return job
+
+
+OWN = {"bucket": "datasets", "prefix": "vision/imagenet/", "weight": 0.7}
+
 # (the Job, the field, the reason): the stack check's and submit's words alike
 REFUSED = [
+    (_mixture([OWN, {"bucket": "datasets", "prefix": "language/pile/"}]), "dataset.mixture[1].prefix",
+     "datasets/language/pile/ is team language's data, not team vision's"),
+    (_mixture([OWN, {"uri": "s3://elsewhere/pile/"}]), "dataset.mixture[1].uri",
+     "team vision's Jobs name their data by bucket and prefix (one of the team's own), not by uri"),
+    (_mixture([OWN, {"bucket": "datasets", "prefix": "shared/x/"}]), "dataset.mixture[1].prefix",
+     "team vision may read only under its own prefixes (datasets/vision/, checkpoints/vision/), not "
+     "datasets/shared/x/"),
+    (_mixture([{**OWN, "prefix": "vision/a/"}, {"bucket": "datasets", "prefix": "shared/"}], team=None),
+     "dataset.mixture[0].prefix", "datasets/vision/a/ is team vision's data"),
     (_job("language/pile/", "vision/run1/"), "dataset.prefix",
      "datasets/language/pile/ is team language's data, not team vision's"),
     (_job("vision/imagenet/", "language/run1/"), "checkpoint.prefix",
@@ -83,3 +101,17 @@ def test_a_job_under_its_teams_prefixes_renders(facts_file: Path, tmp_path: Path
     assert main(["render", str(spec), "--facts", str(facts_file)]) == 0
     job = next(m for m in yaml.safe_load_all(capsys.readouterr().out) if m["kind"] == "Job")
     assert job["metadata"]["namespace"] == "team-vision"
+
+
+def test_a_mixture_under_its_teams_prefixes_renders_with_the_buckets_resolved(
+        facts_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sources = [OWN, {"bucket": "checkpoints", "prefix": "vision/distilled/", "weight": 0.3}]
+    spec = _spec_file(tmp_path, _mixture(sources))
+    assert main(["render", str(spec), "--facts", str(facts_file)]) == 0
+    job = next(m for m in yaml.safe_load_all(capsys.readouterr().out) if m["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    buckets = facts_from_dict(json.loads(facts_file.read_text())).buckets or {}
+    uris = [f"s3://{buckets['datasets']}/vision/imagenet/", f"s3://{buckets['checkpoints']}/vision/distilled/"]
+    assert pod["initContainers"][0]["command"][4:6] == uris
+    [mixture] = [e["value"] for e in pod["containers"][0]["env"] if e["name"] == "DATA_MIXTURE"]
+    assert json.loads(mixture) == [{"uri": uris[0], "weight": 0.7}, {"uri": uris[1], "weight": 0.3}]

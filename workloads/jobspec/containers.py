@@ -73,7 +73,7 @@ def _stage_from_store(container: dict[str, Any], spec: TrainingJobSpec, facts: C
     dataset = spec.dataset
     assert dataset is not None
     # A mixture: one stager for every source (DEST/0, DEST/1, ...), one budget (workloads/data/moving/mixture_stage.py).
-    uris = [source.uri for source in dataset.mixture] if dataset.mixture else [str(dataset.uri)]
+    uris = [str(source.uri) for source in dataset.mixture] if dataset.mixture else [str(dataset.uri)]
     stores = {facts.in_object_store(uri.removeprefix("s3://").split("/", 1)[0]) for uri in uris}
     if len(stores) > 1:
         raise JobSpecError("dataset.mixture", "every source in one object store (one endpoint per stager)")
@@ -210,7 +210,8 @@ def _data_env(spec: TrainingJobSpec) -> Env:
         env.append({"name": "DATA_STAGING", "value": spec.dataset.staging})
         if spec.dataset.mixture:
             env.append({"name": "DATA_MIXTURE", "value": json.dumps(
-                [source.model_dump(exclude_none=True) for source in spec.dataset.mixture], sort_keys=True)})
+                [source.model_dump(exclude_none=True, exclude={"bucket", "prefix"})  # resolved into uri
+                 for source in spec.dataset.mixture], sort_keys=True)})
     if spec.checkpoint is not None:
         if spec.checkpoint.claim_name is not None:
             env.append({"name": "CHECKPOINT_DIR", "value": spec.checkpoint.mount_path})

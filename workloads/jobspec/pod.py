@@ -80,17 +80,27 @@ def _check_claims(spec: TrainingJobSpec, facts: ClusterFacts) -> None:
 
 
 def resolve_buckets(spec: TrainingJobSpec, facts: ClusterFacts) -> TrainingJobSpec:
-    """A dataset or checkpoint named by the stack's logical bucket gets its s3:// URI from the cluster facts."""
+    """A dataset, a mixture's source or a checkpoint named by the stack's logical bucket gets its s3:// URI from the
+    cluster facts."""
+    known = facts.buckets or {}
+
+    def uri(name: str, bucket: str, prefix: str) -> str:
+        if bucket not in known:
+            choices = ", ".join(sorted(known)) or "none"
+            raise JobSpecError(f"{name}.bucket", f"{bucket!r} is not a bucket of stack {facts.stack} "
+                                                 f"(its buckets: {choices})")
+        return f"s3://{known[bucket]}/{prefix}"
+
     update: dict[str, Any] = {}
     for name, target in (("dataset", spec.dataset), ("checkpoint", spec.checkpoint)):
-        if target is None or target.bucket is None:
-            continue
-        known = facts.buckets or {}
-        if target.bucket not in known:
-            choices = ", ".join(sorted(known)) or "none"
-            raise JobSpecError(f"{name}.bucket", f"{target.bucket!r} is not a bucket of stack {facts.stack} "
-                                                 f"(its buckets: {choices})")
-        update[name] = target.model_copy(update={"uri": f"s3://{known[target.bucket]}/{target.prefix}"})
+        if target is not None and target.bucket is not None:
+            update[name] = target.model_copy(update={"uri": uri(name, target.bucket, target.prefix)})
+    dataset = spec.dataset
+    if dataset is not None and dataset.mixture and any(source.bucket is not None for source in dataset.mixture):
+        sources = [source if source.bucket is None else source.model_copy(
+            update={"uri": uri(f"dataset.mixture[{index}]", source.bucket, source.prefix)})
+            for index, source in enumerate(dataset.mixture)]
+        update["dataset"] = dataset.model_copy(update={"mixture": sources})
     return spec.model_copy(update=update) if update else spec
 
 

@@ -31,9 +31,16 @@ def _one_source(uri: str | None, bucket: str | None, claim_name: str | None, pre
 
 class MixtureSourceSpec(_Spec):
     """One source of a dataset mixture (read with workloads.data.mixed.MixedData.from_env in your own command): a
-    packed dataset in object storage and its share of each epoch (one of weight, samples, repeat; none: weight 1)."""
+    packed dataset in object storage, by `uri` or by `bucket` + `prefix` (a team's Job names its sources so, as its
+    dataset), and its share of each epoch (one of weight, samples, repeat; none: weight 1)."""
 
-    uri: str = Field(description="s3://bucket/prefix of the packed dataset")
+    uri: str | None = Field(default=None, description="s3://bucket/prefix of the packed dataset")
+    bucket: DnsLabel | None = Field(
+        default=None,
+        description="instead of uri: one of the stack's buckets by its logical name (storage.buckets or "
+                    "storage.cos.buckets)",
+    )
+    prefix: ObjectPrefix = Field(default="", description="with bucket: the key prefix of the packed dataset in it")
     weight: float | None = Field(default=None, gt=0, description="its share, in proportion to the other weights")
     samples: int | None = Field(default=None, ge=1, description="a fixed number of its samples per epoch")
     repeat: float | None = Field(default=None, gt=0, description="its samples per epoch as a multiple of its size")
@@ -41,7 +48,12 @@ class MixtureSourceSpec(_Spec):
 
     @model_validator(mode="after")
     def _check(self) -> MixtureSourceSpec:
-        if not _S3_URI.match(self.uri):
+        if (self.uri is None) == (self.bucket is None):
+            raise JobSpecError("uri", "set exactly one of uri (s3://bucket/prefix) and bucket (+ prefix: one of the "
+                                      "stack's buckets)")
+        if self.prefix and self.bucket is None:
+            raise JobSpecError("prefix", "only meaningful with bucket")
+        if self.uri is not None and not _S3_URI.match(self.uri):
             raise JobSpecError("uri", f"{self.uri!r} must look like s3://bucket/prefix")
         given = [name for name in ("weight", "samples", "repeat") if getattr(self, name) is not None]
         if len(given) > 1:

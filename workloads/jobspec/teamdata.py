@@ -25,8 +25,24 @@ class TeamPrefixes:
         return (*self.reads, *self.writes)
 
 
+def _named_data(spec: TrainingJobSpec) -> list[tuple[str, str | None, str, str | None, bool]]:
+    """(field path, logical bucket, prefix, uri, written) of every place the spec reads or writes: its dataset, each
+    source of its dataset's mixture, its checkpoint."""
+    named: list[tuple[str, str | None, str, str | None, bool]] = []
+    if spec.dataset is not None:
+        if spec.dataset.mixture:
+            named += [(f"dataset.mixture[{index}]", source.bucket, source.prefix, source.uri, False)
+                      for index, source in enumerate(spec.dataset.mixture)]
+        else:
+            named.append(("dataset", spec.dataset.bucket, spec.dataset.prefix, spec.dataset.uri, False))
+    if spec.checkpoint is not None:
+        named.append(("checkpoint", spec.checkpoint.bucket, spec.checkpoint.prefix, spec.checkpoint.uri, True))
+    return named
+
+
 def team_prefix_problems(spec: TrainingJobSpec, teams: Mapping[str, TeamPrefixes | None]) -> list[tuple[str, str]]:
-    """(field path in the spec, why) for each dataset or checkpoint of `spec` outside what its team may use.
+    """(field path in the spec, why) for each dataset, mixture source or checkpoint of `spec` outside what its team
+    may use.
 
     `teams` maps every team whose prefixes are known to them (None: not known, e.g. facts published before the
     prefixes were; that team's own-prefix check is skipped). A Job of a team may read only under the team's
@@ -35,13 +51,13 @@ def team_prefix_problems(spec: TrainingJobSpec, teams: Mapping[str, TeamPrefixes
     job_team = spec.team
     mine = teams.get(job_team) if job_team is not None else None
     problems: list[tuple[str, str]] = []
-    for field_name, target, writes in (("dataset", spec.dataset, False), ("checkpoint", spec.checkpoint, True)):
-        if target is None or target.bucket is None:
-            if target is not None and target.uri is not None and job_team is not None:
+    for field_name, bucket, prefix, uri, writes in _named_data(spec):
+        if bucket is None:
+            if uri is not None and job_team is not None:
                 problems.append((f"{field_name}.uri", f"team {job_team}'s Jobs name their data by bucket and prefix "
                                                       "(one of the team's own), not by uri"))
             continue
-        key = f"{target.bucket}/{target.prefix}"
+        key = f"{bucket}/{prefix}"
         foreign = sorted({name for name, prefixes in teams.items() if prefixes is not None and name != job_team
                           for owned in prefixes.owned if key.startswith(owned) or owned.startswith(key)})
         if foreign:

@@ -23,6 +23,8 @@ AWS_STACKS = [s for s in STACKS if yaml.safe_load((STACKS_DIR / f"Pulumi.{s}.yam
     "ml-cluster:platform") == "eks"]
 
 _PLANS: dict[str, dict[str, Any]] = {}
+# plan_config's plans: (stack, the stack file's YAML) -> (plan, what planning it wrote to stderr)
+_CONFIG_PLANS: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
 
 # Under `make test` (-n 2) the run ends when the worker with the last long case ends: the folders whose cases start
 # gangs, servers, moto and charts (seconds each) are collected first, so the last cases handed out are the quick
@@ -109,7 +111,9 @@ def stack_values(stack: str) -> dict[str, Any]:
 def plan_config(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     """plan_config("dev", {"ml-cluster:protected": True}) plans a modified copy of a stack file.
 
-    Keys mapped to None are removed. Raises what plan_stack raises (ConfigError, FixtureError).
+    Keys mapped to None are removed. Raises what plan_stack raises (ConfigError, FixtureError). A stack file the
+    session has planned already (the same stack, the same YAML) is not planned again: the copy of its plan comes
+    back with what the plan wrote to stderr. Errors are never cached: a bad file is planned every time.
     """
 
     def plan(stack: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -119,9 +123,21 @@ def plan_config(tmp_path: Path) -> Callable[..., dict[str, Any]]:
                 document["config"].pop(key, None)
             else:
                 document["config"][key] = value
+        text = yaml.safe_dump(document)
         path = tmp_path / f"Pulumi.{stack}.yaml"
-        path.write_text(yaml.safe_dump(document))
-        return plan_stack(stack, path)
+        path.write_text(text)
+        if (stack, text) not in _CONFIG_PLANS:
+            said = io.StringIO()
+            try:
+                with redirect_stderr(said):
+                    planned = plan_stack(stack, path)
+            finally:
+                sys.stderr.write(said.getvalue())
+            _CONFIG_PLANS[stack, text] = (planned, said.getvalue())
+            return copy.deepcopy(planned)
+        planned, said_then = _CONFIG_PLANS[stack, text]
+        sys.stderr.write(said_then)
+        return copy.deepcopy(planned)
 
     return plan
 

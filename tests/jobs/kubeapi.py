@@ -37,6 +37,7 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []
         self.raw: dict[str, tuple[int, str, bytes]] = {}  # path -> (status, content type, body) answered as is
         self.raw_times: dict[str, int] = {}  # path -> how many requests get its raw answer (absent: every request)
+        self.lost: dict[str, tuple[int, str, bytes]] = {}  # path -> answered once after the DELETE was done
         self._uid = 0
         owner = self
 
@@ -99,6 +100,14 @@ class FakeApiServer:
                     return
                 if method == "DELETE":
                     del owner.objects[key]
+                    if path in owner.lost:  # deleted, but the answer that comes back is a server error
+                        status, content_type, data = owner.lost.pop(path)
+                        self.send_response(status)
+                        self.send_header("Content-Type", content_type)
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        self.wfile.write(data)
+                        return
                     self._answer(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
                     return
                 self._answer(200, owner.objects[key])

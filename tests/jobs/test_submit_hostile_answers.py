@@ -16,6 +16,7 @@ from tests.jobs.kubeapi import FakeApiServer, fake_api_server
 from workloads.cluster_facts import facts_config_map
 from workloads.jobspec import KUEUE_QUEUE_LABEL
 from workloads.submit import cli as submit
+from workloads.submit.kube import TimedApi
 
 NAMESPACE = "training"
 JOB_PATH = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/run"
@@ -150,6 +151,52 @@ def test_a_server_error_that_passes_is_not_an_error(tmp_path: Path, monkeypatch:
         created = [key for key in server.objects if key[0] == "Job"]
     assert code == 0, captured.err
     assert captured.out.startswith("created job/") and len(created) == 1, captured.out
+
+
+def test_a_retried_delete_that_finds_nothing_is_done(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The first DELETE deleted the Job but its answer was a 504 (a proxy gave up): the retry's 404 means done."""
+    monkeypatch.setattr("workloads.submit.kube.RETRY_FIRST_PAUSE_S", 0.05)
+    with fake_api_server() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        server.add(job({"active": 1}))
+        server.lost[JOB_PATH] = server_error(504)
+        code = submit.main(["delete", "run"])
+        captured = capsys.readouterr()
+        deletes = [path for method, path in server.requests if method == "DELETE" and path == JOB_PATH]
+        left = [key for key in server.objects if key[0] == "Job"]
+    assert code == 0 and captured.out == "deleted job/run\n", captured
+    assert captured.err == (f"note: kubernetes API {server.url}: delete_namespaced_job: not found on try 2 after a "
+                            "server error: an earlier try deleted it\n")
+    assert len(deletes) == 2 and left == []
+
+
+@pytest.mark.parametrize("name", ["delete_namespaced_job", "read_namespaced_job", "patch_namespaced_job"])
+def test_only_a_retried_delete_reads_404_as_done(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first try's 404 is the usual not-found error, and so is a retried read's or patch's."""
+    from kubernetes.client.exceptions import ApiException
+
+    monkeypatch.setattr("workloads.submit.kube.RETRY_FIRST_PAUSE_S", 0.01)
+    answers: list[int] = []
+
+    class Api:
+        def __getattr__(self, _: str) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                raise ApiException(status=answers.pop(0), reason="answer")
+            return call
+
+    api = TimedApi(Api(), "https://api.example", 5.0)
+    answers[:] = [404]
+    with pytest.raises(ApiException):
+        getattr(api, name)("run", NAMESPACE)
+    answers[:] = [503, 404]
+    if name.startswith("delete_"):
+        assert getattr(api, name)("run", NAMESPACE) is None
+    else:
+        with pytest.raises(ApiException):
+            getattr(api, name)("run", NAMESPACE)
+    assert answers == []
 
 
 def test_an_adopted_kueue_older_than_0_15_is_read_in_v1beta1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,12 @@ def _is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, Urllib3Timeout | TimeoutError)
 
 
+def _not_found(exc: BaseException) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
 def _server_error(exc: BaseException) -> int | None:
     """The status of an answer that says the server failed, not the request (5xx, or 429 Too Many Requests)."""
     from kubernetes.client.exceptions import ApiException
@@ -54,7 +61,8 @@ class TimedApi:
     RuntimeFailure naming the API server and the call. A server error (5xx, 429) is tried again, with backoff, for at
     most the same time (`--request-timeout`), then is a RuntimeFailure (exit 1) naming the status: it says nothing
     about the input. Sending a create again is safe: an object it made already answers 409, which callers read as
-    "unchanged" (the name holds the spec's hash)."""
+    "unchanged" (the name holds the spec's hash); a delete sent again answers 404 when the try that answered the
+    server error had deleted it: that is done, said on stderr, not an error."""
 
     def __init__(self, api: Any, server: str, timeout_s: float) -> None:
         self._api = api
@@ -79,6 +87,11 @@ class TimedApi:
                     return attempt_call(*args, **kwargs)
                 except Exception as exc:
                     status = _server_error(exc)
+                    if status is None and attempt > 1 and name.startswith("delete_") and _not_found(exc):
+                        # The try that answered a server error had deleted it (an answer lost on the way back).
+                        print(f"note: kubernetes API {self._server}: {name}: not found on try {attempt} after a "
+                              "server error: an earlier try deleted it", file=sys.stderr)
+                        return None
                     if status is None:
                         raise
                     pause = min(RETRY_MAX_PAUSE_S, RETRY_FIRST_PAUSE_S * 2 ** (attempt - 1))

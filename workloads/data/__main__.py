@@ -106,11 +106,8 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m workloads.data", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    cpus = os.cpu_count() or 1
-
+def _add_pack(commands: Any, cpus: int) -> _Parser:
+    """`pack`: an image folder, s3:// prefix or file list -> HDF5 shards + manifest."""
     pack = commands.add_parser("pack", help="image folder (or s3:// prefix, or s3:// CSV/JSONL file list) -> HDF5 "
                                             "shards + manifest")
     pack.add_argument("src", help="a local class-folder tree, s3://BUCKET/PREFIX of class folders, or "
@@ -149,6 +146,51 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--scratch", type=Path, default=None,
                       help="with an s3:// OUT: local directory for shards being written and sent (default: the "
                            "system temp directory; an emptyDir in a pod)")
+    return pack
+
+
+def _add_stage(commands: Any) -> _Parser:
+    """`stage`: s3:// prefixes -> a local directory, whole or as a bounded cache."""
+    stage = commands.add_parser("stage", help="s3://bucket/prefix -> local directory (several: a mixture's sources "
+                                              "into DEST/0, DEST/1, ... with one budget)")
+    stage.add_argument("uri", nargs="+")
+    stage.add_argument("dest", type=Path)
+    stage.add_argument("--endpoint-url", type=_endpoint, help="S3-compatible endpoint (COS, MinIO)")
+    stage.add_argument("--workers", type=_int_upto(512), default=16, help="parallel ranged GETs")
+    stage.add_argument("--part-size", type=_size(256 * KIB, 5 * GIB, "a ranged GET smaller than 256KiB is mostly "
+                                                                    "overhead"), default=16 << 20,
+                       help="bytes per ranged GET, e.g. 16MiB")
+    stage.add_argument("--budget", type=_size(MIB), default=None, metavar="SIZE",
+                       help="staging cache: keep at most this much (GiB, or e.g. 512MiB) of shards on disk, "
+                            "fetched in the order of the reader's plan (DEST/.cache/plan.json); default: no bound")
+    stage.add_argument("--window", type=_size(MIB), default=None, metavar="SIZE",
+                       help="alias of --budget (older Jobs)")
+    stage.add_argument("--linger", action="store_true",
+                       help="serve the reader's plan until SIGTERM instead of exiting when the plan is done (run "
+                            "as a Kubernetes native sidecar, which is restarted if it exits); without --budget: a "
+                            "whole copy, fetched in plan order")
+    stage.add_argument("--wait-timeout", type=_seconds, default=None, metavar="SECONDS",
+                       help="when serving (--budget or --linger): give up (exit 1) when the reader does not move for "
+                            "this long: no plan at all, or a plan that has not changed while the cache is full of "
+                            "shards it needs first or holds every shard it wants; default: wait forever, logging "
+                            "what it waits for")
+    stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
+    stage.add_argument("--reader-pid", type=_positive_int, default=None, metavar="PID",
+                       help="the process that started this stager to read DEST (PackedData and MixedData pass "
+                            f"their own): the stager stops within {PARENT_POLL_S:g}s of that process's end, however "
+                            f"it ends (SIGKILL too), and exits 1 at the latest {READER_GONE_GRACE_S:g}s later")
+    stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
+                       help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
+                            f"listens on ${METRICS_ADDR_ENV} (default {DEFAULT_METRICS_ADDR})")
+    return stage
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m workloads.data", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    cpus = os.cpu_count() or 1
+
+    pack = _add_pack(commands, cpus)
 
     captions = commands.add_parser("pack-captions", help="image + caption pairs (a JSONL/CSV/TSV/Parquet table of "
                                                          "key,caption[,...] beside the images) -> records dataset")
@@ -196,37 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     upload.add_argument("--force", action="store_true",
                         help="re-send every shard even when the remote object's sha256 metadata matches")
 
-    stage = commands.add_parser("stage", help="s3://bucket/prefix -> local directory (several: a mixture's sources "
-                                              "into DEST/0, DEST/1, ... with one budget)")
-    stage.add_argument("uri", nargs="+")
-    stage.add_argument("dest", type=Path)
-    stage.add_argument("--endpoint-url", type=_endpoint, help="S3-compatible endpoint (COS, MinIO)")
-    stage.add_argument("--workers", type=_int_upto(512), default=16, help="parallel ranged GETs")
-    stage.add_argument("--part-size", type=_size(256 * KIB, 5 * GIB, "a ranged GET smaller than 256KiB is mostly "
-                                                                    "overhead"), default=16 << 20,
-                       help="bytes per ranged GET, e.g. 16MiB")
-    stage.add_argument("--budget", type=_size(MIB), default=None, metavar="SIZE",
-                       help="staging cache: keep at most this much (GiB, or e.g. 512MiB) of shards on disk, "
-                            "fetched in the order of the reader's plan (DEST/.cache/plan.json); default: no bound")
-    stage.add_argument("--window", type=_size(MIB), default=None, metavar="SIZE",
-                       help="alias of --budget (older Jobs)")
-    stage.add_argument("--linger", action="store_true",
-                       help="serve the reader's plan until SIGTERM instead of exiting when the plan is done (run "
-                            "as a Kubernetes native sidecar, which is restarted if it exits); without --budget: a "
-                            "whole copy, fetched in plan order")
-    stage.add_argument("--wait-timeout", type=_seconds, default=None, metavar="SECONDS",
-                       help="when serving (--budget or --linger): give up (exit 1) when the reader does not move for "
-                            "this long: no plan at all, or a plan that has not changed while the cache is full of "
-                            "shards it needs first or holds every shard it wants; default: wait forever, logging "
-                            "what it waits for")
-    stage.add_argument("--attempts", type=_positive_int, default=6, help="tries per request before giving up")
-    stage.add_argument("--reader-pid", type=_positive_int, default=None, metavar="PID",
-                       help="the process that started this stager to read DEST (PackedData and MixedData pass "
-                            f"their own): the stager stops within {PARENT_POLL_S:g}s of that process's end, however "
-                            f"it ends (SIGKILL too), and exits 1 at the latest {READER_GONE_GRACE_S:g}s later")
-    stage.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
-                       help=f"serve Prometheus metrics on PORT (default: ${STAGE_METRICS_PORT_ENV}, else off); "
-                            f"listens on ${METRICS_ADDR_ENV} (default {DEFAULT_METRICS_ADDR})")
+    stage = _add_stage(commands)
     for sub in (pack, captions, tokens, upload, stage, tables_cli.add_parser(commands, _endpoint, _seconds, _int_upto)):
         sub.add_argument("--no-progress", action="store_true")
     return parser

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos_goodput import KINDS, trials_goodput
+from benchmarks.processes import kill_tree
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = 2
@@ -127,38 +128,6 @@ def node_command(job: dict[str, Any], torchrun: list[str], data: Path, checkpoin
         raise ValueError(f"the rendered Job does not run the script under the launcher: {command}")
     return [*launch, "--no-python", sys.executable, "-m", "benchmarks.chaos_script_worker", *command[5:],
             *container.get("args", []), *paths]
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (torchrun starts its workers in sessions of their own, so the launcher's process
-    group does not hold them)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def kill_tree(process: subprocess.Popen[str]) -> None:
-    """SIGKILL a node: its launcher's process group and every process below it (a lost node loses them all)."""
-    below = _descendants(process.pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    for pid in below:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    process.wait()
 
 
 def _free_port() -> int:
@@ -251,6 +220,37 @@ def trained_ids(log_dir: Path) -> dict[int, Counter[int]]:
     return counts
 
 
+def _control_pods(nodes: list[Node], job: dict[str, Any], outcome: Outcome, grace_s: float) -> bool:
+    """One pass of the Job controller and the kubelet over the gang's pods: a SIGTERMed pod past its grace period
+    is SIGKILLed, a failed pod is judged by the podFailurePolicy and replaced; False when the Job fails."""
+    from benchmarks.gang import COUNT, FAIL_JOB, pod_failure_action
+
+    for node in nodes:
+        if (node.stopping_since is not None and node.process is not None and node.process.poll() is None
+                and time.monotonic() - node.stopping_since > grace_s):
+            node.killed = True  # the grace period is over: the kubelet SIGKILLs the pod (DisruptionTarget)
+            kill_tree(node.process)
+        if node.done or node.pending or node.process is None or node.process.poll() is None:
+            continue
+        code = node.process.returncode
+        if code == 0:
+            node.done = True
+            continue
+        conditions = ("DisruptionTarget",) if node.killed else ()
+        action = pod_failure_action(job, "train", code if code > 0 else None, conditions)
+        outcome.actions.append(f"node{node.index}:{code}:{action}")
+        if action == FAIL_JOB:
+            outcome.problems.append(f"node {node.index} exited {code}: the Job fails")
+            return False
+        if action == COUNT:
+            outcome.counted_failures += 1
+            if outcome.counted_failures > job["spec"]["backoffLimit"]:
+                outcome.problems.append("backoffLimit spent: the Job fails")
+                return False
+        node.start()  # the replacement pod
+    return True
+
+
 def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
              kill: tuple[str, int, int] | None = None, timeout_s: float = 240.0, grace_s: float = 30.0,
              step_delay_s: float = 0.15, restore_after_steps: int | None = None) -> Outcome:
@@ -258,8 +258,6 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
 
     DROP: the node is SIGKILLed and its replacement stays Pending; `restore_after_steps` steps after the gang
     resumed without it, the capacity comes back and the replacement starts (None: never)."""
-    from benchmarks.gang import COUNT, FAIL_JOB, pod_failure_action
-
     env_of = {item["name"]: item.get("value", "") for item in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     # successPolicy (elastic gangs): the Job succeeds when index 0 does; the controller removes the lingering pods
     leader_decides = "successPolicy" in job["spec"]
@@ -356,29 +354,8 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
                 outcome.grow_steps_lost = max(0, trained_before - grow_resumed)
             if name == "batch":
                 outcome.world_final = world
-            for node in nodes:
-                if (node.stopping_since is not None and node.process is not None and node.process.poll() is None
-                        and time.monotonic() - node.stopping_since > grace_s):
-                    node.killed = True  # the grace period is over: the kubelet SIGKILLs the pod (DisruptionTarget)
-                    kill_tree(node.process)
-                if node.done or node.pending or node.process is None or node.process.poll() is None:
-                    continue
-                code = node.process.returncode
-                if code == 0:
-                    node.done = True
-                    continue
-                conditions = ("DisruptionTarget",) if node.killed else ()
-                action = pod_failure_action(job, "train", code if code > 0 else None, conditions)
-                outcome.actions.append(f"node{node.index}:{code}:{action}")
-                if action == FAIL_JOB:
-                    outcome.problems.append(f"node {node.index} exited {code}: the Job fails")
-                    return outcome
-                if action == COUNT:
-                    outcome.counted_failures += 1
-                    if outcome.counted_failures > job["spec"]["backoffLimit"]:
-                        outcome.problems.append("backoffLimit spent: the Job fails")
-                        return outcome
-                node.start()  # the replacement pod
+            if not _control_pods(nodes, job, outcome, grace_s):
+                return outcome
             if leader_decides and nodes[0].done:
                 break  # index 0 succeeded: the Job is complete, the other pods are removed
             if all(node.done for node in nodes):

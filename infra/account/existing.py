@@ -273,6 +273,10 @@ def check_helm_releases(kube: KubeApi, cfg: StackConfig) -> list[Check]:
     try:
         releases = helm_releases(kube)
     except KubeApiError as exc:
+        if exc.tls:  # something answered for the endpoint that the cluster's CA did not vouch for: not the cluster
+            return [Check(FAIL, "helm releases", f"not checked: {exc.why}", "check what answers for the cluster's "
+                          "endpoint (a TLS-intercepting proxy: add it to NO_PROXY; a stale endpoint or CA: "
+                          "aws eks describe-cluster); the token is not sent to it")]
         fix = ("grant list on secrets and configmaps in all namespaces to the caller's access entry, or run "
                "helm list -A" if exc.status in (401, 403) else
                "run preflight where the cluster's endpoint is reachable (its VPC, a bastion), or run helm list -A")

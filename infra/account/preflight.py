@@ -476,8 +476,8 @@ def run_preflight(cfg: StackConfig, stack: str, client: ClientFactory, session_r
     checks += check_kubernetes_version(client("eks"), cfg.cluster.kubernetes_version)
     if cfg.cluster.existing:
         checks += check_existing_cluster(client("eks"), cfg, kube_for or (lambda found: KubeApi(
-            found.endpoint, eks_token(client("sts"), found.name), found.certificate_authority)), client("sagemaker"),
-            stack)
+            found.endpoint, eks_token(client("sts"), found.name), found.certificate_authority, cluster=found.name)),
+            client("sagemaker"), stack)
     checks += check_buckets(client("s3"), cfg, stack, account)
     checks += check_registry(client("ecr"), cfg, stack)
     if cfg.storage.fsx_lustre is not None:

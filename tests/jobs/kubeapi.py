@@ -1,7 +1,8 @@
 """A stand-in Kubernetes API server on 127.0.0.1 for what `python -m workloads.submit` asks: ConfigMaps (read),
 Jobs (create, read, delete), Services and NetworkPolicies (create, delete), Pods and Kueue Workloads (list); and for
 what preflight asks of an existing cluster: Secrets and ConfigMaps of every namespace, by label selector, page by
-page (`limit`/`continue`), 403 to all of it when `forbid_cluster_wide` is set.
+page (`limit`/`continue`), 403 to all of it when `forbid_cluster_wide` is set. With `tls` (a server-side
+SSLContext holding a certificate, tests/tlscerts.py) it answers https:// like an EKS endpoint.
 Objects live in memory by (kind, namespace, name); a create of an existing name is 409, a read of a missing one
 404, as the API server answers. `forbidden` namespaces answer 403 to everything (an identity without rights
 there), and every request must carry the bearer token. Requests are recorded as (method, path)."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +32,7 @@ _KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "jobs": "Job", "servic
 
 
 class FakeApiServer:
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.forbidden: set[str] = set()
         self.forbid_cluster_wide = False
@@ -38,6 +40,7 @@ class FakeApiServer:
         self.raw: dict[str, tuple[int, str, bytes]] = {}  # path -> (status, content type, body) answered as is
         self.raw_times: dict[str, int] = {}  # path -> how many requests get its raw answer (absent: every request)
         self.lost: dict[str, tuple[int, str, bytes]] = {}  # path -> answered once after the DELETE was done
+        self.redirects: dict[str, str] = {}  # path -> the Location a 302 answer points to
         self._uid = 0
         owner = self
 
@@ -49,6 +52,12 @@ class FakeApiServer:
             def _handle(self, method: str) -> None:
                 path = urlparse(self.path).path
                 owner.requests.append((method, path))
+                if path in owner.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", owner.redirects[path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if path in owner.raw:  # an answer that breaks the schema (an HTML page from a proxy, junk)
                     status, content_type, data = owner.raw[path]
                     if path in owner.raw_times:  # a server error that passes
@@ -137,7 +146,9 @@ class FakeApiServer:
                 self._handle("DELETE")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls is not None:  # the handshake runs in accept(); one that fails is an OSError socketserver drops
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
 
     def add(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]
@@ -154,9 +165,9 @@ class FakeApiServer:
 
 
 @contextmanager
-def fake_api_server() -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    thread = threading.Thread(target=server.server.serve_forever, daemon=True)
+def fake_api_server(tls: ssl.SSLContext | None = None) -> Iterator[FakeApiServer]:
+    server = FakeApiServer(tls)
+    thread = threading.Thread(target=server.server.serve_forever, args=(0.05,), daemon=True)  # quick shutdown
     thread.start()
     try:
         yield server

@@ -8,9 +8,10 @@ import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 
-def stop_process(process: subprocess.Popen, timeout_s: float) -> None:  # type: ignore[type-arg]
+def stop_process(process: subprocess.Popen[Any], timeout_s: float) -> None:
     """SIGTERM, up to `timeout_s` for it to exit, then SIGKILL; reaped either way."""
     process.terminate()
     try:

@@ -43,13 +43,13 @@ from torch import nn  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from benchmarks.netem import free_port, local_s3_behind_latency  # noqa: E402
-from workloads.train.sharded import ShardedCheckpointer, TrainingState  # noqa: E402
+from workloads.train.sharded import SaveReport, ShardedCheckpointer, TrainingState  # noqa: E402
 
 BUCKET = "bench-checkpoint"
 LAYERS = 4
 
 
-def _model(state_mib: int) -> nn.Module:
+def _model(state_mib: int) -> nn.Sequential:
     """LAYERS square Linear layers holding state_mib MiB of fp32 weights between them."""
     width = int(((state_mib << 20) / 4 / LAYERS) ** 0.5)
     return nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(LAYERS)))
@@ -63,7 +63,9 @@ def _state(state_mib: int, world: int) -> TrainingState:
             fully_shard(layer)
         fully_shard(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    model(torch.randn(2, model[0].in_features)).sum().backward()
+    first = model[0]
+    assert isinstance(first, nn.Linear)
+    model(torch.randn(2, first.in_features)).sum().backward()
     optimizer.step()  # Adam's moments exist: they are two thirds of the state
     return TrainingState(model, optimizer)
 
@@ -87,14 +89,14 @@ def _save_worker(rank: int, world: int, port: int, args: dict, out: str) -> None
     dist.barrier()
     report = ckpt.save(state, 1, meta={"world": world})
     ckpt.wait()
-    reports = [None] * world
+    reports: list[SaveReport] = [report] * world  # every rank's, once gathered
     dist.all_gather_object(reports, report)
     if rank == 0:
         Path(out).write_text(json.dumps({
             "sync_save_s": sync_s,
             "async_stall_s": max(r.stall_s for r in reports),
             "state_bytes": report.total_bytes,
-            "local_s": max(r.local_write_s for r in reports),
+            "local_s": max(r.local_write_s or 0.0 for r in reports),
             "s3_s": max(r.remote_s or 0.0 for r in reports),
             "complete": all(r.complete for r in reports),
             "errors": [r.error for r in reports if r.error],

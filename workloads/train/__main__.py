@@ -33,6 +33,7 @@ from workloads.train.exitcodes import (  # noqa: F401 - the codes' names, re-exp
 )
 from workloads.train.loop import Disrupted, Distributed, TrainingDiverged, train
 from workloads.train.metrics import MetricsPortError, TrainMetrics, metrics_port_for
+from workloads.train.tiers import CheckpointTimeout
 
 EPILOG = """\
 environment:
@@ -58,7 +59,8 @@ exit status:
      dataset), or a loss that became NaN/inf: retrying cannot help
   $DISRUPTION_EXIT_CODE (43)  stopped from outside: SIGTERM or SIGINT (the step in flight is finished and a last
      checkpoint with the loader position written, then every rank exits), or a collective that failed or timed
-     out because a peer rank was lost (--collective-timeout); run again with --resume to continue exactly
+     out because a peer rank was lost (--collective-timeout), or a checkpoint save still unfinished after it;
+     run again with --resume to continue exactly
   1  anything else, which a retry may fix: the checkpoint destination failed (disk full, object store
      unreachable), the staging cache's stager failed or stopped, a shard or the manifest did not arrive in time,
      an error inside PyTorch
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         return disruption_exit_code()
     except DistError as exc:  # a collective failed or timed out: a peer rank (its node, its pod) is gone
         _print_error(exc, prefix=f"peer lost ({type(exc).__name__})")
+        return disruption_exit_code()
+    except CheckpointTimeout as exc:  # a save that never finished: the Job resumes from the previous checkpoint
+        _print_error(exc)
         return disruption_exit_code()
     except (CheckpointStoreError, DataUnavailableError, CacheStagerError, TimeoutError) as exc:
         _print_error(exc)

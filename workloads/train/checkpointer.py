@@ -6,7 +6,9 @@ on; every rank writes its share (DCP spreads the replicated DDP tensors over the
 --checkpoint-dir/step-N/ in the background, a manifest with every file's sha256 last, then copies its files to
 --checkpoint-uri (s3://bucket/prefix, or a shared directory such as EFS or FSx). A periodic save due while the
 previous one is still in flight on any rank is skipped (--checkpoint-if-busy skip, a "checkpoint_skipped" event) or
-waits for it (wait); an epoch's end, a stop and the end of the run always wait for the save in flight. The run's
+waits for it (wait); an epoch's end, a stop and the end of the run always wait for the save in flight, at most
+--collective-timeout seconds (a stop: at most what is left of its grace period, stop_wait_s), after which the run
+exits with the disruption code and resumes from the previous complete checkpoint. The run's
 position (epoch, batch, step, the sampler's state, the dataset's record, the settings) is the manifest's meta, so a
 resume checks it before anything is loaded. A checkpoint loads into another world size (DCP reshards; the sampler
 continues with exactly the samples not yet seen).
@@ -50,6 +52,8 @@ from workloads.train.tiers import (
     read_local_manifest,
     step_dir_name,
 )
+
+STOP_EXIT_MARGIN_S = 2.0  # a stop's barrier, the process group's teardown and the exit, after its save
 
 if TYPE_CHECKING:
     from workloads.train.sharded import SaveReport, ShardedCheckpointer
@@ -177,6 +181,21 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> dict[str, Any] | Non
     return None
 
 
+def stop_wait_s(config: TrainConfig, signalled_at: float | None, now: float | None = None) -> float:
+    """How long a stop may wait for its save: --collective-timeout, and under torchrun's agent no longer than what
+    is left of TORCH_ELASTIC_SHUTDOWN_TIMEOUT since the signal (the rendered Jobs set it to the grace period less a
+    margin; the agent SIGKILLs its workers then) less STOP_EXIT_MARGIN_S for the barrier and the exit. A save not
+    done by then is given up: the previous complete checkpoint stands and the run still exits with the disruption
+    code (a SIGKILL mid-stop would leave the same checkpoint, but as a failure the Job may count)."""
+    limit = config.collective_timeout_s
+    try:
+        shutdown = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", ""))
+    except ValueError:
+        return limit
+    elapsed = 0.0 if signalled_at is None else max(0.0, (time.monotonic() if now is None else now) - signalled_at)
+    return max(0.0, min(limit, shutdown - elapsed - STOP_EXIT_MARGIN_S))
+
+
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -192,7 +211,8 @@ class Checkpointer:
         self.directory = config.checkpoint_dir
         self.where = Path(config.checkpoint_dir or "")  # what a resume came from, for the messages that name it
         self.sharded: ShardedCheckpointer | None = (
-            _sharded().ShardedCheckpointer(config.checkpoint_dir, config.checkpoint_uri, log=_say)
+            _sharded().ShardedCheckpointer(config.checkpoint_dir, config.checkpoint_uri, log=_say,
+                                           timeout_s=config.collective_timeout_s)
             if config.checkpoint_dir else None)
         # the save in flight, not yet reported: its report, epoch, batch and the seconds its call blocked the loop
         self._pending: tuple[SaveReport, int, int, float] | None = None
@@ -282,11 +302,12 @@ class Checkpointer:
             self._pending = (report, epoch, batch, blocked)
         return blocked
 
-    def finish(self) -> SaveReport | None:
-        """Wait for the save in flight (a stop, the end of the run) and report it; the last save's report."""
+    def finish(self, timeout_s: float | None = None) -> SaveReport | None:
+        """Wait for the save in flight (a stop, the end of the run) and report it; the last save's report.
+        CheckpointTimeout when it is still in flight after timeout_s (default: --collective-timeout)."""
         if self.sharded is None:
             return None
-        last = self.sharded.wait()
+        last = self.sharded.wait(timeout_s)
         self._report(last)
         return last
 

@@ -15,12 +15,13 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from workloads.data.api import iter_batches
-from workloads.train.checkpointer import Checkpointer, TrainState
+from workloads.train.checkpointer import Checkpointer, TrainState, stop_wait_s
 from workloads.train.config import TrainConfig
 from workloads.train.inputs import TrainData, position_sampler
 from workloads.train.metrics import TrainMetrics
 from workloads.train.runtime import Disrupted, Distributed, Reporter, StopRequest
 from workloads.train.step import Stepper
+from workloads.train.tiers import CheckpointTimeout
 
 
 def gpu_utilisation(device: torch.device) -> float | None:
@@ -65,7 +66,11 @@ class Run:
         then the remote one) or fails (the last complete checkpoint stands), then all raise Disrupted."""
         stop, state = self.stop, self.state
         name = signal.Signals(stop.signum).name if stop.signum is not None else "a stop on another rank"
-        saved = self.checkpointer.finish()
+        try:
+            saved = self.checkpointer.finish(stop_wait_s(self.config, stop.signalled_at))
+        except CheckpointTimeout as exc:  # given up within the grace period: the previous checkpoint stands
+            print(exc, file=sys.stderr, flush=True)
+            saved = None
         complete = saved is not None and saved.complete and saved.step == state.step
         self.reporter.emit("stopped", reason=name, epoch=epoch, batch=batch, step=state.step, checkpointed=complete)
         if self.env.world_size > 1:

@@ -8,6 +8,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TextIO
@@ -42,6 +43,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.signalled_at: float | None = None  # time.monotonic() of the first signal (the grace period's start)
         self.immediate = True  # before the training loop: stop where we are
         self._previous: dict[int, Any] = {}
 
@@ -52,6 +54,7 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         first = self.signum is None
         self.signum = signum if first else self.signum
+        self.signalled_at = time.monotonic() if first else self.signalled_at
         if first and self.immediate:
             raise Disrupted(f"stopped by {signal.Signals(signum).name} before training started (nothing to save)")
 

@@ -26,6 +26,13 @@ manifest, or with a file missing, short or altered, is skipped with one line nam
 good checkpoint is loaded (or the run starts fresh, saying so). DCP reshards on load: a checkpoint written by 2
 ranks loads into 3.
 
+Every wait has a deadline, `timeout_s` (the bundled trainer passes its --collective-timeout; 600 s when not
+given): the checkpointer's two groups are made with it, so a collective whose peer is gone (the background
+thread's gather, busy()'s all-reduce) raises torch's DistError after it, and wait() raises CheckpointTimeout
+(one line naming the step) when the save in flight has not finished by then; its background thread is a daemon and
+never holds the process's exit. A stop calls wait(timeout_s=...) with what is left of its grace period: a save
+that cannot finish in it is given up (the previous complete checkpoint stands) rather than SIGKILLed mid-stop.
+
 All collectives of the checkpointer run on a process group of its own (gloo), so the background thread's never
 interleave with the training step's. A "local" directory every node mounts (EFS, FSx: the bundled trainer's
 --checkpoint-dir on a shared claim) is found at start (rank 0 leaves a probe file, the others look for it) and then
@@ -44,6 +51,7 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +66,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from workloads.train.tiers import (
     MANIFEST,
     CheckpointDamaged,
+    CheckpointTimeout,
     Manifest,
     RemoteTier,
     file_digest,
@@ -71,6 +80,7 @@ from workloads.train.tiers import (
 )
 
 METADATA = ".metadata"  # DCP's global metadata file (rank 0 writes it)
+DEFAULT_TIMEOUT_S = 600.0  # every wait's deadline when the caller gives none (the trainer's --collective-timeout)
 # A one-process run (no process group) is what no_dist says; DCP warns about it on every save and load.
 warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled, )?unavailable or uninitialized, "
                         r"assuming the intent is to (save|load) in a single process")
@@ -140,9 +150,12 @@ class ShardedCheckpointer:
 
     def __init__(self, local_dir: str | Path, remote: str | RemoteTier | None = None, *, keep: int = 3,
                  process_group: dist.ProcessGroup | None = None, local_rank: int | None = None,
-                 log: Callable[[str], None] = _say) -> None:
+                 log: Callable[[str], None] = _say, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if keep < 1:
             raise ValueError(f"keep: must be at least 1 (the newest good checkpoint is never deleted), got {keep}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: must be above 0 (every wait has a deadline), got {timeout_s}")
+        self.timeout_s = float(timeout_s)
         self.local = Path(local_dir)
         self.remote = remote_tier(remote) if isinstance(remote, str) else remote
         self.keep = keep
@@ -152,10 +165,11 @@ class ShardedCheckpointer:
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank)) if local_rank is None else local_rank
         # a group of its own: the background thread's collectives never meet the training step's
-        self.group = (process_group or dist.new_group(backend="gloo")) if self.distributed else None
+        deadline = timedelta(seconds=self.timeout_s)
+        self.group = (process_group or dist.new_group(backend="gloo", timeout=deadline)) if self.distributed else None
         # and one for the loop's question "is a save still in flight on any rank?", asked while the background
         # thread may be in a collective on self.group
-        self.control = dist.new_group(backend="gloo") if self.distributed else None
+        self.control = dist.new_group(backend="gloo", timeout=deadline) if self.distributed else None
         self._thread: threading.Thread | None = None
         self._in_flight: int | None = None
         self._complete_step: int | None = None  # the step this run saved or resumed, complete: saved again = no-op
@@ -249,10 +263,16 @@ class ShardedCheckpointer:
         """The step of the save started last and not yet waited for (it may have finished meanwhile)."""
         return self._in_flight
 
-    def wait(self) -> SaveReport | None:
-        """Block until the save in flight (if any) is complete or has failed; returns its report."""
+    def wait(self, timeout_s: float | None = None) -> SaveReport | None:
+        """Block until the save in flight (if any) is complete or has failed; returns its report. CheckpointTimeout
+        when it is still in flight after `timeout_s` (default: the checkpointer's timeout_s); it stays in flight
+        (a later wait may still see it finish)."""
         if self._thread is not None:
-            self._thread.join()
+            limit = self.timeout_s if timeout_s is None else max(0.0, timeout_s)
+            self._thread.join(limit)
+            if self._thread.is_alive():
+                raise CheckpointTimeout(f"checkpoint: step {self._in_flight} still not written after {limit:g} s "
+                                        "(a hung disk, store or peer); the previous complete checkpoint stands")
             self._thread = None
             self._in_flight = None
         return self.last

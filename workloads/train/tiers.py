@@ -39,6 +39,11 @@ class CheckpointDamaged(ValueError):
     """A checkpoint folder that must not be loaded (partial, altered, foreign); the message says which file."""
 
 
+class CheckpointTimeout(TimeoutError):
+    """A save still in flight when its wait's deadline passed (a hung disk, store or peer): the previous complete
+    checkpoint stands; the trainer exits with the disruption code, so the Job resumes from it."""
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:09d}"
 

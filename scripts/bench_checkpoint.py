@@ -22,7 +22,6 @@ more: its S3StorageWriter saving the same state straight to the same S3 endpoint
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -43,6 +42,7 @@ from torch import nn  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from benchmarks.netem import free_port, local_s3_behind_latency  # noqa: E402
+from workloads.cli import ArgumentParser  # noqa: E402
 from workloads.train.sharded import SaveReport, ShardedCheckpointer, TrainingState  # noqa: E402
 
 BUCKET = "bench-checkpoint"
@@ -150,7 +150,7 @@ def _s3torchconnector_rate(state_mib: int, endpoint: str) -> float | str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--state-mib", type=int, default=64, help="fp32 parameters in MiB (default 64)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="world sizes (default 1 2 4)")
     parser.add_argument("--latency-ms", type=float, default=20.0, help="added S3 round-trip latency (default 20)")

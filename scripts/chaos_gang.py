@@ -10,20 +10,26 @@ rendered through the same Job spec (`command: [python, SCRIPT]`); arguments the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.chaos_gang import Outcome, run_trials  # noqa: E402
 from benchmarks.chaos_goodput import goodput_table, kind_rows  # noqa: E402
+from workloads.cli import ArgumentParser  # noqa: E402
+
+
+def _refuse(where: str, why: str) -> NoReturn:
+    print(f"error: {where}: {why}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=3)
@@ -44,20 +50,20 @@ def main(argv: list[str] | None = None) -> int:
                              "a language-model script, e.g. --script examples/train_fsdp.py --tokens --vocab-size 64")
     args, rest = parser.parse_known_args(argv)
     if rest and args.script is None:
-        parser.error(f"unrecognized arguments: {' '.join(rest)} (arguments for a script need --script)")
+        _refuse("arguments", f"unrecognized arguments: {' '.join(rest)} (arguments for a script need --script)")
     if args.script is not None and not Path(args.script).is_file():
-        parser.error(f"--script: {args.script}: not a file")
+        _refuse("--script", f"{args.script}: not a file")
     for flag, value, least in (("--trials", args.trials, 1), ("--checkpoint-every", args.checkpoint_every, 1),
                                ("--rank-restarts", args.rank_restarts, 0)):
         if value is not None and value < least:
-            parser.error(f"{flag}: {value}: must be {least} or more")
+            _refuse(flag, f"{value}: must be {least} or more")
     if args.workdir is not None:
         if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
-            parser.error(f"--workdir: {args.workdir}: exists and is not a directory")
+            _refuse("--workdir", f"{args.workdir}: exists and is not a directory")
         try:
             Path(args.workdir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            parser.error(f"--workdir: {args.workdir}: cannot make it a directory ({exc.strerror or exc})")
+            _refuse("--workdir", f"{args.workdir}: cannot make it a directory ({exc.strerror or exc})")
     script = None if args.script is None else [args.script, *rest]
 
     def progress(number: int, outcome: Outcome) -> None:

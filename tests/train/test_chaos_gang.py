@@ -96,7 +96,7 @@ def test_a_user_script_under_the_rendered_launcher_stops_on_sigterm_and_loses_no
 def test_chaos_cli_refuses_negative_counts(argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(argv)
-    assert exited.value.code == 2 and capsys.readouterr().err.strip().endswith(f"error: {line}")
+    assert exited.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"  # one line, no usage block
 
 
 def test_chaos_cli_refuses_a_workdir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -105,7 +105,8 @@ def test_chaos_cli_refuses_a_workdir_that_is_a_file(tmp_path: Path, capsys: pyte
     for workdir, why in ((afile, "exists and is not a directory"), (afile / "below", "cannot make it a directory")):
         with pytest.raises(SystemExit) as exited:
             main(["--trials", "1", "--workdir", str(workdir)])
-        assert exited.value.code == 2 and f"error: --workdir: {workdir}: {why}" in capsys.readouterr().err
+        [line] = capsys.readouterr().err.splitlines()
+        assert exited.value.code == 2 and line.startswith(f"error: --workdir: {workdir}: {why}"), line
     assert afile.read_text() == "keep me\n"
 
 

@@ -15,8 +15,11 @@ background, each file with its sha256 in a manifest written last. On start the n
 position is in the checkpoint). A fixed --global-batch-size keeps the steps the same on any world size.
 
 SIGTERM (a Spot notice, a drain): the data API's StopSignal has the ranks agree on the step; they save it, wait for
-the save (local and remote), and exit with $DISRUPTION_EXIT_CODE (43), which the Job retries without counting. One
-JSON line per epoch (rank 0).
+the save (local and remote), and exit with $DISRUPTION_EXIT_CODE (43), which the Job retries without counting. Every
+wait has a deadline: --collective-timeout (default $COLLECTIVE_TIMEOUT_SECONDS, else 600) bounds the process group's
+collectives and the checkpointer's waits. One JSON line per epoch (rank 0), and rank 0's step events (StepReport:
+each step's time, its wait for data, each save's stall, as the bundled trainer reports them; with $METRICS_PORT the
+same as Prometheus metrics), which measured goodput reads.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -33,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-from workloads.data.api import LoaderSettings, PackedData, Placement, StopSignal
+from workloads.data.api import LoaderSettings, PackedData, Placement, StepReport, StopSignal
 from workloads.train.sharded import ShardedCheckpointer, TrainingState
 
 
@@ -118,11 +122,17 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default 50)")
     parser.add_argument("--keep", type=int, default=3, help="complete checkpoints kept per tier (default 3)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop (with a checkpoint) after this step")
+    parser.add_argument("--collective-timeout", type=float,
+                        default=float(os.environ.get("COLLECTIVE_TIMEOUT_SECONDS") or 600), metavar="SECONDS",
+                        help="deadline of every collective and checkpoint wait (default $COLLECTIVE_TIMEOUT_SECONDS, "
+                             "else 600)")
     args = parser.parse_args()
     if not args.data:
         parser.error("--data: required (or set DATA_DIR)")
     if args.global_batch_size is not None and args.batch_size is not None:
         parser.error("--batch-size: give it or --global-batch-size, not both")
+    if not args.collective_timeout > 0:
+        parser.error(f"--collective-timeout: must be above 0, got {args.collective_timeout}")
     if args.global_batch_size is None and args.batch_size is None:
         args.global_batch_size = 24
     return args
@@ -132,7 +142,8 @@ def main() -> int:
     args = _arguments()
     placement = Placement.from_env()
     if placement.world_size > 1:
-        dist.init_process_group("gloo" if not torch.cuda.is_available() else "cpu:gloo,cuda:nccl")
+        dist.init_process_group("gloo" if not torch.cuda.is_available() else "cpu:gloo,cuda:nccl",
+                                timeout=timedelta(seconds=args.collective_timeout))
     if args.global_batch_size is None:
         args.global_batch_size = args.batch_size * placement.world_size
     if args.global_batch_size % placement.world_size:
@@ -148,7 +159,8 @@ def main() -> int:
         fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     state = TrainingState(model, optimizer)
-    ckpt = ShardedCheckpointer(args.checkpoint_dir, args.checkpoint_uri, keep=args.keep)
+    ckpt = ShardedCheckpointer(args.checkpoint_dir, args.checkpoint_uri, keep=args.keep,
+                               timeout_s=args.collective_timeout)
     data = PackedData.open(args.data, batch_size=args.global_batch_size // placement.world_size,
                            placement=placement, fields=["tokens"])
     step = 0
@@ -157,9 +169,11 @@ def main() -> int:
         step = resumed.step
         data.load_state_dict(resumed.meta["data"])
     report = _reporter(placement.rank)
+    steps = StepReport()  # each step's time, data wait and save stall: measured goodput (docs/monitoring.md)
 
     def last_checkpoint() -> None:  # on every rank, after the step all ranks agreed to stop at
-        saved = ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
+        with steps.saving(step):
+            saved = ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
         ckpt.wait()
         report("stopped", step=step, complete=saved.complete)
 
@@ -168,7 +182,7 @@ def main() -> int:
     with data, StopSignal() as stop:
         for epoch in range(data.start_epoch, args.epochs):
             started, sequences, loss_sum, batches = time.perf_counter(), 0, 0.0, 0
-            for batch in data.batches(epoch, last_epoch=epoch == args.epochs - 1):
+            for batch in steps.timed(data.batches(epoch, last_epoch=epoch == args.epochs - 1), epoch):
                 tokens = batch["tokens"].to(device, dtype=torch.int64)
                 logits = model(tokens[:, :-1])
                 loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
@@ -176,20 +190,24 @@ def main() -> int:
                 loss.backward()
                 optimizer.step()
                 step, batches, sequences = step + 1, batches + 1, sequences + len(tokens)
-                loss_sum += float(loss)
+                value = float(loss)
+                loss_sum += value
+                steps.step(step, samples=len(tokens), loss=value)  # the step's figures, for goodput
                 stop.check(last_checkpoint)  # a SIGTERM on any rank: save this step on every rank, exit 43
                 if step == args.max_steps:
                     last_checkpoint()
                     return 0
                 if step % args.checkpoint_every == 0:  # skipped while the previous save is still in flight
-                    saved = ckpt.save_if_idle(state, step, meta={"data": data.state_dict(), "epoch": epoch})
-                    if saved is None:
+                    if ckpt.busy():  # what save_if_idle asks; asked apart so a skip is no "checkpoint" event
+                        ckpt.skipped += 1
                         report("checkpoint_skipped", step=step, in_flight=ckpt.in_flight, skipped=ckpt.skipped)
                     else:
-                        report("checkpoint", step=step, stall_s=round(saved.stall_s, 4))
+                        with steps.saving(step):  # the "checkpoint" event: the loop's stall (staging)
+                            ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
             report("epoch", epoch=epoch, sequences=sequences * placement.world_size,
                    loss=round(loss_sum / max(1, batches), 4), seconds=round(time.perf_counter() - started, 2))
-    ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": args.epochs})
+    with steps.saving(step):
+        ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": args.epochs})
     last = ckpt.wait()
     report("done", step=step, complete=bool(last and last.complete))
     return 0

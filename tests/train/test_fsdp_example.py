@@ -52,3 +52,34 @@ def test_fsdp_example_stops_with_a_sharded_checkpoint_and_resumes_on_another_wor
     final = f"step-{events[-1]['step']:09d}"  # the last save, on both tiers (node-b started empty: step 3 came
     assert (tmp_path / "node-b" / final / "checkpoint.json").exists()  # from the remote tier)
     assert (tmp_path / "efs" / final / "checkpoint.json").exists()
+
+
+def test_fsdp_example_reports_its_steps_and_saves_for_measured_goodput(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One process, in this one (no torchrun): the step events measured goodput reads (benchmarks/chaos_goodput.py:
+    "batch" with data and compute time, "checkpoint" with the loop's stall), a skip no "checkpoint" event."""
+    import runpy
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for doc in range(6):
+        np.save(src / f"doc{doc}.npy", (np.arange(doc, doc + 30) % 60 + 1).astype(np.int32))
+    data = tmp_path / "packed"
+    pack_tokens(src, data, RecordPackOptions(shard_bytes=1 << 10, progress=False), seq_len=17, eos=0)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "METRICS_PORT", "COLLECTIVE_TIMEOUT_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "argv", ["train_fsdp.py", "--data", str(data), "--vocab-size", "64", "--dim", "16",
+                                      "--layers", "1", "--heads", "2", "--global-batch-size", "2", "--epochs", "1",
+                                      "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
+                                      "--max-steps", "4"])
+    example = runpy.run_path(str(REPO / "examples" / "train_fsdp.py"), run_name="train_fsdp")
+    assert example["main"]() == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    batches = [event for event in events if event["event"] == "batch"]
+    assert [event["step"] for event in batches] == [1, 2, 3, 4]
+    assert all(event["data_time"] >= 0 and event["compute_time"] > 0 and event["samples"] == 2 for event in batches)
+    saves = [event for event in events if event["event"] == "checkpoint"]
+    skipped = [event["step"] for event in events if event["event"] == "checkpoint_skipped"]
+    assert sorted([event["step"] for event in saves] + skipped) == [2, 4]  # every 2 steps; step 4 is the stop's
+    assert 4 in [event["step"] for event in saves] and all(event["stall_seconds"] >= 0 for event in saves)
+    assert events[-1] == {"event": "stopped", "step": 4, "complete": True}

@@ -27,6 +27,7 @@ DEFAULT_STACKS_DIR = Path(os.path.relpath(Path(__file__).resolve().parent.parent
 from infra.account.newstack import (  # noqa: E402
     ExistingStackFacts,
     NewStackFacts,
+    cluster_releases,
     render_existing_stack_file,
     render_stack_file,
 )
@@ -128,6 +129,23 @@ def _live_cluster(name: str, region: str | None) -> tuple[Any, frozenset[str], s
     return cluster, public, f"DescribeCluster in {region}"
 
 
+def _live_releases(found: Any, region: str | None) -> tuple[tuple[Any, ...], str]:
+    """The Helm releases the cluster runs, through its Kubernetes API (TLS against its CA, an EKS token made from the
+    same credentials, as preflight reads them); () and a comment line when they cannot be read."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from infra.account.kubeapi import KubeApi, eks_token
+    from workloads.awsenv import configured_region
+
+    try:
+        sts = boto3.session.Session(region_name=region or configured_region()).client("sts")
+        token = eks_token(sts, found.name)
+    except (BotoCoreError, ClientError) as exc:
+        return (), f"  # Helm releases not read (no EKS token: {str(exc).splitlines()[0]}): run `make preflight`\n"
+    return cluster_releases(KubeApi(found.endpoint, token, found.certificate_authority, cluster=found.name))
+
+
 def _existing(args: argparse.Namespace) -> str:
     """The stack file's text for --from-cluster FILE or --cluster NAME."""
     public: frozenset[str] = frozenset()
@@ -139,9 +157,10 @@ def _existing(args: argparse.Namespace) -> str:
         found = found_from_describe(answer, asked=args.cluster)
     except ClusterAnswerError as exc:
         raise ConfigError([(source, str(exc))]) from None
+    releases, note = _live_releases(found, args.region) if args.from_cluster is None else ((), "")
     return render_existing_stack_file(ExistingStackFacts(
         stack=args.stack, cluster=found, public_subnet_ids=public, admin_role_arn=args.admin_role_arn,
-        researcher_role_arn=args.researcher_role_arn, source=source))
+        researcher_role_arn=args.researcher_role_arn, source=source, releases=releases, releases_note=note))
 
 
 def main(argv: list[str]) -> int:

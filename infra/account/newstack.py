@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from infra.account.existing import HelmRelease, helm_releases
+from infra.account.kubeapi import KubeApi, KubeApiError
 from infra.config import ClusterConfig
+from infra.config.charts import DEVICE_PLUGIN, KUBE_PROMETHEUS_STACK, KUEUE, StackChart
 from infra.config.names import check_stack_name
 from infra.config.nodepools import DevicePluginConfig
 from infra.config.nodes import AutoscalerConfig
@@ -88,7 +91,48 @@ def render_stack_file(facts: NewStackFacts) -> str:
     return _checked(_stack_file(header, facts.stack, facts.region, facts.account_id, cluster, new_cluster=True))
 
 
-def _stack_file(header: str, stack: str, region: str, account_id: str, cluster: str, *, new_cluster: bool) -> str:
+def _external(release: HelmRelease) -> str:
+    return (f"{{external: {{version: {_flow(release.version)}, release: {_flow(release.name)}, "
+            f"namespace: {_flow(release.namespace)}}}}}")
+
+
+def _running(releases: tuple[HelmRelease, ...], chart: StackChart) -> list[HelmRelease]:
+    return [r for r in releases if r.chart == chart.chart and r.status == "deployed"]
+
+
+def adopted_lines(releases: tuple[HelmRelease, ...]) -> tuple[str, str]:
+    """(the gpu.devicePlugin value, comment lines) from the Helm releases a cluster runs. The cluster's NVIDIA
+    device plugin is adopted outright: the stack's own would be a second DaemonSet on the same GPUs, which preflight
+    refuses. Kueue and kube-prometheus-stack stay commented: a new stack turns neither on, and adopting a shared
+    Kueue adds the stack's queues to it, which is the user's call."""
+    plugin = f"{{chartVersion: {DevicePluginConfig().chart_version}}}"
+    notes: list[str] = []
+    for chart in (DEVICE_PLUGIN, KUEUE, KUBE_PROMETHEUS_STACK):
+        found = _running(releases, chart)
+        if len(found) > 1:
+            notes.append(f"  # {chart.chart} runs as {', '.join(f'{r.name} in {r.namespace}' for r in found)}: "
+                         f"adopt one (ml-cluster:{chart.key}.external, docs/operations.md)")
+        elif found and chart is DEVICE_PLUGIN:
+            plugin = f"{_external(found[0])}  # the cluster's own, adopted"
+        elif found:
+            section = "ml-cluster:kueue" if chart is KUEUE else "ml-cluster:monitoring"
+            notes.append(f"  # the cluster runs {chart.chart} {found[0].version}; to build on it:\n"
+                         f"  #   {section}: {{enabled: true, external: {{version: {_flow(found[0].version)}, "
+                         f"release: {_flow(found[0].name)}, namespace: {_flow(found[0].namespace)}}}}}")
+    return plugin, "".join(note + "\n" for note in notes)
+
+
+def cluster_releases(kube: KubeApi) -> tuple[tuple[HelmRelease, ...], str]:
+    """The Helm releases the cluster runs, or () and a comment line saying why they were not read."""
+    try:
+        return tuple(helm_releases(kube)), ""
+    except KubeApiError as exc:
+        return (), (f"  # Helm releases not read ({exc.why}): `make preflight` lists the ones to adopt "
+                    "(external:)\n")
+
+
+def _stack_file(header: str, stack: str, region: str, account_id: str, cluster: str, *, new_cluster: bool,
+                device_plugin: str = "", adopted: str = "") -> str:
     """A stack file: `header`, the account, `cluster` (the network and cluster sections, each line ended), then the
     small dev-shaped pools and storage every new stack starts with. A new cluster also gets a system pool, the
     default StorageClass and a note on Kueue and monitoring; a cluster that already runs keeps its own default
@@ -115,11 +159,11 @@ def _stack_file(header: str, stack: str, region: str, account_id: str, cluster: 
     - {{name: gpu-a10g, instanceTypes: [g5.xlarge], capacityType: SPOT, minSize: 0, desiredSize: 0, maxSize: 2,
        gpu: true, diskSizeGib: 100}}
   ml-cluster:gpu:
-    devicePlugin: {{chartVersion: {DevicePluginConfig().chart_version}}}
+    devicePlugin: {device_plugin or f"{{chartVersion: {DevicePluginConfig().chart_version}}}"}
     dcgmExporter: {{enabled: false}}
   ml-cluster:nodes:
     autoscaler: {{chartVersion: {AutoscalerConfig().chart_version}, scaleDownUnneededTime: 5m}}
-{optional if new_cluster else ""}\
+{optional if new_cluster else adopted}\
   ml-cluster:storage:
     efs: {{throughputMode: elastic, backup: false}}
     gp3: {gp3}
@@ -154,6 +198,8 @@ class ExistingStackFacts:
     admin_role_arn: str | None = None  # an access entry for it (not the cluster's creator: it has one already)
     researcher_role_arn: str | None = None
     source: str = "DescribeCluster"  # the file or call the facts came from, for the header
+    releases: tuple[HelmRelease, ...] = ()  # the Helm releases it runs (read live only)
+    releases_note: str = ""  # comment lines: why they were not read
 
 
 def render_existing_stack_file(facts: ExistingStackFacts) -> str:
@@ -199,4 +245,6 @@ def render_existing_stack_file(facts: ExistingStackFacts) -> str:
     existing: true
     kubernetesVersion: "{found.version}"  # what the cluster runs (checked against it at every plan)
 {access}"""
-    return _checked(_stack_file(header, facts.stack, found.region, account, cluster, new_cluster=False))
+    plugin, adopted = adopted_lines(facts.releases)
+    return _checked(_stack_file(header, facts.stack, found.region, account, cluster, new_cluster=False,
+                                device_plugin=plugin, adopted=facts.releases_note + adopted))

@@ -71,3 +71,37 @@ def test_releases_it_cannot_read_are_one_comment_line_and_the_file_is_written() 
     text = _render(releases, note)
     assert note in text and yaml.safe_load(text)["config"]["ml-cluster:gpu"]["devicePlugin"] == {
         "chartVersion": yaml.safe_load(_render((), ""))["config"]["ml-cluster:gpu"]["devicePlugin"]["chartVersion"]}
+
+
+def test_the_live_command_reads_them_with_an_eks_token_over_tls(tmp_path: Any, monkeypatch: Any) -> None:
+    """`scripts/new_stack.py --cluster research` end to end: DescribeCluster and DescribeSubnets from the AWS stub
+    (through AWS_ENDPOINT_URL), the token `aws eks get-token` would print, and the releases from the TLS stand-in
+    at the endpoint DescribeCluster names, verified against the CA it hands over."""
+    from scripts.new_stack import main as new_stack
+    from tests.awsstub import AwsStub
+
+    ca = authority("kubernetes")
+    stub = AwsStub().start()
+    try:
+        with fake_api_server(tls=server_context(ca, ["127.0.0.1"])) as api:
+            api.token = None  # any bearer token: the one made here is a presigned STS URL
+            api.add(stored("nvdp", "kube-system", "nvidia-device-plugin", "0.17.1"))
+            cluster = {**DESCRIBED["cluster"], "endpoint": api.url, "certificateAuthority": {"data": ca.ca_data}}
+            stub.routes[("GET", "/clusters/research")] = lambda query: (200, {"cluster": cluster})
+            subnets = "".join(f"<item><subnetId>{s}</subnetId><mapPublicIpOnLaunch>false</mapPublicIpOnLaunch>"
+                              "</item>" for s in cluster["resourcesVpcConfig"]["subnetIds"])
+            stub.ec2_actions["DescribeSubnets"] = lambda form: (200, (
+                '<DescribeSubnetsResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>r</requestId>'
+                f"<subnetSet>{subnets}</subnetSet></DescribeSubnetsResponse>"))
+            for name, value in (("AWS_ENDPOINT_URL", stub.url), ("AWS_ACCESS_KEY_ID", "testing"),
+                                ("AWS_SECRET_ACCESS_KEY", "testing")):
+                monkeypatch.setenv(name, value)
+            monkeypatch.delenv("AWS_PROFILE", raising=False)
+            assert new_stack(["--stack", "team", "--cluster", "research", "--region", "eu-west-1",
+                              "--stacks-dir", str(tmp_path)]) == 0
+    finally:
+        stub.stop()
+    assert api.tokens and all(token.startswith("Bearer k8s-aws-v1.") for token in api.tokens)
+    config = yaml.safe_load((tmp_path / "Pulumi.team.yaml").read_text())["config"]
+    assert config["ml-cluster:gpu"]["devicePlugin"]["external"] == {"version": "0.17.1", "release": "nvdp",
+                                                                    "namespace": "kube-system"}

@@ -40,6 +40,8 @@ class FakeApiServer:
         self.raw: dict[str, tuple[int, str, bytes]] = {}  # path -> (status, content type, body) answered as is
         self.raw_times: dict[str, int] = {}  # path -> how many requests get its raw answer (absent: every request)
         self.lost: dict[str, tuple[int, str, bytes]] = {}  # path -> answered once after the DELETE was done
+        self.token: str | None = TOKEN  # the bearer token it takes (None: any)
+        self.tokens: list[str] = []  # the Authorization header of each request that got that far
         self.redirects: dict[str, str] = {}  # path -> the Location a 302 answer points to
         self._uid = 0
         owner = self
@@ -70,7 +72,8 @@ class FakeApiServer:
                     self.end_headers()
                     self.wfile.write(data)
                     return
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                owner.tokens.append(str(self.headers.get("Authorization")))
+                if owner.token is not None and self.headers.get("Authorization") != f"Bearer {owner.token}":
                     self._status(401, "Unauthorized", "Unauthorized")
                     return
                 every = _CLUSTER_WIDE.match(path)

@@ -20,8 +20,12 @@ from workloads.jobspec.goodput import (
     LLAMA3_PER_1000_GPU_DAYS,
     RESTART_S,
     SPOT_RECLAIMS_PER_NODE_MONTH,
+    STAGING_BYTES_PER_S,
     GoodputInputs,
+    inputs_from_dict,
+    inputs_to_dict,
     predict,
+    prediction_line,
 )
 from workloads.jobspec.prediction import spec_goodput_inputs
 from workloads.submit.cli import main as submit_main
@@ -267,3 +271,49 @@ def test_the_pull_request_comment_shows_base_to_head_per_job(stack_plan) -> None
     assert next(line for line in lines if "resnet50-laion" in line).startswith("  resnet50-laion: ")  # unchanged
     del base["outputs"]["jobGoodput"]  # a base planned before the output: nothing to compare with
     assert all(" - -> " in line for line in goodput_diff_lines(job_predictions(base), job_predictions(plan)))
+
+
+def test_an_asynchronous_save_blocks_for_its_stall_and_spaces_saves_by_its_write() -> None:
+    """Sharded saves (asynchronous, skipped while one is in flight): the loop is blocked for the stall s alone,
+    saves start every tau_e = tau x ceil(delta / tau), and a failure loses tau_e/2 + delta (the save in flight
+    counts for nothing)."""
+    sync = GoodputInputs(nodes=2, gpus=16, interruptions_per_1000_gpu_days=1.0, spot_reclaims_per_node_month=0.0,
+                         checkpoint_s=25.0, restart_s=600.0, interval_s=10.0)
+    m = 5_400_000.0
+    blocking, background = predict(sync), predict(replace(sync, stall_s=0.5))
+    assert blocking.goodput == 0.0  # the whole write at every 10 s interval: no progress
+    # delta 25 s over tau 10 s: a save every 30 s; 1 - 0.5/30 - (15 + 25)/M - 600/M
+    assert background.goodput == pytest.approx(1 - 0.5 / 30 - 40 / m - 600 / m, abs=1e-9)
+    assert background.optimal_interval_s == pytest.approx(math.sqrt(2 * 0.5 * m))  # above delta
+    assert predict(replace(sync, stall_s=1e-6)).optimal_interval_s == 25.0  # never below delta
+    quick = predict(replace(sync, checkpoint_s=4.0, stall_s=0.5))  # written within its interval: every 10 s
+    assert quick.goodput == pytest.approx(1 - 0.5 / 10 - (5 + 4) / m - 600 / m, abs=1e-9)
+    # the directions stay the model's: a longer stall, a longer write or more failures cost goodput
+    assert predict(replace(sync, stall_s=1.0)).goodput < background.goodput
+    # a longer write at the same spacing (28 s: still every 30 s) loses more per failure; one past it saves less often
+    assert predict(replace(sync, checkpoint_s=28.0, stall_s=0.5)).goodput < background.goodput
+    assert predict(replace(sync, stall_s=0.5, interruptions_per_1000_gpu_days=5.0)).goodput < background.goodput
+    assert inputs_to_dict(sync).keys() == inputs_to_dict(blocking.inputs).keys() and "stall_s" not in (
+        inputs_to_dict(sync))  # a blocking checkpoint's output is as before
+    assert inputs_from_dict(inputs_to_dict(background.inputs)) == background.inputs
+
+
+def test_a_sharded_checkpoint_is_predicted_with_its_stall_unless_the_job_waits() -> None:
+    from tests.jobs.facts import prod_facts
+    from workloads.jobspec.spec import TrainingJobSpec
+
+    facts = prod_facts()
+    facts = replace(facts, volume_claims=("checkpoints-efs",))
+    base = {"name": "llm", "imageTag": "0.1.0", "gpus": 8, "nodes": 2, "gpuType": "h100",
+            "args": ["--checkpoint-every", "100"],
+            "checkpoint": {"claimName": "checkpoints-efs", "size": "64Gi", "writeRate": "1Gi", "sharded": True}}
+    inputs, where = spec_goodput_inputs(TrainingJobSpec.model_validate(base), facts)
+    assert inputs is not None, where
+    assert inputs.stall_s == pytest.approx(4 * 2**30 / STAGING_BYTES_PER_S)  # 64Gi over 16 ranks, staged
+    line = prediction_line("llm", predict(inputs), where)
+    assert f"in the background, stall {inputs.stall_s:.2f} s" in line
+    waits = {**base, "args": ["--checkpoint-every", "100", "--checkpoint-if-busy", "wait"]}
+    whole = {**base, "checkpoint": {**base["checkpoint"], "sharded": False}}
+    for spec in (waits, whole):
+        inputs, where = spec_goodput_inputs(TrainingJobSpec.model_validate(spec), facts)
+        assert inputs is not None and inputs.stall_s is None, where

@@ -13,11 +13,22 @@ checkpoint interval for restart dumps", FGCS 22(3)) gives
 (time spent writing checkpoints, work redone after a failure: half an interval on average, and the restart). It holds
 while delta << tau << M; Daly's higher-order terms matter only when M is within a few checkpoint intervals.
 
+A sharded checkpoint (workloads/train/sharded.py) is asynchronous and skipped while the previous one is in flight:
+the loop is blocked only for the snapshot into host memory (`s`, the stall), the write and the copy (delta) run beside
+the next steps, so saves start every tau_e = tau x ceil(delta / tau) (the next interval after the previous save is
+complete: max(tau, delta) rounded up to whole intervals), and a failure loses the work since the newest COMPLETE
+save: tau_e/2 + delta on average (the save in flight counts for nothing). The model then says
+
+    expected goodput = 1 - s / tau_e - (tau_e / 2 + delta) / M - R / M
+    optimal interval  tau* = max(sqrt(2 s M), delta)
+
 The inputs, each a stated source or a documented assumption (docs/monitoring.md, "Predicted goodput"):
 - node interruptions per 1000 GPU-days, per instance family (INTERRUPTIONS_PER_1000_GPU_DAYS);
 - Spot reclaims per node and 30 days on a SPOT pool (SPOT_RECLAIMS_PER_NODE_MONTH);
 - the checkpoint cost: what the Job's stop path takes to save (TrainingJobSpec.checkpoint_save_seconds: size over
-  writeRate, twice when uploaded; sharded: the per-node share), taken as fully blocking;
+  writeRate, twice when uploaded; sharded: the per-node share), fully blocking unless the checkpoint is sharded;
+- sharded: the stall, each rank's share over STAGING_BYTES_PER_S (assumed), unless the Job waits for a save in flight
+  (--checkpoint-if-busy wait), which the model takes as blocking (an upper bound);
 - the restart time per capacity type (RESTART_S);
 - the chosen interval: the Job's `--checkpoint-every` steps times `goodput.stepSeconds` (DEFAULT_STEP_S assumed).
 `goodput.mtbfHours` and `goodput.restartSeconds` replace the rates and the restart time for one Job.
@@ -49,6 +60,8 @@ SPOT_RECLAIMS_PER_NODE_MONTH = 0.2
 # replacement instance to join (EC2 launch, EKS bootstrap, GPU operator ready), 120 s image pull, 60 s rendezvous and
 # checkpoint load = 540 s on demand; a Spot replacement waits another 300 s for capacity = 840 s.
 RESTART_S: dict[str, float] = {"ON_DEMAND": 540.0, "SPOT": 840.0, "CAPACITY_BLOCK": 540.0}
+# ASSUMED: one rank's copy of its shards into host memory (device to pageable host memory over PCIe), per second
+STAGING_BYTES_PER_S = 4 << 30
 DEFAULT_STEP_S = 0.5  # ASSUMED seconds per training step where the spec does not state goodput.stepSeconds
 FAR_FACTOR = 3.0  # a chosen interval more than this many times away from the optimum gets a note
 
@@ -85,6 +98,7 @@ class GoodputInputs:
     step_s: float = DEFAULT_STEP_S  # what tau was computed from
     step_stated: bool = False  # goodput.stepSeconds gave step_s (else DEFAULT_STEP_S, assumed)
     mtbf_s: float | None = None  # goodput.mtbfHours: replaces the rates
+    stall_s: float | None = None  # s: an asynchronous save's stall (sharded, skip-while-busy); None: delta blocks
 
 
 @dataclass(frozen=True)
@@ -112,15 +126,28 @@ def gang_mtbf_s(inputs: GoodputInputs) -> float:
     return math.inf if per_second <= 0 else 1 / per_second
 
 
-def optimal_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
-    """Young's first-order optimum: sqrt(2 delta M)."""
-    return math.sqrt(2 * checkpoint_s * mtbf_s)
+def optimal_interval_s(checkpoint_s: float, mtbf_s: float, stall_s: float | None = None) -> float:
+    """Young's first-order optimum: sqrt(2 delta M); asynchronous (stall_s): max(sqrt(2 s M), delta), no save
+    starting more often than the previous one completes."""
+    if stall_s is None:
+        return math.sqrt(2 * checkpoint_s * mtbf_s)
+    return max(math.sqrt(2 * stall_s * mtbf_s), checkpoint_s)
 
 
-def expected_goodput(checkpoint_s: float, interval_s: float, mtbf_s: float, restart_s: float) -> float:
-    """1 - delta/tau - tau/(2M) - R/M (Young 1974, Daly 2006), never below 0 (the terms then say the run makes no
+def effective_interval_s(checkpoint_s: float, interval_s: float) -> float:
+    """Asynchronous saves skipped while one is in flight start every tau x ceil(delta / tau)."""
+    return interval_s * max(1, math.ceil(checkpoint_s / interval_s - 1e-9))
+
+
+def expected_goodput(checkpoint_s: float, interval_s: float, mtbf_s: float, restart_s: float,
+                     stall_s: float | None = None) -> float:
+    """1 - delta/tau - tau/(2M) - R/M (Young 1974, Daly 2006); with an asynchronous save's stall s,
+    1 - s/tau_e - (tau_e/2 + delta)/M - R/M (module text). Never below 0 (the terms then say the run makes no
     progress: a checkpoint longer than its interval, a restart longer than the time between failures)."""
-    return max(0.0, 1 - checkpoint_s / interval_s - interval_s / (2 * mtbf_s) - restart_s / mtbf_s)
+    if stall_s is None:
+        return max(0.0, 1 - checkpoint_s / interval_s - interval_s / (2 * mtbf_s) - restart_s / mtbf_s)
+    every = effective_interval_s(checkpoint_s, interval_s)
+    return max(0.0, 1 - stall_s / every - (every / 2 + checkpoint_s) / mtbf_s - restart_s / mtbf_s)
 
 
 def predict(inputs: GoodputInputs) -> Prediction:
@@ -131,13 +158,21 @@ def predict(inputs: GoodputInputs) -> Prediction:
     mtbf = gang_mtbf_s(inputs)
     if not mtbf > 0:
         raise ValueError(f"mtbf_s must be positive, not {mtbf!r}")
-    best = optimal_interval_s(inputs.checkpoint_s, mtbf)
-    return Prediction(inputs, mtbf, expected_goodput(inputs.checkpoint_s, inputs.interval_s, mtbf, inputs.restart_s),
-                      best, expected_goodput(inputs.checkpoint_s, best, mtbf, inputs.restart_s))
+    stall = inputs.stall_s
+    if stall is not None and not (math.isfinite(stall) and stall >= 0):
+        raise ValueError(f"stall_s must be a finite number >= 0, not {stall!r}")
+    best = optimal_interval_s(inputs.checkpoint_s, mtbf, stall)
+    return Prediction(inputs, mtbf,
+                      expected_goodput(inputs.checkpoint_s, inputs.interval_s, mtbf, inputs.restart_s, stall),
+                      best, expected_goodput(inputs.checkpoint_s, best, mtbf, inputs.restart_s, stall))
 
 
 def inputs_to_dict(inputs: GoodputInputs) -> dict[str, Any]:
-    return asdict(inputs)
+    """The inputs as the `jobGoodput` output holds them; stall_s only for an asynchronous checkpoint."""
+    data = asdict(inputs)
+    if data["stall_s"] is None:
+        del data["stall_s"]
+    return data
 
 
 def inputs_from_dict(data: Any) -> GoodputInputs:
@@ -152,7 +187,7 @@ def inputs_from_dict(data: Any) -> GoodputInputs:
         if name == "step_stated":
             if not isinstance(value, bool):
                 raise ValueError(f"{name}: expected true or false")
-        elif (value is not None or name != "mtbf_s") and (
+        elif (value is not None or name not in ("mtbf_s", "stall_s")) and (
                 isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                 or value < 0):
             raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
@@ -173,7 +208,8 @@ def prediction_line(name: str, prediction: Prediction, where: str) -> str:
     step = "" if inputs.step_stated else f", step {inputs.step_s:g} s assumed"
     return (f"{name} ({inputs.nodes} nodes, {inputs.gpus} GPUs on {where}): goodput {prediction.goodput:.2%} at the "
             f"chosen interval {_hours(inputs.interval_s)}; optimum {_hours(prediction.optimal_interval_s)} -> "
-            f"{prediction.optimal_goodput:.2%} (checkpoint {inputs.checkpoint_s:.1f} s, restart "
+            f"{prediction.optimal_goodput:.2%} (checkpoint {inputs.checkpoint_s:.1f} s"
+            f"{'' if inputs.stall_s is None else f' in the background, stall {inputs.stall_s:.2f} s'}, restart "
             f"{inputs.restart_s:.0f} s, gang MTBF {prediction.mtbf_s / SECONDS_PER_DAY:.1f} days{step})")
 
 

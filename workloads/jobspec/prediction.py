@@ -16,6 +16,7 @@ from workloads.jobspec.goodput import (
     INTERRUPTIONS_PER_1000_GPU_DAYS,
     RESTART_S,
     SPOT_RECLAIMS_PER_NODE_MONTH,
+    STAGING_BYTES_PER_S,
     GoodputInputs,
     Prediction,
     inputs_to_dict,
@@ -83,8 +84,21 @@ def spec_goodput_inputs(spec: TrainingJobSpec, facts: ClusterFacts) -> tuple[Goo
                    else RESTART_S.get(capacity, RESTART_S["ON_DEMAND"])),
         interval_s=steps * step_s, step_s=step_s,
         step_stated=stated is not None and stated.step_seconds is not None,
-        mtbf_s=stated.mtbf_hours * 3600 if stated is not None and stated.mtbf_hours is not None else None)
+        mtbf_s=stated.mtbf_hours * 3600 if stated is not None and stated.mtbf_hours is not None else None,
+        stall_s=_stall_s(spec))
     return inputs, pool_where(pool)
+
+
+def _stall_s(spec: TrainingJobSpec) -> float | None:
+    """A sharded checkpoint's stall (each rank's share staged into host memory, STAGING_BYTES_PER_S assumed); None
+    (the whole save blocks) for a whole-state checkpoint or a Job that waits for the save in flight."""
+    assert spec.checkpoint is not None
+    words = [*(spec.command or []), *(spec.args or [])]
+    waits = any(word == "--checkpoint-if-busy=wait" or (word == "--checkpoint-if-busy" and after == "wait")
+                for word, after in zip(words, [*words[1:], ""], strict=True))
+    if not spec.checkpoint.sharded or waits:
+        return None
+    return spec._save_shares().per_rank / STAGING_BYTES_PER_S
 
 
 def job_goodput_output(specs: Sequence[Any], facts: ClusterFacts) -> dict[str, dict[str, Any]]:

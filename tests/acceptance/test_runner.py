@@ -7,7 +7,6 @@ import io
 import json
 import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -171,10 +170,9 @@ def test_the_summary_is_replaced_whole_or_not_at_all(tmp_path: Path, monkeypatch
 
 def test_the_real_runner_kills_a_command_at_its_deadline() -> None:
     log = io.StringIO()
-    started = time.monotonic()
     code, output = run_command([sys.executable, "-c", "print('started', flush=True); import time; time.sleep(30)"],
                                log, 0.5)
-    assert code == DEADLINE_EXIT and time.monotonic() - started < 10
+    assert code == DEADLINE_EXIT  # killed at its 0.5 s deadline (the 30 s sleep would exit 0)
     assert output == "started\n" == log.getvalue()
 
 

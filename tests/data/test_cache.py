@@ -450,7 +450,6 @@ def test_wait_timeout_says_what_it_waits_for(tmp_path: Path, many: Path, s3_url:
     manifest = load_manifest(many)
     budget = 1 << 20  # the CLI's smallest
     assert sum(s.bytes for s in manifest.shards) > budget
-    started = time.monotonic()
     process = subprocess.run(
         [sys.executable, "-m", "workloads.data", "stage", f"s3://{bucket}/{PREFIX}", str(tmp_path / "dest"),
          "--endpoint-url", s3_url, "--budget", f"{budget}B", "--wait-timeout", "1", "--no-progress"],
@@ -459,7 +458,6 @@ def test_wait_timeout_says_what_it_waits_for(tmp_path: Path, many: Path, s3_url:
     lines = process.stderr.strip().splitlines()
     assert any("waiting for" in line and PLAN_STATE in line for line in lines[:-1]), process.stderr
     assert lines[-1].startswith("error: ") and PLAN_STATE in lines[-1] and "--wait-timeout" in lines[-1]
-    assert time.monotonic() - started < 100
 
 
 # -- what stays on disk ----------------------------------------------------------------------------------------------

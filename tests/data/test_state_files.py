@@ -100,8 +100,10 @@ def test_no_heartbeat_means_no_stager_and_fails_within_the_stager_timeout(tmp_pa
     (cache_dir(tmp_path) / HEARTBEAT).unlink()  # never any heartbeat: counted from the start of the wait
     started = time.monotonic()
     _, error = within(20, lambda: reader.wait_ready(SHARD, timeout=30))
-    # the heartbeat's 0.2 s, not the shard's 30 s (bounds generous for a loaded machine)
-    assert isinstance(error, CacheStagerError) and 0.2 <= time.monotonic() - started < 20
+    # the heartbeat's 0.2 s, counted from the start of the wait (a lower bound: no load makes it shorter); the
+    # shard's 30 s would be a TimeoutError, not CacheStagerError
+    assert isinstance(error, CacheStagerError) and "no stager is running" in str(error), repr(error)
+    assert time.monotonic() - started >= 0.2
 
 
 def test_a_live_stager_is_waited_for_until_the_deadline_saying_what_for(tmp_path: Path) -> None:
@@ -257,15 +259,13 @@ def test_any_cache_state_gives_a_clean_answer_in_time(tmp_path_factory: pytest.T
             else:
                 assert isinstance(result.done, bool) and all(isinstance(name, str) for name in result.order)
 
-    started = time.monotonic()
     reader = CacheReader(dest, poll_interval_s=0.005, heartbeat_timeout_s=60)
-    result, error = within(20, lambda: reader.wait_ready(SHARD, timeout=0.05))
+    result, error = within(20, lambda: reader.wait_ready(SHARD, timeout=0.05))  # a 0.05 s deadline, never a hang
     if error is None:
         assert result == dest / SHARD and listed  # only a shard that is really there is ever "ready"
     else:
         assert isinstance(error, TimeoutError | CacheStagerError | StateFileError), repr(error)
         assert "\n" not in str(error)
-    assert time.monotonic() - started < 20  # a 0.05 s deadline, never a hang
 
 
 # -- the stager's side ------------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +38,8 @@ def laughs(levels: int) -> str:
 def test_an_alias_bomb_is_refused_at_once_naming_the_line(tmp_path: Path) -> None:
     path = tmp_path / "Pulumi.dev.yaml"
     path.write_text(laughs(9))  # 387 million strings if expanded
-    started = time.monotonic()
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(ConfigError) as caught:  # refused by the node budget, never expanded
         read_stack_file(path)
-    assert time.monotonic() - started < 5
     [(where, why)] = caught.value.problems
     assert where == str(path) and why.startswith("invalid YAML at line ")
     assert f"aliases expand the file beyond {MAX_EXPANDED_NODES} nodes" in why
@@ -161,15 +158,13 @@ def test_a_fifo_a_directory_or_a_huge_file_is_one_error_naming_it_and_nothing_bl
         handle.truncate(STACK_FILE_MAX_BYTES + 1)
     for path, why in ((fifo, "is a FIFO, not a regular file"), (tmp_path, "is a directory, not a regular file"),
                       (huge, f"larger than {STACK_FILE_MAX_BYTES}")):
-        started = time.monotonic()
-        with pytest.raises(ConfigError) as caught:
+        with pytest.raises(ConfigError) as caught:  # a FIFO read would block here for ever: it is never opened
             read_stack_file(path)
         [(where, message)] = caught.value.problems
         assert where == str(path) and why in message
         with pytest.raises(StackFileError) as guarded:
             stack_protected(path)
         assert str(guarded.value).startswith(f"{path}: ") and why in str(guarded.value)
-        assert time.monotonic() - started < 5
 
 
 def test_a_stack_file_the_user_linked_is_read(tmp_path: Path) -> None:

@@ -469,17 +469,13 @@ def silent_api_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                                      ["logs", "run-1"], ["delete", "run-1"]])
 def test_a_server_that_never_answers_is_a_one_line_runtime_error(
         command: list[str], silent_api_server: tuple[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    import time
-
     server, kubeconfig = silent_api_server
-    started = time.monotonic()
     code = main(["--kubeconfig", str(kubeconfig), "--request-timeout", "0.2", *command])
-    elapsed = time.monotonic() - started
     err = capsys.readouterr().err
     assert code == 1, err  # runtime (a retry may succeed), not the usage code 2
     assert err.count("\n") == 1 and err.startswith(f"error: kubernetes API {server}: read_namespaced_job: "), err
-    # it used to hang forever; the bound is generous (imports and a loaded machine), the deadline is what is named
-    assert "0.2s" in err and elapsed < 30
+    # it used to hang forever: the deadline that ended it is the one named (no wall-clock bound: load moves it)
+    assert "no answer within 0.2s (--request-timeout)" in err, err
 
 
 def test_watch_gives_up_at_its_deadline_naming_the_run() -> None:

@@ -134,7 +134,6 @@ def test_an_unreachable_mirror_fails_before_training(
     tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Before: the run trained, then the upload failed after botocore's retries, with a traceback."""
-    import time
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -142,10 +141,8 @@ def test_an_unreachable_mirror_fails_before_training(
     for name, value in {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{closed}", "AWS_ACCESS_KEY_ID": "testing",
                         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(name, value)
-    started = time.monotonic()
     code = _cli(["--data", str(tiny_data["decoded"]), "--epochs", "1", "--workers", "0",
                  "--checkpoint-uri", "s3://nowhere/runs", "--checkpoint-dir", str(tmp_path)], monkeypatch)
-    assert time.monotonic() - started < 30
     out, err = capsys.readouterr()
     assert code == 1 and err.startswith("error: --checkpoint-uri: s3://nowhere/runs: ") and err.count("\n") == 1
     assert "unreachable" in err and '"event": "config"' not in out

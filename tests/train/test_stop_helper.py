@@ -110,10 +110,10 @@ def test_a_signal_before_the_first_step_exits_at_once(tmp_path: Path) -> None:
     process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=_env(), cwd=REPO)
     assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    started = time.monotonic()
     process.send_signal(signal.SIGTERM)
     err = _finish(process, timeout=20)
-    assert process.returncode == DISRUPTION_EXIT_CODE and time.monotonic() - started < 10
+    # the disruption code: the handler ended it, not the 60 s sleep (which exits 0)
+    assert process.returncode == DISRUPTION_EXIT_CODE
     assert "before the first step" in err
 
 

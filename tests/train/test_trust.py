@@ -267,10 +267,10 @@ def test_a_stager_that_died_is_a_runtime_error_within_the_stager_timeout(
     touch_heartbeat(dest)
     old = time.time() - 600
     os.utime(cache_dir(dest) / HEARTBEAT, (old, old))
-    started = time.monotonic()
     code, err = _run(["--data", str(dest), "--stager-timeout", "0.2", "--shard-timeout", "30"], capsys, monkeypatch)
+    # the heartbeat's deadline ended it: the 30 s shard deadline's error would be "not staged after 30s"
     assert code == 1 and err.count("\n") == 1 and "no stager is running" in err and "shard-0000" in err, err
-    assert time.monotonic() - started < 20  # the 0.2 s heartbeat deadline, not the 30 s shard one
+    assert "not staged after" not in err, err
 
 
 def test_a_manifest_that_never_comes_is_a_runtime_error_naming_it(
@@ -281,9 +281,9 @@ def test_a_manifest_that_never_comes_is_a_runtime_error_naming_it(
     assert code == 1 and err == f"error: {dest / 'manifest.json'}: did not appear within 0.3s (--wait-for-data); " \
                                 "is the staging sidecar running?\n", err
     write_stager_state(dest, StagerState(error="s3://b/p: access denied"))  # a stager that failed: at once
-    started = time.monotonic()
     code, err = _run(["--data", str(dest), "--wait-for-data", "30"], capsys, monkeypatch)
-    assert code == 1 and "the stager failed: s3://b/p: access denied" in err and time.monotonic() - started < 20
+    # found while waiting (the deadline's own error says "did not appear within 30s")
+    assert code == 1 and "the stager failed: s3://b/p: access denied" in err and "did not appear" not in err, err
 
 
 # -- checkpoint sidecars read as untrusted ------------------------------------------------------------------------

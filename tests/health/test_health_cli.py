@@ -170,6 +170,45 @@ def test_an_answer_that_is_not_json_is_a_kube_error(tmp_path: Path, body: bytes)
         server.server_close()
 
 
+def test_a_redirect_is_an_error_and_the_token_never_reaches_its_location(tmp_path: Path) -> None:
+    seen: list[str | None] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirect(Elsewhere):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{elsewhere.server_address[1]}/api/v1/nodes/{NODE}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    (tmp_path / "token").write_text("secret-token\n")
+    api = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    for server in (elsewhere, api):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = InCluster(host=f"http://127.0.0.1:{api.server_address[1]}", account=tmp_path)
+        with pytest.raises(KubeError, match=f"^GET /api/v1/nodes/{NODE}: HTTP 302") as caught:
+            client.get_node(NODE)
+        assert caught.value.status == 302
+        assert seen == []
+    finally:
+        for server in (elsewhere, api):
+            server.shutdown()
+            server.server_close()
+
+
 def test_efa_counts_efa_devices_from_sysfs_links(tmp_path: Path) -> None:
     sysfs = tmp_path / "infiniband"
     for index, driver in enumerate(["efa", "efa", "mlx5_core"]):

@@ -28,6 +28,13 @@ class KubeError(RuntimeError):
         self.status = status
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx comes back as the HTTPError it is: urllib would send the Authorization header on to the Location."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
 class InCluster:
     def __init__(self, host: str | None = None, account: Path = ACCOUNT) -> None:
         if host is None:
@@ -37,8 +44,9 @@ class InCluster:
             host = f"https://[{service}]:{port}" if ":" in service else f"https://{service}:{port}"
         self.host = host
         self.account = account
-        self.context = ssl.create_default_context(cafile=str(account / "ca.crt")) if host.startswith("https") \
-            else None
+        context = ssl.create_default_context(cafile=str(account / "ca.crt")) if host.startswith("https") else None
+        self.opener = urllib.request.build_opener(*([urllib.request.HTTPSHandler(context=context)] if context else []),
+                                                  _NoRedirect)
 
     def _request(self, method: str, path: str, body: bytes | None = None,
                  content_type: str | None = None) -> dict[str, Any]:
@@ -47,7 +55,7 @@ class InCluster:
                                          headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
                                                   **({"Content-Type": content_type} if content_type else {})})
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT, context=self.context) as response:
+            with self.opener.open(request, timeout=REQUEST_TIMEOUT) as response:
                 data = response.read(MAX_NODE_BYTES + 1)
         except urllib.error.HTTPError as exc:
             detail = exc.read(2000).decode("utf-8", "replace")

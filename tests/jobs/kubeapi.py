@@ -51,6 +51,13 @@ class FakeApiServer:
                 self._answer(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
                                     "reason": reason, "code": code})
 
+            def _raw(self, status: int, content_type: str, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def _handle(self, method: str) -> None:
                 path = urlparse(self.path).path
                 owner.requests.append((method, path))
@@ -61,16 +68,12 @@ class FakeApiServer:
                     self.end_headers()
                     return
                 if path in owner.raw:  # an answer that breaks the schema (an HTML page from a proxy, junk)
-                    status, content_type, data = owner.raw[path]
+                    answer = owner.raw[path]
                     if path in owner.raw_times:  # a server error that passes
                         owner.raw_times[path] -= 1
                         if owner.raw_times[path] <= 0:
                             del owner.raw[path], owner.raw_times[path]
-                    self.send_response(status)
-                    self.send_header("Content-Type", content_type)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
+                    self._raw(*answer)
                     return
                 owner.tokens.append(str(self.headers.get("Authorization")))
                 if owner.token is not None and self.headers.get("Authorization") != f"Bearer {owner.token}":
@@ -113,12 +116,7 @@ class FakeApiServer:
                 if method == "DELETE":
                     del owner.objects[key]
                     if path in owner.lost:  # deleted, but the answer that comes back is a server error
-                        status, content_type, data = owner.lost.pop(path)
-                        self.send_response(status)
-                        self.send_header("Content-Type", content_type)
-                        self.send_header("Content-Length", str(len(data)))
-                        self.end_headers()
-                        self.wfile.write(data)
+                        self._raw(*owner.lost.pop(path))
                         return
                     self._answer(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
                     return

@@ -6,6 +6,8 @@ against the stand-in API server the submit tests use."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,15 @@ from workloads.submit.kube import TimedApi
 NAMESPACE = "training"
 JOB_PATH = f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs/run"
 PODS_PATH = f"/api/v1/namespaces/{NAMESPACE}/pods"
+
+
+@contextmanager
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApiServer]:
+    """The stand-in API server, as the kubeconfig `submit` reads."""
+    with fake_api_server() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        yield server
 
 
 def job(status: dict[str, Any]) -> dict[str, Any]:
@@ -74,9 +85,7 @@ CASES = {"an HTML page": (html, "read_namespaced_job", "Input should be a valid 
 def test_status_on_an_answer_that_breaks_the_schema_is_one_line(
         case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     arrange, call, why = CASES[case]
-    with fake_api_server() as server:
-        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.setenv("HOME", str(tmp_path))
+    with stand_in(tmp_path, monkeypatch) as server:
         server.add(facts_config_map(dev_facts(), NAMESPACE))
         arrange(server)
         code = submit.main(["status", "run"])
@@ -89,9 +98,7 @@ def test_status_on_an_answer_that_breaks_the_schema_is_one_line(
 
 def test_a_workload_without_metadata_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    with fake_api_server() as server:
-        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.setenv("HOME", str(tmp_path))
+    with stand_in(tmp_path, monkeypatch) as server:
         server.add(facts_config_map(dev_facts(), NAMESPACE))
         server.add(job({"active": 1}))
         server.raw[f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NAMESPACE}/workloads"] = (
@@ -117,9 +124,7 @@ def test_a_server_error_is_retried_then_exit_1_naming_the_status(
         command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Before: `submit` (create) and `status` (read) turned a 5xx into the input's error: exit 2, tried once."""
     monkeypatch.setattr("workloads.submit.kube.RETRY_FIRST_PAUSE_S", 0.05)
-    with fake_api_server() as server:
-        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.setenv("HOME", str(tmp_path))
+    with stand_in(tmp_path, monkeypatch) as server:
         server.add(facts_config_map(dev_facts(), NAMESPACE))
         server.add(job({"active": 1}))
         path = JOB_PATH if command == "status" else JOB_PATH.rsplit("/", 1)[0]
@@ -140,9 +145,7 @@ def test_a_server_error_is_retried_then_exit_1_naming_the_status(
 def test_a_server_error_that_passes_is_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr("workloads.submit.kube.RETRY_FIRST_PAUSE_S", 0.05)
-    with fake_api_server() as server:
-        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.setenv("HOME", str(tmp_path))
+    with stand_in(tmp_path, monkeypatch) as server:
         server.add(facts_config_map(dev_facts(), NAMESPACE))
         jobs = JOB_PATH.rsplit("/", 1)[0]
         server.raw[jobs], server.raw_times[jobs] = server_error(500), 2
@@ -157,9 +160,7 @@ def test_a_retried_delete_that_finds_nothing_is_done(tmp_path: Path, monkeypatch
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """The first DELETE deleted the Job but its answer was a 504 (a proxy gave up): the retry's 404 means done."""
     monkeypatch.setattr("workloads.submit.kube.RETRY_FIRST_PAUSE_S", 0.05)
-    with fake_api_server() as server:
-        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.setenv("HOME", str(tmp_path))
+    with stand_in(tmp_path, monkeypatch) as server:
         server.add(job({"active": 1}))
         server.lost[JOB_PATH] = server_error(504)
         code = submit.main(["delete", "run"])
@@ -203,9 +204,7 @@ def test_an_adopted_kueue_older_than_0_15_is_read_in_v1beta1(tmp_path: Path, mon
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     """A Kueue that serves no v1beta2 (404 Not Found, as the API server answers for an unserved version): the
     Workload is read in v1beta1 and status says what Kueue says of it."""
-    with fake_api_server() as server:
-        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path / "kubeconfig")))
-        monkeypatch.setenv("HOME", str(tmp_path))
+    with stand_in(tmp_path, monkeypatch) as server:
         server.add(facts_config_map(dev_facts(), NAMESPACE))
         held = job({})
         held["spec"]["suspend"] = True  # Kueue keeps it suspended until it is admitted

@@ -105,3 +105,12 @@ def kill_pack_mid_shards(src: Path, out: Path, *options: str, temporaries: int =
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

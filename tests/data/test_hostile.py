@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.data.helpers import kill_pack_mid_shards, write_corpus
+from tests.data.helpers import alive, kill_pack_mid_shards, write_corpus
 from workloads.data.__main__ import main
 from workloads.data.format.manifest import load_manifest
 from workloads.data.format.verify import sha256_file, verify
@@ -578,14 +578,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc")
 def test_pack_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
     write_corpus(tmp_path / "src", per_class=300)
@@ -605,12 +597,12 @@ def test_pack_workers_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
         process.send_signal(signal.SIGKILL)
         process.wait()
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_alive(pid) for pid in workers), "pack workers outlived their parent"
+        assert not any(alive(pid) for pid in workers), "pack workers outlived their parent"
     finally:
         for pid in workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         if process.poll() is None:
             process.kill()

@@ -15,20 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.data.helpers import alive
 from workloads.data.__main__ import READER_GONE_GRACE_S
 from workloads.data.moving.s3 import S3Uri, make_client
 from workloads.data.moving.upload import UploadOptions, upload
 from workloads.parentwatch import PARENT_POLL_S, parent_gone, watch_parent
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_the_watch_calls_back_when_the_parent_is_gone() -> None:
@@ -67,14 +60,14 @@ def test_a_cache_stager_ends_when_its_reader_is_killed(tmp_path: Path, packed: P
             time.sleep(0.05)
         assert (tmp_path / "dest" / "manifest.json").exists(), Path(log).read_text()
         time.sleep(1.0)
-        assert _alive(stager), Path(log).read_text()  # serving: it waits for the reader's plan, without a deadline
+        assert alive(stager), Path(log).read_text()  # serving: it waits for the reader's plan, without a deadline
         process.send_signal(signal.SIGKILL)
         process.wait()
         killed = time.monotonic()
-        while _alive(stager) and time.monotonic() - killed < PARENT_POLL_S + READER_GONE_GRACE_S + 5:
+        while alive(stager) and time.monotonic() - killed < PARENT_POLL_S + READER_GONE_GRACE_S + 5:
             time.sleep(0.05)
         ended = time.monotonic() - killed
-        assert not _alive(stager), f"the stager outlived its reader by {ended:.1f}s"
+        assert not alive(stager), f"the stager outlived its reader by {ended:.1f}s"
         text = Path(log).read_text()
         assert f"stage: the reader (pid {process.pid}) is gone; stopping" in text, text
         assert not list((tmp_path / "dest").rglob("*.partial")), "a partial fetch was left behind"
@@ -82,5 +75,5 @@ def test_a_cache_stager_ends_when_its_reader_is_killed(tmp_path: Path, packed: P
     finally:
         if process.poll() is None:
             process.kill()
-        if stager and _alive(stager):
+        if stager and alive(stager):
             os.kill(stager, signal.SIGKILL)

@@ -2,6 +2,8 @@
 sampler's shuffled batches of 128: the decoded layout, the encoded layout (JPEG decode) and the encoded layout read
 back from a warm decode cache. process_time measures the reader's own work, so on a machine shared with other jobs
 it moves far less than samples/s do; run it from two checkouts in turn (PYTHONPATH) to compare a data-path change.
+`calls/sample` counts the Python function calls of one pass under cProfile: it does not move with the machine's load
+at all, so it shows added per-sample work where times are too noisy to.
 
     python scripts/bench_reader_cpu.py --workdir DIR [--size 160] [--repeat 3]
 
@@ -11,7 +13,9 @@ DIR holds hdf5-decoded/ and hdf5-encoded/ as `scripts/bench_loader.py --workdir 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import shutil
 import sys
 import tempfile
@@ -39,6 +43,18 @@ def per_sample_us(dataset: HDF5Dataset, batches: list[list[int]], repeat: int) -
     return round(best, 1)
 
 
+def per_sample_calls(dataset: HDF5Dataset, batches: list[list[int]]) -> float:
+    """Python function calls per sample of one pass over `batches` (after a warm pass), counted by cProfile."""
+    for batch in batches:
+        dataset.__getitems__(batch)
+    profile = cProfile.Profile()
+    profile.enable()
+    for batch in batches:
+        dataset.__getitems__(batch)
+    profile.disable()
+    return round(pstats.Stats(profile).total_calls / sum(len(b) for b in batches), 2)  # type: ignore[attr-defined]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, required=True)
@@ -61,6 +77,7 @@ def main() -> int:
             dataset = HDF5Dataset(args.workdir / f"hdf5-{layout}", **options)
             batches = list(ElasticBatchSampler(dataset.shard_sizes, 128, seed=0))[:count]
             report[f"{name} us/sample"] = per_sample_us(dataset, batches, args.repeat)
+            report[f"{name} calls/sample"] = per_sample_calls(dataset, batches)
             dataset.close()
     finally:
         shutil.rmtree(rows, ignore_errors=True)

@@ -143,9 +143,10 @@ def main() -> None:
                 step += 1
                 batches += 1
                 samples += len(targets)
-                loss_sum += float(loss)
+                value = loss.item()  # float() of a tensor that needs grad warns on stderr
+                loss_sum += value
                 correct += int((logits.argmax(dim=1) == targets).sum())
-                report.step(step, samples=len(targets), loss=float(loss))  # the step's figures, for goodput
+                report.step(step, samples=len(targets), loss=value)  # the step's figures, for goodput
                 stop.check(save)
             print(json.dumps({"epoch": epoch, "samples": samples, "loss": round(loss_sum / max(1, batches), 4),
                               "top1": round(correct / max(1, samples), 4),

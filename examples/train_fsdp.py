@@ -190,7 +190,7 @@ def main() -> int:
                 loss.backward()
                 optimizer.step()
                 step, batches, sequences = step + 1, batches + 1, sequences + len(tokens)
-                value = float(loss)
+                value = loss.item()
                 loss_sum += value
                 steps.step(step, samples=len(tokens), loss=value)  # the step's figures, for goodput
                 stop.check(last_checkpoint)  # a SIGTERM on any rank: save this step on every rank, exit 43

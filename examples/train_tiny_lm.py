@@ -112,8 +112,9 @@ def main() -> None:
                 step += 1
                 batches += 1
                 sequences += len(tokens)
-                loss_sum += float(loss)
-                report.step(step, samples=len(tokens), loss=float(loss))  # the step's figures, for goodput
+                value = loss.item()  # float() of a tensor that needs grad warns on stderr
+                loss_sum += value
+                report.step(step, samples=len(tokens), loss=value)  # the step's figures, for goodput
                 stop.check(save)
             print(json.dumps({"epoch": epoch, "sequences": sequences, "tokens": sequences * spec.length,
                               "loss": round(loss_sum / max(1, batches), 4),

@@ -47,7 +47,8 @@ def test_the_section_is_the_path_the_issue_asks_for() -> None:
     commands = "\n".join(lines)
     for step in ("scripts/local_s3.py start", "-m workloads.data pack ", "-m workloads.data upload",
                  "-m workloads.data stage", "-m workloads.train --data", "--preset cpu", "examples/train_plain.py",
-                 "scripts/local_s3.py stop"):
+                 "scripts/local_s3.py stop", "pack-captions", "examples/train_clip.py", "pack-tokens",
+                 "examples/train_tiny_lm.py"):
         assert step in commands, step
     assert all(line.startswith((".venv/bin/python ", "make ", "export ")) for line in lines), lines
 
@@ -64,7 +65,11 @@ def test_the_whole_section_runs_as_written(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert '"event": "done"' in result.stdout
     assert (tmp_path / "laptop/staged/manifest.json").is_file()
-    assert not (tmp_path / ".local-s3/pid").exists()  # stopped by the section's last line
+    assert not (tmp_path / ".local-s3/pid").exists()  # stopped by the section's stop line
+    # Every example trained its epoch, and nothing but the tools' own `warning:`/`error:` lines reached stderr
+    # (a torch UserWarning from float() of a loss that needs grad did, from both records examples).
+    assert result.stdout.count('"epoch": 0') >= 3, result.stdout[-2000:]
+    assert "UserWarning" not in result.stderr, result.stderr[-2000:]
 
 
 def test_commands_a_reader_types_name_the_venv_python() -> None:

@@ -24,7 +24,10 @@ class StrictModel(BaseModel):
     """Unknown keys are errors (typos must not pass silently); YAML keys are camelCase. Booleans and numbers must
     be written as such ('yes', 'true' or '15' in quotes are errors, as they are in the state files)."""
 
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+    # use_attribute_docstrings: a field's description is the string written under it (docs/reference/ is
+    # generated from these descriptions).
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True,
+                              use_attribute_docstrings=True)
     pulumi_text_scalars: ClassVar[bool] = False  # the stack's top level: values arrive as text from the Pulumi CLI
 
     @field_validator("*", mode="before")

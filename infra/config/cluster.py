@@ -20,16 +20,12 @@ _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
 
 class NewVpcConfig(StrictModel):
-    cidr: str = Field(default="10.0.0.0/16", description="the VPC's IPv4 block (/20 or larger)")
-    availability_zones: list[str] = Field(
-        min_length=2, max_length=4,
-        description="EKS needs two AZs; the VPC is split into 8 blocks, a private and a public one per AZ.",
-    )
-    nat_gateways: Literal["single", "perAz"] = Field(
-        default="single",
-        description=("single: one NAT gateway for every zone (cheaper); perAz: one per zone (a zone outage leaves the "
-                     "others online)"),
-    )
+    cidr: str = "10.0.0.0/16"
+    """the VPC's IPv4 block (/20 or larger)"""
+    availability_zones: list[str] = Field(min_length=2, max_length=4)
+    """EKS needs two AZs; the VPC is split into 8 blocks, a private and a public one per AZ."""
+    nat_gateways: Literal["single", "perAz"] = "single"
+    """single: one NAT gateway for every zone (cheaper); perAz: one per zone (a zone outage leaves the others online)"""
 
     @field_validator("cidr")
     @classmethod
@@ -51,15 +47,12 @@ class NewVpcConfig(StrictModel):
 
 
 class ExistingVpcConfig(StrictModel):
-    vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]{8,17}$", description="the VPC to adopt")
-    private_subnet_ids: list[str] = Field(
-        min_length=1,
-        description="subnets of the nodes, EFS mount targets and the control plane's interfaces",
-    )
-    public_subnet_ids: list[str] = Field(
-        default=[],
-        description="subnets for internet-facing load balancers; empty: none",
-    )
+    vpc_id: str = Field(pattern=r"^vpc-[0-9a-f]{8,17}$")
+    """the VPC to adopt"""
+    private_subnet_ids: list[str] = Field(min_length=1)
+    """subnets of the nodes, EFS mount targets and the control plane's interfaces"""
+    public_subnet_ids: list[str] = []
+    """subnets for internet-facing load balancers; empty: none"""
 
     @field_validator("private_subnet_ids", "public_subnet_ids")
     @classmethod
@@ -75,14 +68,10 @@ class ExistingVpcConfig(StrictModel):
 class NetworkConfig(StrictModel):
     """Either `create` a VPC or adopt an `existing` one: exactly one of the two."""
 
-    create: NewVpcConfig | None = Field(
-        default=None,
-        description="create a VPC with a private and a public subnet per availability zone",
-    )
-    existing: ExistingVpcConfig | None = Field(
-        default=None,
-        description="adopt an existing VPC and its subnets (looked up, never modified)",
-    )
+    create: NewVpcConfig | None = None
+    """create a VPC with a private and a public subnet per availability zone"""
+    existing: ExistingVpcConfig | None = None
+    """adopt an existing VPC and its subnets (looked up, never modified)"""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> NetworkConfig:
@@ -92,67 +81,48 @@ class NetworkConfig(StrictModel):
 
 
 class AccessEntryConfig(StrictModel):
-    principal_arn: str = Field(
-        pattern=PRINCIPAL_ARN,
-        description=("the IAM role or user ARN (arn:aws:iam::<account>:role/<name>; not an STS assumed-role session "
-                     "ARN)"),
-    )
-    policy: Literal["cluster-admin", "admin", "edit", "view"] = Field(
-        default="cluster-admin",
-        description=("the EKS access policy: AmazonEKSClusterAdminPolicy, AmazonEKSAdminPolicy, AmazonEKSEditPolicy or "
-                     "AmazonEKSViewPolicy"),
-    )
-    namespaces: list[DnsLabel] = Field(default=[], description="empty: the access applies cluster-wide")
+    principal_arn: str = Field(pattern=PRINCIPAL_ARN)
+    """the IAM role or user ARN (arn:aws:iam::<account>:role/<name>; not an STS assumed-role session ARN)"""
+    policy: Literal["cluster-admin", "admin", "edit", "view"] = "cluster-admin"
+    ("the EKS access policy: AmazonEKSClusterAdminPolicy, AmazonEKSAdminPolicy, AmazonEKSEditPolicy or "
+     "AmazonEKSViewPolicy")
+    namespaces: list[DnsLabel] = []
+    """empty: the access applies cluster-wide"""
 
 
 ClusterLogType = Literal["api", "audit", "authenticator", "controllerManager", "scheduler"]
 
 
 class ClusterConfig(StrictModel):
-    name: DnsLabel = Field(description="the EKS cluster's name (also its CloudWatch log group /aws/eks/<name>/cluster)")
-    kubernetes_version: str = Field(
-        description="the control plane's Kubernetes minor, e.g. \"1.35\"; node groups follow it",
-    )
-    upgrade_policy: Literal["standard", "extended"] = Field(
-        default="standard",
-        description=("What EKS does at the end of the minor's standard support: upgrade the cluster (standard) or "
-                     "keep it on the minor at the extended-support rate (extended). EKS's own API default is "
-                     "extended."),
-    )
-    endpoint_public_access: bool = Field(
-        default=True,
-        description="the API endpoint is reachable from the internet (from publicAccessCidrs)",
-    )
-    endpoint_private_access: bool = Field(default=True, description="the API endpoint is reachable from inside the VPC")
-    public_access_cidrs: list[str] = Field(
-        default=["0.0.0.0/0"],
-        description="IPv4 blocks allowed to the public API endpoint",
-    )
-    log_types: list[ClusterLogType] = Field(
-        default=["api", "audit", "authenticator"],
-        description="control plane logs sent to CloudWatch",
-    )
-    log_retention_days: int = Field(
-        default=30, ge=1, le=3653,
-        description="how long CloudWatch keeps the control plane logs",
-    )
-    access_entries: list[AccessEntryConfig] = Field(
-        default=[],
-        description="IAM roles and users given access to the cluster (EKS access entries)",
-    )
-    secrets_encryption: bool = Field(default=True, description="envelope-encrypt Kubernetes Secrets with a KMS key")
-    kms_key_arn: str | None = Field(
-        default=None, pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/.+$",
-        description="the KMS key for secretsEncryption; default: a key the stack creates (rotation on)",
-    )
-    existing: bool = Field(
-        default=False,
-        description=("lay the stack onto the EKS cluster called `name` that already runs (terraform-aws-modules/eks, "
-                     "eksctl, CDK): the program reads it (aws.eks.get_cluster) and never creates, changes or deletes "
-                     "it, its VPC or its node groups; network.existing names its VPC and the subnets for the "
-                     "stack's pools and mount targets, kubernetesVersion must be the version it runs "
-                     "(docs/operations.md, \"Use an existing EKS cluster\")"),
-    )
+    name: DnsLabel
+    """the EKS cluster's name (also its CloudWatch log group /aws/eks/<name>/cluster)"""
+    kubernetes_version: str
+    "the control plane's Kubernetes minor, e.g. \"1.35\"; node groups follow it"
+    upgrade_policy: Literal["standard", "extended"] = "standard"
+    ("What EKS does at the end of the minor's standard support: upgrade the cluster (standard) or keep it on the "
+     "minor at the extended-support rate (extended). EKS's own API default is extended.")
+    endpoint_public_access: bool = True
+    """the API endpoint is reachable from the internet (from publicAccessCidrs)"""
+    endpoint_private_access: bool = True
+    """the API endpoint is reachable from inside the VPC"""
+    public_access_cidrs: list[str] = ["0.0.0.0/0"]
+    """IPv4 blocks allowed to the public API endpoint"""
+    log_types: list[ClusterLogType] = ["api", "audit", "authenticator"]
+    """control plane logs sent to CloudWatch"""
+    log_retention_days: int = Field(default=30, ge=1, le=3653)
+    """how long CloudWatch keeps the control plane logs"""
+    access_entries: list[AccessEntryConfig] = []
+    """IAM roles and users given access to the cluster (EKS access entries)"""
+    secrets_encryption: bool = True
+    """envelope-encrypt Kubernetes Secrets with a KMS key"""
+    kms_key_arn: str | None = Field(default=None, pattern=r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/.+$")
+    """the KMS key for secretsEncryption; default: a key the stack creates (rotation on)"""
+    existing: bool = False
+    ("lay the stack onto the EKS cluster called `name` that already runs (terraform-aws-modules/eks, "
+     "eksctl, CDK): the program reads it (aws.eks.get_cluster) and never creates, changes or deletes "
+     "it, its VPC or its node groups; network.existing names its VPC and the subnets for the "
+     "stack's pools and mount targets, kubernetesVersion must be the version it runs "
+     "(docs/operations.md, \"Use an existing EKS cluster\")")
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -187,14 +157,13 @@ EXISTING_CLUSTER_OWNED = frozenset({
 class OnpremConfig(StrictModel):
     """An existing Kubernetes cluster reached with the `ml-cluster:kubeconfig` secret."""
 
-    cluster_name: DnsLabel = Field(
-        description=("the existing cluster's name, as the stack's outputs report it (the kubeconfig context decides "
-                     "which cluster is reached)"),
-    )
-    kubernetes_version: str = Field(
-        description="the existing cluster's Kubernetes minor, e.g. \"1.36\" (the manifests are validated against it)",
-    )
-    context: str | None = Field(default=None, description="kubeconfig context; default: current-context")
+    cluster_name: DnsLabel
+    ("the existing cluster's name, as the stack's outputs report it (the kubeconfig context decides which cluster is "
+     "reached)")
+    kubernetes_version: str
+    "the existing cluster's Kubernetes minor, e.g. \"1.36\" (the manifests are validated against it)"
+    context: str | None = None
+    """kubeconfig context; default: current-context"""
 
     @field_validator("kubernetes_version")
     @classmethod

@@ -32,52 +32,34 @@ class ImagePullConfig(StrictModel):
     """How GPU nodes pull images: SOCI parallel pull and unpack (AL2023: nodeadm's `FastImagePull` feature gate;
     Bottlerocket: the soci snapshotter in `parallel-pull-unpack` mode)."""
 
-    parallel: bool = Field(
-        default=True,
-        description=("parallel layer download and unpack on every AL2023 and Bottlerocket GPU pool (more CPU, "
-                     "memory and disk I/O while pulling; the pull lands on the NVMe RAID0 where the pool has one)"),
-    )
+    parallel: bool = True
+    ("parallel layer download and unpack on every AL2023 and Bottlerocket GPU pool (more CPU, memory and disk I/O "
+     "while pulling; the pull lands on the NVMe RAID0 where the pool has one)")
 
 
 class ColdStartConfig(StrictModel):
     """What a cold gang waits for, per GPU pool: boot, burn-in, image pulls, first data."""
 
-    image_size: Quantity = Field(
-        default="10G",
-        description=("the training image's size as pulled (`make image` prints it); default 10 GB, an assumption "
-                     "for a CUDA training image until you state yours"),
-    )
-    dcgm_image_size: Quantity = Field(
-        default="1G",
-        description="NVIDIA's DCGM image the burn-in pulls (about 1 GB, docs/monitoring.md)",
-    )
-    boot_minutes: dict[str, float] = Field(
-        default={},
-        description=("boot to Ready per instance family (p5, p4d, g5, ...), overriding the built-in assumptions "
-                     "(p4d 8, p5 and p6 10, other families 5 minutes)"),
-    )
-    burn_in_minutes: float | None = Field(
-        default=None, ge=0,
-        description=("the burn-in from a node's Ready to its gpu-health label; None: from the checks the pool runs "
-                     "(model: DCGM diag level 1 one minute, level 2 five; GPU check one; EFA check half a minute)"),
-    )
-    serial_pull_mb_per_s: float = Field(
-        default=SERIAL_PULL_MB_S, gt=0,
-        description="image pull rate without parallel pull, MB/s (upstream: 10.8 GB in 112 s)",
-    )
-    al2023_parallel_pull_mb_per_s: float = Field(
-        default=AL2023_PARALLEL_PULL_MB_S, gt=0,
-        description="image pull rate with parallel pull on AL2023, MB/s (upstream: 10.8 GB in 60 s)",
-    )
-    bottlerocket_parallel_pull_mb_per_s: float = Field(
-        default=BOTTLEROCKET_PARALLEL_PULL_MB_S, gt=0,
-        description="image pull rate with parallel pull on Bottlerocket, MB/s (upstream: 10.8 GB in 45 s)",
-    )
-    first_shard_seconds: int = Field(
-        default=60, ge=0,
-        description=("from the trainer's start to its first batch of data (the first staged shard); an assumption, "
-                     "a cold stager's first GB"),
-    )
+    image_size: Quantity = "10G"
+    ("the training image's size as pulled (`make image` prints it); default 10 GB, an assumption for a CUDA training "
+     "image until you state yours")
+    dcgm_image_size: Quantity = "1G"
+    """NVIDIA's DCGM image the burn-in pulls (about 1 GB, docs/monitoring.md)"""
+    boot_minutes: dict[str, float] = {}
+    ("boot to Ready per instance family (p5, p4d, g5, ...), overriding the built-in assumptions (p4d 8, p5 and p6 10, "
+     "other families 5 minutes)")
+    burn_in_minutes: float | None = Field(default=None, ge=0)
+    ("the burn-in from a node's Ready to its gpu-health label; None: from the checks the pool runs (model: DCGM diag "
+     "level 1 one minute, level 2 five; GPU check one; EFA check half a minute)")
+    serial_pull_mb_per_s: float = Field(default=SERIAL_PULL_MB_S, gt=0)
+    """image pull rate without parallel pull, MB/s (upstream: 10.8 GB in 112 s)"""
+    al2023_parallel_pull_mb_per_s: float = Field(default=AL2023_PARALLEL_PULL_MB_S, gt=0)
+    """image pull rate with parallel pull on AL2023, MB/s (upstream: 10.8 GB in 60 s)"""
+    bottlerocket_parallel_pull_mb_per_s: float = Field(default=BOTTLEROCKET_PARALLEL_PULL_MB_S, gt=0)
+    """image pull rate with parallel pull on Bottlerocket, MB/s (upstream: 10.8 GB in 45 s)"""
+    first_shard_seconds: int = Field(default=60, ge=0)
+    ("from the trainer's start to its first batch of data (the first staged shard); an assumption, a cold stager's "
+     "first GB")
 
     def boot(self, instance_type: str) -> float:
         family = instance_type.split(".", 1)[0]

@@ -25,19 +25,24 @@ _VERSION = r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$"
 class JobSetConfig(StrictModel):
     """The JobSet controller and webhook (jobset.x-k8s.io/v1alpha2 JobSet)."""
 
-    enabled: bool = Field(default=False, description="install the JobSet controller: Job specs may ask for kind JobSet")
-    chart_version: str = Field(default=JOBSET_CHART_VERSION, pattern=_VERSION,
-                               description="the jobset chart's version (oci://registry.k8s.io/jobset/charts/jobset)")
-    namespace: DnsLabel = Field(default="jobset-system", description="the namespace the controller is installed in")
+    enabled: bool = False
+    """install the JobSet controller: Job specs may ask for kind JobSet"""
+    chart_version: str = Field(default=JOBSET_CHART_VERSION, pattern=_VERSION)
+    """the jobset chart's version (oci://registry.k8s.io/jobset/charts/jobset)"""
+    namespace: DnsLabel = "jobset-system"
+    """the namespace the controller is installed in"""
 
 
 class StagedRuntimeConfig(StrictModel):
     """A ClusterTrainingRuntime with a dataset behind the staging cache: the stager sidecar fetches it onto the
     node's NVMe in the order the trainer reads it, as for a Job spec's dataset."""
 
-    name: DnsLabel = Field(max_length=52, description="the ClusterTrainingRuntime's name (a TrainJob's runtimeRef)")
-    gpu_type: DnsLabel = Field(description="the GPU type of the pools it runs on (a whole node per pod)")
-    dataset: DatasetSpec = Field(description="the dataset, as a Job spec's dataset (bucket + prefix or uri, staging)")
+    name: DnsLabel = Field(max_length=52)
+    """the ClusterTrainingRuntime's name (a TrainJob's runtimeRef)"""
+    gpu_type: DnsLabel
+    """the GPU type of the pools it runs on (a whole node per pod)"""
+    dataset: DatasetSpec
+    """the dataset, as a Job spec's dataset (bucket + prefix or uri, staging)"""
 
 
 class TrainerConfig(StrictModel):
@@ -45,25 +50,19 @@ class TrainerConfig(StrictModel):
     stack's ClusterTrainingRuntimes: `torch-distributed-<gpu type>` per GPU type of the pools, and
     `torch-distributed-<gpu type>-staged` with the staging cache."""
 
-    enabled: bool = Field(default=False,
-                          description="install Kubeflow Trainer and the stack's ClusterTrainingRuntimes (needs jobset)")
-    chart_version: str = Field(default=TRAINER_CHART_VERSION, pattern=_VERSION,
-                               description=("the kubeflow-trainer chart's version "
-                                            "(oci://ghcr.io/kubeflow/charts/kubeflow-trainer)"))
-    namespace: DnsLabel = Field(default="kubeflow-system", description="the namespace the controller is installed in")
-    runtime_image_tag: str = Field(
-        default="latest", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
-        description=("the tag of the stack's training image the runtimes run (a TrainJob's trainer.image replaces "
-                     "it); onprem: runtimeImage"),
-    )
-    runtime_image: str | None = Field(
-        default=None, min_length=1,
-        description="the runtimes' image in full (no registry of the stack's own, e.g. onprem)",
-    )
-    staged_runtimes: list[StagedRuntimeConfig] = Field(
-        default=[],
-        description="runtimes with a dataset behind the staging cache, beside torch-distributed-<gpu type>",
-    )
+    enabled: bool = False
+    """install Kubeflow Trainer and the stack's ClusterTrainingRuntimes (needs jobset)"""
+    chart_version: str = Field(default=TRAINER_CHART_VERSION, pattern=_VERSION)
+    """the kubeflow-trainer chart's version (oci://ghcr.io/kubeflow/charts/kubeflow-trainer)"""
+    namespace: DnsLabel = "kubeflow-system"
+    """the namespace the controller is installed in"""
+    runtime_image_tag: str = Field(default="latest", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+    ("the tag of the stack's training image the runtimes run (a TrainJob's trainer.image replaces it); onprem: "
+     "runtimeImage")
+    runtime_image: str | None = Field(default=None, min_length=1)
+    """the runtimes' image in full (no registry of the stack's own, e.g. onprem)"""
+    staged_runtimes: list[StagedRuntimeConfig] = []
+    """runtimes with a dataset behind the staging cache, beside torch-distributed-<gpu type>"""
 
     @model_validator(mode="after")
     def _names(self) -> TrainerConfig:
@@ -75,9 +74,10 @@ class TrainerConfig(StrictModel):
 
 
 class JobControllersConfig(StrictModel):
-    jobset: JobSetConfig = Field(default_factory=JobSetConfig, description="the JobSet controller")
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig,
-                                   description="Kubeflow Trainer v2 and the stack's ClusterTrainingRuntimes")
+    jobset: JobSetConfig = Field(default_factory=JobSetConfig)
+    """the JobSet controller"""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Kubeflow Trainer v2 and the stack's ClusterTrainingRuntimes"""
 
     @model_validator(mode="after")
     def _trainer_needs_jobset(self) -> JobControllersConfig:

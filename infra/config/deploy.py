@@ -29,19 +29,13 @@ DEFAULT_LABELS = ("ubuntu-latest",)
 
 
 class DeployConfig(StrictModel):
-    runner: Literal["github-hosted", "self-hosted"] = Field(
-        default="github-hosted",
-        description=("github-hosted: GitHub's runners (they reach a public endpoint only); self-hosted: a runner that "
-                     "reaches the private endpoint"),
-    )
-    labels: list[str] = Field(
-        default_factory=list,
-        description="runs-on of the stack's deploy and preview jobs; GitHub-hosted default: ubuntu-latest.",
-    )
-    egress_cidrs: list[str] = Field(
-        default_factory=list,
-        description="The runner's public egress networks (static IPs); the cluster's endpoint allows them.",
-    )
+    runner: Literal["github-hosted", "self-hosted"] = "github-hosted"
+    ("github-hosted: GitHub's runners (they reach a public endpoint only); self-hosted: a runner that reaches the "
+     "private endpoint")
+    labels: list[str] = Field(default_factory=list)
+    """runs-on of the stack's deploy and preview jobs; GitHub-hosted default: ubuntu-latest."""
+    egress_cidrs: list[str] = Field(default_factory=list)
+    """The runner's public egress networks (static IPs); the cluster's endpoint allows them."""
 
     @field_validator("egress_cidrs")
     @classmethod

@@ -18,13 +18,13 @@ from workloads.jobspec import EgressRules
 
 
 class JobEgressConfig(StrictModel):
-    mode: Literal["open", "restricted"] = Field(
-        default="open",
-        description=("open: no egress restriction; restricted: only DNS, the namespace's pods, the Pod Identity agent "
-                     "and allowCidrs on allowPorts"),
-    )
-    allow_cidrs: list[str] = Field(default_factory=list, description="HTTPS (443) destinations, e.g. S3 ranges")
-    allow_ports: list[int] = Field(default_factory=lambda: [443], description="TCP ports open to allowCidrs")
+    mode: Literal["open", "restricted"] = "open"
+    ("open: no egress restriction; restricted: only DNS, the namespace's pods, the Pod Identity agent and allowCidrs "
+     "on allowPorts")
+    allow_cidrs: list[str] = Field(default_factory=list)
+    """HTTPS (443) destinations, e.g. S3 ranges"""
+    allow_ports: list[int] = Field(default_factory=lambda: [443])
+    """TCP ports open to allowCidrs"""
 
     @field_validator("allow_cidrs")
     @classmethod

@@ -20,16 +20,10 @@ class ExternalRelease(StrictModel):
     """A Helm release of the chart that the cluster already runs (helm list -A): adopted, never installed, upgraded
     or deleted by the stack."""
 
-    version: str = Field(
-        pattern=CHART_VERSION,
-        description=("the chart version it runs (helm list -A, the CHART column without the name): what the stack's "
-                     "objects are built for; preflight FAILs when the release runs another"),
-    )
-    release: DnsLabel | None = Field(
-        default=None,
-        description="its Helm release name; default: the chart's name (kueue, nvidia-device-plugin, ...)",
-    )
-    namespace: DnsLabel | None = Field(
-        default=None,
-        description="its namespace; default: the section's namespace",
-    )
+    version: str = Field(pattern=CHART_VERSION)
+    ("the chart version it runs (helm list -A, the CHART column without the name): what the stack's objects are built "
+     "for; preflight FAILs when the release runs another")
+    release: DnsLabel | None = None
+    """its Helm release name; default: the chart's name (kueue, nvidia-device-plugin, ...)"""
+    namespace: DnsLabel | None = None
+    """its namespace; default: the section's namespace"""

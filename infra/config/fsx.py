@@ -44,31 +44,20 @@ def capacity_problem(gib: int) -> str | None:
 class FsxDataRepositoryAssociationConfig(StrictModel):
     """A link between a directory of the file system and a stack bucket (or a prefix of it)."""
 
-    bucket: DnsLabel = Field(description="the logical name of a bucket in storage.buckets (e.g. datasets)")
-    prefix: str = Field(
-        default="", pattern=r"^([^/].*/)?$",
-        description="the S3 prefix linked (relative, ending in '/'); empty: the whole bucket",
-    )
-    file_system_path: str = Field(
-        description="the directory of the file system the bucket appears at, e.g. /datasets (never / itself)",
-    )
-    auto_import: list[FsxEvent] = Field(
-        default=ALL_EVENTS,
-        description="S3 events the file system follows (NEW, CHANGED, DELETED); empty: no automatic import",
-    )
-    auto_export: list[FsxEvent] = Field(
-        default=[],
-        description=("file system changes written back to S3 (NEW, CHANGED, DELETED); empty: none, e.g. a "
-                     "read-mostly dataset"),
-    )
-    import_metadata_on_create: bool = Field(
-        default=True,
-        description="list the bucket's objects into the file system when the association is created",
-    )
-    imported_file_chunk_size_mib: int = Field(
-        default=1024, ge=1, le=512000,
-        description="files imported from S3 are striped over storage servers in chunks of this size (MiB)",
-    )
+    bucket: DnsLabel
+    """the logical name of a bucket in storage.buckets (e.g. datasets)"""
+    prefix: str = Field(default="", pattern=r"^([^/].*/)?$")
+    """the S3 prefix linked (relative, ending in '/'); empty: the whole bucket"""
+    file_system_path: str
+    """the directory of the file system the bucket appears at, e.g. /datasets (never / itself)"""
+    auto_import: list[FsxEvent] = ALL_EVENTS
+    """S3 events the file system follows (NEW, CHANGED, DELETED); empty: no automatic import"""
+    auto_export: list[FsxEvent] = []
+    """file system changes written back to S3 (NEW, CHANGED, DELETED); empty: none, e.g. a read-mostly dataset"""
+    import_metadata_on_create: bool = True
+    """list the bucket's objects into the file system when the association is created"""
+    imported_file_chunk_size_mib: int = Field(default=1024, ge=1, le=512000)
+    """files imported from S3 are striped over storage servers in chunks of this size (MiB)"""
 
     @field_validator("file_system_path")
     @classmethod
@@ -87,73 +76,46 @@ class FsxDataRepositoryAssociationConfig(StrictModel):
 
 
 class FsxMetadataConfig(StrictModel):
-    mode: Literal["AUTOMATIC"] = Field(
-        default="AUTOMATIC",
-        description="AUTOMATIC: FSx sizes the metadata IOPS with the storage capacity (PERSISTENT_2 only)",
-    )
+    mode: Literal["AUTOMATIC"] = "AUTOMATIC"
+    """AUTOMATIC: FSx sizes the metadata IOPS with the storage capacity (PERSISTENT_2 only)"""
 
 
 class FsxLustreConfig(StrictModel):
     """An FSx for Lustre file system for datasets and checkpoints of the multi-node Jobs (platform eks)."""
 
-    deployment_type: Literal["PERSISTENT_2"] = Field(
-        default="PERSISTENT_2",
-        description="PERSISTENT_2: replicated storage servers in one AZ, data repository associations, SSD",
-    )
-    storage_capacity: int = Field(
-        ge=CAPACITY_SMALLEST_GIB,
-        description="GiB: 1200, 2400 or a multiple of 2400 (AWS's rule for PERSISTENT_2 SSD)",
-    )
-    per_unit_storage_throughput: int = Field(
-        default=250,
-        description="MB/s per TiB of storage: 125, 250, 500 or 1000 (the PERSISTENT_2 tiers; the price follows it)",
-    )
-    metadata_configuration: FsxMetadataConfig = Field(
-        default=FsxMetadataConfig(), description="how the metadata server's IOPS are provisioned",
-    )
-    availability_zone: str = Field(
-        description="the AZ of the file system's subnet: the zone of every node pool in nodePools",
-    )
-    node_pools: list[DnsLabel] = Field(
-        min_length=1,
-        description=("the node pools whose Pods mount it; each must start nodes only in availabilityZone (pools "
-                     "elsewhere would cross zones: slower, and billed per GB)"),
-    )
-    kms_key_arn: str | None = Field(
-        default=None, pattern=_KMS_KEY_ARN,
-        description="encryption at rest with this key; default: the AWS-managed aws/fsx key (always encrypted)",
-    )
-    data_compression: Literal["NONE", "LZ4"] = Field(
-        default="LZ4", description="LZ4: compress data on the storage servers (less storage used, same API)",
-    )
-    automatic_backup_retention_days: int = Field(
-        default=7, ge=0, le=90,
-        description="daily automatic backups kept this many days; 0: none (the stack's dev default)",
-    )
-    claim_name: DnsLabel = Field(
-        default="fsx-lustre",
-        description="the PVC in the Jobs' namespace (what a Job's dataset or checkpoint claimName names)",
-    )
-    mount_options: list[str] = Field(
-        default=["flock"],
-        description="Lustre mount options of the PV (flock: POSIX locks, which torch.distributed's stores use)",
-    )
-    efa: bool = Field(
-        default=False,
-        description=("an EFA-enabled file system (EFA and GPUDirect Storage; AWS recommends it above 10 GB/s): every "
-                     "traffic between it and the nodes allowed, and the EFA pools in nodePools configure their Lustre "
-                     "client for EFA at boot. Set at creation only; its throughput tier cannot change after"),
-    )
-    team_directories: bool = Field(
-        default=False,
-        description=("each tenant team (kueue.teams with a namespace) gets its own directory /teams/<team>, linked by "
-                     "a data repository association (import and export) to its first checkpoints prefix, which "
-                     "creates it, and mounted alone by a static PV bound to the claim claimName in its namespace"),
-    )
-    data_repository_associations: list[FsxDataRepositoryAssociationConfig] = Field(
-        default=[],
-        description="links of file system directories to the stack's buckets (import and/or export)",
-    )
+    deployment_type: Literal["PERSISTENT_2"] = "PERSISTENT_2"
+    """PERSISTENT_2: replicated storage servers in one AZ, data repository associations, SSD"""
+    storage_capacity: int = Field(ge=CAPACITY_SMALLEST_GIB)
+    """GiB: 1200, 2400 or a multiple of 2400 (AWS's rule for PERSISTENT_2 SSD)"""
+    per_unit_storage_throughput: int = 250
+    """MB/s per TiB of storage: 125, 250, 500 or 1000 (the PERSISTENT_2 tiers; the price follows it)"""
+    metadata_configuration: FsxMetadataConfig = FsxMetadataConfig()
+    """how the metadata server's IOPS are provisioned"""
+    availability_zone: str
+    """the AZ of the file system's subnet: the zone of every node pool in nodePools"""
+    node_pools: list[DnsLabel] = Field(min_length=1)
+    ("the node pools whose Pods mount it; each must start nodes only in availabilityZone (pools elsewhere would cross "
+     "zones: slower, and billed per GB)")
+    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)
+    """encryption at rest with this key; default: the AWS-managed aws/fsx key (always encrypted)"""
+    data_compression: Literal["NONE", "LZ4"] = "LZ4"
+    """LZ4: compress data on the storage servers (less storage used, same API)"""
+    automatic_backup_retention_days: int = Field(default=7, ge=0, le=90)
+    """daily automatic backups kept this many days; 0: none (the stack's dev default)"""
+    claim_name: DnsLabel = "fsx-lustre"
+    """the PVC in the Jobs' namespace (what a Job's dataset or checkpoint claimName names)"""
+    mount_options: list[str] = ["flock"]
+    """Lustre mount options of the PV (flock: POSIX locks, which torch.distributed's stores use)"""
+    efa: bool = False
+    ("an EFA-enabled file system (EFA and GPUDirect Storage; AWS recommends it above 10 GB/s): every traffic between "
+     "it and the nodes allowed, and the EFA pools in nodePools configure their Lustre client for EFA at boot. Set at "
+     "creation only; its throughput tier cannot change after")
+    team_directories: bool = False
+    ("each tenant team (kueue.teams with a namespace) gets its own directory /teams/<team>, linked by a data "
+     "repository association (import and export) to its first checkpoints prefix, which creates it, and mounted alone "
+     "by a static PV bound to the claim claimName in its namespace")
+    data_repository_associations: list[FsxDataRepositoryAssociationConfig] = []
+    """links of file system directories to the stack's buckets (import and/or export)"""
 
     @field_validator("storage_capacity")
     @classmethod

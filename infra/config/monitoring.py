@@ -25,34 +25,38 @@ _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
 class AlertThresholds(StrictModel):
-    data_wait_share: float = Field(default=0.3, gt=0, lt=1, description="share of step time spent waiting for data")
-    gpu_idle_utilization: float = Field(default=0.05, ge=0, lt=1, description="below this the GPU counts as idle")
-    nvme_full_ratio: float = Field(default=0.9, gt=0, lt=1, description="share of the node's NVMe file system used")
-    for_minutes: int = Field(default=10, ge=1, le=1440, description="how long a condition holds before it fires")
-    pending_minutes: int = Field(default=15, ge=1, le=1440, description="a Job's pod Pending this long is stuck")
-    reservation_end_minutes: int = Field(default=60, ge=1, le=10080,
-                                         description="warn this long before a reservation's endTime")
-    reserved_idle_minutes: int = Field(default=30, ge=1, le=1440,
-                                       description="reserved GPUs that no running pod uses for this long alert (the "
-                                                   "reservation bills them anyway)")
-    restarts_per_hour: int = Field(default=3, ge=1, le=1000,
-                                   description="a Job whose gang restarted more often than this within an hour "
-                                               "alerts (disruptions do not spend backoffLimit, so nothing else stops "
-                                               "a Job churning on flapping nodes or Spot reclaims)")
+    data_wait_share: float = Field(default=0.3, gt=0, lt=1)
+    """share of step time spent waiting for data"""
+    gpu_idle_utilization: float = Field(default=0.05, ge=0, lt=1)
+    """below this the GPU counts as idle"""
+    nvme_full_ratio: float = Field(default=0.9, gt=0, lt=1)
+    """share of the node's NVMe file system used"""
+    for_minutes: int = Field(default=10, ge=1, le=1440)
+    """how long a condition holds before it fires"""
+    pending_minutes: int = Field(default=15, ge=1, le=1440)
+    """a Job's pod Pending this long is stuck"""
+    reservation_end_minutes: int = Field(default=60, ge=1, le=10080)
+    """warn this long before a reservation's endTime"""
+    reserved_idle_minutes: int = Field(default=30, ge=1, le=1440)
+    """reserved GPUs that no running pod uses for this long alert (the reservation bills them anyway)"""
+    restarts_per_hour: int = Field(default=3, ge=1, le=1000)
+    ("a Job whose gang restarted more often than this within an hour alerts (disruptions do not spend backoffLimit, "
+     "so nothing else stops a Job churning on flapping nodes or Spot reclaims)")
     # GPU health (infra/monitoring/gpu_alerts.py)
-    xid_latch_minutes: int = Field(default=30, ge=5, le=1440,
-                                   description="a fatal XID stays alerting this long after DCGM last showed it")
-    app_xids_per_window: int = Field(default=5, ge=1, le=10000,
-                                     description="application-class XIDs (13, 31, 43, 45, 94) on one GPU within "
-                                                 "dcgm-exporter's XID window before the node is suspect")
-    missing_gpu_minutes: int = Field(default=10, ge=1, le=1440,
-                                     description="a node offering fewer GPUs than its type has, this long, alerts")
+    xid_latch_minutes: int = Field(default=30, ge=5, le=1440)
+    """a fatal XID stays alerting this long after DCGM last showed it"""
+    app_xids_per_window: int = Field(default=5, ge=1, le=10000)
+    ("application-class XIDs (13, 31, 43, 45, 94) on one GPU within dcgm-exporter's XID window before the node is "
+     "suspect")
+    missing_gpu_minutes: int = Field(default=10, ge=1, le=1440)
+    """a node offering fewer GPUs than its type has, this long, alerts"""
 
 
 class RemoteWriteConfig(StrictModel):
-    url: str = Field(description="remote-write endpoint (https)")
-    sigv4_region: str | None = Field(default=None, description="Amazon Managed Service for Prometheus: sign with "
-                                                                "SigV4 in this region")
+    url: str
+    """remote-write endpoint (https)"""
+    sigv4_region: str | None = None
+    """Amazon Managed Service for Prometheus: sign with SigV4 in this region"""
 
     @field_validator("url")
     @classmethod
@@ -69,37 +73,34 @@ DASHBOARD_CONFIGMAP_NAME = "training-dashboard"
 
 
 class MonitoringConfig(StrictModel):
-    enabled: bool = Field(
-        default=False,
-        description=("collect the Jobs', the stager's and DCGM's metrics (and admit the monitoring namespace to the "
-                     "metrics ports)"),
-    )
-    mode: Literal["in-cluster", "remote-write"] = Field(
-        default="in-cluster",
-        description=("in-cluster: kube-prometheus-stack here stores the metrics; remote-write: they go to an existing "
-                     "Prometheus or Amazon Managed Prometheus"),
-    )
-    namespace: DnsLabel = Field(default="monitoring", description="the namespace of the monitoring stack")
-    chart_version: str = Field(default="88.5.3", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
-                               description="kube-prometheus-stack chart (an exact version: the chart is pinned)")
-    external: ExternalRelease | None = Field(
-        default=None,
-        description=("the kube-prometheus-stack the cluster already runs (existing clusters, mode in-cluster): the "
-                     "stack installs none and puts its PodMonitor, PrometheusRule and dashboard in that release's "
-                     "namespace, labelled release: <its name> as the chart's default selectors want; retention, "
-                     "storage and scrapeInterval are then that Prometheus's own"),
-    )
-    scrape_interval: str = Field(default="15s", description="how often Prometheus scrapes (a Prometheus duration)")
-    retention: str = Field(default="15d", description="how long Prometheus keeps samples")
-    storage_size: Quantity = Field(default="50Gi", description="Prometheus' volume (gp3 on EKS)")
-    storage_class: str | None = Field(default=None, max_length=253, description="None: the cluster's default class",
-                                      pattern=DNS1123_SUBDOMAIN_PATTERN)
-    grafana: bool = Field(default=True, description="Grafana with the dashboard (in-cluster mode)")
-    remote_write: RemoteWriteConfig | None = Field(
-        default=None,
-        description="with mode remote-write: where the samples go",
-    )
-    alerts: AlertThresholds = Field(default_factory=AlertThresholds, description="the alert rules' thresholds")
+    enabled: bool = False
+    """collect the Jobs', the stager's and DCGM's metrics (and admit the monitoring namespace to the metrics ports)"""
+    mode: Literal["in-cluster", "remote-write"] = "in-cluster"
+    ("in-cluster: kube-prometheus-stack here stores the metrics; remote-write: they go to an existing Prometheus or "
+     "Amazon Managed Prometheus")
+    namespace: DnsLabel = "monitoring"
+    """the namespace of the monitoring stack"""
+    chart_version: str = Field(default="88.5.3", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    """kube-prometheus-stack chart (an exact version: the chart is pinned)"""
+    external: ExternalRelease | None = None
+    ("the kube-prometheus-stack the cluster already runs (existing clusters, mode in-cluster): the stack installs "
+     "none and puts its PodMonitor, PrometheusRule and dashboard in that release's namespace, labelled release: <its "
+     "name> as the chart's default selectors want; retention, storage and scrapeInterval are then that Prometheus's "
+     "own")
+    scrape_interval: str = "15s"
+    """how often Prometheus scrapes (a Prometheus duration)"""
+    retention: str = "15d"
+    """how long Prometheus keeps samples"""
+    storage_size: Quantity = "50Gi"
+    """Prometheus' volume (gp3 on EKS)"""
+    storage_class: str | None = Field(default=None, max_length=253, pattern=DNS1123_SUBDOMAIN_PATTERN)
+    """None: the cluster's default class"""
+    grafana: bool = True
+    """Grafana with the dashboard (in-cluster mode)"""
+    remote_write: RemoteWriteConfig | None = None
+    """with mode remote-write: where the samples go"""
+    alerts: AlertThresholds = Field(default_factory=AlertThresholds)
+    """the alert rules' thresholds"""
 
     @field_validator("scrape_interval", "retention")
     @classmethod

@@ -66,15 +66,12 @@ NodeName = Annotated[str, AfterValidator(_node_name)]
 
 
 class TaintConfig(StrictModel):
-    key: LabelKey = Field(description="the taint key")
-    value: str = Field(
-        default="", max_length=63, pattern=LABEL_VALUE_PATTERN,
-        description="the taint value (may be empty)",
-    )
-    effect: Literal["NO_SCHEDULE", "NO_EXECUTE", "PREFER_NO_SCHEDULE"] = Field(
-        default="NO_SCHEDULE",
-        description="the EKS API's effect names (NO_SCHEDULE is Kubernetes' NoSchedule)",
-    )
+    key: LabelKey
+    """the taint key"""
+    value: str = Field(default="", max_length=63, pattern=LABEL_VALUE_PATTERN)
+    """the taint value (may be empty)"""
+    effect: Literal["NO_SCHEDULE", "NO_EXECUTE", "PREFER_NO_SCHEDULE"] = "NO_SCHEDULE"
+    """the EKS API's effect names (NO_SCHEDULE is Kubernetes' NoSchedule)"""
 
 
 class LocalStorageConfig(StrictModel):
@@ -84,12 +81,10 @@ class LocalStorageConfig(StrictModel):
     is required); none: leave the instance store alone (no NodeConfig, no NVMe labels).
     """
 
-    mode: Literal["auto", "raid0", "none"] = Field(
-        default="auto",
-        description=("auto: RAID0 when the instance type has instance store; raid0: always (gib then required); none: "
-                     "leave it alone"),
-    )
-    gib: int | None = Field(default=None, ge=1, description="total NVMe GiB per node; overrides detection")
+    mode: Literal["auto", "raid0", "none"] = "auto"
+    """auto: RAID0 when the instance type has instance store; raid0: always (gib then required); none: leave it alone"""
+    gib: int | None = Field(default=None, ge=1)
+    """total NVMe GiB per node; overrides detection"""
 
     @model_validator(mode="after")
     def _gib_only_with_storage(self) -> LocalStorageConfig:
@@ -101,25 +96,25 @@ class LocalStorageConfig(StrictModel):
 class ExistingNodesConfig(StrictModel):
     """onprem: nodes that already exist, with their shape declared (there is no instance-type lookup)."""
 
-    nodes: list[NodeName] = Field(min_length=1, description="the Kubernetes node names of the pool")
-    vcpus: int = Field(ge=1, description="vCPUs per node")
-    memory: Quantity = Field(description="memory per node")
-    gpu_type: str | None = Field(
-        default=None, pattern=DNS1123_LABEL_PATTERN, max_length=63,
-        description="the GPU type label value, e.g. a100 (with gpusPerNode)",
-    )
-    gpus_per_node: int = Field(default=0, ge=0, description="GPUs per node (with gpuType); 0: a CPU pool")
-    gpu_memory_gib: int | None = Field(
-        default=None, ge=1,
-        description="memory per GPU, GiB (the <prefix>/gpu-memory-gib label)",
-    )
-    nvme_gib: int = Field(default=0, ge=0, description="NVMe-backed kubelet root dir (ephemeral storage), GiB")
+    nodes: list[NodeName] = Field(min_length=1)
+    """the Kubernetes node names of the pool"""
+    vcpus: int = Field(ge=1)
+    """vCPUs per node"""
+    memory: Quantity
+    """memory per node"""
+    gpu_type: str | None = Field(default=None, pattern=DNS1123_LABEL_PATTERN, max_length=63)
+    """the GPU type label value, e.g. a100 (with gpusPerNode)"""
+    gpus_per_node: int = Field(default=0, ge=0)
+    """GPUs per node (with gpuType); 0: a CPU pool"""
+    gpu_memory_gib: int | None = Field(default=None, ge=1)
+    """memory per GPU, GiB (the <prefix>/gpu-memory-gib label)"""
+    nvme_gib: int = Field(default=0, ge=0)
+    """NVMe-backed kubelet root dir (ephemeral storage), GiB"""
     # The kubelet's disk where it is not NVMe: what the nodes offer as ephemeral storage (Kueue's quota counts it).
-    kubelet_disk_gib: int | None = Field(default=None, ge=1, description="default: nvmeGib")
-    max_pods: int = Field(
-        default=110, ge=1,
-        description="the kubelet's maxPods (it sizes the kubelet's memory reservation)",
-    )
+    kubelet_disk_gib: int | None = Field(default=None, ge=1)
+    """default: nvmeGib"""
+    max_pods: int = Field(default=110, ge=1)
+    """the kubelet's maxPods (it sizes the kubelet's memory reservation)"""
 
     @model_validator(mode="after")
     def _gpu_fields_together(self) -> ExistingNodesConfig:
@@ -138,16 +133,14 @@ class NodeRepairConfig(StrictModel):
     nodes are unhealthy at once, and repairs at most maxParallel nodes at a time.
     """
 
-    enabled: bool | None = Field(default=None, description="default: on for GPU pools")
-    max_parallel: int = Field(default=1, ge=1, le=100, description="nodes repaired at the same time (a count)")
-    max_unhealthy: int | None = Field(default=None, ge=1, le=1000,
-                                      description="repair stops above this many unhealthy nodes; default: a fifth "
-                                                  "of maxSize rounded up")
-    gpu_overrides: bool = Field(
-        default=True,
-        description=("The accelerated-hardware overrides (AcceleratedHardwareReady reasons -> Replace/Reboot); off: "
-                     "EKS's defaults."),
-    )
+    enabled: bool | None = None
+    """default: on for GPU pools"""
+    max_parallel: int = Field(default=1, ge=1, le=100)
+    """nodes repaired at the same time (a count)"""
+    max_unhealthy: int | None = Field(default=None, ge=1, le=1000)
+    """repair stops above this many unhealthy nodes; default: a fifth of maxSize rounded up"""
+    gpu_overrides: bool = True
+    """The accelerated-hardware overrides (AcceleratedHardwareReady reasons -> Replace/Reboot); off: EKS's defaults."""
 
 
 class CapacityReservationConfig(StrictModel):
@@ -156,17 +149,18 @@ class CapacityReservationConfig(StrictModel):
     the plan can check the pool against them before any resource exists; preflight compares them with EC2's
     DescribeCapacityReservations."""
 
-    id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$", description="the reservation's id (cr-...)")
-    availability_zone: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$", description="the reservation's AZ")
-    instance_count: int = Field(ge=1, description="instances reserved")
-    preference: Literal["targeted", "open"] = Field(
-        default="targeted",
-        description="targeted: only this pool uses the reservation; open: any matching instance may (ODCR only)",
-    )
-    start_time: AwareDatetime | None = Field(default=None, description="when the reservation starts (a Capacity "
-                                             "Block's start; the idle-GPU alert waits for it)")
-    end_time: AwareDatetime | None = Field(default=None, description="when the reservation ends (a Capacity "
-                                           "Block's end; an alert fires before it)")
+    id: str = Field(pattern=r"^cr-[0-9a-f]{8,17}$")
+    """the reservation's id (cr-...)"""
+    availability_zone: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+    """the reservation's AZ"""
+    instance_count: int = Field(ge=1)
+    """instances reserved"""
+    preference: Literal["targeted", "open"] = "targeted"
+    """targeted: only this pool uses the reservation; open: any matching instance may (ODCR only)"""
+    start_time: AwareDatetime | None = None
+    """when the reservation starts (a Capacity Block's start; the idle-GPU alert waits for it)"""
+    end_time: AwareDatetime | None = None
+    """when the reservation ends (a Capacity Block's end; an alert fires before it)"""
 
     def output(self) -> dict[str, object]:
         """What the stack exports of it (stack output nodePools.<pool>.reservation; the cost estimate reads it)."""
@@ -184,79 +178,51 @@ class CapacityReservationConfig(StrictModel):
 class NodePoolConfig(StrictModel):
     """One pool: an EKS managed node group (instanceTypes) or, on onprem, existing nodes (existing)."""
 
-    name: DnsLabel = Field(
-        max_length=40,
-        description="room for \"<prefix>-nodepools-<name>-...\" logical names",
-    )
-    gpu: bool = Field(
-        default=False,
-        description=("the pool's nodes have NVIDIA GPUs: the NVIDIA AMI, the nvidia.com/gpu NoSchedule taint and the "
-                     "GPU labels (checked against the instance type)"),
-    )
-    instance_types: list[InstanceType] = Field(
-        default=[],
-        description="EKS: the managed node group's EC2 instance types (several give Spot more capacity pools)",
-    )
-    existing: ExistingNodesConfig | None = Field(
-        default=None,
-        description="onprem: the pool's existing nodes and their shape",
-    )
-    capacity_type: Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"] = Field(
-        default="ON_DEMAND",
-        description="ON_DEMAND, SPOT, or CAPACITY_BLOCK (an EC2 Capacity Block for ML; needs capacityReservation)",
-    )
-    capacity_reservation: CapacityReservationConfig | None = Field(
-        default=None,
-        description="reserved capacity the pool launches into (a Capacity Block or an On-Demand Capacity Reservation)",
-    )
-    min_size: int = Field(
-        default=0, ge=0,
-        description="the fewest nodes; 0 lets the cluster-autoscaler scale the pool from zero",
-    )
-    desired_size: int | None = Field(default=None, ge=0, description="default: minSize")
-    max_size: int = Field(default=1, ge=1, le=1000, description="the most nodes the cluster-autoscaler may start")
-    ami_family: Literal["al2023", "bottlerocket"] = Field(
-        default="al2023",
-        description=("al2023: AL2023_x86_64_NVIDIA (GPU) / AL2023_x86_64_STANDARD; bottlerocket: "
-                     "BOTTLEROCKET_x86_64_NVIDIA / BOTTLEROCKET_x86_64 (ARM_64 for Graviton types)"),
-    )
-    disk_size_gib: int = Field(default=100, ge=20, le=16384, description="root (AL2023) / data (Bottlerocket) gp3")
+    name: DnsLabel = Field(max_length=40)
+    "room for \"<prefix>-nodepools-<name>-...\" logical names"
+    gpu: bool = False
+    ("the pool's nodes have NVIDIA GPUs: the NVIDIA AMI, the nvidia.com/gpu NoSchedule taint and the GPU labels "
+     "(checked against the instance type)")
+    instance_types: list[InstanceType] = []
+    """EKS: the managed node group's EC2 instance types (several give Spot more capacity pools)"""
+    existing: ExistingNodesConfig | None = None
+    """onprem: the pool's existing nodes and their shape"""
+    capacity_type: Literal["ON_DEMAND", "SPOT", "CAPACITY_BLOCK"] = "ON_DEMAND"
+    """ON_DEMAND, SPOT, or CAPACITY_BLOCK (an EC2 Capacity Block for ML; needs capacityReservation)"""
+    capacity_reservation: CapacityReservationConfig | None = None
+    """reserved capacity the pool launches into (a Capacity Block or an On-Demand Capacity Reservation)"""
+    min_size: int = Field(default=0, ge=0)
+    """the fewest nodes; 0 lets the cluster-autoscaler scale the pool from zero"""
+    desired_size: int | None = Field(default=None, ge=0)
+    """default: minSize"""
+    max_size: int = Field(default=1, ge=1, le=1000)
+    """the most nodes the cluster-autoscaler may start"""
+    ami_family: Literal["al2023", "bottlerocket"] = "al2023"
+    ("al2023: AL2023_x86_64_NVIDIA (GPU) / AL2023_x86_64_STANDARD; bottlerocket: BOTTLEROCKET_x86_64_NVIDIA / "
+     "BOTTLEROCKET_x86_64 (ARM_64 for Graviton types)")
+    disk_size_gib: int = Field(default=100, ge=20, le=16384)
+    """root (AL2023) / data (Bottlerocket) gp3"""
     # The EKS node group's releaseVersion: AL2023 releases are <kubernetes minor>.<patch>-<YYYYMMDD>, Bottlerocket
     # releases <bottlerocket version>-<commit>. Unset, EKS takes its newest release when the group is created or
     # its Kubernetes version changes (docs/versions.md).
-    release_version: str | None = Field(
-        default=None, pattern=r"^\d+\.\d+\.\d+-[0-9a-z]+$",
-        description=("pin the AMI release as `aws eks describe-nodegroup` reports it (AL2023: "
-                     "<minor>.<patch>-<YYYYMMDD>); unset: EKS's newest when the group is created or its Kubernetes "
-                     "version changes"),
-    )
-    labels: Labels = Field(
-        default={},
-        description="node labels beside the stack's own (<prefix>/pool, gpu-type, disktype, ...)",
-    )
-    taints: list[TaintConfig] = Field(
-        default=[],
-        description="node taints beside the GPU taint GPU pools get (EKS pools; existing nodes keep theirs)",
-    )
-    local_storage: LocalStorageConfig = Field(
-        default=LocalStorageConfig(),
-        description="the instance store NVMe: detected, forced to a RAID0, or left alone",
-    )
-    max_unavailable: int = Field(
-        default=1, ge=1, le=100,
-        description="nodes replaced at once when the node group is updated (a new AMI or launch template)",
-    )
-    availability_zones: list[str] = Field(default=[], description="restrict to these AZs' private subnets")
-    efa: bool = Field(
-        default=False,
-        description=("Elastic Fabric Adapter on every network card the type has, in one AZ and a cluster placement "
-                     "group; multi-node Jobs on the pool get its interfaces and the libfabric/NCCL settings "
-                     "(docs/architecture.md, EFA)."),
-    )
-    node_repair: NodeRepairConfig = Field(
-        default=NodeRepairConfig(),
-        description="EKS node auto repair (managed node groups only; onprem nodes have none: docs/monitoring.md)",
-    )
+    release_version: str | None = Field(default=None, pattern=r"^\d+\.\d+\.\d+-[0-9a-z]+$")
+    ("pin the AMI release as `aws eks describe-nodegroup` reports it (AL2023: <minor>.<patch>-<YYYYMMDD>); unset: "
+     "EKS's newest when the group is created or its Kubernetes version changes")
+    labels: Labels = {}
+    """node labels beside the stack's own (<prefix>/pool, gpu-type, disktype, ...)"""
+    taints: list[TaintConfig] = []
+    """node taints beside the GPU taint GPU pools get (EKS pools; existing nodes keep theirs)"""
+    local_storage: LocalStorageConfig = LocalStorageConfig()
+    """the instance store NVMe: detected, forced to a RAID0, or left alone"""
+    max_unavailable: int = Field(default=1, ge=1, le=100)
+    """nodes replaced at once when the node group is updated (a new AMI or launch template)"""
+    availability_zones: list[str] = []
+    """restrict to these AZs' private subnets"""
+    efa: bool = False
+    ("Elastic Fabric Adapter on every network card the type has, in one AZ and a cluster placement group; multi-node "
+     "Jobs on the pool get its interfaces and the libfabric/NCCL settings (docs/architecture.md, EFA).")
+    node_repair: NodeRepairConfig = NodeRepairConfig()
+    """EKS node auto repair (managed node groups only; onprem nodes have none: docs/monitoring.md)"""
 
     @model_validator(mode="after")
     def _shape(self) -> NodePoolConfig:
@@ -331,14 +297,13 @@ class NodePoolConfig(StrictModel):
 
 
 class HelmChartConfig(StrictModel):
-    enabled: bool = Field(default=True, description="install the chart")
+    enabled: bool = True
+    """install the chart"""
     chart_version: str = Field(pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
-    namespace: DnsLabel = Field(default="kube-system", description="the namespace the chart is installed in")
-    external: ExternalRelease | None = Field(
-        default=None,
-        description=("the release of this chart the cluster already runs (existing clusters): the stack installs "
-                     "none and uses it"),
-    )
+    namespace: DnsLabel = "kube-system"
+    """the namespace the chart is installed in"""
+    external: ExternalRelease | None = None
+    """the release of this chart the cluster already runs (existing clusters): the stack installs none and uses it"""
 
     @model_validator(mode="after")
     def _external_is_on(self) -> HelmChartConfig:
@@ -349,29 +314,25 @@ class HelmChartConfig(StrictModel):
 
 
 class DevicePluginConfig(HelmChartConfig):
-    chart_version: str = Field(
-        default="0.20.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
-        description="https://nvidia.github.io/k8s-device-plugin, chart nvidia-device-plugin",
-    )
+    chart_version: str = Field(default="0.20.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    """https://nvidia.github.io/k8s-device-plugin, chart nvidia-device-plugin"""
 
 
 class DcgmExporterConfig(HelmChartConfig):
     # https://nvidia.github.io/dcgm-exporter/helm-charts, chart dcgm-exporter (4.7.0 was never published: see
     # docs/versions.md)
-    enabled: bool = Field(default=False, description="install the chart (off by default)")
-    chart_version: str = Field(
-        default="4.8.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
-        description="the pinned chart version (docs/versions.md)",
-    )
-    service_monitor: bool = Field(default=False, description="needs the Prometheus operator's ServiceMonitor CRD")
+    enabled: bool = False
+    """install the chart (off by default)"""
+    chart_version: str = Field(default="4.8.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    """the pinned chart version (docs/versions.md)"""
+    service_monitor: bool = False
+    """needs the Prometheus operator's ServiceMonitor CRD"""
 
 
 class EfaDevicePluginConfig(HelmChartConfig):
-    chart_version: str = Field(
-        default="v0.5.30", pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
-        description=("https://aws.github.io/eks-charts, chart aws-efa-k8s-device-plugin (its versions carry a v); "
-                     "installed when a pool has efa: true"),
-    )
+    chart_version: str = Field(default="v0.5.30", pattern=r"^v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    ("https://aws.github.io/eks-charts, chart aws-efa-k8s-device-plugin (its versions carry a v); installed when a "
+     "pool has efa: true")
 
 
 class NodeMonitoringAgentConfig(StrictModel):
@@ -379,7 +340,8 @@ class NodeMonitoringAgentConfig(StrictModel):
     (AcceleratedHardwareReady, ...) that node auto repair acts on. Its version: storage.addonVersions
     (`eks-node-monitoring-agent`), else EKS's default for the cluster version, checked against a minimum."""
 
-    enabled: bool = Field(default=True, description="install the add-on on EKS stacks with a GPU pool")
+    enabled: bool = True
+    """install the add-on on EKS stacks with a GPU pool"""
 
 
 # NVIDIA's DCGM image (nv-hostengine, dcgmi and the diagnostic plugins for CUDA 12 and 13: NVIDIA/DCGM
@@ -398,17 +360,24 @@ class GpuHealthConfig(StrictModel):
 
     Default: on for protected (prod) stacks, off otherwise; a small dev stack can leave it off."""
 
-    enabled: bool | None = Field(default=None, description="run the burn-in; default: the stack's `protected`")
-    gate: bool | None = Field(default=None, description="Jobs and GPU flavors require <prefix>/gpu-health=passed; "
-                                                        "default: on when the burn-in runs")
-    image: Image | None = Field(default=None, description="the training image (full reference): the checks run it")
-    image_tag: ImageTag | None = Field(default=None, description="or a tag of the stack's own registry")
-    dcgm_image: Image = Field(default=DCGM_IMAGE, description="NVIDIA's DCGM image (dcgmi diag)")
-    diag_level: Literal[1, 2] = Field(default=2, description="dcgmi diag -r: 1 software only (~1 min), 2 adds "
-                                                             "memory and PCIe (a few minutes)")
-    memory_fraction: float = Field(default=0.5, gt=0, le=0.9, description="share of each GPU's memory tested")
-    check_minutes: int = Field(default=15, ge=2, le=120, description="each check's deadline")
-    namespace: DnsLabel = Field(default="gpu-health", description="the burn-in's namespace (Pod Security: privileged)")
+    enabled: bool | None = None
+    """run the burn-in; default: the stack's `protected`"""
+    gate: bool | None = None
+    """Jobs and GPU flavors require <prefix>/gpu-health=passed; default: on when the burn-in runs"""
+    image: Image | None = None
+    """the training image (full reference): the checks run it"""
+    image_tag: ImageTag | None = None
+    """or a tag of the stack's own registry"""
+    dcgm_image: Image = DCGM_IMAGE
+    """NVIDIA's DCGM image (dcgmi diag)"""
+    diag_level: Literal[1, 2] = 2
+    """dcgmi diag -r: 1 software only (~1 min), 2 adds memory and PCIe (a few minutes)"""
+    memory_fraction: float = Field(default=0.5, gt=0, le=0.9)
+    """share of each GPU's memory tested"""
+    check_minutes: int = Field(default=15, ge=2, le=120)
+    """each check's deadline"""
+    namespace: DnsLabel = "gpu-health"
+    """the burn-in's namespace (Pod Security: privileged)"""
 
     def runs(self, protected: bool) -> bool:
         return protected if self.enabled is None else self.enabled
@@ -426,23 +395,13 @@ class GpuHealthConfig(StrictModel):
 
 
 class GpuConfig(StrictModel):
-    device_plugin: DevicePluginConfig = Field(
-        default=DevicePluginConfig(),
-        description="the NVIDIA device plugin chart: advertises nvidia.com/gpu on GPU nodes",
-    )
-    dcgm_exporter: DcgmExporterConfig = Field(
-        default=DcgmExporterConfig(),
-        description="the DCGM exporter chart: per-GPU metrics (utilisation, memory, XID errors) for Prometheus",
-    )
-    efa_device_plugin: EfaDevicePluginConfig = Field(
-        default=EfaDevicePluginConfig(),
-        description="the EFA device plugin chart, installed when a pool has efa: true",
-    )
-    node_monitoring_agent: NodeMonitoringAgentConfig = Field(
-        default=NodeMonitoringAgentConfig(),
-        description="the EKS node monitoring agent add-on (node conditions node auto repair acts on)",
-    )
-    health: GpuHealthConfig = Field(
-        default=GpuHealthConfig(),
-        description="the GPU burn-in and the gate: new GPU nodes checked and labelled before Jobs may use them",
-    )
+    device_plugin: DevicePluginConfig = DevicePluginConfig()
+    """the NVIDIA device plugin chart: advertises nvidia.com/gpu on GPU nodes"""
+    dcgm_exporter: DcgmExporterConfig = DcgmExporterConfig()
+    """the DCGM exporter chart: per-GPU metrics (utilisation, memory, XID errors) for Prometheus"""
+    efa_device_plugin: EfaDevicePluginConfig = EfaDevicePluginConfig()
+    """the EFA device plugin chart, installed when a pool has efa: true"""
+    node_monitoring_agent: NodeMonitoringAgentConfig = NodeMonitoringAgentConfig()
+    """the EKS node monitoring agent add-on (node conditions node auto repair acts on)"""
+    health: GpuHealthConfig = GpuHealthConfig()
+    """the GPU burn-in and the gate: new GPU nodes checked and labelled before Jobs may use them"""

@@ -24,64 +24,41 @@ RENAMED = {("gpu", "autoscaler"): "autoscaler", ("gpu", "sizing"): "sizing"}
 
 
 class AutoscalerConfig(HelmChartConfig):
-    chart_version: str = Field(
-        default="9.59.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
-        description="https://kubernetes.github.io/autoscaler, chart cluster-autoscaler",
-    )
-    image_tag: str | None = Field(
-        default=None,
-        pattern=r"^v\d+\.\d+\.\d+$",
-        description="default: the newest cluster-autoscaler release of the control plane's minor",
-    )
-    expander: Literal["least-waste", "random", "most-pods", "priority", "price"] = Field(
-        default="least-waste",
-        description="how the autoscaler picks a node group when several fit (cluster-autoscaler --expander)",
-    )
-    scale_down_unneeded_time: str = Field(
-        default="10m", pattern=r"^\d+[smh]$",
-        description="how long a node stays unneeded before it is removed (e.g. 10m)",
-    )
-    balance_similar_node_groups: bool = Field(
-        default=True,
-        description="keep similar node groups (e.g. one per zone) at similar sizes",
-    )
+    chart_version: str = Field(default="9.59.0", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    """https://kubernetes.github.io/autoscaler, chart cluster-autoscaler"""
+    image_tag: str | None = Field(default=None, pattern=r"^v\d+\.\d+\.\d+$")
+    """default: the newest cluster-autoscaler release of the control plane's minor"""
+    expander: Literal["least-waste", "random", "most-pods", "priority", "price"] = "least-waste"
+    """how the autoscaler picks a node group when several fit (cluster-autoscaler --expander)"""
+    scale_down_unneeded_time: str = Field(default="10m", pattern=r"^\d+[smh]$")
+    """how long a node stays unneeded before it is removed (e.g. 10m)"""
+    balance_similar_node_groups: bool = True
+    """keep similar node groups (e.g. one per zone) at similar sizes"""
 
 
 class SizingConfig(StrictModel):
     """Per-node CPU and memory held back beyond kubelet's reservations (system daemons, node DaemonSets)."""
 
-    system_reserved_cpu: Quantity = Field(
-        default="500m",
-        description="CPU per node held back for system daemons and node DaemonSets",
-    )
-    system_reserved_memory: Quantity = Field(
-        default="1Gi",
-        description="memory per node held back for system daemons and node DaemonSets",
-    )
+    system_reserved_cpu: Quantity = "500m"
+    """CPU per node held back for system daemons and node DaemonSets"""
+    system_reserved_memory: Quantity = "1Gi"
+    """memory per node held back for system daemons and node DaemonSets"""
 
 
 class NodesConfig(StrictModel):
     """Settings of every node pool: how the pools scale and what each node holds back from pods."""
 
-    autoscaler: AutoscalerConfig = Field(
-        default=AutoscalerConfig(),
-        description=("the cluster-autoscaler chart (EKS): scales node groups with pending pods, GPU pools from zero "
-                     "(formerly gpu.autoscaler)"),
-    )
-    image_pull: ImagePullConfig = Field(
-        default=ImagePullConfig(),
-        description="parallel image pull on the GPU pools (nodeadm FastImagePull, Bottlerocket's soci snapshotter)",
-    )
-    cold_start: ColdStartConfig = Field(
-        default=ColdStartConfig(),
-        description=("the cold-start budget's inputs (boot, burn-in, image sizes, pull rates, first shard): "
-                     "kueue.waitForPodsReady.timeout must cover each GPU pool's budget"),
-    )
-    sizing: SizingConfig = Field(
-        default=SizingConfig(),
-        description=("what each node holds back from pods beyond the kubelet's reservations; the per-GPU defaults "
-                     "follow (formerly gpu.sizing)"),
-    )
+    autoscaler: AutoscalerConfig = AutoscalerConfig()
+    ("the cluster-autoscaler chart (EKS): scales node groups with pending pods, GPU pools from zero (formerly "
+     "gpu.autoscaler)")
+    image_pull: ImagePullConfig = ImagePullConfig()
+    """parallel image pull on the GPU pools (nodeadm FastImagePull, Bottlerocket's soci snapshotter)"""
+    cold_start: ColdStartConfig = ColdStartConfig()
+    ("the cold-start budget's inputs (boot, burn-in, image sizes, pull rates, first shard): "
+     "kueue.waitForPodsReady.timeout must cover each GPU pool's budget")
+    sizing: SizingConfig = SizingConfig()
+    ("what each node holds back from pods beyond the kubelet's reservations; the per-GPU defaults follow (formerly "
+     "gpu.sizing)")
 
 
 def move_renamed_keys(values: Mapping[str, Any]) -> dict[str, Any]:

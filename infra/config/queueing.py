@@ -45,26 +45,18 @@ class WaitForPodsReadyConfig(StrictModel):
     """An admitted gang that does not get all its pods ready in `timeout` is evicted (its quota freed, its pods
     deleted) and requeued with exponential backoff; it never sits on GPUs while part of it waits for nodes."""
 
-    timeout: Duration = Field(
-        default="15m", pattern=r"^\d+[smh]$",
-        description="Long enough for a GPU node to scale up from zero and pull the training image.",
-    )
-    recovery_timeout: Duration = Field(
-        default="10m", pattern=r"^\d+[smh]$",
-        description=("A running gang that loses a pod (spot reclaim) gets this long to replace it before it is "
-                     "requeued."),
-    )
-    backoff_base_seconds: int = Field(
-        default=60, ge=1,
-        description="the first requeue delay; it doubles on each further eviction",
-    )
-    backoff_max_seconds: int = Field(default=3600, ge=1, description="the longest requeue delay")
-    backoff_limit_count: int | None = Field(default=None, ge=0, description="None: requeue without limit")
-    block_admission: bool = Field(
-        default=False,
-        description=("True: admit one gang at a time per queue until its pods are ready (slower, never two "
-                     "half-started gangs)."),
-    )
+    timeout: Duration = Field(default="15m", pattern=r"^\d+[smh]$")
+    """Long enough for a GPU node to scale up from zero and pull the training image."""
+    recovery_timeout: Duration = Field(default="10m", pattern=r"^\d+[smh]$")
+    """A running gang that loses a pod (spot reclaim) gets this long to replace it before it is requeued."""
+    backoff_base_seconds: int = Field(default=60, ge=1)
+    """the first requeue delay; it doubles on each further eviction"""
+    backoff_max_seconds: int = Field(default=3600, ge=1)
+    """the longest requeue delay"""
+    backoff_limit_count: int | None = Field(default=None, ge=0)
+    """None: requeue without limit"""
+    block_admission: bool = False
+    """True: admit one gang at a time per queue until its pods are ready (slower, never two half-started gangs)."""
 
 
 # cluster-autoscaler's ProvisioningRequest classes that create capacity or check it (cluster-autoscaler 1.35.2
@@ -79,9 +71,12 @@ class ProvisioningRetryConfig(StrictModel):
     """How often Kueue asks again after a ProvisioningRequest failed or its booking expired before admission
     (ProvisioningRequestConfig spec.retryStrategy; the CRD defaults 3, 60 s, 1800 s)."""
 
-    backoff_limit_count: int = Field(default=3, ge=0, description="retries before the workload is rejected")
-    backoff_base_seconds: int = Field(default=60, ge=1, description="the first retry's delay (base^n seconds)")
-    backoff_max_seconds: int = Field(default=1800, ge=1, description="the longest retry delay")
+    backoff_limit_count: int = Field(default=3, ge=0)
+    """retries before the workload is rejected"""
+    backoff_base_seconds: int = Field(default=60, ge=1)
+    """the first retry's delay (base^n seconds)"""
+    backoff_max_seconds: int = Field(default=1800, ge=1)
+    """the longest retry delay"""
 
 
 class TopologyConfig(StrictModel):
@@ -95,42 +90,28 @@ class TopologyConfig(StrictModel):
     needs ProvisioningRequests (Kueue then reserves quota first, asks cluster-autoscaler for the nodes, and assigns
     the topology once they are Ready: pkg/scheduler/flavorassigner/tas_flavorassigner.go:104-108)."""
 
-    enabled: bool = Field(
-        default=False,
-        description="define the Topology, name it on the EFA GPU flavors and annotate Jobs that land there",
-    )
-    provisioning: bool = Field(
-        default=True,
-        description=("a ProvisioningRequest admission check on the topology flavors (cluster-autoscaler started "
-                     "with --enable-provisioning-requests, the ProvisioningRequest CRD); false is allowed only where "
-                     "every topology pool keeps all its nodes (minSize == maxSize)"),
-    )
-    provisioning_class: ProvisioningClass = Field(
-        default="best-effort-atomic-scale-up.autoscaling.x-k8s.io",
-        description=("the ProvisioningRequest class: best-effort-atomic-scale-up creates nodes (not atomically on "
-                     "AWS); check-capacity only books nodes that exist"),
-    )
-    retry: ProvisioningRetryConfig = Field(
-        default=ProvisioningRetryConfig(),
-        description="retries of a failed or expired ProvisioningRequest",
-    )
+    enabled: bool = False
+    """define the Topology, name it on the EFA GPU flavors and annotate Jobs that land there"""
+    provisioning: bool = True
+    ("a ProvisioningRequest admission check on the topology flavors (cluster-autoscaler started with "
+     "--enable-provisioning-requests, the ProvisioningRequest CRD); false is allowed only where every topology pool "
+     "keeps all its nodes (minSize == maxSize)")
+    provisioning_class: ProvisioningClass = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    ("the ProvisioningRequest class: best-effort-atomic-scale-up creates nodes (not atomically on AWS); "
+     "check-capacity only books nodes that exist")
+    retry: ProvisioningRetryConfig = ProvisioningRetryConfig()
+    """retries of a failed or expired ProvisioningRequest"""
 
 
 class PreemptionConfig(StrictModel):
     """ClusterQueue preemption (same values as the ClusterQueue's spec.preemption)."""
 
-    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = Field(
-        default="Any",
-        description="whether a queue may preempt other queues' workloads to take back its lent quota",
-    )
-    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = Field(
-        default="LowerPriority",
-        description="which workloads of its own queue a pending one may preempt",
-    )
-    borrow_within_cohort: Literal["Never", "LowerPriority"] = Field(
-        default="Never",
-        description="whether a queue may preempt in other queues to borrow quota",
-    )
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Any"
+    """whether a queue may preempt other queues' workloads to take back its lent quota"""
+    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "LowerPriority"
+    """which workloads of its own queue a pending one may preempt"""
+    borrow_within_cohort: Literal["Never", "LowerPriority"] = "Never"
+    """whether a queue may preempt in other queues to borrow quota"""
 
     @model_validator(mode="after")
     def _consistent(self) -> PreemptionConfig:
@@ -144,32 +125,34 @@ class PreemptionConfig(StrictModel):
 class PriorityClassConfig(StrictModel):
     """A WorkloadPriorityClass: a Job's queue priority (spec `workloadPriority`), independent of pod priority."""
 
-    name: DnsLabel = Field(description="the WorkloadPriorityClass's name (a Job spec's workloadPriority)")
-    value: int = Field(
-        ge=-(2**31), le=2**31 - 1,
-        description="the priority: higher is admitted first and may preempt lower",
-    )
-    description: str = Field(default="", description="free text kept on the WorkloadPriorityClass")
+    name: DnsLabel
+    """the WorkloadPriorityClass's name (a Job spec's workloadPriority)"""
+    value: int = Field(ge=-(2**31), le=2**31 - 1)
+    """the priority: higher is admitted first and may preempt lower"""
+    description: str = ""
+    """free text kept on the WorkloadPriorityClass"""
 
 
 class TeamQuotaConfig(StrictModel):
     """A team's guaranteed GPUs of one flavor (a GPU type); CPU, memory and disk follow per GPU of that type."""
 
-    flavor: DnsLabel = Field(description="the ResourceFlavor: a GPU type of the stack's pools (a10g, h100, ...)")
-    gpus: int = Field(ge=0, description="GPUs of that flavor guaranteed to the team")
-    borrowing_limit: int | None = Field(default=None, ge=0, description="GPUs it may borrow; None: no limit")
-    lending_limit: int | None = Field(default=None, ge=0, description="GPUs it lends idle; None: all")
+    flavor: DnsLabel
+    """the ResourceFlavor: a GPU type of the stack's pools (a10g, h100, ...)"""
+    gpus: int = Field(ge=0)
+    """GPUs of that flavor guaranteed to the team"""
+    borrowing_limit: int | None = Field(default=None, ge=0)
+    """GPUs it may borrow; None: no limit"""
+    lending_limit: int | None = Field(default=None, ge=0)
+    """GPUs it lends idle; None: all"""
 
 
 class TeamDataConfig(StrictModel):
     """A prefix of one of the stack's S3 buckets (ml-cluster:storage.buckets, by logical name) that a team owns."""
 
-    bucket: DnsLabel = Field(description="one of the stack's S3 buckets by its logical name")
-    prefix: str = Field(
-        pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*/$", max_length=512,
-        description=("Non-empty and ending in '/': `team-a/` never matches `team-ab/...`, and no team owns a whole "
-                     "shared bucket."),
-    )
+    bucket: DnsLabel
+    """one of the stack's S3 buckets by its logical name"""
+    prefix: str = Field(pattern=r"^[A-Za-z0-9!_.*'()-]+(/[A-Za-z0-9!_.*'()-]+)*/$", max_length=512)
+    """Non-empty and ending in '/': `team-a/` never matches `team-ab/...`, and no team owns a whole shared bucket."""
 
     @model_validator(mode="after")
     def _no_wildcard(self) -> TeamDataConfig:
@@ -196,18 +179,12 @@ class TeamMemberConfig(StrictModel):
     an IAM role or user (`principalArn`, EKS: an access entry with a namespace-scoped access policy) or a Kubernetes
     group (`group`, any platform: a RoleBinding in the namespace; onprem: the group its authenticator reports)."""
 
-    principal_arn: str | None = Field(
-        default=None, pattern=PRINCIPAL_ARN,
-        description="an IAM role or user (EKS: an access entry scoped to the team's namespace)",
-    )
-    group: str | None = Field(
-        default=None, pattern=KUBERNETES_GROUP,
-        description="a Kubernetes group (a RoleBinding in the team's namespace); never a system: group",
-    )
-    access: Literal["edit", "view"] = Field(
-        default="edit",
-        description="edit: submit, watch and delete Jobs; view: read only",
-    )
+    principal_arn: str | None = Field(default=None, pattern=PRINCIPAL_ARN)
+    """an IAM role or user (EKS: an access entry scoped to the team's namespace)"""
+    group: str | None = Field(default=None, pattern=KUBERNETES_GROUP)
+    """a Kubernetes group (a RoleBinding in the team's namespace); never a system: group"""
+    access: Literal["edit", "view"] = "edit"
+    """edit: submit, watch and delete Jobs; view: read only"""
 
     @model_validator(mode="after")
     def _one_kind(self) -> TeamMemberConfig:
@@ -225,21 +202,16 @@ class TeamVolumeConfig(StrictModel):
     static PersistentVolume on it and the claim `claim` in the team's namespace. Other teams' access points are
     rooted elsewhere: a team sees its own directory only."""
 
-    uid: int = Field(ge=1, le=2**32 - 2, description="POSIX owner and user of every request (not root)")
-    gid: int = Field(ge=1, le=2**32 - 2, description="POSIX group of every request (not root)")
-    permissions: str = Field(
-        default="0770", pattern=r"^0[0-7]{3}$",
-        description="the directory's permissions when the access point creates it (octal)",
-    )
-    claim: DnsLabel = Field(
-        default="team-shared",
-        description="the PersistentVolumeClaim's name in the team's namespace",
-    )
-    size: Quantity = Field(
-        default="1Ti",
-        description=("EFS is elastic; the claim's size is nominal, and what the cost estimate prices as Standard "
-                     "storage."),
-    )
+    uid: int = Field(ge=1, le=2**32 - 2)
+    """POSIX owner and user of every request (not root)"""
+    gid: int = Field(ge=1, le=2**32 - 2)
+    """POSIX group of every request (not root)"""
+    permissions: str = Field(default="0770", pattern=r"^0[0-7]{3}$")
+    """the directory's permissions when the access point creates it (octal)"""
+    claim: DnsLabel = "team-shared"
+    """the PersistentVolumeClaim's name in the team's namespace"""
+    size: Quantity = "1Ti"
+    """EFS is elastic; the claim's size is nominal, and what the cost estimate prices as Standard storage."""
 
 
 class TeamConfig(StrictModel):
@@ -250,29 +222,22 @@ class TeamConfig(StrictModel):
     Jobs' service account is bound by Pod Identity to a role of the team's own that reads only `datasets` and
     reads/writes only `checkpoints`. Without one the team's LocalQueue is in the training namespace, as before."""
 
-    name: DnsLabel = Field(max_length=40, description="the team's name: its ClusterQueue and LocalQueue")
-    quotas: list[TeamQuotaConfig] = Field(default=[], description="guaranteed GPUs per flavor (GPU type)")
-    fair_sharing_weight: int | None = Field(
-        default=None, ge=0,
-        description="with fairSharing: the team's weight in the cohort's share",
-    )
-    namespace: DnsLabel | None = Field(
-        default=None,
-        description="a namespace of the team's own: makes the team a tenant (quota, role, members)",
-    )
-    datasets: list[TeamDataConfig] = Field(default=[], description="bucket prefixes the team's Jobs may read")
-    checkpoints: list[TeamDataConfig] = Field(
-        default=[],
-        description="bucket prefixes the team's Jobs may read and write",
-    )
-    members: list[TeamMemberConfig] = Field(
-        default=[],
-        description="people given edit or view access to the team's namespace",
-    )
-    volume: TeamVolumeConfig | None = Field(
-        default=None,
-        description="the team's own directory on the stack's EFS, as a claim in its namespace",
-    )
+    name: DnsLabel = Field(max_length=40)
+    """the team's name: its ClusterQueue and LocalQueue"""
+    quotas: list[TeamQuotaConfig] = []
+    """guaranteed GPUs per flavor (GPU type)"""
+    fair_sharing_weight: int | None = Field(default=None, ge=0)
+    """with fairSharing: the team's weight in the cohort's share"""
+    namespace: DnsLabel | None = None
+    """a namespace of the team's own: makes the team a tenant (quota, role, members)"""
+    datasets: list[TeamDataConfig] = []
+    """bucket prefixes the team's Jobs may read"""
+    checkpoints: list[TeamDataConfig] = []
+    """bucket prefixes the team's Jobs may read and write"""
+    members: list[TeamMemberConfig] = []
+    """people given edit or view access to the team's namespace"""
+    volume: TeamVolumeConfig | None = None
+    """the team's own directory on the stack's EFS, as a claim in its namespace"""
 
     def member_groups(self, access: str) -> list[str]:
         """The team's Kubernetes groups given `access` (edit or view), sorted."""
@@ -315,66 +280,39 @@ class TeamConfig(StrictModel):
 
 
 class KueueConfig(StrictModel):
-    enabled: bool = Field(
-        default=False,
-        description="install Kueue: Jobs are admitted as whole gangs within the GPU quota",
-    )
-    chart_version: str = Field(
-        default="0.19.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$",
-        description="oci://registry.k8s.io/kueue/charts/kueue (see docs/versions.md)",
-    )
-    namespace: DnsLabel = Field(default="kueue-system", description="the namespace Kueue's controller is installed in")
-    external: ExternalRelease | None = Field(
-        default=None,
-        description=("the Kueue the cluster already runs (existing clusters): the stack installs none and creates its "
-                     "flavors and queues in the API version that version serves; waitForPodsReady, integrations and "
-                     "fairSharing then describe that Kueue's own Configuration, which the stack cannot set"),
-    )
-    integrations: list[Integration] = Field(
-        default=["batch/job"],
-        description=("the workload kinds Kueue manages (its Configuration's integrations.frameworks); batch/job is "
-                     "required"),
-    )
-    wait_for_pods_ready: WaitForPodsReadyConfig = Field(
-        default=WaitForPodsReadyConfig(),
-        description="evict and requeue an admitted gang whose pods do not all become ready in time",
-    )
-    topology: TopologyConfig = Field(
-        default=TopologyConfig(),
-        description="topology-aware scheduling on the EKS network layers (EFA GPU pools)",
-    )
-    local_queue: DnsLabel = Field(
-        default="training",
-        description="The queue every Job goes through unless its spec names another (a team's LocalQueue).",
-    )
-    cluster_queue: DnsLabel = Field(
-        default="shared",
-        description="the shared ClusterQueue holding the stack's GPU quota",
-    )
-    cohort: DnsLabel | None = Field(default="gpus", description="None: no borrowing between queues")
-    queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = Field(
-        default="BestEffortFIFO",
-        description=("BestEffortFIFO: a gang that does not fit lets smaller ones behind it go first; StrictFIFO: "
-                     "strict order"),
-    )
-    preemption: PreemptionConfig = Field(
-        default=PreemptionConfig(),
-        description="when a ClusterQueue may preempt workloads (the ClusterQueue's spec.preemption)",
-    )
-    fair_sharing: bool = Field(
-        default=False,
-        description=("Fair sharing: borrowers are preempted towards each queue's weighted share of the cohort "
-                     "(teams' fairSharingWeight). Off: borrowing is first come, first served, and owners reclaim by "
-                     "preemption."),
-    )
-    priority_classes: list[PriorityClassConfig] = Field(
-        default=[],
-        description="WorkloadPriorityClasses a Job spec names in workloadPriority",
-    )
-    teams: list[TeamConfig] = Field(
-        default=[],
-        description="teams with a ClusterQueue and LocalQueue of their own; with a namespace, tenants",
-    )
+    enabled: bool = False
+    """install Kueue: Jobs are admitted as whole gangs within the GPU quota"""
+    chart_version: str = Field(default="0.19.2", pattern=r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+    """oci://registry.k8s.io/kueue/charts/kueue (see docs/versions.md)"""
+    namespace: DnsLabel = "kueue-system"
+    """the namespace Kueue's controller is installed in"""
+    external: ExternalRelease | None = None
+    ("the Kueue the cluster already runs (existing clusters): the stack installs none and creates its flavors and "
+     "queues in the API version that version serves; waitForPodsReady, integrations and fairSharing then describe "
+     "that Kueue's own Configuration, which the stack cannot set")
+    integrations: list[Integration] = ["batch/job"]
+    """the workload kinds Kueue manages (its Configuration's integrations.frameworks); batch/job is required"""
+    wait_for_pods_ready: WaitForPodsReadyConfig = WaitForPodsReadyConfig()
+    """evict and requeue an admitted gang whose pods do not all become ready in time"""
+    topology: TopologyConfig = TopologyConfig()
+    """topology-aware scheduling on the EKS network layers (EFA GPU pools)"""
+    local_queue: DnsLabel = "training"
+    """The queue every Job goes through unless its spec names another (a team's LocalQueue)."""
+    cluster_queue: DnsLabel = "shared"
+    """the shared ClusterQueue holding the stack's GPU quota"""
+    cohort: DnsLabel | None = "gpus"
+    """None: no borrowing between queues"""
+    queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = "BestEffortFIFO"
+    """BestEffortFIFO: a gang that does not fit lets smaller ones behind it go first; StrictFIFO: strict order"""
+    preemption: PreemptionConfig = PreemptionConfig()
+    """when a ClusterQueue may preempt workloads (the ClusterQueue's spec.preemption)"""
+    fair_sharing: bool = False
+    ("Fair sharing: borrowers are preempted towards each queue's weighted share of the cohort (teams' "
+     "fairSharingWeight). Off: borrowing is first come, first served, and owners reclaim by preemption.")
+    priority_classes: list[PriorityClassConfig] = []
+    """WorkloadPriorityClasses a Job spec names in workloadPriority"""
+    teams: list[TeamConfig] = []
+    """teams with a ClusterQueue and LocalQueue of their own; with a namespace, tenants"""
 
     @model_validator(mode="after")
     def _names(self) -> KueueConfig:

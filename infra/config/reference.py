@@ -1,9 +1,9 @@
 """The reference of every stack config key and Job spec field, and the JSON Schemas editors validate files with,
 generated from the pydantic models (scripts/gen_reference.py writes them; a test fails when they are stale).
 
-Everything comes from the models themselves, never from their source text: descriptions from each field's
-`description=` (every field has one; a test says which lack it), rules from the field's constraints (ge, le,
-min_length, pattern, literals) and the docstrings of its validators. Examples come from the
+Everything comes from the models themselves: descriptions from each field's `description` (the string written under the
+field, which pydantic reads as its docstring; every field has one and a test says which lack it), rules from the field's
+constraints (ge, le, min_length, pattern, literals) and the docstrings of its validators. Examples come from the
 committed files: the first value each key has in stacks/Pulumi.*.yaml, workloads/jobs/*.yaml and examples/*.yaml.
 """
 

@@ -13,13 +13,14 @@ _ECR_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0
 
 
 class RegistryConfig(StrictModel):
-    enabled: bool = Field(
-        default=True,
-        description="platform eks only: onprem clusters pull from a registry they already have",
-    )
-    repository: str = Field(default="train", description="repository name after the `mlc-<stack>-` prefix")
-    keep_tagged_images: int = Field(default=50, ge=1, le=10000, description="newest tagged images kept")
-    untagged_expiry_days: int = Field(default=7, ge=1, le=3650, description="untagged layers deleted after")
+    enabled: bool = True
+    """platform eks only: onprem clusters pull from a registry they already have"""
+    repository: str = "train"
+    """repository name after the `mlc-<stack>-` prefix"""
+    keep_tagged_images: int = Field(default=50, ge=1, le=10000)
+    """newest tagged images kept"""
+    untagged_expiry_days: int = Field(default=7, ge=1, le=3650)
+    """untagged layers deleted after"""
 
     @field_validator("repository")
     @classmethod

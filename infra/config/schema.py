@@ -44,85 +44,56 @@ EBS_RESERVED_TAG_PREFIXES = ("kubernetes.io", "ebs.csi.aws.com/")
 class StackConfig(StrictModel):
     pulumi_text_scalars: ClassVar[bool] = True
 
-    platform: Literal["eks", "onprem"] = Field(
-        description=("eks: the program creates the VPC (or adopts one), the EKS cluster and its node groups; onprem: "
-                     "an existing cluster reached with ml-cluster:kubeconfig"),
-    )
-    region: str | None = Field(default=None, description="from aws:region")
-    protected: bool = Field(default=False, description="prod: stateful resources protected and retained")
+    platform: Literal["eks", "onprem"]
+    ("eks: the program creates the VPC (or adopts one), the EKS cluster and its node groups; onprem: an existing "
+     "cluster reached with ml-cluster:kubeconfig")
+    region: str | None = None
+    """from aws:region"""
+    protected: bool = False
+    """prod: stateful resources protected and retained"""
     # A deploying run refuses credentials for any other account (infra.config.placeholders.account_problems).
-    account_id: str | None = Field(default=None, description="the AWS account; optional pin")
-    label_prefix: str = Field(
-        default="ml-cluster.io",
-        description=("prefix of the node labels and Kubernetes labels the stack sets (<prefix>/gpu-type, "
-                     "<prefix>/disktype, <prefix>/stack, ...)"),
-    )
-    tags: dict[str, str] = Field(
-        default={},
-        description=("AWS tags on every taggable resource and on the gp3 class's volumes, beside project, stack and "
-                     "managed-by"),
-    )
-    network: NetworkConfig | None = Field(default=None, description="the VPC (EKS only)")
-    cluster: ClusterConfig | None = Field(default=None, description="the EKS cluster (EKS only)")
-    onprem: OnpremConfig | None = Field(default=None, description="the existing cluster (onprem only)")
-    node_pools: list[NodePoolConfig] = Field(
-        default=[],
-        description="GPU and CPU node pools: EKS managed node groups, or on onprem the existing nodes' shape",
-    )
-    gpu: GpuConfig = Field(
-        default_factory=GpuConfig,
-        description="NVIDIA device plugin, DCGM exporter, EFA device plugin, GPU burn-in and the node monitoring agent",
-    )
-    nodes: NodesConfig = Field(
-        default_factory=NodesConfig,
-        description="what applies to every node pool: how the pools scale (cluster-autoscaler) and what each node "
-                    "holds back from pods",
-    )
-    kueue: KueueConfig = Field(
-        default_factory=KueueConfig,
-        description="Kueue: gang admission, GPU quota, priorities and teams",
-    )
-    job_controllers: JobControllersConfig = Field(
-        default_factory=JobControllersConfig,
-        description="JobSet and Kubeflow Trainer v2: the gang controllers beside the batch/v1 Indexed Job",
-    )
-    storage: StorageConfig = Field(
-        default_factory=StorageConfig,
-        description="EFS, gp3, S3 and COS buckets, NFS, shared volumes and the storage add-ons",
-    )
-    registry: RegistryConfig = Field(
-        default_factory=RegistryConfig,
-        description="the stack's ECR repository for training images (EKS only)",
-    )
-    job_egress: JobEgressConfig = Field(
-        default_factory=JobEgressConfig,
-        description="where training pods may open connections (a NetworkPolicy)",
-    )
-    deploy: DeployConfig = Field(
-        default_factory=DeployConfig,
-        description=("where the deploy and preview workflow jobs run, and whether that runner can reach the cluster's "
-                     "API endpoint"),
-    )
-    monitoring: MonitoringConfig = Field(
-        default_factory=MonitoringConfig,
-        description="kube-prometheus-stack, the GPU alert rules and the training dashboard",
-    )
-    jobs: list[TrainingJobSpec] = Field(
-        default=[],
-        description="training Jobs deployed with the stack, each created held until `submit start` releases it.",
-    )
-    kubeconfig: SecretStr | None = Field(
-        default=None,
-        description="onprem: the kubeconfig of the existing cluster, a Pulumi secret",
-    )
-    cos_hmac_access_key_id: SecretStr | None = Field(
-        default=None,
-        description="with storage.cos: the COS HMAC access key id, a Pulumi secret",
-    )
-    cos_hmac_secret_access_key: SecretStr | None = Field(
-        default=None,
-        description="with storage.cos: the COS HMAC secret access key, a Pulumi secret",
-    )
+    account_id: str | None = None
+    """the AWS account; optional pin"""
+    label_prefix: str = "ml-cluster.io"
+    ("prefix of the node labels and Kubernetes labels the stack sets (<prefix>/gpu-type, <prefix>/disktype, "
+     "<prefix>/stack, ...)")
+    tags: dict[str, str] = {}
+    """AWS tags on every taggable resource and on the gp3 class's volumes, beside project, stack and managed-by"""
+    network: NetworkConfig | None = None
+    """the VPC (EKS only)"""
+    cluster: ClusterConfig | None = None
+    """the EKS cluster (EKS only)"""
+    onprem: OnpremConfig | None = None
+    """the existing cluster (onprem only)"""
+    node_pools: list[NodePoolConfig] = []
+    """GPU and CPU node pools: EKS managed node groups, or on onprem the existing nodes' shape"""
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    """NVIDIA device plugin, DCGM exporter, EFA device plugin, GPU burn-in and the node monitoring agent"""
+    nodes: NodesConfig = Field(default_factory=NodesConfig)
+    ("what applies to every node pool: how the pools scale (cluster-autoscaler) and what each node holds back from "
+     "pods")
+    kueue: KueueConfig = Field(default_factory=KueueConfig)
+    """Kueue: gang admission, GPU quota, priorities and teams"""
+    job_controllers: JobControllersConfig = Field(default_factory=JobControllersConfig)
+    """JobSet and Kubeflow Trainer v2: the gang controllers beside the batch/v1 Indexed Job"""
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    """EFS, gp3, S3 and COS buckets, NFS, shared volumes and the storage add-ons"""
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    """the stack's ECR repository for training images (EKS only)"""
+    job_egress: JobEgressConfig = Field(default_factory=JobEgressConfig)
+    """where training pods may open connections (a NetworkPolicy)"""
+    deploy: DeployConfig = Field(default_factory=DeployConfig)
+    """where the deploy and preview workflow jobs run, and whether that runner can reach the cluster's API endpoint"""
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig)
+    """kube-prometheus-stack, the GPU alert rules and the training dashboard"""
+    jobs: list[TrainingJobSpec] = []
+    """training Jobs deployed with the stack, each created held until `submit start` releases it."""
+    kubeconfig: SecretStr | None = None
+    """onprem: the kubeconfig of the existing cluster, a Pulumi secret"""
+    cos_hmac_access_key_id: SecretStr | None = None
+    """with storage.cos: the COS HMAC access key id, a Pulumi secret"""
+    cos_hmac_secret_access_key: SecretStr | None = None
+    """with storage.cos: the COS HMAC secret access key, a Pulumi secret"""
 
     @model_validator(mode="before")
     @classmethod

@@ -82,37 +82,22 @@ BucketKey = Annotated[DnsLabel, Field(max_length=24)]
 
 
 class _BucketCommon(StrictModel):
-    name: BucketKey = Field(
-        description=("the logical name Job specs and other keys use (bucket: datasets); part of the default physical "
-                     "name"),
-    )
-    bucket_name: BucketName | None = Field(
-        default=None,
-        description=("the physical bucket name; default: derived from the stack (and on S3 the account), see "
-                     "infra/storage"),
-    )
-    versioning: bool = Field(default=False, description="keep old versions of overwritten and deleted objects")
-    abort_incomplete_multipart_days: int = Field(
-        default=7, ge=1, le=365,
-        description="multipart uploads left unfinished this long are aborted (their parts stop costing)",
-    )
-    scratch_prefixes: list[ObjectPrefix] = Field(
-        default=[],
-        description="objects under these prefixes expire after scratchExpiryDays",
-    )
-    scratch_expiry_days: int = Field(
-        default=7, ge=1, le=3650,
-        description="how long objects under scratchPrefixes live",
-    )
-    noncurrent_version_expiry_days: int | None = Field(
-        default=None, ge=1, le=3650,
-        description="with versioning: old versions are deleted after this long; null: kept",
-    )
-    mount: bool = Field(
-        default=False,
-        description=("a read-only PV and PVC of the bucket in the Jobs' namespace (Mountpoint for S3 on EKS, the COS "
-                     "driver on onprem)"),
-    )
+    name: BucketKey
+    """the logical name Job specs and other keys use (bucket: datasets); part of the default physical name"""
+    bucket_name: BucketName | None = None
+    """the physical bucket name; default: derived from the stack (and on S3 the account), see infra/storage"""
+    versioning: bool = False
+    """keep old versions of overwritten and deleted objects"""
+    abort_incomplete_multipart_days: int = Field(default=7, ge=1, le=365)
+    """multipart uploads left unfinished this long are aborted (their parts stop costing)"""
+    scratch_prefixes: list[ObjectPrefix] = []
+    """objects under these prefixes expire after scratchExpiryDays"""
+    scratch_expiry_days: int = Field(default=7, ge=1, le=3650)
+    """how long objects under scratchPrefixes live"""
+    noncurrent_version_expiry_days: int | None = Field(default=None, ge=1, le=3650)
+    """with versioning: old versions are deleted after this long; null: kept"""
+    mount: bool = False
+    ("a read-only PV and PVC of the bucket in the Jobs' namespace (Mountpoint for S3 on EKS, the COS driver on onprem)")
 
     @model_validator(mode="after")
     def _noncurrent_needs_versioning(self) -> _BucketCommon:
@@ -124,19 +109,13 @@ class _BucketCommon(StrictModel):
 class BucketConfig(_BucketCommon):
     """An S3 bucket (platform eks)."""
 
-    encryption: Literal["AES256", "aws:kms"] = Field(
-        default="AES256",
-        description="default encryption: AES256 (SSE-S3) or aws:kms (SSE-KMS)",
-    )
-    kms_key_arn: str | None = Field(
-        default=None, pattern=_KMS_KEY_ARN,
-        description="with encryption aws:kms: the key; default: the AWS-managed aws/s3 key",
-    )
-    pack_into: bool = Field(
-        default=False,
-        description=("dataset packs (`submit pack`) may write here: their own service account and role read every "
-                     "stack bucket and write only these (training Jobs never write datasets)"),
-    )
+    encryption: Literal["AES256", "aws:kms"] = "AES256"
+    """default encryption: AES256 (SSE-S3) or aws:kms (SSE-KMS)"""
+    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)
+    """with encryption aws:kms: the key; default: the AWS-managed aws/s3 key"""
+    pack_into: bool = False
+    ("dataset packs (`submit pack`) may write here: their own service account and role read every stack bucket and "
+     "write only these (training Jobs never write datasets)")
 
     @model_validator(mode="after")
     def _kms(self) -> BucketConfig:
@@ -154,39 +133,23 @@ class CosBucketConfig(_BucketCommon):
 class EfsStorageClassConfig(StrictModel):
     """The dynamic-provisioning class: one EFS access point (and directory) per PVC."""
 
-    name: DnsLabel = Field(
-        default="efs-ap",
-        description="the StorageClass's name (what sharedVolumes[].storageClass names)",
-    )
-    directory_perms: str = Field(
-        default="700", pattern=r"^[0-7]{3,4}$",
-        description="permissions of each PVC's directory (octal)",
-    )
-    base_path: str = Field(
-        default="/dynamic",
-        description="the directory under which the PVCs' directories are created (never /)",
-    )
-    uid: int | None = Field(
-        default=1000, ge=0, le=2147483647,
-        description=("the POSIX user every access of a PVC's access point acts as (with gid; null: the EFS CSI driver "
-                     "picks one per access point)"),
-    )
-    gid: int | None = Field(
-        default=1000, ge=0, le=2147483647,
-        description="the POSIX group every access of a PVC's access point acts as (with uid)",
-    )
-    sub_path_pattern: str = Field(
-        default="${.PVC.namespace}/${.PVC.name}",
-        description="each PVC's directory under basePath (the EFS CSI driver's template)",
-    )
-    ensure_unique_directory: bool = Field(
-        default=True,
-        description="append a unique suffix to each directory, so a re-created PVC never finds old data",
-    )
-    reclaim_policy: Literal["Delete", "Retain"] = Field(
-        default="Delete",
-        description="Delete: a deleted PVC removes its access point and directory; Retain: both stay",
-    )
+    name: DnsLabel = "efs-ap"
+    """the StorageClass's name (what sharedVolumes[].storageClass names)"""
+    directory_perms: str = Field(default="700", pattern=r"^[0-7]{3,4}$")
+    """permissions of each PVC's directory (octal)"""
+    base_path: str = "/dynamic"
+    """the directory under which the PVCs' directories are created (never /)"""
+    uid: int | None = Field(default=1000, ge=0, le=2147483647)
+    ("the POSIX user every access of a PVC's access point acts as (with gid; null: the EFS CSI driver picks one per "
+     "access point)")
+    gid: int | None = Field(default=1000, ge=0, le=2147483647)
+    """the POSIX group every access of a PVC's access point acts as (with uid)"""
+    sub_path_pattern: str = "${.PVC.namespace}/${.PVC.name}"
+    """each PVC's directory under basePath (the EFS CSI driver's template)"""
+    ensure_unique_directory: bool = True
+    """append a unique suffix to each directory, so a re-created PVC never finds old data"""
+    reclaim_policy: Literal["Delete", "Retain"] = "Delete"
+    """Delete: a deleted PVC removes its access point and directory; Retain: both stay"""
 
     @field_validator("base_path")
     @classmethod
@@ -204,36 +167,22 @@ class EfsStorageClassConfig(StrictModel):
 
 
 class EfsConfig(StrictModel):
-    kms_key_arn: str | None = Field(
-        default=None, pattern=_KMS_KEY_ARN,
-        description="default: the AWS-managed EFS key",
-    )
-    throughput_mode: Literal["elastic", "bursting", "provisioned"] = Field(
-        default="elastic",
-        description=("elastic: pay per use, scales with the load; bursting: credits by size; provisioned: "
-                     "provisionedThroughputMibps"),
-    )
-    provisioned_throughput_mibps: int | None = Field(
-        default=None, ge=1, le=10240,
-        description="the throughput bought, with throughputMode provisioned",
-    )
-    performance_mode: Literal["generalPurpose", "maxIO"] = Field(
-        default="generalPurpose",
-        description="generalPurpose (lower latency) or maxIO (not with elastic throughput)",
-    )
-    transition_to_ia: EfsTransitionToIa | None = Field(
-        default="AFTER_30_DAYS",
-        description="move files not read for this long to Infrequent Access (cheaper storage); null: never",
-    )
-    transition_to_primary_on_access: bool = Field(
-        default=True,
-        description="move a file back to Standard on its first read from Infrequent Access",
-    )
-    backup: bool = Field(default=True, description="AWS Backup's daily backups of the file system")
-    storage_class: EfsStorageClassConfig = Field(
-        default=EfsStorageClassConfig(),
-        description="the StorageClass that gives each PVC its own access point and directory",
-    )
+    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)
+    """default: the AWS-managed EFS key"""
+    throughput_mode: Literal["elastic", "bursting", "provisioned"] = "elastic"
+    """elastic: pay per use, scales with the load; bursting: credits by size; provisioned: provisionedThroughputMibps"""
+    provisioned_throughput_mibps: int | None = Field(default=None, ge=1, le=10240)
+    """the throughput bought, with throughputMode provisioned"""
+    performance_mode: Literal["generalPurpose", "maxIO"] = "generalPurpose"
+    """generalPurpose (lower latency) or maxIO (not with elastic throughput)"""
+    transition_to_ia: EfsTransitionToIa | None = "AFTER_30_DAYS"
+    """move files not read for this long to Infrequent Access (cheaper storage); null: never"""
+    transition_to_primary_on_access: bool = True
+    """move a file back to Standard on its first read from Infrequent Access"""
+    backup: bool = True
+    """AWS Backup's daily backups of the file system"""
+    storage_class: EfsStorageClassConfig = EfsStorageClassConfig()
+    """the StorageClass that gives each PVC its own access point and directory"""
 
     @model_validator(mode="after")
     def _throughput(self) -> EfsConfig:
@@ -247,56 +196,38 @@ class EfsConfig(StrictModel):
 
 
 class Gp3StorageClassConfig(StrictModel):
-    name: DnsLabel = Field(default="gp3", description="the StorageClass's name")
-    default: bool = Field(
-        default=True,
-        description="annotated as the cluster's default StorageClass",
-    )
-    kms_key_arn: str | None = Field(
-        default=None, pattern=_KMS_KEY_ARN,
-        description="default: the account's EBS key",
-    )
-    iops: int | None = Field(
-        default=None, ge=3000, le=80000,
-        description="provisioned IOPS per volume; default: gp3's baseline 3000",
-    )
-    throughput_mibps: int | None = Field(
-        default=None, ge=125, le=2000,
-        description="provisioned throughput per volume; default: gp3's baseline 125 MiB/s",
-    )
+    name: DnsLabel = "gp3"
+    """the StorageClass's name"""
+    default: bool = True
+    """annotated as the cluster's default StorageClass"""
+    kms_key_arn: str | None = Field(default=None, pattern=_KMS_KEY_ARN)
+    """default: the account's EBS key"""
+    iops: int | None = Field(default=None, ge=3000, le=80000)
+    """provisioned IOPS per volume; default: gp3's baseline 3000"""
+    throughput_mibps: int | None = Field(default=None, ge=125, le=2000)
+    """provisioned throughput per volume; default: gp3's baseline 125 MiB/s"""
 
 
 class CosConfig(StrictModel):
     """IBM Cloud Object Storage (or another S3-compatible store), reached with the stack's HMAC keys."""
 
-    endpoint: str = Field(
-        description="e.g. https://s3.us-south.cloud-object-storage.appdomain.cloud",
-    )
-    region: str = Field(
-        default="us-south", pattern=r"^[a-z0-9-]+$",
-        description="the COS region (its location constraint is <region>-<tier>)",
-    )
-    tier: Literal["standard", "vault", "cold", "smart"] = Field(
-        default="smart",
-        description="COS location constraint = <region>-<tier>; also the SigV4 signing region COS expects.",
-    )
-    driver: Literal["ibm-flex", "csi-s3"] = Field(
-        default="ibm-flex",
-        description=("onprem: ibm-flex (IBM's s3fs flex driver chart) or csi-s3 (a CSI driver: flex volumes are "
-                     "deprecated)"),
-    )
-    worker_os: Literal["debian", "redhat"] = Field(
-        default="debian",
-        description=("ibm-flex: the OS family of the nodes (the chart's workerOS; its `helm ibmc` plugin reads it "
-                     "from the nodes' osImage: Red Hat/OpenShift -> redhat, anything else, e.g. Ubuntu/DGX OS -> "
-                     "debian)."),
-    )
-    storage_class_name: DnsLabel = Field(default="cos-s3fs", description="onprem: the StorageClass of the COS volumes")
-    secret_name: DnsLabel = Field(
-        default="cos-hmac",
-        description="onprem: the Secret with the HMAC keys the COS driver reads",
-    )
-    buckets: list[CosBucketConfig] = Field(default=[], description="the COS buckets the stack creates")
+    endpoint: str
+    """e.g. https://s3.us-south.cloud-object-storage.appdomain.cloud"""
+    region: str = Field(default="us-south", pattern=r"^[a-z0-9-]+$")
+    """the COS region (its location constraint is <region>-<tier>)"""
+    tier: Literal["standard", "vault", "cold", "smart"] = "smart"
+    """COS location constraint = <region>-<tier>; also the SigV4 signing region COS expects."""
+    driver: Literal["ibm-flex", "csi-s3"] = "ibm-flex"
+    """onprem: ibm-flex (IBM's s3fs flex driver chart) or csi-s3 (a CSI driver: flex volumes are deprecated)"""
+    worker_os: Literal["debian", "redhat"] = "debian"
+    ("ibm-flex: the OS family of the nodes (the chart's workerOS; its `helm ibmc` plugin reads it from the nodes' "
+     "osImage: Red Hat/OpenShift -> redhat, anything else, e.g. Ubuntu/DGX OS -> debian).")
+    storage_class_name: DnsLabel = "cos-s3fs"
+    """onprem: the StorageClass of the COS volumes"""
+    secret_name: DnsLabel = "cos-hmac"
+    """onprem: the Secret with the HMAC keys the COS driver reads"""
+    buckets: list[CosBucketConfig] = []
+    """the COS buckets the stack creates"""
 
     @field_validator("endpoint")
     @classmethod
@@ -311,74 +242,51 @@ class CosConfig(StrictModel):
 
 
 class NfsConfig(StrictModel):
-    server: str = Field(pattern=r"^[A-Za-z0-9.:-]+$", description="the NFS server's host name or address")
-    share: str = Field(default="/", pattern=r"^/", description="the exported path")
-    storage_class_name: DnsLabel = Field(
-        default="nfs",
-        description="the StorageClass's name (what sharedVolumes[].storageClass names)",
-    )
-    mount_options: list[str] = Field(default=["nfsvers=4.1"], description="NFS mount options of the volumes")
-    reclaim_policy: Literal["Delete", "Retain"] = Field(
-        default="Retain",
-        description="Retain: a deleted PVC leaves its directory; Delete: it is removed",
-    )
+    server: str = Field(pattern=r"^[A-Za-z0-9.:-]+$")
+    """the NFS server's host name or address"""
+    share: str = Field(default="/", pattern=r"^/")
+    """the exported path"""
+    storage_class_name: DnsLabel = "nfs"
+    """the StorageClass's name (what sharedVolumes[].storageClass names)"""
+    mount_options: list[str] = ["nfsvers=4.1"]
+    """NFS mount options of the volumes"""
+    reclaim_policy: Literal["Delete", "Retain"] = "Retain"
+    """Retain: a deleted PVC leaves its directory; Delete: it is removed"""
 
 
 class SharedVolumeConfig(StrictModel):
     """A ReadWriteMany PVC in the jobs namespace, e.g. for datasets or checkpoints on EFS."""
 
-    name: DnsLabel = Field(description="the PVC's name (what a Job's claimName names)")
-    storage_class: DnsLabel = Field(description="a ReadWriteMany class of this stack (the EFS class or nfs)")
-    size: Quantity = Field(
-        default="1Ti",
-        description="EFS ignores it (elastic), but a PVC must request something",
-    )
+    name: DnsLabel
+    """the PVC's name (what a Job's claimName names)"""
+    storage_class: DnsLabel
+    """a ReadWriteMany class of this stack (the EFS class or nfs)"""
+    size: Quantity = "1Ti"
+    """EFS ignores it (elastic), but a PVC must request something"""
 
 
 class StorageConfig(StrictModel):
-    efs: EfsConfig | None = Field(
-        default=None,
-        description="EKS only",
-    )
-    gp3: Gp3StorageClassConfig | None = Field(
-        default=None,
-        description="EKS only (EBS CSI)",
-    )
-    buckets: list[BucketConfig] = Field(
-        default=[],
-        description="S3; EKS only",
-    )
-    fsx_lustre: FsxLustreConfig | None = Field(
-        default=None,
-        description="an FSx for Lustre file system linked to the stack's buckets, mounted by a static PVC; EKS only",
-    )
-    cos: CosConfig | None = Field(
-        default=None,
-        description=("IBM Cloud Object Storage (or another S3-compatible store) and its buckets, reached with the HMAC "
-                     "keys"),
-    )
-    nfs: NfsConfig | None = Field(
-        default=None,
-        description="an existing NFS server as a ReadWriteMany StorageClass (csi-driver-nfs)",
-    )
-    shared_volumes: list[SharedVolumeConfig] = Field(
-        default=[],
-        description="ReadWriteMany PVCs in the Jobs' namespace (datasets, checkpoints), on the EFS or NFS class",
-    )
-    addon_versions: dict[
-        AddonName, AddonVersion
-    ] = Field(
-        default={},
-        description="pin EKS add-on versions (vX.Y.Z-eksbuild.N); default: EKS's default for the cluster",
-    )
+    efs: EfsConfig | None = None
+    """EKS only"""
+    gp3: Gp3StorageClassConfig | None = None
+    """EKS only (EBS CSI)"""
+    buckets: list[BucketConfig] = []
+    """S3; EKS only"""
+    fsx_lustre: FsxLustreConfig | None = None
+    """an FSx for Lustre file system linked to the stack's buckets, mounted by a static PVC; EKS only"""
+    cos: CosConfig | None = None
+    """IBM Cloud Object Storage (or another S3-compatible store) and its buckets, reached with the HMAC keys"""
+    nfs: NfsConfig | None = None
+    """an existing NFS server as a ReadWriteMany StorageClass (csi-driver-nfs)"""
+    shared_volumes: list[SharedVolumeConfig] = []
+    """ReadWriteMany PVCs in the Jobs' namespace (datasets, checkpoints), on the EFS or NFS class"""
+    addon_versions: dict[AddonName, AddonVersion] = {}
+    """pin EKS add-on versions (vX.Y.Z-eksbuild.N); default: EKS's default for the cluster"""
 
-    external_addons: dict[AddonName, AddonVersion] = Field(
-        default={},
-        description=("EKS add-ons an existing cluster already runs and keeps, at the version it runs (aws eks "
-                     "describe-addon): the stack installs none of them and creates no role or Pod Identity "
-                     "association for them (their own must allow the stack's file system and buckets); preflight "
-                     "FAILs when another version runs"),
-    )
+    external_addons: dict[AddonName, AddonVersion] = {}
+    ("EKS add-ons an existing cluster already runs and keeps, at the version it runs (aws eks describe-addon): the "
+     "stack installs none of them and creates no role or Pod Identity association for them (their own must allow the "
+     "stack's file system and buckets); preflight FAILs when another version runs")
 
     @field_validator("addon_versions", "external_addons")
     @classmethod

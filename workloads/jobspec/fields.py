@@ -226,7 +226,10 @@ class _Spec(BaseModel):
     """Unknown keys are errors; YAML keys are camelCase (snake_case accepted from Python). Booleans and numbers must
     be written as such ('yes', 'true' or '15' in quotes are errors saying what to write: the stack config's rule)."""
 
-    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True)
+    # use_attribute_docstrings: a field's description is the string written under it (docs/reference/ is
+    # generated from these descriptions).
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True,
+                              use_attribute_docstrings=True)
 
     @field_validator("*", mode="before")
     @classmethod

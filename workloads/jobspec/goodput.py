@@ -69,21 +69,15 @@ FAR_FACTOR = 3.0  # a chosen interval more than this many times away from the op
 class GoodputSpec(_Spec):
     """What the goodput prediction should use for this Job instead of its assumptions (docs/monitoring.md)."""
 
-    step_seconds: float | None = Field(
-        default=None, gt=0, le=86400, allow_inf_nan=False,
-        description=("Seconds per training step (a batch event's data_time + compute_time, or an estimate): the "
-                     "predicted checkpoint interval is --checkpoint-every x this. Unset: 0.5 s assumed."),
-    )
-    mtbf_hours: float | None = Field(
-        default=None, gt=0, le=10_000_000, allow_inf_nan=False,
-        description=("The whole gang's mean time between failures, hours, instead of the per-family interruption "
-                     "rate and the Spot reclaims (for example from your own incident history)."),
-    )
-    restart_seconds: float | None = Field(
-        default=None, gt=0, le=7 * 86400, allow_inf_nan=False,
-        description=("Seconds from a failure to the gang's first step after the resume, instead of the assumed "
-                     "540 s (840 s on Spot); `submit status` reports each incident's time to resume."),
-    )
+    step_seconds: float | None = Field(default=None, gt=0, le=86400, allow_inf_nan=False)
+    ("Seconds per training step (a batch event's data_time + compute_time, or an estimate): the predicted checkpoint "
+     "interval is --checkpoint-every x this. Unset: 0.5 s assumed.")
+    mtbf_hours: float | None = Field(default=None, gt=0, le=10_000_000, allow_inf_nan=False)
+    ("The whole gang's mean time between failures, hours, instead of the per-family interruption rate and the Spot "
+     "reclaims (for example from your own incident history).")
+    restart_seconds: float | None = Field(default=None, gt=0, le=7 * 86400, allow_inf_nan=False)
+    ("Seconds from a failure to the gang's first step after the resume, instead of the assumed 540 s (840 s on Spot); "
+     "`submit status` reports each incident's time to resume.")
 
 
 @dataclass(frozen=True)

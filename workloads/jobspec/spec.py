@@ -44,38 +44,30 @@ from workloads.quantity import format_bytes, quantity_bytes
 class SecretKeyRef(_Spec):
     """An environment value read from a Kubernetes Secret, so it never appears in a manifest or plan."""
 
-    secret: DnsSubdomain = Field(description="the Secret's name, in the Job's namespace")
-    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
-        description="the key in the Secret whose value the variable gets",
-    )
+    secret: DnsSubdomain
+    """the Secret's name, in the Job's namespace"""
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    """the key in the Secret whose value the variable gets"""
 
 
 class RamDiskSpec(_Spec):
-    size: PositiveQuantity = Field(description="the RAM disk's sizeLimit")
-    mount_path: AbsolutePath = Field(
-        default="/ramdisk",
-        description="where the RAM disk is mounted in the training container",
-    )
+    size: PositiveQuantity
+    """the RAM disk's sizeLimit"""
+    mount_path: AbsolutePath = "/ramdisk"
+    """where the RAM disk is mounted in the training container"""
 
 
 class TolerationSpec(_Spec):
-    key: Annotated[str, Field(min_length=1, max_length=316)] | None = Field(
-        default=None,
-        description="the taint key; unset with operator Exists: every taint",
-    )
-    operator: Literal["Equal", "Exists"] = Field(
-        default="Equal",
-        description="Equal: the taint's value must match value; Exists: any value",
-    )
-    value: LabelValue | None = Field(default=None, description="the taint value (operator Equal)")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None,
-        description="the taint effect tolerated; unset: every effect",
-    )
-    toleration_seconds: int | None = Field(
-        default=None, ge=0,
-        description="NoExecute only: how long the pod stays on a node after the taint appears",
-    )
+    key: Annotated[str, Field(min_length=1, max_length=316)] | None = None
+    """the taint key; unset with operator Exists: every taint"""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    """Equal: the taint's value must match value; Exists: any value"""
+    value: LabelValue | None = None
+    """the taint value (operator Equal)"""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """the taint effect tolerated; unset: every effect"""
+    toleration_seconds: int | None = Field(default=None, ge=0)
+    """NoExecute only: how long the pod stays on a node after the taint appears"""
 
     @model_validator(mode="after")
     def _check(self) -> TolerationSpec:
@@ -92,193 +84,108 @@ class TopologySpec(_Spec):
     """Where a gang's pods are placed in the network, on a stack whose GPU flavors name a Kueue Topology (the EKS
     network layers of EFA pools): rendered as Kueue's podset topology annotation on the pod template."""
 
-    mode: Literal["preferred", "required"] = Field(
-        default="preferred",
-        description=("preferred: in one domain of `level` if it fits, else the next layer up, else spread; "
-                     "required: in one domain of `level` or not admitted (only on pools that keep all their nodes)"),
-    )
-    level: Literal["layer-1", "layer-2", "layer-3", "layer-4", "hostname"] | None = Field(
-        default=None,
-        description=("topology.k8s.aws/network-node-layer-N (1: the top of the network, the bottom layer: the "
-                     "closest) or kubernetes.io/hostname. None: the bottom network layer of the pool's type"),
-    )
+    mode: Literal["preferred", "required"] = "preferred"
+    ("preferred: in one domain of `level` if it fits, else the next layer up, else spread; required: in one domain of "
+     "`level` or not admitted (only on pools that keep all their nodes)")
+    level: Literal["layer-1", "layer-2", "layer-3", "layer-4", "hostname"] | None = None
+    ("topology.k8s.aws/network-node-layer-N (1: the top of the network, the bottom layer: the closest) or "
+     "kubernetes.io/hostname. None: the bottom network layer of the pool's type")
 
 
 class TrainingJobSpec(_Spec):
     """One training run. Resource fields are per pod (one pod per node)."""
 
-    name: JobName = Field(
-        description=("the Job's name (DNS label); the rendered Job is <name>-<hash of the spec>, so a changed spec is "
-                     "a new Job"),
-    )
-    kind: str = Field(
-        default="Job",
-        description=("the controller that runs the gang, a row of the kind table (workloads/jobspec/kinds.py): Job, "
-                     "a batch/v1 Indexed Job (no controller to install); JobSet, one failure budget per gang "
-                     "(jobControllers.jobset); TrainJob, Kubeflow Trainer on a TrainingRuntime of the same pod "
-                     "(jobControllers.trainer)"),
-    )
-    image: Image | None = Field(
-        default=None,
-        description=("Either a full image reference, or a tag of the stack's own registry "
-                     "(ClusterFacts.image_repository)."),
-    )
-    image_tag: ImageTag | None = Field(
-        default=None,
-        description="a tag of the stack's own registry (jobFacts.image_repository); the Job runs <repository>:<tag>",
-    )
-    command: list[str] | None = Field(
-        default=None, min_length=1,
-        description=("the container's command, run inside the launcher (see launcher); unset: the image's entrypoint "
-                     "(the bundled trainer), under the launcher for several GPUs or nodes. With a command, no trainer "
-                     "argument (--data, --resume, ...) is implied"),
-    )
-    launcher: Literal["torchrun", "none"] = Field(
-        default="torchrun",
-        description=("how the pod runs your command: torchrun, inside the in-process torchrun wrapper (python -m "
-                     "workloads.train.launch, from the training image; one process per GPU, a c10d rendezvous across "
-                     "nodes), so the pod's exit code tells a config error (42) from a disruption (43) from a crash; "
-                     "none: the command as written (your own launcher: a lost peer or a SIGTERM is then counted "
-                     "against backoffLimit, and the plan notes it). Only with command"),
-    )
-    args: list[str] = Field(
-        default_factory=list,
-        description=("the container's arguments; with the bundled trainer, after the data and checkpoint paths the "
-                     "renderer implies"),
-    )
-    env: dict[EnvName, str] = Field(
-        default_factory=dict,
-        description="environment variables of the training container (plain values; secrets go in secretEnv)",
-    )
-    secret_env: dict[EnvName, SecretKeyRef] = Field(
-        default_factory=dict,
-        description="environment variables read from Kubernetes Secrets, by variable name",
-    )
-    gpus: int = Field(default=1, ge=0, le=16, description="GPUs per pod (nvidia.com/gpu); 0: a CPU Job")
-    gpu_type: DnsLabel | None = Field(
-        default=None,
-        description="the pools' GPU type to run on (a10g, h100, ...); required when the stack has several",
-    )
-    cpu: PositiveQuantity | None = Field(
-        default=None,
-        description="default: the pool's per-GPU CPU x gpus",
-    )
-    memory: PositiveQuantity | None = Field(
-        default=None,
-        description="the container's memory limit; default: pool's per-GPU memory x gpus",
-    )
-    process_memory: PositiveQuantity = Field(
-        default="4Gi",
-        description="what the process needs besides memory-backed volumes",
-    )
-    ephemeral_storage: PositiveQuantity = Field(
-        default="10Gi",
-        description="local scratch besides staging: logs and /tmp (its sizeLimit)",
-    )
-    shm_size: PositiveQuantity | None = Field(
-        default=None,
-        description="/dev/shm; default max(1Gi, 2Gi x gpus)",
-    )
-    ram_disk: RamDiskSpec | None = Field(
-        default=None,
-        description="a memory-backed emptyDir for fast scratch, counted in the memory limit",
-    )
-    dataset: DatasetSpec | None = Field(
-        default=None,
-        description="the training data: its source and how it is staged onto the node",
-    )
-    checkpoint: CheckpointSpec | None = Field(
-        default=None,
-        description="where checkpoints go: a PVC or an object-store prefix",
-    )
-    nodes: int = Field(
-        default=1, ge=1, le=512,
-        description=("pods (one per node; with minNodes, the most); above 1 an Indexed Job with a headless Service and "
-                     "torchrun rendezvous"),
-    )
-    backoff_limit: int = Field(
-        default=2, ge=0, le=100,
-        description="failed pods the Job may retry (disruptions such as a Spot reclaim do not count)",
-    )
-    active_deadline_seconds: int = Field(
-        default=3 * 86400, ge=60,
-        description="the longest the Job may run, retries included; then it fails",
-    )
-    termination_grace_period_seconds: int | None = Field(
-        default=None, ge=30, le=3600,
-        description=("Time from SIGTERM to SIGKILL, for the last checkpoint; unset: 60 s plus checkpoint.size over "
-                     "checkpoint.writeRate (twice when the checkpoint is also uploaded), 60 s without a checkpoint."),
-    )
-    collective_timeout_seconds: int = Field(
-        default=DEFAULT_COLLECTIVE_TIMEOUT_S, ge=60, le=7200,
-        description=("Multi-node: the longest a rank waits in a collective for a lost peer; then it exits and the "
-                     "whole gang restarts."),
-    )
-    rank_restarts: int = Field(
-        default=DEFAULT_RANK_RESTARTS, ge=0, le=100,
-        description=("Multi-node: torchrun's in-place restarts of a pod's workers before the pod exits (0: it exits "
-                     "and is replaced)."),
-    )
-    min_nodes: int | None = Field(
-        default=None, ge=1, le=512,
-        description=("Multi-node, elastic: the gang may train on as few as this many nodes (nodes is the most) when "
-                     "lost capacity does not come back within elasticWaitSeconds, and grows back when it does. The "
-                     "bundled trainer then needs --global-batch-size in args (divisible by every possible world "
-                     "size): the global batch, the epoch order and the learning rate stay as they are. None: always "
-                     "all nodes."),
-    )
-    elastic_wait_seconds: int = Field(
-        default=DEFAULT_ELASTIC_WAIT_S, ge=30, le=RENDEZVOUS_JOIN_TIMEOUT_S - 60,
-        description=("Multi-node, elastic: how long a re-forming gang waits for missing nodes once minNodes have "
-                     "joined."),
-    )
-    ttl_seconds_after_finished: int | None = Field(
-        default=7 * 86400, ge=0,
-        description="deletes the finished Job (and its pods) after this long; null keeps it",
-    )
-    priority_class: DnsSubdomain | None = Field(
-        default=None,
-        description="the pods' Kubernetes PriorityClass (priorityClassName)",
-    )
-    queue: DnsSubdomain | None = Field(
-        default=None,
-        description=("Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue "
-                     "when it runs Kueue."),
-    )
-    team: DnsLabel | None = Field(
-        default=None,
-        description=("A stack team with a namespace (ml-cluster:kueue.teams): the Job runs there, through the "
-                     "team's LocalQueue, as the team's service account, and may name only the team's bucket "
-                     "prefixes. None: the training namespace."),
-    )
-    workload_priority: DnsSubdomain | None = Field(
-        default=None,
-        description="a Kueue WorkloadPriorityClass: order in the queue, preemption",
-    )
-    topology: TopologySpec | None = Field(
-        default=None,
-        description=("Kueue topology-aware placement (stacks with kueue.topology). None: preferred at the bottom "
-                     "network layer wherever the GPU type's flavor has a Topology; refused elsewhere"),
-    )
-    read_only_root_filesystem: bool = Field(
-        default=True,
-        description="An image that writes outside /tmp, the RAM disk and its mounts can opt out of the read-only root.",
-    )
-    suspend: bool | None = Field(
-        default=None,
-        description=("Created suspended (spec.suspend) and started later, e.g. once its dataset is uploaded. None: "
-                     "the caller's default, which is suspended for the Jobs a stack deploys and running for "
-                     "`workloads.submit`."),
-    )
-    tolerations: list[TolerationSpec] = Field(
-        default_factory=list,
-        description="tolerations beside the GPU taint's, e.g. for a pool's own taints",
-    )
-    goodput: GoodputSpec | None = Field(
-        default=None,
-        description=("What the goodput prediction (plan summary, `submit render`) uses instead of its assumptions: "
-                     "stepSeconds, mtbfHours, restartSeconds. Not rendered: it changes no manifest."),
-    )
+    name: JobName
+    """the Job's name (DNS label); the rendered Job is <name>-<hash of the spec>, so a changed spec is a new Job"""
+    kind: str = "Job"
+    ("the controller that runs the gang, a row of the kind table (workloads/jobspec/kinds.py): Job, a batch/v1 "
+     "Indexed Job (no controller to install); JobSet, one failure budget per gang (jobControllers.jobset); TrainJob, "
+     "Kubeflow Trainer on a TrainingRuntime of the same pod (jobControllers.trainer)")
+    image: Image | None = None
+    """Either a full image reference, or a tag of the stack's own registry (ClusterFacts.image_repository)."""
+    image_tag: ImageTag | None = None
+    """a tag of the stack's own registry (jobFacts.image_repository); the Job runs <repository>:<tag>"""
+    command: list[str] | None = Field(default=None, min_length=1)
+    ("the container's command, run inside the launcher (see launcher); unset: the image's entrypoint (the bundled "
+     "trainer), under the launcher for several GPUs or nodes. With a command, no trainer argument (--data, --resume, "
+     "...) is implied")
+    launcher: Literal["torchrun", "none"] = "torchrun"
+    ("how the pod runs your command: torchrun, inside the in-process torchrun wrapper (python -m "
+     "workloads.train.launch, from the training image; one process per GPU, a c10d rendezvous across nodes), so the "
+     "pod's exit code tells a config error (42) from a disruption (43) from a crash; none: the command as written "
+     "(your own launcher: a lost peer or a SIGTERM is then counted against backoffLimit, and the plan notes it). Only "
+     "with command")
+    args: list[str] = Field(default_factory=list)
+    """the container's arguments; with the bundled trainer, after the data and checkpoint paths the renderer implies"""
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    """environment variables of the training container (plain values; secrets go in secretEnv)"""
+    secret_env: dict[EnvName, SecretKeyRef] = Field(default_factory=dict)
+    """environment variables read from Kubernetes Secrets, by variable name"""
+    gpus: int = Field(default=1, ge=0, le=16)
+    """GPUs per pod (nvidia.com/gpu); 0: a CPU Job"""
+    gpu_type: DnsLabel | None = None
+    """the pools' GPU type to run on (a10g, h100, ...); required when the stack has several"""
+    cpu: PositiveQuantity | None = None
+    """default: the pool's per-GPU CPU x gpus"""
+    memory: PositiveQuantity | None = None
+    """the container's memory limit; default: pool's per-GPU memory x gpus"""
+    process_memory: PositiveQuantity = "4Gi"
+    """what the process needs besides memory-backed volumes"""
+    ephemeral_storage: PositiveQuantity = "10Gi"
+    """local scratch besides staging: logs and /tmp (its sizeLimit)"""
+    shm_size: PositiveQuantity | None = None
+    """/dev/shm; default max(1Gi, 2Gi x gpus)"""
+    ram_disk: RamDiskSpec | None = None
+    """a memory-backed emptyDir for fast scratch, counted in the memory limit"""
+    dataset: DatasetSpec | None = None
+    """the training data: its source and how it is staged onto the node"""
+    checkpoint: CheckpointSpec | None = None
+    """where checkpoints go: a PVC or an object-store prefix"""
+    nodes: int = Field(default=1, ge=1, le=512)
+    ("pods (one per node; with minNodes, the most); above 1 an Indexed Job with a headless Service and torchrun "
+     "rendezvous")
+    backoff_limit: int = Field(default=2, ge=0, le=100)
+    """failed pods the Job may retry (disruptions such as a Spot reclaim do not count)"""
+    active_deadline_seconds: int = Field(default=3 * 86400, ge=60)
+    """the longest the Job may run, retries included; then it fails"""
+    termination_grace_period_seconds: int | None = Field(default=None, ge=30, le=3600)
+    ("Time from SIGTERM to SIGKILL, for the last checkpoint; unset: 60 s plus checkpoint.size over "
+     "checkpoint.writeRate (twice when the checkpoint is also uploaded), 60 s without a checkpoint.")
+    collective_timeout_seconds: int = Field(default=DEFAULT_COLLECTIVE_TIMEOUT_S, ge=60, le=7200)
+    ("Multi-node: the longest a rank waits in a collective for a lost peer; then it exits and the whole gang restarts.")
+    rank_restarts: int = Field(default=DEFAULT_RANK_RESTARTS, ge=0, le=100)
+    ("Multi-node: torchrun's in-place restarts of a pod's workers before the pod exits (0: it exits and is replaced).")
+    min_nodes: int | None = Field(default=None, ge=1, le=512)
+    ("Multi-node, elastic: the gang may train on as few as this many nodes (nodes is the most) when lost capacity "
+     "does not come back within elasticWaitSeconds, and grows back when it does. The bundled trainer then needs "
+     "--global-batch-size in args (divisible by every possible world size): the global batch, the epoch order and the "
+     "learning rate stay as they are. None: always all nodes.")
+    elastic_wait_seconds: int = Field(default=DEFAULT_ELASTIC_WAIT_S, ge=30, le=RENDEZVOUS_JOIN_TIMEOUT_S - 60)
+    """Multi-node, elastic: how long a re-forming gang waits for missing nodes once minNodes have joined."""
+    ttl_seconds_after_finished: int | None = Field(default=7 * 86400, ge=0)
+    """deletes the finished Job (and its pods) after this long; null keeps it"""
+    priority_class: DnsSubdomain | None = None
+    """the pods' Kubernetes PriorityClass (priorityClassName)"""
+    queue: DnsSubdomain | None = None
+    ("Kueue LocalQueue: the whole gang is admitted together. None: the stack's default LocalQueue when it runs Kueue.")
+    team: DnsLabel | None = None
+    ("A stack team with a namespace (ml-cluster:kueue.teams): the Job runs there, through the team's LocalQueue, as "
+     "the team's service account, and may name only the team's bucket prefixes. None: the training namespace.")
+    workload_priority: DnsSubdomain | None = None
+    """a Kueue WorkloadPriorityClass: order in the queue, preemption"""
+    topology: TopologySpec | None = None
+    ("Kueue topology-aware placement (stacks with kueue.topology). None: preferred at the bottom network layer "
+     "wherever the GPU type's flavor has a Topology; refused elsewhere")
+    read_only_root_filesystem: bool = True
+    """An image that writes outside /tmp, the RAM disk and its mounts can opt out of the read-only root."""
+    suspend: bool | None = None
+    ("Created suspended (spec.suspend) and started later, e.g. once its dataset is uploaded. None: the caller's "
+     "default, which is suspended for the Jobs a stack deploys and running for `workloads.submit`.")
+    tolerations: list[TolerationSpec] = Field(default_factory=list)
+    """tolerations beside the GPU taint's, e.g. for a pool's own taints"""
+    goodput: GoodputSpec | None = None
+    ("What the goodput prediction (plan summary, `submit render`) uses instead of its assumptions: stepSeconds, "
+     "mtbfHours, restartSeconds. Not rendered: it changes no manifest.")
 
     @model_validator(mode="after")
     def _check(self) -> TrainingJobSpec:

@@ -34,17 +34,20 @@ class MixtureSourceSpec(_Spec):
     packed dataset in object storage, by `uri` or by `bucket` + `prefix` (a team's Job names its sources so, as its
     dataset), and its share of each epoch (one of weight, samples, repeat; none: weight 1)."""
 
-    uri: str | None = Field(default=None, description="s3://bucket/prefix of the packed dataset")
-    bucket: DnsLabel | None = Field(
-        default=None,
-        description="instead of uri: one of the stack's buckets by its logical name (storage.buckets or "
-                    "storage.cos.buckets)",
-    )
-    prefix: ObjectPrefix = Field(default="", description="with bucket: the key prefix of the packed dataset in it")
-    weight: float | None = Field(default=None, gt=0, description="its share, in proportion to the other weights")
-    samples: int | None = Field(default=None, ge=1, description="a fixed number of its samples per epoch")
-    repeat: float | None = Field(default=None, gt=0, description="its samples per epoch as a multiple of its size")
-    cap: int | None = Field(default=None, ge=1, description="at most this many of its samples per epoch")
+    uri: str | None = None
+    """s3://bucket/prefix of the packed dataset"""
+    bucket: DnsLabel | None = None
+    """instead of uri: one of the stack's buckets by its logical name (storage.buckets or storage.cos.buckets)"""
+    prefix: ObjectPrefix = ""
+    """with bucket: the key prefix of the packed dataset in it"""
+    weight: float | None = Field(default=None, gt=0)
+    """its share, in proportion to the other weights"""
+    samples: int | None = Field(default=None, ge=1)
+    """a fixed number of its samples per epoch"""
+    repeat: float | None = Field(default=None, gt=0)
+    """its samples per epoch as a multiple of its size"""
+    cap: int | None = Field(default=None, ge=1)
+    """at most this many of its samples per epoch"""
 
     @model_validator(mode="after")
     def _check(self) -> MixtureSourceSpec:
@@ -75,48 +78,31 @@ class DatasetSpec(_Spec):
     sample holds all of them).
     """
 
-    uri: str | None = Field(
-        default=None,
-        description="s3://bucket/prefix of the packed dataset (S3, or the stack's S3-compatible store)",
-    )
-    bucket: DnsLabel | None = Field(
-        default=None,
-        description="one of the stack's buckets by its logical name (storage.buckets or storage.cos.buckets)",
-    )
-    prefix: ObjectPrefix = Field(default="", description="with bucket: the key prefix of the packed dataset in it")
-    claim_name: DnsSubdomain | None = Field(
-        default=None,
-        description="a PersistentVolumeClaim in the Job's namespace holding the dataset",
-    )
-    sub_path: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*/?$",
-        description=("with claimName: the directory inside the claim that holds the dataset (a volume subPath), e.g. "
-                     "datasets/imagenet-hdf5 on the FSx for Lustre claim; default: the claim's root"),
-    )
-    mount_path: AbsolutePath = Field(
-        default="/data",
-        description="where the training container finds the dataset (DATA_DIR)",
-    )
-    staging: Staging = Field(
-        default="none",
-        description=("none: read the claim in place; copy: stage everything onto NVMe before training; cache: a "
-                     "sidecar stager fetches shards onto NVMe while training, within stagedSize; rolling: the same as "
-                     "cache, kept for older Jobs"),
-    )
-    staged_size: PositiveQuantity | None = Field(
-        default=None,
-        description="what staging keeps on the node's NVMe: the dataset's size for copy, the cache's budget for cache",
-    )
-    decoded_size: PositiveQuantity | None = Field(
-        default=None,
-        description="with staging: room on the NVMe for decoded samples of an encoded dataset (the decode cache)",
-    )
-    stager_workers: int = Field(default=16, ge=1, le=256, description="parallel ranged GETs of the stager")
-    mixture: list[MixtureSourceSpec] | None = Field(
-        default=None, min_length=2,
-        description=("instead of one source: packed datasets read as a mixture (MixedData.from_env), staged by one "
-                     "stager into mountPath/0, /1, ... within one stagedSize"),
-    )
+    uri: str | None = None
+    """s3://bucket/prefix of the packed dataset (S3, or the stack's S3-compatible store)"""
+    bucket: DnsLabel | None = None
+    """one of the stack's buckets by its logical name (storage.buckets or storage.cos.buckets)"""
+    prefix: ObjectPrefix = ""
+    """with bucket: the key prefix of the packed dataset in it"""
+    claim_name: DnsSubdomain | None = None
+    """a PersistentVolumeClaim in the Job's namespace holding the dataset"""
+    sub_path: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*/?$")
+    ("with claimName: the directory inside the claim that holds the dataset (a volume subPath), e.g. "
+     "datasets/imagenet-hdf5 on the FSx for Lustre claim; default: the claim's root")
+    mount_path: AbsolutePath = "/data"
+    """where the training container finds the dataset (DATA_DIR)"""
+    staging: Staging = "none"
+    ("none: read the claim in place; copy: stage everything onto NVMe before training; cache: a sidecar stager "
+     "fetches shards onto NVMe while training, within stagedSize; rolling: the same as cache, kept for older Jobs")
+    staged_size: PositiveQuantity | None = None
+    """what staging keeps on the node's NVMe: the dataset's size for copy, the cache's budget for cache"""
+    decoded_size: PositiveQuantity | None = None
+    """with staging: room on the NVMe for decoded samples of an encoded dataset (the decode cache)"""
+    stager_workers: int = Field(default=16, ge=1, le=256)
+    """parallel ranged GETs of the stager"""
+    mixture: list[MixtureSourceSpec] | None = Field(default=None, min_length=2)
+    ("instead of one source: packed datasets read as a mixture (MixedData.from_env), staged by one stager into "
+     "mountPath/0, /1, ... within one stagedSize")
 
     @model_validator(mode="after")
     def _check(self) -> DatasetSpec:
@@ -172,41 +158,29 @@ class CheckpointSpec(_Spec):
     Not a Mountpoint S3 volume: it cannot rename, which breaks write-then-rename checkpointing.
     """
 
-    uri: str | None = Field(
-        default=None,
-        description="s3://bucket/prefix the trainer uploads checkpoints to and resumes from",
-    )
-    bucket: DnsLabel | None = Field(
-        default=None,
-        description="one of the stack's buckets by its logical name (storage.buckets or storage.cos.buckets)",
-    )
-    prefix: ObjectPrefix = Field(default="", description="with bucket: the key prefix for this run's checkpoints")
-    claim_name: DnsSubdomain | None = Field(
-        default=None,
-        description="a PersistentVolumeClaim for checkpoints (EFS: rename works), mounted read-write",
-    )
-    mount_path: AbsolutePath = Field(default="/checkpoints", description="where a claim is mounted (CHECKPOINT_DIR)")
-    size: PositiveQuantity = Field(
-        default=DEFAULT_CHECKPOINT_SIZE,
-        description=("The checkpoint's size, and how fast it is written (bytes per second; the trainer's "
-                     "\"checkpoint\" events report bytes and seconds): they size terminationGracePeriodSeconds."),
-    )
-    write_rate: PositiveQuantity = Field(
-        default=DEFAULT_CHECKPOINT_WRITE_RATE,
-        description=("how fast a checkpoint is written, per second; with size it sizes terminationGracePeriodSeconds. "
-                     "On a claim of the stack's FSx for Lustre: default the file system's share (its throughput over "
-                     "the Job's writers at once), and never more than that share"),
-    )
-    sharded: bool = Field(
-        default=False,
-        description="every rank saves its own shards (workloads.train.sharded: size / ranks each) to the node's local "
-                    "tier, then each node copies its shards to uri or bucket at writeRate",
-    )
-    local_write_rate: PositiveQuantity | None = Field(
-        default=None,
-        description="sharded: the local tier's measured write rate per node, per second (scripts/bench_checkpoint.py "
-                    "local MiB/s); default writeRate",
-    )
+    uri: str | None = None
+    """s3://bucket/prefix the trainer uploads checkpoints to and resumes from"""
+    bucket: DnsLabel | None = None
+    """one of the stack's buckets by its logical name (storage.buckets or storage.cos.buckets)"""
+    prefix: ObjectPrefix = ""
+    """with bucket: the key prefix for this run's checkpoints"""
+    claim_name: DnsSubdomain | None = None
+    """a PersistentVolumeClaim for checkpoints (EFS: rename works), mounted read-write"""
+    mount_path: AbsolutePath = "/checkpoints"
+    """where a claim is mounted (CHECKPOINT_DIR)"""
+    size: PositiveQuantity = DEFAULT_CHECKPOINT_SIZE
+    ("The checkpoint's size, and how fast it is written (bytes per second; the trainer's "
+     "\"checkpoint\" events report bytes and seconds): they size terminationGracePeriodSeconds.")
+    write_rate: PositiveQuantity = DEFAULT_CHECKPOINT_WRITE_RATE
+    ("how fast a checkpoint is written, per second; with size it sizes terminationGracePeriodSeconds. On a claim of "
+     "the stack's FSx for Lustre: default the file system's share (its throughput over the Job's writers at once), "
+     "and never more than that share")
+    sharded: bool = False
+    ("every rank saves its own shards (workloads.train.sharded: size / ranks each) to the node's local tier, then "
+     "each node copies its shards to uri or bucket at writeRate")
+    local_write_rate: PositiveQuantity | None = None
+    ("sharded: the local tier's measured write rate per node, per second (scripts/bench_checkpoint.py local MiB/s); "
+     "default writeRate")
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:

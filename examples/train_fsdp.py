@@ -30,7 +30,7 @@ import os
 import sys
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -168,6 +168,7 @@ def main() -> int:
     if resumed is not None:
         step = resumed.step
         data.load_state_dict(resumed.meta["data"])
+    saved_step = step if resumed is not None else None  # the newest step a save was started for
     report = _reporter(placement.rank)
     steps = StepReport()  # each step's time, data wait and save stall: measured goodput (docs/monitoring.md)
 
@@ -183,7 +184,8 @@ def main() -> int:
         for epoch in range(data.start_epoch, args.epochs):
             started, sequences, loss_sum, batches = time.perf_counter(), 0, 0.0, 0
             for batch in steps.timed(data.batches(epoch, last_epoch=epoch == args.epochs - 1), epoch):
-                tokens = batch["tokens"].to(device, dtype=torch.int64)
+                # a records dataset's batch is a dict of its fields (PackedData.batches is typed for images)
+                tokens = cast("dict[str, torch.Tensor]", batch)["tokens"].to(device, dtype=torch.int64)
                 logits = model(tokens[:, :-1])
                 loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
                 optimizer.zero_grad(set_to_none=True)
@@ -204,11 +206,15 @@ def main() -> int:
                     else:
                         with steps.saving(step):  # the "checkpoint" event: the loop's stall (staging)
                             ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
+                        saved_step = step
             report("epoch", epoch=epoch, sequences=sequences * placement.world_size,
                    loss=round(loss_sum / max(1, batches), 4), seconds=round(time.perf_counter() - started, 2))
-    with steps.saving(step):
-        ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": args.epochs})
-    last = ckpt.wait()
+    # the last step had its periodic save (or was resumed from): wait for it, and save again only if it failed
+    last = ckpt.wait() if saved_step == step else None
+    if last is None or not last.complete:
+        with steps.saving(step):
+            ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": args.epochs})
+        last = ckpt.wait()
     report("done", step=step, complete=bool(last and last.complete))
     return 0
 

@@ -54,10 +54,9 @@ def test_fsdp_example_stops_with_a_sharded_checkpoint_and_resumes_on_another_wor
     assert (tmp_path / "efs" / final / "checkpoint.json").exists()
 
 
-def test_fsdp_example_reports_its_steps_and_saves_for_measured_goodput(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """One process, in this one (no torchrun): the step events measured goodput reads (benchmarks/chaos_goodput.py:
-    "batch" with data and compute time, "checkpoint" with the loop's stall), a skip no "checkpoint" event."""
+def _one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                 args: list[str]) -> list[dict]:
+    """The example in this process, one rank (no torchrun), on 10 sequences of 17 tokens, 2 a step: its events."""
     import runpy
 
     src = tmp_path / "corpus"
@@ -70,11 +69,17 @@ def test_fsdp_example_reports_its_steps_and_saves_for_measured_goodput(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "argv", ["train_fsdp.py", "--data", str(data), "--vocab-size", "64", "--dim", "16",
                                       "--layers", "1", "--heads", "2", "--global-batch-size", "2", "--epochs", "1",
-                                      "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
-                                      "--max-steps", "4"])
+                                      "--checkpoint-dir", str(tmp_path / "ckpt"), *args])
     example = runpy.run_path(str(REPO / "examples" / "train_fsdp.py"), run_name="train_fsdp")
     assert example["main"]() == 0
-    events = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+
+
+def test_fsdp_example_reports_its_steps_and_saves_for_measured_goodput(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One process, in this one (no torchrun): the step events measured goodput reads (benchmarks/chaos_goodput.py:
+    "batch" with data and compute time, "checkpoint" with the loop's stall), a skip no "checkpoint" event."""
+    events = _one_process(tmp_path, monkeypatch, capsys, ["--checkpoint-every", "2", "--max-steps", "4"])
     batches = [event for event in events if event["event"] == "batch"]
     assert [event["step"] for event in batches] == [1, 2, 3, 4]
     assert all(event["data_time"] >= 0 and event["compute_time"] > 0 and event["samples"] == 2 for event in batches)
@@ -83,3 +88,25 @@ def test_fsdp_example_reports_its_steps_and_saves_for_measured_goodput(
     assert sorted([event["step"] for event in saves] + skipped) == [2, 4]  # every 2 steps; step 4 is the stop's
     assert 4 in [event["step"] for event in saves] and all(event["stall_seconds"] >= 0 for event in saves)
     assert events[-1] == {"event": "stopped", "step": 4, "complete": True}
+
+
+def test_fsdp_example_saves_a_last_step_that_was_a_checkpoint_step_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run's last step (5: 10 sequences, 2 a step) is also a --checkpoint-every step: its periodic save is the
+    run's last checkpoint, waited for at the end, not followed by a second save of the same step."""
+    events = _one_process(tmp_path, monkeypatch, capsys, ["--checkpoint-every", "5"])
+    assert [event["step"] for event in events if event["event"] == "batch"] == [1, 2, 3, 4, 5]
+    assert [event["step"] for event in events if event["event"] == "checkpoint"] == [5]
+    assert events[-1] == {"event": "done", "step": 5, "complete": True}
+    assert [path.name for path in (tmp_path / "ckpt").iterdir() if path.name.startswith("step-")] == [
+        "step-000000005"]
+    assert (tmp_path / "ckpt" / "step-000000005" / "checkpoint.json").exists()
+
+
+def test_fsdp_example_saves_its_last_step_at_the_end_when_no_periodic_save_had_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    events = _one_process(tmp_path, monkeypatch, capsys, ["--checkpoint-every", "4"])
+    saves = [event["step"] for event in events if event["event"] == "checkpoint"]
+    skipped = [event["step"] for event in events if event["event"] == "checkpoint_skipped"]
+    assert saves[-1] == 5 and sorted(saves + skipped) == [4, 5]  # step 4's save (or its skip), then the end's
+    assert events[-1] == {"event": "done", "step": 5, "complete": True}

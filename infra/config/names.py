@@ -289,6 +289,12 @@ def _tenant_names(n: _Naming, index: int, team: TeamConfig) -> Iterator[DerivedN
     if team.volume is not None and team.volume_name is not None:
         yield DerivedName("kubernetes", "PersistentVolume", "", team.volume_name, f"{where}.volume.claim")
         yield DerivedName("kubernetes", "PersistentVolumeClaim", team_ns, team.volume.claim, f"{where}.volume.claim")
+    fsx = n.cfg.storage.fsx_lustre
+    if n.eks and fsx is not None and fsx.team_directories and team.checkpoints:
+        # Its FSx for Lustre directory (stackcheck.fsx_team_associations): a static PV and the claim in its namespace.
+        path = f"{CONFIG}storage.fsxLustre.claimName"
+        yield DerivedName("kubernetes", "PersistentVolume", "", static_volume_name(team_ns, fsx.claim_name), path)
+        yield DerivedName("kubernetes", "PersistentVolumeClaim", team_ns, fsx.claim_name, path)
     if n.eks:
         yield DerivedName("iam", "role", "", f"{n.prefix}-team-{team.name}", f"{where}.name")
 

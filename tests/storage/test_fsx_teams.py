@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from infra.config.names import check_derived_names, derived_names
 from infra.config.stackcheck import fsx_team_associations, fsx_team_claims, fsx_zone_problems
 from infra.tenancy import team_facts
 from tests.conftest import resources_of, stack_values
@@ -91,3 +92,21 @@ def test_a_team_efs_claim_named_like_the_fsx_claim_is_refused_naming_both() -> N
                 if where.endswith("volume.claim")]
     assert team_facts(_config(renamed).kueue, fsx_team_claims(_config(renamed)))["vision"].volume_claims == (
         "home", "fsx-lustre")
+
+
+def test_the_teams_fsx_volumes_are_derived_names_and_a_clash_with_them_is_one_line() -> None:
+    """derived_names lists each team directory's PV and claim (what `up` creates, as the slow plan test shows), so
+    the duplicate-name check sees them: team `language` in namespace `team` with an EFS claim `vision-fsx-lustre`
+    gets the PV `team-vision-fsx-lustre`, the very name of team vision's FSx PV."""
+    names = {(d.kind, d.namespace, d.name): d.path for d in derived_names(_config(TEAMS), "prod")}
+    for team in ("vision", "language"):
+        assert names[("PersistentVolume", "", f"team-{team}-fsx-lustre")] == "ml-cluster:storage.fsxLustre.claimName"
+        assert ("PersistentVolumeClaim", f"team-{team}", "fsx-lustre") in names
+    without = [{**TEAMS[0], "checkpoints": []}, TEAMS[1]]  # no checkpoints prefix: no directory, no volume
+    assert ("PersistentVolume", "", "team-vision-fsx-lustre") not in {
+        (d.kind, d.namespace, d.name) for d in derived_names(_config(without), "prod")}
+    volume = {"uid": 20002, "gid": 20002, "claim": "vision-fsx-lustre", "size": "1Ti"}
+    clash = [TEAMS[0], {**TEAMS[1], "namespace": "team", "volume": volume}]
+    assert check_derived_names(derived_names(_config(clash), "prod"), "prod") == [
+        ("ml-cluster:storage.fsxLustre.claimName", "PersistentVolume 'team-vision-fsx-lustre' is also the name given "
+         "by ml-cluster:kueue.teams[1].volume.claim: two resources cannot share one name")]

@@ -14,25 +14,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.train.heldtier import HeldTier
 from workloads.train.sharded import ShardedCheckpointer, TrainingState
 from workloads.train.tiers import MANIFEST, DirectoryTier, step_dir_name
 
 pytestmark = pytest.mark.skipif(dist.is_available() and dist.is_initialized(),
                                 reason="needs a process without a process group")
-
-
-class HeldTier(DirectoryTier):
-    """A directory tier whose copy of each file waits until `release` is set (a slow upload)."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.release = threading.Event()
-        self.copying = threading.Event()
-
-    def put(self, local: Path, step: int, name: str) -> None:
-        self.copying.set()
-        assert self.release.wait(60), "the test never released the copy"
-        super().put(local, step, name)
 
 
 def _state() -> TrainingState:

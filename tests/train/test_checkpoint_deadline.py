@@ -5,7 +5,6 @@ longer than what is left of its grace period, and a save that never finished exi
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,23 +13,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.train.heldtier import HeldTier
 from workloads.train.sharded import ShardedCheckpointer, TrainingState
-from workloads.train.tiers import CheckpointTimeout, DirectoryTier
+from workloads.train.tiers import CheckpointTimeout
 
 pytestmark = pytest.mark.skipif(dist.is_available() and dist.is_initialized(),
                                 reason="needs a process without a process group")
-
-
-class StuckTier(DirectoryTier):
-    """A directory tier whose copy hangs until `release` is set (a store that stopped answering)."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.release = threading.Event()
-
-    def put(self, local: Path, step: int, name: str) -> None:
-        assert self.release.wait(60), "the test never released the copy"
-        super().put(local, step, name)
 
 
 def _state() -> TrainingState:
@@ -39,7 +27,7 @@ def _state() -> TrainingState:
 
 
 def test_a_save_that_never_finishes_ends_the_wait_at_its_deadline(tmp_path: Path) -> None:
-    tier = StuckTier(tmp_path / "remote")
+    tier = HeldTier(tmp_path / "remote")
     ckpt = ShardedCheckpointer(tmp_path / "local", tier, log=lambda line: None, timeout_s=0.3)
     try:
         report = ckpt.save(_state(), 5, meta={})

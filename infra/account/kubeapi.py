@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from workloads.noredirect import NoRedirect
+
 MAX_ANSWER_BYTES = 256 << 20  # a list of every Helm release record of a busy cluster stays well under this
 PAGE = 500  # items per list call (the API server's `limit`, continued with `continue`)
 TOKEN_PREFIX = "k8s-aws-v1."
@@ -37,13 +39,6 @@ class KubeApiError(Exception):
     def __init__(self, status: int | None, why: str, tls: bool = False):
         self.status, self.why, self.tls = status, why, tls
         super().__init__(why)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A 3xx comes back as the HTTPError it is: the bearer token is never sent on to the Location."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
 
 def _loopback(host: str) -> bool:
@@ -71,7 +66,7 @@ class KubeApi:
         parts = urlsplit(self.url)
         if parts.scheme != "https":
             if parts.scheme == "http" and _loopback(parts.hostname or ""):
-                return urllib.request.build_opener(_NoRedirect)
+                return urllib.request.build_opener(NoRedirect)
             raise KubeApiError(None, f"{self._where()}: not https://: the bearer token goes only over TLS")
         if not self.ca_data:
             context = ssl.create_default_context()
@@ -82,7 +77,7 @@ class KubeApi:
                 why = " ".join(str(exc).split())
                 raise KubeApiError(None, f"{self._where()}: its certificate authority (certificateAuthority.data) "
                                          f"is not a base64 PEM certificate ({why})", tls=True) from None
-        return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _NoRedirect)
+        return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), NoRedirect)
 
     def get(self, path: str, query: dict[str, str] | None = None) -> dict[str, Any]:
         address = self.url.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")

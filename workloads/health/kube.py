@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from workloads.noredirect import NoRedirect
+
 ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 MAX_NODE_BYTES = 4 * 1024 * 1024
 REQUEST_TIMEOUT = 30.0
@@ -26,13 +28,6 @@ class KubeError(RuntimeError):
     def __init__(self, status: int | None, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A 3xx comes back as the HTTPError it is: urllib would send the Authorization header on to the Location."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
 
 
 class InCluster:
@@ -46,7 +41,7 @@ class InCluster:
         self.account = account
         context = ssl.create_default_context(cafile=str(account / "ca.crt")) if host.startswith("https") else None
         self.opener = urllib.request.build_opener(*([urllib.request.HTTPSHandler(context=context)] if context else []),
-                                                  _NoRedirect)
+                                                  NoRedirect)
 
     def _request(self, method: str, path: str, body: bytes | None = None,
                  content_type: str | None = None) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from typing import Any
 
 import boto3
 import pytest
-import requests
 import yaml
 
 from infra.account.preflight import (
@@ -36,6 +35,7 @@ from infra.plan.engine import STACKS_DIR
 from scripts import preflight as preflight_cli
 from tests.awsstub import AwsStub
 from tests.moto_server import moto_server
+from tests.moto_server import reset as reset_moto
 
 MOTO_ACCOUNT = "123456789012"  # moto's default account
 QUOTA_TARGET = "ServiceQuotasV20190624.GetServiceQuota"
@@ -88,7 +88,7 @@ VERSIONS = {"1.31": "EXTENDED_SUPPORT", "1.32": "STANDARD_SUPPORT", "1.33": "STA
 @pytest.fixture
 def world(moto_url: str, stub_server: AwsStub, monkeypatch: pytest.MonkeyPatch) -> AwsStub:
     """Clean moto state, a stub answering good quotas and versions, credentials and endpoints in the environment."""
-    requests.post(f"{moto_url}/moto-api/reset", timeout=10)
+    reset_moto(moto_url)
     for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                        ("AWS_DEFAULT_REGION", "us-west-2"), ("AWS_ENDPOINT_URL", moto_url),
                        ("AWS_ENDPOINT_URL_SERVICE_QUOTAS", stub_server.url),

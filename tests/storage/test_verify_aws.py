@@ -11,12 +11,12 @@ from typing import Any
 
 import boto3
 import pytest
-import requests
 from botocore.exceptions import ClientError
 
 from infra.storage.verify import aws_checks
 from scripts.verify_stack import main as verify_main
 from tests.moto_server import moto_server
+from tests.moto_server import reset as reset_moto
 
 REGION = "us-east-1"
 
@@ -33,7 +33,7 @@ def aws(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     for key, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
                        ("AWS_SESSION_TOKEN", "testing"), ("AWS_DEFAULT_REGION", REGION)):
         monkeypatch.setenv(key, value)
-    requests.post(f"{moto_url}/moto-api/reset", timeout=10)
+    reset_moto(moto_url)
 
     def client(service: str) -> Any:
         return boto3.client(service, region_name=REGION, endpoint_url=moto_url)

@@ -49,6 +49,7 @@ class Step:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
         self.criterion = nn.CrossEntropyLoss()
         self.crop = crop
+        self.num_classes = num_classes
         self.device = device
         self.generator = torch.Generator().manual_seed(0)
         self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -72,7 +73,7 @@ def _sync(device: torch.device) -> None:
 def synthetic_rate(step: Step, batch: int, size: int, steps: int, warmup: int) -> float:
     device = step.device
     images = torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, device=device)
-    labels = torch.randint(0, 10, (batch,), device=device)
+    labels = torch.randint(0, step.num_classes, (batch,), device=device)  # the dataset's classes, as the loader's
     for _ in range(warmup):
         step(images, labels)
     _sync(device)

@@ -92,7 +92,14 @@ from workloads.data.reading.records_dataset import RecordsDataset, pad_sequences
 from workloads.data.reading.sampler import ElasticBatchSampler
 from workloads.data.reading.transforms import random_resized_crop_flip_normalize
 from workloads.data.reading.workers import ignore_stop_signals
-from workloads.data.stager_process import StagerProcess, stager_exit, stager_tail, start_stager, stop_stager
+from workloads.data.stager_process import (
+    StagerProcess,
+    stager_exit,
+    stager_tail,
+    start_stager,
+    stop_stager,  # noqa: F401  (importable from here, as before)
+    stopped_on_error,
+)
 from workloads.safeio import StateFileError
 from workloads.torchenv import torchrun_env
 from workloads.train.steps import StepReport
@@ -344,7 +351,7 @@ class PackedData(EpochBatches):
         stager = None
         if remote is not None and placement.local_rank == 0:
             stager = start_stager(remote, root, endpoint_url, budget_bytes, stager_workers)
-        try:
+        with stopped_on_error(stager):
             if wait_for_data_s is None:
                 sidecar = is_cached(root) or (os.environ.get("DATA_STAGING") == "cache"
                                               and os.environ.get("DATA_DIR") == str(path))
@@ -364,10 +371,6 @@ class PackedData(EpochBatches):
                                    shuffle_shards=shuffle_shards, block_size=block_size,
                                    canonical_nodes=canonical_nodes, min_rank_batch=min_rank_batch)
             feeder = make_feeder(dataset, sampler, placement)
-        except BaseException:
-            if stager is not None:
-                stop_stager(stager, timeout_s=0)
-            raise
         return cls(dataset=dataset, sampler=sampler, placement=placement, feeder=feeder, _stager=stager)
 
     @classmethod

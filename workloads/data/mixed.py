@@ -49,7 +49,6 @@ from workloads.data.api import (
     open_dataset,
     stager_tail,
     start_stager,
-    stop_stager,
 )
 from workloads.data.epochs import EpochBatches, settled_loader
 from workloads.data.format.manifest import MANIFEST_NAME
@@ -63,6 +62,7 @@ from workloads.data.reading.dataset import (
 )
 from workloads.data.reading.mixture import MixtureBatchSampler, MixtureShare
 from workloads.data.reading.records_dataset import RecordsDataset, records_to_tensors
+from workloads.data.stager_process import stopped_on_error
 from workloads.safeio import StateFileError
 
 SOURCE_FIELD = "source"
@@ -262,7 +262,7 @@ class MixedData(EpochBatches):
         if staged and stager and placement.local_rank == 0:
             assert staging is not None
             process = start_stager([str(r) for r in remotes], staging, endpoint_url, budget_bytes, stager_workers)
-        try:
+        with stopped_on_error(process):
             if staging is not None:
                 _wait_for_sources(staging, len(sources), wait_for_data_s, process)
             roots = ([source_dir(staging, k) for k in range(len(sources))] if staging is not None
@@ -287,10 +287,6 @@ class MixedData(EpochBatches):
                 sizes = [shard.bytes for d in datasets for shard in d.manifest.shards]
                 feeder = CacheFeeder(CacheReader(staging, heartbeat_timeout_s=stager_timeout_s), names, sizes,
                                      sampler)
-        except BaseException:
-            if process is not None:
-                stop_stager(process, timeout_s=0)
-            raise
         return cls(dataset=mixture, sampler=sampler, placement=placement, feeder=feeder, _stager=process)
 
     @classmethod

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +58,18 @@ def stager_tail(stager: StagerProcess | None) -> str:
         if lines:
             return f" (stager: {lines[-1]})"
     return ""
+
+
+@contextlib.contextmanager
+def stopped_on_error(stager: StagerProcess | None) -> Iterator[None]:
+    """Opening the data this stager serves: when it fails, stop the stager at once (nothing runs on behind the
+    error) and raise."""
+    try:
+        yield
+    except BaseException:
+        if stager is not None:
+            stop_stager(stager, timeout_s=0)
+        raise
 
 
 def stop_stager(stager: StagerProcess, timeout_s: float) -> str | None:

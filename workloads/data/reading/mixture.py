@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from workloads.data.reading.sampler import ElasticBatchSampler
+from workloads.data.reading.sampler import ElasticBatchSampler, SpanOrder, check_saved_order
 
 STATE_VERSION = 1
 STATE_KIND = "mixture"
@@ -117,16 +117,6 @@ def epoch_counts(sizes: Sequence[int], shares: Sequence[MixtureShare], epoch_sam
 
 
 @dataclass(frozen=True)
-class MixtureOrder:
-    """What fixes the mixture's order besides the sizes and shares (the global batch only fixes how it is cut)."""
-
-    seed: int = 0
-    shuffle: bool = True
-    shuffle_shards: int = 4
-    block_size: int = 1
-
-
-@dataclass(frozen=True)
 class _Step:
     batch: np.ndarray  # global sample indices, in order
     sources: np.ndarray  # the source of each
@@ -198,7 +188,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
         local = local_world_size or world_size
         if local <= 0 or world_size % local:
             raise ValueError(f"local_world_size: {local} does not divide the world size {world_size}")
-        self.order = MixtureOrder(seed=seed, shuffle=shuffle, shuffle_shards=shuffle_shards, block_size=block_size)
+        self.order = SpanOrder(seed=seed, shuffle=shuffle, shuffle_shards=shuffle_shards, block_size=block_size)
         # One single-stream sampler per source gives that source's pass orders (it checks the shard sizes).
         self.sources = [ElasticBatchSampler(sizes, 1, seed=_source_seed(seed, k), shuffle=shuffle,
                                             shuffle_shards=shuffle_shards, block_size=block_size)
@@ -326,12 +316,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
         if state.get("sources") != expected:
             raise ValueError(f"sources: the saved position was taken with sources {state.get('sources')!r}, this "
                              f"mixture has {expected}; the remaining samples would differ")
-        saved = state.get("order")
-        for name, now in asdict(self.order).items():
-            if not isinstance(saved, dict) or saved.get(name) != now:
-                raise ValueError(f"{name}: the saved position was taken with {name} "
-                                 f"{saved.get(name) if isinstance(saved, dict) else None!r}, this sampler has "
-                                 f"{now!r}; the remaining samples would differ")
+        check_saved_order(state.get("order"), self.order)
         epoch, consumed, plan = state.get("epoch"), state.get("consumed"), state.get("plan")
         consumed_list: list[int] = consumed if isinstance(consumed, list) else []
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:

@@ -39,14 +39,32 @@ STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class OrderConfig:
-    """What fixes an epoch's order (besides the global batch size, which only changes how it is stepped)."""
+class SpanOrder:
+    """What fixes the order within a stream: the seed, and how its spans of shards are shuffled (a mixture's
+    sources each read one stream in such an order)."""
 
     seed: int = 0
     shuffle: bool = True
     shuffle_shards: int = 4
     block_size: int = 1
+
+
+@dataclass(frozen=True)
+class OrderConfig(SpanOrder):
+    """What fixes an epoch's order (besides the global batch size, which only changes how it is stepped)."""
+
     canonical_nodes: int = 1
+
+
+def check_saved_order(saved: Any, order: SpanOrder) -> None:
+    """A saved position continues only with the order it was taken with: ValueError naming the first field that
+    differs."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"loader state: order must be a mapping, got {type(saved).__name__}")
+    for name, now in asdict(order).items():
+        if saved.get(name) != now:
+            raise ValueError(f"{name}: the saved position was taken with {name} {saved.get(name)!r}, "
+                             f"this sampler has {now!r}; the remaining samples would differ")
 
 
 @dataclass(frozen=True)
@@ -235,13 +253,7 @@ class ElasticBatchSampler(Sampler[list[int]]):
         if state.get("num_samples") != self.num_samples:
             raise ValueError(f"loader state: written for {state.get('num_samples')} samples, "
                              f"the dataset has {self.num_samples}")
-        saved = state.get("order")
-        if not isinstance(saved, dict):
-            raise ValueError(f"loader state: order must be a mapping, got {type(saved).__name__}")
-        for name, now in asdict(self.order).items():
-            if saved.get(name) != now:
-                raise ValueError(f"{name}: the saved position was taken with {name} {saved.get(name)!r}, "
-                                 f"this sampler has {now!r}; the remaining samples would differ")
+        check_saved_order(state.get("order"), self.order)
         offsets = state.get("offsets")
         epoch = state.get("epoch")
         if not isinstance(epoch, int) or epoch < 0:

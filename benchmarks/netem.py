@@ -9,7 +9,8 @@ Two proxies, each running its own asyncio loop in a background thread, started a
 
     FaultProxy(upstream_port, slowdown_every=3, drop_every=5, corrupt_every=0)
         An HTTP/1.1 proxy that counts GET requests and answers every n-th with 503 SlowDown (S3's throttling
-        error), drops every m-th connection part-way through the response body, and/or flips one body byte;
+        error; slowdown_status=500: 500 InternalError), drops every m-th connection part-way through the
+        response body, and/or flips one body byte;
         skip_first passes the first requests through untouched, max_faults caps the faults injected.
 
 Usage:
@@ -40,6 +41,11 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHUNK = 64 * 1024
 _SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
                   b"<Message>Please reduce your request rate.</Message><RequestId>netem</RequestId></Error>")
+# The answer a "slowdown" fault gives, by status: S3's throttling (503 SlowDown) or its 500 InternalError.
+_FAULT_ANSWERS = {503: (b"Slow Down", _SLOWDOWN_BODY),
+                  500: (b"Internal Server Error", b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError'
+                        b"</Code><Message>We encountered an internal error. Please try again.</Message>"
+                        b"<RequestId>netem</RequestId></Error>")}
 
 
 class _ThreadedProxy:
@@ -172,8 +178,9 @@ class FaultCounts:
 class FaultProxy(_ThreadedProxy):
     def __init__(self, upstream_port: int, slowdown_every: int = 0, drop_every: int = 0, corrupt_every: int = 0,
                  drop_after_bytes: int = 1024, methods: tuple[str, ...] = ("GET",), skip_first: int = 0,
-                 max_faults: int | None = None, upstream_host: str = LOCALHOST) -> None:
+                 max_faults: int | None = None, upstream_host: str = LOCALHOST, slowdown_status: int = 503) -> None:
         super().__init__(upstream_port, upstream_host)
+        self.slowdown_status = slowdown_status  # a key of _FAULT_ANSWERS
         self.slowdown_every = slowdown_every
         self.drop_every = drop_every
         self.corrupt_every = corrupt_every
@@ -198,8 +205,9 @@ class FaultProxy(_ThreadedProxy):
                 return
             fault = self._pick_fault(method)
             if fault == "slowdown":
-                writer.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
-                             b"Content-Length: %d\r\n\r\n" % len(_SLOWDOWN_BODY) + _SLOWDOWN_BODY)
+                reason, answer = _FAULT_ANSWERS[self.slowdown_status]
+                writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\n"
+                             b"Content-Length: %d\r\n\r\n" % (self.slowdown_status, reason, len(answer)) + answer)
                 await writer.drain()
                 continue
             if not await self._forward(_with_connection_close(head) + body, writer, fault, method == "HEAD"):

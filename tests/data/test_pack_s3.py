@@ -169,3 +169,68 @@ def test_cli_packs_a_bucket_prefix(tmp_path: Path, s3_url: str, bucket: str, cap
     code, _, err = cli(["pack", tmp_path / "src", tmp_path / "local", *COMMON, "--fetch-workers", "3"], capsys)
     assert (code, err) == (2, "error: --fetch-workers: only meaningful with an s3:// SRC\n")
     assert S3Uri(bucket, "imgs").key("x") == "imgs/x"
+
+
+def test_a_listing_that_answers_500_once_is_retried_and_packs(tmp_path: Path, s3_url: str, bucket: str,
+                                                             moto_port: int, capsys: pytest.CaptureFixture) -> None:
+    """The listing's first GET answers 500 InternalError, the next 200: pack tries it again, as it does every GET
+    (before: one line, exit 1, naming the InternalError)."""
+    from benchmarks.netem import FaultProxy
+
+    write_corpus(tmp_path / "src", per_class=2)
+    put_tree(s3_url, bucket, "imgs", tmp_path / "src")
+    with FaultProxy(moto_port, slowdown_every=1, max_faults=1, slowdown_status=500) as proxy:
+        code, out, err = cli(["pack", f"s3://{bucket}/imgs", tmp_path / "out", *COMMON, "--workers", "1",
+                              "--endpoint-url", proxy.url], capsys)
+    assert code == 0, err
+    assert proxy.counts.slowdowns == 1 and out.startswith("packed 4 samples in 1 shards")
+    code, _, err = cli(["pack", f"s3://{bucket}/imgs", tmp_path / "direct", *COMMON, "--workers", "1",
+                        "--endpoint-url", s3_url], capsys)
+    assert code == 0 and dataset(tmp_path / "out") == dataset(tmp_path / "direct"), err
+
+
+def test_a_listing_that_keeps_failing_gives_up_in_one_line(s3_url: str, bucket: str, moto_port: int) -> None:
+    from benchmarks.netem import FaultProxy
+    from workloads.data.moving.s3 import RetryPolicy, parse_s3_uri
+
+    with FaultProxy(moto_port, slowdown_every=1, slowdown_status=500) as proxy, \
+            pytest.raises(DataToolError) as failure:
+        S3Source(make_client(proxy.url, 4), parse_s3_uri(f"s3://{bucket}/imgs"),
+                 SourceOptions(retry=RetryPolicy(attempts=3, base_delay_s=0.01))).list_images()
+    assert str(failure.value) == f"s3://{bucket}/imgs: gave up after 3 attempts: InternalError"
+    assert failure.value.runtime and proxy.counts.slowdowns == 3
+
+
+class PagedClient:
+    """list_objects_v2 pages of a fixed listing, with a 500 on the first try of page 2 (what a client sees)."""
+
+    def __init__(self, pages: list[dict[str, object]]) -> None:
+        self.pages, self.calls, self.failed = pages, [], False
+
+    def list_objects_v2(self, **request: object) -> dict[str, object]:
+        from botocore.exceptions import ClientError
+
+        self.calls.append(request.get("ContinuationToken"))
+        index = 0 if "ContinuationToken" not in request else int(str(request["ContinuationToken"]).removeprefix("t"))
+        if index == 1 and not self.failed:
+            self.failed = True
+            raise ClientError({"Error": {"Code": "InternalError", "Message": "try again"},
+                               "ResponseMetadata": {"HTTPStatusCode": 500}}, "ListObjectsV2")
+        return self.pages[index]
+
+
+def test_every_page_of_the_listing_is_retried_and_a_truncated_page_without_a_token_is_one_line() -> None:
+    from workloads.data.moving.s3 import RetryPolicy, parse_s3_uri
+
+    options = SourceOptions(retry=RetryPolicy(attempts=2, base_delay_s=0.0))
+    pages: list[dict[str, object]] = [
+        {"Contents": [{"Key": "imgs/a/1.jpg", "Size": 3}], "IsTruncated": True, "NextContinuationToken": "t1"},
+        {"Contents": [{"Key": "imgs/b/2.jpg", "Size": 4}], "IsTruncated": False}]
+    client = PagedClient(pages)
+    listing = S3Source(client, parse_s3_uri("s3://b/imgs"), options).list_images()
+    assert listing.classes == ["a", "b"] and listing.sizes == {"a/1.jpg": 3, "b/2.jpg": 4}
+    assert client.calls == [None, "t1", "t1"]  # page 2 asked again with its token after the 500
+    pages[1] = {**pages[1], "IsTruncated": True}
+    with pytest.raises(DataToolError) as failure:
+        S3Source(PagedClient(pages), parse_s3_uri("s3://b/imgs"), options).list_images()
+    assert str(failure.value) == "s3://b/imgs: the listing is truncated but names no new continuation token"

@@ -8,9 +8,10 @@
     s3://bucket/path/list.jsonl   list's own directory (`path/`); a label is a class name, classes sorted by name
 
 The listing is paginated (list_objects_v2, 1,000 keys a page) and each object is fetched by GETs of at most
-`part_bytes` (ranged beyond that), each retried with backoff (workloads.data.moving.s3.with_retries) under the client's
-connect/read timeouts, many objects at once on a thread pool; the decoding runs on pack's process pool with the
-same per-image rules as a local pack (samples.decode_image). Relative paths in the listing (and so in the pack report)
+`part_bytes` (ranged beyond that); every page and every GET is retried with backoff on throttling, 5xx answers and
+dropped connections (workloads.data.moving.s3.with_retries) under the client's connect/read timeouts, many objects
+at once on a thread pool; the decoding runs on pack's process pool with the same per-image rules as a local pack
+(samples.decode_image). Relative paths in the listing (and so in the pack report)
 are `<class>/<...>/<file>` for class folders and the listed key for a file list, so a local tree and its copy in a
 bucket pack to the same shards and the same report.
 
@@ -33,7 +34,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from workloads.data.format.errors import DataToolError
-from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, describe, error_code, with_retries
+from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.data.writing.samples import Decoding, Sample, decode_fetched, worker_init
 from workloads.data.writing.text import SNIFF_BYTES, wide_encoding, wide_text_why
 
@@ -84,18 +85,27 @@ class S3Source:
         return f"{self.base}/{relpath}" if self.base else relpath
 
     def _objects(self, prefix: str) -> Iterator[tuple[str, int]]:
-        """(key, size) of every object below `prefix`, page by page."""
-        try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.uri.bucket, Prefix=prefix)
-            for page in pages:
-                for item in page.get("Contents", []):
-                    yield item["Key"], int(item["Size"])
-        except DataToolError:
-            raise
-        except Exception as exc:
-            if error_code(exc) in ("NoSuchBucket", "404", "NotFound"):
-                raise DataToolError(str(self.uri), "bucket does not exist") from exc
-            raise describe(str(self.uri), exc) from exc
+        """(key, size) of every object below `prefix`, page by page; each page's request retried with backoff
+        (throttling, 5xx, dropped connections) like every GET of the source."""
+        where, token = str(self.uri), None
+        while True:
+            extra: dict[str, str] = {"ContinuationToken": token} if token is not None else {}
+            try:
+                page = with_retries(functools.partial(self.client.list_objects_v2, Bucket=self.uri.bucket,
+                                                      Prefix=prefix, **extra), where, self.options.retry)
+            except DataToolError as exc:
+                if exc.why == "object not found":  # a 404 without the NoSuchBucket code
+                    raise DataToolError(where, "bucket does not exist") from None
+                raise
+            for item in page.get("Contents", []):
+                yield item["Key"], int(item["Size"])
+            following = page.get("NextContinuationToken")
+            if not page.get("IsTruncated"):
+                return
+            if not following or following == token:
+                raise DataToolError(where, "the listing is truncated but names no new continuation token",
+                                    runtime=True)
+            token = following
 
     def list_images(self) -> Listing:
         listing = self._list_file_list() if self.file_list else self._list_folders()

@@ -186,6 +186,17 @@ class Placement:
         return max(1, self.local_world_size * self.data_world_size // max(1, self.world_size))
 
 
+def check_stager_state(root: Path, where: Path) -> None:
+    """DataUnavailableError (naming `where`) when the stager serving ROOT wrote that it failed, or when its state
+    file cannot be read."""
+    try:
+        state = read_stager_state(root)
+    except StateFileError as exc:
+        raise DataUnavailableError(str(exc)) from exc
+    if state is not None and state.error:
+        raise DataUnavailableError(f"{where}: the stager failed: {state.error}")
+
+
 def wait_for_manifest(root: str | os.PathLike[str], timeout_s: float,
                       stager_timeout_s: float = HEARTBEAT_TIMEOUT_S,
                       notice_after_s: float = _NOTICE_AFTER_S,
@@ -208,12 +219,7 @@ def wait_for_manifest(root: str | os.PathLike[str], timeout_s: float,
         if gone is not None and not os.path.lexists(manifest):
             raise DataUnavailableError(f"{manifest}: not written: {gone}")
         if is_cached(root):
-            try:
-                state = read_stager_state(root)
-            except StateFileError as exc:
-                raise DataUnavailableError(str(exc)) from exc
-            if state is not None and state.error:
-                raise DataUnavailableError(f"{manifest}: the stager failed: {state.error}")
+            check_stager_state(root, manifest)
             age = heartbeat_age(root)
             if (waited if age is None else age) > stager_timeout_s:
                 raise DataUnavailableError(f"{manifest}: not written, and no stager is running (no heartbeat for "

@@ -46,13 +46,14 @@ from workloads.data.api import (
     LoaderSettings,
     Placement,
     StagerProcess,
+    check_stager_state,
     open_dataset,
     stager_tail,
     start_stager,
 )
 from workloads.data.epochs import EpochBatches, settled_loader
 from workloads.data.format.manifest import MANIFEST_NAME
-from workloads.data.moving.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheFeeder, CacheReader, read_stager_state
+from workloads.data.moving.cache import HEARTBEAT_TIMEOUT_S, SHARD_WAIT_S, CacheFeeder, CacheReader
 from workloads.data.moving.mixture_stage import SourceCache, source_dir
 from workloads.data.reading.dataset import (
     DatasetError,
@@ -63,7 +64,6 @@ from workloads.data.reading.dataset import (
 from workloads.data.reading.mixture import MixtureBatchSampler, MixtureShare
 from workloads.data.reading.records_dataset import RecordsDataset, records_to_tensors
 from workloads.data.stager_process import stopped_on_error
-from workloads.safeio import StateFileError
 
 SOURCE_FIELD = "source"
 
@@ -198,12 +198,7 @@ def _wait_for_sources(staging: Path, count: int, timeout_s: float, stager: Stage
     deadline = time.monotonic() + timeout_s
     manifests = [source_dir(staging, k) / MANIFEST_NAME for k in range(count)]
     while not all(os.path.lexists(path) for path in manifests):
-        try:
-            state = read_stager_state(staging)
-        except StateFileError as exc:
-            raise DataUnavailableError(str(exc)) from exc
-        if state is not None and state.error:
-            raise DataUnavailableError(f"{staging}: the stager failed: {state.error}")
+        check_stager_state(staging, staging)
         if stager is not None and stager.process.poll() not in (None, 0):
             raise DataUnavailableError(f"{staging}: the stager exited with {stager.process.returncode}"
                                        + stager_tail(stager))

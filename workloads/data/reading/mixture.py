@@ -38,7 +38,12 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from workloads.data.reading.sampler import ElasticBatchSampler, SpanOrder, check_saved_order
+from workloads.data.reading.sampler import (
+    ElasticBatchSampler,
+    SpanOrder,
+    check_saved_order,
+    checked_local_world_size,
+)
 
 STATE_VERSION = 1
 STATE_KIND = "mixture"
@@ -183,11 +188,7 @@ class MixtureBatchSampler(Sampler[list[int]]):
         for name, value in (("batch_size", batch_size), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank: {rank} not in [0, {world_size})")
-        local = local_world_size or world_size
-        if local <= 0 or world_size % local:
-            raise ValueError(f"local_world_size: {local} does not divide the world size {world_size}")
+        local = checked_local_world_size(rank, world_size, local_world_size)
         self.order = SpanOrder(seed=seed, shuffle=shuffle, shuffle_shards=shuffle_shards, block_size=block_size)
         # One single-stream sampler per source gives that source's pass orders (it checks the shard sizes).
         self.sources = [ElasticBatchSampler(sizes, 1, seed=_source_seed(seed, k), shuffle=shuffle,

@@ -56,6 +56,17 @@ class OrderConfig(SpanOrder):
     canonical_nodes: int = 1
 
 
+def checked_local_world_size(rank: int, world_size: int, local_world_size: int | None) -> int:
+    """The ranks per node (None: all on one), after checking that `rank` is one of `world_size` and that the
+    nodes' ranks divide it."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank: {rank} not in [0, {world_size})")
+    local = local_world_size or world_size
+    if local <= 0 or world_size % local:
+        raise ValueError(f"local_world_size: {local} does not divide the world size {world_size}")
+    return local
+
+
 def check_saved_order(saved: Any, order: SpanOrder) -> None:
     """A saved position continues only with the order it was taken with: ValueError naming the first field that
     differs."""
@@ -100,11 +111,7 @@ class ElasticBatchSampler(Sampler[list[int]]):
                             ("world_size", world_size)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank: {rank} not in [0, {world_size})")
-        local = local_world_size or world_size
-        if local <= 0 or world_size % local:
-            raise ValueError(f"local_world_size: {local} does not divide the world size {world_size}")
+        local = checked_local_world_size(rank, world_size, local_world_size)
         if not isinstance(min_rank_batch, int) or min_rank_batch <= 0:
             raise ValueError(f"min_rank_batch: must be a positive integer, got {min_rank_batch!r}")
         min_rank_batch = min(min_rank_batch, batch_size)

@@ -193,7 +193,8 @@ kubeconfig: ## write STACK's kubeconfig to ~/.kube/ml-STACK (after make up)
 # (make's own --dry-run only prints this recipe); KEEP=1 leaves the stack up.
 acceptance: setup-plan $(POLICY_VENV)/.deps ## the first-deploy acceptance kit on STACK (real account; DRY_RUN=1 prints the steps, KEEP=1 no destroy)
 	$(BIN)/python scripts/acceptance.py --stack '$(STACK)' $(if $(DRY_RUN),--dry-run) $(if $(KEEP),--keep) \
-	  $(if $(ALLREDUCE_FLOOR),--allreduce-floor '$(ALLREDUCE_FLOOR)') $(if $(GANG_SPEC),--gang-spec '$(GANG_SPEC)')
+	  $(if $(ALLREDUCE_FLOOR),--allreduce-floor '$(ALLREDUCE_FLOOR)') $(if $(GANG_SPEC),--gang-spec '$(GANG_SPEC)') \
+	  $(if $(GANG_DATASET),--gang-dataset '$(GANG_DATASET)')
 
 clean: ## remove the virtualenvs and caches
 	rm -rf $(VENV) $(POLICY_VENV) $(SCAN_VENV) $(BENCH_VENV) .tools .github/lint/node_modules .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -22,17 +22,30 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.acceptance.bundle import BundleError, check_bundle, schema_text  # noqa: E402
+from infra.acceptance.bundle import BundleError, BundleWriteError, check_bundle, schema_text  # noqa: E402
+from infra.acceptance.gang import (  # noqa: E402
+    GANG_FILE,
+    GangError,
+    checkpoint_claim,
+    dataset_problem,
+    dataset_sources,
+    default_gang_problems,
+    default_gang_spec,
+    fit_problem,
+    parse_gang,
+    s3_head,
+)
 from infra.acceptance.plan import (  # noqa: E402
+    GpuPool,
     Options,
     PlanError,
     Step,
     floor_warning,
-    gang_warning,
     gpu_pool,
     plan_lines,
     plan_steps,
@@ -42,7 +55,6 @@ from infra.config import ConfigError  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
 
 PYTHON = ".venv/bin/python"  # every command runs from the repository root, as make does
-DEFAULT_GANG_SPEC = "workloads/jobs/multi-node-ddp.yaml"
 
 
 class UsageError(Exception):
@@ -97,6 +109,22 @@ def _spec(path: str) -> dict:  # type: ignore[type-arg]
     return spec
 
 
+def _gang(args: Any, cfg: Any, options: Options, pool: GpuPool) -> tuple[dict[str, Any] | None, list[str], list[str]]:
+    """(the default gang's spec or None for --gang-spec, why the chaos step could not run, the dataset URIs to check
+    in S3 before a real run)."""
+    if args.gang_spec is None:
+        claim = checkpoint_claim([volume.name for volume in cfg.storage.shared_volumes])
+        gang = default_gang_spec(options, pool, claim, args.gang_dataset)
+        parse_gang(gang, "the default spec")  # the derived spec is a valid one
+        uris = [args.gang_dataset] if args.gang_dataset else []
+        return gang, default_gang_problems(pool, claim, args.gang_dataset, args.stack), uris
+    if args.gang_dataset is not None:
+        raise UsageError("--gang-dataset", "the default gang's dataset: a --gang-spec names its own")
+    spec = parse_gang(_spec(args.gang_spec), args.gang_spec)
+    uris, where = dataset_sources(spec)
+    return None, [line for line in (fit_problem(spec, pool.fits, args.stack), where) if line], uris
+
+
 def _project() -> str:
     """The Pulumi project's name (Pulumi.yaml): every resource's `project` tag (infra/stack.py)."""
     import yaml
@@ -111,8 +139,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the stack up: no destroy step (KEEP=1)")
     parser.add_argument("--allreduce-floor", type=float, metavar="GBPS",
                         help="the all-reduce floor for a type without a published one (default: the type's)")
-    parser.add_argument("--gang-spec", default=DEFAULT_GANG_SPEC,
-                        help="the chaos step's multi-node Job spec (its dataset in place)")
+    parser.add_argument("--gang-spec", help="the chaos step's multi-node Job spec, its dataset in S3 (default: the "
+                                             "bundled trainer on the stack's GPU pool, on --gang-dataset)")
+    parser.add_argument("--gang-dataset", metavar="S3_URI",
+                        help="the default gang's packed dataset, s3://bucket/prefix (GANG_DATASET=)")
     parser.add_argument("--evidence", default="evidence", help="where bundles are written")
     parser.add_argument("--check-bundle", metavar="DIR", help="check a bundle's summary.json and logs, and exit")
     parser.add_argument("--print-schema", action="store_true", help="print summary.json's JSON Schema, and exit")
@@ -139,11 +169,11 @@ def main(argv: list[str]) -> int:
     image_tag = _git("describe", "--tags", "--always", "--dirty").removeprefix("v")
     bundle = f"{args.evidence}/{args.stack}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     options = Options(stack=args.stack, python=PYTHON, bundle=bundle, image_tag=image_tag,
-                      gang_spec=args.gang_spec, allreduce_floor=args.allreduce_floor)
+                      gang_spec=args.gang_spec or f"{bundle}/{GANG_FILE}", allreduce_floor=args.allreduce_floor)
     pool = gpu_pool(cfg, _shape)
-    steps, files = plan_steps(options, cfg, pool), spec_files(options, pool)
-    problems = [line for line in [floor_warning(options, pool)] if line]
-    problems += [line for line in [gang_warning(_spec(args.gang_spec), pool.all_gpu_types, args.stack)] if line]
+    gang, gang_problems, dataset_uris = _gang(args, cfg, options, pool)
+    steps, files = plan_steps(options, cfg, pool), spec_files(options, pool, gang)
+    problems = [line for line in [floor_warning(options, pool)] if line] + gang_problems
     if dirty:
         problems.append("git: uncommitted changes: the image is pushed by tag (make push refuses a dirty tree) and "
                         "the bundle names a commit: commit first")
@@ -151,6 +181,8 @@ def main(argv: list[str]) -> int:
         print("\n".join(plan_lines(steps, files, bundle, [f"{line} (a real run stops here)" for line in problems],
                                     args.keep)))
         return 0
+    if not problems and dataset_uris:  # the one check that calls AWS, only when nothing else stops the run
+        problems += [line for line in [dataset_problem(dataset_uris, s3_head(str(cfg.region)))] if line]
     if problems:
         where, _, why = problems[0].partition(": ")
         raise UsageError(where, why)
@@ -167,9 +199,12 @@ def run(stack: str, cfg, steps: list[Step], files: dict[str, str], folder: Path,
         raise KeyboardInterrupt  # SIGTERM (a cancelled CI job) ends the running step like Ctrl-C: destroy still runs
 
     signal.signal(signal.SIGTERM, interrupt)
-    folder.mkdir(parents=True, exist_ok=False)
-    for name, text in files.items():
-        atomic_write_in(folder, name, text.encode(), create_dir=False)
+    try:
+        folder.mkdir(parents=True, exist_ok=False)
+        for name, text in files.items():
+            atomic_write_in(folder, name, text.encode(), create_dir=False)
+    except OSError as exc:
+        raise BundleWriteError.of(exc, folder) from None
     print(f"evidence bundle: {folder}/", flush=True)
     summary = Run(steps, folder, stack, commit, dirty, keep,
                   probes=real_probes(stack, cfg.region, PYTHON, _project()),
@@ -185,8 +220,11 @@ def entry(argv: list[str]) -> int:
         return main(argv)
     except UsageError as exc:
         print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
-    except (PlanError, BundleError) as exc:
+    except (PlanError, BundleError, GangError) as exc:
         print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
+    except BundleWriteError as exc:  # the run went on to destroy; what it wrote last is whole
+        print(f"error: {exc.where}: {exc.why}: the evidence bundle is incomplete (its summary.json is the last "
+              "one written whole)", file=sys.stderr)
     except ConfigError as exc:
         print("\n".join(exc.lines()), file=sys.stderr)
     return 2

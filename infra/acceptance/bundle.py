@@ -34,6 +34,19 @@ class BundleError(ValueError):
         self.where, self.why = where, why
 
 
+class BundleWriteError(Exception):
+    """A file of the bundle could not be written (a full disk, a lost mount): `where` names it. The summary on disk
+    is then the last one written whole."""
+
+    def __init__(self, where: str, why: str):
+        super().__init__(f"{where}: {why}")
+        self.where, self.why = where, why
+
+    @classmethod
+    def of(cls, exc: OSError, fallback: Path) -> BundleWriteError:
+        return cls(str(exc.filename or fallback), exc.strerror or str(exc))
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -84,6 +97,9 @@ class Summary(_Strict):
     failed_step: str | None = Field(description="the first step that failed (null when none did)")
     keep: bool = Field(description="KEEP=1: the stack was left up (no destroy)")
     steps: list[StepRecord] = Field(min_length=1)
+    bundle_error: str | None = Field(default=None, description="the first file of the bundle that could not be "
+                                     "written and why (a full disk): the run stopped there (destroy still ran once "
+                                     "up began) and failed")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -96,10 +112,11 @@ class Summary(_Strict):
         if (failed[0] if failed else None) != self.failed_step:
             raise ValueError(f"failed_step: {self.failed_step!r} but the first failed step is "
                              f"{failed[0] if failed else None!r}")
-        if self.result == "passed" and (failed or any(step.status == "not-run" for step in self.steps)):
-            raise ValueError("result: passed, but a step failed or did not run")
-        if self.result == "failed" and not failed:
-            raise ValueError("result: failed, but no step failed")
+        if self.result == "passed" and (failed or self.bundle_error
+                                        or any(step.status == "not-run" for step in self.steps)):
+            raise ValueError("result: passed, but a step failed or did not run, or the bundle was not written")
+        if self.result == "failed" and not failed and not self.bundle_error:
+            raise ValueError("result: failed, but no step failed and the bundle was written")
         if (self.result == "running") != (self.ended is None):
             raise ValueError("ended: null exactly while the result is running")
         return self

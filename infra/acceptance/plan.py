@@ -90,6 +90,16 @@ class Options:
 
 
 @dataclass(frozen=True)
+class PoolFit:
+    """What a GPU pool can hold: its type, GPUs per node (its first instance type's) and its most nodes."""
+
+    name: str
+    gpu_type: str
+    gpus: int
+    max_size: int
+
+
+@dataclass(frozen=True)
 class GpuPool:
     name: str
     instance_type: str
@@ -97,7 +107,7 @@ class GpuPool:
     gpus: int
     nodes: int  # nodes the all-reduce spans: 2 where the pool may grow to 2, else 1
     efa: bool
-    all_gpu_types: tuple[str, ...] = ()  # every GPU pool's type
+    fits: tuple[PoolFit, ...] = ()  # every GPU pool
 
 
 class PlanError(ValueError):
@@ -120,7 +130,8 @@ def gpu_pool(cfg: StackConfig, shape_of: Callable[[str], Any]) -> GpuPool:
         raise PlanError(f"ml-cluster:nodePools[{pool.name}]", f"{pool.instance_types[0]} has no GPUs")
     return GpuPool(pool.name, pool.instance_types[0], gpu_type_label(shape.gpu_name), shape.gpu_count,
                    min(2, pool.max_size), bool(shape.efa_interfaces),
-                   tuple(gpu_type_label(s.gpu_name) for _, s in shapes if s.gpu_name))
+                   tuple(PoolFit(p.name, gpu_type_label(s.gpu_name), s.gpu_count, p.max_size)
+                         for p, s in shapes if s.gpu_name and s.gpu_count))
 
 
 def allreduce_spec(options: Options, pool: GpuPool) -> dict[str, Any]:
@@ -140,20 +151,14 @@ def bench_spec(options: Options, pool: GpuPool) -> dict[str, Any]:
             "shmSize": "8Gi", "ephemeralStorage": "20Gi", "backoffLimit": 0, "activeDeadlineSeconds": 3000}
 
 
-def spec_files(options: Options, pool: GpuPool) -> dict[str, str]:
-    """The Job specs the run writes into its bundle (and submits from there)."""
+def spec_files(options: Options, pool: GpuPool, gang: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The Job specs the run writes into its bundle (and submits from there); `gang`: the default chaos gang's."""
     dump = lambda spec: yaml.safe_dump(spec, sort_keys=False)  # noqa: E731
-    return {"allreduce-job.yaml": dump(allreduce_spec(options, pool)), "bench-gpu-job.yaml": dump(bench_spec(options,
-                                                                                                          pool))}
-
-
-def gang_warning(gang_spec: Mapping[str, Any], gpu_types: Sequence[str], stack: str) -> str | None:
-    """Why the chaos step's spec cannot run on the stack (it asks for a GPU type no pool has), else None."""
-    wanted = gang_spec.get("gpuType")
-    if wanted is None or wanted in gpu_types:
-        return None
-    return (f"--gang-spec: asks gpuType {wanted}; stack {stack}'s GPU pools have {', '.join(gpu_types) or 'none'}: "
-            "pass GANG_SPEC=<a multi-node spec for them whose dataset is in place>")
+    files = {"allreduce-job.yaml": dump(allreduce_spec(options, pool)),
+             "bench-gpu-job.yaml": dump(bench_spec(options, pool))}
+    if gang is not None:
+        files["gang-job.yaml"] = dump(dict(gang))
+    return files
 
 
 def floor_warning(options: Options, pool: GpuPool) -> str | None:

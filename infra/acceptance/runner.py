@@ -4,24 +4,29 @@ A failed step stops the run: the steps after it are recorded as not-run, except 
 began (a half-created stack is the costliest thing to leave), unless keep (KEEP=1). Ctrl-C fails the running step
 the same way. summary.json is rewritten whole (temp + rename) after every step, so the bundle always holds a
 readable summary of what happened so far (result `running` until the end).
+
+A bundle file that cannot be written (a full disk) stops the run like a failed step (destroy still runs once `up`
+began; a command's output is still read, so it never stalls on a full pipe) and the run ends in BundleWriteError
+naming the first such file; the summary on disk is then the last one written whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, Protocol, TextIO
+from typing import Literal, Protocol, TextIO, cast
 
-from infra.acceptance.bundle import Figure, StepRecord, Summary, write_summary
+from infra.acceptance.bundle import BundleWriteError, Figure, StepRecord, Summary, write_summary
 from infra.acceptance.plan import Action, ActionResult, Command, Probe, Step
 
 DEADLINE_EXIT = 124  # as timeout(1)
@@ -63,10 +68,15 @@ def run_command(argv: Sequence[str], log: TextIO, deadline_s: float) -> tuple[in
     stdout = proc.stdout
 
     def pump() -> None:
-        for line in stdout:
-            log.write(line)
-            log.flush()
+        logging = True
+        for line in stdout:  # read to the end whatever happens to the log: a full pipe would stall the command
             chunks.append(line)
+            if logging:
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError:
+                    logging = False
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -92,6 +102,59 @@ def run_command(argv: Sequence[str], log: TextIO, deadline_s: float) -> tuple[in
         raise
     reader.join(timeout=KILL_GRACE_S)
     return code, "".join(chunks)
+
+
+class StepLog(io.TextIOBase):
+    """A step's log file that survives a full disk: the first failed write is kept in `error` and later writes are
+    dropped (the caller still reads its command's output to the end); line-buffered, fsynced when closed."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+        self.error: OSError | None = None
+        try:
+            self._file: TextIO | None = path.open("w", encoding="utf-8", buffering=1)
+        except OSError as exc:
+            self._file = None
+            self._failed(exc)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.error is None:
+            self.error = OSError(exc.errno, exc.strerror or str(exc), str(self.path))
+        if self._file is not None:
+            file, self._file = self._file, None
+            with contextlib.suppress(OSError):
+                file.close()  # the unwritten rest of its buffer is dropped with it
+
+    def write(self, text: str) -> int:
+        if self._file is not None:
+            try:
+                self._file.write(text)
+            except OSError as exc:
+                self._failed(exc)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:  # type: ignore[override]
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.flush()
+            except OSError as exc:
+                self._failed(exc)
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+            except OSError as exc:
+                self._failed(exc)
+            self._file = None
+        super().close()
 
 
 class MissingCapture(LookupError):
@@ -129,6 +192,17 @@ class Run:
     monotonic: Callable[[], float] = time.monotonic
     captures: dict[str, str] = field(default_factory=dict)
     report: Callable[[StepRecord], None] = lambda record: None
+    bundle_error: BundleWriteError | None = None  # the first bundle file that could not be written
+
+    def _wrote(self, error: OSError | None, fallback: Path) -> None:
+        if error is not None and self.bundle_error is None:
+            self.bundle_error = BundleWriteError.of(error, fallback)
+
+    def _save(self, summary: Summary) -> None:
+        try:
+            write_summary(self.folder, summary)
+        except OSError as exc:
+            self._wrote(exc, self.folder / "summary.json")
 
     def _act(self, action: Action, log: TextIO, remaining: float) -> ActionResult:
         started = self.monotonic()
@@ -170,7 +244,8 @@ class Run:
         shown: list[str] = []
         exit_status: int | None = None
         note: str | None = None
-        with (self.folder / log_name).open("w", encoding="utf-8") as log:
+        log = StepLog(self.folder / log_name)
+        try:
             log.write(f"# step {step.name}: deadline {step.deadline_s:g} s, started {utc(started)}\n")
             for action in step.actions:
                 if note is not None and not action.always:
@@ -191,7 +266,7 @@ class Run:
                 log.write(f"$ {action.shell()}\n")
                 log.flush()
                 try:
-                    result = self._act(action, log, remaining)
+                    result = self._act(action, cast(TextIO, log), remaining)
                 except KeyboardInterrupt:
                     result = ActionResult(130, "interrupted (Ctrl-C)", self.monotonic() - began)
                 results.append(result)
@@ -209,8 +284,14 @@ class Run:
                     log.write(f"figures: not read ({type(exc).__name__}: {exc})\n")
             ended = self.clock()
             log.write(f"# step {step.name}: {'failed: ' + note if note else 'passed'}, ended {utc(ended)}\n")
+        finally:
+            log.close()
+        status: Literal["passed", "failed"] = "failed" if note else "passed"
+        if log.error is not None:  # the step's own result stands (a destroy that passed did destroy)
+            self._wrote(log.error, log.path)
+            note = f"{note + '; ' if note else ''}{log_name}: {log.error.strerror}: the log is incomplete"
         return StepRecord(name=step.name, commands=shown or [a.shell() for a in step.actions],
-                          status="failed" if note else "passed", started=utc(started), ended=utc(ended),
+                          status=status, started=utc(started), ended=utc(ended),
                           exit_status=exit_status if exit_status is not None else 0, deadline_s=step.deadline_s,
                           log=log_name, figures=figures, note=note)
 
@@ -228,16 +309,17 @@ class Run:
     def summary(self, records: Sequence[StepRecord], started: float, ended: float | None) -> Summary:
         failed = next((record.name for record in records if record.status == "failed"), None)
         result: Literal["passed", "failed", "running"] = (
-            "running" if ended is None else "failed" if failed else "passed")
+            "running" if ended is None else "failed" if failed or self.bundle_error else "passed")
         return Summary(schema="ml-cluster/acceptance-summary/v1", stack=self.stack, git_commit=self.git_commit,
                        git_dirty=self.git_dirty, started=utc(started), ended=None if ended is None else utc(ended),
-                       result=result, failed_step=failed, keep=self.keep, steps=list(records))
+                       result=result, failed_step=failed, keep=self.keep, steps=list(records),
+                       bundle_error=None if self.bundle_error is None else str(self.bundle_error))
 
     def __call__(self) -> Summary:
         started = self.clock()
         records = [StepRecord(name=step.name, commands=[a.shell() for a in step.actions], status="not-run",
                               deadline_s=step.deadline_s) for step in self.steps]
-        write_summary(self.folder, self.summary(records, started, None))
+        self._save(self.summary(records, started, None))
         stopped = up_began = False
         for index, step in enumerate(self.steps):
             if step.after_up and self.keep:
@@ -245,6 +327,7 @@ class Run:
                     records[index] = records[index].model_copy(update={
                         "status": "skipped", "note": f"KEEP=1: the stack stays up (make destroy STACK={self.stack})"})
                 continue
+            stopped = stopped or self.bundle_error is not None
             if stopped and not (step.after_up and up_began):
                 continue
             if step.skip is not None:
@@ -254,7 +337,9 @@ class Run:
             records[index] = self.run_step(index + 1, step)
             self.report(records[index])
             stopped = stopped or records[index].status == "failed"
-            write_summary(self.folder, self.summary(records, started, None))
+            self._save(self.summary(records, started, None))
         summary = self.summary(records, started, self.clock())
-        write_summary(self.folder, summary)
+        self._save(summary)
+        if self.bundle_error is not None:
+            raise self.bundle_error
         return summary

@@ -3,7 +3,6 @@ writes render against the stack's pools; the steps' figures come from the projec
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -12,6 +11,7 @@ import pytest
 import yaml
 
 from infra.acceptance.plan import ActionResult, allreduce_figures, bench_figures, verify_figures
+from tests.acceptance.conftest import run_cli as _run
 from tests.jobs.facts import dev_facts
 from workloads.submit.inputs import render_spec_file
 
@@ -19,36 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.fixture(scope="module")
-def cli() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("acceptance_cli", ROOT / "scripts" / "acceptance.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    # the script's lazy imports and the clients the dry run must not call, imported once here (seconds under load)
-    import boto3  # noqa: F401
-    import kubernetes.config  # noqa: F401
-
-    import infra.nodes.instances  # noqa: F401
-    import infra.plan.engine  # noqa: F401
-    return module
-
-
-@pytest.fixture
-def clean_git(cli: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    answers = {"rev-parse": COMMIT, "status": "", "describe": "v0.2.0"}
-    monkeypatch.setattr(cli, "_git", lambda *args: answers[args[0]])
-
-
 def _bundle(out: str) -> str:
     [line] = [line for line in out.splitlines() if line.startswith("evidence bundle: ")]
     return line.removeprefix("evidence bundle: ").split("/ ")[0]
 
 
-def _run(cli: ModuleType, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.entry(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_dry_run_of_dev_prints_every_step_and_its_command(cli: ModuleType, clean_git: None,
@@ -105,9 +80,9 @@ def test_the_dry_run_says_what_a_real_run_would_refuse(cli: ModuleType, clean_gi
     code, out, _ = _run(cli, capsys, "--stack", "dev", "--dry-run")
     assert code == 0
     warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
-    assert [line.split(":")[1].strip() for line in warnings] == ["--allreduce-floor", "--gang-spec"]
+    assert [line.split(":")[1].strip() for line in warnings] == ["--allreduce-floor", "--gang-dataset"]
     assert "no published nccl-tests floor for g5.xlarge" in warnings[0]
-    assert "asks gpuType h100; stack dev's GPU pools have a10g" in warnings[1]
+    assert "pass GANG_DATASET=s3://bucket/prefix" in warnings[1]
     code, out, err = _run(cli, capsys, "--stack", "dev")
     assert (code, out) == (2, "") and err.startswith("error: --allreduce-floor: no published nccl-tests floor")
 
@@ -127,7 +102,7 @@ def test_bad_input_is_one_error_line_and_exit_2(cli: ModuleType, clean_git: None
 
 def test_prod_with_keep_plans_the_burn_in_and_the_published_floor(cli: ModuleType, clean_git: None,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(cli, capsys, "--stack", "prod", "--dry-run", "--keep")
+    code, out, _ = _run(cli, capsys, "--stack", "prod", "--dry-run", "--keep", "--gang-dataset", "s3://data/imagenet")
     assert code == 0 and "warning" not in out
     assert ("    $ probe burn_in_labels pool=gpu-h100 nodes=2 label=ml-cluster.io/gpu-health "
             "pool_label=ml-cluster.io/pool") in out
@@ -137,9 +112,10 @@ def test_prod_with_keep_plans_the_burn_in_and_the_published_floor(cli: ModuleTyp
 
 def test_the_specs_it_writes_render_for_the_dev_pool(cli: ModuleType, clean_git: None, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = _run(cli, capsys, "--stack", "dev", "--dry-run", "--allreduce-floor", "20")
+    _, out, _ = _run(cli, capsys, "--stack", "dev", "--dry-run", "--allreduce-floor", "20", "--gang-dataset",
+                     "s3://my-data/imagenet-hdf5")
     bundle = _bundle(out)
-    for name in ("allreduce-job.yaml", "bench-gpu-job.yaml"):
+    for name in ("allreduce-job.yaml", "bench-gpu-job.yaml", "gang-job.yaml"):
         (tmp_path / name).write_text(out.split(f"--- {bundle}/{name}\n")[1].split("\n---")[0])
         [job, *_] = render_spec_file(str(tmp_path / name), dev_facts())
         pod = job["spec"]["template"]["spec"]

@@ -13,7 +13,7 @@ from typing import TextIO
 
 import pytest
 
-from infra.acceptance.bundle import SUMMARY, check_bundle, load_summary
+from infra.acceptance.bundle import SUMMARY, BundleWriteError, check_bundle, load_summary
 from infra.acceptance.plan import Command, Probe, Step, probe_figures, up_figures
 from infra.acceptance.runner import DEADLINE_EXIT, ProbeOutcome, Run, run_command
 
@@ -162,8 +162,9 @@ def test_the_summary_is_replaced_whole_or_not_at_all(tmp_path: Path, monkeypatch
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", refuse)
-    with pytest.raises(OSError):
+    with pytest.raises(BundleWriteError) as raised:
         Fake(tmp_path).run(_steps()[:1])
+    assert (raised.value.where, raised.value.why) == (str(tmp_path / SUMMARY), "No space left on device")
     assert (tmp_path / SUMMARY).read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["01-preflight.log", SUMMARY]
 

@@ -128,9 +128,11 @@ def job_bucket_access(cfg: StackConfig, stack: str, account_id: str | None) -> J
     return JobBucketAccess(read=tuple(sorted(read | write)), write=tuple(sorted(write)), problems=problems)
 
 
-def team_problems(cfg: StackConfig, training_namespace: str) -> list[tuple[str, str]]:
+def team_problems(cfg: StackConfig, training_namespace: str,
+                  buckets: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """Tenant teams: Kueue on, a namespace of their own, prefixes in the stack's own S3 buckets; a Job that names a
-    team uses only that team's prefixes (a Job of no team may use no team's prefix)."""
+    team uses only that team's prefixes (a Job of no team may use no team's prefix, by bucket or by a uri in
+    `buckets`: logical -> physical name, job_bucket_names)."""
     problems: list[tuple[str, str]] = []
     teams = {team.name: team for team in cfg.kueue.teams}
     where = f"{CONFIG}kueue.teams"
@@ -188,7 +190,8 @@ def team_problems(cfg: StackConfig, training_namespace: str) -> list[tuple[str, 
                                                             f"(teams with one: {tenants})"))
             continue
         # The same rule `submit render` applies with the prefixes the cluster facts publish.
-        problems += [(f"{CONFIG}jobs[{index}].{path}", why) for path, why in team_prefix_problems(spec, prefixes)]
+        problems += [(f"{CONFIG}jobs[{index}].{path}", why)
+                     for path, why in team_prefix_problems(spec, prefixes, buckets)]
         if job_team is not None and spec.queue is not None and spec.queue != job_team.name:
             problems.append((f"{CONFIG}jobs[{index}].queue", f"team {job_team.name}'s Jobs go through its LocalQueue "
                                                              f"{job_team.name}, not {spec.queue}"))
@@ -362,7 +365,7 @@ def check_stack(cfg: StackConfig, stack: str, account_id: str | None = None,
     access = job_bucket_access(cfg, stack, account_id)
     problems += access.problems
     problems += store_name_problems(cfg, stack, account_id)
-    problems += team_problems(cfg, JOBS_NAMESPACE)
+    problems += team_problems(cfg, JOBS_NAMESPACE, job_bucket_names(cfg, stack, account_id))
     problems += addon_default_problems(cfg, addon_defaults or {})
     if problems:
         raise ConfigError(problems)

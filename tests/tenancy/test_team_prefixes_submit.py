@@ -32,6 +32,17 @@ def _mixture(sources: list[dict[str, Any]], team: str | None = "vision") -> dict
 
 
 OWN = {"bucket": "datasets", "prefix": "vision/imagenet/", "weight": 0.7}
+DATASETS = "s3://mlc-staging-datasets-111122223333"  # staging's datasets bucket in the plan's account (jobFacts)
+NO_TEAM = "a Job of no team names no team's prefix"
+
+
+def _no_team_uri(uri: str) -> dict[str, Any]:
+    """A Job of no team reading `uri` (the shared Jobs role reads the whole bucket it names), writing outside the
+    teams' prefixes."""
+    job = _job("vision/imagenet/", "shared/run1/", team=None)
+    job["dataset"] = {"uri": uri, "mountPath": "/data", "staging": "copy", "stagedSize": "100Gi"}
+    return job
+
 
 # (the Job, the field, the reason): the stack check's and submit's words alike
 REFUSED = [
@@ -52,6 +63,13 @@ REFUSED = [
      "team vision may read only under its own prefixes (datasets/vision/, checkpoints/vision/), not "
      "datasets/shared/x/"),
     (_job("vision/a/", "vision/b/", team=None), "dataset.prefix", "datasets/vision/a/ is team vision's data"),
+    (_no_team_uri(f"{DATASETS}/vision/imagenet/"), "dataset.uri",
+     f"{DATASETS}/vision/imagenet/ is team vision's data (bucket datasets): {NO_TEAM}"),
+    (_no_team_uri(f"{DATASETS}/lang"), "dataset.uri",  # a prefix that holds team language's: listing it reads theirs
+     f"{DATASETS}/lang is team language's data (bucket datasets): {NO_TEAM}"),
+    (_mixture([{"uri": f"{DATASETS}/shared/a/", "weight": 0.5}, {"uri": f"{DATASETS}/vision/", "weight": 0.5}],
+              team=None), "dataset.mixture[1].uri", f"{DATASETS}/vision/ is team vision's data (bucket datasets): "
+                                                   f"{NO_TEAM}"),
 ]
 
 
@@ -115,3 +133,13 @@ def test_a_mixture_under_its_teams_prefixes_renders_with_the_buckets_resolved(
     assert pod["initContainers"][0]["command"][4:6] == uris
     [mixture] = [e["value"] for e in pod["containers"][0]["env"] if e["name"] == "DATA_MIXTURE"]
     assert json.loads(mixture) == [{"uri": uris[0], "weight": 0.7}, {"uri": uris[1], "weight": 0.3}]
+
+
+def test_a_job_of_no_team_may_name_by_uri_what_no_team_owns(facts_file: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Outside every team's prefix, or in a bucket that is not the stack's, a uri of a Job of no team renders."""
+    for uri in (f"{DATASETS}/shared/x/", f"{DATASETS}/visionary", "s3://someone-elses/vision/imagenet/"):
+        spec = _spec_file(tmp_path, _no_team_uri(uri))
+        assert main(["render", str(spec), "--facts", str(facts_file)]) == 0, capsys.readouterr().err
+        job = next(m for m in yaml.safe_load_all(capsys.readouterr().out) if m["kind"] == "Job")
+        assert job["metadata"]["namespace"] == "training"

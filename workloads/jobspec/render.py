@@ -102,7 +102,8 @@ def render_job(
     among others for a dataset or checkpoint outside what the spec's team may use (workloads.jobspec.teamdata).
     """
     own = team_facts(spec.team, facts)
-    problems = team_prefix_problems(spec, {name: _prefixes(team) for name, team in (facts.teams or {}).items()})
+    problems = team_prefix_problems(spec, {name: _prefixes(team) for name, team in (facts.teams or {}).items()},
+                                    facts.buckets)
     if problems:
         raise JobSpecError(*problems[0])
     facts = own

@@ -115,10 +115,11 @@ $(BENCH_VENV)/.deps: pyproject.toml scripts/bench-constraints.txt
 bench-peers: $(BENCH_VENV)/.deps ## our data path against Streaming, LitData, WebDataset, s3torchconnector
 	$(BENCH_VENV)/bin/python scripts/bench_peers.py
 
-# The data path's regression guard: ours against LitData in one run, each ratio against benchmarks/baselines.json
-# (PASS/FAIL per contender; exit 1 on a FAIL). `--record` after a deliberate change rewrites the baselines.
-bench-check: $(BENCH_VENV)/.deps ## data-path regression guard: ratios to LitData against the recorded baselines
-	$(BENCH_VENV)/bin/python scripts/bench_check.py
+# The data path's regression gate: this tree against BASE (a throwaway worktree, default HEAD~1) in the same run:
+# calls and CPU time per sample of each reader, and our rows of the object-storage harness (docs/benchmarks.md).
+BASE ?= HEAD~1
+bench-check: $(VENV)/.dev-deps ## data-path regression gate: this tree against BASE (default HEAD~1) in one run
+	$(BIN)/python scripts/bench_check.py --base $(BASE)
 
 bench-pack: $(BENCH_VENV)/.deps ## packing from S3: our sliced pack against LitData optimize and Streaming's MDSWriter
 	$(BENCH_VENV)/bin/python scripts/bench_pack.py

@@ -32,8 +32,10 @@ Run it in the benchmark venv (peers are never installed in the project's venv):
                                                   [--checkouts base=/work/wt/base,...] [--json]
 
 --checkouts runs the ours* contenders of other checkouts too (their own harness and code, e.g. a worktree of the
-previous commit), interleaved with this one's in the same rounds, as rows NAME@LABEL: a data-path change is
-compared with the code before it on the same machine at the same load.
+previous commit), interleaved with this one's in the same rounds (this checkout first in even rounds, last in odd
+ones), as rows NAME@LABEL: a data-path change is compared with the code before it on the same machine at the same
+load. Each row also lists every round's 20-epoch total (`round_totals_s`, null for a round that failed); --jpegs DIR
+reuses (or fills, when empty) one folder of generated JPEGs across runs.
 """
 
 from __future__ import annotations
@@ -215,6 +217,20 @@ def _context(args: argparse.Namespace, work: Path, endpoint: str, layout: str, n
     return ctx
 
 
+def _round_order(runs: list[tuple[str, str, Path]], round_number: int) -> list[tuple[str, str, Path]]:
+    """This checkout's row before the other checkouts' rows of the same contender in even rounds, after them in odd
+    rounds (the order within a round does not favour one checkout)."""
+    if round_number % 2 == 0:
+        return runs
+    out: list[tuple[str, str, Path]] = []
+    for label, name, repo in runs:
+        if "@" in label:
+            out.insert(next(i for i, run in enumerate(out) if run[0] == name), (label, name, repo))
+        else:
+            out.append((label, name, repo))
+    return out
+
+
 def parse_checkouts(text: str) -> list[tuple[str, Path]]:
     """--checkouts "base=/path,prev=/path" -> [(label, repo root)]; ValueError names the bad entry."""
     out: list[tuple[str, Path]] = []
@@ -242,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--checkouts", default="", help="LABEL=PATH,...: other checkouts (e.g. the previous commit's "
                         "worktree) whose ours* contenders run too, interleaved in the same rounds, as NAME@LABEL")
+    parser.add_argument("--jpegs", type=Path, default=None, help="the generated JPEGs' folder, kept for the next "
+                        "run (filled when missing)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--contender", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -278,7 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-peers-", dir=args.workdir) as tmp, \
             local_s3_behind_latency(args.latency_ms, args.per_connection_mb_s) as s3:
         work = Path(tmp)
-        generate(work / "jpegs", args.images)
+        if args.jpegs is None:
+            generate(work / "jpegs", args.images)
+        else:
+            if not any(args.jpegs.rglob("*.jpg")):
+                generate(args.jpegs, args.images)
+            (work / "jpegs").symlink_to(args.jpegs.resolve(), target_is_directory=True)
         if "tokens" in layouts:
             write_token_corpus(work / TOKENS_DIR, args.tokens)
         from workloads.data.moving.s3 import make_client
@@ -286,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         make_client(s3.direct_url, 4, botocore_attempts=3).create_bucket(Bucket=BUCKET)
         for round_number in range(args.rounds):
             for layout in layouts:
-                for label, name, repo in runs:
+                for label, name, repo in _round_order(runs, round_number):
                     ctx = _context(args, work, s3.endpoint_url, layout, name)
                     result = _run_contender(name, ctx, args.timeout, repo)
                     result["round"] = round_number
@@ -295,9 +318,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {round_number} {layout} {label}: {result['status']}{figure} "
                           f"{result.get('reason', '')}", file=sys.stderr, flush=True)
                     best = results[layout].get(label)
+                    totals = [*(best or {}).get("round_totals_s", []), result.get("total_20_s")]
                     if best is None or (result["status"] == "ok" and (
                             best["status"] != "ok" or result["total_20_s"] < best["total_20_s"])):
                         results[layout][label] = result
+                    results[layout][label]["round_totals_s"] = totals
     report = {"layouts": results, "ratios": {layout: _ratios(entries) for layout, entries in results.items()},
               "images": args.images, "size": args.size, "latency_ms": args.latency_ms,
               "per_connection_mb_s": args.per_connection_mb_s, "epochs": args.epochs, "rounds": args.rounds,

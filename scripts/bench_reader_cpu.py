@@ -1,87 +1,77 @@
 """CPU time per sample of the packed reader (`HDF5Dataset.__getitems__`, one process, no DataLoader) over the
 sampler's shuffled batches of 128: the decoded layout, the encoded layout (JPEG decode) and the encoded layout read
-back from a warm decode cache. process_time measures the reader's own work, so on a machine shared with other jobs
-it moves far less than samples/s do; run it from two checkouts in turn (PYTHONPATH) to compare a data-path change.
-`calls/sample` counts the Python function calls of one pass under cProfile: it does not move with the machine's load
-at all, so it shows added per-sample work where times are too noisy to.
+back from a warm decode cache (benchmarks/reader_cost.py). process_time measures the reader's own work, so on a
+machine shared with other jobs it moves far less than samples/s do. `calls/sample` counts the Python function calls
+of one pass under cProfile: it does not move with the machine's load at all, so it shows added per-sample work where
+times are too noisy to. `scripts/bench_check.py` runs this script from two checkouts, alternating, on one pack.
 
-    python scripts/bench_reader_cpu.py --workdir DIR [--size 160] [--repeat 3]
+    python scripts/bench_reader_cpu.py --workdir DIR [--images N] [--size 160] [--repeat 3] [--calls-only]
+                                       [--code CHECKOUT] [--serve]
 
-DIR holds hdf5-decoded/ and hdf5-encoded/ as `scripts/bench_loader.py --workdir DIR` leaves them.
+DIR holds hdf5-decoded/ and hdf5-encoded/ as `scripts/bench_loader.py --workdir DIR` leaves them; with --images N
+they are generated and packed there first when missing (N seeded JPEGs). Prints one JSON object. --code CHECKOUT
+measures (and packs with) another checkout's data path under this harness; --serve prints `{"ready": true}` and
+then one report per `measure` line read from stdin, so a caller can alternate two checkouts without paying for
+their imports each round.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
+import importlib.util
 import json
-import pstats
-import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
+from types import ModuleType
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-
-from workloads.data.reading.dataset import HDF5Dataset  # noqa: E402
-from workloads.data.reading.sampler import ElasticBatchSampler  # noqa: E402
+HERE = Path(__file__).resolve().parents[1]
 
 
-def per_sample_us(dataset: HDF5Dataset, batches: list[list[int]], repeat: int) -> float:
-    """Best of `repeat` passes over `batches` (after one warm pass), CPU microseconds per sample."""
-    for batch in batches:
-        dataset.__getitems__(batch)
-    best = float("inf")
-    for _ in range(repeat):
-        started = time.process_time()
-        for batch in batches:
-            dataset.__getitems__(batch)
-        best = min(best, (time.process_time() - started) / sum(len(b) for b in batches) * 1e6)
-    return round(best, 1)
+def _harness(root: Path) -> ModuleType:
+    """This checkout's benchmarks/reader_cost.py, importing the data path (`workloads`) from `root`."""
+    sys.path.insert(0, str(root))
+    spec = importlib.util.spec_from_file_location("reader_cost_harness", HERE / "benchmarks" / "reader_cost.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def per_sample_calls(dataset: HDF5Dataset, batches: list[list[int]]) -> float:
-    """Python function calls per sample of one pass over `batches` (after a warm pass), counted by cProfile."""
-    for batch in batches:
-        dataset.__getitems__(batch)
-    profile = cProfile.Profile()
-    profile.enable()
-    for batch in batches:
-        dataset.__getitems__(batch)
-    profile.disable()
-    return round(pstats.Stats(profile).total_calls / sum(len(b) for b in batches), 2)  # type: ignore[attr-defined]
-
-
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--images", type=int, default=0, help="generate and pack this many images when DIR has none")
     parser.add_argument("--size", type=int, default=160)
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--calls-only", action="store_true", help="skip the CPU times (calls/sample only)")
+    parser.add_argument("--code", type=Path, default=HERE, help="the checkout whose data path is measured")
+    parser.add_argument("--serve", action="store_true", help="one report per `measure` line on stdin")
+    args = parser.parse_args(argv)
+    if not (args.code / "workloads" / "data" / "reading" / "dataset.py").is_file():
+        print(f"error: --code: {args.code} is not a checkout of this project", file=sys.stderr)
+        return 2
+    if args.images and args.images < 128 or args.repeat < 1 or args.size < 8:
+        print("error: --images/--repeat/--size: need images >= 128 (or 0), repeat >= 1, size >= 8", file=sys.stderr)
+        return 2
+    harness = _harness(args.code.resolve())
+    import torch
+
+    if args.images:
+        harness.prepare(args.workdir, args.images, args.size)
     for layout in ("decoded", "encoded"):
         if not (args.workdir / f"hdf5-{layout}" / "manifest.json").is_file():
-            print(f"error: --workdir: {args.workdir / f'hdf5-{layout}'} holds no packed dataset (run "
-                  "scripts/bench_loader.py --workdir DIR first)", file=sys.stderr)
+            print(f"error: --workdir: {args.workdir / f'hdf5-{layout}'} holds no packed dataset (give --images N, "
+                  "or run scripts/bench_loader.py --workdir DIR first)", file=sys.stderr)
             return 2
     torch.set_num_threads(1)
-    rows = Path(tempfile.mkdtemp(prefix="bench-reader-rows-"))
-    cases = [("decoded", "decoded", {}, 8), ("encoded", "encoded", {"image_size": args.size}, 2),
-             ("encoded-kept", "encoded", {"image_size": args.size, "decode_cache": rows,
-                                          "decode_cache_bytes": 1 << 30}, 8)]
-    report = {}
-    try:
-        for name, layout, options, count in cases:
-            dataset = HDF5Dataset(args.workdir / f"hdf5-{layout}", **options)
-            batches = list(ElasticBatchSampler(dataset.shard_sizes, 128, seed=0))[:count]
-            report[f"{name} us/sample"] = per_sample_us(dataset, batches, args.repeat)
-            report[f"{name} calls/sample"] = per_sample_calls(dataset, batches)
-            dataset.close()
-    finally:
-        shutil.rmtree(rows, ignore_errors=True)
-    print(json.dumps(report))
+    if not args.serve:
+        print(json.dumps(harness.measure(args.workdir, args.size, args.repeat, calls_only=args.calls_only)))
+        return 0
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "measure":
+            report = harness.measure(args.workdir, args.size, args.repeat, calls_only=args.calls_only)
+            print(json.dumps(report), flush=True)
     return 0
 
 

@@ -71,38 +71,65 @@ def test_bench_peers_rejects_a_checkout_that_is_not_one(tmp_path: Path, monkeypa
     assert len(err.strip().splitlines()) == 1
 
 
-def _row(total: float) -> dict[str, object]:
-    return {"status": "ok", "total_20_s": total}
+def test_bench_check_fails_a_timing_row_only_beyond_the_bases_own_spread() -> None:
+    """head's best round against base's best x (1 + max(base spread, floor)): within the base's spread passes, beyond
+    it fails, a steady base still allows the floor, and a row without two base rounds fails saying why."""
+    from benchmarks.regression import timing_verdict
+
+    noisy = timing_verdict("wall", "decoded", [10.0, 16.0], [15.0, 30.0], 0.25)  # spread 60%: limit 16
+    assert noisy.passed and noisy.limit == 16.0 and "base spread 60%" in noisy.note
+    slower = timing_verdict("wall", "decoded", [10.0, 16.0], [16.5, 17.0], 0.25)
+    assert not slower.passed and slower.line().split()[-1] != "PASS" and " FAIL " in slower.line()
+    steady = timing_verdict("cpu", "decoded", [40.0, 41.0, 40.5], [43.9, 50.0, 60.0], 0.10)
+    assert steady.passed and steady.limit == 44.0 and "floor 10%" in steady.note
+    assert not timing_verdict("cpu", "decoded", [40.0, 41.0, 40.5], [44.5, 45.0, 46.0], 0.10).passed
+    missing = timing_verdict("wall", "decoded", [10.0, None], [11.0, 12.0], 0.25)
+    assert not missing.passed and missing.limit is None and "base 1 of 2 rounds" in missing.note
 
 
-def test_bench_check_compares_each_ratio_with_its_baseline(tmp_path: Path) -> None:
-    """The guard's logic on a made-up bench_peers result: a ratio within the tolerance passes, a worse one fails
-    naming its check, a row that did not run fails with the reason, and a check without a baseline is new."""
-    from benchmarks.regression import compare, contenders, load_baselines, ratios, write_baselines
+def test_bench_check_reader_and_wall_rows_from_the_reports() -> None:
+    """calls rows are a plain limit (+10%) on exact counts; cpu rows use the spread rule; a harness row that failed
+    for one checkout fails with that checkout's reason."""
+    from benchmarks.regression import WALL_ROWS, reader_verdicts, wall_verdicts
 
-    assert contenders("encoded") == ["ours", "ours-redecode", "ours-cache40", "litdata", "litdata-cache40"]
-    layouts = {"decoded": {"ours": _row(6.0), "litdata": _row(10.0)},
-               "encoded": {"ours": _row(4.0), "ours-redecode": _row(13.0), "litdata": _row(10.0),
-                           "ours-cache40": {"status": "failed", "reason": "timed out after 600s"},
-                           "litdata-cache40": _row(20.0)}}
-    measured = ratios(layouts)
-    assert measured["decoded"] == 0.6 and measured["encoded-redecode"] == 1.3
-    assert measured["staging-cache40"] == "ours-cache40: failed timed out after 600s"
-    baselines = {"ratios": {"decoded": 0.55, "encoded-decode-cache": 0.4, "encoded-redecode": 0.9}}
-    lines, passed = compare(measured, baselines, 0.3)
-    assert not passed
-    by_check = {line.split()[0]: line for line in lines[1:]}
-    assert by_check["decoded"].endswith("PASS") and by_check["encoded-decode-cache"].endswith("PASS")
-    assert "FAIL encoded-redecode: 1.30 > 1.17" in by_check["encoded-redecode"]
-    assert "FAIL staging-cache40: ours-cache40: failed" in by_check["staging-cache40"]
-    measured["staging-cache40"] = 0.8
-    lines, passed = compare({**measured, "encoded-redecode": 1.1}, baselines, 0.3)
-    assert passed and lines[-1].endswith("NEW (no baseline)")
-    path = tmp_path / "baselines.json"
-    write_baselines(path, {**measured, "encoded-redecode": 1.1}, command="scripts/bench_check.py --record",
-                    date="2026-11-26 16:00 UTC", load="load average: 1.00", tolerance=0.3)
-    recorded = load_baselines(path)
-    assert recorded["ratios"]["staging-cache40"] == 0.8 and recorded["command"] == "scripts/bench_check.py --record"
-    (tmp_path / "bad.json").write_text('{"ratios": {"decoded": "fast"}}')
-    with pytest.raises(ValueError, match="bad.json: not a baselines file"):
-        load_baselines(tmp_path / "bad.json")
+    def report(calls: float, us: float) -> dict[str, float]:
+        return {"decoded calls/sample": calls, "decoded us/sample": us}
+
+    base = [report(15.2, 40.0), report(15.2, 44.0), report(15.2, 42.0)]
+    within = reader_verdicts(base, [report(16.7, 44.0)] * 3, readers=("decoded",), calls_tolerance=0.1,
+                             cpu_floor=0.1)
+    assert [(v.kind, v.passed) for v in within] == [("calls", True), ("cpu", True)]
+    beyond = reader_verdicts(base, [report(16.8, 45.0), None, report(16.8, 90.0)], readers=("decoded",),
+                             calls_tolerance=0.1, cpu_floor=0.1)
+    assert [(v.kind, v.passed) for v in beyond] == [("calls", False), ("cpu", False)]
+    rows = {row.name: row for row in WALL_ROWS}
+    layouts = {"encoded": {"ours": {"status": "ok", "round_totals_s": [5.0, 6.0]},
+                           "ours@base": {"status": "ok", "round_totals_s": [4.0, 7.0]},
+                           "ours-redecode": {"status": "ok", "round_totals_s": [20.0, 19.0]},
+                           "ours-redecode@base": {"status": "failed", "reason": "timed out after 600s",
+                                                  "round_totals_s": [None, None]}}}
+    verdicts = wall_verdicts(layouts, [rows["encoded-decode-cache"], rows["encoded-redecode"]], "base", 0.25)
+    assert verdicts[0].passed and not verdicts[1].passed
+    assert "ours-redecode@base: failed timed out after 600s" in verdicts[1].note
+
+
+def test_reader_calls_per_sample_hold_to_the_recorded_figures(tmp_path: Path) -> None:
+    """The gate's load-independent guard in its small form: calls per sample of every reader (cProfile, a few hundred
+    tiny images) at most the recorded figure + its tolerance. Added per-sample work in a reader fails here; a
+    deliberate change re-records (`scripts/bench_check.py --record-small-form`)."""
+    from benchmarks.reader_cost import READERS, small_form_calls
+    from benchmarks.regression import BASELINES, load_recorded
+
+    recorded = load_recorded(BASELINES)
+    calls = small_form_calls(tmp_path)
+    assert set(calls) == set(READERS) == set(recorded["small_form_calls"])
+    over = {name: (value, recorded["small_form_calls"][name]) for name, value in calls.items()
+            if value > recorded["small_form_calls"][name] * (1 + recorded["tolerance"])}
+    assert not over, f"calls/sample over the recorded figure + {recorded['tolerance']:.0%}: {over}"
+
+
+def test_bench_check_rejects_a_base_that_is_not_a_commit(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert _script("bench_check", monkeypatch).main(["--base", "no-such-ref-here", "--wall-rows", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --base: 'no-such-ref-here': not a commit") and len(err.strip().splitlines()) == 1

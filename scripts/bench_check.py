@@ -2,13 +2,13 @@
 in the same run, from a throwaway `git worktree` of the base, in rounds that alternate base and head.
 
     make bench-check [BASE=<ref>]
-    .venv/bin/python scripts/bench_check.py [--base HEAD~1] [--cpu-rounds 3] [--rounds 2] [--wall-rows LIST|none]
+    .venv/bin/python scripts/bench_check.py [--base HEAD~1] [--cpu-rounds 3] [--rounds 3] [--wall-rows LIST|none]
                                             [--images 512] [--reader-images 256] [--calls-tolerance 0.1]
     .venv/bin/python scripts/bench_check.py --record-small-form     # rewrite benchmarks/baselines.json
 
 Rows (benchmarks/regression.py has the rules): `calls` and `cpu` per reader (decoded, encoded, encoded-kept) from
 scripts/bench_reader_cpu.py, one process per checkout under this checkout's harness, alternating; `wall` per row
-(decoded, encoded-decode-cache, encoded-redecode; staging-cache40 on request) from scripts/bench_peers.py
+(decoded, encoded-decode-cache; encoded-redecode and staging-cache40 on request) from scripts/bench_peers.py
 --checkouts base=<worktree>. Prints one line per row and a final PASS or FAIL; exit 1 on FAIL, 2 on bad arguments.
 Needs no peer library: it runs in the project's venv.
 """
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD~1", help="the commit head is compared with (default HEAD~1)")
     parser.add_argument("--cpu-rounds", type=int, default=3, help="alternating rounds of the reader measurements")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the object-storage harness")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the object-storage harness")
     parser.add_argument("--wall-rows", default=",".join(DEFAULT_WALL),
                         help=f"harness rows, of {', '.join(row.name for row in WALL_ROWS)}; `none` skips them")
     parser.add_argument("--images", type=int, default=512, help="images in the harness")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
@@ -37,6 +39,11 @@ class StrictModel(BaseModel):
         if field is None:
             return value
         return strict_scalar(field.annotation, value, pulumi_text=cls.pulumi_text_scalars)
+
+
+def listed_twice(names: Iterable[str]) -> list[str]:
+    """The names that occur more than once, sorted: what a "must be unique" check reports."""
+    return sorted(name for name, count in Counter(names).items() if count > 1)
 
 
 def _quantity(value: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from infra.config.base import DnsLabel, StrictModel
+from infra.config.base import DnsLabel, StrictModel, listed_twice
 from workloads.jobspec import DatasetSpec
 
 # oci://registry.k8s.io/jobset/charts/jobset and oci://ghcr.io/kubeflow/charts/kubeflow-trainer (docs/versions.md)
@@ -66,8 +66,7 @@ class TrainerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _names(self) -> TrainerConfig:
-        names = [runtime.name for runtime in self.staged_runtimes]
-        twice = sorted({name for name in names if names.count(name) > 1})
+        twice = listed_twice(runtime.name for runtime in self.staged_runtimes)
         if twice:
             raise ValueError(f"stagedRuntimes names must be unique: {', '.join(twice)}")
         return self

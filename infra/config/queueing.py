@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from infra.config.base import PRINCIPAL_ARN, DnsLabel, Quantity, StrictModel
+from infra.config.base import PRINCIPAL_ARN, DnsLabel, Quantity, StrictModel, listed_twice
 from infra.config.external import ExternalRelease
 
 # Kueue fills in queue-name `default` for a Job without one when a LocalQueue named `default` exists in its namespace
@@ -259,7 +259,7 @@ class TeamConfig(StrictModel):
     @model_validator(mode="after")
     def _flavors_once(self) -> TeamConfig:
         flavors = [quota.flavor for quota in self.quotas]
-        twice = sorted({flavor for flavor in flavors if flavors.count(flavor) > 1})
+        twice = listed_twice(flavors)
         if twice:
             raise ValueError(f"team {self.name}: flavor(s) {', '.join(twice)} listed twice")
         if (self.datasets or self.checkpoints) and self.namespace is None:
@@ -269,7 +269,7 @@ class TeamConfig(StrictModel):
             raise ValueError(f"team {self.name}: members and volume need a namespace (their access and claim are "
                              "scoped to it)")
         seen = [member.principal_arn or f"group {member.group}" for member in self.members]
-        twice = sorted({who for who in seen if seen.count(who) > 1})
+        twice = listed_twice(seen)
         if twice:
             raise ValueError(f"team {self.name}: member(s) {', '.join(twice)} listed twice")
         return self
@@ -331,22 +331,22 @@ class KueueConfig(StrictModel):
         if RESERVED_LOCAL_QUEUE in local_queues:
             raise ValueError(f"no LocalQueue may be named {RESERVED_LOCAL_QUEUE!r}: Kueue would put every Job without "
                              "a queue label into it, starting held (suspended) stack Jobs before their data exists")
-        twice = sorted({name for name in local_queues if local_queues.count(name) > 1})
+        twice = listed_twice(local_queues)
         if twice:
             raise ValueError(f"LocalQueue names must be unique (localQueue and team names): {', '.join(twice)}")
         cluster_queues = [self.cluster_queue, *(team.name for team in self.teams)]
-        twice = sorted({name for name in cluster_queues if cluster_queues.count(name) > 1})
+        twice = listed_twice(cluster_queues)
         if twice:
             raise ValueError(f"ClusterQueue names must be unique (clusterQueue and team names): {', '.join(twice)}")
         classes = [priority.name for priority in self.priority_classes]
-        twice = sorted({name for name in classes if classes.count(name) > 1})
+        twice = listed_twice(classes)
         if twice:
             raise ValueError(f"priority class names must be unique: {', '.join(twice)}")
         weighted = [team.name for team in self.teams if team.fair_sharing_weight is not None]
         if weighted and not self.fair_sharing:
             raise ValueError(f"fairSharingWeight ({', '.join(weighted)}) has no effect without fairSharing: true")
         namespaces = [team.namespace for team in self.teams if team.namespace is not None]
-        twice = sorted({name for name in namespaces if namespaces.count(name) > 1})
+        twice = listed_twice(namespaces)
         if twice:
             raise ValueError(f"team namespaces must be unique: {', '.join(twice)}")
         owned = [(team.name, data.bucket, data.prefix) for team in self.teams for data in team.data]

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from infra.config.base import JOBS_NAMESPACE, NAMESPACE, StrictModel
+from infra.config.base import JOBS_NAMESPACE, NAMESPACE, StrictModel, listed_twice
 from infra.config.cluster import (
     ClusterConfig,
     NetworkConfig,
@@ -194,7 +194,7 @@ class StackConfig(StrictModel):
         self._check_health_gate()
         self._check_external()
         names = [pool.name for pool in self.node_pools]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
+        duplicates = listed_twice(names)
         if duplicates:
             raise ValueError(f"node pool names must be unique: {', '.join(duplicates)}")
         missing = [name for name in self.job_controllers.integrations() if name not in self.kueue.integrations]
@@ -203,7 +203,7 @@ class StackConfig(StrictModel):
             raise ValueError(f"kueue.integrations must list {', '.join(missing)} (jobControllers enables it): "
                              "without it Kueue ignores the queue label and the gang runs outside the quota")
         job_names = [job.name for job in self.jobs]
-        duplicate_jobs = sorted({name for name in job_names if job_names.count(name) > 1})
+        duplicate_jobs = listed_twice(job_names)
         if duplicate_jobs:
             raise ValueError(f"job names must be unique: {', '.join(duplicate_jobs)}")
         return self

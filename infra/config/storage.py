@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from infra.config.base import DnsLabel, Quantity, StrictModel
+from infra.config.base import DnsLabel, Quantity, StrictModel, listed_twice
 from infra.config.fsx import FsxLustreConfig
 
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -306,13 +306,13 @@ class StorageConfig(StrictModel):
         keys = [bucket.name for bucket in self.buckets] + [
             bucket.name for bucket in (self.cos.buckets if self.cos else [])
         ]
-        duplicates = sorted({key for key in keys if keys.count(key) > 1})
+        duplicates = listed_twice(keys)
         if duplicates:
             raise ValueError(
                 f"storage bucket names must be unique across buckets and cos.buckets: {duplicates}"
             )
         volume_names = [volume.name for volume in self.shared_volumes]
-        duplicate_volumes = sorted({name for name in volume_names if volume_names.count(name) > 1})
+        duplicate_volumes = listed_twice(volume_names)
         if duplicate_volumes:
             raise ValueError(f"storage.sharedVolumes names must be unique: {duplicate_volumes}")
         self._fsx_references()

@@ -14,9 +14,9 @@ cordoned (so cluster-autoscaler never takes it as the template of its group) and
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from workloads.health.dcgm import DiagReport
 
@@ -32,6 +32,7 @@ SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 HELD_ANNOTATION = "gpu-health-holds-scale-down"
 MAX_REASON_CHARS = 2000
 MAX_REASONS = 12
+_Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True)
@@ -92,21 +93,27 @@ class Verdict:
 def decide(evidence: Evidence) -> Verdict:
     """passed, or failed with one line per reason (every reason, not only the first)."""
     reasons: list[str] = []
-    reasons += _dcgm_reasons(evidence)
-    reasons += _gpu_reasons(evidence)
+    reasons += _judged("dcgm: the diagnostic left no output", evidence.dcgm, evidence.dcgm_exit,
+                       lambda report: _dcgm_reasons(report, evidence))
+    reasons += _judged("gpu: the memory/compute check left no result", evidence.gpu, evidence.gpu_exit,
+                       lambda check: _gpu_reasons(check, evidence.expected_gpus))
     if evidence.expected_efa:
-        reasons += _efa_reasons(evidence)
+        reasons += _judged("efa: the check left no result", evidence.efa, evidence.efa_exit,
+                           lambda check: _efa_reasons(check, evidence.expected_efa))
     return Verdict(not reasons, tuple(reasons))
+
+
+def _judged(missing: str, result: _Result | None, code: int | None,
+            judge: Callable[[_Result], list[str]]) -> list[str]:
+    """What `judge` finds wrong in a check's result; a check that left no result is one reason, with its exit."""
+    return [f"{missing}{_exit(code)}"] if result is None else judge(result)
 
 
 def _exit(code: int | None) -> str:
     return "" if code is None else f" (exit {code}{', timed out' if code == 124 else ''})"
 
 
-def _dcgm_reasons(evidence: Evidence) -> list[str]:
-    report = evidence.dcgm
-    if report is None:
-        return [f"dcgm: the diagnostic left no output{_exit(evidence.dcgm_exit)}"]
+def _dcgm_reasons(report: DiagReport, evidence: Evidence) -> list[str]:
     reasons = [finding.line() for finding in report.findings]
     if report.error is not None:
         reasons.insert(0, f"dcgm: {report.error}{_exit(evidence.dcgm_exit)}")
@@ -115,13 +122,10 @@ def _dcgm_reasons(evidence: Evidence) -> list[str]:
     return reasons
 
 
-def _gpu_reasons(evidence: Evidence) -> list[str]:
-    check = evidence.gpu
-    if check is None:
-        return [f"gpu: the memory/compute check left no result{_exit(evidence.gpu_exit)}"]
+def _gpu_reasons(check: GpuCheck, expected_gpus: int) -> list[str]:
     reasons = []
-    if check.devices < evidence.expected_gpus:
-        reasons.append(f"gpu: CUDA sees {check.devices} GPUs, the node's type has {evidence.expected_gpus}")
+    if check.devices < expected_gpus:
+        reasons.append(f"gpu: CUDA sees {check.devices} GPUs, the node's type has {expected_gpus}")
     seen = {gpu.index for gpu in check.gpus}
     missing = sorted(set(range(check.devices)) - seen)
     if missing:
@@ -137,15 +141,12 @@ def _gpu_reasons(evidence: Evidence) -> list[str]:
     return reasons
 
 
-def _efa_reasons(evidence: Evidence) -> list[str]:
-    check = evidence.efa
-    if check is None:
-        return [f"efa: the check left no result{_exit(evidence.efa_exit)}"]
+def _efa_reasons(check: EfaCheck, expected_efa: int) -> list[str]:
     reasons = []
     if check.error:
         reasons.append(f"efa: {check.error}")
-    if check.interfaces < evidence.expected_efa:
-        reasons.append(f"efa: {check.interfaces} EFA interfaces, the pool expects {evidence.expected_efa}")
+    if check.interfaces < expected_efa:
+        reasons.append(f"efa: {check.interfaces} EFA interfaces, the pool expects {expected_efa}")
     if not check.provider_ok:
         reasons.append("efa: fi_info -p efa lists no efa provider (libfabric cannot open the interfaces)")
     if check.memlock_kib is not None:

@@ -12,13 +12,17 @@ read them, and the harness's own clock (start, the kill, the end). The trial's w
     tail        from the last step to the end (the last epoch line, process exit), its checkpoint write excepted
     other       the rest: epoch boundaries, the gap between a step and the kill, event transport
 
-Predicted with the model of workloads/jobspec/goodput.py (Young 1974, Daly 2006), every input from the
-uninterrupted run: delta = its mean checkpoint write, tau = --checkpoint-every x its mean step time, M = its
-productive time (the harness kills once per trial), R = its start-up (a restart is a fresh start of both nodes plus a
-checkpoint load). The first-order formula 1 - delta/tau -
-tau/(2M) - R/M is for delta << tau << M; here M is seconds, not days, and R is larger than M, so the table also gives
-the same terms without the first-order expansion, 1 / (1 + delta/tau + (tau/2 + R)/M), and for SIGTERM, which loses
-no steps but writes one more checkpoint, tau/2 is replaced by delta. Both are compared with the measured goodput of
+Predicted with the stack's model (workloads/jobspec/goodput.py, goodput_terms: Young 1974, Daly 2006), every input
+from the uninterrupted run: tau = --checkpoint-every x its mean step time, M = its productive time (the harness kills
+once per trial), R = its start-up (a restart is a fresh start of both nodes plus a checkpoint load). A synchronous
+writer (a StepReport `saving` block and nothing else) blocks the loop for delta = its mean save, and a failure loses
+tau/2. An asynchronous sharded save (the trainer's "checkpoint" events with blocked_seconds, a StepReport script's
+"checkpoint_written" events) blocks only for its stall s (the mean blocked time) while the write, delta (the mean
+write and mirror time), runs beside the next steps: saves start every tau_e = tau x ceil(delta / tau) (skipped while
+one is in flight) and a failure loses tau_e/2 + delta (the save in flight counts for nothing). SIGTERM (an orderly
+stop) loses no steps but writes one last whole save (delta). The first-order formula 1 - s/tau_e - lost/M - R/M is for
+delta << tau << M; here M is seconds, not days, and R is larger than M, so the table also gives the same terms
+without the first-order expansion, 1 / (1 + s/tau_e + (lost + R)/M). Both are compared with the measured goodput of
 the model's window (startup and tail excluded: the model has no term for them).
 
 Pure functions over recorded numbers; no torch.
@@ -26,10 +30,13 @@ Pure functions over recorded numbers; no torch.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from workloads.jobspec.goodput import goodput_terms
 
 BUCKETS = ("startup", "productive", "lost", "checkpoint", "restart", "tail", "other")
 
@@ -112,62 +119,66 @@ def _blocked(event: dict[str, Any]) -> float:
     return 0.0
 
 
-@dataclass(frozen=True)
-class Predicted:
-    checkpoint_s: float  # delta
-    interval_s: float  # tau
-    mtbf_s: float  # M
-    restart_s: float  # R
-    first_order: float  # 1 - delta/tau - tau/(2M) - R/M
-    unexpanded: float  # 1 / (1 + delta/tau + (lost + R)/M)
-
-
-def predict(checkpoint_s: float, interval_s: float, mtbf_s: float, restart_s: float,
-            lost_s: float | None = None) -> Predicted:
-    """The model's goodput for one failure every `mtbf_s` of productive time; `lost_s` the work a failure loses
-    (default tau/2: a failure at a uniformly random time since the last checkpoint)."""
-    lost = interval_s / 2 if lost_s is None else lost_s
-    first = 1 - checkpoint_s / interval_s - lost / mtbf_s - restart_s / mtbf_s
-    whole = 1 / (1 + checkpoint_s / interval_s + (lost + restart_s) / mtbf_s)
-    return Predicted(checkpoint_s, interval_s, mtbf_s, restart_s, first, whole)
+def _writes(events: Sequence[tuple[float, dict[str, Any]]]) -> list[float]:
+    """The background write (and mirror) time of each asynchronous save: the trainer's "checkpoint" events (those with
+    blocked_seconds, reported when the save is complete) and a StepReport's "checkpoint_written" events. None for a
+    synchronous writer (its whole save is the blocked time)."""
+    out = []
+    for _, event in events:
+        name = event.get("event")
+        if (name == "checkpoint" and event.get("blocked_seconds") is not None) or name == "checkpoint_written":
+            out.append(float(event.get("write_seconds") or 0.0) + float(event.get("mirror_seconds") or 0.0))
+    return out
 
 
 def reference_inputs(reference: Measured, events: Sequence[tuple[float, dict[str, Any]]],
-                     checkpoint_every: int) -> dict[str, float]:
-    """The model's inputs, all from the uninterrupted run: delta its mean checkpoint write, tau checkpoint_every x its
-    mean step, M its productive time (the harness kills once per trial), R its start-up (a restart is a fresh start
-    of the gang plus a checkpoint load: the plan's cold-start figure, not the trials' own restarts)."""
+                     checkpoint_every: int) -> dict[str, Any]:
+    """The model's inputs, all from the uninterrupted run: delta its mean checkpoint write (asynchronous: the
+    background write; stall_s then the mean time a save blocked the loop; synchronous: the blocked time, stall_s
+    None), tau checkpoint_every x its mean step, M its productive time (the harness kills once per trial), R its
+    start-up (a restart is a fresh start of the gang plus a checkpoint load: the plan's cold-start figure, not the
+    trials' own restarts)."""
     steps = _steps(events)
-    writes = [_blocked(event) for _, event in events if event.get("event") == "checkpoint"]
+    blocked = [_blocked(event) for _, event in events if event.get("event") == "checkpoint"]
+    writes = _writes(events)
     step_s = statistics.fmean(seconds for _, _, seconds, _ in steps) if steps else 0.0
-    return {"checkpoint_s": statistics.fmean(writes) if writes else 0.0, "interval_s": checkpoint_every * step_s,
+    mean_blocked = statistics.fmean(blocked) if blocked else 0.0
+    return {"checkpoint_s": statistics.fmean(writes) if writes else mean_blocked,
+            "stall_s": mean_blocked if writes else None, "interval_s": checkpoint_every * step_s,
             "mtbf_s": reference.buckets["productive"], "restart_s": reference.buckets["startup"],
             "checkpoint_every": checkpoint_every}
 
 
 def goodput_summary(reference: Measured, reference_events: Sequence[tuple[float, dict[str, Any]]],
                     trials: Sequence[tuple[str, Measured, float | None]], checkpoint_every: int) -> dict[str, Any]:
-    """Per kill kind: the measured buckets (means) and goodput, and the model's prediction term by term.
-    `trials` holds (kill kind, measured, time to resume)."""
+    """Per kill kind: the measured buckets (means) and goodput, and the model's prediction term by term (the stack's
+    goodput_terms; SIGTERM an orderly stop). `trials` holds (kill kind, measured, time to resume)."""
     inputs = reference_inputs(reference, reference_events, checkpoint_every)
-    delta, tau, mtbf, restart = (inputs["checkpoint_s"], inputs["interval_s"], inputs["mtbf_s"],
-                                 inputs["restart_s"])
+    delta, tau, mtbf, restart, stall = (inputs["checkpoint_s"], inputs["interval_s"], inputs["mtbf_s"],
+                                        inputs["restart_s"], inputs["stall_s"])
     out: dict[str, Any] = {"inputs": inputs,
                            "uninterrupted": {"goodput": reference.goodput, "window_goodput": reference.window_goodput,
                                              "buckets": reference.buckets}}
+    if not tau > 0:
+        return out
+    inputs["effective_interval_s"] = goodput_terms(delta, tau, restart, stall).interval_s
     for kind in sorted({kind for kind, _, _ in trials}):
         measured = [m for k, m, _ in trials if k == kind]
-        lost = delta if kind == "SIGTERM" else tau / 2  # SIGTERM: no steps lost, one more checkpoint written
-        prediction = predict(delta, tau, mtbf, restart, lost_s=lost)
+        orderly = kind == "SIGTERM"  # no steps lost, one more whole save written
+        terms = goodput_terms(delta, tau, restart, stall, orderly=orderly)
         out[kind] = {
             "trials": len(measured),
             "buckets_mean_s": {name: statistics.fmean(m.buckets[name] for m in measured) for name in BUCKETS},
             "measured_goodput": statistics.fmean(m.goodput for m in measured),
             "measured_window_goodput": statistics.fmean(m.window_goodput for m in measured),
-            "predicted_terms_s": {"restart": restart, "lost": tau / 2 if kind != "SIGTERM" else 0.0,
-                                  "checkpoint": mtbf / tau * delta + (delta if kind == "SIGTERM" else 0.0)},
-            "predicted_first_order": prediction.first_order,
-            "predicted": prediction.unexpanded,
+            # an orderly stop's last save: its block is one more checkpoint, the wait for the rest of its write
+            # (asynchronous) comes before the restart, in the harness's restart bucket
+            "predicted_terms_s": {"restart": restart + (terms.lost_s - terms.blocked_s if orderly else 0.0),
+                                  "lost": 0.0 if orderly else terms.lost_s,
+                                  "checkpoint": mtbf / terms.interval_s * terms.blocked_s
+                                  + (terms.blocked_s if orderly else 0.0)},
+            "predicted_first_order": terms.first_order(mtbf),
+            "predicted": terms.unexpanded(mtbf),
         }
     return out
 
@@ -187,15 +198,21 @@ def goodput_table(summary: dict[str, Any]) -> list[str]:
     """The table scripts/chaos_gang.py --goodput prints: each term measured / predicted (seconds, trial means), then
     goodput over the model's window measured / predicted (and the first-order formula's), and over the whole trial."""
     inputs = summary["inputs"]
-    lines = [f"goodput model inputs, from the uninterrupted run: checkpoint {inputs['checkpoint_s']:.3f} s, interval "
+    stall = inputs.get("stall_s")
+    saves = (f"checkpoint {inputs['checkpoint_s']:.3f} s" if stall is None else
+             f"checkpoint {inputs['checkpoint_s']:.3f} s in the background, stall {stall:.3f} s, saves every "
+             f"{inputs.get('effective_interval_s', inputs['interval_s']):.3f} s")
+    lines = [f"goodput model inputs, from the uninterrupted run: {saves}, interval "
              f"{inputs['interval_s']:.3f} s = {inputs['checkpoint_every']} steps, M {inputs['mtbf_s']:.2f} s of "
              f"productive time per failure (one kill per trial), R {inputs['restart_s']:.2f} s (its start-up)",
              f"{'kill':8} {'trials':>6} {'restart s':>13} {'lost s':>11} {'checkpoint s':>13} {'goodput':>15} "
              f"{'1st order':>9} {'whole run':>9}",
              f"{'':8} {'':>6} {'meas / pred':>13} {'meas / pred':>11} {'meas / pred':>13} {'meas / pred':>15}"]
     uninterrupted = summary["uninterrupted"]
-    none = 1 / (1 + inputs["checkpoint_s"] / inputs["interval_s"]) if inputs["interval_s"] else 0.0
-    writes = inputs["mtbf_s"] / inputs["interval_s"] * inputs["checkpoint_s"] if inputs["interval_s"] else 0.0
+    none, writes = 0.0, 0.0
+    if inputs["interval_s"]:
+        terms = goodput_terms(inputs["checkpoint_s"], inputs["interval_s"], inputs["restart_s"], stall)
+        none, writes = terms.unexpanded(math.inf), inputs["mtbf_s"] / terms.interval_s * terms.blocked_s
     lines.append(f"{'none':8} {1:6d} {'-':>13} {'-':>11} {uninterrupted['buckets']['checkpoint']:5.2f} / {writes:5.2f} "
                  f"{uninterrupted['window_goodput']:6.1%} / {none:6.1%} {'-':>9} {uninterrupted['goodput']:9.1%}")
     for kind, row in kind_rows(summary):

@@ -11,7 +11,9 @@ loader would shard it a second time. The checkpoint (at each epoch's end and eve
 data position: a rerun resumes sample-exact.
 SIGTERM (a drain, a Spot reclaim): StopSignal agrees through Accelerate's own trigger (`set_trigger` on the
 signalled process, `check_trigger` on all), then the checkpoint, then exit 43, which the Jobs do not count.
-One JSON line per epoch on stdout.
+One JSON line per epoch on stdout, and the main process's step events (StepReport: each step's time, its wait for
+data, each checkpoint's stall, as the bundled trainer reports them; with $METRICS_PORT the same as Prometheus
+metrics), which measured goodput reads.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from accelerate import Accelerator
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, StopSignal, random_resized_crop_flip_normalize
+from workloads.data.api import (
+    LoaderSettings,
+    PackedData,
+    StepReport,
+    StopSignal,
+    random_resized_crop_flip_normalize,
+)
 
 
 def small_cnn(num_classes: int, width: int = 32) -> nn.Module:
@@ -95,11 +103,13 @@ def main() -> None:
 
     data.loader(LoaderSettings(workers=args.workers))
     generator = torch.Generator(device=accelerator.device)
+    # each step's time, data wait and checkpoint stall: measured goodput (docs/monitoring.md); Accelerate's own rank
+    report = StepReport(rank=accelerator.process_index, local_rank=accelerator.local_process_index)
     with stop, data:
         for epoch in range(data.start_epoch, args.epochs):
             started, samples, loss_sum = time.perf_counter(), 0, 0.0
             model.train()
-            for images, labels in data.batches(epoch, last_epoch=epoch == args.epochs - 1):
+            for images, labels in report.timed(data.batches(epoch, last_epoch=epoch == args.epochs - 1), epoch):
                 images, labels = images.to(accelerator.device), labels.to(accelerator.device)
                 generator.manual_seed(hash((epoch, step, accelerator.process_index)) & 0xFFFF_FFFF)
                 inputs = random_resized_crop_flip_normalize(images, data.image_size, generator=generator,
@@ -111,10 +121,13 @@ def main() -> None:
                 step += 1
                 samples += len(labels)
                 loss_sum += loss.item() * len(labels)
+                report.step(step, samples=len(labels), loss=loss.item())  # the step's figures, for goodput
                 if args.checkpoint_every and step % args.checkpoint_every == 0:
-                    save(step)
+                    with report.saving(step):
+                        save(step)
                 stop.check(partial(save, step))
-            save(step)
+            with report.saving(step):
+                save(step)
             if accelerator.is_main_process:
                 elapsed = time.perf_counter() - started
                 print(json.dumps({"epoch": epoch, "samples": samples, "loss": round(loss_sum / max(samples, 1), 4),

@@ -18,8 +18,8 @@ SIGTERM (a Spot notice, a drain): the data API's StopSignal has the ranks agree 
 the save (local and remote), and exit with $DISRUPTION_EXIT_CODE (43), which the Job retries without counting. Every
 wait has a deadline: --collective-timeout (default $COLLECTIVE_TIMEOUT_SECONDS, else 600) bounds the process group's
 collectives and the checkpointer's waits. One JSON line per epoch (rank 0), and rank 0's step events (StepReport:
-each step's time, its wait for data, each save's stall, as the bundled trainer reports them; with $METRICS_PORT the
-same as Prometheus metrics), which measured goodput reads.
+each step's time, its wait for data, each save's stall and, once it is written, its background write time, as the
+bundled trainer reports them; with $METRICS_PORT the same as Prometheus metrics), which measured goodput reads.
 """
 
 from __future__ import annotations
@@ -172,10 +172,21 @@ def main() -> int:
     report = _reporter(placement.rank)
     steps = StepReport()  # each step's time, data wait and save stall: measured goodput (docs/monitoring.md)
 
+    written: set[int] = set()
+
+    def save_written() -> None:  # the newest save is over (after wait(), or busy() said so): its background write
+        done = ckpt.last
+        if done is not None and done.complete and done.local_write_s is not None and done.step not in written:
+            written.add(done.step)
+            steps.written(done.step, done.local_write_s, done.remote_s)  # the goodput model's in-flight term
+
     def last_checkpoint() -> None:  # on every rank, after the step all ranks agreed to stop at
         with steps.saving(step):
+            ckpt.wait()  # the save in flight, if any (save() would wait for it too)
+            save_written()
             saved = ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
         ckpt.wait()
+        save_written()
         report("stopped", step=step, complete=saved.complete)
 
     data.loader(LoaderSettings(workers=args.workers))
@@ -204,6 +215,7 @@ def main() -> int:
                         ckpt.skipped += 1
                         report("checkpoint_skipped", step=step, in_flight=ckpt.in_flight, skipped=ckpt.skipped)
                     else:
+                        save_written()
                         with steps.saving(step):  # the "checkpoint" event: the loop's stall (staging)
                             ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": epoch})
                         saved_step = step
@@ -213,8 +225,11 @@ def main() -> int:
     last = ckpt.wait() if saved_step == step else None
     if last is None or not last.complete:
         with steps.saving(step):
+            ckpt.wait()
+            save_written()
             ckpt.save(state, step, meta={"data": data.state_dict(), "epoch": args.epochs})
         last = ckpt.wait()
+    save_written()
     report("done", step=step, complete=bool(last and last.complete))
     return 0
 

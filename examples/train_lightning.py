@@ -14,7 +14,9 @@ refuses a product that differs from the world size, which changes when an elasti
 SIGTERM (a drain, a Spot reclaim): the StopOnSignal callback stops every rank after the same batch (Lightning's own
 reduce_boolean_decision), saves last.ckpt and exits 43, which the Jobs retry without counting. (Lightning's own
 SIGTERM handling ends fit with SystemExit() - exit status 0, a finished pod - or 1.)
-One JSON line per epoch on stdout.
+One JSON line per epoch on stdout, and rank 0's step events (the ReportSteps callback over StepReport: each step's
+time, its wait for data, each save's stall, as the bundled trainer reports them; with $METRICS_PORT the same as
+Prometheus metrics), which measured goodput reads.
 """
 
 from __future__ import annotations
@@ -32,14 +34,21 @@ import torch
 from torch import nn
 
 from workloads.cli import parse_size
-from workloads.data.api import LoaderSettings, PackedData, StopSignal, random_resized_crop_flip_normalize
+from workloads.data.api import (
+    LoaderSettings,
+    PackedData,
+    StepReport,
+    StopSignal,
+    random_resized_crop_flip_normalize,
+)
 
 
 class EpochBatches:
-    """The iterable Lightning trains on: each pass is the next epoch of `data.batches`."""
+    """The iterable Lightning trains on: each pass is the next epoch of `data.batches`, each batch's wait timed by
+    `report` (which also ends a save when Lightning asks for the next batch)."""
 
-    def __init__(self, data: PackedData, module: L.LightningModule, epochs: int):
-        self.data, self.module, self.epochs = data, module, epochs
+    def __init__(self, data: PackedData, module: L.LightningModule, epochs: int, report: StepReport):
+        self.data, self.module, self.epochs, self.report = data, module, epochs, report
         # A whole epoch's batches, taken before a checkpoint moves the sampler into an epoch: Lightning reads the
         # length once, and a resumed epoch's pass yields only the batches left (Lightning ends it when they end).
         self.per_epoch = len(data.sampler)
@@ -51,7 +60,29 @@ class EpochBatches:
         # A checkpoint written at an epoch's end holds Lightning's epoch counter before it moves on: resumed from it,
         # Lightning asks for that finished epoch's batches once more, so the data's resumed epoch decides.
         epoch = max(self.module.current_epoch, self.data.start_epoch)
-        return self.data.batches(epoch, last_epoch=epoch == self.epochs - 1)
+        return self.report.timed(self.data.batches(epoch, last_epoch=epoch == self.epochs - 1), epoch)
+
+
+class ReportSteps(L.Callback):
+    """Each optimizer step and save as the bundled trainer reports them (StepReport), for measured goodput. A step
+    ends in on_train_batch_end (after its optimizer step; global_step counts it). A save begins in
+    on_save_checkpoint (ModelCheckpoint runs after every other callback, so after this one's on_train_batch_end) and
+    ends when Lightning asks for the next batch (EpochBatches' `timed`) or, for the last, in on_train_end."""
+
+    def __init__(self, report: StepReport) -> None:
+        self.report = report
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs  # automatic optimization: {"loss": ..}
+        self.report.step(trainer.global_step, samples=len(batch[1]), loss=None if loss is None else loss.item())
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self.report.save_started(trainer.global_step)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.report.save_done()
 
 
 class StopOnSignal(L.Callback):
@@ -161,14 +192,15 @@ def main() -> None:
     module = Classifier(data, args.lr, data.image_size)
     last = Path(args.checkpoint_dir) / "last.ckpt" if args.checkpoint_dir else None
     stop_on_signal = StopOnSignal(last)
-    callbacks: list[L.Callback] = [stop_on_signal]
+    report = StepReport()  # each step's time, data wait and save stall: measured goodput (docs/monitoring.md)
+    callbacks: list[L.Callback] = [stop_on_signal, ReportSteps(report)]
     if last is not None:
         callbacks += checkpoints(args.checkpoint_dir, args.checkpoint_every)
     trainer = L.Trainer(max_epochs=args.epochs, use_distributed_sampler=False, callbacks=callbacks,
                         enable_checkpointing=bool(last), enable_progress_bar=False, enable_model_summary=False,
                         logger=False, num_sanity_val_steps=0, **gang_size())
     with stop_on_signal.stop, data:  # a lost peer's error inside fit: exit 43, one line
-        trainer.fit(module, train_dataloaders=EpochBatches(data, module, args.epochs),
+        trainer.fit(module, train_dataloaders=EpochBatches(data, module, args.epochs, report),
                     ckpt_path=str(last) if last is not None and last.exists() else None)
     if trainer.global_rank == 0 and data.stager_summary:
         print(json.dumps({"stager": data.stager_summary}), flush=True)

@@ -6,7 +6,9 @@ each trial, then the distribution of time-to-resume and steps lost as JSON and a
 its checks. --script: your own training script (e.g. examples/train_plain.py) instead of the bundled trainer,
 rendered through the same Job spec (`command: [python, SCRIPT]`); arguments the harness does not know go to it
 (--tokens: token sequences for a language model, e.g. examples/train_fsdp.py --vocab-size 64).
---goodput: measured vs predicted goodput of the trials (benchmarks/chaos_goodput.py)."""
+--goodput: measured vs predicted goodput of the trials (benchmarks/chaos_goodput.py). --summarize WORKDIR: no trials;
+the goodput table of those an earlier run kept in its --workdir (each trial's outcome.json), e.g. to compare models
+on the same trials."""
 
 from __future__ import annotations
 
@@ -19,13 +21,29 @@ from typing import NoReturn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.chaos_gang import Outcome, run_trials  # noqa: E402
-from benchmarks.chaos_goodput import goodput_table, kind_rows  # noqa: E402
+from benchmarks.chaos_goodput import goodput_table, kind_rows, trials_goodput  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
 
 
 def _refuse(where: str, why: str) -> NoReturn:
     print(f"error: {where}: {why}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def _summarize(workdir: str, checkpoint_every: int) -> int:
+    """The goodput table of the outcomes a run kept in `workdir` (straight/ and trialNNN/outcome.json)."""
+    def load(path: Path) -> Outcome:
+        try:
+            return Outcome(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            _refuse("--summarize", f"{path}: not a kept outcome ({exc})")
+
+    root = Path(workdir)
+    straight = load(root / "straight" / "outcome.json")
+    trials = [load(path) for path in sorted(root.glob("trial*/outcome.json"))]
+    summary = trials_goodput(straight, trials, checkpoint_every)
+    print("\n".join(goodput_table(summary)) if summary else "goodput: not measured (the run reported no step events)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", action="store_true",
                         help="with --script: the samples as token sequences (a `tokens` field of 17 ids below 64) for "
                              "a language-model script, e.g. --script examples/train_fsdp.py --tokens --vocab-size 64")
+    parser.add_argument("--summarize", metavar="WORKDIR", default=None,
+                        help="run no trials: print the goodput table of the ones kept in WORKDIR by an earlier run's "
+                             "--workdir (with its --checkpoint-every)")
     args, rest = parser.parse_known_args(argv)
+    if args.summarize is not None:
+        return _summarize(args.summarize, args.checkpoint_every)
     if rest and args.script is None:
         _refuse("arguments", f"unrecognized arguments: {' '.join(rest)} (arguments for a script need --script)")
     if args.script is not None and not Path(args.script).is_file():

@@ -1,14 +1,17 @@
 """The chaos harness's goodput figures (benchmarks/chaos_goodput.py) over hand-made event streams: the buckets add
 up to the wall time, lost steps are the ones after the checkpoint the next formation resumed from, and the
-prediction is the formula's."""
+prediction is the stack's model (workloads/jobspec/goodput.py), synchronous or asynchronous as the events say."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.chaos_goodput import BUCKETS, goodput_summary, goodput_table, measure, predict
+from benchmarks.chaos_goodput import BUCKETS, goodput_summary, goodput_table, measure
+from workloads.jobspec.goodput import expected_goodput, goodput_terms
 
 
 def _run(start: float, first_step: int, steps: int, resumed: int | None = None) -> list[tuple[float, dict[str, Any]]]:
@@ -58,22 +61,63 @@ def test_steps_after_the_resumed_checkpoint_are_lost_and_the_restart_is_timed() 
 
 
 def test_the_prediction_is_the_formula_and_sigterm_loses_a_checkpoint_not_half_an_interval() -> None:
-    p = predict(checkpoint_s=0.2, interval_s=1.5, mtbf_s=12.0, restart_s=4.0)
-    assert p.first_order == pytest.approx(1 - 0.2 / 1.5 - 0.75 / 12 - 4 / 12)
-    assert p.unexpanded == pytest.approx(1 / (1 + 0.2 / 1.5 + (0.75 + 4) / 12))
+    terms = goodput_terms(checkpoint_s=0.2, interval_s=1.5, restart_s=4.0)
+    assert terms.first_order(12.0) == pytest.approx(1 - 0.2 / 1.5 - 0.75 / 12 - 4 / 12)
+    assert terms.first_order(12.0) == expected_goodput(0.2, 1.5, 12.0, 4.0)  # the stack's prediction, the same terms
+    assert terms.unexpanded(12.0) == pytest.approx(1 / (1 + 0.2 / 1.5 + (0.75 + 4) / 12))
     reference = measure(_run(2.0, 0, 24), wall_s=2.0 + 24 * 0.5 + 8 * 0.2 + 0.5)
     kill = measure(_run(2.0, 0, 5) + _run(9.0, 3, 21, resumed=3), wall_s=30.0, killed_at_s=4.6,
                    time_to_resume_s=5.0)
     summary = goodput_summary(reference, _run(2.0, 0, 24), [("SIGKILL", kill, 5.0), ("SIGTERM", kill, 5.0)], 3)
     # every input from the uninterrupted run: R is its start-up (2 s), not the trials' own restarts
-    assert summary["inputs"] == {"checkpoint_s": pytest.approx(0.2), "interval_s": pytest.approx(1.5),
-                                 "mtbf_s": pytest.approx(12.0), "restart_s": pytest.approx(2.0), "checkpoint_every": 3}
+    assert summary["inputs"] == {"checkpoint_s": pytest.approx(0.2), "stall_s": None, "interval_s": pytest.approx(1.5),
+                                 "effective_interval_s": pytest.approx(1.5), "mtbf_s": pytest.approx(12.0),
+                                 "restart_s": pytest.approx(2.0), "checkpoint_every": 3}
     assert summary["SIGKILL"]["predicted"] == pytest.approx(1 / (1 + 0.2 / 1.5 + (0.75 + 2.0) / 12))
     assert summary["SIGTERM"]["predicted"] == pytest.approx(1 / (1 + 0.2 / 1.5 + (0.2 + 2.0) / 12))
     assert summary["SIGKILL"]["predicted_terms_s"] == {"restart": 2.0, "lost": 0.75, "checkpoint": pytest.approx(1.6)}
     assert summary["SIGKILL"]["measured_goodput"] == pytest.approx(kill.goodput)
     lines = goodput_table(summary)
     assert lines[1].split()[:3] == ["kill", "trials", "restart"] and lines[4].startswith("SIGKILL")
+
+
+def _asynchronous(events: list[tuple[float, dict[str, Any]]], write_s: float, script: bool) -> None:
+    """The checkpoints of `events` as asynchronous saves that blocked the loop 0.2 s and wrote for `write_s` in the
+    background: the trainer's event (blocked_seconds, write_seconds) or a StepReport script's (its `saving` block,
+    then a "checkpoint_written" event)."""
+    for index, (at, event) in enumerate(list(events)):
+        if event["event"] != "checkpoint":
+            continue
+        if script:
+            event.update(stall_seconds=0.2)
+            events.insert(index + 1, (at, {"event": "checkpoint_written", "step": event["step"],
+                                           "write_seconds": write_s - 0.5, "mirror_seconds": 0.5}))
+        else:
+            event.update(stall_seconds=0.05, blocked_seconds=0.2, write_seconds=write_s, mirror_seconds=None)
+
+
+@pytest.mark.parametrize("script", [False, True])
+def test_an_asynchronous_save_is_predicted_with_the_stack_model_in_flight_write_and_skips(script: bool) -> None:
+    """Sharded saves: the loop blocked 0.2 s a save, the write 2.0 s in the background: a save can start only every
+    ceil(2.0 / 1.5) = 2 intervals (3.0 s), and a lost node loses half of that plus the save in flight (1.5 + 2.0 s)."""
+    reference_events = _run(2.0, 0, 24)
+    _asynchronous(reference_events, 2.0, script)
+    reference = measure(reference_events, wall_s=2.0 + 24 * 0.5 + 8 * 0.2 + 0.5)
+    kill = measure(_run(2.0, 0, 5) + _run(9.0, 3, 21, resumed=3), wall_s=30.0, killed_at_s=4.6, time_to_resume_s=5.0)
+    summary = goodput_summary(reference, reference_events, [("SIGKILL", kill, 5.0), ("SIGTERM", kill, 5.0)], 3)
+    inputs = summary["inputs"]
+    assert (inputs["checkpoint_s"], inputs["stall_s"]) == (pytest.approx(2.0), pytest.approx(0.2))
+    assert inputs["effective_interval_s"] == pytest.approx(3.0)
+    assert summary["SIGKILL"]["predicted_terms_s"] == {"restart": 2.0, "lost": pytest.approx(3.5),
+                                                      "checkpoint": pytest.approx(12.0 / 3.0 * 0.2)}
+    assert summary["SIGKILL"]["predicted"] == pytest.approx(1 / (1 + 0.2 / 3.0 + (3.5 + 2.0) / 12))
+    assert summary["SIGKILL"]["predicted_first_order"] == pytest.approx(1 - 0.2 / 3.0 - 3.5 / 12 - 2.0 / 12)
+    # an orderly stop loses no step and waits for one last whole save: its stall a checkpoint, the rest of its
+    # write before the restart
+    assert summary["SIGTERM"]["predicted_terms_s"] == {"restart": pytest.approx(3.8), "lost": 0.0,
+                                                      "checkpoint": pytest.approx(12.0 / 3.0 * 0.2 + 0.2)}
+    assert summary["SIGTERM"]["predicted"] == pytest.approx(1 / (1 + 0.2 / 3.0 + (2.0 + 2.0) / 12))
+    assert "in the background, stall 0.200 s, saves every 3.000 s" in goodput_table(summary)[0]
 
 
 def test_a_checkpoint_counts_the_whole_time_the_loop_was_blocked() -> None:
@@ -90,3 +134,30 @@ def test_a_checkpoint_counts_the_whole_time_the_loop_was_blocked() -> None:
     assert measure(events, wall_s=2.3).buckets["checkpoint"] == pytest.approx(0.05)
     del events[2][1]["stall_seconds"]
     assert measure(events, wall_s=2.3).buckets["checkpoint"] == pytest.approx(0.9)
+
+
+def test_the_cli_sums_up_the_trials_a_run_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/chaos_gang.py --summarize WORKDIR: the goodput table of the outcomes an earlier --workdir kept (no
+    trials run), as the run printed it; a file that is no outcome is one line and exit 2."""
+    from dataclasses import asdict
+
+    from benchmarks.chaos_gang import Outcome
+    from scripts.chaos_gang import main
+
+    straight = Outcome(ok=True, seconds=2.0 + 24 * 0.5 + 8 * 0.2 + 0.5, events=_run(2.0, 0, 24))
+    kill = Outcome(ok=True, kill="SIGKILL", seconds=30.0, killed_at_s=4.6, time_to_resume_s=5.0,
+                   events=_run(2.0, 0, 5) + _run(9.0, 3, 21, resumed=3))
+    for name, outcome in (("straight", straight), ("trial000", kill)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "outcome.json").write_text(json.dumps(asdict(outcome)))
+    assert main(["--summarize", str(tmp_path), "--checkpoint-every", "3"]) == 0
+    reference = measure(straight.events, straight.seconds)
+    trial = measure(kill.events, kill.seconds, kill.killed_at_s, kill.time_to_resume_s)
+    expected = goodput_table(goodput_summary(reference, straight.events, [("SIGKILL", trial, 5.0)], 3))
+    assert capsys.readouterr().out.splitlines() == expected
+    (tmp_path / "trial001").mkdir()
+    (tmp_path / "trial001" / "outcome.json").write_text("{}")
+    with pytest.raises(SystemExit) as exited:
+        main(["--summarize", str(tmp_path)])
+    [line] = capsys.readouterr().err.splitlines()
+    assert exited.value.code == 2 and line.startswith(f"error: --summarize: {tmp_path / 'trial001' / 'outcome.json'}: ")

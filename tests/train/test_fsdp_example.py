@@ -97,6 +97,9 @@ def test_fsdp_example_saves_a_last_step_that_was_a_checkpoint_step_once(
     events = _one_process(tmp_path, monkeypatch, capsys, ["--checkpoint-every", "5"])
     assert [event["step"] for event in events if event["event"] == "batch"] == [1, 2, 3, 4, 5]
     assert [event["step"] for event in events if event["event"] == "checkpoint"] == [5]
+    # its background write, once over: the in-flight time the goodput model charges a failure with
+    (written,) = [event for event in events if event["event"] == "checkpoint_written"]
+    assert written["step"] == 5 and written["write_seconds"] > 0 and written["mirror_seconds"] is None
     assert events[-1] == {"event": "done", "step": 5, "complete": True}
     assert [path.name for path in (tmp_path / "ckpt").iterdir() if path.name.startswith("step-")] == [
         "step-000000005"]
@@ -109,4 +112,5 @@ def test_fsdp_example_saves_its_last_step_at_the_end_when_no_periodic_save_had_i
     saves = [event["step"] for event in events if event["event"] == "checkpoint"]
     skipped = [event["step"] for event in events if event["event"] == "checkpoint_skipped"]
     assert saves[-1] == 5 and sorted(saves + skipped) == [4, 5]  # step 4's save (or its skip), then the end's
+    assert [event["step"] for event in events if event["event"] == "checkpoint_written"] == saves  # each, once
     assert events[-1] == {"event": "done", "step": 5, "complete": True}

@@ -108,3 +108,36 @@ def test_a_loop_left_early_closes_the_batches() -> None:
         timed.close()
         assert closed == [True]
     assert inner.gi_frame is None
+
+
+def test_a_save_begun_in_a_hook_ends_when_the_loop_asks_for_its_next_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """save_started from a framework's hook (Lightning's on_save_checkpoint runs after the step's end hook): the
+    save's time runs to the loop's next request for a batch, or to save_done at the end; it belongs to no step."""
+    clock = Clock()
+    monkeypatch.setattr(steps.time, "perf_counter", clock)
+    monkeypatch.delenv("METRICS_PORT", raising=False)
+
+    def batches() -> Iterator[int]:
+        for n in range(3):
+            clock.now += 1.0  # the loader
+            yield n
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        report = StepReport(rank=0)
+        for n in report.timed(batches(), epoch=0):
+            clock.now += 2.0  # compute
+            report.step(n + 1, samples=4)
+            if n in (0, 2):  # a save after step 1 (ended by the request for batch 1) and after the last step
+                clock.now += 0.25  # the framework's own work before its hook
+                report.save_started(n + 1)
+                clock.now += 5.0
+        report.save_done()  # the end of training: the last step's save is over
+        report.save_done()  # nothing open: no event
+    events = _events(out.getvalue())
+    batch = [(e["step"], e["data_time"], e["compute_time"]) for e in events if e["event"] == "batch"]
+    # step 2 starts when step 1's save ended (the 0.25 s between a step and its save, as before a `saving` block,
+    # is no step's and no save's)
+    assert batch == [(1, 1.0, 2.0), (2, 1.0, 2.0), (3, 1.0, 2.0)]
+    saves = [(e["step"], e["stall_seconds"]) for e in events if e["event"] == "checkpoint"]
+    assert saves == [(1, 5.0), (3, 5.0)]

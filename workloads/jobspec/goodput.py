@@ -133,15 +133,44 @@ def effective_interval_s(checkpoint_s: float, interval_s: float) -> float:
     return interval_s * max(1, math.ceil(checkpoint_s / interval_s - 1e-9))
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The model's terms for one checkpoint interval: how often a save starts, what each blocks the loop, what a
+    failure loses and what it costs to come back (seconds)."""
+
+    interval_s: float  # tau, or tau_e for asynchronous saves skipped while one is in flight
+    blocked_s: float  # delta, or the stall s of an asynchronous save
+    lost_s: float  # tau/2, or tau_e/2 + delta (the save in flight counts for nothing); an orderly stop: delta
+    restart_s: float  # R
+
+    def first_order(self, mtbf_s: float) -> float:
+        """1 - blocked/interval - lost/M - R/M: the module's formula (it holds while delta << tau << M)."""
+        return 1 - self.blocked_s / self.interval_s - self.lost_s / mtbf_s - self.restart_s / mtbf_s
+
+    def unexpanded(self, mtbf_s: float) -> float:
+        """The same terms without the first-order expansion: 1 / (1 + blocked/interval + (lost + R)/M), productive
+        time over productive plus lost time, for an M that is not much larger than the interval and R (the chaos
+        harness's trials: seconds, not days)."""
+        return 1 / (1 + self.blocked_s / self.interval_s + (self.lost_s + self.restart_s) / mtbf_s)
+
+
+def goodput_terms(checkpoint_s: float, interval_s: float, restart_s: float, stall_s: float | None = None, *,
+                  orderly: bool = False) -> Terms:
+    """The terms of the module's model: synchronous saves (stall_s None) block delta every tau and a failure loses
+    tau/2 on average; asynchronous ones block s every tau_e and a failure loses tau_e/2 + delta. orderly: a stop
+    with notice (SIGTERM: a drain, a Spot notice) loses no steps but waits for one last whole save (delta)."""
+    if stall_s is None:
+        return Terms(interval_s, checkpoint_s, checkpoint_s if orderly else interval_s / 2, restart_s)
+    every = effective_interval_s(checkpoint_s, interval_s)
+    return Terms(every, stall_s, checkpoint_s if orderly else every / 2 + checkpoint_s, restart_s)
+
+
 def expected_goodput(checkpoint_s: float, interval_s: float, mtbf_s: float, restart_s: float,
                      stall_s: float | None = None) -> float:
     """1 - delta/tau - tau/(2M) - R/M (Young 1974, Daly 2006); with an asynchronous save's stall s,
-    1 - s/tau_e - (tau_e/2 + delta)/M - R/M (module text). Never below 0 (the terms then say the run makes no
-    progress: a checkpoint longer than its interval, a restart longer than the time between failures)."""
-    if stall_s is None:
-        return max(0.0, 1 - checkpoint_s / interval_s - interval_s / (2 * mtbf_s) - restart_s / mtbf_s)
-    every = effective_interval_s(checkpoint_s, interval_s)
-    return max(0.0, 1 - stall_s / every - (every / 2 + checkpoint_s) / mtbf_s - restart_s / mtbf_s)
+    1 - s/tau_e - (tau_e/2 + delta)/M - R/M (module text; goodput_terms). Never below 0 (the terms then say the run
+    makes no progress: a checkpoint longer than its interval, a restart longer than the time between failures)."""
+    return max(0.0, goodput_terms(checkpoint_s, interval_s, restart_s, stall_s).first_order(mtbf_s))
 
 
 def predict(inputs: GoodputInputs) -> Prediction:

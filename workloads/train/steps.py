@@ -17,7 +17,9 @@ own loop:
 
 What it reports, with the bundled trainer's names (workloads/train/epoch.py, workloads/train/metrics.py):
 - rank 0's stdout, JSON lines: "first_step" {step, time}; "batch" {epoch, step, loss, samples, data_time,
-  compute_time} per step; "checkpoint" {step, stall_seconds, write_seconds} per `saving` block;
+  compute_time} per step; "checkpoint" {step, stall_seconds, write_seconds} per save (`saving`, `save_started`);
+  "checkpoint_written" {step, write_seconds, mirror_seconds} when an asynchronous save's background write ends
+  (`written`);
 - with $METRICS_PORT set (the rendered Jobs set it), every rank serves ml_train_steps_total, ml_train_global_step,
   ml_train_data_wait_seconds, ml_train_step_seconds, ml_train_samples_total, ml_train_checkpoint_stall_seconds_total
   on that port plus its local rank ($METRICS_ADDR, default 127.0.0.1): the series the goodput recording rules read.
@@ -26,6 +28,10 @@ A step's time runs from the end of the one before it (or of a `saving` block, or
 for a batch of the epoch) to `step()`: `data_time` is the part spent inside `timed`'s iterator waiting for the
 batch, `compute_time` the rest. Without `timed`, the first step also counts everything since the StepReport was made
 (make it just before the loop) and data_time is 0. A `saving` block's time belongs to no step.
+
+A framework that saves from a hook of its own (Lightning's ModelCheckpoint) cannot wrap the save in a block: call
+`save_started(step)` from the hook that sees it begin (a Callback's on_save_checkpoint); the save ends when `timed`
+is next asked for a batch, or at `save_done()` (the end of training), whichever comes first.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ class StepReport:
         self._since = time.perf_counter()  # the start of the step now running
         self._waited = 0.0  # of it, the seconds spent waiting for its batch
         self.first_step_time: float | None = None
+        self._saving: tuple[int, float] | None = None  # a save begun by save_started: its step and start
 
     def timed(self, batches: Iterable[T], epoch: int | None = None) -> Iterator[T]:
         """`batches`, with the time each one took to arrive counted as the next step's data_time; `epoch` (or
@@ -88,6 +95,7 @@ class StepReport:
         self._since, self._waited = time.perf_counter(), 0.0
         try:
             while True:
+                self.save_done()  # the loop asks for its next batch: a save begun since the last step is over
                 asked = time.perf_counter()
                 try:
                     batch = next(iterator)
@@ -119,17 +127,38 @@ class StepReport:
     @contextmanager
     def saving(self, step: int) -> Iterator[None]:
         """The block saves a checkpoint of `step`: its time is the loop's checkpoint stall, not a step's."""
-        started = time.perf_counter()
+        self.save_started(step)
         try:
             yield
         finally:
-            seconds = time.perf_counter() - started
-            self.reporter.emit("checkpoint", step=step, stall_seconds=seconds, write_seconds=seconds)
-            if self.metrics is not None:
-                self.metrics.checkpointed(seconds)
-            self._since, self._waited = time.perf_counter(), 0.0
+            self.save_done()
+
+    def save_started(self, step: int) -> None:
+        """A save of `step` begins now (for a save made by a framework's hook; else use `saving`); one still open
+        ends first."""
+        self.save_done()
+        self._saving = (step, time.perf_counter())
+
+    def save_done(self) -> None:
+        """The save `save_started` began is over: its "checkpoint" event (nothing when no save is open)."""
+        if self._saving is None:
+            return
+        step, started = self._saving
+        self._saving = None
+        seconds = time.perf_counter() - started
+        self.reporter.emit("checkpoint", step=step, stall_seconds=seconds, write_seconds=seconds)
+        if self.metrics is not None:
+            self.metrics.checkpointed(seconds)
+        self._since, self._waited = time.perf_counter(), 0.0
+
+    def written(self, step: int, write_seconds: float, mirror_seconds: float | None = None) -> None:
+        """An asynchronous save of `step` (its stall timed by `saving`) has finished writing in the background:
+        rank 0's "checkpoint_written" event {step, write_seconds, mirror_seconds}, the in-flight time the goodput
+        model charges a failure with (workloads/jobspec/goodput.py)."""
+        self.reporter.emit("checkpoint_written", step=step, write_seconds=write_seconds, mirror_seconds=mirror_seconds)
 
     def close(self) -> None:
-        """Stop serving /metrics (the process's end does it too)."""
+        """End a save still open (save_done) and stop serving /metrics (the process's end does that too)."""
+        self.save_done()
         if self.metrics is not None:
             self.metrics.close()

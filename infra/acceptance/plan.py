@@ -23,8 +23,8 @@ from workloads.train.allreduce import FLOORS_GBPS, floor_for, parse_rows, verdic
 
 # Deadlines per step, in seconds. `up` of a new EKS stack is mostly the control plane and the node groups (EKS
 # documents 10-20 minutes for a control plane alone); two hours leaves room and still ends a stuck run.
-DEADLINES_S = {"preflight": 600, "up": 7200, "kubeconfig": 300, "image": 3600, "verify": 1200, "burn-in": 3600,
-               "allreduce": 3600, "bench-gpu": 3600, "chaos": 5400, "destroy": 5400}
+DEADLINES_S = {"preflight": 600, "stack-state": 2400, "up": 7200, "kubeconfig": 300, "image": 3600, "verify": 1200,
+               "burn-in": 3600, "allreduce": 3600, "bench-gpu": 3600, "chaos": 5400, "destroy": 5400}
 JOB_CREATED = r"^created (?:job|jobset|trainjob)/(\S+) in "
 SUBMIT = ("-m", "workloads.submit")
 
@@ -87,6 +87,7 @@ class Options:
     gang_spec: str  # the chaos step's multi-node Job spec
     allreduce_floor: float | None = None
     namespace: str = "training"
+    previous_up: str = ""  # non-empty: an earlier run of this kit died once its `up` began (its run lock says so)
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,8 @@ def _submit(options: Options, *words: str, capture: tuple[tuple[str, str], ...] 
 
 
 def plan_steps(options: Options, cfg: StackConfig, pool: GpuPool) -> list[Step]:
-    """The run, in order: preflight, up, kubeconfig, image, verify, burn-in, allreduce, bench-gpu, chaos, destroy."""
+    """The run, in order: preflight, stack-state (what an interrupted earlier `up` left: stackstate.py), up,
+    kubeconfig, image, verify, burn-in, allreduce, bench-gpu, chaos, destroy (its own stack-state check first)."""
     py, stack, bundle = options.python, options.stack, options.bundle
     watch = lambda name, deadline: _submit(options, "watch", name, "--timeout", str(deadline))  # noqa: E731
     submit_allreduce = _submit(options, "submit", f"{bundle}/allreduce-job.yaml",
@@ -247,6 +249,8 @@ def plan_steps(options: Options, cfg: StackConfig, pool: GpuPool) -> list[Step]:
     deadline = DEADLINES_S
     return [
         Step("preflight", (Command((py, "scripts/preflight.py", "--stack", stack)),), deadline["preflight"]),
+        Step("stack-state", (Probe("stack_state", (("stack", stack), ("ours", options.previous_up))),),
+             deadline["stack-state"], probe_figures),
         Step("up", (Command((py, "scripts/policy_config.py", "--stack", stack, "--out",
                              f"{bundle}/policy-config.json")),
                     Command(("pulumi", "up", "--stack", stack, "--yes", "--non-interactive", "--policy-pack",
@@ -279,6 +283,7 @@ def plan_steps(options: Options, cfg: StackConfig, pool: GpuPool) -> list[Step]:
                        _submit(options, "delete", "{gang_job}", always=True)),
              deadline["chaos"], probe_figures),
         Step("destroy", (Command((py, "scripts/check_destroy.py", "--stack", stack, "--confirm", stack)),
+                         Probe("stack_state", (("stack", stack), ("ours", options.previous_up + "{interrupted?}"))),
                          Command(("pulumi", "destroy", "--stack", stack, "--yes", "--non-interactive")),
                          Probe("leftovers", (("stack", stack), ("cluster", cluster)))),
              deadline["destroy"], probe_figures, after_up=True),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from infra.acceptance.runner import DEADLINE_EXIT, ProbeFn, ProbeOutcome
+from infra.acceptance.stackstate import stack_state_probe
 from workloads.health.verdict import PASSED, REASON_ANNOTATION
 from workloads.incidents import Incident, incident_line
 
@@ -258,7 +259,7 @@ def leftovers_probe(region: str, project: str, sleep: Callable[[float], None] = 
 
 def real_probes(stack: str, region: str, python: str, project: str) -> dict[str, ProbeFn]:
     return {"burn_in_labels": burn_in_probe(stack), "chaos": chaos_probe(stack, region, python),
-            "leftovers": leftovers_probe(region, project)}
+            "leftovers": leftovers_probe(region, project), "stack_state": stack_state_probe()}
 
 
 __all__: Sequence[str] = ["billable", "burn_in_state", "instance_id", "real_probes", "resumed", "training"]

@@ -162,12 +162,15 @@ class MissingCapture(LookupError):
 
 
 def fill(text: str, captures: Mapping[str, str]) -> str:
+    """`{name}` -> the captured value (MissingCapture when there is none); `{name?}` -> the value or ""."""
     def value(match: re.Match[str]) -> str:
         if match.group(1) not in captures:
+            if match.group(2):
+                return ""
             raise MissingCapture(match.group(1))
         return captures[match.group(1)]
 
-    return re.sub(r"\{([a-z_]+)\}", value, text)
+    return re.sub(r"\{([a-z_]+)(\??)\}", value, text)
 
 
 def filled(action: Action, captures: Mapping[str, str]) -> Action:
@@ -270,6 +273,8 @@ class Run:
                 except KeyboardInterrupt:
                     result = ActionResult(130, "interrupted (Ctrl-C)", self.monotonic() - began)
                 results.append(result)
+                if result.exit_status in (DEADLINE_EXIT, 130):  # what it was doing may be left half done
+                    self.captures["interrupted"] = step.name
                 problem = self._capture(action, result) if result.exit_status == 0 else None
                 if note is None and (result.exit_status != 0 or problem):
                     exit_status = result.exit_status or 1

@@ -44,11 +44,12 @@ def test_the_dry_run_of_dev_prints_every_step_and_its_command(cli: ModuleType, c
     bundle = _bundle(out)
     assert bundle.startswith("evidence/dev-") and not (ROOT / bundle).exists()
     steps = [line.split(" (")[0].split(". ")[1] for line in lines if line[:2].strip().isdigit()]
-    assert steps == ["preflight", "up", "kubeconfig", "image", "verify", "burn-in", "allreduce", "bench-gpu", "chaos",
-                     "destroy"]
+    assert steps == ["preflight", "stack-state", "up", "kubeconfig", "image", "verify", "burn-in", "allreduce",
+                     "bench-gpu", "chaos", "destroy"]
     submit = ".venv/bin/python -m workloads.submit --stack dev -n training"
     for expected in [
         "    $ .venv/bin/python scripts/preflight.py --stack dev",
+        "    $ probe stack_state stack=dev ours=''",
         f"    $ .venv/bin/python scripts/policy_config.py --stack dev --out {bundle}/policy-config.json",
         "    $ pulumi up --stack dev --yes --non-interactive --policy-pack infra/policy/pack --policy-pack-config "
         f"{bundle}/policy-config.json",
@@ -64,8 +65,9 @@ def test_the_dry_run_of_dev_prints_every_step_and_its_command(cli: ModuleType, c
         f"    $ {submit} submit workloads/jobs/resnet50-s3-copy.yaml",
         "    $ probe chaos job='{gang_job}' namespace=training",
         f"    $ {submit} delete '{{gang_job}}'",
-        "10. destroy (deadline 5400 s) (runs whenever up began, unless KEEP=1)",
+        "11. destroy (deadline 5400 s) (runs whenever up began, unless KEEP=1)",
         "    $ .venv/bin/python scripts/check_destroy.py --stack dev --confirm dev",
+        "    $ probe stack_state stack=dev ours='{interrupted?}'",
         "    $ pulumi destroy --stack dev --yes --non-interactive",
         "    $ probe leftovers stack=dev cluster=ml-dev",
     ]:
@@ -107,7 +109,7 @@ def test_prod_with_keep_plans_the_burn_in_and_the_published_floor(cli: ModuleTyp
     assert ("    $ probe burn_in_labels pool=gpu-h100 nodes=2 label=ml-cluster.io/gpu-health "
             "pool_label=ml-cluster.io/pool") in out
     assert "--instance-type\n- p5.48xlarge" in out
-    assert out.split("10. destroy")[1].splitlines()[1] == "    skipped: KEEP=1: the stack stays up"
+    assert out.split("11. destroy")[1].splitlines()[1] == "    skipped: KEEP=1: the stack stays up"
 
 
 def test_the_specs_it_writes_render_for_the_dev_pool(cli: ModuleType, clean_git: None, tmp_path: Path,
@@ -155,7 +157,7 @@ def test_make_acceptance_dry_run_prints_the_steps() -> None:
                            "GANG_SPEC=workloads/jobs/resnet50-s3-copy.yaml"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert " 2. up (deadline 7200 s)" in done.stdout.splitlines()
+    assert " 3. up (deadline 7200 s)" in done.stdout.splitlines()
     assert "    $ probe leftovers stack=dev cluster=ml-dev" in done.stdout.splitlines()
 
 

@@ -87,6 +87,13 @@ def _main_code(args: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
         torch.set_num_threads(threads)
 
 
+def _refused(data: Path, directory: Path, monkeypatch: pytest.MonkeyPatch,
+             capsys: pytest.CaptureFixture[str]) -> str:
+    """Resuming from DIRECTORY is a config error (exit CODE); what the trainer wrote to stderr."""
+    assert _main_code(_resume(data, directory), monkeypatch) == CODE
+    return capsys.readouterr().err
+
+
 # --- checkpoint integrity ------------------------------------------------------------------------------------
 # The trainer's own checkpoints are sharded (workloads/train/sharded.py; their damage cases, one by one, are in
 # test_sharded_checkpoint.py): a damaged one is skipped for the previous good one. An older trainer's last.pt is
@@ -160,8 +167,7 @@ def test_a_damaged_last_pt_is_refused_not_silently_loaded(
     raw[_largest_member_middle(target)] ^= 0x40
     target.write_bytes(bytes(raw))
     torch.load(target, weights_only=True)  # the damage is invisible to torch: only a digest finds it
-    assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
-    err = capsys.readouterr().err.splitlines()
+    err = _refused(tiny_data["decoded"], directory, monkeypatch, capsys).splitlines()
     assert err[-1].startswith("error: ") and "sha256" in err[-1]
     assert all(line.startswith("checkpoint: ") for line in err[:-1])  # what was searched, no traceback
 
@@ -173,8 +179,7 @@ def test_a_truncated_last_pt_is_refused(
     directory = _copy(legacy, tmp_path / "ckpt")
     target = directory / CHECKPOINT_NAME
     target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
-    assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
-    err = capsys.readouterr().err.splitlines()
+    err = _refused(tiny_data["decoded"], directory, monkeypatch, capsys).splitlines()
     assert err[-1].startswith("error: ") and CHECKPOINT_NAME in err[-1] and len(err) == 1
 
 
@@ -184,8 +189,7 @@ def test_a_last_pt_without_its_sha256_sidecar_is_refused_unless_allowed(
 ) -> None:
     directory = _copy(legacy, tmp_path / "ckpt")
     (directory / f"{CHECKPOINT_NAME}.sha256").unlink()
-    assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
-    err = capsys.readouterr().err
+    err = _refused(tiny_data["decoded"], directory, monkeypatch, capsys)
     assert "sha256" in err and "--allow-unverified-checkpoint" in err and err.count("\n") == 1
     lines = _train_here(_resume(tiny_data["decoded"], directory, "--allow-unverified-checkpoint"))
     assert _events(lines, "resumed")[0]["epoch"] == 1 and _events(lines, "done")
@@ -328,8 +332,7 @@ def test_a_valid_torch_file_with_other_content_is_refused(
     torch.save(payload, target)  # a sound file with a right digest; its content is no checkpoint
     digest = hashlib.sha256(target.read_bytes()).hexdigest()
     (tmp_path / f"{CHECKPOINT_NAME}.sha256").write_text(f"{digest}  {CHECKPOINT_NAME}\n")
-    assert _main_code(_resume(tiny_data["decoded"], tmp_path), monkeypatch) == CODE
-    err = capsys.readouterr().err
+    err = _refused(tiny_data["decoded"], tmp_path, monkeypatch, capsys)
     assert "not a training checkpoint" in err and err.count("\n") == 1
 
 
@@ -339,8 +342,7 @@ def test_a_checkpoint_of_a_future_format_is_refused(
 ) -> None:
     directory = _copy(legacy, tmp_path / "ckpt")
     _rewrite(directory, lambda state: state.update(format_version=99))
-    assert _main_code(_resume(tiny_data["decoded"], directory), monkeypatch) == CODE
-    err = capsys.readouterr().err
+    err = _refused(tiny_data["decoded"], directory, monkeypatch, capsys)
     assert "format" in err and "99" in err and err.count("\n") == 1
 
 

@@ -47,6 +47,14 @@ def broken_copies(tmp_path: Path, old: str, new: str) -> list[Path]:
     return copies
 
 
+def assert_actionlint_flags_each(copies: list[Path], finding: str) -> None:
+    """actionlint fails the copies, with a line naming each copy and saying `finding`."""
+    result = actionlint(*copies)
+    assert result.returncode == 1, result.stdout
+    for copy in copies:
+        assert any(line.startswith(f"{copy}:") and finding in line for line in result.stdout.splitlines())
+
+
 def test_the_six_workflows_exist() -> None:
     assert [w.name for w in WORKFLOWS] == ["deploy.yml", "destroy.yml", "preview.yml", "release.yml", "scan.yml",
                                            "versions.yml"]
@@ -75,22 +83,12 @@ def test_workflows_pass_actionlint() -> None:
 
 @needs_node
 def test_broken_copies_fail_actionlint(tmp_path: Path) -> None:
-    copies = broken_copies(tmp_path, "    runs-on: ", "    run-on: ")
-    result = actionlint(*copies)
-    assert result.returncode == 1, result.stdout
-    for copy in copies:
-        assert any(line.startswith(f"{copy}:") and "run-on" in line for line in result.stdout.splitlines())
+    assert_actionlint_flags_each(broken_copies(tmp_path, "    runs-on: ", "    run-on: "), "run-on")
 
 
 @needs_node
 def test_unknown_context_property_fails_actionlint_only(tmp_path: Path) -> None:
     # What the schema cannot see: expressions. `github.run_idd` is a typo that actionlint's type checker catches.
     copies = broken_copies(tmp_path, "${{ github.run_id }}", "${{ github.run_idd }}")
-    result = actionlint(*copies)
-    assert result.returncode == 1, result.stdout
-    for copy in copies:
-        assert any(
-            line.startswith(f"{copy}:") and 'property "run_idd" is not defined' in line
-            for line in result.stdout.splitlines()
-        )
+    assert_actionlint_flags_each(copies, 'property "run_idd" is not defined')
     assert check_jsonschema(*copies).returncode == 0  # the schema alone lets it through

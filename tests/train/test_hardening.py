@@ -108,6 +108,12 @@ def legacy(finished: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.fixture
+def legacy_copy(legacy: Path, tmp_path: Path) -> Path:
+    """A copy of `legacy` the test may change."""
+    return _copy(legacy, tmp_path / "ckpt")
+
+
 def _largest_member_middle(path: Path) -> int:
     """Byte offset in the middle of the largest tensor stored in a torch zip checkpoint."""
     with zipfile.ZipFile(path) as archive:
@@ -120,13 +126,12 @@ def _largest_member_middle(path: Path) -> int:
 
 
 def test_an_older_trainers_last_pt_resumes_once_and_the_next_save_is_sharded(
-    legacy: Path, finished: Path, tiny_data: dict[str, Path], tmp_path: Path
+    legacy_copy: Path, finished: Path, tiny_data: dict[str, Path], tmp_path: Path
 ) -> None:
-    directory = _copy(legacy, tmp_path / "ckpt")
-    lines = _train_here(_resume(tiny_data["decoded"], directory))
+    lines = _train_here(_resume(tiny_data["decoded"], legacy_copy))
     assert _events(lines, "resumed")[0] == {"event": "resumed", "epoch": 1, "batch": 0, "step": 6}
     assert [e["epoch"] for e in _events(lines, "epoch")] == [1]
-    saved = latest_checkpoint(directory)
+    saved = latest_checkpoint(legacy_copy)
     assert saved is not None and (saved["epoch"], saved["step"]) == (2, 12)
     # the same epoch trained from the sharded checkpoint of the same run gives the same weights
     again = _copy(finished, tmp_path / "sharded")
@@ -136,8 +141,8 @@ def test_an_older_trainers_last_pt_resumes_once_and_the_next_save_is_sharded(
     for name, tensor in expected["model"].items():
         assert torch.equal(tensor, saved["model"][name]), name
     # from now on the sharded checkpoint wins: last.pt (still there) is not read again
-    (directory / CHECKPOINT_NAME).write_bytes(b"not read any more")
-    lines = _train_here([*_resume(tiny_data["decoded"], directory)[:-1], "--resume"])
+    (legacy_copy / CHECKPOINT_NAME).write_bytes(b"not read any more")
+    lines = _train_here([*_resume(tiny_data["decoded"], legacy_copy)[:-1], "--resume"])
     assert _events(lines, "resumed")[0]["step"] == 12
 
 
@@ -158,40 +163,37 @@ def test_a_damaged_sharded_checkpoint_is_skipped_with_one_line(
 
 
 def test_a_damaged_last_pt_is_refused_not_silently_loaded(
-    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    legacy_copy: Path, tiny_data: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(legacy, tmp_path / "ckpt")
-    target = directory / CHECKPOINT_NAME
+    target = legacy_copy / CHECKPOINT_NAME
     raw = bytearray(target.read_bytes())
     raw[_largest_member_middle(target)] ^= 0x40
     target.write_bytes(bytes(raw))
     torch.load(target, weights_only=True)  # the damage is invisible to torch: only a digest finds it
-    err = _refused(tiny_data["decoded"], directory, monkeypatch, capsys).splitlines()
+    err = _refused(tiny_data["decoded"], legacy_copy, monkeypatch, capsys).splitlines()
     assert err[-1].startswith("error: ") and "sha256" in err[-1]
     assert all(line.startswith("checkpoint: ") for line in err[:-1])  # what was searched, no traceback
 
 
 def test_a_truncated_last_pt_is_refused(
-    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    legacy_copy: Path, tiny_data: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(legacy, tmp_path / "ckpt")
-    target = directory / CHECKPOINT_NAME
+    target = legacy_copy / CHECKPOINT_NAME
     target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
-    err = _refused(tiny_data["decoded"], directory, monkeypatch, capsys).splitlines()
+    err = _refused(tiny_data["decoded"], legacy_copy, monkeypatch, capsys).splitlines()
     assert err[-1].startswith("error: ") and CHECKPOINT_NAME in err[-1] and len(err) == 1
 
 
 def test_a_last_pt_without_its_sha256_sidecar_is_refused_unless_allowed(
-    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    legacy_copy: Path, tiny_data: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(legacy, tmp_path / "ckpt")
-    (directory / f"{CHECKPOINT_NAME}.sha256").unlink()
-    err = _refused(tiny_data["decoded"], directory, monkeypatch, capsys)
+    (legacy_copy / f"{CHECKPOINT_NAME}.sha256").unlink()
+    err = _refused(tiny_data["decoded"], legacy_copy, monkeypatch, capsys)
     assert "sha256" in err and "--allow-unverified-checkpoint" in err and err.count("\n") == 1
-    lines = _train_here(_resume(tiny_data["decoded"], directory, "--allow-unverified-checkpoint"))
+    lines = _train_here(_resume(tiny_data["decoded"], legacy_copy, "--allow-unverified-checkpoint"))
     assert _events(lines, "resumed")[0]["epoch"] == 1 and _events(lines, "done")
 
 
@@ -227,17 +229,15 @@ def _rewrite(directory: Path, change) -> None:  # noqa: ANN001
 
 
 def test_a_mid_epoch_checkpoint_without_the_loader_position_is_refused(
-    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    legacy_copy: Path, tiny_data: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(legacy, tmp_path / "ckpt")
-
     def older_trainer_mid_epoch(state: dict) -> None:
         state["epoch"], state["batch"] = 0, 2  # what a trainer that replayed by batch index wrote
         state.pop("loader", None)
 
-    _rewrite(directory, older_trainer_mid_epoch)
-    args = _resume(tiny_data["decoded"], directory)
+    _rewrite(legacy_copy, older_trainer_mid_epoch)
+    args = _resume(tiny_data["decoded"], legacy_copy)
     args[args.index("--epochs") + 1] = "1"
     assert _main_code(args, monkeypatch) == CODE
     err = capsys.readouterr().err.splitlines()[-1]
@@ -337,12 +337,11 @@ def test_a_valid_torch_file_with_other_content_is_refused(
 
 
 def test_a_checkpoint_of_a_future_format_is_refused(
-    legacy: Path, tiny_data: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    legacy_copy: Path, tiny_data: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    directory = _copy(legacy, tmp_path / "ckpt")
-    _rewrite(directory, lambda state: state.update(format_version=99))
-    err = _refused(tiny_data["decoded"], directory, monkeypatch, capsys)
+    _rewrite(legacy_copy, lambda state: state.update(format_version=99))
+    err = _refused(tiny_data["decoded"], legacy_copy, monkeypatch, capsys)
     assert "format" in err and "99" in err and err.count("\n") == 1
 
 

@@ -84,19 +84,25 @@ def synthetic_rate(step: Step, batch: int, size: int, steps: int, warmup: int) -
     return steps * batch / (time.perf_counter() - started)
 
 
-def loader_rate(step: Step, dataset: HDF5Dataset, batch: int, workers: int, steps: int, warmup: int) -> dict:
-    device = step.device
+def loader_rate(step: Step | None, dataset: HDF5Dataset, batch: int, workers: int, steps: int, warmup: int,
+                device: torch.device) -> dict:
+    """Samples/s the loader feeds `step` at; with step None, the loader alone (its batches copied to the device and
+    dropped): the most it can feed. `epoch_starts` counts the epochs begun inside the timed window: each one
+    restarts the workers' prefetch, a bubble a longer epoch does not have."""
     sampler = ElasticBatchSampler(getattr(dataset, "shard_sizes", [len(dataset)]), batch, seed=0)
     loader = make_loader(
         dataset, sampler, workers=workers, prefetch_factor=4, persistent_workers=True, pin_memory=device.type == "cuda"
     )
     done, samples, utilisation, started = 0, 0, [], 0.0
-    epoch = 0
+    epoch, epoch_starts = 0, 0
     while done < warmup + steps:
         sampler.set_epoch(epoch)
+        epoch_starts += done > warmup
         for raw in loader:
             images, labels = to_tensors(raw)
-            step(images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            if step is not None:
+                step(images, labels)
             done += 1
             if done == warmup:
                 _sync(device)
@@ -111,7 +117,8 @@ def loader_rate(step: Step, dataset: HDF5Dataset, batch: int, workers: int, step
     _sync(device)
     rate = samples / (time.perf_counter() - started)
     known = [value for value in utilisation if value is not None]
-    return {"samples_per_s": rate, "gpu_utilization": sum(known) / len(known) if known else None}
+    return {"samples_per_s": rate, "gpu_utilization": sum(known) / len(known) if known else None,
+            "epoch_starts": epoch_starts}
 
 
 def prepare_data(workdir: Path, images: int, size: int) -> Path:
@@ -134,7 +141,7 @@ def run(args: argparse.Namespace, device: torch.device, data: Path) -> dict[str,
     for model_name in args.models.split(","):
         step = Step(model_name, len(dataset.classes), args.crop, device, args.width)
         synthetic = synthetic_rate(step, args.batch_size, dataset.image_size, args.steps, args.warmup)
-        real = loader_rate(step, dataset, args.batch_size, args.workers, args.steps, args.warmup)
+        real = loader_rate(step, dataset, args.batch_size, args.workers, args.steps, args.warmup, device)
         results.append(
             {
                 "model": model_name,
@@ -144,14 +151,17 @@ def run(args: argparse.Namespace, device: torch.device, data: Path) -> dict[str,
                 "loader_samples_per_s": real["samples_per_s"],
                 "gpu_busy_share": real["samples_per_s"] / synthetic,
                 "gpu_utilization": real["gpu_utilization"],
+                "epoch_starts_in_window": real["epoch_starts"],
             }
         )
         del step
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    alone = loader_rate(None, dataset, args.batch_size, args.workers, args.steps, args.warmup, device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {
         "results": results,
+        "loader_alone_samples_per_s": alone["samples_per_s"],
         "device": name,
         "image_size": dataset.image_size,
         "crop": args.crop,
@@ -207,6 +217,7 @@ def main() -> int:
             f"{entry['model']:<10}{entry['synthetic_samples_per_s']:>13.0f}{entry['loader_samples_per_s']:>11.0f}"
             f"{entry['gpu_busy_share']:>12.3f}{util:>12}"
         )
+    print(f"the loader alone (batches copied to the device, no step): {report['loader_alone_samples_per_s']:.0f}/s")
     return 0
 
 

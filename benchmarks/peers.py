@@ -39,6 +39,7 @@ from benchmarks.peers_common import (
     Pixels,
     lit_sample,
     litdata_allow_http,
+    litdata_stream,
     payload,
     pixels,
     samples_of,
@@ -265,25 +266,10 @@ def streaming(ctx: Context) -> Measured:
 # -- LitData: optimize -> StreamingDataset / StreamingDataLoader -----------------------------------------------------
 @_by_layout(peers_mixture.litdata, peers_records.litdata)
 def litdata(ctx: Context) -> Measured:
-    import litdata as ld
-
     litdata_allow_http()
-
     started = time.perf_counter()
-    out = ctx.scratch / "lit"
     inputs = [(str(path), label, ctx.layout, ctx.size) for path, label in samples_of(ctx.jpegs)]
-    ld.optimize(fn=lit_sample, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes, num_workers=WORKERS,
-                mode="overwrite")
-    limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else "100GB"
-    upload_dir(ctx, out, "lit")
-    measured = Measured(convert_s=time.perf_counter() - started)
-    started = time.perf_counter()
-    dataset = ld.StreamingDataset(f"s3://{ctx.bucket}/lit", shuffle=True, seed=0, cache_dir=str(ctx.local / "cache"),
-                                  storage_options={"endpoint_url": ctx.endpoint},
-                                  transform=Pixels(ctx.layout, ctx.size), max_cache_size=limit)
-    loader = ld.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True,
-                                    worker_init_fn=litdata_allow_http)
-    return _run_epochs(ctx, lambda _: loader, measured, started)
+    return litdata_stream(ctx, lit_sample, inputs, Pixels(ctx.layout, ctx.size), started, _run_epochs)
 
 
 # -- WebDataset: tar shards read over HTTP (curl) through the proxy, batched in the workers --------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -76,6 +77,29 @@ def litdata_allow_http(_worker: int = 0) -> None:
     from litdata.streaming import downloader
 
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # type: ignore[index]
+
+
+def litdata_stream(ctx: Any, fn: Callable[[Any], dict[str, Any]], inputs: list[Any],
+                   transform: Callable[[dict[str, Any]], Any], started: float, run_epochs: Callable[..., Any]) -> Any:
+    """LitData on one dataset, the same for every layout: `optimize` the inputs into chunks of the shard size, upload
+    them, then StreamingDataset (its cache bounded to the budget's share of the chunks, as ours is) through
+    StreamingDataLoader; the conversion is counted from `started`."""
+    import litdata as ld
+
+    out = Path(ctx.scratch) / "lit"
+    ld.optimize(fn=fn, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes, num_workers=WORKERS,
+                mode="overwrite")
+    limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else "100GB"
+    upload_dir(ctx, out, "lit")
+    measured = Measured(convert_s=time.perf_counter() - started)
+    started = time.perf_counter()
+    dataset = ld.StreamingDataset(f"s3://{ctx.bucket}/lit", shuffle=True, seed=0,
+                                  cache_dir=str(Path(ctx.local) / "cache"),
+                                  storage_options={"endpoint_url": ctx.endpoint}, transform=transform,
+                                  max_cache_size=limit)
+    loader = ld.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True,
+                                    worker_init_fn=litdata_allow_http)
+    return run_epochs(ctx, lambda _: loader, measured, started)
 
 
 def tree_bytes(root: Path) -> int:

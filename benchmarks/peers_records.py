@@ -32,6 +32,7 @@ from benchmarks.peers_common import (
     Mapped,
     Measured,
     litdata_allow_http,
+    litdata_stream,
     samples_of,
     stub_torchvision,
     tree_bytes,
@@ -197,11 +198,8 @@ def _lit_caption(item: tuple[str, str]) -> dict[str, Any]:
 
 
 def litdata(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
-    import litdata as ld
-
     litdata_allow_http()
     started = time.perf_counter()
-    out = Path(ctx.scratch) / "lit"
     if ctx.layout == "captions":
         inputs: list[Any] = [(str(path), caption) for path, _, caption in _caption_rows(ctx)]
         fn: Callable[[Any], dict[str, Any]] = _lit_caption
@@ -212,19 +210,7 @@ def litdata(ctx: Any, run_epochs: Callable[..., Any]) -> Any:
         np.save(cut, sequences)
         inputs = [(str(cut), index) for index in range(len(sequences))]
         fn = _lit_tokens_row
-    ld.optimize(fn=fn, inputs=inputs, output_dir=str(out), chunk_bytes=ctx.shard_bytes, num_workers=WORKERS,
-                mode="overwrite")
-    limit = int(tree_bytes(out) * ctx.budget_fraction) if ctx.budget_fraction is not None else "100GB"
-    upload_dir(ctx, out, "lit")
-    measured = Measured(convert_s=time.perf_counter() - started)
-    started = time.perf_counter()
-    data = ld.StreamingDataset(f"s3://{ctx.bucket}/lit", shuffle=True, seed=0,
-                               cache_dir=str(Path(ctx.local) / "cache"),
-                               storage_options={"endpoint_url": ctx.endpoint},
-                               transform=_LitSample(ctx.layout, ctx.size), max_cache_size=limit)
-    loader = ld.StreamingDataLoader(data, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True,
-                                    worker_init_fn=litdata_allow_http)
-    return run_epochs(ctx, lambda _: loader, measured, started)
+    return litdata_stream(ctx, fn, inputs, _LitSample(ctx.layout, ctx.size), started, run_epochs)
 
 
 def _lit_tokens_row(item: tuple[str, int]) -> dict[str, Any]:

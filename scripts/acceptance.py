@@ -17,12 +17,14 @@ bad input (one `error: <where>: <why>` line).
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -51,6 +53,7 @@ from infra.acceptance.plan import (  # noqa: E402
     plan_steps,
     spec_files,
 )
+from infra.acceptance.runlock import DeadRun, RunLock, RunLockError, claim, inspect  # noqa: E402
 from infra.config import ConfigError  # noqa: E402
 from workloads.cli import ArgumentParser  # noqa: E402
 
@@ -166,10 +169,18 @@ def main(argv: list[str]) -> int:
                          "(scripts/check_destroy.py), so the run could not clean up: run it on an unprotected stack, "
                          "or with KEEP=1 and destroy by hand (docs/operations.md, Destroys)")
     commit, dirty = _git("rev-parse", "HEAD"), bool(_git("status", "--porcelain"))
+    try:
+        dead = inspect(Path(args.evidence), args.stack)
+        held = None
+    except RunLockError as exc:
+        if not args.dry_run:
+            raise
+        dead, held = None, f"{exc.where}: {exc.why}"
     image_tag = _git("describe", "--tags", "--always", "--dirty").removeprefix("v")
     bundle = f"{args.evidence}/{args.stack}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     options = Options(stack=args.stack, python=PYTHON, bundle=bundle, image_tag=image_tag,
-                      gang_spec=args.gang_spec or f"{bundle}/{GANG_FILE}", allreduce_floor=args.allreduce_floor)
+                      gang_spec=args.gang_spec or f"{bundle}/{GANG_FILE}", allreduce_floor=args.allreduce_floor,
+                      previous_up=f"died:{dead.bundle}" if dead is not None and dead.up_began else "")
     pool = gpu_pool(cfg, _shape)
     gang, gang_problems, dataset_uris = _gang(args, cfg, options, pool)
     steps, files = plan_steps(options, cfg, pool), spec_files(options, pool, gang)
@@ -178,21 +189,34 @@ def main(argv: list[str]) -> int:
         problems.append("git: uncommitted changes: the image is pushed by tag (make push refuses a dirty tree) and "
                         "the bundle names a commit: commit first")
     if args.dry_run:
-        print("\n".join(plan_lines(steps, files, bundle, [f"{line} (a real run stops here)" for line in problems],
-                                    args.keep)))
+        notes = [f"{line} (a real run stops here)" for line in [*problems, *([held] if held else [])]]
+        notes += [f"{dead.line()} (a real run goes on)"] if dead is not None else []
+        print("\n".join(plan_lines(steps, files, bundle, notes, args.keep)))
         return 0
     if not problems and dataset_uris:  # the one check that calls AWS, only when nothing else stops the run
         problems += [line for line in [dataset_problem(dataset_uris, s3_head(str(cfg.region)))] if line]
     if problems:
         where, _, why = problems[0].partition(": ")
         raise UsageError(where, why)
-    return run(args.stack, cfg, steps, files, Path(bundle), commit, dirty, args.keep)
+    return run(args.stack, cfg, steps, files, Path(bundle), commit, dirty, args.keep, Path(args.evidence), dead)
 
 
 def run(stack: str, cfg, steps: list[Step], files: dict[str, str], folder: Path, commit: str,  # type: ignore[no-untyped-def]
-        dirty: bool, keep: bool) -> int:
+        dirty: bool, keep: bool, evidence: Path, dead: DeadRun | None) -> int:
+    """Hold the stack's run lock (taking over a dead run's) for the run, and let it go at the end."""
+    lock = claim(evidence, stack, folder, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), dead)
+    if dead is not None:
+        print(f"recovered: {dead.line()}", flush=True)
+    try:
+        return _run(stack, cfg, steps, files, folder, commit, dirty, keep, lock, dead)
+    finally:
+        lock.release()
+
+
+def _run(stack: str, cfg, steps: list[Step], files: dict[str, str], folder: Path, commit: str,  # type: ignore[no-untyped-def]
+         dirty: bool, keep: bool, lock: RunLock, dead: DeadRun | None) -> int:
     from infra.acceptance.probes import real_probes
-    from infra.acceptance.runner import Run
+    from infra.acceptance.runner import Run, run_command
     from workloads.safeio import atomic_write_in
 
     def interrupt(signum: int, frame: object) -> None:
@@ -206,7 +230,12 @@ def run(stack: str, cfg, steps: list[Step], files: dict[str, str], folder: Path,
     except OSError as exc:
         raise BundleWriteError.of(exc, folder) from None
     print(f"evidence bundle: {folder}/", flush=True)
-    summary = Run(steps, folder, stack, commit, dirty, keep,
+
+    def execute(argv: Sequence[str], log: TextIO, deadline_s: float) -> tuple[int, str]:
+        return run_command(argv, log, deadline_s, started=lambda pgid: lock.child(pgid, shlex.join(argv)))
+
+    summary = Run(steps, folder, stack, commit, dirty, keep, execute=execute,
+                  previous_run=None if dead is None else dead.line(),
                   probes=real_probes(stack, cfg.region, PYTHON, _project()),
                   report=lambda r: print(f"{r.name}: {r.status}" + (f" ({r.note})" if r.note else "")
                                          + "".join(f" {k}={v}" for k, v in r.figures.items()), flush=True))()
@@ -220,7 +249,7 @@ def entry(argv: list[str]) -> int:
         return main(argv)
     except UsageError as exc:
         print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
-    except (PlanError, BundleError, GangError) as exc:
+    except (PlanError, BundleError, GangError, RunLockError) as exc:
         print(f"error: {exc.where}: {exc.why}", file=sys.stderr)
     except BundleWriteError as exc:  # the run went on to destroy; what it wrote last is whole
         print(f"error: {exc.where}: {exc.why}: the evidence bundle is incomplete (its summary.json is the last "

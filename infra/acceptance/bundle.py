@@ -23,7 +23,7 @@ MAX_SUMMARY_BYTES = 4 * 1024 * 1024
 
 UtcTime = Annotated[str, Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", description="UTC, second precision")]
 Figure = str | int | float | bool | None
-StepStatus = Literal["passed", "failed", "skipped", "not-run"]
+StepStatus = Literal["passed", "failed", "skipped", "not-run", "running"]
 
 
 class BundleError(ValueError):
@@ -57,7 +57,8 @@ class StepRecord(_Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]*$", description="the step: preflight, up, verify, ...")
     commands: list[str] = Field(description="the step's commands as typed in a shell, in order (a probe: its call)")
     status: StepStatus = Field(description="passed | failed | skipped (said why in note) | not-run (a step before "
-                                           "it failed)")
+                                           "it failed) | running (in a summary written while it ran: the step a "
+                                           "run that died was in)")
     started: UtcTime | None = Field(default=None, description="when the step began (null: not run)")
     ended: UtcTime | None = Field(default=None, description="when the step ended (null: not run)")
     exit_status: int | None = Field(default=None, description="the failing (or last) command's exit status; 124 when "
@@ -76,6 +77,8 @@ class StepRecord(_Strict):
             raise ValueError(f"step {self.name} {self.status}: needs started, ended, exit_status and log")
         if not ran and self.status == "not-run" and self.started is not None:
             raise ValueError(f"step {self.name} not-run: has a start time")
+        if self.status == "running" and (self.started is None or self.log is None or self.ended is not None):
+            raise ValueError(f"step {self.name} running: needs started and log, and no end")
         if self.status == "passed" and self.exit_status != 0:
             raise ValueError(f"step {self.name} passed with exit status {self.exit_status}")
         if self.started and self.ended and self.ended < self.started:
@@ -97,6 +100,9 @@ class Summary(_Strict):
     failed_step: str | None = Field(description="the first step that failed (null when none did)")
     keep: bool = Field(description="KEEP=1: the stack was left up (no destroy)")
     steps: list[StepRecord] = Field(min_length=1)
+    previous_run: str | None = Field(default=None, description="an earlier run of this stack found dead when this "
+                                     "one started (its runner killed): its bundle, the step it was in and what this "
+                                     "run did about it")
     bundle_error: str | None = Field(default=None, description="the first file of the bundle that could not be "
                                      "written and why (a full disk): the run stopped there (destroy still ran once "
                                      "up began) and failed")
@@ -119,6 +125,8 @@ class Summary(_Strict):
             raise ValueError("result: failed, but no step failed and the bundle was written")
         if (self.result == "running") != (self.ended is None):
             raise ValueError("ended: null exactly while the result is running")
+        if self.result != "running" and any(step.status == "running" for step in self.steps):
+            raise ValueError(f"result: {self.result}, but a step is still running")
         return self
 
 

@@ -54,8 +54,10 @@ def utc(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def run_command(argv: Sequence[str], log: TextIO, deadline_s: float) -> tuple[int, str]:
-    """The real runner: its own process group (killed whole at the deadline: TERM, then KILL), output teed."""
+def run_command(argv: Sequence[str], log: TextIO, deadline_s: float,
+                started: Callable[[int], None] | None = None) -> tuple[int, str]:
+    """The real runner: its own process group (killed whole at the deadline: TERM, then KILL), output teed;
+    `started(pid)` once it runs (the pid is its process group's id)."""
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, text=True, errors="replace")
@@ -63,6 +65,8 @@ def run_command(argv: Sequence[str], log: TextIO, deadline_s: float) -> tuple[in
         line = f"error: {argv[0]}: not installed (not on PATH)\n"
         log.write(line)
         return NOT_FOUND_EXIT, line
+    if started is not None:
+        started(proc.pid)
     chunks: list[str] = []
     assert proc.stdout is not None
     stdout = proc.stdout
@@ -196,6 +200,7 @@ class Run:
     captures: dict[str, str] = field(default_factory=dict)
     report: Callable[[StepRecord], None] = lambda record: None
     bundle_error: BundleWriteError | None = None  # the first bundle file that could not be written
+    previous_run: str | None = None  # an earlier run of the stack that died, and what was done about it
 
     def _wrote(self, error: OSError | None, fallback: Path) -> None:
         if error is not None and self.bundle_error is None:
@@ -318,7 +323,8 @@ class Run:
         return Summary(schema="ml-cluster/acceptance-summary/v1", stack=self.stack, git_commit=self.git_commit,
                        git_dirty=self.git_dirty, started=utc(started), ended=None if ended is None else utc(ended),
                        result=result, failed_step=failed, keep=self.keep, steps=list(records),
-                       bundle_error=None if self.bundle_error is None else str(self.bundle_error))
+                       bundle_error=None if self.bundle_error is None else str(self.bundle_error),
+                       previous_run=self.previous_run)
 
     def __call__(self) -> Summary:
         started = self.clock()
@@ -339,6 +345,9 @@ class Run:
                 records[index] = records[index].model_copy(update={"status": "skipped", "note": step.skip})
                 continue
             up_began = up_began or step.name == "up"
+            records[index] = records[index].model_copy(update={  # what a runner killed here leaves on disk
+                "status": "running", "started": utc(self.clock()), "log": f"{index + 1:02d}-{step.name}.log"})
+            self._save(self.summary(records, started, None))
             records[index] = self.run_step(index + 1, step)
             self.report(records[index])
             stopped = stopped or records[index].status == "failed"

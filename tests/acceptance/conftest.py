@@ -1,8 +1,13 @@
-"""The acceptance CLI loaded once per module, with git answered as a clean tree at a fixed commit."""
+"""The acceptance CLI loaded once per module, with git answered as a clean tree at a fixed commit; a stand-in
+`pulumi` on PATH (fake_pulumi.py) with its state in a JSON file."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import stat
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -37,3 +42,31 @@ def run_cli(cli: ModuleType, capsys: pytest.CaptureFixture[str], *argv: str) -> 
     code = cli.entry(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Writes the fake's state; returns a reader of it (calls, lock, pending)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    shim = folder / "pulumi"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'fake_pulumi.py'} \"$@\"\n")
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    state = tmp_path / "pulumi-state.json"
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_PULUMI_STATE", str(state))
+
+    def setup(**fields: object) -> None:
+        state.write_text(json.dumps({"backend": "diy", "lock": None, "pending": [], **fields}))
+
+    def read() -> dict:  # type: ignore[type-arg]
+        return json.loads(state.read_text())
+
+    def update(**fields: object) -> None:
+        state.write_text(json.dumps({**read(), **fields}))
+
+    setup.read, setup.update = read, update  # type: ignore[attr-defined]
+    return setup

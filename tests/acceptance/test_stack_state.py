@@ -9,7 +9,6 @@ import io
 import json
 import os
 import socket
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -31,28 +30,6 @@ def _dead_pid() -> int:
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
     return int(done.stdout)  # it has exited (and was reaped): no process has this pid now, barring reuse
-
-
-@pytest.fixture
-def pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """Writes the fake's state; returns a reader of it (calls, lock, pending)."""
-    folder = tmp_path / "bin"
-    folder.mkdir()
-    shim = folder / "pulumi"
-    shim.write_text(f"#!/bin/sh\nexec {sys.executable} {HERE / 'fake_pulumi.py'} \"$@\"\n")
-    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
-    state = tmp_path / "pulumi-state.json"
-    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_PULUMI_STATE", str(state))
-
-    def setup(**fields: object) -> None:
-        state.write_text(json.dumps({"backend": "diy", "lock": None, "pending": [], **fields}))
-
-    def read() -> dict:  # type: ignore[type-arg]
-        return json.loads(state.read_text())
-
-    setup.read = read  # type: ignore[attr-defined]
-    return setup
 
 
 def _probe(ours: str = "") -> tuple[object, str]:

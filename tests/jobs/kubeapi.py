@@ -4,7 +4,10 @@ what preflight asks of an existing cluster: Secrets and ConfigMaps of every name
 page (`limit`/`continue`), 403 to all of it when `forbid_cluster_wide` is set. With `tls` (a server-side
 SSLContext holding a certificate, tests/tlscerts.py) it answers https:// like an EKS endpoint.
 Objects live in memory by (kind, namespace, name); a create of an existing name is 409, a read of a missing one
-404, as the API server answers. `forbidden` namespaces answer 403 to everything (an identity without rights
+404, as the API server answers. Discovery (`GET /apis/<group>`, an APIGroup) answers for the groups in `served`
+(Kueue 0.19's by default), and a path in a version of such a group that it does not list is 404, as for a
+version a CRD or APIService does not serve; Kueue's visibility API answers `pending` (a PendingWorkloadsSummary
+per LocalQueue). `forbidden` namespaces answer 403 to everything (an identity without rights
 there), and every request must carry the bearer token. Requests are recorded as (method, path)."""
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ TOKEN = "team-member-token"
 _ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/(?P<version>v[0-9a-z]+))/namespaces/(?P<ns>[^/]+)/"
                     r"(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?$")
 _CLUSTER_WIDE = re.compile(r"^/api/v1/(?P<plural>secrets|configmaps)$")
+_DISCOVERY = re.compile(r"^/apis/(?P<group>[a-z0-9.-]+)$")
+_VERSIONED = re.compile(r"^/apis/(?P<group>[a-z0-9.-]+)/(?P<version>v[0-9a-z]+)/")
+_PENDING = re.compile(r"^/apis/visibility\.kueue\.x-k8s\.io/v[0-9a-z]+/namespaces/(?P<ns>[^/]+)/localqueues/"
+                      r"(?P<name>[^/]+)/pendingworkloads$")
+KUEUE_0_19 = {"kueue.x-k8s.io": ("v1beta2", "v1beta1"), "visibility.kueue.x-k8s.io": ("v1beta2", "v1beta1")}
+KUEUE_0_14 = {"kueue.x-k8s.io": ("v1beta1",), "visibility.kueue.x-k8s.io": ("v1beta1",)}
 _KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "jobs": "Job", "services": "Service",
           "networkpolicies": "NetworkPolicy", "pods": "Pod",
           "workloads": "Workload"}  # Workload: Kueue's (none here: Kueue has not seen the Job yet)
@@ -43,6 +52,8 @@ class FakeApiServer:
         self.token: str | None = TOKEN  # the bearer token it takes (None: any)
         self.tokens: list[str] = []  # the Authorization header of each request that got that far
         self.redirects: dict[str, str] = {}  # path -> the Location a 302 answer points to
+        self.served: dict[str, tuple[str, ...]] = dict(KUEUE_0_19)  # group -> versions, preferred first
+        self.pending: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, LocalQueue) -> pending workloads
         self._uid = 0
         owner = self
 
@@ -78,6 +89,8 @@ class FakeApiServer:
                 owner.tokens.append(str(self.headers.get("Authorization")))
                 if owner.token is not None and self.headers.get("Authorization") != f"Bearer {owner.token}":
                     self._status(401, "Unauthorized", "Unauthorized")
+                    return
+                if self._kueue_paths(method, path):
                     return
                 every = _CLUSTER_WIDE.match(path)
                 if every is not None and method == "GET":
@@ -121,6 +134,34 @@ class FakeApiServer:
                     self._answer(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
                     return
                 self._answer(200, owner.objects[key])
+
+            def _kueue_paths(self, method: str, path: str) -> bool:
+                """Discovery, unserved versions and the visibility API; False for any other path."""
+                group = _DISCOVERY.match(path) or _VERSIONED.match(path)
+                if group is not None and group["group"] in owner.served:
+                    versions = owner.served[group["group"]]
+                    if group.re is _DISCOVERY:
+                        self._answer(200, {"kind": "APIGroup", "apiVersion": "v1", "name": group["group"],
+                                           "versions": [{"groupVersion": f"{group['group']}/{v}", "version": v}
+                                                        for v in versions],
+                                           "preferredVersion": {"groupVersion": f"{group['group']}/{versions[0]}",
+                                                                "version": versions[0]}})
+                        return True
+                    if group["version"] not in versions:
+                        self._status(404, "NotFound", "the server could not find the requested resource")
+                        return True
+                elif _DISCOVERY.match(path):
+                    self._status(404, "NotFound", "the server could not find the requested resource")
+                    return True
+                pending = _PENDING.match(path)
+                if pending is not None and method == "GET":
+                    summary = owner.pending.get((pending["ns"], pending["name"]))
+                    if summary is None:
+                        self._status(404, "NotFound", f'localqueues "{pending["name"]}" not found')
+                    else:
+                        self._answer(200, {"kind": "PendingWorkloadsSummary", **summary})
+                    return True
+                return False
 
             def _list_everywhere(self, plural: str, query: dict[str, list[str]]) -> None:
                 if owner.forbid_cluster_wide:

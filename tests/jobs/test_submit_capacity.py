@@ -19,7 +19,7 @@ from workloads.cluster_facts import facts_config_map
 from workloads.jobspec import KUEUE_QUEUE_LABEL
 from workloads.submit import cli as submit
 from workloads.submit.capacity import waiting_for_capacity
-from workloads.submit.kube import JOB_UID_LABEL
+from workloads.submit.kueue import JOB_UID_LABEL
 
 NAMESPACE = "training"
 

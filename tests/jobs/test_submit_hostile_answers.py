@@ -199,28 +199,3 @@ def test_only_a_retried_delete_reads_404_as_done(name: str, monkeypatch: pytest.
             getattr(api, name)("run", NAMESPACE)
     assert answers == []
 
-
-def test_an_adopted_kueue_older_than_0_15_is_read_in_v1beta1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """A Kueue that serves no v1beta2 (404 Not Found, as the API server answers for an unserved version): the
-    Workload is read in v1beta1 and status says what Kueue says of it."""
-    with stand_in(tmp_path, monkeypatch) as server:
-        server.add(facts_config_map(dev_facts(), NAMESPACE))
-        held = job({})
-        held["spec"]["suspend"] = True  # Kueue keeps it suspended until it is admitted
-        server.add(held)
-        server.raw[f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NAMESPACE}/workloads"] = (
-            404, "application/json", json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                                 "reason": "NotFound", "code": 404,
-                                                 "message": "the server could not find the requested resource"
-                                                 }).encode())
-        server.add({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": {
-            "name": "job-run-1a2b3", "namespace": NAMESPACE, "labels": {"kueue.x-k8s.io/job-uid": "uid-run"},
-            "creationTimestamp": "2026-11-26T12:00:00Z"}, "status": {"conditions": [
-                {"type": "QuotaReserved", "status": "False", "reason": "Pending",
-                 "message": "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu"}]}})
-        code = submit.main(["status", "run"])
-        out = capsys.readouterr().out
-    paths = [path for _, path in server.requests if "/workloads" in path]
-    assert paths == [f"/apis/kueue.x-k8s.io/{v}/namespaces/{NAMESPACE}/workloads" for v in ("v1beta2", "v1beta1")]
-    assert code == 0 and "insufficient quota for nvidia.com/gpu" in out, out

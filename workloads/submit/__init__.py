@@ -28,7 +28,8 @@ the quota. The stack creates its Jobs held: suspended, the queue recorded in an 
 leaves them alone until `start` puts them in their queue (on a stack without Kueue, `start` unsuspends them).
 
 The package: `phase` (the phase of a run: pure functions over API objects), `kube` (the Kubernetes client layer:
-clients with deadlines, creating, reading and listing objects), `inputs` (spec and facts files, the stack's facts),
+clients with deadlines, creating, reading and listing objects), `kueue` (a run's Workload and queue position, in the
+API versions the cluster's Kueue serves), `inputs` (spec and facts files, the stack's facts),
 `observe` (progress and incidents read through the API: status, watch), `commands` (start, logs, delete) and `cli`
 (arguments, exit codes). Each imports only those before it in that list (and `errors`).
 """

@@ -11,25 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workloads.jobspec import DEFAULT_KIND, KINDS, KUEUE_QUEUE_LABEL, Controller, controller_of
+from workloads.jobspec import DEFAULT_KIND, KINDS, Controller, controller_of
 from workloads.kubeconfig import load_kubernetes_config, resolve_kubeconfig
 from workloads.submit.errors import RuntimeFailure, UsageError
-from workloads.submit.phase import created, queue_position
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 RETRY_FIRST_PAUSE_S = 0.5  # a server error (5xx, 429) is tried again after this, then twice as long each time
 RETRY_MAX_PAUSE_S = 8.0
 CONNECT_TIMEOUT_S = 10.0
 FOLLOW_READ_TIMEOUT_S = 300.0  # logs --follow: a stream silent for this long (or --request-timeout, if longer) ends
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
-# Kueue serves v1beta2 from 0.15.0 and v1beta1 before: on a cluster whose own older Kueue the stack adopted
-# (kueue.external) a Workload is read in v1beta1, where what is read of it (conditions, admission.clusterQueue,
-# requeueState) has the same names (kueue v0.19.2 apis/kueue/v1beta1/workload_conversion.go converts only the
-# priority class reference, topology assignments and an execution-time counter).
-KUEUE_VERSIONS = (KUEUE_VERSION, "v1beta1")
-# Kueue labels each Workload with the UID of the Job it stands for (pkg/controller/constants/constants.go:43 at
-# v0.19.2); the Workload's name is derived from the Job's and is not guessed here.
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -194,7 +184,9 @@ _TYPED_CREATE = {("batch/v1", "Job"): (0, "create_namespaced_job"),
 
 
 # Custom objects a run renders beside its controller object (a TrainJob's TrainingRuntime): created before it (the
-# TrainJob names it), as (group, version, plural).
+# TrainJob names it), as (group, version, plural). Trainer is always the stack's own (no `external`), and every
+# kubeflow/trainer v2 release serves v1alpha1 only (v2.3.0 charts/kubeflow-trainer/templates/crd/
+# trainer.kubeflow.org_trainingruntimes.yaml:34, one `served: true`), so the version is fixed here.
 _PREREQUISITES = {("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): ("trainer.kubeflow.org", "v1alpha1",
                                                                          "trainingruntimes")}
 
@@ -262,42 +254,22 @@ def read_job(batch: Any, namespace: str, name: str) -> dict[str, Any]:
         raise UsageError(f"job/{name}", why) from None
 
 
-def kueue_state(namespace: str, job: dict[str, Any], timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 ) -> tuple[dict[str, Any] | None, tuple[int, int] | None]:
-    """The Job's Workload and, while it is pending, its place in the queue (visibility API; None where the
-    caller may not read it)."""
-    from kubernetes.client.exceptions import ApiException
-
-    uid = (job.get("metadata") or {}).get("uid")
-    if not uid:
-        return None, None
-    custom = custom_objects_api(timeout_s)
-    for version in KUEUE_VERSIONS:
-        try:
-            found = custom.list_namespaced_custom_object(
-                KUEUE_GROUP, version, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}")
-            break
-        except ApiException as exc:  # 404: this Kueue does not serve the version (an adopted older one)
-            if exc.status != 404 or version == KUEUE_VERSIONS[-1]:
-                raise
-    items = (found.get("items") if isinstance(found, dict) else None) or []
-    if not items:
-        return None, None
-    workload = max(items, key=created)
-    queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+def get_object(api_client: Any, path: str, path_params: dict[str, str], timeout: tuple[float, float],
+               server: str = "kubernetes API", call: str = "get") -> Any:
+    """GET a path no typed client covers (discovery, an aggregated API), as JSON; no answer within the read timeout
+    is a RuntimeFailure naming `server` and `call`, as in TimedApi."""
     try:
-        pending = _get_object(
-            custom.api_client,
-            f"/apis/visibility.kueue.x-k8s.io/{version}/namespaces/{{namespace}}/localqueues/{{name}}/pendingworkloads",
-            {"namespace": namespace, "name": str(queue)}, (min(CONNECT_TIMEOUT_S, timeout_s), timeout_s))
-    except ApiException:  # no RBAC for the visibility API, or it is not served: the position is optional
-        pending = None
-    return workload, queue_position(pending, workload["metadata"]["name"])
+        return _get(api_client, path, path_params, timeout)
+    except Exception as exc:
+        if _is_timeout(exc):
+            raise RuntimeFailure(server, f"{call} {path}: no answer within {timeout[1]:g}s (--request-timeout)"
+                                 ) from None
+        raise
 
 
-def _get_object(api_client: Any, path: str, path_params: dict[str, str], timeout: tuple[float, float]) -> Any:
-    """GET a path no typed client covers, as JSON. kubernetes >= 33's client (openapi-generator 7) serialises the
-    request first (`param_serialize`) and takes no `path_params` in `call_api`; the older one does."""
+def _get(api_client: Any, path: str, path_params: dict[str, str], timeout: tuple[float, float]) -> Any:
+    """kubernetes >= 33's client (openapi-generator 7) serialises the request first (`param_serialize`) and takes no
+    `path_params` in `call_api`; the older one does."""
     if hasattr(api_client, "param_serialize"):
         request = api_client.param_serialize(method="GET", resource_path=path, path_params=path_params,
                                              auth_settings=["BearerToken"])

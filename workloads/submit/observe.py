@@ -14,7 +14,8 @@ from workloads.incidents import TrainerRun, incident_line, trainer_run
 from workloads.jobspec import KUEUE_QUEUE_LABEL, TRAIN_CONTAINER
 from workloads.progress import MetricsParseError, Progress, Snapshot, parse_metrics, progress, progress_line, snapshot
 from workloads.submit.errors import RuntimeFailure
-from workloads.submit.kube import kueue_state, run_pods, timeout_of
+from workloads.submit.kube import run_pods, timeout_of
+from workloads.submit.kueue import kueue_state
 from workloads.submit.phase import RunPhase, job_phase, pod_restarts, slices_done
 from workloads.submit.runs import as_trainer_pods, job_view, read_run, trainer_container
 

@@ -52,6 +52,15 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The process's start time in clock ticks since boot (Linux /proc/<pid>/stat field 22), None where unknown:
+    with the pid it names one process even after the pid is reused."""
+    try:
+        return int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def group_alive(pgid: int, proc: Path = Path("/proc")) -> bool:
     """A process of group `pgid` runs: on Linux from /proc (a zombie nobody reaped runs nothing), else killpg."""
     if proc.is_dir():
@@ -117,7 +126,8 @@ def inspect(evidence: Path, stack: str, host: str | None = None,
     if record["host"] != (host or socket.gethostname()):
         raise RunLockError(str(path), f"a run of {stack} started on host {record['host']} at {started} (pid {pid}, "
                                       f"{bundle}): if it is gone, remove this file")
-    if alive(pid):
+    recorded = record.get("pid_start")
+    if alive(pid) and not (isinstance(recorded, int) and start_time(pid) not in (None, recorded)):
         raise RunLockError(str(path), f"another acceptance run of {stack} is going (pid {pid}, since {started}, "
                                       f"{bundle}): wait for it, or stop it (kill -INT {pid}: it destroys what it "
                                       "began)")
@@ -158,7 +168,10 @@ def claim(evidence: Path, stack: str, bundle: Path, started: str, dead: DeadRun 
     """Take the lock of `stack` (taking over `dead`'s, whose half-written files go); RunLockError when another run
     took it first."""
     path = lock_path(evidence, stack)
-    evidence.mkdir(parents=True, exist_ok=True)
+    try:
+        evidence.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunLockError(str(evidence), exc.strerror or str(exc)) from None
     if dead is not None:
         for partial in dead.partial:
             with contextlib.suppress(FileNotFoundError):
@@ -171,16 +184,20 @@ def claim(evidence: Path, stack: str, bundle: Path, started: str, dead: DeadRun 
             raise RunLockError(str(path), f"another run of {stack} took the lock first")
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-    record: dict[str, object] = {"pid": os.getpid(), "host": socket.gethostname(), "started": started,
-                                 "bundle": str(bundle)}
+    record: dict[str, object] = {"pid": os.getpid(), "pid_start": start_time(os.getpid()),
+                                 "host": socket.gethostname(), "started": started, "bundle": str(bundle)}
     tmp = evidence / f".{stack}.run.{secrets.token_hex(6)}.new"
-    tmp.write_text(json.dumps(record))
     try:
+        with tmp.open("x", encoding="utf-8") as file:
+            file.write(json.dumps(record))
+            file.flush()
+            os.fsync(file.fileno())
         os.link(tmp, path)  # exclusive: fails when the file exists
     except OSError as exc:
-        if exc.errno != errno.EEXIST:
-            raise
-        raise RunLockError(str(path), f"another run of {stack} took the lock first") from None
+        if exc.errno == errno.EEXIST and exc.filename2 is not None:
+            raise RunLockError(str(path), f"another run of {stack} took the lock first") from None
+        raise RunLockError(str(exc.filename or path), exc.strerror or str(exc)) from None
     finally:
-        tmp.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
     return RunLock(path, record)

@@ -115,13 +115,13 @@ SCRIPT = textwrap.dedent("""
     commit = "0123456789abcdef0123456789abcdef01234567"
     ok = [Step("preflight", (say("'ok'"),), 60)]
     assert cli.run("dev", cfg, ok, {"allreduce-job.yaml": "name: a\\n"}, disk / "evidence" / "dev-old", commit,
-                   False, False) == 0
+                   False, False, disk / "evidence", None) == 0
     old = sorted((disk / "evidence" / "dev-old").iterdir())
     print("old:", hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in old)).hexdigest(), flush=True)
     big = [Step("preflight", (say("'ok'"),), 60), Step("up", (say("'u' * 400_000"),), 60),
            Step("verify", (say("'v'"),), 60), Step("destroy", (say("'destroyed'"),), 60, after_up=True)]
     cli.main = lambda argv: cli.run("dev", cfg, big, {"allreduce-job.yaml": "name: a\\n"},
-                                    disk / "evidence" / "dev-new", commit, False, False)
+                                    disk / "evidence" / "dev-new", commit, False, False, disk / "evidence", None)
     sys.exit(cli.entry([]))
 """)
 

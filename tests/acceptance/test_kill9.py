@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from infra.acceptance.bundle import SUMMARY, StepRecord, Summary, load_summary, write_summary
-from infra.acceptance.runlock import RunLockError, claim, group_alive, inspect, lock_path
+from infra.acceptance.runlock import RunLockError, claim, group_alive, inspect, lock_path, start_time
 from tests.acceptance.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,3 +214,24 @@ def test_the_dry_run_says_what_an_earlier_run_left(cli, clean_git: None, capsys:
         "may have left (a real run goes on)"]
     assert f"    $ probe stack_state stack=dev ours=died:{bundle}" in out.splitlines()
     assert (bundle / ".summary.json.0123456789ab.tmp").exists()  # a dry run changes nothing
+
+
+@pytest.mark.skipif(start_time(os.getpid()) is None, reason="no /proc/<pid>/stat here")
+def test_a_reused_pid_is_not_taken_for_the_runner(tmp_path: Path) -> None:
+    """The lock's pid now names another process (started at another time): the run it names is gone."""
+    lock_path(tmp_path, "dev").write_text(json.dumps({
+        "pid": os.getpid(), "pid_start": (start_time(os.getpid()) or 0) + 1, "host": HOST,
+        "started": "2026-11-27T01:00:00Z", "bundle": str(tmp_path / "dev-1")}))
+    dead = inspect(tmp_path, "dev")
+    assert dead is not None and (dead.pid, dead.step, dead.up_began) == (os.getpid(), None, False)
+    lock = claim(tmp_path, "dev", tmp_path / "dev-2", "2026-11-27T02:00:00Z", dead)
+    assert json.loads(lock_path(tmp_path, "dev").read_text())["pid_start"] == start_time(os.getpid())
+    lock.release()
+
+
+def test_a_lock_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
+    evidence = tmp_path / "evidence"
+    evidence.write_text("a file where the folder belongs")
+    with pytest.raises(RunLockError) as refused:
+        claim(evidence, "dev", evidence / "dev-1", "2026-11-27T02:00:00Z", None)
+    assert (refused.value.where, refused.value.why) == (str(evidence), "File exists")

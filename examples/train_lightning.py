@@ -67,7 +67,9 @@ class ReportSteps(L.Callback):
     """Each optimizer step and save as the bundled trainer reports them (StepReport), for measured goodput. A step
     ends in on_train_batch_end (after its optimizer step; global_step counts it). A save begins in
     on_save_checkpoint (ModelCheckpoint runs after every other callback, so after this one's on_train_batch_end) and
-    ends when Lightning asks for the next batch (EpochBatches' `timed`) or, for the last, in on_train_end."""
+    ends when Lightning asks for the next batch (EpochBatches' `timed`) or, for the last, in on_train_end (a stop's
+    save in one process: on_exception, which Lightning calls with the SystemExit; a gang's rank leaves at once, so
+    its stop's save goes unreported, as in the other examples). Before StopOnSignal: a stop's step is reported."""
 
     def __init__(self, report: StepReport) -> None:
         self.report = report
@@ -82,6 +84,9 @@ class ReportSteps(L.Callback):
         self.report.save_started(trainer.global_step)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.report.save_done()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self.report.save_done()
 
 
@@ -193,7 +198,7 @@ def main() -> None:
     last = Path(args.checkpoint_dir) / "last.ckpt" if args.checkpoint_dir else None
     stop_on_signal = StopOnSignal(last)
     report = StepReport()  # each step's time, data wait and save stall: measured goodput (docs/monitoring.md)
-    callbacks: list[L.Callback] = [stop_on_signal, ReportSteps(report)]
+    callbacks: list[L.Callback] = [ReportSteps(report), stop_on_signal]
     if last is not None:
         callbacks += checkpoints(args.checkpoint_dir, args.checkpoint_every)
     trainer = L.Trainer(max_epochs=args.epochs, use_distributed_sampler=False, callbacks=callbacks,

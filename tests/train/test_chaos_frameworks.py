@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from benchmarks.chaos_gang import check, final_checkpoint, packed_dataset, rendered_gang_job, run_gang
+from benchmarks.chaos_goodput import measure
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {"lightning": REPO / "examples" / "train_lightning.py",
@@ -46,6 +47,11 @@ def test_a_framework_script_survives_sigterm_and_a_lost_node_without_spending_th
     assert straight.ok and straight.actions == [], (straight.problems, straight.actions)
     reference = final_checkpoint(tmp_path / "straight" / "checkpoints", script=True)
     assert reference is not None and reference["step"] == 24  # 2 epochs of 96 samples, 2 ranks x 4
+    # the script reports every step and save (StepReport; Lightning's from a callback): measured goodput reads them
+    events = [event for _, event in straight.events]
+    assert [event["step"] for event in events if event.get("event") == "batch"] == list(range(1, 25))
+    assert {event["step"] for event in events if event.get("event") == "checkpoint"} == set(range(EVERY, 25, EVERY))
+    assert measure(straight.events, straight.seconds).goodput > 0
 
     term = run_gang(tmp_path / "term", data, job, EVERY, kill=("SIGTERM", 5, 1), timeout_s=300, step_delay_s=0.1)
     check(term, tmp_path / "term", reference, EVERY, script=True)  # samples once, step and weights, nothing counted

@@ -33,6 +33,10 @@ DEADLINE_EXIT = 124  # as timeout(1)
 NOT_FOUND_EXIT = 127  # as a shell for a missing command
 CLEANUP_S = 300.0  # what an `always` action gets after its step's deadline passed
 KILL_GRACE_S = 10.0
+# What an interrupted command gets to stop on its own after SIGTERM: pulumi then cancels its update, finishing the
+# resource operations in flight and releasing its lock (pkg/backend/cancellation_scope.go); past it, SIGKILL, and
+# the stack-state step repairs what is left.
+INTERRUPT_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,15 @@ def run_command(argv: Sequence[str], log: TextIO, deadline_s: float,
             except subprocess.TimeoutExpired:
                 continue
         proc.wait()
-    except BaseException:  # Ctrl-C: the command goes with us
+    except BaseException:  # Ctrl-C: the command goes with us, given a while to stop cleanly (pulumi cancels)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait()
+        try:
+            proc.wait(timeout=INTERRUPT_GRACE_S)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):  # or a second Ctrl-C: now
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         raise
     reader.join(timeout=KILL_GRACE_S)
     return code, "".join(chunks)

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -213,3 +214,27 @@ def test_a_failed_watch_still_reads_the_logs_for_the_figures(tmp_path: Path) -> 
     assert calls == ["submit spec.yaml", "watch train-abc", "logs train-abc"]
     step = load_summary(tmp_path).steps[0]
     assert step.status == "failed" and step.figures == {"last": "ran logs"}
+
+
+def test_an_interrupted_command_gets_a_grace_then_is_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C during a command that ignores SIGTERM (a pulumi finishing its in-flight operations): SIGKILL once the
+    grace has passed, and the Ctrl-C goes on up (the step fails, destroy follows)."""
+    import signal
+    import threading
+
+    from infra.acceptance import runner
+
+    monkeypatch.setattr(runner, "INTERRUPT_GRACE_S", 0.3)
+    child = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n"
+             "time.sleep(30)")
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    log, pids = io.StringIO(), []
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_command([sys.executable, "-c", child], log, 20, started=pids.append)
+    timer.cancel()
+    # a liveness bound, not a timing claim: without the grace's SIGKILL this returns when the child's 30 s sleep ends
+    assert time.monotonic() - began < 15 and log.getvalue() == "up\n"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pids[0], 0)

@@ -14,7 +14,9 @@
 Every rank writes its own shards (DCP's FileSystemWriter) into the local tier's `step-N/` folder; a background
 thread then hashes each rank's files, rank 0 writes the manifest (sha256 and size of every file) LAST, each rank
 copies its files to the remote tier (S3, or an EFS/FSx directory), and rank 0 puts the remote manifest after all of
-them. Host memory is bounded to one staged copy of the rank's state: save() first waits for the previous one, and
+them. Host memory is bounded to one staged copy of the rank's state (a state on the GPU: pinned host buffers the
+first save allocates and every later save reuses, held for the run, workloads/train/pinned.py; a state on the CPU:
+fresh host memory per save, freed after it): save() first waits for the previous one, and
 save_if_idle() (the periodic save) is skipped while the previous one is still in flight on any rank, so the loop
 never waits for a background write (a state written slower than the save interval is saved as often as the disks
 allow). The newest complete checkpoint is then at most (2 + skipped) x interval - 1 steps old: the save started last
@@ -63,6 +65,7 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+from workloads.train.pinned import CachedStagingWriter, wants_cached_staging
 from workloads.train.tiers import (
     MANIFEST,
     CheckpointDamaged,
@@ -171,6 +174,7 @@ class ShardedCheckpointer:
         # thread may be in a collective on self.group
         self.control = dist.new_group(backend="gloo", timeout=deadline) if self.distributed else None
         self._thread: threading.Thread | None = None
+        self._writer: CachedStagingWriter | None = None  # a state on the GPU: one writer, its pinned copy kept
         self._in_flight: int | None = None
         self._complete_step: int | None = None  # the step this run saved or resumed, complete: saved again = no-op
         self.last: SaveReport | None = None
@@ -226,9 +230,8 @@ class ShardedCheckpointer:
             shutil.rmtree(folder)  # a partial of the same step from an earlier attempt
         self._barrier()
         started = time.perf_counter()
-        writer = dcp.FileSystemWriter(folder, sync_files=True)
-        future = dcp.async_save({"state": state}, storage_writer=writer, process_group=self.group,
-                                no_dist=not self.distributed)
+        future = dcp.async_save({"state": state}, process_group=self.group, no_dist=not self.distributed,
+                                **self._storage(state, folder))
         if not isinstance(future, Future):  # newer DCP: an AsyncSaveResponse
             future = future.upload_completion
         report = SaveReport(step=step, stall_s=time.perf_counter() - started)
@@ -238,6 +241,17 @@ class ShardedCheckpointer:
                                                                      started), name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
         return report
+
+    def _storage(self, state: Any, folder: Path) -> dict[str, Any]:
+        """async_save's storage arguments: a state holding CUDA tensors goes through the one writer kept for the run
+        (workloads/train/pinned.py: its staged copy pinned and reused, the step's folder passed per save); any other
+        state through a writer of its own per save, its staged copy in fresh host memory held during the save."""
+        if not wants_cached_staging(state):
+            self._writer = None
+            return {"storage_writer": dcp.FileSystemWriter(folder, sync_files=True)}
+        if self._writer is None:
+            self._writer = CachedStagingWriter(folder, self.log)
+        return {"storage_writer": self._writer, "checkpoint_id": folder}
 
     def busy(self) -> bool:
         """Whether a save is still in flight on any rank: the same answer on every rank (one 1-element all-reduce
@@ -460,6 +474,7 @@ class ShardedCheckpointer:
 
     def close(self) -> None:
         self.wait()
+        self._writer = None  # its pinned host copy goes with it
 
 
 def load_whole(folder: str | Path) -> dict[str, Any]:

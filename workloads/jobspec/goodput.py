@@ -27,7 +27,7 @@ The inputs, each a stated source or a documented assumption (docs/monitoring.md,
 - Spot reclaims per node and 30 days on a SPOT pool (SPOT_RECLAIMS_PER_NODE_MONTH);
 - the checkpoint cost: what the Job's stop path takes to save (TrainingJobSpec.checkpoint_save_seconds: size over
   writeRate, twice when uploaded; sharded: the per-node share), fully blocking unless the checkpoint is sharded;
-- sharded: the stall, each rank's share over STAGING_BYTES_PER_S (assumed), unless the Job waits for a save in flight
+- sharded: the stall, each rank's share over STAGING_BYTES_PER_S (half a measured rate), unless the Job waits for a save in flight
   (--checkpoint-if-busy wait), which the model takes as blocking (an upper bound);
 - the restart time per capacity type (RESTART_S);
 - the chosen interval: the Job's `--checkpoint-every` steps times `goodput.stepSeconds` (DEFAULT_STEP_S assumed).
@@ -60,8 +60,15 @@ SPOT_RECLAIMS_PER_NODE_MONTH = 0.2
 # replacement instance to join (EC2 launch, EKS bootstrap, GPU operator ready), 120 s image pull, 60 s rendezvous and
 # checkpoint load = 540 s on demand; a Spot replacement waits another 300 s for capacity = 840 s.
 RESTART_S: dict[str, float] = {"ON_DEMAND": 540.0, "SPOT": 840.0, "CAPACITY_BLOCK": 540.0}
-# ASSUMED: one rank's copy of its shards into host memory (device to pageable host memory over PCIe), per second
-STAGING_BYTES_PER_S = 4 << 30
+# MEASURED: one rank's copy of its shards into host memory through the checkpointer's cached pinned staging
+# (workloads/train/pinned.py), the SECOND save of a 3 GiB state, one H100 80GB HBM3, torch 2.11.0+cu130:
+# 3 GiB in 0.0623 s = 48 GiB/s (scripts/bench_checkpoint_device.py --device cuda --state-mib 3072, the lead's device
+# run; a raw pinned device-to-host copy measured 51.3 GiB/s, a pageable one 1.48 GiB/s).
+MEASURED_PINNED_STAGING_BYTES_PER_S = 48 << 30
+# What the model uses: half of it, ASSUMED, to stay conservative (a stall predicted longer, goodput lower) where the
+# measurement does not reach: every rank of a node staging at once shares the host's memory bandwidth (one rank was
+# measured), and a run's first save also allocates and pins the buffers (not measured).
+STAGING_BYTES_PER_S = MEASURED_PINNED_STAGING_BYTES_PER_S // 2
 DEFAULT_STEP_S = 0.5  # ASSUMED seconds per training step where the spec does not state goodput.stepSeconds
 FAR_FACTOR = 3.0  # a chosen interval more than this many times away from the optimum gets a note
 

@@ -90,7 +90,7 @@ def spec_goodput_inputs(spec: TrainingJobSpec, facts: ClusterFacts) -> tuple[Goo
 
 
 def _stall_s(spec: TrainingJobSpec) -> float | None:
-    """A sharded checkpoint's stall (each rank's share staged into host memory, STAGING_BYTES_PER_S assumed); None
+    """A sharded checkpoint's stall (each rank's share staged into host memory at STAGING_BYTES_PER_S); None
     (the whole save blocks) for a whole-state checkpoint or a Job that waits for the save in flight."""
     assert spec.checkpoint is not None
     words = [*(spec.command or []), *(spec.args or [])]

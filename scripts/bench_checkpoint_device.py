@@ -11,15 +11,21 @@ Rows (one process; the state is --state-mib MiB: fp32 weights of square Linear l
   and per variant, `plain` (a module, no process group) and `fsdp` (FSDP2 fully_shard in a 1-rank process group:
   "cpu:gloo,cuda:nccl" on CUDA, gloo on the CPU; a one-GPU node's real path, DTensors and all):
   sync_save_s         dcp.save to the local disk, the loop blocked for all of it
-  async_stall_s       ShardedCheckpointer.save (workloads/train/sharded.py): the loop's wait, i.e. the copy of the
-                      state to host memory; staging_gib_s is the state over it (the goodput model assumes 4 GiB/s)
-  async_stall_2_s     the same for the next save (a step later): allocator and page cache warm
+  staging             how ShardedCheckpointer staged it: "pinned-cached" (a state on the GPU: one writer kept,
+                      its pinned host copy made by the first save and reused, workloads/train/pinned.py) or
+                      "pageable-per-save" (a state on the CPU: a writer and fresh host memory per save)
+  first_save_stall_s  ShardedCheckpointer.save (workloads/train/sharded.py) called as the trainer calls it (a
+                      TrainingState, the step, a meta dict; the previous save waited for): the loop's wait, i.e. the
+                      copy of the state to host memory (pinned-cached: allocating and pinning the buffers too);
+                      first_staging_gib_s is the state over it
+  second_save_stall_s the same for the next save, a training step later (pinned-cached: the buffers reused);
+                      second_staging_gib_s likewise (the goodput model's STAGING_BYTES_PER_S is printed beside)
+  restaged            saves that found the state's layout changed and staged it afresh (0 expected here)
   local_write_s       from save() to the shards written, hashed and the manifest in
   restore_s           a fresh state on the device loaded from the local tier, every file checked (sha256)
   restored_equal      the restored weights and moments equal the saved ones, bit for bit
-  and for `plain`, cached_stall_2_s: dcp.async_save through FileSystemWriter(cache_staged_state_dict=True), the
-  second save's stall (its pinned staging buffers reused): what the checkpointer would stall with that option
-  (CUDA only).
+  and for `plain`, cached_stall_2_s: bare dcp.async_save through FileSystemWriter(cache_staged_state_dict=True), the
+  second save's stall (its pinned staging buffers reused), DCP alone for comparison (CUDA only).
 
 Each phase's figures are printed as a JSON line as soon as they exist, the whole result last.
 On a machine without the device it says so and exits 0 (--device cpu runs every row but the pinned copy).
@@ -47,6 +53,8 @@ from torch import nn  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from workloads.cli import ArgumentParser  # noqa: E402
+from workloads.jobspec.goodput import STAGING_BYTES_PER_S  # noqa: E402
+from workloads.train.pinned import CachedStagingWriter  # noqa: E402
 from workloads.train.sharded import ShardedCheckpointer, TrainingState  # noqa: E402
 
 LAYERS = 4
@@ -143,11 +151,16 @@ def measure(state_mib: int, device: torch.device, workdir: Path, shard: bool) ->
     sync_s = time.perf_counter() - started
     shutil.rmtree(root / "sync", ignore_errors=True)
     ckpt = ShardedCheckpointer(root / "local", None, keep=1, log=lambda line: None)
-    first = ckpt.save(state, 1)
+    ckpt.wait()  # as the trainer: the previous save waited for, then save() (TrainingState, step, meta)
+    _sync(device)
+    first = ckpt.save(state, 1, meta={"epoch": 0, "step": 1})
     ckpt.wait()
+    writer = ckpt._writer
     _step(state.model, state.optimizer, device)  # the loop goes on; the next save holds the new weights
-    second = ckpt.save(state, 2)
+    ckpt.wait()
+    second = ckpt.save(state, 2, meta={"epoch": 0, "step": 2})
     done = ckpt.wait()
+    staging = "pinned-cached" if isinstance(writer, CachedStagingWriter) else "pageable-per-save"
     saved = _fingerprint(state)
     nbytes = done.total_bytes if done is not None else 0
     del state
@@ -162,9 +175,11 @@ def measure(state_mib: int, device: torch.device, workdir: Path, shard: bool) ->
     restore_s = time.perf_counter() - started
     row = {
         "variant": "fsdp" if shard else "plain", "state_mib": round(nbytes / (1 << 20), 1),
-        "sync_save_s": round(sync_s, 3), "async_stall_s": round(first.stall_s, 4),
-        "staging_gib_s": round(nbytes / GIB / first.stall_s, 2) if first.stall_s else None,
-        "async_stall_2_s": round(second.stall_s, 4),
+        "sync_save_s": round(sync_s, 3), "staging": staging,
+        "first_save_stall_s": round(first.stall_s, 4), "first_staging_gib_s": _rate(nbytes, first.stall_s),
+        "second_save_stall_s": round(second.stall_s, 4), "second_staging_gib_s": _rate(nbytes, second.stall_s),
+        "same_writer": writer is not None and ckpt._writer is writer,
+        "restaged": writer.restaged if isinstance(writer, CachedStagingWriter) else 0,
         "local_write_s": round(second.local_write_s or 0.0, 3), "complete": bool(done and done.complete),
         "errors": [r.error for r in (first, second) if r.error],
         "restore_s": round(restore_s, 3), "restored_step": manifest.step if manifest else None,
@@ -175,6 +190,10 @@ def measure(state_mib: int, device: torch.device, workdir: Path, shard: bool) ->
     del fresh
     shutil.rmtree(root, ignore_errors=True)
     return row
+
+
+def _rate(nbytes: int, seconds: float) -> float | None:
+    return round(nbytes / GIB / seconds, 2) if seconds else None
 
 
 def cached_stall(state_mib: int, device: torch.device, workdir: Path) -> float:
@@ -210,7 +229,7 @@ def run(state_mib: int, device: torch.device, workdir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "state_mib": state_mib, "workdir": str(workdir),
-        "goodput_model_staging_gib_s": 4.0,
+        "goodput_model_staging_gib_s": STAGING_BYTES_PER_S / GIB,
     }
     result.update(transfer_rates(state_mib << 20, device, workdir))
     _partial("transfer", result)
@@ -259,11 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{result['device']}, torch {result['torch']}: state {args.state_mib} MiB; D2H pageable "
               f"{_fmt(result['d2h_pageable_gib_s'])} GiB/s, pinned {_fmt(result['d2h_pinned_gib_s'])} GiB/s; disk "
               f"{_fmt(result['disk_write_gib_s'])} GiB/s; cached-staging stall {result['cached_stall_2_s']} s")
-        print(f"{'variant':<8}{'sync save s':>12}{'stall s':>9}{'staging GiB/s':>14}{'stall 2 s':>10}"
-              f"{'write s':>9}{'restore s':>10}{'equal':>7}")
+        print(f"{'variant':<8}{'staging':>18}{'sync save s':>12}{'stall 1 s':>10}{'GiB/s':>8}{'stall 2 s':>10}"
+              f"{'GiB/s':>8}{'write s':>9}{'restore s':>10}{'equal':>7}")
         for row in result["rows"]:
-            print(f"{row['variant']:<8}{row['sync_save_s']:>12}{row['async_stall_s']:>9}{_fmt(row['staging_gib_s']):>14}"
-                  f"{row['async_stall_2_s']:>10}{row['local_write_s']:>9}{row['restore_s']:>10}"
+            print(f"{row['variant']:<8}{row['staging']:>18}{row['sync_save_s']:>12}{row['first_save_stall_s']:>10}"
+                  f"{_fmt(row['first_staging_gib_s']):>8}{row['second_save_stall_s']:>10}"
+                  f"{_fmt(row['second_staging_gib_s']):>8}{row['local_write_s']:>9}{row['restore_s']:>10}"
                   f"{str(row['restored_equal']):>7}")
     print(json.dumps(result))
     return 0

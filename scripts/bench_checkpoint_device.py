@@ -53,7 +53,6 @@ from torch import nn  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 from workloads.cli import ArgumentParser  # noqa: E402
-from workloads.jobspec.goodput import STAGING_BYTES_PER_S  # noqa: E402
 from workloads.train.pinned import CachedStagingWriter  # noqa: E402
 from workloads.train.sharded import ShardedCheckpointer, TrainingState  # noqa: E402
 
@@ -192,6 +191,15 @@ def measure(state_mib: int, device: torch.device, workdir: Path, shard: bool) ->
     return row
 
 
+def _model_staging_gib_s() -> float | None:
+    """The goodput model's STAGING_BYTES_PER_S in GiB/s; None where its module's pydantic is not installed."""
+    try:
+        from workloads.jobspec.goodput import STAGING_BYTES_PER_S
+    except ImportError:
+        return None
+    return STAGING_BYTES_PER_S / GIB
+
+
 def _rate(nbytes: int, seconds: float) -> float | None:
     return round(nbytes / GIB / seconds, 2) if seconds else None
 
@@ -229,7 +237,7 @@ def run(state_mib: int, device: torch.device, workdir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "state_mib": state_mib, "workdir": str(workdir),
-        "goodput_model_staging_gib_s": STAGING_BYTES_PER_S / GIB,
+        "goodput_model_staging_gib_s": _model_staging_gib_s(),
     }
     result.update(transfer_rates(state_mib << 20, device, workdir))
     _partial("transfer", result)

@@ -139,12 +139,15 @@ class StepLog(io.TextIOBase):
             with contextlib.suppress(OSError):
                 file.close()  # the unwritten rest of its buffer is dropped with it
 
-    def write(self, text: str) -> int:
+    def _try(self, act: Callable[[TextIO], object]) -> None:
         if self._file is not None:
             try:
-                self._file.write(text)
+                act(self._file)
             except OSError as exc:
                 self._failed(exc)
+
+    def write(self, text: str) -> int:
+        self._try(lambda file: file.write(text))
         return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:  # type: ignore[override]
@@ -152,21 +155,16 @@ class StepLog(io.TextIOBase):
             self.write(line)
 
     def flush(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.flush()
-            except OSError as exc:
-                self._failed(exc)
+        self._try(lambda file: file.flush())
 
     def close(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-                self._file.close()
-            except OSError as exc:
-                self._failed(exc)
-            self._file = None
+        def synced(file: TextIO) -> None:
+            file.flush()
+            os.fsync(file.fileno())
+            file.close()
+
+        self._try(synced)
+        self._file = None
         super().close()
 
 

@@ -21,7 +21,6 @@ Every command has its own deadline within the step's; the outcome is one line sa
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import tempfile
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from infra.acceptance.runlock import process_alive
 from infra.acceptance.runner import DEADLINE_EXIT, CommandRunner, ProbeFn, ProbeOutcome, run_command
 
 CLOUD_LOCKED = "[409] Conflict: Another update is currently in progress."
@@ -58,16 +58,6 @@ def lock_in(output: str) -> Lock | None:
     if DIY_LOCKED in output:
         return Lock("diy", tuple((m.group(2), m.group(3), int(m.group(4))) for m in DIY_LOCK_LINE.finditer(output)))
     return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 def stale(lock: Lock, host: str, alive: Callable[[int], bool]) -> bool | None:
@@ -182,7 +172,7 @@ class Recovery:
 
 
 def stack_state_probe(execute: CommandRunner = run_command, clock: Callable[[], float] | None = None,
-                      host: str | None = None, alive: Callable[[int], bool] = pid_alive) -> ProbeFn:
+                      host: str | None = None, alive: Callable[[int], bool] = process_alive) -> ProbeFn:
     """The probe `stack_state` (args: stack; ours: non-empty when this kit's own `up` was interrupted)."""
     import time
 

@@ -1,8 +1,8 @@
 """The chaos harness in its small form: one 2-node gang on 127.0.0.1 (real torchrun agents, c10d rendezvous,
 gloo), one node SIGKILLed mid-run and restarted by the rendered Job's rules; and an elastic gang (minNodes 1) whose
-lost node does not come back, so the survivor continues alone after the rendered wait. The full form, with SIGTERM
-too, many seeded trials, the gang growing back, and the comparison with an uninterrupted run, is
-scripts/chaos_gang.py (docs/benchmarks.md)."""
+lost node does not come back, so the survivor continues alone after the rendered wait; and a user's script under the
+rendered launcher stopped by SIGTERM. The full form, with SIGTERM too, many seeded trials, the gang growing back, and
+the comparison with an uninterrupted run, is scripts/chaos_gang.py (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from benchmarks.chaos_gang import (
 from benchmarks.chaos_goodput import measure
 from scripts.chaos_gang import main
 from workloads.train.checkpointer import latest_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
 
 # The harness's one-incident form stays in `make test` (not marked slow): the restart rules are its subject.
 pytestmark = [
@@ -66,6 +68,11 @@ def test_an_elastic_gang_continues_on_fewer_nodes_and_trains_every_sample_once(t
     assert final is not None and final["step"] == 2 * (CLASSES * PER_CLASS) // (NODES * RANK_BATCH)
 
 
+# Eight interpreters importing torch (about 30 s of CPU). make test keeps its parts: the harness's script command just
+# below, SIGTERM on one of two ranks under the launcher (stop helper, checkpoint, exit 43: test_stop_helper.py), the
+# plain example's SIGTERM checkpoint (test_stop_helper.py), the agent's SIGTERM as exit 43 (test_stop.py), StepReport's
+# events (test_step_report.py), and a 2-node gang restarted by the rendered Job's rules (the SIGKILL case above).
+@pytest.mark.slow
 def test_a_user_script_under_the_rendered_launcher_stops_on_sigterm_and_loses_no_step(tmp_path: Path) -> None:
     """examples/train_plain.py as a 2-node Job spec's `command:` (rendered under the launcher): SIGTERM to one node's
     agent; both nodes stop after the same step with a checkpoint (StopSignal), exit 43, and the gang resumes."""
@@ -86,6 +93,29 @@ def test_a_user_script_under_the_rendered_launcher_stops_on_sigterm_and_loses_no
     steps = [event["step"] for event in batches]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)  # SIGTERM: resumed after the last, none twice
     assert measure(outcome.events, outcome.seconds, outcome.killed_at_s, outcome.time_to_resume_s).goodput > 0
+
+
+def test_a_script_job_runs_the_script_under_the_launcher_as_the_harness_starts_it(tmp_path: Path) -> None:
+    """What the slow SIGTERM case starts on each node: the rendered Job's `command: [python, SCRIPT]` under the
+    launcher, its `python` replaced by the harness's script worker, the script's own arguments after the harness's
+    run settings; a Job whose command leaves the launcher is refused rather than run bare."""
+    from benchmarks.chaos_gang import SCRIPT_ARGS, is_script, node_command
+
+    script = REPO / "examples" / "train_plain.py"
+    job = rendered_gang_job(rank_restarts=0, script=[str(script), "--lr", "0.1"])
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:4] == ["python", "-m", "workloads.train.launch", "--no-python"]
+    assert container["command"][4:] == ["python", str(script)] and container["args"] == [*SCRIPT_ARGS, "--lr", "0.1"]
+    assert is_script(job) and not is_script(rendered_gang_job(rank_restarts=0))
+    torchrun = ["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29500"]
+    data, checkpoints = tmp_path / "data", tmp_path / "ckpt"
+    command = node_command(job, torchrun, data, checkpoints, checkpoint_every=3)
+    assert command == [sys.executable, "-m", "workloads.train.launch", *torchrun, "--no-python", sys.executable, "-m",
+                       "benchmarks.chaos_script_worker", str(script), *SCRIPT_ARGS, "--lr", "0.1", "--data", str(data),
+                       "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "3"]
+    container["command"] = ["python", "-m", "workloads.train.launch", "--no-python", "bash", "-c", "true"]
+    with pytest.raises(ValueError, match="does not run the script under the launcher"):
+        node_command(job, torchrun, data, checkpoints, checkpoint_every=3)
 
 
 @pytest.mark.parametrize("argv, line", [

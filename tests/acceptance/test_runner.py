@@ -238,3 +238,16 @@ def test_an_interrupted_command_gets_a_grace_then_is_killed(monkeypatch: pytest.
     assert time.monotonic() - began < 15 and log.getvalue() == "up\n"
     with pytest.raises(ProcessLookupError):
         os.killpg(pids[0], 0)
+
+
+@pytest.mark.parametrize(("fail", "ours"), [({"pulumi": DEADLINE_EXIT}, "up"), ({"pulumi": 130}, "up"),
+                                            ({"pulumi": 1}, ""), ({}, "")])
+def test_destroy_knows_whether_up_was_interrupted(tmp_path: Path, fail: dict[str, int], ours: str) -> None:
+    """A command killed at its deadline or by Ctrl-C may leave its work half done: `{interrupted?}` names its step
+    for the stack-state check before destroy (empty when nothing was interrupted)."""
+    fake = Fake(tmp_path, fail)
+    steps = [_step("up", Command(("pulumi", "up"))),
+             _step("destroy", Probe("stack_state", (("ours", "{interrupted?}"),)), after_up=True)]
+    Run(steps, tmp_path, "dev", COMMIT, False, False, execute=fake.execute,
+        probes={"stack_state": fake.probe("stack_state")}, clock=fake.clock, monotonic=fake.clock)()
+    assert [call for call, _ in fake.calls] == ["pulumi up", f"probe stack_state [('ours', '{ours}')]"]

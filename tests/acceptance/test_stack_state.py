@@ -115,6 +115,8 @@ def test_a_clean_or_absent_stack_is_left_alone(pulumi, fields: dict, says: str, 
     assert len(pulumi.read()["calls"]) == calls
 
 
+@pytest.mark.slow  # 1 s of deadline and eight stand-in pulumi processes: about 2 s (the fast siblings: the probe's
+# cases above, and test_runner.py's interrupted capture)
 def test_an_up_killed_at_its_deadline_is_repaired_before_destroy(pulumi, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The real runner kills a `pulumi up` that holds its lock at the step's deadline (1 s); destroy's state check
     knows the up was interrupted, cancels the lock its dead process left, clears the pending create, and destroys."""

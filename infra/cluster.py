@@ -53,11 +53,16 @@ class EksClusterArgs:
     public_access_cidrs: tuple[str, ...] = ()
 
 
-class EksCluster(pulumi.ComponentResource):
+class _EksClusterComponent(pulumi.ComponentResource):
+    """What the stack takes from its EKS cluster, whether it owns the cluster (EksCluster) or reads it
+    (ExistingEksCluster)."""
+
     info: ClusterInfo
     kubeconfig: pulumi.Output[str]
     endpoint: pulumi.Output[str]
 
+
+class EksCluster(_EksClusterComponent):
     def __init__(self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:EksCluster", name, None, opts)
         ctx, cfg, child = args.ctx, args.config, pulumi.ResourceOptions(parent=self)
@@ -242,13 +247,9 @@ class ExistingEksClusterArgs:
     found: FoundCluster
 
 
-class ExistingEksCluster(pulumi.ComponentResource):
+class ExistingEksCluster(_EksClusterComponent):
     """An EKS cluster the stack reads and never owns: the stack adds its nodes' role and security group, its access
     entries and a Kubernetes provider; the cluster, its VPC, its security groups and node groups are left alone."""
-
-    info: ClusterInfo
-    kubeconfig: pulumi.Output[str]
-    endpoint: pulumi.Output[str]
 
     def __init__(self, name: str, args: ExistingEksClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("ml-cluster:infra:ExistingEksCluster", name, None, opts)

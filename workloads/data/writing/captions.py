@@ -26,7 +26,7 @@ from workloads.data.writing.records_pack import (
 )
 from workloads.data.writing.samples import Decoding, local_samples
 from workloads.data.writing.sources import S3Source, SourceOptions
-from workloads.data.writing.text import column_name, shown_name, table_text
+from workloads.data.writing.text import column_name, json_lines, shown_name, table_text
 
 CAPTIONS_MAX_BYTES = 4 << 30  # a caption table larger than this is read in slices by a source, not here
 
@@ -90,18 +90,10 @@ def _parse_table(raw: bytes, suffix: str, where: str) -> list[tuple[str, dict[st
 
 def _jsonl_rows(text: str) -> list[tuple[str, dict[str, Any] | None, str]]:
     rows: list[tuple[str, dict[str, Any] | None, str]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            rows.append((f"line {number}", None, f"not JSON: {exc.msg}"))
-            continue
-        if not isinstance(row, dict):
-            rows.append((f"line {number}", None, "not a JSON object"))
-            continue
-        rows.append((f"line {number}", row, ""))
+    for number, row, why in json_lines(text):
+        if not why and not isinstance(row, dict):
+            why = "not a JSON object"
+        rows.append((f"line {number}", None if why else row, why))
     return rows
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from typing import Any
 from workloads.data.format.errors import DataToolError
 from workloads.data.moving.s3 import RetryPolicy, S3Uri, TransientError, with_retries
 from workloads.data.writing.samples import Decoding, Sample, decode_fetched, worker_init
-from workloads.data.writing.text import SNIFF_BYTES, wide_encoding, wide_text_why
+from workloads.data.writing.text import SNIFF_BYTES, json_lines, wide_encoding, wide_text_why
 
 FILE_LIST_SUFFIXES = (".csv", ".jsonl")
 FILE_LIST_MAX_BYTES = 4 << 30  # ~50 M rows of `key,label`; a larger "list" is not one
@@ -170,13 +169,9 @@ class S3Source:
                     raise DataToolError(f"{self.uri}:{number}", f"expected 2 columns key,label, got {len(row)}")
                 yield number, row[0].strip(), row[1].strip()
             return
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataToolError(f"{self.uri}:{number}", f"not JSON: {exc.msg}") from None
+        for number, record, why in json_lines(text):
+            if why:
+                raise DataToolError(f"{self.uri}:{number}", why)
             if not isinstance(record, dict) or not isinstance(record.get("key"), str) \
                     or not isinstance(record.get("label"), str | int) or isinstance(record.get("label"), bool):
                 raise DataToolError(f"{self.uri}:{number}", 'expected {"key": "<key>", "label": "<class>"}')

@@ -2,7 +2,8 @@
 Notepad) dropped, so it never becomes part of the first column's name or the first row; UTF-16 and UTF-32 (by their
 byte-order mark, or by the NUL bytes ASCII text in UTF-16 has in every other byte) are named, with the encoding that
 is expected, instead of being read as rows of garbage. Columnar tables (Parquet, Arrow) keep a mark their writer
-read from such a CSV in the first column's name: `column_name` drops it there too.
+read from such a CSV in the first column's name: `column_name` drops it there too. `json_lines`: the rows of a
+JSON Lines table, each with its line number, or why it is not JSON.
 
 Used by every reader of a table of records: the caption tables (captions.py), the tables of pack-tables (tables.py)
 and the file lists of `pack s3://.../list.csv` (sources.py).
@@ -11,6 +12,9 @@ and the file lists of `pack s3://.../list.csv` (sources.py).
 from __future__ import annotations
 
 import codecs
+import json
+from collections.abc import Iterator
+from typing import Any
 
 BYTE_ORDER_MARK = "\ufeff"
 SNIFF_BYTES = 64  # what wide_encoding looks at: the first bytes of a table
@@ -62,3 +66,15 @@ def column_name(name: str) -> str:
 def shown_name(name: str) -> str:
     """A name from a table, safe and visible in a one-line message: as written when printable, else its escapes."""
     return name if name.isprintable() else ascii(name)
+
+
+def json_lines(text: str) -> Iterator[tuple[int, Any, str]]:
+    """(line number, value, "") for each non-blank line of JSON Lines text; (line number, None, why) for a line that
+    is not JSON."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line), ""
+        except json.JSONDecodeError as exc:
+            yield number, None, f"not JSON: {exc.msg}"

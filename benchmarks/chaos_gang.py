@@ -251,6 +251,30 @@ def _control_pods(nodes: list[Node], job: dict[str, Any], outcome: Outcome, grac
     return True
 
 
+@dataclass
+class _Reformation:
+    """The gang forming again after a disruption at `since` (a kill, or the capacity coming back): the highest step
+    trained until then, the step the new formation resumed from, and whether it has loaded its model (its next
+    batch is the first after the resume)."""
+
+    since: float
+    trained_before: int = 0
+    resumed_step: int = 0
+    formed: bool = False
+
+    def see(self, name: str | None, at: float, event: dict[str, Any]) -> None:
+        if name == "batch":
+            self.trained_before = max(self.trained_before, event["step"])
+        elif name == "resumed" and at > self.since:
+            self.resumed_step = event["step"]
+        elif name == "model_loading" and at > self.since:
+            self.formed = True
+
+    @property
+    def steps_lost(self) -> int:
+        return max(0, self.trained_before - self.resumed_step)
+
+
 def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
              kill: tuple[str, int, int] | None = None, timeout_s: float = 240.0, grace_s: float = 30.0,
              step_delay_s: float = 0.15, restore_after_steps: int | None = None) -> Outcome:
@@ -280,14 +304,9 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
     if kill is not None:
         outcome.kill, outcome.kill_step, outcome.node = kill
     started = time.monotonic()
-    killed_at: float | None = None
-    trained_before = 0  # the highest step reported before the gang re-formed
-    reformed = False
-    resumed_step = 0
+    after_kill: _Reformation | None = None
     world = NODES  # the world size of the formation now training (the trainer's "config" event)
-    restored_at: float | None = None
-    grown = False
-    grow_resumed = 0
+    after_restore: _Reformation | None = None  # DROP: the gang growing back once the capacity returned
     for node in nodes:
         node.start()
     try:
@@ -304,12 +323,12 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
                 outcome.events.append((at - started, event))
             if name == "config":
                 world = int(event["world_size"])
-            if not reformed:
-                if name == "model_loading" and killed_at is None:
+            if after_kill is None or not after_kill.formed:
+                if name == "model_loading" and after_kill is None:
                     outcome.saves_skipped = 0  # a formation before the killed one (the trials start one each)
                 elif name == "checkpoint_skipped":
                     outcome.saves_skipped += 1
-            if name == "batch" and kill is not None and killed_at is None and event["step"] >= kill[1]:
+            if name == "batch" and kill is not None and after_kill is None and event["step"] >= kill[1]:
                 target = nodes[kill[2]]
                 assert target.process is not None
                 if kill[0] in ("SIGKILL", "DROP"):
@@ -319,39 +338,28 @@ def run_gang(work: Path, data: Path, job: dict[str, Any], checkpoint_every: int,
                 else:
                     target.process.send_signal(signal.SIGTERM)  # the kubelet stops the pod: SIGTERM to PID 1
                     target.stopping_since = time.monotonic()
-                killed_at = time.monotonic()
-                outcome.killed_at_s = killed_at - started
-            if killed_at is not None and not reformed:
-                if name == "batch":
-                    trained_before = max(trained_before, event["step"])
-                elif name == "resumed" and at > killed_at:
-                    resumed_step = event["step"]
-                elif name == "model_loading" and at > killed_at:
-                    reformed = True  # a new formation of the gang loaded its model: the next step is the resume
-            elif reformed and outcome.time_to_resume_s is None and name == "batch":
-                outcome.time_to_resume_s = at - killed_at if killed_at is not None else None
-                outcome.resumed_step = resumed_step
-                outcome.steps_lost = max(0, trained_before - resumed_step)
+                after_kill = _Reformation(time.monotonic())
+                outcome.killed_at_s = after_kill.since - started
+            if after_kill is not None and not after_kill.formed:
+                after_kill.see(name, at, event)
+            elif after_kill is not None and outcome.time_to_resume_s is None and name == "batch":
+                outcome.time_to_resume_s = at - after_kill.since
+                outcome.resumed_step = after_kill.resumed_step
+                outcome.steps_lost = after_kill.steps_lost
                 outcome.world_after = world
-            elif (restore_after_steps is not None and restored_at is None and outcome.time_to_resume_s is not None
-                  and name == "batch" and event["step"] >= resumed_step + restore_after_steps):
+            elif (after_kill is not None and restore_after_steps is not None and after_restore is None
+                  and name == "batch" and event["step"] >= after_kill.resumed_step + restore_after_steps):
                 for node in nodes:
                     if node.pending:  # the capacity is back: the Pending replacement pod starts
                         node.pending = False
                         node.start()
-                        restored_at = time.monotonic()
+                        after_restore = _Reformation(time.monotonic())
                         outcome.restored = True
-                        trained_before = 0
-            elif restored_at is not None and not grown:
-                if name == "batch":
-                    trained_before = max(trained_before, event["step"])
-                elif name == "resumed" and at > restored_at:
-                    grow_resumed = event["step"]
-                elif name == "model_loading" and at > restored_at:
-                    grown = True
-            elif grown and outcome.grow_time_s is None and name == "batch" and restored_at is not None:
-                outcome.grow_time_s = at - restored_at
-                outcome.grow_steps_lost = max(0, trained_before - grow_resumed)
+            elif after_restore is not None and not after_restore.formed:
+                after_restore.see(name, at, event)
+            elif after_restore is not None and outcome.grow_time_s is None and name == "batch":
+                outcome.grow_time_s = at - after_restore.since
+                outcome.grow_steps_lost = after_restore.steps_lost
             if name == "batch":
                 outcome.world_final = world
             if not _control_pods(nodes, job, outcome, grace_s):

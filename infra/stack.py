@@ -39,7 +39,14 @@ from infra.packing import DatasetPacker, DatasetPackerArgs
 from infra.queueing import Queueing, QueueingArgs, kueue_manifests
 from infra.registry import ImageRegistry, ImageRegistryArgs
 from infra.storage import Storage, StorageArgs, fsx_boot_scripts
-from infra.tenancy import Teams, TeamsArgs, team_access_entries, team_access_policy, team_manifests
+from infra.tenancy import (
+    Teams,
+    TeamsArgs,
+    kueue_viewer_role,
+    team_access_entries,
+    team_access_policy,
+    team_manifests,
+)
 from infra.topology import provisioning_on
 from workloads.cluster_facts import facts_to_dict
 from workloads.jobspec import metrics_ports
@@ -235,6 +242,8 @@ def _teams(cfg: StackConfig, ctx: StackContext, facts: StackFacts, cluster: Clus
                    for team, dra in fsx_team_associations(cfg)} if storage.fsx is not None else {}
     teams = Teams(f"{ctx.prefix}-teams", TeamsArgs(
         ctx=ctx, cluster=cluster,
+        cluster_roles=[kueue_viewer_role(ctx.stack, cfg.label_prefix)] if not cfg.kueue.viewer_roles_aggregated
+        and any(team.binding_names for team in cfg.kueue.tenant_teams) else [],
         manifests=team_manifests(cfg.kueue, facts.pool_plans, ctx.stack, cfg.label_prefix,
                                  facts.job_facts.job_service_account, egress=cfg.job_egress.rules(cfg.platform),
                                  metrics_namespace=monitoring.prometheus_namespace if monitoring.enabled else None,

@@ -25,6 +25,8 @@ import pulumi_kubernetes as k8s
 from infra.cluster import ACCESS_POLICIES
 from infra.config.queueing import (
     TEAM_EFS_ROOT,
+    TEAM_KUEUE_VIEW_BINDING,
+    TEAM_KUEUE_VIEWER,
     TEAM_LIMITS_NAME,
     TEAM_PRINCIPALS_BINDING,
     TEAM_QUOTA_NAME,
@@ -93,9 +95,10 @@ def team_group(team: str, label_prefix: str) -> str:
 
 def role_binding_manifest(team: TeamConfig, name: str, cluster_role: str, groups: Sequence[str], stack: str,
                           label_prefix: str) -> Manifest:
-    """`groups` get the built-in ClusterRole `cluster_role` (edit or view) in the team's namespace only. Both
-    aggregate Kueue's workload and LocalQueue viewer roles (kueue v0.19.2 charts/kueue/templates/rbac/
-    workload_viewer_role.yaml:28-30), so members see their runs' queue state."""
+    """`groups` get the ClusterRole `cluster_role` (edit or view, or kueue_viewer_role) in the team's namespace
+    only. Both built-in roles aggregate Kueue's workload, LocalQueue and pending-workloads viewer roles from Kueue
+    0.18.0 on (kueue v0.19.2 charts/kueue/templates/rbac/workload_viewer_role.yaml:28-30), so members see their runs'
+    queue state; before (an adopted older Kueue) the team also gets kueue_viewer_role (member_bindings)."""
     assert team.namespace is not None
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": name, "namespace": team.namespace, "labels": _labels(team, stack, label_prefix)},
@@ -104,8 +107,10 @@ def role_binding_manifest(team: TeamConfig, name: str, cluster_role: str, groups
                          for group in groups]}
 
 
-def member_bindings(team: TeamConfig, stack: str, label_prefix: str) -> list[Manifest]:
-    """RoleBindings of the team's Kubernetes groups (by access), and of its IAM principals' group to `view`."""
+def member_bindings(team: TeamConfig, stack: str, label_prefix: str, kueue_viewer: bool = False) -> list[Manifest]:
+    """RoleBindings of the team's Kubernetes groups (by access), and of its IAM principals' group to `view`; with
+    `kueue_viewer` (a Kueue whose viewer roles `view` and `edit` do not aggregate), of all of them to the stack's
+    kueue_viewer_role as well."""
     bindings = []
     for access in ("edit", "view"):
         groups = team.member_groups(access)
@@ -114,7 +119,30 @@ def member_bindings(team: TeamConfig, stack: str, label_prefix: str) -> list[Man
     if any(m.principal_arn is not None for m in team.members):
         bindings.append(role_binding_manifest(team, TEAM_PRINCIPALS_BINDING, "view",
                                               [team_group(team.name, label_prefix)], stack, label_prefix))
+    if kueue_viewer and bindings:
+        every = [subject["name"] for binding in bindings for subject in binding["subjects"]]
+        bindings.append(role_binding_manifest(team, TEAM_KUEUE_VIEW_BINDING, kueue_viewer_role_name(stack),
+                                              list(dict.fromkeys(every)), stack, label_prefix))
     return bindings
+
+
+def kueue_viewer_role_name(stack: str) -> str:
+    return f"{stack}-{TEAM_KUEUE_VIEWER}"
+
+
+def kueue_viewer_role(stack: str, label_prefix: str) -> Manifest:
+    """What `view` holds of Kueue from its 0.18 chart on, for a Kueue before it: the rules of its Workload,
+    LocalQueue and pending-workloads viewer roles (kueue v0.19.2 charts/kueue/templates/rbac/workload_viewer_role.yaml,
+    localqueue_viewer_role.yaml, pending_workloads_lq_viewer_role.yaml; the same rules at v0.13.4), without their
+    aggregation labels: it reaches only the teams' namespaces, through their RoleBindings."""
+    reads = ["get", "list", "watch"]
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": kueue_viewer_role_name(stack), "labels": stack_labels(stack, label_prefix)},
+            "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"], "verbs": reads},
+                      {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status", "localqueues/status"],
+                       "verbs": ["get"]},
+                      {"apiGroups": ["visibility.kueue.x-k8s.io"], "resources": ["localqueues/pendingworkloads"],
+                       "verbs": reads}]}
 
 
 @dataclass(frozen=True)
@@ -194,7 +222,7 @@ def team_manifests(cfg: KueueConfig, plans: Sequence[PoolPlan], stack: str, labe
             resource_quota_manifest(team, team_ceiling(cfg, team.name, plans, label_prefix), stack, label_prefix),
             limit_range_manifest(team, stack, label_prefix),
             account,
-            *member_bindings(team, stack, label_prefix),
+            *member_bindings(team, stack, label_prefix, kueue_viewer=not cfg.viewer_roles_aggregated),
         ]
     return result
 
@@ -251,6 +279,7 @@ class TeamsArgs:
     ctx: StackContext
     cluster: ClusterInfo
     manifests: Mapping[str, Sequence[Manifest]]  # team_manifests(...)
+    cluster_roles: Sequence[Manifest] = ()  # kueue_viewer_role, where Kueue's viewer roles are not in view/edit
     policies: Mapping[str, str] = field(default_factory=dict)  # team -> team_access_policy (EKS only)
     access_entries: Sequence[TeamAccessEntry] = ()  # team_access_entries(...) (EKS only)
     volumes: Mapping[str, tuple[TeamConfig, TeamVolumeConfig]] = field(default_factory=dict)  # EKS with EFS
@@ -274,6 +303,11 @@ class Teams(pulumi.ComponentResource):
         # team -> what its Jobs need besides the namespace: the service account and its Pod Identity association
         self.accounts: dict[str, list[pulumi.Resource]] = {}
         in_cluster = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
+        for cluster_role in args.cluster_roles:
+            k8s.rbac.v1.ClusterRole(ctx.name("team", cluster_role["metadata"]["name"].removeprefix(f"{ctx.stack}-")),
+                                    metadata=cluster_role["metadata"], rules=cluster_role["rules"],
+                                    opts=in_cluster.merge(pulumi.ResourceOptions(
+                                        depends_on=list(cluster.eks_dependencies))))
         for team, manifests in args.manifests.items():
             namespace, *objects = manifests
             ns = k8s.core.v1.Namespace(

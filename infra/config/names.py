@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from infra.config.base import JOBS_NAMESPACE
 from infra.config.nodepools import BURN_IN_NAME
-from infra.config.queueing import PROVISIONING_CHECK, TEAM_LIMITS_NAME, TEAM_QUOTA_NAME, TeamConfig
+from infra.config.queueing import (
+    PROVISIONING_CHECK,
+    TEAM_KUEUE_VIEW_BINDING,
+    TEAM_KUEUE_VIEWER,
+    TEAM_LIMITS_NAME,
+    TEAM_QUOTA_NAME,
+    TeamConfig,
+)
 from workloads.cluster_facts import FACTS_CONFIG_MAP
 from workloads.jobspec import namespace_network_policies
 from workloads.k8snames import is_dns_label, is_dns_subdomain, is_label_value
@@ -260,6 +267,8 @@ def _queue_names(n: _Naming) -> Iterator[DerivedName]:
         return
     yield DerivedName("kubernetes", "ClusterQueue", "", kueue.cluster_queue, f"{CONFIG}kueue.clusterQueue")
     yield DerivedName("kubernetes", "LocalQueue", JOBS_NAMESPACE, kueue.local_queue, f"{CONFIG}kueue.localQueue")
+    if not kueue.viewer_roles_aggregated and any(team.binding_names for team in kueue.tenant_teams):
+        yield DerivedName("kubernetes", "ClusterRole", "", f"{n.stack}-{TEAM_KUEUE_VIEWER}", f"{CONFIG}kueue.external")
     for index, team in enumerate(kueue.teams):
         where = f"{CONFIG}kueue.teams[{index}]"
         yield DerivedName("kubernetes", "ClusterQueue", "", team.name, f"{where}.name")
@@ -284,7 +293,8 @@ def _tenant_names(n: _Naming, index: int, team: TeamConfig) -> Iterator[DerivedN
     yield DerivedName("kubernetes", "LimitRange", team_ns, TEAM_LIMITS_NAME, f"{where}.namespace")
     yield DerivedName("kubernetes", "ServiceAccount", team_ns, JOBS_SERVICE_ACCOUNT, f"{where}.namespace")
     yield DerivedName("kubernetes", "ConfigMap", team_ns, FACTS_CONFIG_MAP, f"{where}.namespace")
-    for binding in team.binding_names:
+    kueue_view = [TEAM_KUEUE_VIEW_BINDING] if team.binding_names and not n.cfg.kueue.viewer_roles_aggregated else []
+    for binding in [*team.binding_names, *kueue_view]:
         yield DerivedName("kubernetes", "RoleBinding", team_ns, binding, f"{where}.members")
     if team.volume is not None and team.volume_name is not None:
         yield DerivedName("kubernetes", "PersistentVolume", "", team.volume_name, f"{where}.volume.claim")

@@ -33,6 +33,10 @@ Duration = str  # Go duration as Kueue's config reads it: 90s, 10m, 2h
 # before; the oldest whose CRDs the stack's objects are checked against is v0.13 (tests/queueing/kueue_0_13_crds).
 KUEUE_V1BETA2_SINCE = (0, 15, 0)
 KUEUE_EXTERNAL_OLDEST = (0, 13, 0)
+# Kueue's chart labels its Workload, LocalQueue and pending-workloads viewer ClusterRoles aggregate-to-view/edit/admin
+# from v0.18.0 (kubernetes-sigs/kueue #10482; v0.19.2 charts/kueue/templates/rbac/workload_viewer_role.yaml:28-30);
+# v0.13.4, v0.14.8, v0.15.0 and v0.17.8 name the same roles without those labels (v0.15.0 the same file:21-26).
+KUEUE_AGGREGATED_VIEW_SINCE = (0, 18, 0)
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:
@@ -172,6 +176,10 @@ TEAM_QUOTA_NAME = "team-quota"
 TEAM_LIMITS_NAME = "team-defaults"
 # The RoleBinding of a team's IAM principals' group to `view` (its Kubernetes groups get team-edit / team-view).
 TEAM_PRINCIPALS_BINDING = "team-principals-view"
+# Where Kueue's viewer roles are not in `view`/`edit` (KueueConfig.viewer_roles_aggregated): the stack's ClusterRole
+# `<stack>-team-kueue-viewer` with their rules, bound in each team's namespace to all its groups.
+TEAM_KUEUE_VIEWER = "team-kueue-viewer"
+TEAM_KUEUE_VIEW_BINDING = "team-kueue-view"
 
 
 class TeamMemberConfig(StrictModel):
@@ -313,6 +321,14 @@ class KueueConfig(StrictModel):
     """WorkloadPriorityClasses a Job spec names in workloadPriority"""
     teams: list[TeamConfig] = []
     """teams with a ClusterQueue and LocalQueue of their own; with a namespace, tenants"""
+
+    @property
+    def viewer_roles_aggregated(self) -> bool:
+        """Whether the Kueue the stack runs (its own, or the adopted one) folds its Workload, LocalQueue and
+        pending-workloads viewer roles into `view` and `edit`: from 0.18.0. Before, the teams' members get the
+        stack's own role for them (infra.tenancy.kueue_viewer_role)."""
+        version = self.external.version if self.external is not None else self.chart_version
+        return version_tuple(version) >= KUEUE_AGGREGATED_VIEW_SINCE
 
     @model_validator(mode="after")
     def _names(self) -> KueueConfig:

@@ -74,6 +74,14 @@ def test_nothing_adopted_is_installed_and_what_builds_on_it_is(plan: dict[str, A
     namespaces = {r["inputs"]["metadata"]["name"] for r in plan["resources"]
                   if r["type"] == "kubernetes:core/v1:Namespace"}
     assert "observability" not in namespaces and "kueue" not in namespaces
+    # Kueue 0.13.4's viewer roles are not in view/edit: the team's members get the stack's role for them
+    roles = {r["inputs"]["metadata"]["name"] for r in plan["resources"] if r["type"].endswith(":ClusterRole")}
+    assert "existing-team-kueue-viewer" in roles and "existing-team-kueue-viewer" not in {
+        r["inputs"]["metadata"]["name"] for r in own["resources"] if r["type"].endswith(":ClusterRole")}
+    [viewer] = [r["inputs"] for r in plan["resources"] if r["type"].endswith(":RoleBinding")
+                and r["inputs"]["metadata"]["name"] == "team-kueue-view"]
+    assert viewer["metadata"]["namespace"] == "team-vision"
+    assert viewer["roleRef"]["name"] == "existing-team-kueue-viewer"
 
 
 @pytest.mark.slow

@@ -126,8 +126,9 @@ def main() -> None:
                     with report.saving(step):
                         save(step)
                 stop.check(partial(save, step))
-            with report.saving(step):
-                save(step)
+            if not (args.checkpoint_every and step % args.checkpoint_every == 0):  # else saved at this step already
+                with report.saving(step):
+                    save(step)
             if accelerator.is_main_process:
                 elapsed = time.perf_counter() - started
                 print(json.dumps({"epoch": epoch, "samples": samples, "loss": round(loss_sum / max(samples, 1), 4),

@@ -144,8 +144,9 @@ def main() -> None:
                     with report.saving(step):
                         save(step)
                 stop.check(partial(save, step))  # every rank, every step: stop here if any rank got SIGTERM
-            with report.saving(step):
-                save(step)
+            if not (args.checkpoint_every and step % args.checkpoint_every == 0):  # else saved at this step already
+                with report.saving(step):
+                    save(step)
             elapsed = time.perf_counter() - started
             if rank == 0:
                 print(json.dumps({"epoch": epoch, "samples": samples, "loss": round(loss_sum / max(samples, 1), 4),

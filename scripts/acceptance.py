@@ -155,8 +155,11 @@ def main(argv: list[str]) -> int:
         return 0
     if args.check_bundle:
         summary = check_bundle(Path(args.check_bundle))
+        running = next((step.name for step in summary.steps if step.status == "running"), None)
         print(f"ok: {args.check_bundle}: stack {summary.stack}, {summary.result}"
-              + (f" (failed at {summary.failed_step})" if summary.failed_step else ""))
+              + (f" (failed at {summary.failed_step})" if summary.failed_step else "")
+              + (f" (step {running} was running when this summary was written: a run that died stops here)"
+                 if running else ""))
         return 0
     if not args.stack:
         raise UsageError("--stack", "required (or --check-bundle DIR, --print-schema)")

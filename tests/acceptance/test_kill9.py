@@ -235,3 +235,13 @@ def test_a_lock_that_cannot_be_written_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(RunLockError) as refused:
         claim(evidence, "dev", evidence / "dev-1", "2026-11-27T02:00:00Z", None)
     assert (refused.value.where, refused.value.why) == (str(evidence), "File exists")
+
+
+def test_check_bundle_says_where_a_dead_run_stopped(cli, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _bundle_in_up(tmp_path / "dev-1")
+    (tmp_path / "dev-1" / "01-preflight.log").write_text("# step preflight\n")
+    (tmp_path / "dev-1" / "02-up.log").write_text("# step up\n")
+    code, out, err = run_cli(cli, capsys, "--check-bundle", str(tmp_path / "dev-1"))
+    assert (code, err) == (0, "")
+    assert out == (f"ok: {tmp_path / 'dev-1'}: stack dev, running (step up was running when this summary was "
+                   "written: a run that died stops here)\n")

@@ -536,7 +536,7 @@ def test_written_files_follow_the_umask(umask: int, tmp_path: Path, packed: Path
         assert shard.stat().st_mode & 0o777 == want
 
 
-# -- size flags: one rule, absurd values refused ----------------------------------------------------------------------
+# -- size and count flags: absurd values refused ---------------------------------------------------------------------
 @pytest.mark.parametrize(("argv", "where"), [
     (["upload", "D", "s3://b/p", "--part-size", "16"], None),  # 16 GiB: above S3's 5 GiB part maximum
     (["upload", "D", "s3://b/p", "--part-size", "16B"], "--part-size"),
@@ -550,8 +550,14 @@ def test_written_files_follow_the_umask(umask: int, tmp_path: Path, packed: Path
     (["pack", "S", "O", "--shard-size", "1e9"], "--shard-size"),
     (["pack", "S", "O", "--shard-size", "0"], "--shard-size"),
     (["pack", "S", "O", "--shard-size", "100TiB"], "--shard-size"),
+    (["pack", "S", "O", "--workers", "100000"], "--workers"),
+    (["pack", "S", "O", "--size", "100000"], "--size"),
+    (["upload", "D", "s3://b/p", "--workers", "100000"], "--workers"),
+    (["stage", "s3://b/p", "D", "--workers", "100000"], "--workers"),
+    (["stage", "s3://b/p", "D", "--wait-timeout", "-1"], "--wait-timeout"),
+    (["stage", "s3://b/p", "D", "--wait-timeout", "nan"], "--wait-timeout"),
 ])
-def test_absurd_sizes_are_refused(argv: list[str], where: str | None, capsys: pytest.CaptureFixture) -> None:
+def test_absurd_sizes_and_counts_are_refused(argv: list[str], where: str | None, capsys: pytest.CaptureFixture) -> None:
     code, err = cli(argv, capsys)
     assert code == 2 and one_line(err) and (where or argv[-2]) in err, err
 
@@ -619,19 +625,6 @@ def test_fifo_in_the_image_folder_is_skipped_not_waited_on(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "o" / "pack-report.json").read_text())["skipped"]
     assert report == [{"path": "ants/pipe.jpg", "reason": "not a regular file"}]
-
-
-@pytest.mark.parametrize(("argv", "where"), [
-    (["pack", "S", "O", "--workers", "100000"], "--workers"),
-    (["pack", "S", "O", "--size", "100000"], "--size"),
-    (["upload", "D", "s3://b/p", "--workers", "100000"], "--workers"),
-    (["stage", "s3://b/p", "D", "--workers", "100000"], "--workers"),
-    (["stage", "s3://b/p", "D", "--wait-timeout", "-1"], "--wait-timeout"),
-    (["stage", "s3://b/p", "D", "--wait-timeout", "nan"], "--wait-timeout"),
-])
-def test_absurd_counts_are_refused(argv: list[str], where: str, capsys: pytest.CaptureFixture) -> None:
-    code, err = cli(argv, capsys)
-    assert code == 2 and one_line(err) and where in err, err
 
 
 @pytest.mark.parametrize(("field", "value"), [("image_size", -5), ("image_size", 0), ("num_samples", -1)])

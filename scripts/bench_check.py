@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             wall, commands = _wall(args, work, base_root)
             verdicts += wall
     print(f"  uptime at end:   {uptime()}")
-    print("\n".join(f"  ran: {command}" for command in commands))
-    print("\n".join(f"  problem: {problem}" for problem in problems))
-    print("\n".join(verdict.line() for verdict in verdicts))
+    for line in [*(f"  ran: {command}" for command in commands), *(f"  problem: {problem}" for problem in problems),
+                 *(verdict.line() for verdict in verdicts)]:
+        print(line)
     failed = [f"{verdict.kind} {verdict.row}" for verdict in verdicts if not verdict.passed]
     print(f"bench-check: {'FAIL (' + ', '.join(failed) + ')' if failed else 'PASS'}")
     return 1 if failed else 0

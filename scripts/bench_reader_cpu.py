@@ -3,16 +3,17 @@ sampler's shuffled batches of 128: the decoded layout, the encoded layout (JPEG 
 back from a warm decode cache (benchmarks/reader_cost.py). process_time measures the reader's own work, so on a
 machine shared with other jobs it moves far less than samples/s do. `calls/sample` counts the Python function calls
 of one pass under cProfile: it does not move with the machine's load at all, so it shows added per-sample work where
-times are too noisy to. `scripts/bench_check.py` runs this script from two checkouts, alternating, on one pack.
+times are too noisy to. `scripts/bench_check.py` runs it for two checkouts (--code), alternating, each on its own
+pack of the same generated images.
 
     python scripts/bench_reader_cpu.py --workdir DIR [--images N] [--size 160] [--repeat 3] [--calls-only]
                                        [--code CHECKOUT] [--serve]
 
 DIR holds hdf5-decoded/ and hdf5-encoded/ as `scripts/bench_loader.py --workdir DIR` leaves them; with --images N
 they are generated and packed there first when missing (N seeded JPEGs). Prints one JSON object. --code CHECKOUT
-measures (and packs with) another checkout's data path under this harness; --serve prints `{"ready": true}` and
-then one report per `measure` line read from stdin, so a caller can alternate two checkouts without paying for
-their imports each round.
+measures (and packs with) another checkout's data path under this harness; --serve measures once unreported,
+prints `{"ready": true}`, then one report per `measure` line read from stdin, so a caller can alternate two
+checkouts without paying for their imports each round.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.serve:
         print(json.dumps(harness.measure(args.workdir, args.size, args.repeat, calls_only=args.calls_only)))
         return 0
+    harness.measure(args.workdir, args.size, 1)  # not reported: a process's first pass is slower than the rest
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() == "measure":

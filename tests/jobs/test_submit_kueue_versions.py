@@ -84,7 +84,7 @@ def test_a_kueue_without_the_visibility_api_is_not_asked_for_a_position(
 
 @pytest.mark.parametrize("answer", [(403, "application/json", json.dumps({
     "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403}).encode()),
-    (200, "text/html", b"<html>a proxy's page</html>")])
+    (200, "text/html", b"<html>a proxy's page</html>"), (200, "application/json", b'{"versions": [')])
 def test_unreadable_discovery_falls_back_to_trying_the_versions_newest_first(
         answer: tuple[int, str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -110,3 +110,17 @@ def test_a_cluster_without_kueue_shows_no_workload(tmp_path: Path, monkeypatch: 
         out = status(capsys)
     assert "waiting for Kueue to create its Workload" in out, out
     assert kueue_requests(server) == ["/apis/kueue.x-k8s.io"]
+
+
+@pytest.mark.parametrize("answer", [(403, "application/json", b'{"kind": "Status", "code": 403}'),
+                                    (200, "application/json", b'{"items": [')])
+def test_a_position_that_cannot_be_read_leaves_the_status_without_it(
+        answer: tuple[int, str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The visibility API is optional (its RBAC, an aggregated server that answers badly): status goes on."""
+    with stand_in(tmp_path, monkeypatch) as server:
+        queued(server, "v1beta2")
+        server.raw[f"/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{NAMESPACE}/localqueues/training/"
+                   "pendingworkloads"] = answer
+        out = status(capsys)
+    assert f"queue training: waiting for quota: {WAITING}" in out, out

@@ -48,6 +48,8 @@ def served_versions(api_client: Any, group: str, timeout_s: float) -> tuple[str,
                               f"kubernetes API {server}", "discovery")
     except ApiException as exc:
         document = {"versions": []} if exc.status == 404 else None
+    except (ValueError, TypeError, RecursionError):  # an answer the client cannot read (JSON that is not)
+        document = None
     versions = _versions_of(document)
     _served[(server, group)] = versions
     return versions
@@ -112,6 +114,6 @@ def _position(api_client: Any, namespace: str, job: dict[str, Any], workload: di
             api_client,
             f"/apis/{VISIBILITY_GROUP}/{versions[0]}/namespaces/{{namespace}}/localqueues/{{name}}/pendingworkloads",
             {"namespace": namespace, "name": str(queue)}, (min(CONNECT_TIMEOUT_S, timeout_s), timeout_s))
-    except (ApiException, RuntimeFailure):  # no RBAC for the visibility API, not served, slow: it is optional
-        return None
+    except (ApiException, RuntimeFailure, ValueError, TypeError, RecursionError):
+        return None  # no RBAC for the visibility API, not served, slow, an unreadable answer: it is optional
     return queue_position(pending if isinstance(pending, dict) else None, workload["metadata"]["name"])

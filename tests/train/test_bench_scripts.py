@@ -133,3 +133,15 @@ def test_bench_check_rejects_a_base_that_is_not_a_commit(monkeypatch: pytest.Mon
     assert _script("bench_check", monkeypatch).main(["--base", "no-such-ref-here", "--wall-rows", "none"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --base: 'no-such-ref-here': not a commit") and len(err.strip().splitlines()) == 1
+
+
+def test_bench_peers_alternates_which_checkout_runs_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even rounds run this checkout's row before the other checkouts' rows of the same contender, odd rounds after
+    them; contenders keep their order."""
+    order = _script("bench_peers", monkeypatch)._round_order
+    here, there = Path("/here"), Path("/there")
+    runs = [("ours", "ours", here), ("ours@base", "ours", there), ("litdata", "litdata", here),
+            ("ours-redecode", "ours-redecode", here), ("ours-redecode@base", "ours-redecode", there)]
+    assert order(runs, 0) == runs
+    assert [label for label, _, _ in order(runs, 1)] == ["ours@base", "ours", "litdata", "ours-redecode@base",
+                                                         "ours-redecode"]

@@ -33,6 +33,8 @@ from infra.storage.verify import (  # noqa: E402
 )
 from workloads.cli import ArgumentParser  # noqa: E402
 from workloads.kubeconfig import KubeconfigError, load_kubernetes_config, resolve_kubeconfig  # noqa: E402
+from workloads.submit.errors import RuntimeFailure  # noqa: E402
+from workloads.submit.kube import DEFAULT_REQUEST_TIMEOUT_S, custom_objects_api  # noqa: E402
 
 
 class UsageError(Exception):
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> list[Check]:
             outputs, client.CoreV1Api(), client.StorageV1Api(), args.label_prefix, args.pvc_timeout
         )
         if (outputs.get("jobFacts") or {}).get("kueue"):
-            custom = client.CustomObjectsApi()
+            custom = custom_objects_api(DEFAULT_REQUEST_TIMEOUT_S)  # every call, discovery too, within 30 s
             checks += check_queues(outputs, list_kueue(custom, "clusterqueues"), list_kueue(custom, "localqueues"))
     return checks
 
@@ -129,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except OutputsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeFailure as exc:  # an API server that did not answer in time: nothing about the input
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps([check.__dict__ for check in checks], indent=1))
     else:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.storage.efs import NFS_PORT
+from workloads.submit.kube import DEFAULT_REQUEST_TIMEOUT_S
+from workloads.submit.kueue import KUEUE_GROUP, kueue_versions
 
 Status = Literal["PASS", "FAIL", "SKIP"]
 
@@ -374,19 +376,20 @@ def kubernetes_checks(
     return checks
 
 
-KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # served from Kueue 0.15.0, and before (an adopted older Kueue)
-
-
-def list_kueue(custom: Any, plural: str) -> list[dict[str, Any]]:
-    """Every Kueue object of `plural` (clusterqueues, localqueues) through a kubernetes CustomObjectsApi: in
-    v1beta2, or in v1beta1 where the cluster's own older Kueue serves no v1beta2 (404). What check_queues reads
-    (status conditions, spec.clusterQueue) has the same names in both."""
-    for version in KUEUE_VERSIONS:
+def list_kueue(custom: Any, plural: str, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> list[dict[str, Any]]:
+    """Every Kueue object of `plural` (clusterqueues, localqueues) through a kubernetes CustomObjectsApi (a
+    workloads.submit.kube TimedApi: every call within `timeout_s`), in the version the API server's discovery says
+    the cluster's Kueue serves, as `submit` reads it (workloads.submit.kueue.kueue_versions: v1beta2 from Kueue
+    0.15.0, v1beta1 for an adopted older one); where discovery cannot be read, v1beta2 then v1beta1 on a 404; none
+    where the server serves no Kueue. What check_queues reads (status conditions, spec.clusterQueue) has the same
+    names in both versions."""
+    versions = kueue_versions(custom.api_client, timeout_s)
+    for version in versions:
         try:
-            found = custom.list_cluster_custom_object("kueue.x-k8s.io", version, plural)
+            found = custom.list_cluster_custom_object(KUEUE_GROUP, version, plural)
             return list(found.get("items") or [])
         except Exception as exc:  # the kubernetes client's ApiException; only a 404 means "not served"
-            if getattr(exc, "status", None) != 404 or version == KUEUE_VERSIONS[-1]:
+            if getattr(exc, "status", None) != 404 or version == versions[-1]:
                 raise
     return []
 

@@ -1,5 +1,6 @@
 """A stand-in Kubernetes API server on 127.0.0.1 for what `python -m workloads.submit` asks: ConfigMaps (read),
-Jobs (create, read, delete), Services and NetworkPolicies (create, delete), Pods and Kueue Workloads (list); and for
+Jobs (create, read, delete), Services and NetworkPolicies (create, delete), Pods and Kueue Workloads (list), Kueue's
+ClusterQueues and LocalQueues of every namespace (list, as `scripts/verify_stack.py` asks); and for
 what preflight asks of an existing cluster: Secrets and ConfigMaps of every namespace, by label selector, page by
 page (`limit`/`continue`), 403 to all of it when `forbid_cluster_wide` is set. With `tls` (a server-side
 SSLContext holding a certificate, tests/tlscerts.py) it answers https:// like an EKS endpoint.
@@ -29,6 +30,7 @@ TOKEN = "team-member-token"
 _ROUTE = re.compile(r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/(?P<version>v[0-9a-z]+))/namespaces/(?P<ns>[^/]+)/"
                     r"(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?$")
 _CLUSTER_WIDE = re.compile(r"^/api/v1/(?P<plural>secrets|configmaps)$")
+_KUEUE_EVERYWHERE = re.compile(r"^/apis/kueue\.x-k8s\.io/v[0-9a-z]+/(?P<plural>clusterqueues|localqueues)$")
 _DISCOVERY = re.compile(r"^/apis/(?P<group>[a-z0-9.-]+)$")
 _VERSIONED = re.compile(r"^/apis/(?P<group>[a-z0-9.-]+)/(?P<version>v[0-9a-z]+)/")
 _PENDING = re.compile(r"^/apis/visibility\.kueue\.x-k8s\.io/v[0-9a-z]+/namespaces/(?P<ns>[^/]+)/localqueues/"
@@ -37,7 +39,8 @@ KUEUE_0_19 = {"kueue.x-k8s.io": ("v1beta2", "v1beta1"), "visibility.kueue.x-k8s.
 KUEUE_0_14 = {"kueue.x-k8s.io": ("v1beta1",), "visibility.kueue.x-k8s.io": ("v1beta1",)}
 _KINDS = {"secrets": "Secret", "configmaps": "ConfigMap", "jobs": "Job", "services": "Service",
           "networkpolicies": "NetworkPolicy", "pods": "Pod",
-          "workloads": "Workload"}  # Workload: Kueue's (none here: Kueue has not seen the Job yet)
+          "workloads": "Workload",  # Workload: Kueue's (none here: Kueue has not seen the Job yet)
+          "clusterqueues": "ClusterQueue", "localqueues": "LocalQueue"}  # listed cluster-wide (verify_stack)
 
 
 class FakeApiServer:
@@ -92,7 +95,7 @@ class FakeApiServer:
                     return
                 if self._kueue_paths(method, path):
                     return
-                every = _CLUSTER_WIDE.match(path)
+                every = _CLUSTER_WIDE.match(path) or _KUEUE_EVERYWHERE.match(path)
                 if every is not None and method == "GET":
                     self._list_everywhere(every["plural"], parse_qs(urlparse(self.path).query))
                     return
@@ -194,7 +197,7 @@ class FakeApiServer:
 
     def add(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]
-        self.objects[(manifest["kind"], meta["namespace"], meta["name"])] = manifest
+        self.objects[(manifest["kind"], meta.get("namespace", ""), meta["name"])] = manifest  # "": cluster-scoped
 
     def kubeconfig(self, path: Path) -> Path:
         """A kubeconfig whose current context is this server, with a bearer token (no Pulumi, no AWS)."""

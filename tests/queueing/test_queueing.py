@@ -349,28 +349,3 @@ def test_a_job_requesting_a_resource_kueue_would_block_on_is_a_config_error() ->
         check_queueing(config, dev_pools(), "ml-cluster.io", rendered, [config.local_queue])
     [(path, why)] = caught.value.shown()
     assert path == "ml-cluster:jobs[0].queue" and why.startswith("requests example.com/fpga, which no ClusterQueue")
-
-
-def test_verify_reads_an_adopted_older_kueue_in_v1beta1() -> None:
-    """scripts/verify_stack.py lists the queues in v1beta2, or in v1beta1 where Kueue (an adopted one older than
-    0.15) answers 404 for v1beta2; any other error is raised."""
-    from kubernetes.client.exceptions import ApiException
-
-    from infra.storage.verify import list_kueue
-
-    class Custom:
-        def __init__(self, missing: int) -> None:
-            self.asked: list[str] = []
-            self.missing = missing
-
-        def list_cluster_custom_object(self, group: str, version: str, plural: str) -> dict[str, Any]:
-            self.asked.append(version)
-            if version == "v1beta2":
-                raise ApiException(status=self.missing, reason="Not Found")
-            return {"items": [{"kind": "ClusterQueue", "metadata": {"name": "shared"}}]}
-
-    custom = Custom(404)
-    assert list_kueue(custom, "clusterqueues") == [{"kind": "ClusterQueue", "metadata": {"name": "shared"}}]
-    assert custom.asked == ["v1beta2", "v1beta1"]
-    with pytest.raises(ApiException):
-        list_kueue(Custom(403), "clusterqueues")

@@ -73,6 +73,14 @@ def _pick(served: tuple[str, ...] | None) -> tuple[str, ...]:
     return tuple(version for version in KNOWN_VERSIONS if version in served)[:1]
 
 
+def kueue_versions(api_client: Any, timeout_s: float) -> tuple[str, ...]:
+    """The kueue.x-k8s.io versions to read in, in order: the one discovery says this Kueue serves (asked once a
+    process, within `timeout_s`); every version submit knows, newest first, where discovery cannot be read (a 404
+    then means "not this version"); () where the server serves no Kueue. `scripts/verify_stack.py` reads its
+    queues in these too."""
+    return _pick(served_versions(api_client, KUEUE_GROUP, timeout_s))
+
+
 def kueue_state(namespace: str, job: dict[str, Any], timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                 ) -> tuple[dict[str, Any] | None, tuple[int, int] | None]:
     """The Job's Workload and, while it is pending, its place in the queue (visibility API; None where the
@@ -84,7 +92,7 @@ def kueue_state(namespace: str, job: dict[str, Any], timeout_s: float = DEFAULT_
         return None, None
     custom = custom_objects_api(timeout_s)
     found, version = None, None
-    versions = _pick(served_versions(custom.api_client, KUEUE_GROUP, timeout_s))
+    versions = kueue_versions(custom.api_client, timeout_s)
     for version in versions:
         try:
             found = custom.list_namespaced_custom_object(

@@ -23,10 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from boto3.s3.transfer import TransferConfig
-
-from workloads.data.moving.s3 import make_client, parse_s3_uri
-
 MANIFEST = "checkpoint.json"
 FORMAT = "ml-cluster-sharded-checkpoint"
 FORMAT_VERSION = 1
@@ -252,6 +248,10 @@ class S3Tier:
 
     def __init__(self, uri: str, *, endpoint_url: str | None = None, max_concurrency: int = 4,
                  part_bytes: int = 64 << 20) -> None:
+        from boto3.s3.transfer import TransferConfig  # here: a trainer with no S3 tier never imports boto3
+
+        from workloads.data.moving.s3 import make_client, parse_s3_uri
+
         self.uri = uri.rstrip("/")
         self.location = parse_s3_uri(uri)
         endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")

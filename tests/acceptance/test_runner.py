@@ -225,15 +225,21 @@ def test_an_interrupted_command_gets_a_grace_then_is_killed(monkeypatch: pytest.
     from infra.acceptance import runner
 
     monkeypatch.setattr(runner, "INTERRUPT_GRACE_S", 0.3)
+    # Ctrl-C is Python's default handler here whatever an earlier test in this worker left installed (a SIGINT
+    # ignored in-process turned this test into a 30 s wait and "DID NOT RAISE" in a full run)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     child = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\n"
              "time.sleep(30)")
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     log, pids = io.StringIO(), []
     began = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run_command([sys.executable, "-c", child], log, 20, started=pids.append)
-    timer.cancel()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_command([sys.executable, "-c", child], log, 20, started=pids.append)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     # a liveness bound, not a timing claim: without the grace's SIGKILL this returns when the child's 30 s sleep ends
     assert time.monotonic() - began < 15 and log.getvalue() == "up\n"
     with pytest.raises(ProcessLookupError):

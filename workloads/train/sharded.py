@@ -175,6 +175,7 @@ class ShardedCheckpointer:
         self.control = dist.new_group(backend="gloo", timeout=deadline) if self.distributed else None
         self._thread: threading.Thread | None = None
         self._writer: CachedStagingWriter | None = None  # a state on the GPU: one writer, its pinned copy kept
+        self._on_gpu: bool | None = None  # whether the state holds CUDA tensors: asked at the first save only
         self._in_flight: int | None = None
         self._complete_step: int | None = None  # the step this run saved or resumed, complete: saved again = no-op
         self.last: SaveReport | None = None
@@ -246,8 +247,9 @@ class ShardedCheckpointer:
         """async_save's storage arguments: a state holding CUDA tensors goes through the one writer kept for the run
         (workloads/train/pinned.py: its staged copy pinned and reused, the step's folder passed per save); any other
         state through a writer of its own per save, its staged copy in fresh host memory held during the save."""
-        if not wants_cached_staging(state):
-            self._writer = None
+        if self._on_gpu is None:  # a Stateful without .model would build its whole state dict to answer
+            self._on_gpu = wants_cached_staging(state)
+        if not self._on_gpu:
             return {"storage_writer": dcp.FileSystemWriter(folder, sync_files=True)}
         if self._writer is None:
             self._writer = CachedStagingWriter(folder, self.log)

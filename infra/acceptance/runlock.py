@@ -103,11 +103,12 @@ def _record(path: Path) -> tuple[str, dict[str, object]]:
     try:
         text = read_text_file(path, 64 * 1024)
         record = json.loads(text)
-    except (StateFileError, json.JSONDecodeError) as exc:
+    except (StateFileError, json.JSONDecodeError, RecursionError) as exc:
         raise RunLockError(str(path), f"not a run lock ({exc}): if no acceptance run of this stack is going, "
                                       "remove it") from None
     fields = {"pid": int, "host": str, "started": str, "bundle": str}
-    if not isinstance(record, dict) or any(not isinstance(record.get(k), t) for k, t in fields.items()):
+    if not isinstance(record, dict) or any(not isinstance(record.get(k), t) or isinstance(record.get(k), bool)
+                                           for k, t in fields.items()):
         raise RunLockError(str(path), "not a run lock (pid, host, started, bundle): if no acceptance run of this "
                                       "stack is going, remove it")
     return text, record

@@ -109,7 +109,10 @@ class Recovery:
         code, output = self.pulumi(EXPORT_S, "stack", "export", "--file", str(path))
         if code != 0:
             return code, output, []
-        return 0, output, pending_operations(path.read_text(encoding="utf-8"))
+        try:
+            return 0, output, pending_operations(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            return 1, f"error: {path}: not a readable stack export ({type(exc).__name__}: {exc})", []
 
     def unlock(self, output: str) -> ProbeOutcome | None:
         """`pulumi cancel` of a lock `output` reports, when it is safe; the refusal otherwise."""

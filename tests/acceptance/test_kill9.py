@@ -114,6 +114,8 @@ def test_a_second_run_cannot_take_a_held_lock(tmp_path: Path) -> None:
     ('{"pid": 1, "host": "ci-runner-7", "started": "t", "bundle": "b"}', "a run of dev started on host ci-runner-7"),
     ("{not json", "not a run lock"),
     ('{"pid": "1", "host": "h", "started": "t", "bundle": "b"}', "not a run lock (pid, host, started, bundle)"),
+    ('{"pid": true, "host": "h", "started": "t", "bundle": "b"}', "not a run lock (pid, host, started, bundle)"),
+    ("[" * 30000, "not a run lock"),
 ])
 def test_a_lock_the_next_run_cannot_account_for_is_one_line(tmp_path: Path, text: str, says: str) -> None:
     lock_path(tmp_path, "dev").write_text(text)

@@ -134,3 +134,19 @@ def test_an_up_killed_at_its_deadline_is_repaired_before_destroy(pulumi, tmp_pat
     state = pulumi.read()
     assert state["destroyed"] is True and state["lock"] is None and state["pending"] == []
     assert load_summary(bundle).steps[1].figures == summary.steps[1].figures
+
+
+@pytest.mark.parametrize("written", [b'{"deployment": {"pending_operations": [', b"\xff\xfe", b"[" * 30000])
+def test_an_export_that_cannot_be_read_is_a_failed_export(tmp_path: Path, written: bytes) -> None:
+    """`pulumi stack export` exiting 0 with a file that is not JSON (a full disk, a killed write): one line naming
+    the file, as a failed export, never a traceback."""
+    from infra.acceptance.stackstate import Recovery
+
+    def execute(argv: tuple[str, ...], log: object, timeout_s: float) -> tuple[int, str]:
+        Path(argv[argv.index("--file") + 1]).write_bytes(written)
+        return 0, ""
+
+    recovery = Recovery("dev", False, io.StringIO(), 60, execute, lambda: 0.0, HOST, lambda pid: False)
+    code, output, pending = recovery.export(tmp_path)
+    assert code == 1 and pending == [] and output.startswith(f"error: {tmp_path / 'state.json'}: not a readable")
+    assert "\n" not in output

@@ -42,13 +42,17 @@ def lock_path(evidence: Path, stack: str) -> Path:
     return evidence / f".{stack}.run"
 
 
-def process_alive(pid: int) -> bool:
+def process_alive(pid: int, proc: Path = Path("/proc")) -> bool:
+    """The process runs: it exists and, on Linux, is not a zombie (one that exited but nobody reaped yet, as under
+    a container's init that reaps late, runs nothing: group_alive's rule)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    with contextlib.suppress(OSError, IndexError):
+        return (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return True
 
 

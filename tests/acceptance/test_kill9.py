@@ -247,3 +247,18 @@ def test_check_bundle_says_where_a_dead_run_stopped(cli, capsys: pytest.CaptureF
     assert (code, err) == (0, "")
     assert out == (f"ok: {tmp_path / 'dev-1'}: stack dev, running (step up was running when this summary was "
                    "written: a run that died stops here)\n")
+
+
+def test_a_zombie_is_not_a_running_process() -> None:
+    """A process that exited but was not reaped yet (a killed orphan under a container init that reaps late) holds
+    no lock: the stale-lock check and the run lock read it as gone, as group_alive does."""
+    from infra.acceptance.runlock import process_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        _wait("the child to exit", lambda: Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+              == "Z")
+        assert not process_alive(child.pid)
+    finally:
+        child.wait(timeout=10)
+    assert process_alive(os.getpid())
